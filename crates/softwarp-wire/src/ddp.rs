@@ -1,0 +1,1 @@
+//! RFC 5041 DDP segment headers. Owned by the DDP/RDMAP work.

@@ -1,0 +1,1 @@
+//! RFC 5044 MPA frames, FPDU framing and markers. Owned by the MPA work.
