@@ -56,11 +56,11 @@ mod field {
 }
 
 /// Pad bytes that follow a ULPDU of `ulpdu_len` bytes.
-///
-//= https://www.rfc-editor.org/rfc/rfc5044#section-4.2
-// (paraphrase) PAD is 0 to 3 octets that bring ULPDU_Length plus ULPDU plus pad to a
-// multiple of 4 octets.
 pub const fn pad_len(ulpdu_len: usize) -> usize {
+    //= https://www.rfc-editor.org/rfc/rfc5044#section-4.2
+    // (paraphrase) PAD is 0 to 3 octets that bring ULPDU_Length plus ULPDU plus pad to a
+    // multiple of 4 octets.
+    //
     // Wrapping is exact modulo 4 because 2^64 is a multiple of 4.
     (4 - ulpdu_len.wrapping_add(HEADER_LEN) % 4) % 4
 }
@@ -113,10 +113,10 @@ fn check_ulpdu_len(len: usize) -> Result<u16, WireError> {
 /// absurdly small EMSS and is capped at [`MAX_ULPDU_LEN`].
 ///
 /// siw at MTU 1500 (EMSS 1448) without markers: 1442, i.e. 1448-byte FPDUs, as captured.
-//= https://www.rfc-editor.org/rfc/rfc5044#section-4.5
-// (paraphrase) The sender chooses MULPDU from the current EMSS with the formulas above, so
-// that a full FPDU, with markers when they are in use, fits in one TCP segment.
 pub fn mulpdu(emss: usize, markers: bool) -> usize {
+    //= https://www.rfc-editor.org/rfc/rfc5044#section-4.5
+    // (paraphrase) The sender chooses MULPDU from the current EMSS with the formulas above, so
+    // that a full FPDU, with markers when they are in use, fits in one TCP segment.
     let mut overhead = HEADER_LEN + CRC_LEN + emss % 4;
     if markers {
         overhead = overhead.saturating_add(
@@ -497,6 +497,30 @@ mod tests {
         let mut out = [0u8; 12];
         fpdu.emit(&mut out, true).unwrap();
         assert_eq!(out, five_byte_fpdu(0));
+    }
+
+    #[test]
+    fn siw_fpdu_with_stale_pad_bytes_and_good_crc_parses() {
+        // siw-crc-ib_send_bw.pcap, a 2-byte perftest Send with CRC on: ULPDU 20 bytes, pad
+        // `00 40` (stale bytes from siw's header buffer), CRC over those pad bytes.
+        const SIW_DIRTY_PAD_CRC: [u8; 28] = [
+            0x00, 0x14, 0x41, 0x43, 0x00, 0x00, 0x00, 0x00, //
+            0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x04, //
+            0x00, 0x00, 0x00, 0x00, 0x33, 0x00, 0x00, 0x40, //
+            0xbf, 0xe0, 0xac, 0x94, //
+        ];
+        let (fpdu, len) = Fpdu::parse(&SIW_DIRTY_PAD_CRC, true).unwrap();
+        assert_eq!(len, 28);
+        assert_eq!(fpdu.ulpdu, &SIW_DIRTY_PAD_CRC[2..22]);
+        let packet = FpduPacket::new_checked(&SIW_DIRTY_PAD_CRC[..]).unwrap();
+        assert_eq!(packet.pad(), &[0x00, 0x40]);
+        // We send zero pad, so our CRC for the same ULPDU differs from siw's.
+        let mut ours = [0u8; 28];
+        fpdu.emit(&mut ours, true).unwrap();
+        assert_eq!(&ours[..22], &SIW_DIRTY_PAD_CRC[..22]);
+        assert_eq!(&ours[22..24], &[0, 0]);
+        assert_ne!(ours[24..], SIW_DIRTY_PAD_CRC[24..]);
+        assert!(Fpdu::parse(&ours, true).is_ok());
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //! (responder to initiator). The MPA Request/Reply frames carry no markers; the first marker
 //! sits at stream offset 0, immediately before the first FPDU, and one follows every 512
 //! octets (markers included) after that: stream offsets 0, 512, 1024, ... From TCP sequence
-//! numbers use [`stream_offset`]; 512 divides 2^32, so sequence wrap-around is harmless.
+//! numbers use [`stream_offset`]; 512 divides 2^32, so sequence wrap-around is harmless, and
+//! stream offsets themselves wrap at 2^64 for the same reason.
 //!
 //! FPDUs are multiples of 4 octets, so every FPDU starts at a stream offset that is a multiple
 //! of 4, and a marker can never split ULPDU_Length or the CRC; [`MarkerLayout::new`] refuses
@@ -209,9 +210,10 @@ impl MarkerLayout {
         self.first_marker == 0
     }
 
-    /// The stream offset right after this FPDU: where the next one starts.
+    /// The stream offset right after this FPDU: where the next one starts (wrapping at
+    /// 2^64, which keeps marker positions right since 512 divides 2^64).
     pub const fn next_stream_offset(&self) -> u64 {
-        self.stream_offset + self.wire_len as u64
+        self.stream_offset.wrapping_add(self.wire_len as u64)
     }
 
     /// The wire offset of the CRC field (its last four octets).
@@ -267,7 +269,7 @@ impl Iterator for Markers {
         self.next += MARKER_INTERVAL;
         Some(Marker {
             wire_offset,
-            stream_offset: self.stream_offset + wire_offset as u64,
+            stream_offset: self.stream_offset.wrapping_add(wire_offset as u64),
             // Checked by MarkerLayout::new; saturating keeps this total regardless.
             fpduptr: u16::try_from(wire_offset).unwrap_or(u16::MAX),
         })
@@ -296,7 +298,7 @@ impl Iterator for Pieces {
         if self.wire == self.next_marker {
             let marker = Marker {
                 wire_offset: self.wire,
-                stream_offset: self.layout.stream_offset + self.wire as u64,
+                stream_offset: self.layout.stream_offset.wrapping_add(self.wire as u64),
                 fpduptr: u16::try_from(self.wire).unwrap_or(u16::MAX),
             };
             self.wire += MARKER_LEN;
@@ -930,6 +932,21 @@ mod tests {
             MarkedSlices::new(layout, &[&short[..]]),
             Err(WireError::InvalidField { value: 35, .. })
         ));
+    }
+
+    #[test]
+    fn stream_offsets_wrap_at_2_pow_64_without_panicking() {
+        let at = u64::MAX - 3; // 4 octets before a marker position
+        let fpdu = fpdu_bytes(34, true);
+        let layout = MarkerLayout::new(at, fpdu.len()).unwrap();
+        let marker = layout.markers().next().unwrap();
+        assert_eq!((marker.wire_offset, marker.stream_offset), (4, 0));
+        assert_eq!(layout.next_stream_offset(), 40);
+        let mut wire = [0u8; 44];
+        insert(&fpdu, at, true, &mut wire).unwrap();
+        let mut back = [0u8; 40];
+        assert_eq!(strip(&wire, at, true, &mut back), Ok((44, 40)));
+        assert_eq!(back[..], fpdu[..]);
     }
 
     #[test]
