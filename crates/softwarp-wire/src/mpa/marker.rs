@@ -576,26 +576,17 @@ impl<'a> Iterator for MarkedSlices<'a, '_> {
     type Item = WirePiece<'a>;
 
     fn next(&mut self) -> Option<WirePiece<'a>> {
-        // Peek at the layout's next piece without consuming marker-free bytes beyond the CRC.
-        if self.pieces.data >= self.data_len {
-            // Only a marker right before the CRC may still come.
-            if self.pieces.data < self.pieces.layout.fpdu_len
-                && self.pieces.wire == self.pieces.next_marker
-            {
-                if let Some(Piece::Marker(marker)) = self.pieces.next() {
-                    let bytes = marker.to_bytes();
-                    self.crc.update(&bytes);
-                    return Some(WirePiece::Marker(bytes));
-                }
-            }
-            return None;
-        }
+        // A marker comes next whenever the layout says so, including one that falls right
+        // before the CRC (the CRC itself is the caller's, so data stops at `data_len`).
         if self.pieces.wire == self.pieces.next_marker {
-            if let Some(Piece::Marker(marker)) = self.pieces.next() {
-                let bytes = marker.to_bytes();
-                self.crc.update(&bytes);
-                return Some(WirePiece::Marker(bytes));
-            }
+            let Some(Piece::Marker(marker)) = self.pieces.next() else {
+                return None;
+            };
+            let bytes = marker.to_bytes();
+            self.crc.update(&bytes);
+            return Some(WirePiece::Marker(bytes));
+        }
+        if self.pieces.data >= self.data_len {
             return None;
         }
         let limit =
@@ -922,6 +913,24 @@ mod tests {
             insert(&plain, offset, true, &mut expected).unwrap();
             assert_eq!(wire, expected, "offset {offset}");
         }
+    }
+
+    #[test]
+    fn gather_yields_the_marker_that_falls_right_before_the_crc() {
+        let ulpdu: Vec<u8> = (1..=34).collect();
+        let mut header = [0u8; 2];
+        fpdu::emit_header(ulpdu.len(), &mut header).unwrap();
+        let slices = [&header[..], &ulpdu[..]];
+        let layout = MarkerLayout::new(476, 40).unwrap();
+        let mut gather = MarkedSlices::new(layout, &slices).unwrap();
+        let pieces: Vec<WirePiece> = (&mut gather).collect();
+        assert_eq!(pieces.len(), 3);
+        assert_eq!(pieces[2], WirePiece::Marker([0, 0, 0, 36]));
+        let mut plain = [0u8; 40];
+        Fpdu { ulpdu: &ulpdu }.emit(&mut plain, true).unwrap();
+        let mut wire = [0u8; 44];
+        insert(&plain, 476, true, &mut wire).unwrap();
+        assert_eq!(gather.crc_wire()[..], wire[40..]);
     }
 
     #[test]
