@@ -33,13 +33,17 @@
 //!
 //! FPDUPTR is the distance back from the marker to the first octet of its FPDU, in stream
 //! octets (markers included). This gives 0 for the first marker of the stream and for any
-//! FPDU that starts on a marker position, as RFC 5044 section 4.3 has it for the first marker
-//! (it immediately precedes the first FPDU). For later markers of an FPDU that starts with a
-//! marker, a literal reading of "from the beginning of the ULPDU_Length field" would be 4 less;
-//! the OSC iWARP implementation and Wireshark's dissector both count from the FPDU's first
-//! octet, which is what we **emit**. On **receive**, [`strip`] accepts either value in that one
-//! case so that a peer reading the RFC the other way still interoperates. Everything else is
-//! [`WireError::MpaBadMarker`]. RESERVED is sent as zero and ignored on receipt.
+//! FPDU that starts on a marker position, which is what RFC 5044 section 4.3 gives the first
+//! marker of the stream (it immediately precedes the first FPDU). For the later markers of an
+//! FPDU that starts with a marker, counting from its ULPDU_Length field instead would give 4
+//! less. We **emit** the count from the FPDU's first octet, as the OSC iWARP software stack
+//! does when it inserts markers (Wireshark's dissector, which only displays FPDUPTR, likewise
+//! treats a leading marker as part of the FPDU). On **receive**, [`strip`] accepts either value
+//! in that one case, so that a peer counting the other way still interoperates; anything else
+//! is [`WireError::MpaBadMarker`]. RESERVED is sent as zero and ignored on receipt.
+//!
+//! No siw or hardware peer in our captures uses markers (siw refuses M=1), so this code is
+//! checked against the layout rules above and its own inverse, not against real traffic.
 //!
 //! # CRC
 //!
