@@ -66,9 +66,9 @@ mod field {
 
 /// Builds a DDP control byte. Reserved bits are zero and DV is [`DDP_VERSION`].
 pub(crate) fn control_byte(tagged: bool, last: bool) -> u8 {
-    // RFC 5041 section 4 (paraphrased; the exact text could not be retrieved here):
-    // the Rsvd bits are set to zero by the sender and not checked by the receiver, and every
-    // DDP segment carries DV = 1.
+    // RFC 5041 section 4 (paraphrased; the exact text could not be retrieved here): the
+    // four Rsvd bits are reserved for future use and MUST be set to zero, and DV MUST be set
+    // to 1 in every DDP segment.
     let mut byte = DDP_VERSION & MASK_VERSION;
     if tagged {
         byte |= FLAG_TAGGED;
@@ -81,9 +81,10 @@ pub(crate) fn control_byte(tagged: bool, last: bool) -> u8 {
 
 /// Checks the DV field of a received DDP control byte.
 pub(crate) fn check_version(control: u8) -> Result<(), WireError> {
-    // RFC 5041 section 4 (paraphrased): DV MUST be 1; a receiver that sees another value
-    // does not process the segment and reports "Invalid DDP version" (RFC 5041 section 7,
-    // tagged code 0x04, untagged code 0x06).
+    // RFC 5041 section 4 (paraphrased): DV MUST be 1. RFC 5041 section 7 gives the error a
+    // receiver reports for any other value: "Invalid DDP version" (tagged buffer code 0x04,
+    // untagged buffer code 0x06). The Rsvd bits are not checked here: a receiver that
+    // rejected them would break on a future use of the bits for no gain.
     let version = control & MASK_VERSION;
     if version == DDP_VERSION {
         Ok(())

@@ -191,9 +191,10 @@ impl ControlRepr {
         //# DDP Protocol (i.e., the RsvdULP Field) is used by RDMAP to carry
         //# the RDMA Message Opcode and the RDMAP version.
         //
-        // RFC 5040 section 4.1 (paraphrased): RV MUST be 01b; a receiver that gets another
-        // version reports a Remote Operation Error, "Invalid RDMAP version". The two reserved
-        // bits are sent as zero and not checked on receive.
+        // RFC 5040 section 4.1 (paraphrased): RV MUST be 01b for this version of RDMAP, and
+        // RFC 5040 section 7 has the Remote Operation Error "Invalid RDMAP version" (0x05) for
+        // any other value. The two reserved bits are sent as zero; this receiver does not
+        // check them (a decision, as for DDP's reserved bits).
         let version = (byte & MASK_VERSION) >> 6;
         if version != RDMAP_VERSION {
             return Err(WireError::RdmapBadVersion(version));

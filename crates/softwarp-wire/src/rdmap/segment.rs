@@ -5,7 +5,7 @@ use super::atomic::{AtomicRequestRepr, AtomicResponseRepr};
 use super::control::{queue, BufferModel, ControlRepr, Opcode};
 use super::immediate::ImmediateDataRepr;
 use super::read_request::ReadRequestRepr;
-use super::terminate::TerminateRepr;
+use super::terminate::{TerminateLayout, TerminateRepr};
 use crate::ddp::{self, be, TaggedRepr, UntaggedRepr};
 use crate::WireError;
 use core::fmt;
@@ -136,6 +136,7 @@ impl Message {
         opcode: Opcode,
         ulp_reserved: u32,
         rest: &[u8],
+        terminate_layout: Option<TerminateLayout>,
     ) -> Result<(Self, usize), WireError> {
         Ok(match opcode {
             Opcode::RdmaWrite => (Message::RdmaWrite, 0),
@@ -166,7 +167,10 @@ impl Message {
                 (Message::RdmaReadRequest(r), n)
             }
             Opcode::Terminate => {
-                let (t, n) = TerminateRepr::parse(rest)?;
+                let (t, n) = match terminate_layout {
+                    Some(layout) => TerminateRepr::parse_with_layout(rest, layout)?,
+                    None => TerminateRepr::parse(rest)?,
+                };
                 (Message::Terminate(t), n)
             }
             Opcode::ImmediateData => {
@@ -252,6 +256,25 @@ impl<'a> Segment<'a> {
     /// [`WireError::InvalidField`] (a control message split over segments),
     /// [`WireError::TrailingBytes`] (bytes after a control message's header).
     pub fn parse(ulpdu: &'a [u8]) -> Result<Self, WireError> {
+        Self::parse_inner(ulpdu, None)
+    }
+
+    /// Like [`Segment::parse`], but reads a Terminate in the given layout instead of
+    /// detecting it: for an engine that knows its peer (e.g. that it is Linux siw).
+    ///
+    /// # Errors
+    /// As [`Segment::parse`].
+    pub fn parse_with_terminate_layout(
+        ulpdu: &'a [u8],
+        layout: TerminateLayout,
+    ) -> Result<Self, WireError> {
+        Self::parse_inner(ulpdu, Some(layout))
+    }
+
+    fn parse_inner(
+        ulpdu: &'a [u8],
+        terminate_layout: Option<TerminateLayout>,
+    ) -> Result<Self, WireError> {
         let (ddp_header, ddp_len) = ddp::HeaderRepr::parse(ulpdu)?;
         let (placement, tagged, queue_number, ulp_reserved) = match ddp_header {
             ddp::HeaderRepr::Tagged(t) => (
@@ -282,12 +305,14 @@ impl<'a> Segment<'a> {
         };
         let control = ControlRepr::from_byte(ddp_header.ulp_control())?;
         let opcode = control.opcode;
-        // RFC 5040 section 4.2 (paraphrased): each message type uses the buffer model and
-        // queue of the RDMA Message Definitions table; anything else is an unexpected opcode.
+        // RFC 5040 section 4.2 (paraphrased): the RDMA Message Definitions table gives each
+        // message type its buffer model (tagged flag) and queue number. A segment that does
+        // not match is rejected here as RdmapOpcodeMismatch.
         opcode.validate(tagged, queue_number)?;
 
         let rest = be::tail(ulpdu, ddp_len);
-        let (message, body_len) = Message::parse_body(opcode, ulp_reserved, rest)?;
+        let (message, body_len) =
+            Message::parse_body(opcode, ulp_reserved, rest, terminate_layout)?;
         let last = ddp_header.last();
         if message.is_control() {
             check_single_segment(&message, last, placement)?;

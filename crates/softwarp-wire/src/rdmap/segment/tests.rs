@@ -482,3 +482,122 @@ fn message_accessors_describe_each_variant() {
     assert_eq!(imm.opcode(), Opcode::ImmediateData);
     assert_eq!(Message::Send.to_string(), "");
 }
+
+#[test]
+fn a_known_peer_can_force_the_terminate_layout() {
+    // siw's "RDMAP remote operation error: invalid RDMAP version" has no flags and reads
+    // validly in RFC order too (LLP, MPA, local catastrophic): detection picks RFC order.
+    let mut bytes = SIW_TERMINATE[..22].to_vec();
+    bytes[18..22].copy_from_slice(&[0x20, 0x05, 0x00, 0x00]);
+    let detected = Segment::parse(&bytes).unwrap();
+    let Message::Terminate(t) = detected.message else {
+        panic!("not a Terminate");
+    };
+    assert_eq!(t.layout, TerminateLayout::Rfc5040);
+    assert_eq!(
+        t.error,
+        TerminateError::Llp(crate::rdmap::LlpError::Mpa(
+            crate::rdmap::MpaError::LocalCatastrophic
+        ))
+    );
+    let forced = Segment::parse_with_terminate_layout(&bytes, TerminateLayout::LinuxSiw).unwrap();
+    let Message::Terminate(t) = forced.message else {
+        panic!("not a Terminate");
+    };
+    assert_eq!(
+        t.error,
+        TerminateError::Rdmap(crate::rdmap::RdmapError::RemoteOperation(
+            crate::rdmap::RemoteOperationError::InvalidRdmapVersion
+        ))
+    );
+    // Other messages are not affected by the layout.
+    assert_eq!(
+        Segment::parse_with_terminate_layout(&SIW_SEND, TerminateLayout::LinuxSiw),
+        Segment::parse(&SIW_SEND)
+    );
+}
+
+#[test]
+fn parses_the_siw_zero_length_write_rtr() {
+    // siw-p2p-rping.pcap frame 8: the MPA v2 ready-to-receive, a zero-length RDMA Write to
+    // STag 1, TO 0 (siw uses STag 1 because hardware rejected STag 0).
+    let rtr = [
+        0xc1, 0x40, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    ];
+    let s = parse_and_reemit(&rtr);
+    assert_eq!(
+        s,
+        Segment {
+            last: true,
+            placement: Placement::Tagged {
+                stag: 1,
+                tagged_offset: 0
+            },
+            message: Message::RdmaWrite,
+            payload: &[],
+        }
+    );
+    assert_eq!(
+        s.to_string(),
+        "Write T=1 L=1 STag=0x00000001 TO=0x0000000000000000 payload=0"
+    );
+}
+
+#[test]
+fn parses_siw_messages_split_over_three_segments() {
+    // siw-ib_write_bw.pcap: a 4096-byte RDMA Write as 1428 + 1428 + 1240 bytes, only the
+    // last with L = 1, each placed at its own TO.
+    let write_headers: [([u8; 14], usize); 3] = [
+        (
+            [
+                0x81, 0x40, 0xa3, 0x05, 0xc4, 0x00, 0x00, 0x00, 0x56, 0x38, 0x3c, 0xe3, 0xf0, 0x00,
+            ],
+            1428,
+        ),
+        (
+            [
+                0x81, 0x40, 0xa3, 0x05, 0xc4, 0x00, 0x00, 0x00, 0x56, 0x38, 0x3c, 0xe3, 0xf5, 0x94,
+            ],
+            1428,
+        ),
+        (
+            [
+                0xc1, 0x40, 0xa3, 0x05, 0xc4, 0x00, 0x00, 0x00, 0x56, 0x38, 0x3c, 0xe3, 0xfb, 0x28,
+            ],
+            1240,
+        ),
+    ];
+    let mut next_to = 0x0000_5638_3ce3_f000u64;
+    for (i, (header, len)) in write_headers.iter().enumerate() {
+        let ulpdu = with_payload(header, &vec![0u8; *len]);
+        let s = parse_and_reemit(&ulpdu);
+        assert_eq!(s.message, Message::RdmaWrite);
+        assert_eq!(s.last, i == 2);
+        assert_eq!(
+            s.placement,
+            Placement::Tagged {
+                stag: 0xa305_c400,
+                tagged_offset: next_to
+            }
+        );
+        next_to += s.payload.len() as u64;
+    }
+    assert_eq!(next_to - 0x0000_5638_3ce3_f000, 4096);
+
+    // siw-ib_send_bw.pcap: a 4096-byte Send as MO 0, 1424 and 2848 in MSN 1.
+    let mut mo = 0u32;
+    for (i, len) in [1424usize, 1424, 1248].into_iter().enumerate() {
+        let mut header = [0x01, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0];
+        if i == 2 {
+            header[0] = 0x41;
+        }
+        header[14..].copy_from_slice(&mo.to_be_bytes());
+        let ulpdu = with_payload(&header, &vec![0u8; len]);
+        let s = parse_and_reemit(&ulpdu);
+        assert_eq!(s.message, Message::Send);
+        assert_eq!(s.last, i == 2);
+        assert_eq!(s.placement, Placement::Untagged { msn: 1, mo });
+        mo += u32::try_from(s.payload.len()).unwrap();
+    }
+    assert_eq!(mo, 4096);
+}

@@ -483,6 +483,7 @@ pub struct TerminateRepr {
     /// The error being reported.
     pub error: TerminateError,
     /// DDP Segment Length of the segment that caused the error; `Some` exactly when M is set.
+    /// siw reports the ULP payload length there (128 for a 142-byte tagged ULPDU).
     pub ddp_segment_length: Option<u16>,
     /// The DDP header of the segment that caused the error; `Some` exactly when D is set.
     pub ddp_header: Option<ddp::HeaderRepr>,
