@@ -35,10 +35,13 @@
 //! | 0xB | Atomic Response (RFC 7306) | untagged | 3 |
 //!
 //! The opcode numbers and queue 3 come from the IANA "Remote Direct Data Placement (RDDP)"
-//! registry (RDMAP Message Operation Codes, RDMAP DDP Untagged Queue Numbers). RFC 7306 gives
-//! "RDMA Write with Immediate Data" and "Send with Immediate Data" no opcode of their own: on
-//! the wire they are an RDMA Write or Send message followed by an Immediate Data message, so
-//! they appear here as two segments, not as an [`Opcode`].
+//! registry (RDMAP Message Operation Codes, RDMAP DDP Untagged Queue Numbers). The registry
+//! lists no queue of its own for Atomic Requests; they travel on queue 1 with the Read
+//! Requests (RFC 7306; the text was not retrievable here, so check this against RFC 7306
+//! section 5 before relying on interop with an atomics-capable RNIC). The registry assigns no opcode to "RDMA Write with Immediate Data" or "Send with
+//! Immediate Data": the immediate data always travels in an Immediate Data message of its own
+//! (0x8 or 0x9) next to the RDMA Write or Send it belongs to (RFC 7306 has the ordering rules,
+//! the engine's business), so those operations are two segments here, not an [`Opcode`].
 //!
 //! # Linux siw's Terminate layout (a deliberate compatibility decision)
 //!
