@@ -10,13 +10,11 @@
 
 pub mod cq;
 pub mod event;
-#[allow(dead_code)] // the QP module uses the crate-internal parts
 pub mod fault;
-#[allow(unsafe_code, dead_code)]
+#[allow(unsafe_code)]
 pub mod memory;
 pub mod mr;
-// Used by the QP module (data path rings); some helpers are only used there.
-#[allow(dead_code)]
+pub mod qp;
 pub(crate) mod ring;
 pub mod srq;
 pub mod stats;

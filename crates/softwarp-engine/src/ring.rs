@@ -38,6 +38,9 @@ impl<T> Ring<T> {
     pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut T> {
         self.items.get_mut(i)
     }
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.items.iter()
+    }
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.items.iter_mut()
     }

@@ -72,7 +72,6 @@ impl Srq {
         self.limit
     }
     /// Takes the next WR for a QP's incoming Send (engine use).
-    #[allow(dead_code)] // used by the QP receive path
     pub(crate) fn take(&mut self) -> Option<RecvWr> {
         let wr = self.ring.pop()?;
         if let Some(limit) = self.limit {

@@ -10,7 +10,6 @@ pub struct Counter {
 }
 
 impl Counter {
-    #[allow(dead_code)] // used by the QP
     pub(crate) fn add(&mut self, bytes: u64) {
         self.messages += 1;
         self.bytes += bytes;
