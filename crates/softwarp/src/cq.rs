@@ -1,0 +1,316 @@
+//! Completion queues and completion channels (after `ibv_cq` and `ibv_comp_channel`).
+//!
+//! Polling mode: [`CompletionQueue::poll`] copies completions into a slice. Event mode: a CQ
+//! created with a [`CompletionChannel`] and armed with [`CompletionQueue::req_notify`]
+//! signals the channel's file descriptor (an eventfd) at its next completion (or next
+//! solicited or error completion); [`CompletionChannel::get_cq_event`] waits for it and says
+//! which CQ fired. A CQ that overflows enters an error state, reports
+//! [`AsyncEvent::CqError`] on the device's event stream, and the QPs that use it go to the
+//! Error state (as verbs do on a CQ overrun).
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use softwarp_engine::cq::{Cq, CqError, CqId};
+use softwarp_engine::wr::{WcOpcode, WcStatus, WorkCompletion};
+
+use crate::device::{lock, CountGuard, Counts, DeviceShared};
+use crate::error::{Error, Result};
+use crate::qp::QpShared;
+use crate::sys;
+
+/// A blank completion, to initialise the slice given to [`CompletionQueue::poll`].
+pub const EMPTY_COMPLETION: WorkCompletion = WorkCompletion {
+    wr_id: 0,
+    status: WcStatus::Success,
+    opcode: WcOpcode::Send,
+    byte_len: 0,
+    qp_num: 0,
+    invalidated_stag: None,
+    solicited: false,
+    imm: None,
+};
+
+#[derive(Debug)]
+struct CqState {
+    cq: Cq,
+    /// Armed for the next completion: `Some(solicited_only)`.
+    armed: Option<bool>,
+}
+
+#[derive(Debug)]
+pub(crate) struct CqShared {
+    device: Arc<DeviceShared>,
+    state: Mutex<CqState>,
+    channel: Option<Arc<ChannelShared>>,
+    /// QPs that complete into this CQ (moved to Error on overflow).
+    qps: Mutex<Vec<Weak<QpShared>>>,
+    count: Mutex<CountGuard>,
+}
+
+impl Drop for CqShared {
+    fn drop(&mut self) {
+        lock(&self.count).release(&self.device.counts.cq);
+    }
+}
+
+impl CqShared {
+    /// Queues a completion (runtime side): notifies the channel when armed; on overflow
+    /// reports the CQ error and has the progress thread move this CQ's QPs to Error.
+    pub(crate) fn push(self: &Arc<Self>, wc: WorkCompletion) {
+        let mut st = lock(&self.state);
+        match st.cq.push(wc) {
+            Ok(()) => {
+                if let Some(solicited_only) = st.armed {
+                    let fire = !solicited_only
+                        || wc.status != WcStatus::Success
+                        || (wc.opcode == WcOpcode::Recv && wc.solicited);
+                    if fire {
+                        st.armed = None;
+                        drop(st);
+                        if let Some(ch) = &self.channel {
+                            ch.notify(self);
+                        }
+                    }
+                }
+            }
+            Err(CqError::Overflow { .. }) => {
+                let ev = st.cq.poll_event();
+                drop(st);
+                tracing::error!(cq = ?self.id(), wr_id = wc.wr_id, "completion queue overflow");
+                if let Some(ev) = ev {
+                    self.device.events.push(ev);
+                }
+                self.device.progress.cq_overflow(Arc::clone(self));
+            }
+            Err(_) => {
+                // Already in error: the overflow was reported once; this completion is lost
+                // with it (counted by the engine CQ's `refused`).
+            }
+        }
+    }
+
+    pub(crate) fn id(&self) -> CqId {
+        lock(&self.state).cq.id()
+    }
+
+    pub(crate) fn add_qp(&self, qp: &Arc<QpShared>) {
+        let mut qps = lock(&self.qps);
+        qps.retain(|w| w.strong_count() > 0);
+        qps.push(Arc::downgrade(qp));
+    }
+
+    pub(crate) fn qps(&self) -> Vec<Arc<QpShared>> {
+        lock(&self.qps).iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+/// A completion queue. Cloning gives another handle to the same CQ.
+#[derive(Debug, Clone)]
+pub struct CompletionQueue {
+    pub(crate) shared: Arc<CqShared>,
+}
+
+impl CompletionQueue {
+    pub(crate) fn new(
+        device: &Arc<DeviceShared>,
+        cqe: usize,
+        channel: Option<&CompletionChannel>,
+    ) -> Result<Self> {
+        if cqe == 0 {
+            return Err(Error::InvalidArgument("a CQ needs at least one entry"));
+        }
+        if cqe > device.attr.max_cqe {
+            return Err(Error::Limit {
+                what: "CQ entries",
+                requested: cqe,
+                limit: device.attr.max_cqe,
+            });
+        }
+        let count = Counts::take(&device.counts.cq, device.attr.max_cq, "completion queues")?;
+        let id = CqId(device.next_id());
+        Ok(Self {
+            shared: Arc::new(CqShared {
+                device: Arc::clone(device),
+                state: Mutex::new(CqState {
+                    cq: Cq::new(id, cqe),
+                    armed: None,
+                }),
+                channel: channel.map(|c| Arc::clone(&c.shared)),
+                qps: Mutex::new(Vec::new()),
+                count: Mutex::new(count),
+            }),
+        })
+    }
+
+    pub(crate) fn device(&self) -> &Arc<DeviceShared> {
+        &self.shared.device
+    }
+
+    /// The CQ's id (as reported in [`AsyncEvent::CqError`]).
+    pub fn id(&self) -> CqId {
+        self.shared.id()
+    }
+
+    /// Capacity in completions.
+    pub fn capacity(&self) -> usize {
+        lock(&self.shared.state).cq.capacity()
+    }
+
+    /// Completions waiting to be polled.
+    pub fn len(&self) -> usize {
+        lock(&self.shared.state).cq.len()
+    }
+
+    /// True when no completion waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Moves up to `wcs.len()` completions, oldest first, into `wcs`; returns how many.
+    ///
+    /// Completions queued before an overflow are still returned; once they are gone, a CQ
+    /// that overflowed returns [`Error::CqOverflowed`].
+    pub fn poll(&self, wcs: &mut [WorkCompletion]) -> Result<usize> {
+        let mut st = lock(&self.shared.state);
+        let mut n = 0;
+        for slot in wcs.iter_mut() {
+            match st.cq.poll() {
+                Some(wc) => {
+                    *slot = wc;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        if n == 0 && st.cq.is_error() && !wcs.is_empty() {
+            return Err(Error::CqOverflowed {
+                capacity: st.cq.capacity(),
+            });
+        }
+        Ok(n)
+    }
+
+    /// Takes the oldest completion, if any.
+    pub fn poll_one(&self) -> Option<WorkCompletion> {
+        lock(&self.shared.state).cq.poll()
+    }
+
+    /// Arms the CQ: the channel is signalled at the next completion queued after this call
+    /// (with `solicited_only`: the next receive of a message with the Solicited Event flag,
+    /// or the next completion with an error status). One notification per arming.
+    ///
+    /// As with verbs, poll the CQ once more after arming: a completion that arrived before
+    /// the arming does not signal.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if self.shared.channel.is_none() {
+            return Err(Error::InvalidArgument(
+                "req_notify needs a CQ created with a completion channel",
+            ));
+        }
+        let mut st = lock(&self.shared.state);
+        // An unsolicited arming wins over a pending solicited-only one.
+        st.armed = Some(match st.armed {
+            Some(prev) => prev && solicited_only,
+            None => solicited_only,
+        });
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct ChannelShared {
+    fd: sys::EventFd,
+    /// CQs that fired and were not yet returned by `get_cq_event`. The eventfd is readable
+    /// exactly while this is not empty (both change under this lock).
+    fired: Mutex<VecDeque<Weak<CqShared>>>,
+}
+
+impl ChannelShared {
+    fn notify(&self, cq: &Arc<CqShared>) {
+        let mut fired = lock(&self.fired);
+        fired.push_back(Arc::downgrade(cq));
+        if let Err(e) = self.fd.signal() {
+            tracing::error!(error = %e, "completion channel: eventfd write failed");
+        }
+    }
+
+    fn take(&self) -> Option<Arc<CqShared>> {
+        let mut fired = lock(&self.fired);
+        let mut out = None;
+        while let Some(w) = fired.pop_front() {
+            if let Some(cq) = w.upgrade() {
+                out = Some(cq);
+                break;
+            }
+        }
+        if fired.is_empty() {
+            if let Err(e) = self.fd.drain() {
+                tracing::error!(error = %e, "completion channel: eventfd read failed");
+            }
+        }
+        out
+    }
+}
+
+/// A completion channel: a file descriptor that becomes readable when an armed CQ attached
+/// to it gets a completion. Put it in your own `poll`/`epoll` set, or wait with
+/// [`CompletionChannel::get_cq_event`].
+#[derive(Debug, Clone)]
+pub struct CompletionChannel {
+    shared: Arc<ChannelShared>,
+}
+
+impl CompletionChannel {
+    pub(crate) fn new() -> Result<Self> {
+        let fd = sys::EventFd::new().map_err(|e| Error::io("eventfd", e))?;
+        Ok(Self {
+            shared: Arc::new(ChannelShared {
+                fd,
+                fired: Mutex::new(VecDeque::new()),
+            }),
+        })
+    }
+
+    /// Waits until an armed CQ of this channel fires and returns it (`None`: no time limit).
+    /// The CQ is disarmed: call [`CompletionQueue::req_notify`] again for the next event.
+    pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<CompletionQueue> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(cq) = self.shared.take() {
+                return Ok(CompletionQueue { shared: cq });
+            }
+            let left = match deadline {
+                None => None,
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Err(Error::Timeout(timeout.unwrap_or_default()));
+                    }
+                    Some(d - now)
+                }
+            };
+            sys::poll_readable(self.shared.fd.as_fd(), left)
+                .map_err(|e| Error::io("poll on completion channel", e))?;
+        }
+    }
+
+    /// The CQ that fired, if one did; never blocks.
+    pub fn try_get_cq_event(&self) -> Option<CompletionQueue> {
+        self.shared.take().map(|shared| CompletionQueue { shared })
+    }
+}
+
+impl AsFd for CompletionChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.shared.fd.as_fd()
+    }
+}
+
+impl AsRawFd for CompletionChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.shared.fd.as_raw_fd()
+    }
+}

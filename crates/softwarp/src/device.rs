@@ -1,0 +1,384 @@
+//! The device (after `ibv_context`): the software RNIC's attributes and limits, its STag
+//! table, its asynchronous event stream and its progress thread.
+//!
+//! Softwarp has one kind of device, [`DEVICE_NAME`]: the software RNIC over the host's TCP
+//! stack. Each [`Device::open`] makes an independent instance (own STag table, own progress
+//! thread), as each `ibv_open_device` gives an own context.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::time::{Duration, Instant};
+
+use softwarp_engine::event::AsyncEvent;
+use softwarp_engine::mr::{MrTable, PdId, Stag};
+use softwarp_engine::wr::{MAX_INLINE, MAX_SGE};
+
+use crate::cq::{CompletionChannel, CompletionQueue};
+use crate::error::{Error, Result};
+use crate::pd::ProtectionDomain;
+use crate::progress::Progress;
+use crate::qp::QpShared;
+
+/// The name of Softwarp's device.
+pub const DEVICE_NAME: &str = "softwarp0";
+
+/// Names of the devices that can be opened.
+pub fn list_devices() -> Vec<String> {
+    vec![DEVICE_NAME.to_string()]
+}
+
+/// Attributes and limits of a device (after `ibv_device_attr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceAttr {
+    /// Device name.
+    pub name: String,
+    /// Firmware (here: software) version.
+    pub fw_ver: String,
+    /// Transport: always "iWARP".
+    pub transport: &'static str,
+    /// Most QPs.
+    pub max_qp: usize,
+    /// Most outstanding work requests per queue.
+    pub max_qp_wr: usize,
+    /// Most scatter/gather elements per work request.
+    pub max_sge: usize,
+    /// Most bytes of inline data per send work request.
+    pub max_inline_data: usize,
+    /// Most CQs.
+    pub max_cq: usize,
+    /// Most entries per CQ.
+    pub max_cqe: usize,
+    /// Most memory registrations.
+    pub max_mr: usize,
+    /// Largest memory registration in bytes.
+    pub max_mr_size: u64,
+    /// Most protection domains.
+    pub max_pd: usize,
+    /// Most RDMA Read Requests a QP accepts outstanding (IRD).
+    pub max_qp_rd_atom: usize,
+    /// Most RDMA Reads a QP may have outstanding (ORD).
+    pub max_qp_init_rd_atom: usize,
+    /// Most SRQs.
+    pub max_srq: usize,
+    /// Most work requests per SRQ.
+    pub max_srq_wr: usize,
+    /// Page size of regions the stack allocates.
+    pub page_size: usize,
+}
+
+impl DeviceAttr {
+    fn softwarp() -> Self {
+        Self {
+            name: DEVICE_NAME.to_string(),
+            fw_ver: env!("CARGO_PKG_VERSION").to_string(),
+            transport: "iWARP",
+            max_qp: 1024,
+            max_qp_wr: 4096,
+            max_sge: MAX_SGE,
+            max_inline_data: MAX_INLINE,
+            max_cq: 1024,
+            max_cqe: 65536,
+            max_mr: 4096,
+            max_mr_size: u64::from(u32::MAX),
+            max_pd: 1024,
+            max_qp_rd_atom: 128,
+            max_qp_init_rd_atom: 128,
+            max_srq: 256,
+            max_srq_wr: 16384,
+            page_size: softwarp_engine::memory::PAGE_SIZE,
+        }
+    }
+}
+
+/// Bounded queue of asynchronous events with a blocking take.
+#[derive(Debug)]
+pub(crate) struct EventQueue {
+    q: Mutex<VecDeque<AsyncEvent>>,
+    cv: Condvar,
+    lost: AtomicUsize,
+}
+
+const EVENT_QUEUE_CAP: usize = 4096;
+
+impl EventQueue {
+    fn new() -> Self {
+        Self {
+            q: Mutex::new(VecDeque::new()),
+            cv: Condvar::new(),
+            lost: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn push(&self, ev: AsyncEvent) {
+        tracing::debug!(?ev, "async event");
+        let mut q = lock(&self.q);
+        if q.len() >= EVENT_QUEUE_CAP {
+            // Keep the newest: the oldest events are the least useful to a late reader.
+            q.pop_front();
+            self.lost.fetch_add(1, Ordering::Relaxed);
+        }
+        q.push_back(ev);
+        drop(q);
+        self.cv.notify_all();
+    }
+
+    fn take(&self, timeout: Option<Duration>) -> Option<AsyncEvent> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut q = lock(&self.q);
+        loop {
+            if let Some(ev) = q.pop_front() {
+                return Some(ev);
+            }
+            match deadline {
+                None => q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    q = self
+                        .cv
+                        .wait_timeout(q, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+        }
+    }
+}
+
+/// Locks a mutex, ignoring poisoning: every structure behind our locks stays consistent
+/// between statements (the engine never panics by design), so a panic elsewhere must not
+/// wedge the device.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// State shared by a device and everything created from it.
+#[derive(Debug)]
+pub(crate) struct DeviceShared {
+    pub(crate) attr: DeviceAttr,
+    /// The STag table. Locked only to register, look up or validate (never across I/O).
+    mrs: RwLock<MrTable>,
+    /// STags whose deregistration was refused while in use; retried later.
+    zombies: Mutex<Vec<Stag>>,
+    pub(crate) events: EventQueue,
+    pub(crate) progress: Progress,
+    /// Every QP, for device-wide errors (not on the data path).
+    qps: Mutex<Vec<Weak<QpShared>>>,
+    next_qp: AtomicU32,
+    next_id: AtomicU32,
+    pub(crate) counts: Counts,
+}
+
+/// Live object counts, for the limits in [`DeviceAttr`].
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    pub(crate) qp: AtomicUsize,
+    pub(crate) cq: AtomicUsize,
+    pub(crate) pd: AtomicUsize,
+    pub(crate) srq: AtomicUsize,
+}
+
+impl Counts {
+    /// Takes one unit of `counter` unless `limit` is reached.
+    pub(crate) fn take(
+        counter: &AtomicUsize,
+        limit: usize,
+        what: &'static str,
+    ) -> Result<CountGuard> {
+        let mut cur = counter.load(Ordering::Relaxed);
+        loop {
+            if cur >= limit {
+                return Err(Error::Limit {
+                    what,
+                    requested: cur + 1,
+                    limit,
+                });
+            }
+            match counter.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Ok(CountGuard(true)),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+/// Marks a counted object; the owner calls [`CountGuard::release`] with its counter.
+#[derive(Debug)]
+pub(crate) struct CountGuard(bool);
+
+impl CountGuard {
+    pub(crate) fn release(&mut self, counter: &AtomicUsize) {
+        if std::mem::take(&mut self.0) {
+            counter.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl DeviceShared {
+    pub(crate) fn mrs_read(&self) -> RwLockReadGuard<'_, MrTable> {
+        self.mrs.read().unwrap_or_else(|e| e.into_inner())
+    }
+    pub(crate) fn mrs_write(&self) -> RwLockWriteGuard<'_, MrTable> {
+        self.mrs.write().unwrap_or_else(|e| e.into_inner())
+    }
+    pub(crate) fn next_qp_num(&self) -> u32 {
+        self.next_qp.fetch_add(1, Ordering::Relaxed)
+    }
+    pub(crate) fn next_id(&self) -> u32 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+    pub(crate) fn add_qp(&self, qp: &Arc<QpShared>) {
+        let mut qps = lock(&self.qps);
+        qps.retain(|w| w.strong_count() > 0);
+        qps.push(Arc::downgrade(qp));
+    }
+    pub(crate) fn live_qps(&self) -> Vec<Arc<QpShared>> {
+        lock(&self.qps).iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Deregisters `stag`, or keeps it for a later retry while in-flight work holds it.
+    pub(crate) fn deregister(&self, stag: Stag) {
+        let mut mrs = self.mrs_write();
+        let mut z = lock(&self.zombies);
+        z.retain(|s| mrs.deregister(*s).is_err_and(|e| is_in_use(&e)));
+        if let Err(e) = mrs.deregister(stag) {
+            if is_in_use(&e) {
+                z.push(stag);
+            }
+        }
+    }
+
+    /// Retries deregistrations that were refused while in use.
+    pub(crate) fn reap_zombies(&self) {
+        let mut z = lock(&self.zombies);
+        if z.is_empty() {
+            return;
+        }
+        let mut mrs = self.mrs_write();
+        z.retain(|s| mrs.deregister(*s).is_err_and(|e| is_in_use(&e)));
+    }
+}
+
+fn is_in_use(e: &softwarp_engine::mr::MrError) -> bool {
+    matches!(e, softwarp_engine::mr::MrError::InUse { .. })
+}
+
+/// An open device: the root of every other verbs object.
+///
+/// Cloning gives another handle to the same device. The device (its progress thread) stops
+/// when the last handle and the last object created from it are gone.
+#[derive(Debug, Clone)]
+pub struct Device {
+    pub(crate) shared: Arc<DeviceShared>,
+}
+
+impl Device {
+    /// Opens the device called `name` ([`DEVICE_NAME`]).
+    pub fn open(name: &str) -> Result<Self> {
+        if name != DEVICE_NAME {
+            return Err(Error::DeviceNotFound(name.to_string()));
+        }
+        let attr = DeviceAttr::softwarp();
+        let progress = Progress::start(name)?;
+        let shared = Arc::new(DeviceShared {
+            mrs: RwLock::new(MrTable::new(attr.max_mr)),
+            attr,
+            zombies: Mutex::new(Vec::new()),
+            events: EventQueue::new(),
+            progress,
+            qps: Mutex::new(Vec::new()),
+            next_qp: AtomicU32::new(1),
+            next_id: AtomicU32::new(1),
+            counts: Counts::default(),
+        });
+        tracing::info!(device = name, "device opened");
+        Ok(Self { shared })
+    }
+
+    /// Opens the default (first) device.
+    pub fn open_default() -> Result<Self> {
+        Self::open(DEVICE_NAME)
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.shared.attr.name
+    }
+
+    /// Attributes and limits (after `ibv_query_device`).
+    pub fn query(&self) -> DeviceAttr {
+        self.shared.attr.clone()
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        let guard = Counts::take(
+            &self.shared.counts.pd,
+            self.shared.attr.max_pd,
+            "protection domains",
+        )?;
+        Ok(ProtectionDomain::new(
+            Arc::clone(&self.shared),
+            PdId(self.shared.next_id()),
+            guard,
+        ))
+    }
+
+    /// Creates a completion queue for at least `cqe` completions, optionally attached to a
+    /// completion channel for event mode.
+    pub fn create_cq(
+        &self,
+        cqe: usize,
+        channel: Option<&CompletionChannel>,
+    ) -> Result<CompletionQueue> {
+        CompletionQueue::new(&self.shared, cqe, channel)
+    }
+
+    /// Creates a completion channel (a pollable file descriptor for completion events).
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        CompletionChannel::new()
+    }
+
+    /// Waits for the next asynchronous event (QP fatal/access/request error, CQ error, SRQ
+    /// limit, device fatal), without a time limit.
+    pub fn get_async_event(&self) -> AsyncEvent {
+        loop {
+            if let Some(ev) = self.shared.events.take(None) {
+                return ev;
+            }
+        }
+    }
+
+    /// Waits at most `timeout` for the next asynchronous event.
+    pub fn get_async_event_timeout(&self, timeout: Duration) -> Result<AsyncEvent> {
+        self.shared
+            .events
+            .take(Some(timeout))
+            .ok_or(Error::Timeout(timeout))
+    }
+
+    /// The next asynchronous event if one is pending; never blocks.
+    pub fn try_get_async_event(&self) -> Option<AsyncEvent> {
+        self.shared.events.take(Some(Duration::ZERO))
+    }
+
+    /// Asynchronous events dropped because nobody read the queue (it keeps the newest
+    /// 4096).
+    pub fn async_events_lost(&self) -> usize {
+        self.shared.events.lost.load(Ordering::Relaxed)
+    }
+
+    /// Simulates a device failure (fault injection): every QP of the device goes to the
+    /// Error state (outstanding work requests flush, connections close) and a
+    /// [`AsyncEvent::DeviceFatal`] is reported.
+    pub fn inject_fatal_error(&self) {
+        for qp in self.shared.live_qps() {
+            qp.set_error_and_kick();
+        }
+        self.shared.events.push(AsyncEvent::DeviceFatal);
+    }
+}

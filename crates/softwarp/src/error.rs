@@ -1,0 +1,143 @@
+//! The error type of every verbs call and of connection establishment.
+//!
+//! Errors say what was wrong: local misuse of the API (a bad argument, a call in the wrong
+//! QP state, a full queue), a peer that is incompatible or misbehaves during MPA negotiation
+//! (rejected, bad frame, timeout), or the operating system refusing something (with the
+//! operation that failed and the `io::Error`).
+
+use std::io;
+use std::time::Duration;
+
+use softwarp_engine::memory::MemoryError;
+use softwarp_engine::mr::MrError;
+use softwarp_engine::qp::QpError;
+use softwarp_engine::srq::SrqError;
+use softwarp_wire::WireError;
+use thiserror::Error;
+
+/// What a Softwarp call can fail with.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No device has this name ([`crate::list_devices`] names the ones there are).
+    #[error("no device named {0:?} (see softwarp::list_devices())")]
+    DeviceNotFound(String),
+    /// An argument is out of range or inconsistent; the text says which and why.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
+    /// A limit of the device (see [`crate::DeviceAttr`]) would be exceeded.
+    #[error("{what}: requested {requested}, the device limit is {limit}")]
+    Limit {
+        /// What was requested.
+        what: &'static str,
+        /// How much.
+        requested: usize,
+        /// The device's limit.
+        limit: usize,
+    },
+    /// Objects from different devices or protection domains were combined.
+    #[error("{0} belongs to another device or protection domain")]
+    WrongOwner(&'static str),
+    /// The engine refused a QP operation (state, queue full, malformed work request ...).
+    #[error("queue pair: {0}")]
+    Qp(#[from] QpError),
+    /// The memory registration table refused (full, unknown STag, in use ...).
+    #[error("memory registration: {0}")]
+    Mr(#[from] MrError),
+    /// A region access or allocation failed (out of bounds, out of memory).
+    #[error("memory: {0}")]
+    Memory(#[from] MemoryError),
+    /// The shared receive queue refused a post.
+    #[error("shared receive queue: {0}")]
+    Srq(#[from] SrqError),
+    /// The completion queue overflowed earlier and is in error; it accepts no more work.
+    #[error("completion queue is in error after an overflow (capacity {capacity})")]
+    CqOverflowed {
+        /// The CQ's capacity.
+        capacity: usize,
+    },
+    /// The QP is already connected (or connecting).
+    #[error("the queue pair is already connected")]
+    AlreadyConnected,
+    /// The QP is not in the Idle state needed to connect or accept.
+    #[error("the queue pair must be Idle to connect or accept, it is {0}")]
+    NotIdle(&'static str),
+    /// A system call failed.
+    #[error("{op}: {source}")]
+    Io {
+        /// What the runtime was doing.
+        op: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// MPA connection establishment failed; the connection was closed.
+    #[error("MPA negotiation failed: {0}")]
+    Mpa(#[from] MpaError),
+    /// A blocking wait ended without the awaited event.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// The device's progress thread is gone (the device failed or is shutting down).
+    #[error("the device's progress thread has stopped")]
+    DeviceStopped,
+}
+
+impl Error {
+    pub(crate) fn io(op: &'static str, source: io::Error) -> Self {
+        Error::Io { op, source }
+    }
+}
+
+/// Why MPA negotiation (RFC 5044 section 7.1, RFC 6581) failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum MpaError {
+    /// The peer's frame could not be parsed (bad key, revision, private data length ...).
+    #[error("bad MPA frame from the peer: {0}")]
+    BadFrame(#[from] WireError),
+    /// The peer sent the other kind of frame (a Reply where a Request belongs, or vice versa).
+    #[error("expected an MPA {expected}, got the other kind of frame")]
+    WrongFrameKind {
+        /// "Request" or "Reply".
+        expected: &'static str,
+    },
+    /// The responder set the Reject flag; its private data is kept.
+    #[error("the peer rejected the connection ({} bytes of private data)", private_data.len())]
+    Rejected {
+        /// The private data of the reject Reply.
+        private_data: Vec<u8>,
+    },
+    /// The peer asks for MPA markers, which this stack does not implement (siw does not
+    /// either); the connection was rejected.
+    #[error("the peer requires MPA markers, which are not supported")]
+    MarkersRequired,
+    /// The peer offered a revision the local options do not allow.
+    #[error("the peer uses MPA revision {peer}, the local options require {local}")]
+    RevisionMismatch {
+        /// The peer's revision.
+        peer: u8,
+        /// The local one.
+        local: u8,
+    },
+    /// The peer asks for peer-to-peer mode (an RTR exchange), which this minimal connection
+    /// path does not offer.
+    #[error("the peer requires peer-to-peer mode (RFC 6581 RTR), not offered here")]
+    PeerToPeerRequired,
+    /// The peer closed the connection during negotiation.
+    #[error("the peer closed the connection during MPA negotiation")]
+    Closed,
+    /// The negotiation did not finish in time.
+    #[error("MPA negotiation did not finish within {0:?}")]
+    Timeout(Duration),
+    /// Local private data longer than a frame can carry.
+    #[error("private data of {len} bytes exceeds the limit of {max}")]
+    PrivateDataTooLong {
+        /// Length given.
+        len: usize,
+        /// Most allowed.
+        max: usize,
+    },
+}
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

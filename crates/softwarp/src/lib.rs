@@ -1,0 +1,74 @@
+//! Softwarp: a user-space software iWARP RNIC with a verbs API, over real TCP.
+//!
+//! This crate is what applications link. It has two halves:
+//!
+//! - **Verbs** (names after libibverbs): [`Device`] → [`ProtectionDomain`] →
+//!   [`MemoryRegion`], [`CompletionQueue`] (+ [`CompletionChannel`] for event mode),
+//!   [`SharedReceiveQueue`], [`QueuePair`]; a per-device asynchronous event stream
+//!   ([`Device::get_async_event`]). Every call returns a typed [`Error`].
+//! - **Runtime**: one progress thread per device (epoll over the QPs' non-blocking TCP
+//!   sockets), inline transmission on the posting thread, and the minimal connection path
+//!   ([`Listener`], [`QueuePair::connect`]) with the MPA Request/Reply exchange.
+//!
+//! Protocol decisions (RDMAP/DDP/MPA) are made by the sans-IO engine
+//! (`softwarp-engine`); the runtime only moves bytes between sockets and the places the
+//! engine names (zero copy: `readv` straight into the destination region, `writev` of the
+//! gather list), and wakes threads. `unsafe` code is confined to the private `sys` module
+//! (system calls on raw iovecs) and [`ProtectionDomain::reg_mr_raw`].
+//!
+//! ```no_run
+//! use softwarp::*;
+//! # fn main() -> Result<()> {
+//! let dev = Device::open_default()?;
+//! let pd = dev.alloc_pd()?;
+//! let cq = dev.create_cq(256, None)?;
+//! let qp = pd.create_qp(&QpInitAttr::new(&cq, &cq))?;
+//! let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE)?;
+//! mr.write_at(0, b"hello")?;
+//! qp.connect("192.0.2.1:7174", &ConnectOptions::default())?;
+//! qp.post_send(&SendWr {
+//!     wr_id: 1,
+//!     op: SendOp::Send { solicited: false, invalidate: None },
+//!     payload: Payload::Sgl(SgList::single(mr.sge(0, 5)?)),
+//!     signaled: true,
+//!     fence: false,
+//! })?;
+//! # Ok(()) }
+//! ```
+#![cfg_attr(
+    not(test),
+    warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+mod connect;
+mod cq;
+mod device;
+mod error;
+mod pd;
+mod progress;
+mod qp;
+mod srq;
+#[allow(unsafe_code)]
+mod sys;
+
+pub use connect::{ConnectOptions, ConnectionInfo, Listener};
+pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION};
+pub use device::{list_devices, Device, DeviceAttr, DEVICE_NAME};
+pub use error::{Error, MpaError, Result};
+pub use pd::{AccessFlags, MemoryRegion, ProtectionDomain};
+pub use qp::{QpCap, QpInitAttr, QueuePair};
+pub use srq::{SharedReceiveQueue, SrqInitAttr};
+
+pub use softwarp_engine::cq::CqId;
+pub use softwarp_engine::event::AsyncEvent;
+pub use softwarp_engine::fault::{Cause, Fault};
+pub use softwarp_engine::mr::{AccessError, PdId, Stag};
+pub use softwarp_engine::qp::{QpState, RtrKind, TerminateLayout};
+pub use softwarp_engine::srq::SrqId;
+pub use softwarp_engine::stats::QpStats;
+pub use softwarp_engine::wr::{
+    Payload, RecvWr, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion, MAX_INLINE,
+    MAX_SGE,
+};
+pub use softwarp_wire::mpa::frame::MpaRevision;

@@ -1,0 +1,247 @@
+//! Protection domains and memory regions (after `ibv_pd` and `ibv_mr`).
+//!
+//! A [`MemoryRegion`] is memory registered for RDMA: the stack allocates it page-aligned and
+//! zeroed ([`ProtectionDomain::reg_mr`]), or the application hands in its own memory through
+//! the `unsafe` [`ProtectionDomain::reg_mr_raw`] (for FFI). Its bytes are shared with the
+//! network, so they are reached through copies ([`MemoryRegion::read_at`],
+//! [`MemoryRegion::write_at`]), never through a Rust reference.
+
+use std::sync::Arc;
+
+use softwarp_engine::memory::Region;
+use softwarp_engine::mr::{Access, PdId, Stag};
+use softwarp_engine::wr::Sge;
+
+use crate::cq::CompletionQueue;
+use crate::device::{CountGuard, Counts, DeviceShared};
+use crate::error::{Error, Result};
+use crate::qp::{QpInitAttr, QueuePair};
+use crate::srq::{SharedReceiveQueue, SrqInitAttr};
+
+/// Access rights of a memory registration (after `ibv_access_flags`): combine
+/// `LOCAL_WRITE`, `REMOTE_WRITE`, `REMOTE_READ` and `REMOTE_INVALIDATE` with `|`.
+pub type AccessFlags = Access;
+
+#[derive(Debug)]
+struct PdInner {
+    device: Arc<DeviceShared>,
+    id: PdId,
+    count: std::sync::Mutex<CountGuard>,
+}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        crate::device::lock(&self.count).release(&self.device.counts.pd);
+    }
+}
+
+/// A protection domain: QPs, SRQs and memory regions of one PD can be used together; a
+/// tagged access through an STag of another PD fails validation.
+///
+/// Cloning gives another handle to the same PD.
+#[derive(Debug, Clone)]
+pub struct ProtectionDomain {
+    inner: Arc<PdInner>,
+}
+
+impl ProtectionDomain {
+    pub(crate) fn new(device: Arc<DeviceShared>, id: PdId, count: CountGuard) -> Self {
+        Self {
+            inner: Arc::new(PdInner {
+                device,
+                id,
+                count: std::sync::Mutex::new(count),
+            }),
+        }
+    }
+
+    pub(crate) fn device(&self) -> &Arc<DeviceShared> {
+        &self.inner.device
+    }
+
+    /// The PD's number.
+    pub fn id(&self) -> PdId {
+        self.inner.id
+    }
+
+    /// Allocates `len` bytes of zeroed, page-aligned memory and registers it with `access`.
+    /// The tagged offsets of the region start at its address ([`MemoryRegion::addr`]).
+    pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
+        let region = Region::new_zeroed(len)?;
+        self.register(Arc::new(region), access)
+    }
+
+    /// Registers memory the caller owns (for FFI and application buffers).
+    ///
+    /// # Safety
+    /// `ptr` must be non-null and valid for reads and writes of `len` bytes until the
+    /// returned [`MemoryRegion`] is dropped **and** every work request that uses it has
+    /// completed (flushed work completes when its QP is destroyed). The peer may write the
+    /// bytes at any time while the registration allows it: the caller must not hold Rust
+    /// references to them that assume otherwise.
+    #[allow(unsafe_code)]
+    pub unsafe fn reg_mr_raw(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        // SAFETY: forwarded from this function's contract, which is `Region::from_raw`'s.
+        let region = unsafe { Region::from_raw(ptr, len) }?;
+        self.register(Arc::new(region), access)
+    }
+
+    fn register(&self, region: Arc<Region>, access: AccessFlags) -> Result<MemoryRegion> {
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            // libibverbs: IBV_ACCESS_REMOTE_WRITE requires IBV_ACCESS_LOCAL_WRITE.
+            return Err(Error::InvalidArgument(
+                "REMOTE_WRITE access requires LOCAL_WRITE",
+            ));
+        }
+        let len = region.len();
+        if len as u64 > self.inner.device.attr.max_mr_size {
+            return Err(Error::Limit {
+                what: "memory region size",
+                requested: len,
+                limit: self.inner.device.attr.max_mr_size as usize,
+            });
+        }
+        self.inner.device.reap_zombies();
+        let iova = region.addr();
+        let stag = self.inner.device.mrs_write().register(
+            self.inner.id,
+            Arc::clone(&region),
+            0,
+            len,
+            Some(iova),
+            access,
+        )?;
+        tracing::debug!(stag = stag.0, len, "memory registered");
+        Ok(MemoryRegion {
+            device: Arc::clone(&self.inner.device),
+            pd: self.inner.id,
+            region,
+            stag,
+            iova,
+            access,
+        })
+    }
+
+    /// Creates a reliable-connected QP in this PD (Idle until connected or accepted).
+    pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
+        QueuePair::new(self, attr)
+    }
+
+    /// Creates a shared receive queue in this PD.
+    pub fn create_srq(&self, attr: &SrqInitAttr) -> Result<SharedReceiveQueue> {
+        SharedReceiveQueue::new(self, attr)
+    }
+
+    pub(crate) fn check_cq(&self, cq: &CompletionQueue) -> Result<()> {
+        if !Arc::ptr_eq(cq.device(), &self.inner.device) {
+            return Err(Error::WrongOwner("completion queue"));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn take_qp_count(&self) -> Result<CountGuard> {
+        let d = &self.inner.device;
+        Counts::take(&d.counts.qp, d.attr.max_qp, "queue pairs")
+    }
+}
+
+/// A registered memory region.
+///
+/// Dropping it deregisters the STag; if in-flight work still uses it, the deregistration
+/// completes when that work does (the memory stays alive until then).
+#[derive(Debug)]
+pub struct MemoryRegion {
+    device: Arc<DeviceShared>,
+    pd: PdId,
+    region: Arc<Region>,
+    stag: Stag,
+    iova: u64,
+    access: AccessFlags,
+}
+
+impl MemoryRegion {
+    /// The STag naming this registration (iWARP has one STag for local and remote use).
+    pub fn stag(&self) -> Stag {
+        self.stag
+    }
+    /// The local key: the STag, for SGEs.
+    pub fn lkey(&self) -> Stag {
+        self.stag
+    }
+    /// The remote key: the STag, for a peer's RDMA Write or Read.
+    pub fn rkey(&self) -> Stag {
+        self.stag
+    }
+    /// The tagged offset of the first byte (the memory's address).
+    pub fn addr(&self) -> u64 {
+        self.iova
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.region.len()
+    }
+    /// True for a zero-length registration.
+    pub fn is_empty(&self) -> bool {
+        self.region.is_empty()
+    }
+    /// The access rights.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+    /// The protection domain.
+    pub fn pd(&self) -> PdId {
+        self.pd
+    }
+    /// False once invalidated (locally, or by a peer's Send with Invalidate).
+    pub fn is_valid(&self) -> bool {
+        self.device
+            .mrs_read()
+            .info(self.stag)
+            .is_some_and(|i| i.valid)
+    }
+
+    /// Copies `buf.len()` bytes at `offset` out of the region.
+    pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+        Ok(self.region.read_at(offset, buf)?)
+    }
+    /// Copies `buf` into the region at `offset`.
+    pub fn write_at(&self, offset: usize, buf: &[u8]) -> Result<()> {
+        Ok(self.region.write_at(offset, buf)?)
+    }
+    /// Sets `len` bytes at `offset` to `byte`.
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
+        Ok(self.region.fill(offset, len, byte)?)
+    }
+    /// Copies the whole region into a new vector.
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; self.len()];
+        self.read_at(0, &mut v)?;
+        Ok(v)
+    }
+
+    /// A scatter/gather element for `len` bytes at `offset` of this region (bounds checked).
+    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
+        let end = offset.checked_add(len as usize);
+        if end.is_none_or(|e| e > self.len()) {
+            return Err(Error::InvalidArgument(
+                "SGE range is outside the memory region",
+            ));
+        }
+        Ok(Sge {
+            addr: self.iova + offset as u64,
+            length: len,
+            lkey: self.stag,
+        })
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        self.device.deregister(self.stag);
+    }
+}

@@ -1,0 +1,178 @@
+//! The progress thread of a device: one `epoll` (through `mio`, edge-triggered) over the
+//! non-blocking sockets of the device's connected QPs.
+//!
+//! On readiness it runs a QP's progress pass (receive until `EAGAIN`, transmit what is left,
+//! move completions and events, close the connection when the QP is finished). Other
+//! threads talk to it through a command channel and a `mio::Waker`: register a new
+//! connection, kick a QP whose state changed, move the QPs of an overflowed CQ to Error.
+//! It never blocks on anything but `epoll_wait`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::Duration;
+
+use mio::{Events, Poll, Token, Waker};
+
+use crate::cq::CqShared;
+use crate::device::lock;
+use crate::error::{Error, Result};
+use crate::qp::QpShared;
+
+const WAKE: Token = Token(0);
+/// Delay before retrying QPs that wait for the peer's FIN or for completions to be taken.
+const RETRY: Duration = Duration::from_millis(5);
+/// Size of the buffer that swallows bytes arriving after a QP stopped receiving.
+const SCRATCH_LEN: usize = 64 * 1024;
+
+pub(crate) enum Cmd {
+    Register(Arc<QpShared>),
+    Kick(Arc<QpShared>),
+    CqOverflow(Arc<CqShared>),
+    Shutdown,
+}
+
+/// Handle to a device's progress thread.
+#[derive(Debug)]
+pub(crate) struct Progress {
+    tx: Mutex<Sender<Cmd>>,
+    waker: Waker,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    thread_id: ThreadId,
+}
+
+impl Progress {
+    pub(crate) fn start(device_name: &str) -> Result<Self> {
+        let poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
+        let waker = Waker::new(poll.registry(), WAKE).map_err(|e| Error::io("eventfd", e))?;
+        let (tx, rx) = mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name(format!("{device_name}-progress"))
+            .spawn(move || run(poll, rx))
+            .map_err(|e| Error::io("spawn progress thread", e))?;
+        Ok(Self {
+            tx: Mutex::new(tx),
+            waker,
+            thread_id: handle.thread().id(),
+            thread: Mutex::new(Some(handle)),
+        })
+    }
+
+    fn send(&self, cmd: Cmd) {
+        if lock(&self.tx).send(cmd).is_ok() {
+            if let Err(e) = self.waker.wake() {
+                tracing::error!(error = %e, "cannot wake the progress thread");
+            }
+        }
+    }
+
+    /// Hands a connected QP to the progress thread.
+    pub(crate) fn register(&self, qp: Arc<QpShared>) {
+        self.send(Cmd::Register(qp));
+    }
+
+    /// Asks for a progress pass of `qp` (its state changed outside the data path).
+    pub(crate) fn kick(&self, qp: Arc<QpShared>) {
+        self.send(Cmd::Kick(qp));
+    }
+
+    /// Moves every QP of `cq` to Error (the CQ overflowed).
+    pub(crate) fn cq_overflow(&self, cq: Arc<CqShared>) {
+        self.send(Cmd::CqOverflow(cq));
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.send(Cmd::Shutdown);
+        let handle = lock(&self.thread).take();
+        if let Some(h) = handle {
+            // The last reference may go away on the progress thread itself (it drops the
+            // last QP of the device): it then exits on the Shutdown command by itself.
+            if std::thread::current().id() != self.thread_id && h.join().is_err() {
+                tracing::error!("the progress thread panicked");
+            }
+        }
+    }
+}
+
+fn run(mut poll: Poll, rx: Receiver<Cmd>) {
+    let mut events = Events::with_capacity(1024);
+    let mut qps: HashMap<Token, Arc<QpShared>> = HashMap::new();
+    let mut next_token = 1usize;
+    // QPs to service without waiting for readiness: budget left over (`again`) or waiting
+    // on a timer (`delayed`).
+    let mut again: BTreeSet<Token> = BTreeSet::new();
+    let mut delayed: BTreeSet<Token> = BTreeSet::new();
+    let mut scratch = vec![0u8; SCRATCH_LEN];
+    loop {
+        let timeout = if !again.is_empty() {
+            Some(Duration::ZERO)
+        } else if !delayed.is_empty() {
+            Some(RETRY)
+        } else {
+            None
+        };
+        if let Err(e) = poll.poll(&mut events, timeout) {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                tracing::error!(error = %e, "epoll_wait failed; progress thread stops");
+                return;
+            }
+        }
+        let mut todo: BTreeSet<Token> = std::mem::take(&mut again);
+        todo.extend(std::mem::take(&mut delayed));
+        for ev in events.iter() {
+            if ev.token() != WAKE {
+                todo.insert(ev.token());
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(Cmd::Register(qp)) => {
+                    let token = Token(next_token);
+                    next_token += 1;
+                    if qp.register(poll.registry(), token) {
+                        qps.insert(token, qp);
+                        todo.insert(token);
+                    }
+                }
+                Ok(Cmd::Kick(qp)) => {
+                    if let Some((t, _)) = qps.iter().find(|(_, q)| Arc::ptr_eq(q, &qp)) {
+                        todo.insert(*t);
+                    }
+                }
+                Ok(Cmd::CqOverflow(cq)) => {
+                    for qp in cq.qps() {
+                        tracing::error!(qp = qp.qp_num(), "QP to Error: its CQ overflowed");
+                        qp.set_error();
+                        if let Some((t, _)) = qps.iter().find(|(_, q)| Arc::ptr_eq(q, &qp)) {
+                            todo.insert(*t);
+                        }
+                    }
+                }
+                Ok(Cmd::Shutdown) | Err(TryRecvError::Disconnected) => {
+                    tracing::debug!("progress thread stops");
+                    return;
+                }
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        for token in todo {
+            let Some(qp) = qps.get(&token) else {
+                continue;
+            };
+            let pass = qp.service(poll.registry(), &mut scratch);
+            if pass.closed {
+                qps.remove(&token);
+                continue;
+            }
+            if pass.more {
+                again.insert(token);
+            }
+            if pass.retry || pass.lingering {
+                delayed.insert(token);
+            }
+        }
+    }
+}

@@ -1,0 +1,862 @@
+//! Queue pairs (after `ibv_qp`, reliable connected) and the data path that moves their bytes.
+//!
+//! The engine's [`Qp`] decides everything; this module only moves bytes and wakes threads:
+//!
+//! - Receive (progress thread): loop [`Qp::rx_target`] → `readv` straight into the target
+//!   (a header buffer inside the QP, or the destination region: no staging copy) →
+//!   [`Qp::rx_commit`], until the socket has nothing more (`EAGAIN`).
+//! - Transmit (the posting thread first, like siw's direct send; then the progress thread on
+//!   write readiness): loop [`Qp::poll_tx`] → `writev` of the gather pieces →
+//!   [`Qp::tx_commit`], until there is nothing to send or the socket is full.
+//! - After either: completions go to their CQs ([`Qp::poll_completion`]) and events to the
+//!   device's event stream ([`Qp::poll_event`]).
+//!
+//! Locks: each QP has its own mutex; the STag table is locked only inside `post_send`
+//! (validation) and `rx_commit` (placement decisions, invalidation), never across a system
+//! call; an SRQ's lock is taken inside `rx_commit` of the QPs that share it. Lock order:
+//! QP, then STag table, then SRQ, then CQ; nothing takes a QP lock while holding another
+//! lock.
+
+use std::io::Read;
+use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::os::fd::AsFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use mio::{Interest, Registry, Token};
+use softwarp_engine::qp::{Qp, QpConfig, QpState, RxTarget, StreamConfig};
+use softwarp_engine::stats::QpStats;
+use softwarp_engine::wr::{CqTarget, Payload, RecvWr, SendWr};
+
+use crate::connect::{self, ConnectOptions, ConnectionInfo, Negotiated};
+use crate::cq::{CompletionQueue, CqShared};
+use crate::device::{lock, CountGuard, DeviceShared};
+use crate::error::{Error, Result};
+use crate::pd::ProtectionDomain;
+use crate::srq::{SharedReceiveQueue, SrqShared};
+use crate::sys;
+
+/// Capacities of a QP (after `ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCap {
+    /// Most outstanding send work requests.
+    pub max_send_wr: usize,
+    /// Most outstanding receive work requests (with an SRQ: how many SRQ work requests the
+    /// QP may hold at once).
+    pub max_recv_wr: usize,
+    /// Most SGEs per send work request.
+    pub max_send_sge: usize,
+    /// Most SGEs per receive work request.
+    pub max_recv_sge: usize,
+    /// Most bytes of inline data per send work request.
+    pub max_inline_data: usize,
+}
+
+impl Default for QpCap {
+    fn default() -> Self {
+        Self {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: softwarp_engine::wr::MAX_SGE,
+            max_recv_sge: softwarp_engine::wr::MAX_SGE,
+            max_inline_data: softwarp_engine::wr::MAX_INLINE,
+        }
+    }
+}
+
+/// Creation parameters of a QP (after `ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy)]
+pub struct QpInitAttr<'a> {
+    /// CQ for send work requests.
+    pub send_cq: &'a CompletionQueue,
+    /// CQ for receive work requests.
+    pub recv_cq: &'a CompletionQueue,
+    /// Receive from this SRQ instead of an own receive queue.
+    pub srq: Option<&'a SharedReceiveQueue>,
+    /// Queue capacities.
+    pub cap: QpCap,
+    /// Every send work request is signalled (completes into the CQ even on success).
+    pub sq_sig_all: bool,
+    /// ORD: RDMA Reads this QP may have outstanding (offered in MPA v2 negotiation).
+    pub max_rd_atomic: usize,
+    /// IRD: RDMA Read Requests this QP accepts outstanding (offered in MPA v2 negotiation).
+    pub max_dest_rd_atomic: usize,
+}
+
+impl<'a> QpInitAttr<'a> {
+    /// Default capacities, IRD = ORD = 16, no SRQ, per-WR signalling.
+    pub fn new(send_cq: &'a CompletionQueue, recv_cq: &'a CompletionQueue) -> Self {
+        Self {
+            send_cq,
+            recv_cq,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+        }
+    }
+}
+
+/// How long a closing connection waits for the peer's FIN after sending its own.
+const LINGER: Duration = Duration::from_secs(2);
+/// Bytes one progress pass reads (or writes) for one QP before letting others run.
+const PASS_BUDGET: usize = 1 << 20;
+
+/// The socket of an established QP.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    stream: mio::net::TcpStream,
+    token: Option<Token>,
+    /// End of stream or error seen on the read side.
+    read_closed: bool,
+    /// A write failed (reset, broken pipe): nothing more can be sent.
+    write_failed: bool,
+    /// Our FIN was sent.
+    shut_wr: bool,
+    linger_until: Option<Instant>,
+}
+
+#[derive(Debug)]
+pub(crate) struct QpInner {
+    qp: Qp,
+    conn: Option<Conn>,
+    connecting: bool,
+    info: Option<ConnectionInfo>,
+    destroyed: bool,
+}
+
+/// What a progress pass left to do.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Pass {
+    /// The budget ran out with more to read or write: service again soon.
+    pub(crate) more: bool,
+    /// Receive is blocked until completions are taken: retry after a short delay.
+    pub(crate) retry: bool,
+    /// Waiting for the peer's FIN (linger deadline): service again after a delay.
+    pub(crate) lingering: bool,
+    /// The connection is closed and deregistered: forget the QP.
+    pub(crate) closed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RxEnd {
+    /// The socket has nothing more (EAGAIN) or the QP does not read.
+    Drained,
+    /// Budget exhausted.
+    More,
+    /// The engine waits for completions to be taken.
+    Blocked,
+    /// End of stream or error.
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TxEnd {
+    /// Nothing left to send.
+    Idle,
+    /// The socket is full; write readiness will resume.
+    Full,
+    /// Budget exhausted.
+    More,
+    /// The connection cannot send (closed, failed, not connected).
+    Dead,
+}
+
+/// State shared between a [`QueuePair`] handle and the progress thread.
+#[derive(Debug)]
+pub(crate) struct QpShared {
+    qp_num: u32,
+    pub(crate) device: Arc<DeviceShared>,
+    send_cq: Arc<CqShared>,
+    recv_cq: Arc<CqShared>,
+    srq: Option<Arc<SrqShared>>,
+    sq_sig_all: bool,
+    cap: QpCap,
+    inner: Mutex<QpInner>,
+    count: Mutex<CountGuard>,
+}
+
+impl Drop for QpShared {
+    fn drop(&mut self) {
+        lock(&self.count).release(&self.device.counts.qp);
+    }
+}
+
+impl QpShared {
+    fn lock(&self) -> MutexGuard<'_, QpInner> {
+        lock(&self.inner)
+    }
+
+    /// Moves completions to the CQs and events to the device.
+    fn drain(&self, inner: &mut QpInner) {
+        while let Some((target, wc)) = inner.qp.poll_completion() {
+            match target {
+                CqTarget::Send => self.send_cq.push(wc),
+                CqTarget::Recv => self.recv_cq.push(wc),
+            }
+        }
+        while let Some(ev) = inner.qp.poll_event() {
+            self.device.events.push(ev);
+        }
+        if let Some(srq) = &self.srq {
+            srq.forward_event();
+        }
+    }
+
+    /// Reads from the socket into wherever the engine says, until EAGAIN or the budget is
+    /// spent. `scratch` receives (and discards) bytes once the QP no longer receives, so
+    /// the end of the stream is still seen.
+    fn rx_pass(&self, inner: &mut QpInner, scratch: &mut [u8], budget: &mut usize) -> RxEnd {
+        let mut empty_targets = 0;
+        loop {
+            let Some(conn) = inner.conn.as_mut() else {
+                return RxEnd::Closed;
+            };
+            if conn.read_closed {
+                return RxEnd::Closed;
+            }
+            if *budget == 0 {
+                return RxEnd::More;
+            }
+            let mut stream = &conn.stream;
+            // Each arm reads straight into the engine's target while it is borrowed.
+            let (r, commit) = match inner.qp.rx_target() {
+                RxTarget::Buffer([]) => (Ok(0), true),
+                RxTarget::Buffer(b) => (stream.read(b), true),
+                RxTarget::Region { len: 0, .. } => (Ok(0), true),
+                RxTarget::Region {
+                    region,
+                    offset,
+                    len,
+                } => (
+                    sys::read_region(conn.stream.as_fd(), region, offset, len),
+                    true,
+                ),
+                RxTarget::Blocked => {
+                    self.drain(inner);
+                    self.rx_commit(inner, 0);
+                    if matches!(inner.qp.rx_target(), RxTarget::Blocked) {
+                        return RxEnd::Blocked;
+                    }
+                    continue;
+                }
+                RxTarget::Closed => (stream.read(scratch), false),
+            };
+            match r {
+                Ok(0) if commit => {
+                    // An empty target (never offered by a sound engine): let it advance,
+                    // but never spin.
+                    empty_targets += 1;
+                    if empty_targets > 2 {
+                        tracing::error!(qp = self.qp_num, "engine offers only empty rx targets");
+                        return RxEnd::Drained;
+                    }
+                    self.rx_commit(inner, 0);
+                }
+                Ok(0) => return self.rx_closed(inner, "peer closed the connection"),
+                Ok(n) => {
+                    empty_targets = 0;
+                    *budget = budget.saturating_sub(n);
+                    if commit {
+                        self.rx_commit(inner, n);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return RxEnd::Drained,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                    // The engine offered a range outside its own region: a bug there. Stop
+                    // receiving rather than touch memory we cannot vouch for.
+                    tracing::error!(qp = self.qp_num, error = %e, "unusable rx target");
+                    return self.rx_closed(inner, "unusable rx target");
+                }
+                Err(e) => {
+                    tracing::debug!(qp = self.qp_num, error = %e, "read failed");
+                    return self.rx_closed(inner, "connection failed (read)");
+                }
+            }
+        }
+    }
+
+    fn rx_commit(&self, inner: &mut QpInner, n: usize) {
+        let mut mrs = self.device.mrs_write();
+        let mut srq = self.srq.as_ref().map(|s| s.lock());
+        if let Err(e) = inner.qp.rx_commit(n, &mut mrs, srq.as_deref_mut()) {
+            tracing::error!(qp = self.qp_num, error = %e, "rx_commit refused");
+        }
+    }
+
+    fn rx_closed(&self, inner: &mut QpInner, why: &'static str) -> RxEnd {
+        tracing::debug!(qp = self.qp_num, why, "receive side closed");
+        if let Some(conn) = inner.conn.as_mut() {
+            conn.read_closed = true;
+        }
+        inner.qp.handle_llp_closed();
+        RxEnd::Closed
+    }
+
+    /// Writes what the engine has to send, until it has nothing, the socket is full, or
+    /// the budget is spent.
+    fn tx_pass(&self, inner: &mut QpInner, budget: &mut usize) -> TxEnd {
+        loop {
+            let Some(conn) = inner.conn.as_mut() else {
+                return TxEnd::Dead;
+            };
+            if conn.write_failed || conn.shut_wr {
+                return TxEnd::Dead;
+            }
+            if *budget == 0 {
+                return TxEnd::More;
+            }
+            let r = match inner.qp.poll_tx() {
+                None => return TxEnd::Idle,
+                Some(fpdu) => sys::write_pieces(conn.stream.as_fd(), fpdu.pieces()),
+            };
+            match r {
+                Ok(0) => {
+                    // Only an FPDU without bytes writes nothing; never spin on it.
+                    tracing::error!(qp = self.qp_num, "engine offered an empty FPDU");
+                    return TxEnd::Idle;
+                }
+                Ok(written) => {
+                    *budget = budget.saturating_sub(written);
+                    if let Err(e) = inner.qp.tx_commit(written) {
+                        tracing::error!(qp = self.qp_num, error = %e, "tx_commit refused");
+                        return TxEnd::Dead;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return TxEnd::Full,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::debug!(qp = self.qp_num, error = %e, "connection failed (write)");
+                    conn.write_failed = true;
+                    inner.qp.handle_llp_closed();
+                    return TxEnd::Dead;
+                }
+            }
+        }
+    }
+
+    /// Closes the connection once the QP is finished with it: FIN after the last byte
+    /// (the Terminate, if one is queued), then the peer's FIN or the linger deadline.
+    /// Returns (closed, lingering).
+    fn maybe_close(&self, inner: &mut QpInner, registry: &Registry, tx: TxEnd) -> (bool, bool) {
+        let state = inner.qp.state();
+        let drained = inner.qp.is_drained();
+        let Some(conn) = inner.conn.as_mut() else {
+            return (true, false);
+        };
+        let finished = inner.destroyed
+            || matches!(state, QpState::Error | QpState::Idle)
+            || (state == QpState::Closing && drained);
+        if !finished {
+            return (false, false);
+        }
+        let now = Instant::now();
+        if !conn.shut_wr && (tx == TxEnd::Idle || conn.write_failed || tx == TxEnd::Dead) {
+            let _ = conn.stream.shutdown(Shutdown::Write);
+            conn.shut_wr = true;
+            conn.linger_until = Some(now + LINGER);
+            tracing::debug!(qp = self.qp_num, ?state, "connection: FIN sent");
+        }
+        let expired = conn.linger_until.is_some_and(|t| now >= t);
+        if conn.shut_wr && (conn.read_closed || expired) {
+            let _ = registry.deregister(&mut conn.stream);
+            inner.conn = None;
+            tracing::debug!(qp = self.qp_num, ?state, "connection closed");
+            return (true, false);
+        }
+        (false, conn.shut_wr)
+    }
+
+    /// One full progress pass (progress thread).
+    pub(crate) fn service(&self, registry: &Registry, scratch: &mut [u8]) -> Pass {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        if inner.conn.is_none() {
+            return Pass {
+                closed: true,
+                ..Pass::default()
+            };
+        }
+        let mut budget = PASS_BUDGET;
+        let rx = self.rx_pass(inner, scratch, &mut budget);
+        let mut budget = PASS_BUDGET;
+        let tx = self.tx_pass(inner, &mut budget);
+        self.drain(inner);
+        let (closed, lingering) = self.maybe_close(inner, registry, tx);
+        Pass {
+            more: !closed && (rx == RxEnd::More || tx == TxEnd::More),
+            retry: !closed && rx == RxEnd::Blocked,
+            lingering,
+            closed,
+        }
+    }
+
+    /// Registers the connection with the progress thread's poller.
+    pub(crate) fn register(&self, registry: &Registry, token: Token) -> bool {
+        let mut g = self.lock();
+        let Some(conn) = g.conn.as_mut() else {
+            return false;
+        };
+        match registry.register(
+            &mut conn.stream,
+            token,
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            Ok(()) => {
+                conn.token = Some(token);
+                true
+            }
+            Err(e) => {
+                tracing::error!(qp = self.qp_num, error = %e, "epoll registration failed");
+                conn.read_closed = true;
+                conn.write_failed = true;
+                g.qp.handle_llp_closed();
+                self.drain(&mut g);
+                // Not registered: close here.
+                g.conn = None;
+                false
+            }
+        }
+    }
+
+    /// Moves the QP to Error (a Terminate is queued when it was in RTS), for device and CQ
+    /// errors.
+    pub(crate) fn set_error(&self) {
+        let mut g = self.lock();
+        let _ = g.qp.modify(QpState::Error);
+        let mut budget = PASS_BUDGET;
+        let _ = self.tx_pass(&mut g, &mut budget);
+        self.drain(&mut g);
+    }
+
+    /// [`QpShared::set_error`], then has the progress thread close the connection.
+    pub(crate) fn set_error_and_kick(self: &Arc<Self>) {
+        self.set_error();
+        self.device.progress.kick(Arc::clone(self));
+    }
+
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+}
+
+/// A reliable-connected queue pair.
+///
+/// Created Idle by [`ProtectionDomain::create_qp`]; post receives, then connect it
+/// ([`QueuePair::connect`]) or accept a connection into it ([`crate::Listener::accept`]).
+/// All methods take `&self`: share it between threads with an `Arc`. Dropping it destroys
+/// the QP: outstanding work requests complete with a flush status and the connection closes.
+#[derive(Debug)]
+pub struct QueuePair {
+    shared: Arc<QpShared>,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+}
+
+impl QueuePair {
+    pub(crate) fn new(pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<Self> {
+        let device = pd.device();
+        pd.check_cq(attr.send_cq)?;
+        pd.check_cq(attr.recv_cq)?;
+        if let Some(srq) = attr.srq {
+            if !Arc::ptr_eq(srq.device(), device) {
+                return Err(Error::WrongOwner("shared receive queue"));
+            }
+        }
+        let a = &device.attr;
+        let checks = [
+            ("send queue depth", attr.cap.max_send_wr, a.max_qp_wr),
+            ("receive queue depth", attr.cap.max_recv_wr, a.max_qp_wr),
+            ("send SGEs", attr.cap.max_send_sge, a.max_sge),
+            ("receive SGEs", attr.cap.max_recv_sge, a.max_sge),
+            ("inline data", attr.cap.max_inline_data, a.max_inline_data),
+            (
+                "ORD (max_rd_atomic)",
+                attr.max_rd_atomic,
+                a.max_qp_init_rd_atom,
+            ),
+            (
+                "IRD (max_dest_rd_atomic)",
+                attr.max_dest_rd_atomic,
+                a.max_qp_rd_atom,
+            ),
+        ];
+        for (what, requested, limit) in checks {
+            if requested > limit {
+                return Err(Error::Limit {
+                    what,
+                    requested,
+                    limit,
+                });
+            }
+        }
+        if attr.cap.max_send_wr == 0 {
+            return Err(Error::InvalidArgument("max_send_wr must be at least 1"));
+        }
+        if attr.cap.max_recv_wr == 0 {
+            return Err(Error::InvalidArgument("max_recv_wr must be at least 1"));
+        }
+        let count = pd.take_qp_count()?;
+        let qp_num = device.next_qp_num();
+        let cfg = QpConfig {
+            qp_num,
+            pd: pd.id(),
+            sq_depth: attr.cap.max_send_wr,
+            rq_depth: attr.cap.max_recv_wr,
+            use_srq: attr.srq.is_some(),
+            max_ird: attr.max_dest_rd_atomic,
+            max_ord: attr.max_rd_atomic,
+        };
+        let shared = Arc::new(QpShared {
+            qp_num,
+            device: Arc::clone(device),
+            send_cq: Arc::clone(&attr.send_cq.shared),
+            recv_cq: Arc::clone(&attr.recv_cq.shared),
+            srq: attr.srq.map(|s| Arc::clone(&s.shared)),
+            sq_sig_all: attr.sq_sig_all,
+            cap: attr.cap,
+            inner: Mutex::new(QpInner {
+                qp: Qp::new(cfg),
+                conn: None,
+                connecting: false,
+                info: None,
+                destroyed: false,
+            }),
+            count: Mutex::new(count),
+        });
+        device.add_qp(&shared);
+        shared.send_cq.add_qp(&shared);
+        shared.recv_cq.add_qp(&shared);
+        tracing::debug!(qp = qp_num, "QP created");
+        Ok(Self {
+            shared,
+            send_cq: attr.send_cq.clone(),
+            recv_cq: attr.recv_cq.clone(),
+        })
+    }
+
+    /// The QP number (reported in completions and events).
+    pub fn qp_num(&self) -> u32 {
+        self.shared.qp_num
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.shared.lock().qp.state()
+    }
+
+    /// Statistics counters of the QP.
+    pub fn stats(&self) -> QpStats {
+        *self.shared.lock().qp.stats()
+    }
+
+    /// What MPA negotiation settled, once connected.
+    pub fn connection(&self) -> Option<ConnectionInfo> {
+        self.shared.lock().info.clone()
+    }
+
+    /// The send CQ.
+    pub fn send_cq(&self) -> &CompletionQueue {
+        &self.send_cq
+    }
+
+    /// The receive CQ.
+    pub fn recv_cq(&self) -> &CompletionQueue {
+        &self.recv_cq
+    }
+
+    /// Posts a send work request (Send variants, RDMA Write, RDMA Read).
+    ///
+    /// Local SGEs are validated now; the data is sent at once on this thread as far as the
+    /// socket takes it, the rest by the progress thread. A successful post completes later
+    /// into the send CQ (always on error; on success when signalled or `sq_sig_all`). In the
+    /// Error state the work request is accepted and completes with a flush status.
+    pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        let s = &self.shared;
+        match wr.payload {
+            Payload::Sgl(sgl) if sgl.len() > s.cap.max_send_sge => {
+                return Err(Error::InvalidArgument(
+                    "send work request has more SGEs than the QP's max_send_sge",
+                ));
+            }
+            Payload::Inline(b) if b.len() > s.cap.max_inline_data => {
+                return Err(Error::InvalidArgument(
+                    "inline data is longer than the QP's max_inline_data",
+                ));
+            }
+            _ => {}
+        }
+        let mut wr = *wr;
+        wr.signaled |= s.sq_sig_all;
+        let mut g = s.lock();
+        let inner = &mut *g;
+        {
+            let mrs = s.device.mrs_read();
+            inner.qp.post_send(&wr, &mrs)?;
+        }
+        let mut budget = usize::MAX;
+        let tx = s.tx_pass(inner, &mut budget);
+        s.drain(inner);
+        let kick = tx == TxEnd::Dead && inner.conn.is_some();
+        drop(g);
+        if kick {
+            s.device.progress.kick(Arc::clone(s));
+        }
+        Ok(())
+    }
+
+    /// Posts several send work requests in order; stops at the first that fails and returns
+    /// its index with the error.
+    pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, Error)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            self.post_send(wr).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+
+    /// Posts a receive work request to the QP's receive queue (not for QPs on an SRQ). Its
+    /// SGEs are validated when a Send starts using it.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        let s = &self.shared;
+        if wr.sgl.len() > s.cap.max_recv_sge {
+            return Err(Error::InvalidArgument(
+                "receive work request has more SGEs than the QP's max_recv_sge",
+            ));
+        }
+        let mut g = s.lock();
+        g.qp.post_recv(*wr)?;
+        s.drain(&mut g);
+        Ok(())
+    }
+
+    /// Moves the QP to the Error state: outstanding work requests complete with
+    /// `WrFlushErr`; from RTS a Terminate (local catastrophic error) is sent to the peer;
+    /// then the connection closes.
+    pub fn modify_to_error(&self) -> Result<()> {
+        self.shared.set_error_and_kick();
+        Ok(())
+    }
+
+    /// Graceful close: no new sends; once outstanding work is done the connection closes.
+    pub fn disconnect(&self) -> Result<()> {
+        let s = &self.shared;
+        {
+            let mut g = s.lock();
+            match g.qp.state() {
+                QpState::Rts => g.qp.modify(QpState::Closing)?,
+                QpState::Closing | QpState::Error => {}
+                other => {
+                    return Err(Error::Qp(softwarp_engine::qp::QpError::InvalidState {
+                        op: "disconnect",
+                        state: other,
+                    }))
+                }
+            }
+        }
+        s.device.progress.kick(Arc::clone(s));
+        Ok(())
+    }
+
+    /// Resets a QP in the Error state whose connection is closed back to Idle (queues
+    /// emptied without completions), so that it can be connected again.
+    pub fn reset(&self) -> Result<()> {
+        let mut g = self.shared.lock();
+        if g.conn.is_some() {
+            return Err(Error::AlreadyConnected);
+        }
+        g.qp.modify(QpState::Idle)?;
+        g.info = None;
+        Ok(())
+    }
+
+    /// Waits (at most `timeout`) until the connection is closed and the QP is no longer
+    /// in RTS, Closing or Terminate.
+    pub fn wait_closed(&self, timeout: Duration) -> Result<QpState> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            {
+                let g = self.shared.lock();
+                let st = g.qp.state();
+                if g.conn.is_none() && matches!(st, QpState::Error | QpState::Idle) {
+                    return Ok(st);
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(timeout));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Connects to a listening peer (`addr`) and performs the MPA Request/Reply exchange
+    /// (RFC 5044 section 7.1, RFC 6581), then moves the QP to RTS. The QP must be Idle;
+    /// post receives first if the peer may send at once.
+    pub fn connect<A: ToSocketAddrs>(
+        &self,
+        addr: A,
+        opts: &ConnectOptions,
+    ) -> Result<ConnectionInfo> {
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| Error::io("resolve address", e))?
+            .collect();
+        self.begin_connect()?;
+        let result = connect::initiate(&addrs, opts, self.local_params());
+        self.finish_connect(result, opts)
+    }
+
+    pub(crate) fn begin_connect(&self) -> Result<()> {
+        let mut g = self.shared.lock();
+        if g.destroyed {
+            return Err(Error::Qp(softwarp_engine::qp::QpError::Destroyed));
+        }
+        if g.conn.is_some() || g.connecting {
+            return Err(Error::AlreadyConnected);
+        }
+        let st = g.qp.state();
+        if st != QpState::Idle {
+            return Err(Error::NotIdle(state_name(st)));
+        }
+        g.connecting = true;
+        Ok(())
+    }
+
+    pub(crate) fn local_params(&self) -> connect::LocalParams {
+        let g = self.shared.lock();
+        let cfg = g.qp.config();
+        connect::LocalParams {
+            ird: cfg.max_ird,
+            ord: cfg.max_ord,
+        }
+    }
+
+    /// Second half of connect/accept: establishes the engine QP on the negotiated stream
+    /// and hands the socket to the progress thread.
+    pub(crate) fn finish_connect(
+        &self,
+        result: Result<(std::net::TcpStream, Negotiated)>,
+        opts: &ConnectOptions,
+    ) -> Result<ConnectionInfo> {
+        let s = &self.shared;
+        let (stream, neg) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                s.lock().connecting = false;
+                return Err(e);
+            }
+        };
+        let prepared = prepare_stream(stream, opts, &neg);
+        let mut g = s.lock();
+        g.connecting = false;
+        let (stream, info, cfg) = prepared?;
+        if g.destroyed {
+            return Err(Error::Qp(softwarp_engine::qp::QpError::Destroyed));
+        }
+        g.qp.establish(cfg)?;
+        g.conn = Some(Conn {
+            stream,
+            token: None,
+            read_closed: false,
+            write_failed: false,
+            shut_wr: false,
+            linger_until: None,
+        });
+        g.info = Some(info.clone());
+        // Anything already queued (an RFC 6581 RTR) goes out now.
+        let mut budget = usize::MAX;
+        let _ = s.tx_pass(&mut g, &mut budget);
+        s.drain(&mut g);
+        drop(g);
+        tracing::info!(
+            qp = s.qp_num,
+            peer = %info.peer_addr,
+            crc = info.crc,
+            max_fpdu_len = info.max_fpdu_len,
+            "QP connected"
+        );
+        s.device.progress.register(Arc::clone(s));
+        Ok(info)
+    }
+}
+
+/// Switches the negotiated socket to non-blocking mode and derives the stream parameters.
+fn prepare_stream(
+    stream: std::net::TcpStream,
+    opts: &ConnectOptions,
+    neg: &Negotiated,
+) -> Result<(mio::net::TcpStream, ConnectionInfo, StreamConfig)> {
+    stream
+        .set_nodelay(true)
+        .map_err(|e| Error::io("set TCP_NODELAY", e))?;
+    stream
+        .set_read_timeout(None)
+        .map_err(|e| Error::io("clear socket timeout", e))?;
+    stream
+        .set_write_timeout(None)
+        .map_err(|e| Error::io("clear socket timeout", e))?;
+    stream
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("set O_NONBLOCK", e))?;
+    let mss = sys::tcp_maxseg(stream.as_fd()).map_err(|e| Error::io("getsockopt TCP_MAXSEG", e))?;
+    let local_addr = stream
+        .local_addr()
+        .map_err(|e| Error::io("getsockname", e))?;
+    let peer_addr = stream
+        .peer_addr()
+        .map_err(|e| Error::io("getpeername", e))?;
+    let max_fpdu_len = connect::fpdu_len_for(opts.max_fpdu_len.unwrap_or(mss));
+    let cfg = StreamConfig {
+        crc: neg.crc,
+        markers: false,
+        max_fpdu_len,
+        max_rx_ulpdu: softwarp_wire::mpa::fpdu::MAX_ULPDU_LEN,
+        ird: neg.ird,
+        ord: neg.ord,
+        terminate_layout: opts.terminate_layout,
+        rtr: neg.rtr,
+    };
+    let info = ConnectionInfo {
+        local_addr,
+        peer_addr,
+        revision: neg.revision,
+        crc: neg.crc,
+        ird: neg.ird,
+        ord: neg.ord,
+        rtr: neg.rtr.map(|r| r.kind),
+        mss,
+        max_fpdu_len,
+        peer_private_data: neg.peer_private_data.clone(),
+    };
+    Ok((mio::net::TcpStream::from_std(stream), info, cfg))
+}
+
+fn state_name(s: QpState) -> &'static str {
+    match s {
+        QpState::Idle => "Idle",
+        QpState::Rts => "RTS",
+        QpState::Closing => "Closing",
+        QpState::Terminate => "Terminate",
+        QpState::Error => "Error",
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let s = &self.shared;
+        let connected = {
+            let mut g = s.lock();
+            g.qp.destroy();
+            g.destroyed = true;
+            s.drain(&mut g);
+            g.conn.is_some()
+        };
+        if connected {
+            // The progress thread sends the FIN, waits for the peer's, and lets go of the
+            // QP.
+            s.device.progress.kick(Arc::clone(s));
+        }
+        tracing::debug!(qp = s.qp_num, "QP destroyed");
+    }
+}

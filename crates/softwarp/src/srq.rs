@@ -1,0 +1,133 @@
+//! Shared receive queues (after `ibv_srq`): one pool of receive work requests for several
+//! QPs, with the limit event ([`SharedReceiveQueue::arm_limit`]) reported on the device's
+//! asynchronous event stream.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use softwarp_engine::srq::{Srq, SrqId};
+use softwarp_engine::wr::RecvWr;
+
+use crate::device::{lock, CountGuard, Counts, DeviceShared};
+use crate::error::{Error, Result};
+use crate::pd::ProtectionDomain;
+
+/// Creation parameters of a shared receive queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqInitAttr {
+    /// Most receive work requests queued.
+    pub max_wr: usize,
+    /// Most scatter/gather elements per receive work request.
+    pub max_sge: usize,
+    /// Limit armed at creation (0: not armed); see [`SharedReceiveQueue::arm_limit`].
+    pub srq_limit: usize,
+}
+
+#[derive(Debug)]
+pub(crate) struct SrqShared {
+    device: Arc<DeviceShared>,
+    srq: Mutex<Srq>,
+    max_sge: usize,
+    count: Mutex<CountGuard>,
+}
+
+impl Drop for SrqShared {
+    fn drop(&mut self) {
+        lock(&self.count).release(&self.device.counts.srq);
+    }
+}
+
+impl SrqShared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Srq> {
+        lock(&self.srq)
+    }
+    /// Moves a pending limit event to the device's event stream.
+    pub(crate) fn forward_event(&self) {
+        let ev = self.lock().poll_event();
+        if let Some(ev) = ev {
+            self.device.events.push(ev);
+        }
+    }
+}
+
+/// A shared receive queue. Cloning gives another handle to the same SRQ.
+#[derive(Debug, Clone)]
+pub struct SharedReceiveQueue {
+    pub(crate) shared: Arc<SrqShared>,
+}
+
+impl SharedReceiveQueue {
+    pub(crate) fn new(pd: &ProtectionDomain, attr: &SrqInitAttr) -> Result<Self> {
+        let device = pd.device();
+        if attr.max_wr == 0 {
+            return Err(Error::InvalidArgument("an SRQ needs max_wr of at least 1"));
+        }
+        if attr.max_wr > device.attr.max_srq_wr {
+            return Err(Error::Limit {
+                what: "SRQ work requests",
+                requested: attr.max_wr,
+                limit: device.attr.max_srq_wr,
+            });
+        }
+        if attr.max_sge > device.attr.max_sge {
+            return Err(Error::Limit {
+                what: "SRQ scatter/gather elements",
+                requested: attr.max_sge,
+                limit: device.attr.max_sge,
+            });
+        }
+        let count = Counts::take(
+            &device.counts.srq,
+            device.attr.max_srq,
+            "shared receive queues",
+        )?;
+        let mut srq = Srq::new(SrqId(device.next_id()), pd.id(), attr.max_wr);
+        if attr.srq_limit > 0 {
+            srq.arm_limit(attr.srq_limit);
+        }
+        Ok(Self {
+            shared: Arc::new(SrqShared {
+                device: Arc::clone(device),
+                srq: Mutex::new(srq),
+                max_sge: attr.max_sge,
+                count: Mutex::new(count),
+            }),
+        })
+    }
+
+    pub(crate) fn device(&self) -> &Arc<DeviceShared> {
+        &self.shared.device
+    }
+
+    /// The SRQ's id (as reported in the limit event).
+    pub fn id(&self) -> SrqId {
+        self.shared.lock().id()
+    }
+
+    /// Receive work requests queued.
+    pub fn len(&self) -> usize {
+        self.shared.lock().len()
+    }
+
+    /// True when no receive work request is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Queues a receive work request for any QP attached to this SRQ.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        if wr.sgl.len() > self.shared.max_sge {
+            return Err(Error::InvalidArgument(
+                "receive work request has more SGEs than the SRQ's max_sge",
+            ));
+        }
+        self.shared.lock().post_recv(*wr)?;
+        Ok(())
+    }
+
+    /// Arms the limit event (after `ibv_modify_srq` with `IBV_SRQ_LIMIT`): when fewer than
+    /// `limit` work requests remain queued, an [`softwarp_engine::event::AsyncEvent::SrqLimitReached`]
+    /// is reported once and the limit is disarmed.
+    pub fn arm_limit(&self, limit: usize) {
+        self.shared.lock().arm_limit(limit);
+    }
+}

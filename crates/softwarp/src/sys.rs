@@ -1,0 +1,294 @@
+//! The only module of this crate with `unsafe` code: thin wrappers over the system calls the
+//! runtime needs and the standard library does not offer.
+//!
+//! - [`read_region`] (`readv`) and [`write_pieces`] (`writev`): iovecs built from the raw
+//!   pointers of the engine's receive target and transmit gather list (ranges of registered
+//!   regions, or buffers inside the QP), so no Rust reference to memory the network shares
+//!   is ever created: the kernel copies straight between the socket and that memory.
+//! - An [`EventFd`] (Linux `eventfd(2)`) for completion channels: a pollable counter.
+//! - [`poll_readable`]: wait with a timeout until a file descriptor is readable.
+//! - [`tcp_maxseg`]: the TCP maximum segment size of a connected socket (`TCP_MAXSEG`).
+//!
+//! Every `unsafe` block states why it is sound in a `// SAFETY:` comment.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use softwarp_engine::memory::Region;
+use softwarp_engine::qp::TxPiece;
+
+/// Most iovecs one `writev` takes here (the engine's largest gather list is 10 pieces).
+const MAX_IOV: usize = 16;
+
+/// `readv(2)` of at most `len` bytes from `fd` straight into `region` at `offset` (the
+/// engine's zero-copy receive target). Returns the bytes read (0 at end of stream).
+///
+/// Safe to call: the range is bounds-checked by [`Region::ptr_range`], and the borrow of
+/// `region` keeps the memory alive for the call. The bytes are written by the kernel through
+/// a raw pointer, so no Rust reference to memory the network shares is created.
+pub(crate) fn read_region(
+    fd: BorrowedFd<'_>,
+    region: &Region,
+    offset: usize,
+    len: usize,
+) -> io::Result<usize> {
+    if len == 0 {
+        return Ok(0);
+    }
+    let ptr = region
+        .ptr_range(offset, len)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let iov = libc::iovec {
+        iov_base: ptr.cast(),
+        iov_len: len,
+    };
+    // SAFETY: `ptr..ptr + len` lies inside `region` (checked by `ptr_range`), which is valid
+    // for writes while borrowed: owned regions live until dropped, raw ones by the contract
+    // of `Region::from_raw`. Concurrent access by the application to these bytes is the
+    // RDMA sharing model the region documents (plain bytes, no Rust reference exists to
+    // them). `fd` is a live descriptor borrowed for the call; `iov` lives across it.
+    let r = unsafe { libc::readv(fd.as_raw_fd(), &iov, 1) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// `writev(2)` of an FPDU's gather list (as `sendmsg(2)` with `MSG_NOSIGNAL`, so a reset
+/// peer yields `EPIPE` instead of `SIGPIPE`). Returns the bytes written.
+///
+/// Safe to call: byte pieces are borrowed slices; region pieces are bounds-checked ranges of
+/// regions the `TxPiece` borrows for the call. At most 16 pieces are written per call.
+pub(crate) fn write_pieces(fd: BorrowedFd<'_>, pieces: &[TxPiece<'_>]) -> io::Result<usize> {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_IOV];
+    let mut n = 0;
+    for piece in pieces.iter().filter(|p| !p.is_empty()) {
+        let (ptr, len) = match piece {
+            TxPiece::Bytes(b) => (b.as_ptr(), b.len()),
+            TxPiece::Region {
+                region,
+                offset,
+                len,
+            } => (
+                region
+                    .ptr_range(*offset, *len)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
+                    .cast_const(),
+                *len,
+            ),
+        };
+        let Some(slot) = iov.get_mut(n) else {
+            break;
+        };
+        *slot = libc::iovec {
+            iov_base: ptr.cast_mut().cast(),
+            iov_len: len,
+        };
+        n += 1;
+    }
+    if n == 0 {
+        return Ok(0);
+    }
+    // SAFETY: an all-zero msghdr is a valid "no address, no control data" header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = n as _;
+    // SAFETY: `msg` points at `n` iovecs that each name readable memory for the whole call:
+    // a slice borrowed by `pieces`, or a bounds-checked range of a region borrowed by
+    // `pieces` (valid for reads while borrowed). The kernel only reads them. `fd` is a live
+    // descriptor borrowed for the call.
+    let r = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// `TCP_MAXSEG` of a connected TCP socket: the maximum segment size in force.
+pub(crate) fn tcp_maxseg(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid for writes and `len` holds the size of `v`, as
+    // getsockopt(2) requires; `fd` is a live descriptor.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    usize::try_from(v).map_err(|_| io::Error::other("negative TCP_MAXSEG"))
+}
+
+/// Waits until `fd` is readable or `timeout` passes (`None`: no limit). Returns true when
+/// readable (or in error/hang-up: a read will then not block).
+pub(crate) fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<bool> {
+    let ms: libc::c_int = match timeout {
+        None => -1,
+        Some(d) => {
+            // Round up so a sub-millisecond timeout still waits.
+            let ms = d.as_micros().div_ceil(1000);
+            libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
+        }
+    };
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: `p` is one valid pollfd that lives across the call.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(r > 0);
+    }
+}
+
+/// A Linux eventfd in non-blocking mode: a counter that is readable while non-zero.
+#[derive(Debug)]
+pub(crate) struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    /// Creates a non-blocking, close-on-exec eventfd with counter 0.
+    pub(crate) fn new() -> io::Result<Self> {
+        // SAFETY: eventfd(2) takes no pointers; the flags are valid.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a new descriptor that nothing else owns.
+        Ok(Self {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Adds 1 to the counter (makes the descriptor readable).
+    pub(crate) fn signal(&self) -> io::Result<()> {
+        let one: u64 = 1;
+        // SAFETY: writes the 8 bytes of `one`, which live across the call, to a descriptor we
+        // own.
+        let r = unsafe {
+            libc::write(
+                self.fd.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            // EAGAIN: the counter is at its maximum, so the fd is readable anyway.
+            if e.kind() != io::ErrorKind::WouldBlock {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Resets the counter to 0 (the descriptor stops being readable). Returns the old value.
+    pub(crate) fn drain(&self) -> io::Result<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into `v`, which is valid for writes across the call.
+        let r = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                (&mut v as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        Ok(v)
+    }
+}
+
+impl AsFd for EventFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn eventfd_is_readable_after_signal_and_not_after_drain() {
+        let e = EventFd::new().unwrap();
+        assert!(!poll_readable(e.as_fd(), Some(Duration::ZERO)).unwrap());
+        e.signal().unwrap();
+        e.signal().unwrap();
+        assert!(poll_readable(e.as_fd(), Some(Duration::ZERO)).unwrap());
+        assert_eq!(e.drain().unwrap(), 2);
+        assert!(!poll_readable(e.as_fd(), Some(Duration::from_millis(1))).unwrap());
+        assert_eq!(e.drain().unwrap(), 0);
+    }
+
+    #[test]
+    fn write_pieces_and_read_region_move_bytes_without_copies() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        let src = Region::new_zeroed(1000).unwrap();
+        src.fill(0, 1000, 7).unwrap();
+        let pieces = [
+            TxPiece::Bytes(b"head"),
+            TxPiece::Bytes(&[]),
+            TxPiece::Region {
+                region: &src,
+                offset: 0,
+                len: 1000,
+            },
+        ];
+        assert_eq!(write_pieces(a.as_fd(), &pieces).unwrap(), 1004);
+        let mut head = [0u8; 4];
+        b.read_exact(&mut head).unwrap();
+        assert_eq!(&head, b"head");
+        let dst = Region::new_zeroed(2000).unwrap();
+        let mut got = 0;
+        while got < 1000 {
+            got += read_region(b.as_fd(), &dst, 500 + got, 1000 - got).unwrap();
+        }
+        let mut out = vec![0u8; 2000];
+        dst.read_at(0, &mut out).unwrap();
+        assert!(out[..500].iter().all(|&x| x == 0));
+        assert!(out[500..1500].iter().all(|&x| x == 7));
+        assert!(out[1500..].iter().all(|&x| x == 0));
+        assert!(
+            read_region(b.as_fd(), &dst, 1999, 2).is_err(),
+            "out of bounds is refused"
+        );
+        assert!(tcp_maxseg(a.as_fd()).unwrap() > 0);
+    }
+}
