@@ -220,17 +220,17 @@ impl QpShared {
                 return RxEnd::More;
             }
             let mut stream = &conn.stream;
-            // Each arm reads straight into the engine's target while it is borrowed.
+            // Each arm reads straight into the engine's target while it is borrowed; `None`
+            // for an empty target (never offered by a sound engine).
             let (r, commit) = match inner.qp.rx_target() {
-                RxTarget::Buffer([]) => (Ok(0), true),
-                RxTarget::Buffer(b) => (stream.read(b), true),
-                RxTarget::Region { len: 0, .. } => (Ok(0), true),
+                RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. } => (None, true),
+                RxTarget::Buffer(b) => (Some(stream.read(b)), true),
                 RxTarget::Region {
                     region,
                     offset,
                     len,
                 } => (
-                    sys::read_region(conn.stream.as_fd(), region, offset, len),
+                    Some(sys::read_region(conn.stream.as_fd(), region, offset, len)),
                     true,
                 ),
                 RxTarget::Blocked => {
@@ -241,19 +241,19 @@ impl QpShared {
                     }
                     continue;
                 }
-                RxTarget::Closed => (stream.read(scratch), false),
+                RxTarget::Closed => (Some(stream.read(scratch)), false),
+            };
+            let Some(r) = r else {
+                // Let the engine advance, but never spin.
+                empty_targets += 1;
+                if empty_targets > 2 {
+                    tracing::error!(qp = self.qp_num, "engine offers only empty rx targets");
+                    return RxEnd::Drained;
+                }
+                self.rx_commit(inner, 0);
+                continue;
             };
             match r {
-                Ok(0) if commit => {
-                    // An empty target (never offered by a sound engine): let it advance,
-                    // but never spin.
-                    empty_targets += 1;
-                    if empty_targets > 2 {
-                        tracing::error!(qp = self.qp_num, "engine offers only empty rx targets");
-                        return RxEnd::Drained;
-                    }
-                    self.rx_commit(inner, 0);
-                }
                 Ok(0) => return self.rx_closed(inner, "peer closed the connection"),
                 Ok(n) => {
                     empty_targets = 0;
