@@ -807,7 +807,7 @@ impl Qp {
         self.stats.terminates_received += 1;
         self.stats.rx.terminate.messages += 1;
         let body = self.rx.hdr.get(2..2 + self.rx.ulpdu_len).unwrap_or(&[]);
-        let (layer, etype, code) = codec::parse_terminate_cause(body);
+        let (layer, etype, code) = codec::parse_terminate_cause(body, self.stream.terminate_layout);
         let cause = Cause::PeerTerminate { layer, etype, code };
         let qp_num = self.cfg.qp_num;
         let (event, status) = super::terminate::classify_peer_terminate(layer, etype);
