@@ -78,7 +78,7 @@ fn run(ops: &[Op], split: Split, crc: bool, mss: usize) -> (Vec<u8>, Vec<u8>, Ve
                         rkey: bstag,
                     },
                     payload: Payload::Sgl(SgList::single(sge(sstag, siova, slot, len))),
-                    signaled: i % 3 > 0,
+                    signaled: i.is_multiple_of(3),
                     fence: false,
                 };
                 p.a.qp.post_send(&wr, &p.a.mrs).unwrap();
