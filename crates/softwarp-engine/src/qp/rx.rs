@@ -22,11 +22,9 @@ use crate::memory::Region;
 use crate::mr::{Access, AccessError, MrError, MrMemory, MrTable, Stag};
 use crate::qp::codec::{self, RxHeader};
 use crate::qp::terminate::OffendingHeader;
-use crate::qp::{
-    no_validated, IrqEntry, Qp, QpError, QpState, RtrKind, RxMsg, SqStatus, StreamConfig,
-};
+use crate::qp::{no_validated, IrqEntry, Qp, QpError, RtrKind, RxMsg, SqStatus, StreamConfig};
 use crate::srq::Srq;
-use crate::wr::{SgList, WcStatus, MAX_SGE};
+use crate::wr::WcStatus;
 
 /// Smallest `max_rx_ulpdu` accepted.
 pub(crate) const MIN_RX_ULPDU: usize = 128;
@@ -72,8 +70,9 @@ enum Phase {
 #[derive(Debug)]
 enum Plan {
     Discard,
+    /// An RDMA Write segment (`mem` is `None` for a zero-length one).
     Write {
-        mem: Arc<MrMemory>,
+        mem: Option<Arc<MrMemory>>,
         off: usize,
         last: bool,
     },
@@ -230,7 +229,11 @@ impl Qp {
             Phase::Payload => {
                 let remaining = rx.payload_len - rx.payload_done;
                 match &rx.plan {
-                    Plan::Write { mem, off, .. }
+                    Plan::Write {
+                        mem: Some(mem),
+                        off,
+                        ..
+                    }
                     | Plan::ReadResponse {
                         mem: Some(mem),
                         off,
@@ -339,7 +342,11 @@ impl Qp {
         }
         let rx = &mut self.rx;
         let crc = match &rx.plan {
-            Plan::Write { mem, off, .. }
+            Plan::Write {
+                mem: Some(mem),
+                off,
+                ..
+            }
             | Plan::ReadResponse {
                 mem: Some(mem),
                 off,
@@ -444,14 +451,18 @@ impl Qp {
                 if len == 0 {
                     // A zero-length Write places nothing and is not validated (siw does the
                     // same; its RTR is a zero-length Write to STag 1).
-                    self.rx.plan = Plan::Discard;
+                    self.rx.plan = Plan::Write {
+                        mem: None,
+                        off: 0,
+                        last,
+                    };
                     return Ok(());
                 }
                 let v = mrs
                     .validate(Stag(stag), pd, Access::REMOTE_WRITE, to, len)
                     .map_err(|e| (Fault::Tagged(e), FaultTarget::None))?;
                 self.rx.plan = Plan::Write {
-                    mem: v.memory,
+                    mem: Some(v.memory),
                     off: v.region_offset,
                     last,
                 };
@@ -674,19 +685,7 @@ impl Qp {
         let plan = std::mem::replace(&mut self.rx.plan, Plan::Discard);
         let seg = self.rx.payload_len as u64;
         match plan {
-            Plan::Discard => {
-                if matches!(
-                    codec::rx_header_len(
-                        self.rx.hdr.get(2).copied().unwrap_or(0),
-                        self.rx.hdr.get(3).copied().unwrap_or(0)
-                    ),
-                    codec::HeaderLen::Fixed(codec::TAGGED_HEADER_LEN)
-                ) && self.rx.hdr.get(2).is_some_and(|c| c & 0x40 != 0)
-                {
-                    // A zero-length RDMA Write.
-                    self.stats.rx.write.add(0);
-                }
-            }
+            Plan::Discard => {}
             Plan::Write { last, .. } => {
                 self.stats.rx.write.bytes += seg;
                 if last {
@@ -824,18 +823,5 @@ impl Qp {
             }
         }
         self.enter_error();
-    }
-}
-
-/// Keeps `SgList` and `MAX_SGE` referenced for the receive-piece helpers' documentation.
-#[allow(dead_code)]
-fn _assert_sizes(_: SgList) -> usize {
-    MAX_SGE
-}
-
-impl QpState {
-    /// True in the states where the receive side processes FPDUs.
-    pub fn receives(self) -> bool {
-        matches!(self, QpState::Rts | QpState::Closing)
     }
 }
