@@ -748,3 +748,76 @@ fn nothing_is_received_after_a_terminate_was_queued() {
     v.assert_untouched();
     let _ = ddp::TAGGED_HEADER_LEN;
 }
+
+#[test]
+fn a_siw_layout_terminate_from_the_peer_is_understood() {
+    // What siw sent in siw-terminate-rping.pcap: DDP, tagged buffer error, base or bounds,
+    // M and D in siw's bit positions, the payload length, the offending tagged header.
+    let mut v = Victim::new(false);
+    let (kstag, kiova) = v.region(64, Access::LOCAL_WRITE);
+    v.side
+        .qp
+        .post_send(
+            &softwarp_engine::wr::SendWr {
+                wr_id: 8,
+                op: softwarp_engine::wr::SendOp::Read {
+                    remote_addr: 0x1000,
+                    rkey: Stag(0x4400),
+                },
+                payload: softwarp_engine::wr::Payload::Sgl(SgList::single(sge(
+                    kstag, kiova, 0, 64,
+                ))),
+                signaled: true,
+                fence: false,
+            },
+            &v.side.mrs,
+        )
+        .unwrap();
+    let _ = sent_ulpdus(&mut v.side, false); // the Read Request
+    let mut t = TerminateRepr::new(TerminateError::Ddp(DdpError::TaggedBuffer(
+        TaggedBufferError::BaseOrBoundsViolation,
+    )));
+    t.layout = TerminateLayout::LinuxSiw;
+    t.ddp_segment_length = Some(128);
+    t.ddp_header = Some(tagged_hdr(kstag, kiova));
+    let mut ulpdu = vec![0u8; 64];
+    let n = Segment {
+        last: true,
+        placement: Placement::Untagged { msn: 1, mo: 0 },
+        message: Message::Terminate(t),
+        payload: &[],
+    }
+    .emit_header(&mut ulpdu)
+    .unwrap();
+    ulpdu.truncate(n);
+    assert_eq!(
+        &ulpdu[18..22],
+        &[0x11, 0x01, 0x03, 0x00],
+        "siw's control bytes"
+    );
+    v.feed(&frame(&ulpdu, false));
+    assert_eq!(v.side.qp.state(), QpState::Error);
+    assert!(
+        v.side.events.iter().any(|e| matches!(
+            e,
+            AsyncEvent::QpAccessError {
+                cause: Cause::PeerTerminate {
+                    layer: 1,
+                    etype: 1,
+                    code: 1
+                },
+                ..
+            }
+        )),
+        "{:?}",
+        v.side.events
+    );
+    let wcs = v.side.send_wcs();
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (8, WcStatus::RemAccessErr));
+    assert_eq!(v.side.qp.stats().terminates_received, 1);
+    assert_eq!(
+        v.side.qp.stats().terminates_sent,
+        0,
+        "no Terminate answers a Terminate"
+    );
+}
