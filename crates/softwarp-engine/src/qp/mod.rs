@@ -613,6 +613,10 @@ impl Qp {
     /// WR did, RFC 5040 section 5.5); unsignaled successful WRs free their slot silently.
     /// Then receive completions, in message order.
     pub fn poll_completion(&mut self) -> Option<(CqTarget, WorkCompletion)> {
+        //= https://www.rfc-editor.org/rfc/rfc5040#section-5.5
+        // (paraphrase) Completions of the send queue are delivered to the ULP in the order
+        // the work requests were submitted, whatever order their operations finish in (an
+        // RDMA Read finishes when its last Read Response arrives, a later Send earlier).
         while let Some(front) = self.sq.front() {
             let SqStatus::Done(status, byte_len) = front.status else {
                 break;

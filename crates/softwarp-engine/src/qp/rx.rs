@@ -458,6 +458,10 @@ impl Qp {
                     };
                     return Ok(());
                 }
+                //= https://www.rfc-editor.org/rfc/rfc5040#section-5.1
+                // (paraphrase) Before placing an RDMA Write the Data Sink validates the STag
+                // (valid, associated with this stream's PD, remote write allowed) and that TO
+                // and length stay inside the tagged buffer.
                 let v = mrs
                     .validate(Stag(stag), pd, Access::REMOTE_WRITE, to, len)
                     .map_err(|e| (Fault::Tagged(e), FaultTarget::None))?;
@@ -511,6 +515,10 @@ impl Qp {
                     self.rx.plan = Plan::SwallowRtrSend;
                     return Ok(());
                 }
+                //= https://www.rfc-editor.org/rfc/rfc5041#section-5.3
+                // (paraphrase) Untagged messages of a queue carry consecutive MSNs starting at
+                // 1; a segment whose MSN is not the one expected is an Untagged Buffer Error,
+                // "Invalid MSN - MSN range is not valid".
                 let expected = self.rx_msg.as_ref().map_or(self.rx_msn[0], |m| m.msn);
                 if msn != expected {
                     return Err((Fault::MsnRange, FaultTarget::None));
@@ -559,6 +567,10 @@ impl Qp {
                 if !last || len != 0 {
                     return Err((Fault::RdmapCatastrophic, FaultTarget::None));
                 }
+                //= https://www.rfc-editor.org/rfc/rfc5040#section-5.2
+                // (paraphrase) The Data Source accepts at most IRD outstanding RDMA Read
+                // Requests; one more is a stream error (reported like siw: Remote Operation
+                // Error, catastrophic error localized to the RDMAP stream).
                 if self.irq.len() >= self.stream.ird || self.irq.is_full() {
                     return Err((Fault::IrdExceeded, FaultTarget::None));
                 }
@@ -674,7 +686,9 @@ impl Qp {
                 return;
             }
         }
-        // Any FPDU from the peer means its RTR (which must come first) arrived.
+        //= https://www.rfc-editor.org/rfc/rfc6581#section-3
+        // (paraphrase) In peer-to-peer mode the responder sends nothing before the
+        // initiator's RTR arrived; any FPDU from the peer means its RTR (sent first) did.
         self.tx.gate_until_rx = false;
         let hdr = self.offending_header();
         if let Some(d) = self.rx.deferred.take() {
