@@ -35,6 +35,9 @@ impl<T> Ring<T> {
     pub(crate) fn front_mut(&mut self) -> Option<&mut T> {
         self.items.front_mut()
     }
+    pub(crate) fn get(&self, i: usize) -> Option<&T> {
+        self.items.get(i)
+    }
     pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut T> {
         self.items.get_mut(i)
     }

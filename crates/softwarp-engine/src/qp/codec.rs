@@ -8,8 +8,8 @@
 use softwarp_wire::ddp;
 use softwarp_wire::mpa::fpdu;
 use softwarp_wire::rdmap::{
-    ControlRepr, Message, Opcode, Placement, ReadRequestRepr, Segment, TerminateRepr,
-    ATOMIC_REQUEST_HEADER_LEN, ATOMIC_RESPONSE_HEADER_LEN, IMMEDIATE_DATA_LEN,
+    ControlRepr, Message, Opcode, Placement, ReadRequestRepr, Segment, TerminateLayout,
+    TerminateRepr, ATOMIC_REQUEST_HEADER_LEN, ATOMIC_RESPONSE_HEADER_LEN, IMMEDIATE_DATA_LEN,
     READ_REQUEST_HEADER_LEN,
 };
 use softwarp_wire::{crc, WireError};
@@ -316,8 +316,14 @@ pub(crate) fn emit_terminate(buf: &mut [u8], msn: u32, repr: TerminateRepr) -> O
 
 /// The error fields of a received Terminate ULPDU: (layer, etype, code). A Terminate too
 /// malformed to read reports RDMAP, remote operation error, unspecified.
-pub(crate) fn parse_terminate_cause(ulpdu: &[u8]) -> (u8, u8, u8) {
-    match Segment::parse(ulpdu) {
+pub(crate) fn parse_terminate_cause(ulpdu: &[u8], layout: TerminateLayout) -> (u8, u8, u8) {
+    // RFC 5040 layout: auto-detect (a siw peer is recognised by its flag bits); a QP told
+    // its peer is siw reads siw's layout.
+    let parsed = match layout {
+        TerminateLayout::Rfc5040 => Segment::parse(ulpdu),
+        TerminateLayout::LinuxSiw => Segment::parse_with_terminate_layout(ulpdu, layout),
+    };
+    match parsed {
         Ok(Segment {
             message: Message::Terminate(t),
             ..

@@ -386,30 +386,16 @@ impl Qp {
             && self.orq.is_empty()
             && self.irq.is_empty()
             && !self.terminate.is_pending()
-            && self
-                .sq
-                .front()
-                .is_none_or(|e| e.is_done() && self.sq.len() == self.done_prefix_len())
+            && self.sq.iter().all(SqEntry::is_done)
     }
     /// True once a Terminate was handed to the runtime (it should now close the connection).
     pub fn terminate_sent(&self) -> bool {
         self.terminate.sent
     }
 
-    fn done_prefix_len(&self) -> usize {
-        let mut n = 0;
-        while let Some(e) = self.sq_entry(self.sq_front_seq + n as u64) {
-            if !e.is_done() {
-                break;
-            }
-            n += 1;
-        }
-        n
-    }
-
     fn sq_entry(&self, seq: u64) -> Option<&SqEntry> {
         let idx = usize::try_from(seq.checked_sub(self.sq_front_seq)?).ok()?;
-        self.sq.iter().nth(idx)
+        self.sq.get(idx)
     }
 
     fn sq_entry_mut(&mut self, seq: u64) -> Option<&mut SqEntry> {
@@ -510,14 +496,12 @@ impl Qp {
     /// In the Error state the WR is accepted and completes at once with `WrFlushErr`.
     pub fn post_send(&mut self, wr: &SendWr<'_>, mrs: &MrTable) -> Result<(), QpError> {
         self.check_alive()?;
-        match self.state {
-            QpState::Rts | QpState::Error => {}
-            state => {
-                return Err(QpError::InvalidState {
-                    op: "post_send",
-                    state,
-                })
-            }
+        let in_error = matches!(self.state, QpState::Error | QpState::Terminate);
+        if !(in_error || self.state == QpState::Rts) {
+            return Err(QpError::InvalidState {
+                op: "post_send",
+                state: self.state,
+            });
         }
         if self.sq.is_full() {
             return Err(QpError::QueueFull("send"));
@@ -573,7 +557,7 @@ impl Qp {
             return Err(QpError::MessageTooLong(len));
         }
         let local_error = status != SqStatus::Queued;
-        let status = if self.state == QpState::Error {
+        let status = if in_error {
             self.stats.flushed += 1;
             SqStatus::Done(WcStatus::WrFlushErr, 0)
         } else {
@@ -610,7 +594,7 @@ impl Qp {
         if used >= self.cfg.rq_depth {
             return Err(QpError::QueueFull("receive"));
         }
-        if self.state == QpState::Error {
+        if matches!(self.state, QpState::Error | QpState::Terminate) {
             self.stats.flushed += 1;
             let wc = self.recv_wc(wr.wr_id, WcStatus::WrFlushErr, 0);
             return self
@@ -629,6 +613,10 @@ impl Qp {
     /// WR did, RFC 5040 section 5.5); unsignaled successful WRs free their slot silently.
     /// Then receive completions, in message order.
     pub fn poll_completion(&mut self) -> Option<(CqTarget, WorkCompletion)> {
+        //= https://www.rfc-editor.org/rfc/rfc5040#section-5.5
+        // (paraphrase) Completions of the send queue are delivered to the ULP in the order
+        // the work requests were submitted, whatever order their operations finish in (an
+        // RDMA Read finishes when its last Read Response arrives, a later Send earlier).
         while let Some(front) = self.sq.front() {
             let SqStatus::Done(status, byte_len) = front.status else {
                 break;
@@ -713,9 +701,7 @@ impl Qp {
                 }
                 RxTarget::Blocked | RxTarget::Closed => return done,
             };
-            if n == 0 && rest.is_empty() {
-                // Let pending header/trailer processing run, then stop.
-                let _ = self.rx_commit(0, mrs, srq.as_deref_mut());
+            if n == 0 {
                 return done;
             }
             if self.rx_commit(n, mrs, srq.as_deref_mut()).is_err() {

@@ -22,11 +22,9 @@ use crate::memory::Region;
 use crate::mr::{Access, AccessError, MrError, MrMemory, MrTable, Stag};
 use crate::qp::codec::{self, RxHeader};
 use crate::qp::terminate::OffendingHeader;
-use crate::qp::{
-    no_validated, IrqEntry, Qp, QpError, QpState, RtrKind, RxMsg, SqStatus, StreamConfig,
-};
+use crate::qp::{no_validated, IrqEntry, Qp, QpError, RtrKind, RxMsg, SqStatus, StreamConfig};
 use crate::srq::Srq;
-use crate::wr::{SgList, WcStatus, MAX_SGE};
+use crate::wr::WcStatus;
 
 /// Smallest `max_rx_ulpdu` accepted.
 pub(crate) const MIN_RX_ULPDU: usize = 128;
@@ -72,8 +70,9 @@ enum Phase {
 #[derive(Debug)]
 enum Plan {
     Discard,
+    /// An RDMA Write segment (`mem` is `None` for a zero-length one).
     Write {
-        mem: Arc<MrMemory>,
+        mem: Option<Arc<MrMemory>>,
         off: usize,
         last: bool,
     },
@@ -230,7 +229,11 @@ impl Qp {
             Phase::Payload => {
                 let remaining = rx.payload_len - rx.payload_done;
                 match &rx.plan {
-                    Plan::Write { mem, off, .. }
+                    Plan::Write {
+                        mem: Some(mem),
+                        off,
+                        ..
+                    }
                     | Plan::ReadResponse {
                         mem: Some(mem),
                         off,
@@ -339,7 +342,11 @@ impl Qp {
         }
         let rx = &mut self.rx;
         let crc = match &rx.plan {
-            Plan::Write { mem, off, .. }
+            Plan::Write {
+                mem: Some(mem),
+                off,
+                ..
+            }
             | Plan::ReadResponse {
                 mem: Some(mem),
                 off,
@@ -444,14 +451,22 @@ impl Qp {
                 if len == 0 {
                     // A zero-length Write places nothing and is not validated (siw does the
                     // same; its RTR is a zero-length Write to STag 1).
-                    self.rx.plan = Plan::Discard;
+                    self.rx.plan = Plan::Write {
+                        mem: None,
+                        off: 0,
+                        last,
+                    };
                     return Ok(());
                 }
+                //= https://www.rfc-editor.org/rfc/rfc5040#section-5.1
+                // (paraphrase) Before placing an RDMA Write the Data Sink validates the STag
+                // (valid, associated with this stream's PD, remote write allowed) and that TO
+                // and length stay inside the tagged buffer.
                 let v = mrs
                     .validate(Stag(stag), pd, Access::REMOTE_WRITE, to, len)
                     .map_err(|e| (Fault::Tagged(e), FaultTarget::None))?;
                 self.rx.plan = Plan::Write {
-                    mem: v.memory,
+                    mem: Some(v.memory),
                     off: v.region_offset,
                     last,
                 };
@@ -500,6 +515,10 @@ impl Qp {
                     self.rx.plan = Plan::SwallowRtrSend;
                     return Ok(());
                 }
+                //= https://www.rfc-editor.org/rfc/rfc5041#section-5.3
+                // (paraphrase) Untagged messages of a queue carry consecutive MSNs starting at
+                // 1; a segment whose MSN is not the one expected is an Untagged Buffer Error,
+                // "Invalid MSN - MSN range is not valid".
                 let expected = self.rx_msg.as_ref().map_or(self.rx_msn[0], |m| m.msn);
                 if msn != expected {
                     return Err((Fault::MsnRange, FaultTarget::None));
@@ -548,6 +567,10 @@ impl Qp {
                 if !last || len != 0 {
                     return Err((Fault::RdmapCatastrophic, FaultTarget::None));
                 }
+                //= https://www.rfc-editor.org/rfc/rfc5040#section-5.2
+                // (paraphrase) The Data Source accepts at most IRD outstanding RDMA Read
+                // Requests; one more is a stream error (reported like siw: Remote Operation
+                // Error, catastrophic error localized to the RDMAP stream).
                 if self.irq.len() >= self.stream.ird || self.irq.is_full() {
                     return Err((Fault::IrdExceeded, FaultTarget::None));
                 }
@@ -663,7 +686,9 @@ impl Qp {
                 return;
             }
         }
-        // Any FPDU from the peer means its RTR (which must come first) arrived.
+        //= https://www.rfc-editor.org/rfc/rfc6581#section-3
+        // (paraphrase) In peer-to-peer mode the responder sends nothing before the
+        // initiator's RTR arrived; any FPDU from the peer means its RTR (sent first) did.
         self.tx.gate_until_rx = false;
         let hdr = self.offending_header();
         if let Some(d) = self.rx.deferred.take() {
@@ -674,19 +699,7 @@ impl Qp {
         let plan = std::mem::replace(&mut self.rx.plan, Plan::Discard);
         let seg = self.rx.payload_len as u64;
         match plan {
-            Plan::Discard => {
-                if matches!(
-                    codec::rx_header_len(
-                        self.rx.hdr.get(2).copied().unwrap_or(0),
-                        self.rx.hdr.get(3).copied().unwrap_or(0)
-                    ),
-                    codec::HeaderLen::Fixed(codec::TAGGED_HEADER_LEN)
-                ) && self.rx.hdr.get(2).is_some_and(|c| c & 0x40 != 0)
-                {
-                    // A zero-length RDMA Write.
-                    self.stats.rx.write.add(0);
-                }
-            }
+            Plan::Discard => {}
             Plan::Write { last, .. } => {
                 self.stats.rx.write.bytes += seg;
                 if last {
@@ -807,7 +820,7 @@ impl Qp {
         self.stats.terminates_received += 1;
         self.stats.rx.terminate.messages += 1;
         let body = self.rx.hdr.get(2..2 + self.rx.ulpdu_len).unwrap_or(&[]);
-        let (layer, etype, code) = codec::parse_terminate_cause(body);
+        let (layer, etype, code) = codec::parse_terminate_cause(body, self.stream.terminate_layout);
         let cause = Cause::PeerTerminate { layer, etype, code };
         let qp_num = self.cfg.qp_num;
         let (event, status) = super::terminate::classify_peer_terminate(layer, etype);
@@ -824,18 +837,5 @@ impl Qp {
             }
         }
         self.enter_error();
-    }
-}
-
-/// Keeps `SgList` and `MAX_SGE` referenced for the receive-piece helpers' documentation.
-#[allow(dead_code)]
-fn _assert_sizes(_: SgList) -> usize {
-    MAX_SGE
-}
-
-impl QpState {
-    /// True in the states where the receive side processes FPDUs.
-    pub fn receives(self) -> bool {
-        matches!(self, QpState::Rts | QpState::Closing)
     }
 }

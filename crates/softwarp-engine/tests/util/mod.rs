@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use softwarp_engine::cq::{Cq, CqId};
+use softwarp_engine::cq::{Cq, CqError, CqId};
 use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::memory::Region;
 use softwarp_engine::mr::{Access, MrTable, PdId, Stag};
@@ -61,6 +61,8 @@ pub struct Side {
     pub events: Vec<AsyncEvent>,
     /// Every byte this side transmitted, in order.
     pub sent: Vec<u8>,
+    /// Completions a CQ refused (overflow), handed back by the CQ.
+    pub refused: Vec<WorkCompletion>,
 }
 
 pub const PD: PdId = PdId(1);
@@ -93,6 +95,7 @@ impl Side {
             recv_cq: Cq::new(CqId(cfg.qp_num * 2 + 1), 256),
             events: Vec::new(),
             sent: Vec::new(),
+            refused: Vec::new(),
         }
     }
 
@@ -128,8 +131,12 @@ impl Side {
                 CqTarget::Send => &mut self.send_cq,
                 CqTarget::Recv => &mut self.recv_cq,
             };
-            if cq.push(wc).is_err() {
-                // Reported through the CQ's event; the test inspects it.
+            match cq.push(wc) {
+                Ok(()) => {}
+                Err(CqError::Overflow { completion, .. } | CqError::InError { completion, .. }) => {
+                    self.refused.push(completion)
+                }
+                Err(_) => {}
             }
         }
         while let Some(e) = self.qp.poll_event() {
