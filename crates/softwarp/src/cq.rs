@@ -5,7 +5,7 @@
 //! signals the channel's file descriptor (an eventfd) at its next completion (or next
 //! solicited or error completion); [`CompletionChannel::get_cq_event`] waits for it and says
 //! which CQ fired. A CQ that overflows enters an error state, reports
-//! [`AsyncEvent::CqError`] on the device's event stream, and the QPs that use it go to the
+//! [`crate::AsyncEvent::CqError`] on the device's event stream, and the QPs that use it go to the
 //! Error state (as verbs do on a CQ overrun).
 
 use std::collections::VecDeque;
@@ -149,7 +149,7 @@ impl CompletionQueue {
         &self.shared.device
     }
 
-    /// The CQ's id (as reported in [`AsyncEvent::CqError`]).
+    /// The CQ's id (as reported in [`crate::AsyncEvent::CqError`]).
     pub fn id(&self) -> CqId {
         self.shared.id()
     }

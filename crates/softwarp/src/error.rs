@@ -139,5 +139,5 @@ pub enum MpaError {
     },
 }
 
-/// Result with [`Error`].
+/// Result with [`enum@Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

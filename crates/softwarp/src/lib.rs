@@ -35,6 +35,7 @@
 //! })?;
 //! # Ok(()) }
 //! ```
+#![warn(missing_docs)]
 #![cfg_attr(
     not(test),
     warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)

@@ -59,33 +59,37 @@ impl Progress {
         })
     }
 
-    fn send(&self, cmd: Cmd) {
-        if lock(&self.tx).send(cmd).is_ok() {
-            if let Err(e) = self.waker.wake() {
-                tracing::error!(error = %e, "cannot wake the progress thread");
-            }
-        }
+    fn send(&self, cmd: Cmd) -> Result<()> {
+        lock(&self.tx).send(cmd).map_err(|_| Error::DeviceStopped)?;
+        self.waker
+            .wake()
+            .map_err(|e| Error::io("wake the progress thread", e))
     }
 
     /// Hands a connected QP to the progress thread.
-    pub(crate) fn register(&self, qp: Arc<QpShared>) {
-        self.send(Cmd::Register(qp));
+    pub(crate) fn register(&self, qp: Arc<QpShared>) -> Result<()> {
+        self.send(Cmd::Register(qp))
     }
 
     /// Asks for a progress pass of `qp` (its state changed outside the data path).
     pub(crate) fn kick(&self, qp: Arc<QpShared>) {
-        self.send(Cmd::Kick(qp));
+        if let Err(e) = self.send(Cmd::Kick(qp)) {
+            tracing::error!(error = %e, "cannot reach the progress thread");
+        }
     }
 
     /// Moves every QP of `cq` to Error (the CQ overflowed).
     pub(crate) fn cq_overflow(&self, cq: Arc<CqShared>) {
-        self.send(Cmd::CqOverflow(cq));
+        if let Err(e) = self.send(Cmd::CqOverflow(cq)) {
+            tracing::error!(error = %e, "cannot reach the progress thread");
+        }
     }
 }
 
 impl Drop for Progress {
     fn drop(&mut self) {
-        self.send(Cmd::Shutdown);
+        // Fails only when the thread is already gone.
+        let _ = self.send(Cmd::Shutdown);
         let handle = lock(&self.thread).take();
         if let Some(h) = handle {
             // The last reference may go away on the progress thread itself (it drops the
@@ -100,6 +104,9 @@ impl Drop for Progress {
 fn run(mut poll: Poll, rx: Receiver<Cmd>) {
     let mut events = Events::with_capacity(1024);
     let mut qps: HashMap<Token, Arc<QpShared>> = HashMap::new();
+    // Token of each registered QP, by the address of its shared state (for kicks).
+    let mut tokens: HashMap<usize, Token> = HashMap::new();
+    let key = |qp: &Arc<QpShared>| Arc::as_ptr(qp) as usize;
     let mut next_token = 1usize;
     // QPs to service without waiting for readiness: budget left over (`again`) or waiting
     // on a timer (`delayed`).
@@ -133,12 +140,13 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
                     let token = Token(next_token);
                     next_token += 1;
                     if qp.register(poll.registry(), token) {
+                        tokens.insert(key(&qp), token);
                         qps.insert(token, qp);
                         todo.insert(token);
                     }
                 }
                 Ok(Cmd::Kick(qp)) => {
-                    if let Some((t, _)) = qps.iter().find(|(_, q)| Arc::ptr_eq(q, &qp)) {
+                    if let Some(t) = tokens.get(&key(&qp)) {
                         todo.insert(*t);
                     }
                 }
@@ -146,7 +154,7 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
                     for qp in cq.qps() {
                         tracing::error!(qp = qp.qp_num(), "QP to Error: its CQ overflowed");
                         qp.set_error();
-                        if let Some((t, _)) = qps.iter().find(|(_, q)| Arc::ptr_eq(q, &qp)) {
+                        if let Some(t) = tokens.get(&key(&qp)) {
                             todo.insert(*t);
                         }
                     }
@@ -164,6 +172,7 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
             };
             let pass = qp.service(poll.registry(), &mut scratch);
             if pass.closed {
+                tokens.remove(&key(qp));
                 qps.remove(&token);
                 continue;
             }

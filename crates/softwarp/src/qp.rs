@@ -776,7 +776,14 @@ impl QueuePair {
             max_fpdu_len = info.max_fpdu_len,
             "QP connected"
         );
-        s.device.progress.register(Arc::clone(s));
+        if let Err(e) = s.device.progress.register(Arc::clone(s)) {
+            // Nobody would ever move this QP's bytes: fail the connection now.
+            let mut g = s.lock();
+            g.qp.handle_llp_closed();
+            g.conn = None;
+            s.drain(&mut g);
+            return Err(e);
+        }
         Ok(info)
     }
 }
