@@ -1,0 +1,9 @@
+//! The `softwarp` command's library half: capture reading and iWARP decoding, kept out of
+//! `main.rs` so that tests can call them directly.
+#![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
+pub mod capture;
