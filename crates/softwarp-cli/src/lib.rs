@@ -7,3 +7,4 @@
 )]
 
 pub mod capture;
+pub mod decode;
