@@ -3,6 +3,7 @@
 //! Each capture `NAME.pcap` comes with `NAME.tshark.txt`, the output of
 //! `../shared/tools/iwarp-decode` (Wireshark 4.0's iWARP dissectors through tshark) stored in
 //! the repository, so that the comparison runs from a plain clone without tshark.
+#![allow(clippy::unwrap_used)] // tests may unwrap: a panic is a test failure with its message
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
