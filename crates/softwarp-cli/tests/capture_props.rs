@@ -73,7 +73,7 @@ proptest! {
                 assert_eq!(&stream[offset as usize..offset as usize + bytes.len()], bytes);
                 next += bytes.len() as u64;
             }
-            StreamEvent::Gap { offset, len } => {
+            StreamEvent::Gap { offset, len, .. } => {
                 assert_eq!(offset, next);
                 assert!(len > 0);
                 next += len;

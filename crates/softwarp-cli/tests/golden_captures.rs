@@ -100,11 +100,11 @@ fn every_capture_reassembles_into_complete_tcp_streams() {
             payload_bytes += segment.payload.len();
             tracker.segment(frame.number, &segment, &mut |ev| match ev.kind {
                 StreamEvent::Data { bytes, .. } => delivered += bytes.len(),
-                StreamEvent::Gap { offset, len } => gaps.push((ev.connection, offset, len)),
+                StreamEvent::Gap { offset, len, .. } => gaps.push((ev.connection, offset, len)),
             });
         }
         tracker.finish(&mut |ev| {
-            if let StreamEvent::Gap { offset, len } = ev.kind {
+            if let StreamEvent::Gap { offset, len, .. } = ev.kind {
                 gaps.push((ev.connection, offset, len));
             }
         });

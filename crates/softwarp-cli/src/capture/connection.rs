@@ -345,7 +345,7 @@ mod tests {
         );
         let mut gaps = Vec::new();
         t.finish(&mut |ev| {
-            if let StreamEvent::Gap { offset, len } = ev.kind {
+            if let StreamEvent::Gap { offset, len, .. } = ev.kind {
                 gaps.push((ev.connection.0, ev.direction, offset, len));
             }
         });

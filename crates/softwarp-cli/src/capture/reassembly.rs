@@ -37,6 +37,9 @@ pub enum StreamEvent<'a> {
         offset: u64,
         /// Number of missing bytes.
         len: u64,
+        /// The frame being processed when the hole was declared lost (the last frame of the
+        /// capture when it is declared at the end).
+        frame: u64,
     },
 }
 
@@ -258,6 +261,7 @@ impl StreamReassembler {
             sink(StreamEvent::Gap {
                 offset: self.next,
                 len: start - self.next,
+                frame,
             });
             self.next = start;
         }
@@ -297,7 +301,7 @@ mod tests {
                     self.arrived.extend(bytes.iter().map(|_| arrived));
                     self.delivered.extend(bytes.iter().map(|_| delivered));
                 }
-                StreamEvent::Gap { offset, len } => self.gaps.push((offset, len)),
+                StreamEvent::Gap { offset, len, .. } => self.gaps.push((offset, len)),
             }
         }
         fn gap_total(&self) -> usize {

@@ -143,9 +143,9 @@ impl StreamBuffer {
         Ok(())
     }
 
-    /// Removes the first `n` unconsumed bytes (fewer if fewer are buffered) and says where
-    /// they came from.
-    pub fn consume(&mut self, n: usize) -> Span {
+    /// Where the first `n` unconsumed bytes (fewer if fewer are buffered) came from, without
+    /// consuming them.
+    pub fn span(&self, n: usize) -> Span {
         let n = n.min(self.len());
         let start = self.offset;
         let end = start + n as u64;
@@ -156,10 +156,7 @@ impl StreamBuffer {
             if run.offset >= end && n > 0 {
                 break;
             }
-            let run_end = self
-                .runs
-                .get(i + 1)
-                .map_or(buffered_end, |next| next.offset);
+            let run_end = self.runs.get(i + 1).map_or(buffered_end, |next| next.offset);
             if run_end > start || n == 0 {
                 first_frame.get_or_insert(run.arrived);
                 complete_frame = complete_frame.max(run.delivered);
@@ -168,7 +165,20 @@ impl StreamBuffer {
                 break;
             }
         }
-        let first_frame = first_frame.unwrap_or(0);
+        Span {
+            offset: start,
+            len: n,
+            first_frame: first_frame.unwrap_or(0),
+            complete_frame,
+        }
+    }
+
+    /// Removes the first `n` unconsumed bytes (fewer if fewer are buffered) and says where
+    /// they came from.
+    pub fn consume(&mut self, n: usize) -> Span {
+        let span = self.span(n);
+        let n = span.len;
+        let end = span.offset + n as u64;
         while self.runs.len() > 1 && self.runs.get(1).is_some_and(|r| r.offset <= end) {
             self.runs.pop_front();
         }
@@ -182,12 +192,7 @@ impl StreamBuffer {
             self.head = 0;
             self.runs.clear();
         }
-        Span {
-            offset: start,
-            len: n,
-            first_frame,
-            complete_frame,
-        }
+        span
     }
 
     /// Drops everything buffered and continues at stream offset `offset` (after a gap).

@@ -169,7 +169,8 @@ fn fpdu(o: &mut Object<'_>, p: &FpduRecord) {
                             .bool("m", t.m)
                             .bool("d", t.d)
                             .bool("r", t.r)
-                            .num("reserved", t.reserved);
+                            .num("reserved", t.reserved)
+                            .str("layout", if t.siw_layout { "linux_siw" } else { "rfc5040" });
                     });
                 }
                 o.num("payload_len", s.payload_len);
@@ -224,6 +225,7 @@ mod tests {
             dst: "[::1]:2".parse().unwrap(),
             stream_offset: 100,
             wire_len: 24,
+            bytes: vec![],
             item: Item::Fpdu(FpduRecord {
                 ulpdu_len: 18,
                 pad: vec![],
@@ -265,6 +267,7 @@ mod tests {
             dst: "10.0.0.2:2".parse().unwrap(),
             stream_offset: 0,
             wire_len: 0,
+            bytes: vec![],
             item: Item::Error(ErrorRecord {
                 message: "bad \"key\"".into(),
                 fatal: true,

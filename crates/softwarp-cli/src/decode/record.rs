@@ -31,6 +31,9 @@ pub struct Record {
     pub stream_offset: u64,
     /// Bytes the PDU occupies in the stream (including markers, pad and CRC).
     pub wire_len: usize,
+    /// The PDU exactly as it appeared in the stream (markers included); empty for errors
+    /// that are not about one PDU. Not printed; kept for checks such as re-emitting.
+    pub bytes: Vec<u8>,
     /// What it is.
     pub item: Item,
 }
@@ -175,6 +178,8 @@ pub struct TerminateRecord {
     pub r: bool,
     /// The reserved bits after M, D and R (13 bits).
     pub reserved: u16,
+    /// True when the control bits are in Linux siw's layout rather than RFC 5040's.
+    pub siw_layout: bool,
 }
 
 /// The DDP/RDMAP segment of an FPDU.
@@ -335,6 +340,9 @@ impl fmt::Display for FpduRecord {
                         bit(t.r),
                         t.reserved
                     )?;
+                    if t.siw_layout {
+                        f.write_str(" layout=siw")?;
+                    }
                 }
                 write!(f, " payload={} ", s.payload_len)?;
                 mpa(f)
@@ -360,6 +368,7 @@ mod tests {
             dst: "192.168.77.2:7174".parse().unwrap(),
             stream_offset: 24,
             wire_len: 40,
+            bytes: vec![],
             item,
         }
     }
@@ -488,6 +497,7 @@ mod tests {
                     d: false,
                     r: false,
                     reserved: 0x0300,
+                    siw_layout: false,
                 }),
                 payload_len: 0,
             }),
