@@ -90,7 +90,7 @@ pub enum WireError {
     /// DDP version (DV) is not 1.
     #[error("DDP header: version {0} is not supported (expected 1)")]
     DdpBadVersion(u8),
-    /// An untagged segment names a queue number RDMAP does not define (0, 1, 2).
+    /// An untagged segment names a queue number RDMAP does not define (RFC 5040: 0, 1, 2; RFC 7306 adds 3).
     #[error("DDP untagged header: invalid queue number {0}")]
     DdpInvalidQueueNumber(u32),
 

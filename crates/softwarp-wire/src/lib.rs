@@ -12,7 +12,10 @@
 //! - [`rdmap`]: RFC 5040 RDMAP control, opcodes, Read Request and Terminate, and the RFC 7306
 //!   extensions (immediate data, atomics).
 #![forbid(unsafe_code)]
-#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![cfg_attr(
+    not(test),
+    warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 pub mod crc;
 pub mod ddp;

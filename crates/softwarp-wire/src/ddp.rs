@@ -1,1 +1,0 @@
-//! RFC 5041 DDP segment headers. Owned by the DDP/RDMAP work.
