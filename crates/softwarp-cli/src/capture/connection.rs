@@ -69,6 +69,8 @@ impl Connection {
 pub struct FlowEvent<'a> {
     /// The connection.
     pub connection: ConnectionId,
+    /// Its endpoints.
+    pub endpoints: Connection,
     /// Which way the bytes flow.
     pub direction: Direction,
     /// The bytes or the hole.
@@ -172,7 +174,7 @@ impl ConnectionTracker {
         } else {
             Direction::FromServer
         };
-        let connection = state.info.id;
+        let endpoints = state.info;
         if let Some(stream) = state.streams.get_mut(direction.index()) {
             stream.segment(
                 frame,
@@ -181,7 +183,8 @@ impl ConnectionTracker {
                 segment.payload,
                 &mut |kind| {
                     sink(FlowEvent {
-                        connection,
+                        connection: endpoints.id,
+                        endpoints,
                         direction,
                         kind,
                     })
@@ -213,12 +216,13 @@ impl ConnectionTracker {
     pub fn finish(&mut self, sink: &mut dyn FnMut(FlowEvent<'_>)) {
         let frame = self.last_frame;
         for state in &mut self.connections {
-            let connection = state.info.id;
+            let endpoints = state.info;
             for direction in [Direction::FromClient, Direction::FromServer] {
                 if let Some(stream) = state.streams.get_mut(direction.index()) {
                     stream.finish(frame, &mut |kind| {
                         sink(FlowEvent {
-                            connection,
+                            connection: endpoints.id,
+                            endpoints,
                             direction,
                             kind,
                         })

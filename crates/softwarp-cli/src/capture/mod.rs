@@ -14,7 +14,9 @@ pub mod packet;
 pub mod reassembly;
 pub mod stream;
 
-pub use connection::{ConnectionId, ConnectionTracker, Direction, FlowEvent, FlowEventKind};
+pub use connection::{
+    Connection, ConnectionId, ConnectionTracker, Direction, FlowEvent, FlowEventKind,
+};
 pub use error::CaptureError;
 pub use file::{CaptureFormat, CaptureReader, Frame, LinkType};
 pub use packet::{tcp_segment, TcpSegment};

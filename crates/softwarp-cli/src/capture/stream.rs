@@ -156,7 +156,10 @@ impl StreamBuffer {
             if run.offset >= end && n > 0 {
                 break;
             }
-            let run_end = self.runs.get(i + 1).map_or(buffered_end, |next| next.offset);
+            let run_end = self
+                .runs
+                .get(i + 1)
+                .map_or(buffered_end, |next| next.offset);
             if run_end > start || n == 0 {
                 first_frame.get_or_insert(run.arrived);
                 complete_frame = complete_frame.max(run.delivered);

@@ -170,7 +170,8 @@ fn fpdu(o: &mut Object<'_>, p: &FpduRecord) {
                             .bool("d", t.d)
                             .bool("r", t.r)
                             .num("reserved", t.reserved)
-                            .str("layout", if t.siw_layout { "linux_siw" } else { "rfc5040" });
+                            .str("layout", if t.siw_layout { "linux_siw" } else { "rfc5040" })
+                            .str("description", &t.description);
                     });
                 }
                 o.num("payload_len", s.payload_len);

@@ -162,7 +162,7 @@ pub struct ReadRequestRecord {
 }
 
 /// A Terminate message's control fields (RFC 5040 section 4.8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TerminateRecord {
     /// Layer.
     pub layer: u8,
@@ -180,6 +180,8 @@ pub struct TerminateRecord {
     pub reserved: u16,
     /// True when the control bits are in Linux siw's layout rather than RFC 5040's.
     pub siw_layout: bool,
+    /// The error in words, from the RFC tables (JSON only).
+    pub description: String,
 }
 
 /// The DDP/RDMAP segment of an FPDU.
@@ -498,6 +500,7 @@ mod tests {
                     r: false,
                     reserved: 0x0300,
                     siw_layout: false,
+                    description: String::new(),
                 }),
                 payload_len: 0,
             }),

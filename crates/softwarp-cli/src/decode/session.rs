@@ -437,7 +437,11 @@ impl Session {
         let Some(mode) = self.mode else {
             return false;
         };
-        let use_markers = mode.markers.get(dir_index(direction)).copied().unwrap_or(false);
+        let use_markers = mode
+            .markers
+            .get(dir_index(direction))
+            .copied()
+            .unwrap_or(false);
         let half = self.half(direction);
         let bytes = half.buf.bytes();
         let stream_offset = half.buf.offset().saturating_sub(half.fpdu_base);
