@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use softwarp_cli::decode::{decode_capture, to_json, Output};
+use softwarp_cli::decode::{decode_capture, output_to_json, Output};
 
 #[derive(Debug, Parser)]
 #[command(name = "softwarp", version, about = "Softwarp iWARP stack tools")]
@@ -41,16 +41,10 @@ enum Command {
 }
 
 fn print_output(out: &mut impl Write, output: &Output, json: bool) -> io::Result<()> {
-    match (output, json) {
-        (Output::Record(r), true) => writeln!(out, "{}", to_json(r)),
-        (Output::CaptureError(e), true) => {
-            let message = e.to_string().replace('\\', "\\\\").replace('"', "\\\"");
-            writeln!(
-                out,
-                "{{\"kind\":\"capture_error\",\"message\":\"{message}\"}}"
-            )
-        }
-        (output, false) => writeln!(out, "{output}"),
+    if json {
+        writeln!(out, "{}", output_to_json(output))
+    } else {
+        writeln!(out, "{output}")
     }
 }
 

@@ -7,6 +7,7 @@
 use std::fmt::Write as _;
 
 use super::record::{CrcRecord, FpduRecord, Item, MpaFrameRecord, Placement, Record};
+use super::Output;
 
 /// Appends `s` as a JSON string literal.
 fn string(out: &mut String, s: &str) {
@@ -204,10 +205,36 @@ pub fn to_json(r: &Record) -> String {
     out
 }
 
+/// Any decode output as one line of JSON: a [`Record`] as [`to_json`] writes it, a capture
+/// error as `{"kind":"capture_error","message":...}`.
+pub fn output_to_json(output: &Output) -> String {
+    match output {
+        Output::Record(r) => to_json(r),
+        Output::CaptureError(e) => {
+            let mut out = String::new();
+            let mut o = Object::new(&mut out);
+            o.str("kind", "capture_error")
+                .str("message", &e.to_string());
+            o.close();
+            out
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::record::*;
     use super::*;
+
+    #[test]
+    fn capture_errors_become_json_objects() {
+        let e =
+            Output::CaptureError(crate::capture::CaptureError::TruncatedRecord { after_frame: 3 });
+        assert_eq!(
+            output_to_json(&e),
+            r#"{"kind":"capture_error","message":"capture ends in the middle of the record after frame 3"}"#
+        );
+    }
 
     #[test]
     fn strings_are_escaped() {

@@ -15,7 +15,7 @@ mod session;
 
 use std::fmt;
 
-pub use json::to_json;
+pub use json::{output_to_json, to_json};
 pub use record::{Item, Record};
 
 use crate::capture::{

@@ -193,11 +193,6 @@ impl Session {
         if half.phase == Phase::Done {
             return;
         }
-        if half.buf.is_empty() && half.buf.offset() != offset {
-            // The first bytes of this direction (the stream need not start at 0 when the
-            // capture began mid-connection).
-            half.buf.reset(offset);
-        }
         if let Err(e) = half.buf.push(offset, arrived, delivered, bytes) {
             self.fatal(direction, delivered, e.to_string(), out);
             return;
