@@ -462,3 +462,51 @@ fn json_lines_are_one_object_per_record() {
     assert!(lines[2].contains(r#""opcode":"Send","last":true,"tagged":false,"qn":0,"msn":1"#));
     assert!(lines.iter().all(|l| l.starts_with('{') && l.ends_with('}')));
 }
+
+#[test]
+fn interleaved_connections_keep_their_own_endpoints() {
+    // Connection 0 is opened first but speaks last; connection 1 speaks in between.
+    let mut cap = Capture::default();
+    let mut first = Conn::open(&mut cap, 41000, [1, 1]);
+    let mut second = Conn::open(&mut cap, 42000, [1, 1]);
+    second.send(
+        &mut cap,
+        Client,
+        &mpa_frame(Request, false, false, false, true, &[]),
+    );
+    second.send(
+        &mut cap,
+        Server,
+        &mpa_frame(Reply, false, false, false, true, &[]),
+    );
+    first.send(
+        &mut cap,
+        Client,
+        &mpa_frame(Request, false, false, false, true, &[]),
+    );
+    first.send(
+        &mut cap,
+        Server,
+        &mpa_frame(Reply, false, false, false, true, &[]),
+    );
+    second.send(&mut cap, Client, &fpdu(&send_ulpdu(1, &[1; 4]), false));
+    first.send(&mut cap, Client, &fpdu(&send_ulpdu(1, &[1; 4]), false));
+    let (records, summary) = decode(&cap);
+    assert!(summary.is_clean());
+    assert_eq!(summary.iwarp_connections, 2);
+    let seen: Vec<(usize, u16, u16)> = records
+        .iter()
+        .map(|r| (r.connection, r.src.port(), r.dst.port()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (1, 42000, 7174),
+            (1, 7174, 42000),
+            (0, 41000, 7174),
+            (0, 7174, 41000),
+            (1, 42000, 7174),
+            (0, 41000, 7174),
+        ]
+    );
+}

@@ -129,7 +129,12 @@ pub fn decode_capture(bytes: &[u8], sink: &mut dyn FnMut(Output)) -> Result<Summ
         emit(output, &mut summary);
     }
     summary.connections = decoder.tracker.connections().count();
-    summary.iwarp_connections = decoder.sessions.iter().filter(|s| s.is_iwarp()).count();
+    summary.iwarp_connections = decoder
+        .sessions
+        .iter()
+        .flatten()
+        .filter(|s| s.is_iwarp())
+        .count();
     Ok(summary)
 }
 
@@ -144,19 +149,25 @@ pub fn decode_to_vec(bytes: &[u8]) -> Result<(Vec<Output>, Summary), CaptureErro
 #[derive(Debug, Default)]
 struct Decoder {
     tracker: ConnectionTracker,
-    sessions: Vec<Session>,
+    /// Indexed by connection number.
+    sessions: Vec<Option<Session>>,
 }
 
-/// Hands one stream event to its connection's session, creating sessions in order of first
-/// appearance.
-fn dispatch(sessions: &mut Vec<Session>, event: FlowEvent<'_>, out: &mut dyn FnMut(Record)) {
+/// Hands one stream event to its connection's session; a session is created on its
+/// connection's first event (connections without payload never get one).
+fn dispatch(
+    sessions: &mut Vec<Option<Session>>,
+    event: FlowEvent<'_>,
+    out: &mut dyn FnMut(Record),
+) {
     let ConnectionId(index) = event.connection;
-    while sessions.len() <= index {
-        sessions.push(Session::new(event.endpoints));
+    if sessions.len() <= index {
+        sessions.resize_with(index + 1, || None);
     }
-    let Some(session) = sessions.get_mut(index) else {
+    let Some(slot) = sessions.get_mut(index) else {
         return;
     };
+    let session = slot.get_or_insert_with(|| Session::new(event.endpoints));
     match event.kind {
         StreamEvent::Data {
             offset,
@@ -181,7 +192,7 @@ impl Decoder {
         let sessions = &mut self.sessions;
         self.tracker
             .finish(&mut |event| dispatch(sessions, event, out));
-        for session in &mut self.sessions {
+        for session in self.sessions.iter_mut().flatten() {
             session.finish(out);
         }
     }
