@@ -1,0 +1,162 @@
+//! Completion queues: a fixed-capacity ring of [`WorkCompletion`]s.
+//!
+//! A completion that does not fit is never dropped silently: [`Cq::push`] gives it back in
+//! the error, the CQ enters its error state, and a [`AsyncEvent::CqError`] is queued for
+//! [`Cq::poll_event`]. The runtime then moves the QPs that use this CQ to the Error state
+//! (as verbs do on a CQ overrun). No I/O here.
+
+use thiserror::Error;
+
+use crate::event::AsyncEvent;
+use crate::ring::Ring;
+use crate::wr::WorkCompletion;
+
+/// Identifies a CQ in the runtime's tables (the engine only reports it back in events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CqId(pub u32);
+
+/// A completion could not be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum CqError {
+    /// The ring was full: the CQ is now in error. The completion is handed back.
+    #[error("completion queue {cq:?} overflowed (capacity {capacity})")]
+    Overflow {
+        /// The CQ.
+        cq: CqId,
+        /// Its capacity.
+        capacity: usize,
+        /// The completion that did not fit.
+        completion: WorkCompletion,
+    },
+    /// The CQ is already in error after an overflow; the completion is handed back.
+    #[error("completion queue {cq:?} is in error after an overflow")]
+    InError {
+        /// The CQ.
+        cq: CqId,
+        /// The completion that was refused.
+        completion: WorkCompletion,
+    },
+}
+
+/// A completion queue.
+#[derive(Debug)]
+pub struct Cq {
+    id: CqId,
+    ring: Ring<WorkCompletion>,
+    error: bool,
+    /// Completions refused since the overflow.
+    refused: u64,
+    event: Option<AsyncEvent>,
+}
+
+impl Cq {
+    /// Creates a CQ that holds up to `capacity` completions (allocated now).
+    pub fn new(id: CqId, capacity: usize) -> Self {
+        Self {
+            id,
+            ring: Ring::new(capacity),
+            error: false,
+            refused: 0,
+            event: None,
+        }
+    }
+
+    /// This CQ's id.
+    pub fn id(&self) -> CqId {
+        self.id
+    }
+    /// Capacity given at creation.
+    pub fn capacity(&self) -> usize {
+        self.ring.capacity()
+    }
+    /// Completions waiting to be polled.
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+    /// True when no completion waits.
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+    /// True after an overflow.
+    pub fn is_error(&self) -> bool {
+        self.error
+    }
+    /// Completions refused (overflow and after), for statistics and error reports.
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// Queues a completion. On overflow the CQ enters the error state, queues a
+    /// [`AsyncEvent::CqError`], and hands the completion back in the error.
+    pub fn push(&mut self, wc: WorkCompletion) -> Result<(), CqError> {
+        if self.error {
+            self.refused += 1;
+            return Err(CqError::InError {
+                cq: self.id,
+                completion: wc,
+            });
+        }
+        match self.ring.push(wc) {
+            Ok(()) => Ok(()),
+            Err(wc) => {
+                self.error = true;
+                self.refused += 1;
+                self.event = Some(AsyncEvent::CqError { cq: self.id });
+                Err(CqError::Overflow {
+                    cq: self.id,
+                    capacity: self.ring.capacity(),
+                    completion: wc,
+                })
+            }
+        }
+    }
+
+    /// Takes the oldest completion. Completions queued before an overflow stay pollable.
+    pub fn poll(&mut self) -> Option<WorkCompletion> {
+        self.ring.pop()
+    }
+
+    /// Takes the pending asynchronous event (the overflow report), once.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.event.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wr::{WcOpcode, WcStatus};
+
+    fn wc(id: u64) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            qp_num: 1,
+            invalidated_stag: None,
+            solicited: false,
+            imm: None,
+        }
+    }
+
+    #[test]
+    fn cq_overflow_is_reported_and_the_completion_handed_back() {
+        let mut cq = Cq::new(CqId(7), 2);
+        cq.push(wc(1)).unwrap();
+        cq.push(wc(2)).unwrap();
+        match cq.push(wc(3)) {
+            Err(CqError::Overflow { completion, .. }) => assert_eq!(completion.wr_id, 3),
+            other => panic!("{other:?}"),
+        }
+        assert!(cq.is_error());
+        assert_eq!(cq.poll_event(), Some(AsyncEvent::CqError { cq: CqId(7) }));
+        assert_eq!(cq.poll_event(), None);
+        assert_eq!(cq.poll().map(|w| w.wr_id), Some(1));
+        assert!(matches!(cq.push(wc(4)), Err(CqError::InError { .. })));
+        assert_eq!(cq.refused(), 2);
+        assert_eq!(cq.poll().map(|w| w.wr_id), Some(2));
+        assert_eq!(cq.poll(), None);
+    }
+}

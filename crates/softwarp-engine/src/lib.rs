@@ -1,0 +1,122 @@
+//! The sans-IO software RNIC of Softwarp: protection domains, memory registrations and the
+//! STag table, completion queues, shared receive queues, and queue pairs that run RDMAP
+//! (RFC 5040) over DDP (RFC 5041) over MPA (RFC 5044, RFC 6581).
+//!
+//! This crate never does I/O: no sockets, no threads, no sleeping, no clocks. The runtime
+//! (crate `softwarp`) owns the TCP connection and moves bytes; the engine makes every
+//! protocol decision. All wire formats come from `softwarp-wire`. Memory is allocated when a
+//! resource is created (queues are fixed-capacity rings); the data path does not allocate.
+//!
+//! # Resources
+//!
+//! - [`memory::Region`]: memory shared with the network. Owned regions are zeroed and
+//!   page-aligned; raw regions wrap FFI memory (`unsafe fn from_raw`). Access goes through
+//!   bounds-checked raw-pointer copies; the runtime gets raw pointers for `readv`/`writev`.
+//!   This is the only module with `unsafe` code.
+//! - [`mr::MrTable`]: registrations by STag (`index << 8 | key`, unpredictable key rotated on
+//!   every reuse, never STag 0 or 1), VA-based tagged offsets, [`mr::MrTable::validate`]
+//!   naming exactly which check failed, local and remote invalidation, deregistration refused
+//!   while in-flight work holds the registration.
+//! - [`cq::Cq`]: fixed ring of [`wr::WorkCompletion`]s; overflow puts the CQ in error, queues
+//!   [`event::AsyncEvent::CqError`] and hands the completion back (never dropped silently).
+//! - [`srq::Srq`]: shared receive queue with the armed limit event.
+//! - [`qp::Qp`]: one reliable connection.
+//!
+//! # Driving a QP
+//!
+//! Methods are grouped like quinn-proto's `Connection`: getters; `handle_*` inputs;
+//! application commands (`establish`, `post_send`, `post_recv`, `modify`, `destroy`); and
+//! `poll_*` outputs.
+//!
+//! ```text
+//! create:     Qp::new(QpConfig)                       -> Idle; post_recv allowed
+//! connected:  qp.establish(StreamConfig)              -> RTS (after MPA negotiation)
+//! receive:    loop { match qp.rx_target() {
+//!                 Buffer(b)                => n = read(sock, b),
+//!                 Region{region, offset, len} => n = read(sock, region.ptr_range(offset, len)),
+//!                 Blocked                  => { poll completions; qp.rx_commit(0, ..) }
+//!                 Closed                   => stop reading }
+//!               qp.rx_commit(n, &mut mrs, srq) }
+//! transmit:   while let Some(fpdu) = qp.poll_tx() { n = writev(sock, fpdu.pieces()); qp.tx_commit(n) }
+//! outputs:    while let Some((cq, wc)) = qp.poll_completion() { push to the send or recv CQ }
+//!             while let Some(ev) = qp.poll_event() { report }
+//! ```
+//!
+//! Polling order after any input (received bytes, a post, a state change): `poll_tx` until
+//! `None` (the Terminate of an error is sent this way, and after it [`qp::Qp::terminate_sent`]
+//! tells the runtime to close the connection), then `poll_completion` until `None`, then
+//! `poll_event` until `None`. Completions must be drained before more data can be received
+//! when the QP holds as many receives as it may ([`qp::RxTarget::Blocked`]).
+//! `handle_rx`/`handle_tx` are copying conveniences built on the same calls, for tests and
+//! simple runtimes. TCP closing or failing is reported with [`qp::Qp::handle_llp_closed`].
+//!
+//! # Receive path
+//!
+//! Each FPDU is read in three steps: the header into a small buffer inside the QP (the MPA
+//! length and the two control bytes first, then the rest of the header they imply), the
+//! payload straight into its destination (the RDMA Write or Read Response target region, or
+//! the receive WR's buffers: never a staging buffer), then pad and CRC. The header is
+//! validated before any byte of payload is accepted: STag exists, key matches, not
+//! invalidated, PD matches the QP, access rights, TO + length inside the region; MSN and MO
+//! for untagged messages; a receive WR is available and large enough; Read Requests within
+//! IRD and their source valid. A header that fails places nothing (its payload goes to a
+//! scratch buffer) so no byte outside a permitted range is ever written. The CRC is computed
+//! over the bytes as they are placed and checked before anything is delivered (completions,
+//! Send with Invalidate, queueing a Read Request, acting on a Terminate); a header error is
+//! reported after the CRC check, so a corrupted FPDU is a CRC error.
+//!
+//! Placing before the CRC check is what siw does and what zero copy requires; a corrupted
+//! payload can reach the destination, but only a destination the (CRC-covered) header was
+//! allowed to name, and the message is then never completed: the QP fails with a Terminate
+//! (LLP, MPA CRC error) instead.
+//!
+//! # Transmit path
+//!
+//! Messages are cut into FPDUs of at most `StreamConfig::max_fpdu_len` bytes (MPA's MULPDU
+//! for that EMSS; siw's 1448-byte FPDUs at MTU 1500). An FPDU is offered as gather pieces:
+//! the MPA length and DDP/RDMAP header (and inline data) from a buffer in the QP, payload
+//! pieces pointing into registered regions, and pad plus CRC (computed over the pieces when
+//! the FPDU is built). Order: a queued Terminate, the RTR, the message in progress, Read
+//! Responses, then send WRs in posting order; an RDMA Read waits while ORD Reads are
+//! outstanding, a fenced WR until earlier Reads completed.
+//!
+//! # Errors
+//!
+//! Every error the RFCs name produces its Terminate (see [`fault::Fault`] and the QP's
+//! terminate module for the mapping and the siw layout option), an asynchronous event with
+//! its [`fault::Cause`], the QP moves to Terminate and then Error, and every outstanding WR
+//! completes (with the specific status for the WR the error is about, `WrFlushErr` for the
+//! rest). A received Terminate moves the QP to Error and completes the RDMA Read it refused
+//! with the remote status. Local misuse is a [`qp::QpError`] and leaves the stream alone.
+//!
+//! # Deliberate deviations from the task design
+//!
+//! - Local SGEs of send WRs are validated when posted, and the references taken keep the
+//!   registration alive and "in use" until completion; so `poll_tx` needs no STag table. A WR
+//!   that fails validation still completes in order, with `LocProtErr`.
+//! - `rx_commit` takes the STag table and the SRQ (validation and Send with Invalidate happen
+//!   when a header or trailer completes); `rx_target` needs neither.
+//! - MPA markers are not implemented: [`qp::Qp::establish`] refuses them (siw never uses
+//!   them). RFC 7306 immediate data and atomics are not implemented: they are answered with
+//!   an "unexpected opcode" Terminate.
+//! - A zero-length RDMA Write is not validated (it places nothing), as in siw; this is what
+//!   makes siw's RTR (zero-length Write to STag 1) work.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+pub mod cq;
+pub mod event;
+pub mod fault;
+#[allow(unsafe_code)]
+pub mod memory;
+pub mod mr;
+pub mod qp;
+pub(crate) mod ring;
+pub mod srq;
+pub mod stats;
+pub mod wr;

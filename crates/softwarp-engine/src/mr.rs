@@ -1,0 +1,659 @@
+//! Protection domains, memory registrations and the STag table.
+//!
+//! An STag is `index << 8 | key`: a 24-bit index into the [`MrTable`] and an 8-bit key that
+//! changes (unpredictably) every time an index is reused, so a stale or guessed STag fails
+//! validation. Tagged Offsets are virtual-address based, like siw and verbs: a registration
+//! has an `iova` base (by default the buffer's address) and a length, and a TO is valid when
+//! `iova <= TO` and `TO + len <= iova + length`.
+//!
+//! [`MrTable::validate`] performs every check RFC 5040/5041/5042 ask for on a tagged access
+//! and says which one failed ([`AccessError`]), so the QP can build the exact Terminate.
+//!
+//! STag 0 is never handed out: index 0 is reserved. In the iWARP verbs specification STag 0
+//! is the privileged "STag0" that names physical memory, and hardware RNICs reject it on the
+//! wire; siw uses STag 1 for its zero-length RTR Write for that reason. Index 0 being
+//! reserved means no STag below 0x100 (in particular neither 0 nor 1) ever names a
+//! registration here, so an RTR's STag cannot alias a real region.
+//!
+//! The table is allocated once with a fixed capacity. No I/O here.
+
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::memory::Region;
+
+/// Steering Tag: names a registered memory region on the wire (RFC 5040 section 2.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Stag(pub u32);
+
+impl Stag {
+    /// The 24-bit table index.
+    pub fn index(self) -> u32 {
+        self.0 >> 8
+    }
+    /// The 8-bit key.
+    pub fn key(self) -> u8 {
+        (self.0 & 0xff) as u8
+    }
+    /// Builds an STag from index and key (the index is truncated to 24 bits).
+    pub fn from_parts(index: u32, key: u8) -> Self {
+        Stag(((index & 0x00ff_ffff) << 8) | u32::from(key))
+    }
+}
+
+/// A protection domain. QPs and memory registrations with different PDs cannot be used
+/// together. The runtime allocates the numbers; the engine only compares them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PdId(pub u32);
+
+/// Access rights of a memory registration (a small bit set, after `ibv_access_flags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// No rights beyond local read (which every registration has).
+    pub const NONE: Access = Access(0);
+    /// The local QP may write into the region (receive buffers, RDMA Read sinks).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// A peer may RDMA Write into the region.
+    pub const REMOTE_WRITE: Access = Access(1 << 1);
+    /// A peer may RDMA Read from the region.
+    pub const REMOTE_READ: Access = Access(1 << 2);
+    /// A peer may invalidate the STag with Send with Invalidate.
+    pub const REMOTE_INVALIDATE: Access = Access(1 << 3);
+
+    /// The raw bits.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+    /// True when every right in `other` is also in `self`.
+    pub fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl std::ops::BitOrAssign for Access {
+    fn bitor_assign(&mut self, rhs: Access) {
+        self.0 |= rhs.0;
+    }
+}
+
+/// Which validation check of a tagged (or local) access failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum AccessError {
+    /// No registration has this STag's index.
+    #[error("invalid STag: no registration at this index")]
+    InvalidStag,
+    /// The index exists but the key differs (stale or guessed STag).
+    #[error("invalid STag: key mismatch")]
+    KeyMismatch,
+    /// The registration was invalidated (locally or by a peer's Send with Invalidate).
+    #[error("invalid STag: the registration is invalidated")]
+    Invalidated,
+    /// The registration belongs to another protection domain than the QP.
+    #[error("STag not associated with this stream: PD mismatch")]
+    PdMismatch,
+    /// The registration does not grant the required access right.
+    #[error("access rights violation")]
+    AccessRights,
+    /// `TO + len` overflows 64 bits.
+    #[error("TO wrap")]
+    ToWrap,
+    /// The range is not inside the registration.
+    #[error("base or bounds violation")]
+    BaseOrBounds,
+}
+
+/// Errors of registration management (local misuse or resource limits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum MrError {
+    /// Every index of the table is in use.
+    #[error("memory registration table is full")]
+    TableFull,
+    /// The requested range is not inside the region.
+    #[error("registration range {offset}+{len} is outside the region of {region_len} bytes")]
+    RangeOutsideRegion {
+        /// Offset into the region.
+        offset: usize,
+        /// Length requested.
+        len: usize,
+        /// Region length.
+        region_len: usize,
+    },
+    /// `iova + len` overflows.
+    #[error("iova {iova:#x} + length {len} overflows")]
+    IovaWrap {
+        /// The base.
+        iova: u64,
+        /// The length.
+        len: usize,
+    },
+    /// The STag does not name a current registration.
+    #[error("unknown STag {0:#010x}")]
+    UnknownStag(u32),
+    /// The registration is referenced by in-flight work (a posted WR, a Read Response being
+    /// streamed, a placement in progress); deregistration is refused.
+    #[error("STag {stag:#010x} is in use by {users} in-flight operation(s)")]
+    InUse {
+        /// The STag.
+        stag: u32,
+        /// How many in-flight references exist.
+        users: usize,
+    },
+    /// The registration does not allow remote invalidation.
+    #[error("STag {0:#010x} may not be invalidated remotely")]
+    RemoteInvalidateNotAllowed(u32),
+    /// The registration is in another protection domain.
+    #[error("STag {0:#010x} belongs to another protection domain")]
+    PdMismatch(u32),
+    /// The operating system's random generator failed.
+    #[error("no entropy for an STag key")]
+    Entropy,
+}
+
+/// The memory behind one registration, shared with in-flight operations.
+///
+/// The QP holds an `Arc<MrMemory>` while an operation uses the registration; this both keeps
+/// the memory alive and lets [`MrTable::deregister`] see that it is in use.
+#[derive(Debug)]
+pub struct MrMemory {
+    region: Arc<Region>,
+    /// Offset of the registration's first byte inside `region`.
+    base: usize,
+    /// Length of the registration.
+    len: usize,
+}
+
+impl MrMemory {
+    /// The underlying region.
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+    /// Offset of the registration inside the region.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+    /// Length of the registration.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True for an empty registration.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A validated range: the memory and the offset (inside the region) where it starts.
+#[derive(Debug, Clone)]
+pub struct Validated {
+    /// The registration's memory.
+    pub memory: Arc<MrMemory>,
+    /// Offset inside `memory.region()` of the first byte of the validated range.
+    pub region_offset: usize,
+}
+
+/// A public snapshot of one registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MrInfo {
+    /// The current STag.
+    pub stag: Stag,
+    /// Protection domain.
+    pub pd: PdId,
+    /// Base of the tagged-offset range.
+    pub iova: u64,
+    /// Length of the registration.
+    pub len: usize,
+    /// Access rights.
+    pub access: Access,
+    /// False once invalidated.
+    pub valid: bool,
+}
+
+#[derive(Debug)]
+struct MrEntry {
+    key: u8,
+    pd: PdId,
+    iova: u64,
+    access: Access,
+    valid: bool,
+    memory: Arc<MrMemory>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    /// The key used by the last registration at this index (so a reuse picks another).
+    last_key: Option<u8>,
+    entry: Option<MrEntry>,
+}
+
+/// The STag table of one device: every memory registration, by index.
+#[derive(Debug)]
+pub struct MrTable {
+    /// `slots[0]` is index 1 (index 0 is reserved, see the module docs).
+    slots: Vec<Slot>,
+    /// Round-robin search start, so freed indices are not reused at once.
+    next: usize,
+    live: usize,
+}
+
+/// Largest index an STag can carry (24 bits).
+const MAX_INDEX: usize = 0x00ff_ffff;
+
+fn random_key(avoid: Option<u8>) -> Result<u8, MrError> {
+    for _ in 0..16 {
+        let mut b = [0u8; 1];
+        getrandom::fill(&mut b).map_err(|_| MrError::Entropy)?;
+        if Some(b[0]) != avoid {
+            return Ok(b[0]);
+        }
+    }
+    // 16 draws equal to one value: the generator is broken.
+    Err(MrError::Entropy)
+}
+
+impl MrTable {
+    /// Creates a table for at most `capacity` registrations (clamped to the 24-bit index
+    /// space minus the reserved index 0). Allocates once.
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.min(MAX_INDEX);
+        let mut slots = Vec::with_capacity(capacity);
+        for _ in 0..capacity {
+            slots.push(Slot {
+                last_key: None,
+                entry: None,
+            });
+        }
+        Self {
+            slots,
+            next: 0,
+            live: 0,
+        }
+    }
+
+    /// Number of current registrations.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// True when nothing is registered.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Capacity given at creation.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Registers `len` bytes at `offset` of `region` in `pd` with `access`, with tagged
+    /// offsets starting at `iova` (or the address of the first byte when `None`).
+    pub fn register(
+        &mut self,
+        pd: PdId,
+        region: Arc<Region>,
+        offset: usize,
+        len: usize,
+        iova: Option<u64>,
+        access: Access,
+    ) -> Result<Stag, MrError> {
+        let region_len = region.len();
+        match offset.checked_add(len) {
+            Some(end) if end <= region_len => {}
+            _ => {
+                return Err(MrError::RangeOutsideRegion {
+                    offset,
+                    len,
+                    region_len,
+                })
+            }
+        }
+        let iova = iova.unwrap_or_else(|| region.addr().wrapping_add(offset as u64));
+        if iova.checked_add(len as u64).is_none() {
+            return Err(MrError::IovaWrap { iova, len });
+        }
+        let n = self.slots.len();
+        let pos = (0..n)
+            .map(|i| (self.next + i) % n)
+            .find(|&i| self.slots.get(i).is_some_and(|s| s.entry.is_none()))
+            .ok_or(MrError::TableFull)?;
+        let slot = self.slots.get_mut(pos).ok_or(MrError::TableFull)?;
+        let key = random_key(slot.last_key)?;
+        slot.last_key = Some(key);
+        slot.entry = Some(MrEntry {
+            key,
+            pd,
+            iova,
+            access,
+            valid: true,
+            memory: Arc::new(MrMemory {
+                region,
+                base: offset,
+                len,
+            }),
+        });
+        self.next = (pos + 1) % n.max(1);
+        self.live += 1;
+        Ok(Stag::from_parts(pos as u32 + 1, key))
+    }
+
+    fn entry(&self, stag: Stag) -> Result<&MrEntry, AccessError> {
+        let idx = stag.index() as usize;
+        let entry = idx
+            .checked_sub(1)
+            .and_then(|i| self.slots.get(i))
+            .and_then(|s| s.entry.as_ref())
+            .ok_or(AccessError::InvalidStag)?;
+        if entry.key != stag.key() {
+            return Err(AccessError::KeyMismatch);
+        }
+        Ok(entry)
+    }
+
+    fn entry_mut(&mut self, stag: Stag) -> Result<&mut MrEntry, MrError> {
+        let idx = stag.index() as usize;
+        let entry = idx
+            .checked_sub(1)
+            .and_then(|i| self.slots.get_mut(i))
+            .and_then(|s| s.entry.as_mut())
+            .ok_or(MrError::UnknownStag(stag.0))?;
+        if entry.key != stag.key() {
+            return Err(MrError::UnknownStag(stag.0));
+        }
+        Ok(entry)
+    }
+
+    /// A snapshot of a registration.
+    pub fn info(&self, stag: Stag) -> Option<MrInfo> {
+        let e = self.entry(stag).ok()?;
+        Some(MrInfo {
+            stag,
+            pd: e.pd,
+            iova: e.iova,
+            len: e.memory.len,
+            access: e.access,
+            valid: e.valid,
+        })
+    }
+
+    /// Validates an access of `len` bytes at tagged offset `to` through `stag` from a QP in
+    /// `pd` that needs `required` rights.
+    ///
+    /// Checks, in this order: the STag names a registration (index, then key), the
+    /// registration is valid (not invalidated), the PD matches, the access rights suffice,
+    /// `to + len` does not wrap, and `[to, to + len)` lies inside `[iova, iova + length)`.
+    /// A zero-length access at the end of the region is inside it.
+    pub fn validate(
+        &self,
+        stag: Stag,
+        pd: PdId,
+        required: Access,
+        to: u64,
+        len: u64,
+    ) -> Result<Validated, AccessError> {
+        let e = self.entry(stag)?;
+        if !e.valid {
+            return Err(AccessError::Invalidated);
+        }
+        if e.pd != pd {
+            return Err(AccessError::PdMismatch);
+        }
+        if !e.access.contains(required) {
+            return Err(AccessError::AccessRights);
+        }
+        let end = to.checked_add(len).ok_or(AccessError::ToWrap)?;
+        let reg_end = e.iova.saturating_add(e.memory.len as u64);
+        if to < e.iova || end > reg_end {
+            return Err(AccessError::BaseOrBounds);
+        }
+        let off = usize::try_from(to - e.iova).map_err(|_| AccessError::BaseOrBounds)?;
+        Ok(Validated {
+            memory: Arc::clone(&e.memory),
+            region_offset: e.memory.base + off,
+        })
+    }
+
+    /// Invalidates a registration from the local side (a Local Invalidate work request or an
+    /// application call). Later tagged accesses fail with [`AccessError::Invalidated`].
+    pub fn invalidate_local(&mut self, stag: Stag, pd: PdId) -> Result<(), MrError> {
+        let e = self.entry_mut(stag)?;
+        if e.pd != pd {
+            return Err(MrError::PdMismatch(stag.0));
+        }
+        e.valid = false;
+        Ok(())
+    }
+
+    /// Invalidates a registration on behalf of a peer's Send with Invalidate. Allowed only
+    /// when the registration has [`Access::REMOTE_INVALIDATE`] and is in the QP's PD.
+    pub fn invalidate_remote(&mut self, stag: Stag, pd: PdId) -> Result<(), MrError> {
+        let e = self.entry_mut(stag)?;
+        if e.pd != pd {
+            return Err(MrError::PdMismatch(stag.0));
+        }
+        if !e.access.contains(Access::REMOTE_INVALIDATE) {
+            return Err(MrError::RemoteInvalidateNotAllowed(stag.0));
+        }
+        e.valid = false;
+        Ok(())
+    }
+
+    /// Makes an invalidated registration valid again under a fresh key (as a fast
+    /// registration does); returns the new STag. The old STag no longer validates.
+    pub fn rekey(&mut self, stag: Stag) -> Result<Stag, MrError> {
+        let idx = stag.index();
+        let old_key = self.entry_mut(stag)?.key;
+        let key = random_key(Some(old_key))?;
+        let pos = (idx as usize)
+            .checked_sub(1)
+            .ok_or(MrError::UnknownStag(stag.0))?;
+        let slot = self
+            .slots
+            .get_mut(pos)
+            .ok_or(MrError::UnknownStag(stag.0))?;
+        slot.last_key = Some(key);
+        let e = slot.entry.as_mut().ok_or(MrError::UnknownStag(stag.0))?;
+        e.key = key;
+        e.valid = true;
+        Ok(Stag::from_parts(idx, key))
+    }
+
+    /// Removes a registration. Refused with [`MrError::InUse`] while in-flight operations
+    /// hold it (their references keep the memory alive and the index is not reused).
+    pub fn deregister(&mut self, stag: Stag) -> Result<(), MrError> {
+        let users = Arc::strong_count(&self.entry_mut(stag)?.memory) - 1;
+        if users > 0 {
+            return Err(MrError::InUse {
+                stag: stag.0,
+                users,
+            });
+        }
+        let pos = (stag.index() as usize)
+            .checked_sub(1)
+            .ok_or(MrError::UnknownStag(stag.0))?;
+        if let Some(slot) = self.slots.get_mut(pos) {
+            slot.entry = None;
+        }
+        self.live -= 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table_with(len: usize, access: Access) -> (MrTable, Stag, Arc<Region>) {
+        let mut t = MrTable::new(4);
+        let r = Arc::new(Region::new_zeroed(len).unwrap());
+        let s = t
+            .register(PdId(1), r.clone(), 0, len, Some(0x1000), access)
+            .unwrap();
+        (t, s, r)
+    }
+
+    #[test]
+    fn stag_is_never_zero_or_one() {
+        let mut t = MrTable::new(300);
+        let r = Arc::new(Region::new_zeroed(8).unwrap());
+        for _ in 0..300 {
+            let s = t
+                .register(PdId(1), r.clone(), 0, 8, None, Access::NONE)
+                .unwrap();
+            assert!(s.index() >= 1 && s.0 > 1);
+        }
+        assert_eq!(
+            t.register(PdId(1), r, 0, 8, None, Access::NONE),
+            Err(MrError::TableFull)
+        );
+    }
+
+    #[test]
+    fn validate_names_each_failed_check() {
+        let (mut t, s, _r) = table_with(100, Access::REMOTE_WRITE);
+        let ok = t
+            .validate(s, PdId(1), Access::REMOTE_WRITE, 0x1000, 100)
+            .unwrap();
+        assert_eq!(ok.region_offset, 0);
+        let mid = t
+            .validate(s, PdId(1), Access::REMOTE_WRITE, 0x1010, 4)
+            .unwrap();
+        assert_eq!(mid.region_offset, 0x10);
+        let v = |t: &MrTable, stag, pd, acc, to, len| t.validate(stag, pd, acc, to, len).err();
+        assert_eq!(
+            v(
+                &t,
+                Stag::from_parts(3, s.key()),
+                PdId(1),
+                Access::NONE,
+                0x1000,
+                1
+            ),
+            Some(AccessError::InvalidStag)
+        );
+        assert_eq!(
+            v(
+                &t,
+                Stag::from_parts(s.index(), s.key() ^ 1),
+                PdId(1),
+                Access::NONE,
+                0x1000,
+                1
+            ),
+            Some(AccessError::KeyMismatch)
+        );
+        assert_eq!(
+            v(&t, s, PdId(2), Access::NONE, 0x1000, 1),
+            Some(AccessError::PdMismatch)
+        );
+        assert_eq!(
+            v(&t, s, PdId(1), Access::REMOTE_READ, 0x1000, 1),
+            Some(AccessError::AccessRights)
+        );
+        assert_eq!(
+            v(&t, s, PdId(1), Access::REMOTE_WRITE, 0xfff, 1),
+            Some(AccessError::BaseOrBounds)
+        );
+        assert_eq!(
+            v(&t, s, PdId(1), Access::REMOTE_WRITE, 0x1000, 101),
+            Some(AccessError::BaseOrBounds)
+        );
+        assert_eq!(
+            v(&t, s, PdId(1), Access::REMOTE_WRITE, u64::MAX, 2),
+            Some(AccessError::ToWrap)
+        );
+        assert!(t
+            .validate(s, PdId(1), Access::REMOTE_WRITE, 0x1064, 0)
+            .is_ok());
+        t.invalidate_local(s, PdId(1)).unwrap();
+        assert_eq!(
+            v(&t, s, PdId(1), Access::REMOTE_WRITE, 0x1000, 1),
+            Some(AccessError::Invalidated)
+        );
+        let s2 = t.rekey(s).unwrap();
+        assert_ne!(s2, s);
+        assert!(t
+            .validate(s2, PdId(1), Access::REMOTE_WRITE, 0x1000, 1)
+            .is_ok());
+        assert_eq!(
+            v(&t, s, PdId(1), Access::REMOTE_WRITE, 0x1000, 1),
+            Some(AccessError::KeyMismatch)
+        );
+    }
+
+    #[test]
+    fn reuse_of_an_index_changes_the_key() {
+        let mut t = MrTable::new(1);
+        let r = Arc::new(Region::new_zeroed(8).unwrap());
+        let mut prev = t
+            .register(PdId(1), r.clone(), 0, 8, None, Access::NONE)
+            .unwrap();
+        for _ in 0..50 {
+            t.deregister(prev).unwrap();
+            let s = t
+                .register(PdId(1), r.clone(), 0, 8, None, Access::NONE)
+                .unwrap();
+            assert_eq!(s.index(), prev.index());
+            assert_ne!(s.key(), prev.key());
+            assert!(t.info(prev).is_none());
+            prev = s;
+        }
+    }
+
+    #[test]
+    fn remote_invalidate_requires_the_right() {
+        let (mut t, s, _r) = table_with(8, Access::REMOTE_WRITE);
+        assert_eq!(
+            t.invalidate_remote(s, PdId(1)),
+            Err(MrError::RemoteInvalidateNotAllowed(s.0))
+        );
+        assert_eq!(
+            t.invalidate_remote(s, PdId(9)),
+            Err(MrError::PdMismatch(s.0))
+        );
+        let (mut t, s, _r) = table_with(8, Access::REMOTE_WRITE | Access::REMOTE_INVALIDATE);
+        t.invalidate_remote(s, PdId(1)).unwrap();
+        assert!(!t.info(s).unwrap().valid);
+    }
+
+    #[test]
+    fn deregister_is_refused_while_in_use() {
+        let (mut t, s, _r) = table_with(8, Access::LOCAL_WRITE);
+        let held = t
+            .validate(s, PdId(1), Access::LOCAL_WRITE, 0x1000, 8)
+            .unwrap();
+        assert_eq!(
+            t.deregister(s),
+            Err(MrError::InUse {
+                stag: s.0,
+                users: 1
+            })
+        );
+        drop(held);
+        t.deregister(s).unwrap();
+        assert!(t.is_empty());
+        assert_eq!(t.deregister(s), Err(MrError::UnknownStag(s.0)));
+    }
+
+    #[test]
+    fn registration_range_must_fit_the_region() {
+        let mut t = MrTable::new(2);
+        let r = Arc::new(Region::new_zeroed(8).unwrap());
+        assert!(matches!(
+            t.register(PdId(1), r.clone(), 4, 5, None, Access::NONE),
+            Err(MrError::RangeOutsideRegion { .. })
+        ));
+        assert!(matches!(
+            t.register(PdId(1), r, 0, 8, Some(u64::MAX - 3), Access::NONE),
+            Err(MrError::IovaWrap { .. })
+        ));
+    }
+}

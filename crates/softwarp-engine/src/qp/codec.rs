@@ -1,0 +1,342 @@
+//! The engine's only contact with wire formats: thin adapters over `softwarp-wire`.
+//!
+//! Every byte layout lives in the wire crate (MPA framing in `mpa::fpdu`, CRC byte order in
+//! `crc`, DDP/RDMAP headers and Terminate in `rdmap::Segment`/`TerminateRepr`); this module
+//! only translates between those codecs and the engine's needs (which header bytes to read
+//! before the payload, which [`Fault`] a codec error is). No I/O here.
+
+use softwarp_wire::ddp;
+use softwarp_wire::mpa::fpdu;
+use softwarp_wire::rdmap::{
+    ControlRepr, Message, Opcode, Placement, ReadRequestRepr, Segment, TerminateLayout,
+    TerminateRepr, ATOMIC_REQUEST_HEADER_LEN, ATOMIC_RESPONSE_HEADER_LEN, IMMEDIATE_DATA_LEN,
+    READ_REQUEST_HEADER_LEN,
+};
+use softwarp_wire::{crc, WireError};
+
+use crate::fault::Fault;
+
+/// DDP tagged header length.
+pub(crate) const TAGGED_HEADER_LEN: usize = ddp::TAGGED_HEADER_LEN;
+/// DDP untagged header length.
+pub(crate) const UNTAGGED_HEADER_LEN: usize = ddp::UNTAGGED_HEADER_LEN;
+/// The largest ULPDU header the engine emits (a Terminate with a DDP and a Read Request
+/// header copied back is 18 + 4 + 2 + 18 + 28 = 70 bytes).
+pub(crate) const MAX_TX_HEADER: usize = 96;
+/// The STag of siw's zero-length RTR (hardware rejects STag 0, see the mr module).
+pub(crate) const RTR_STAG: u32 = 1;
+
+/// Pad bytes after a ULPDU of `len` bytes.
+pub(crate) fn pad_len(len: usize) -> usize {
+    fpdu::pad_len(len)
+}
+
+/// Largest ULPDU of an FPDU of at most `max_fpdu` bytes (MPA's MULPDU for that EMSS).
+pub(crate) fn mulpdu(max_fpdu: usize) -> usize {
+    fpdu::mulpdu(max_fpdu, false)
+}
+
+/// Writes the ULPDU_Length field at the start of `buf`.
+pub(crate) fn emit_mpa_len(buf: &mut [u8], ulpdu_len: usize) {
+    let _ = fpdu::emit_header(ulpdu_len, buf);
+}
+
+/// Reads the ULPDU_Length field at the start of `buf`.
+pub(crate) fn mpa_len(buf: &[u8]) -> usize {
+    // peek gives the whole FPDU length; subtract the framing around the ULPDU.
+    match buf.get(..fpdu::HEADER_LEN) {
+        Some(b) => usize::from(u16::from_be_bytes([
+            b.first().copied().unwrap_or(0),
+            b.get(1).copied().unwrap_or(0),
+        ])),
+        None => 0,
+    }
+}
+
+/// The CRC field bytes for a standard CRC32c value.
+pub(crate) fn crc_to_wire(value: u32) -> [u8; 4] {
+    crc::to_wire(value)
+}
+
+/// The standard CRC32c value a CRC field stands for.
+pub(crate) fn crc_from_wire(bytes: [u8; 4]) -> u32 {
+    crc::from_wire(bytes)
+}
+
+/// How many ULPDU bytes make up the header of a segment, known from its two control bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HeaderLen {
+    /// This many bytes (DDP header plus the opcode's own header).
+    Fixed(usize),
+    /// The whole ULPDU (a Terminate, whose length depends on its Hdrct bits).
+    WholeUlpdu,
+}
+
+/// The header length implied by the DDP control byte and the RDMAP control byte. An unknown
+/// opcode or version gives just the DDP header (the parse then reports the error).
+pub(crate) fn rx_header_len(ddp_control: u8, rdmap_control: u8) -> HeaderLen {
+    let ddp_len = ddp::header_len(ddp_control);
+    let body = match ControlRepr::from_byte(rdmap_control).map(|c| c.opcode) {
+        Ok(Opcode::RdmaReadRequest) => READ_REQUEST_HEADER_LEN,
+        Ok(Opcode::Terminate) => return HeaderLen::WholeUlpdu,
+        Ok(Opcode::ImmediateData | Opcode::ImmediateDataWithSolicitedEvent) => IMMEDIATE_DATA_LEN,
+        Ok(Opcode::AtomicRequest) => ATOMIC_REQUEST_HEADER_LEN,
+        Ok(Opcode::AtomicResponse) => ATOMIC_RESPONSE_HEADER_LEN,
+        _ => 0,
+    };
+    if ddp_control & ddp::FLAG_TAGGED != 0 {
+        HeaderLen::Fixed(ddp_len)
+    } else {
+        HeaderLen::Fixed(ddp_len + body)
+    }
+}
+
+/// A received segment header, as the engine acts on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RxHeader {
+    Write {
+        last: bool,
+        stag: u32,
+        to: u64,
+    },
+    ReadResponse {
+        last: bool,
+        stag: u32,
+        to: u64,
+    },
+    Send {
+        last: bool,
+        solicited: bool,
+        invalidate: Option<u32>,
+        msn: u32,
+        mo: u32,
+    },
+    ReadRequest {
+        last: bool,
+        msn: u32,
+        mo: u32,
+        sink_stag: u32,
+        sink_to: u64,
+        size: u32,
+        src_stag: u32,
+        src_to: u64,
+    },
+    Terminate,
+}
+
+/// The Fault a wire codec error on a received header stands for.
+fn fault_of(e: WireError, tagged: bool) -> Fault {
+    match e {
+        WireError::DdpBadVersion(_) => Fault::DdpVersion { tagged },
+        WireError::DdpInvalidQueueNumber(_) => Fault::InvalidQn,
+        WireError::RdmapBadVersion(_) => Fault::RdmapVersion,
+        WireError::RdmapUnknownOpcode(_) | WireError::RdmapOpcodeMismatch { .. } => {
+            Fault::UnexpectedOpcode
+        }
+        WireError::Truncated { .. } => Fault::BadUlpduLength,
+        _ => Fault::RdmapCatastrophic,
+    }
+}
+
+/// Parses the header bytes of a received segment (`hdr` is the start of the ULPDU: the
+/// header, or the whole ULPDU for control messages). Opcodes this engine does not implement
+/// (RFC 7306 immediate data and atomics) are unexpected opcodes.
+pub(crate) fn parse_rx_header(hdr: &[u8]) -> Result<RxHeader, Fault> {
+    let tagged = hdr.first().is_some_and(|c| c & ddp::FLAG_TAGGED != 0);
+    let seg = Segment::parse(hdr).map_err(|e| fault_of(e, tagged))?;
+    Ok(match (seg.placement, seg.message) {
+        (
+            Placement::Tagged {
+                stag,
+                tagged_offset,
+            },
+            Message::RdmaWrite,
+        ) => RxHeader::Write {
+            last: seg.last,
+            stag,
+            to: tagged_offset,
+        },
+        (
+            Placement::Tagged {
+                stag,
+                tagged_offset,
+            },
+            Message::RdmaReadResponse,
+        ) => RxHeader::ReadResponse {
+            last: seg.last,
+            stag,
+            to: tagged_offset,
+        },
+        (Placement::Untagged { msn, mo }, Message::RdmaReadRequest(r)) => RxHeader::ReadRequest {
+            last: seg.last,
+            msn,
+            mo,
+            sink_stag: r.sink_stag,
+            sink_to: r.sink_tagged_offset,
+            size: r.read_size,
+            src_stag: r.source_stag,
+            src_to: r.source_tagged_offset,
+        },
+        (Placement::Untagged { msn, mo }, m) => match m.opcode() {
+            Opcode::Send
+            | Opcode::SendWithInvalidate
+            | Opcode::SendWithSolicitedEvent
+            | Opcode::SendWithSolicitedEventAndInvalidate => RxHeader::Send {
+                last: seg.last,
+                solicited: m.opcode().solicits_event(),
+                invalidate: m.invalidate_stag(),
+                msn,
+                mo,
+            },
+            Opcode::Terminate => RxHeader::Terminate,
+            _ => return Err(Fault::UnexpectedOpcode),
+        },
+        _ => return Err(Fault::UnexpectedOpcode),
+    })
+}
+
+/// The DDP header (any version) and, for a Read Request, its RDMAP header, of the segment
+/// whose header bytes are `hdr`, for copying into a Terminate.
+pub(crate) fn offending_headers(hdr: &[u8]) -> (Option<ddp::HeaderRepr>, Option<ReadRequestRepr>) {
+    let Ok((ddp_header, n)) = ddp::HeaderRepr::parse_any_version(hdr) else {
+        return (None, None);
+    };
+    let rreq = match ControlRepr::from_byte(ddp_header.ulp_control()) {
+        Ok(c) if c.opcode == Opcode::RdmaReadRequest && !ddp_header.is_tagged() => hdr
+            .get(n..)
+            .and_then(|b| ReadRequestRepr::parse(b).ok())
+            .map(|r| r.0),
+        _ => None,
+    };
+    (Some(ddp_header), rreq)
+}
+
+fn emit(seg: &Segment<'_>, buf: &mut [u8]) -> usize {
+    seg.emit_header(buf).unwrap_or(0)
+}
+
+/// Writes a Send-type header; returns its length.
+pub(crate) fn emit_send(
+    buf: &mut [u8],
+    last: bool,
+    solicited: bool,
+    invalidate: Option<u32>,
+    msn: u32,
+    mo: u32,
+) -> usize {
+    let message = match (solicited, invalidate) {
+        (false, None) => Message::Send,
+        (true, None) => Message::SendWithSolicitedEvent,
+        (false, Some(invalidate_stag)) => Message::SendWithInvalidate { invalidate_stag },
+        (true, Some(invalidate_stag)) => {
+            Message::SendWithSolicitedEventAndInvalidate { invalidate_stag }
+        }
+    };
+    emit(
+        &Segment {
+            last,
+            placement: Placement::Untagged { msn, mo },
+            message,
+            payload: &[],
+        },
+        buf,
+    )
+}
+
+/// Writes an RDMA Write header; returns its length.
+pub(crate) fn emit_write(buf: &mut [u8], last: bool, stag: u32, to: u64) -> usize {
+    emit(
+        &Segment {
+            last,
+            placement: Placement::Tagged {
+                stag,
+                tagged_offset: to,
+            },
+            message: Message::RdmaWrite,
+            payload: &[],
+        },
+        buf,
+    )
+}
+
+/// Writes an RDMA Read Response header; returns its length.
+pub(crate) fn emit_read_response(buf: &mut [u8], last: bool, stag: u32, to: u64) -> usize {
+    emit(
+        &Segment {
+            last,
+            placement: Placement::Tagged {
+                stag,
+                tagged_offset: to,
+            },
+            message: Message::RdmaReadResponse,
+            payload: &[],
+        },
+        buf,
+    )
+}
+
+/// Writes an RDMA Read Request (DDP header and Read Request header); returns its length.
+pub(crate) fn emit_read_request(
+    buf: &mut [u8],
+    msn: u32,
+    sink_stag: u32,
+    sink_to: u64,
+    size: u32,
+    src_stag: u32,
+    src_to: u64,
+) -> usize {
+    emit(
+        &Segment {
+            last: true,
+            placement: Placement::Untagged { msn, mo: 0 },
+            message: Message::RdmaReadRequest(ReadRequestRepr {
+                sink_stag,
+                sink_tagged_offset: sink_to,
+                read_size: size,
+                source_stag: src_stag,
+                source_tagged_offset: src_to,
+            }),
+            payload: &[],
+        },
+        buf,
+    )
+}
+
+/// Writes a Terminate message (DDP header and Terminate header); returns its length, or
+/// `None` if it does not fit.
+pub(crate) fn emit_terminate(buf: &mut [u8], msn: u32, repr: TerminateRepr) -> Option<usize> {
+    let seg = Segment {
+        last: true,
+        placement: Placement::Untagged { msn, mo: 0 },
+        message: Message::Terminate(repr),
+        payload: &[],
+    };
+    seg.emit_header(buf).ok()
+}
+
+/// The error fields of a received Terminate ULPDU: (layer, etype, code). A Terminate too
+/// malformed to read reports RDMAP, remote operation error, unspecified.
+pub(crate) fn parse_terminate_cause(ulpdu: &[u8], layout: TerminateLayout) -> (u8, u8, u8) {
+    // RFC 5040 layout: auto-detect (a siw peer is recognised by its flag bits); a QP told
+    // its peer is siw reads siw's layout.
+    let parsed = match layout {
+        TerminateLayout::Rfc5040 => Segment::parse(ulpdu),
+        TerminateLayout::LinuxSiw => Segment::parse_with_terminate_layout(ulpdu, layout),
+    };
+    match parsed {
+        Ok(Segment {
+            message: Message::Terminate(t),
+            ..
+        }) => t.error.fields(),
+        _ => {
+            // The control word alone, if the rest is malformed.
+            match ulpdu
+                .get(UNTAGGED_HEADER_LEN..)
+                .and_then(|b| TerminateRepr::parse(b).ok())
+            {
+                Some((t, _)) => t.error.fields(),
+                None => (0, 2, 0xff),
+            }
+        }
+    }
+}

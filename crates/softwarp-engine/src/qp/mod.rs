@@ -1,0 +1,826 @@
+//! The queue pair: RDMAP/DDP/MPA protocol processing of one reliable connection, sans IO.
+//!
+//! A [`Qp`] owns its send queue, receive queue (or draws from an [`Srq`]), its outbound
+//! (ORQ) and inbound (IRQ) RDMA Read queues, and the receive and transmit state machines of
+//! one iWARP stream. It never touches a socket: the runtime asks it where received bytes go
+//! ([`Qp::rx_target`], [`Qp::rx_commit`]) and what to send next ([`Qp::poll_tx`],
+//! [`Qp::tx_commit`]), and moves completions and events to their CQs and to the application
+//! ([`Qp::poll_completion`], [`Qp::poll_event`]).
+//!
+//! Methods are grouped quinn-style: getters; `handle_*` inputs; application commands
+//! (`post_*`, `modify`, `establish`, `destroy`); `poll_*` outputs. No I/O, no clocks, and no
+//! allocation after [`Qp::new`].
+
+mod codec;
+mod rx;
+mod terminate;
+mod tx;
+
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::event::AsyncEvent;
+use crate::fault::{Cause, EventKind, Fault};
+use crate::mr::{Access, MrMemory, MrTable, PdId, Validated};
+use crate::ring::Ring;
+use crate::srq::Srq;
+use crate::stats::QpStats;
+use crate::wr::{
+    CqTarget, Payload, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion,
+    MAX_INLINE, MAX_SGE,
+};
+
+pub use rx::RxTarget;
+pub use terminate::TerminateLayout;
+pub use tx::{TxFpdu, TxPiece};
+
+/// RDMAP stream / QP states (RFC 5040 section 6 and the verbs QP states).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Created, or reset; receives may be posted, nothing is on the wire.
+    Idle,
+    /// Ready to send: the stream is established (after MPA negotiation).
+    Rts,
+    /// Graceful close requested: no new sends, outstanding work drains.
+    Closing,
+    /// An error was detected; the Terminate message is being sent.
+    Terminate,
+    /// The stream is dead; every outstanding work request has been flushed.
+    Error,
+}
+
+/// Which end sends the RFC 6581 Ready-To-Receive message, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RtrKind {
+    /// A zero-length RDMA Write (siw uses STag 1, TO 0).
+    Write,
+    /// A zero-length RDMA Read Request (answered by a zero-length Read Response).
+    Read,
+    /// A zero-length Send (swallowed by the responder: it consumes no receive WR).
+    Send,
+}
+
+/// The RFC 6581 peer-to-peer RTR in force on a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rtr {
+    /// The message used.
+    pub kind: RtrKind,
+    /// True on the MPA initiator (which sends the RTR first); false on the responder,
+    /// which sends nothing before the RTR arrived.
+    pub initiator: bool,
+}
+
+/// Stream parameters fixed by MPA negotiation, given to [`Qp::establish`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StreamConfig {
+    /// CRC32c in use (either side asked for it, RFC 5044 section 7.1).
+    pub crc: bool,
+    /// Markers negotiated. Not supported: [`Qp::establish`] refuses it (siw never uses them).
+    pub markers: bool,
+    /// Largest FPDU this side sends, all framing included (MPA length, pad, CRC); rounded down
+    /// to a multiple of 4. The MSS is the usual choice (siw: 1448 at MTU 1500).
+    pub max_fpdu_len: usize,
+    /// Largest ULPDU accepted from the peer (at most 65535, the 16-bit ULPDU_Length).
+    pub max_rx_ulpdu: usize,
+    /// Inbound RDMA Read Requests the peer may have outstanding (our IRD).
+    pub ird: usize,
+    /// Outbound RDMA Read Requests we may have outstanding (our ORD).
+    pub ord: usize,
+    /// Terminate layout to send: RFC 5040 or siw's.
+    pub terminate_layout: TerminateLayout,
+    /// Peer-to-peer RTR, when negotiated (RFC 6581).
+    pub rtr: Option<Rtr>,
+}
+
+impl StreamConfig {
+    /// Defaults for a TCP MSS: no CRC, no markers, FPDUs of `mss` bytes, IRD = ORD = 16,
+    /// RFC 5040 Terminate layout, no RTR.
+    pub fn for_mss(mss: usize) -> Self {
+        Self {
+            crc: false,
+            markers: false,
+            max_fpdu_len: mss,
+            max_rx_ulpdu: 65535,
+            ird: 16,
+            ord: 16,
+            terminate_layout: TerminateLayout::Rfc5040,
+            rtr: None,
+        }
+    }
+}
+
+/// Creation parameters of a QP (fixed for its lifetime; everything is allocated from them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QpConfig {
+    /// The QP number reported in completions and events.
+    pub qp_num: u32,
+    /// Protection domain of the QP.
+    pub pd: PdId,
+    /// Send queue depth (outstanding send WRs, including those awaiting a Read Response or
+    /// whose completion was not polled yet).
+    pub sq_depth: usize,
+    /// Receive queue depth. With an SRQ: how many SRQ WRs this QP may hold (in progress or
+    /// completed but not polled).
+    pub rq_depth: usize,
+    /// Receive from an SRQ instead of an own RQ.
+    pub use_srq: bool,
+    /// Upper bound for the negotiated IRD (allocated at creation).
+    pub max_ird: usize,
+    /// Upper bound for the negotiated ORD (allocated at creation).
+    pub max_ord: usize,
+}
+
+/// Local misuse of the QP API (the stream is not affected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum QpError {
+    /// The operation is not allowed in the current state.
+    #[error("operation {op} not allowed in state {state:?}")]
+    InvalidState {
+        /// The operation.
+        op: &'static str,
+        /// The state.
+        state: QpState,
+    },
+    /// A state transition the RFC 5040 / verbs state machine does not allow.
+    #[error("transition from {from:?} to {to:?} is not allowed")]
+    InvalidTransition {
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+    },
+    /// The work queue is full.
+    #[error("{0} queue is full")]
+    QueueFull(&'static str),
+    /// The RQ is not used by this QP (it receives from an SRQ) or vice versa.
+    #[error("this QP {0}")]
+    WrongReceiveQueue(&'static str),
+    /// An RDMA Read's local sink must be exactly one SGE (or none for zero length).
+    #[error("an RDMA Read needs at most one local SGE")]
+    ReadSinkSgl,
+    /// Inline data is longer than [`MAX_INLINE`] or used with an RDMA Read.
+    #[error("inline data of {0} bytes not allowed (max {MAX_INLINE}, not for RDMA Read)")]
+    Inline(usize),
+    /// A message longer than 2^32 - 1 bytes.
+    #[error("message length {0} exceeds the 32-bit limit")]
+    MessageTooLong(u64),
+    /// The stream configuration is not usable.
+    #[error("invalid stream configuration: {0}")]
+    InvalidStreamConfig(&'static str),
+    /// MPA markers were negotiated; this engine does not implement them.
+    #[error("MPA markers are not supported")]
+    MarkersUnsupported,
+    /// The QP was destroyed.
+    #[error("the QP was destroyed")]
+    Destroyed,
+    /// `tx_commit`/`rx_commit` with more bytes than offered.
+    #[error("committed {committed} bytes but only {offered} were offered")]
+    CommitTooLong {
+        /// Bytes committed.
+        committed: usize,
+        /// Bytes offered by the last poll_tx/rx_target.
+        offered: usize,
+    },
+}
+
+/// Status of a send queue entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SqStatus {
+    /// Waiting to be transmitted.
+    Queued,
+    /// Partly transmitted: `sent` payload bytes handed to the runtime.
+    Sending { sent: u64 },
+    /// RDMA Read Request sent; waiting for the Read Response.
+    AwaitingResponse,
+    /// Finished with this status and byte count (waiting to be polled).
+    Done(WcStatus, u32),
+}
+
+/// Where a send WR's payload lives.
+#[derive(Debug)]
+enum SqData {
+    /// Registered memory, validated at post time (the references keep the memory alive).
+    Sgl {
+        sgl: SgList,
+        mem: [Option<Validated>; MAX_SGE],
+    },
+    /// Inline bytes copied at post time.
+    Inline { buf: [u8; MAX_INLINE], len: usize },
+}
+
+#[derive(Debug)]
+struct SqEntry {
+    wr_id: u64,
+    op: SendOp,
+    signaled: bool,
+    fence: bool,
+    /// An SGE failed validation at post time.
+    local_error: bool,
+    data: SqData,
+    len: u64,
+    status: SqStatus,
+}
+
+impl SqEntry {
+    fn wc_opcode(&self) -> WcOpcode {
+        match self.op {
+            SendOp::Send { .. } => WcOpcode::Send,
+            SendOp::Write { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+        }
+    }
+    fn is_done(&self) -> bool {
+        matches!(self.status, SqStatus::Done(..))
+    }
+}
+
+/// An RDMA Read we sent and whose response we await.
+#[derive(Debug)]
+struct OrqEntry {
+    /// The SQ entry to complete (`None` for an RTR zero-length Read).
+    seq: Option<u64>,
+    sink_stag: u32,
+    sink_to: u64,
+    len: u64,
+    received: u64,
+}
+
+/// An RDMA Read Request we accepted and answer with Read Responses.
+#[derive(Debug)]
+struct IrqEntry {
+    sink_stag: u32,
+    sink_to: u64,
+    len: u64,
+    /// The validated source (`None` for zero length).
+    src: Option<Validated>,
+    sent: u64,
+}
+
+/// A receive WR in use by the message being received.
+#[derive(Debug)]
+struct RxMsg {
+    wr: RecvWr,
+    mem: [Option<Validated>; MAX_SGE],
+    capacity: u64,
+    received: u64,
+    msn: u32,
+}
+
+const EVENT_RING: usize = 16;
+
+/// One queue pair.
+#[derive(Debug)]
+pub struct Qp {
+    cfg: QpConfig,
+    state: QpState,
+    stream: StreamConfig,
+    destroyed: bool,
+
+    sq: Ring<SqEntry>,
+    /// Sequence number of `sq.front()`.
+    sq_front_seq: u64,
+    /// Sequence number the next posted WR gets.
+    sq_next_seq: u64,
+    /// Sequence number of the next WR to start transmitting.
+    sq_tx_seq: u64,
+
+    rq: Ring<RecvWr>,
+    rx_done: Ring<WorkCompletion>,
+    rx_msg: Option<RxMsg>,
+
+    orq: Ring<OrqEntry>,
+    irq: Ring<IrqEntry>,
+
+    tx: tx::TxState,
+    rx: rx::RxState,
+
+    /// Next MSN per untagged queue (0 Send, 1 Read Request, 2 Terminate), transmit side.
+    tx_msn: [u32; 3],
+    /// Expected MSN per untagged queue, receive side.
+    rx_msn: [u32; 3],
+
+    terminate: terminate::TerminateState,
+    events: Ring<AsyncEvent>,
+    stats: QpStats,
+}
+
+fn no_validated() -> [Option<Validated>; MAX_SGE] {
+    std::array::from_fn(|_| None)
+}
+
+impl Qp {
+    /// Creates a QP in the Idle state, allocating all its queues.
+    pub fn new(cfg: QpConfig) -> Self {
+        Self {
+            cfg,
+            state: QpState::Idle,
+            stream: StreamConfig::for_mss(1448),
+            destroyed: false,
+            sq: Ring::new(cfg.sq_depth),
+            sq_front_seq: 0,
+            sq_next_seq: 0,
+            sq_tx_seq: 0,
+            rq: Ring::new(if cfg.use_srq { 0 } else { cfg.rq_depth }),
+            rx_done: Ring::new(cfg.rq_depth),
+            rx_msg: None,
+            orq: Ring::new(cfg.max_ord),
+            irq: Ring::new(cfg.max_ird),
+            tx: tx::TxState::new(),
+            rx: rx::RxState::new(),
+            tx_msn: [1; 3],
+            rx_msn: [1; 3],
+            terminate: terminate::TerminateState::default(),
+            events: Ring::new(EVENT_RING),
+            stats: QpStats::default(),
+        }
+    }
+
+    // ----- getters -----
+
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.cfg.qp_num
+    }
+    /// The protection domain.
+    pub fn pd(&self) -> PdId {
+        self.cfg.pd
+    }
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+    /// Creation parameters.
+    pub fn config(&self) -> &QpConfig {
+        &self.cfg
+    }
+    /// The stream configuration in force (meaningful after [`Qp::establish`]).
+    pub fn stream_config(&self) -> &StreamConfig {
+        &self.stream
+    }
+    /// Statistics counters.
+    pub fn stats(&self) -> &QpStats {
+        &self.stats
+    }
+    /// Send WRs outstanding (posted and not yet polled).
+    pub fn sq_len(&self) -> usize {
+        self.sq.len()
+    }
+    /// Receive WRs posted to the own RQ and not yet used.
+    pub fn rq_len(&self) -> usize {
+        self.rq.len()
+    }
+    /// RDMA Reads outstanding (ORQ occupancy).
+    pub fn outstanding_reads(&self) -> usize {
+        self.orq.len()
+    }
+    /// Inbound RDMA Read Requests accepted and not yet fully answered (IRQ occupancy).
+    pub fn pending_read_responses(&self) -> usize {
+        self.irq.len()
+    }
+    /// True when nothing is left to transmit and no operation awaits the peer: in Closing,
+    /// the runtime may close the connection.
+    pub fn is_drained(&self) -> bool {
+        self.tx.is_idle()
+            && self.orq.is_empty()
+            && self.irq.is_empty()
+            && !self.terminate.is_pending()
+            && self.sq.iter().all(SqEntry::is_done)
+    }
+    /// True once a Terminate was handed to the runtime (it should now close the connection).
+    pub fn terminate_sent(&self) -> bool {
+        self.terminate.sent
+    }
+
+    fn sq_entry(&self, seq: u64) -> Option<&SqEntry> {
+        let idx = usize::try_from(seq.checked_sub(self.sq_front_seq)?).ok()?;
+        self.sq.get(idx)
+    }
+
+    fn sq_entry_mut(&mut self, seq: u64) -> Option<&mut SqEntry> {
+        let idx = usize::try_from(seq.checked_sub(self.sq_front_seq)?).ok()?;
+        self.sq.get_mut(idx)
+    }
+
+    // ----- application commands -----
+
+    /// Moves an Idle QP to RTS with the negotiated stream parameters.
+    pub fn establish(&mut self, stream: StreamConfig) -> Result<(), QpError> {
+        self.check_alive()?;
+        if self.state != QpState::Idle {
+            return Err(QpError::InvalidTransition {
+                from: self.state,
+                to: QpState::Rts,
+            });
+        }
+        if stream.markers {
+            return Err(QpError::MarkersUnsupported);
+        }
+        if stream.max_fpdu_len < tx::MIN_FPDU_LEN {
+            return Err(QpError::InvalidStreamConfig("max_fpdu_len below 128 bytes"));
+        }
+        if stream.max_rx_ulpdu > 65535 || stream.max_rx_ulpdu < rx::MIN_RX_ULPDU {
+            return Err(QpError::InvalidStreamConfig(
+                "max_rx_ulpdu must be between 128 and 65535",
+            ));
+        }
+        if stream.ird > self.cfg.max_ird || stream.ord > self.cfg.max_ord {
+            return Err(QpError::InvalidStreamConfig(
+                "negotiated IRD/ORD exceed the QP's maximum",
+            ));
+        }
+        self.stream = stream;
+        self.tx.on_establish(&stream);
+        self.rx.on_establish(&stream);
+        self.state = QpState::Rts;
+        Ok(())
+    }
+
+    /// Requests a state change.
+    ///
+    /// Allowed: RTS to Closing (graceful: no new sends; outstanding work drains), any state to
+    /// Error (flushes every outstanding WR with `WrFlushErr`; from RTS a Terminate reporting
+    /// a local catastrophic error is sent to the peer), Error to Idle (reset: queues are
+    /// emptied without completions, as verbs' RESET). RTS is entered with
+    /// [`Qp::establish`]; Terminate only by the engine.
+    pub fn modify(&mut self, to: QpState) -> Result<(), QpError> {
+        let from = self.state;
+        match (from, to) {
+            (QpState::Rts, QpState::Closing) => {
+                self.set_state(QpState::Closing);
+                Ok(())
+            }
+            (_, QpState::Error) => {
+                if matches!(from, QpState::Rts | QpState::Closing) {
+                    self.terminate.queue_local(&mut self.tx);
+                }
+                self.enter_error();
+                Ok(())
+            }
+            (QpState::Error, QpState::Idle) => {
+                self.check_alive()?;
+                self.reset();
+                Ok(())
+            }
+            (a, b) if a == b => Ok(()),
+            _ => Err(QpError::InvalidTransition { from, to }),
+        }
+    }
+
+    /// Destroys the QP: moves it to Error, flushing every outstanding WR. The runtime then
+    /// drains [`Qp::poll_completion`] (the flushed completions) before dropping it. Posts are
+    /// refused afterwards.
+    pub fn destroy(&mut self) {
+        if self.state != QpState::Error {
+            self.enter_error();
+        }
+        self.destroyed = true;
+    }
+
+    fn check_alive(&self) -> Result<(), QpError> {
+        if self.destroyed {
+            Err(QpError::Destroyed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Posts a send WR (Send variants, RDMA Write, RDMA Read).
+    ///
+    /// Local SGEs are validated here (lkey, PD, bounds, and local write for a Read sink); the
+    /// references taken keep the memory registered until the WR completes. A WR whose SGE
+    /// fails validation is accepted and completes with `LocProtErr` when it reaches the head
+    /// of the queue, which moves the QP to Error (verbs semantics for RC QPs).
+    ///
+    /// In the Error state the WR is accepted and completes at once with `WrFlushErr`.
+    pub fn post_send(&mut self, wr: &SendWr<'_>, mrs: &MrTable) -> Result<(), QpError> {
+        self.check_alive()?;
+        let in_error = matches!(self.state, QpState::Error | QpState::Terminate);
+        if !(in_error || self.state == QpState::Rts) {
+            return Err(QpError::InvalidState {
+                op: "post_send",
+                state: self.state,
+            });
+        }
+        if self.sq.is_full() {
+            return Err(QpError::QueueFull("send"));
+        }
+        let is_read = matches!(wr.op, SendOp::Read { .. });
+        let mut status = SqStatus::Queued;
+        let (data, len) = match wr.payload {
+            Payload::Inline(bytes) => {
+                if bytes.len() > MAX_INLINE || is_read {
+                    return Err(QpError::Inline(bytes.len()));
+                }
+                let mut buf = [0u8; MAX_INLINE];
+                if let Some(dst) = buf.get_mut(..bytes.len()) {
+                    dst.copy_from_slice(bytes);
+                }
+                (
+                    SqData::Inline {
+                        buf,
+                        len: bytes.len(),
+                    },
+                    bytes.len() as u64,
+                )
+            }
+            Payload::Sgl(sgl) => {
+                if is_read && sgl.len() > 1 {
+                    return Err(QpError::ReadSinkSgl);
+                }
+                let required = if is_read {
+                    Access::LOCAL_WRITE
+                } else {
+                    Access::NONE
+                };
+                let mut mem = no_validated();
+                for (slot, sge) in mem.iter_mut().zip(sgl.as_slice()) {
+                    if sge.length == 0 {
+                        continue;
+                    }
+                    match mrs.validate(
+                        sge.lkey,
+                        self.cfg.pd,
+                        required,
+                        sge.addr,
+                        u64::from(sge.length),
+                    ) {
+                        Ok(v) => *slot = Some(v),
+                        Err(_) => status = SqStatus::Done(WcStatus::LocProtErr, 0),
+                    }
+                }
+                (SqData::Sgl { sgl, mem }, sgl.total_len())
+            }
+        };
+        if len > u64::from(u32::MAX) {
+            return Err(QpError::MessageTooLong(len));
+        }
+        let local_error = status != SqStatus::Queued;
+        let status = if in_error {
+            self.stats.flushed += 1;
+            SqStatus::Done(WcStatus::WrFlushErr, 0)
+        } else {
+            // A local error is reported when the transmit path reaches the WR, so that
+            // completions stay in posting order.
+            SqStatus::Queued
+        };
+        let entry = SqEntry {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            signaled: wr.signaled,
+            fence: wr.fence,
+            local_error,
+            data,
+            len,
+            status,
+        };
+        if self.sq.push(entry).is_err() {
+            return Err(QpError::QueueFull("send"));
+        }
+        self.sq_next_seq += 1;
+        Ok(())
+    }
+
+    /// Posts a receive WR to the QP's own RQ. Its SGEs are validated (local write, PD,
+    /// bounds) when a Send starts using it. In the Error state the WR completes at once with
+    /// `WrFlushErr`.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), QpError> {
+        self.check_alive()?;
+        if self.cfg.use_srq {
+            return Err(QpError::WrongReceiveQueue("receives from an SRQ"));
+        }
+        let used = self.rq.len() + self.rx_done.len() + usize::from(self.rx_msg.is_some());
+        if used >= self.cfg.rq_depth {
+            return Err(QpError::QueueFull("receive"));
+        }
+        if matches!(self.state, QpState::Error | QpState::Terminate) {
+            self.stats.flushed += 1;
+            let wc = self.recv_wc(wr.wr_id, WcStatus::WrFlushErr, 0);
+            return self
+                .rx_done
+                .push(wc)
+                .map_err(|_| QpError::QueueFull("receive"));
+        }
+        self.rq.push(wr).map_err(|_| QpError::QueueFull("receive"))
+    }
+
+    // ----- outputs -----
+
+    /// The next completion, with the CQ it belongs to.
+    ///
+    /// Send-queue completions come in posting order (a WR completes only after every earlier
+    /// WR did, RFC 5040 section 5.5); unsignaled successful WRs free their slot silently.
+    /// Then receive completions, in message order.
+    pub fn poll_completion(&mut self) -> Option<(CqTarget, WorkCompletion)> {
+        //= https://www.rfc-editor.org/rfc/rfc5040#section-5.5
+        // (paraphrase) Completions of the send queue are delivered to the ULP in the order
+        // the work requests were submitted, whatever order their operations finish in (an
+        // RDMA Read finishes when its last Read Response arrives, a later Send earlier).
+        while let Some(front) = self.sq.front() {
+            let SqStatus::Done(status, byte_len) = front.status else {
+                break;
+            };
+            let signaled = front.signaled || status != WcStatus::Success;
+            let wc = WorkCompletion {
+                wr_id: front.wr_id,
+                status,
+                opcode: front.wc_opcode(),
+                byte_len,
+                qp_num: self.cfg.qp_num,
+                invalidated_stag: None,
+                solicited: false,
+                imm: None,
+            };
+            self.sq.pop();
+            self.sq_front_seq += 1;
+            if signaled {
+                return Some((CqTarget::Send, wc));
+            }
+        }
+        self.rx_done.pop().map(|wc| (CqTarget::Recv, wc))
+    }
+
+    /// The next asynchronous event of this QP (errors with their cause).
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop()
+    }
+
+    // ----- inputs -----
+
+    /// The transport connection closed (FIN or reset) or failed.
+    ///
+    /// In Closing with nothing outstanding this is the graceful end (the QP goes to Idle);
+    /// otherwise the QP goes to Error, flushes, and reports [`Cause::LlpClosed`].
+    pub fn handle_llp_closed(&mut self) {
+        match self.state {
+            QpState::Closing if self.is_drained() => self.set_state(QpState::Idle),
+            QpState::Idle | QpState::Error => {}
+            QpState::Terminate => self.enter_error(),
+            QpState::Rts | QpState::Closing => {
+                self.push_event(AsyncEvent::QpFatal {
+                    qp_num: self.cfg.qp_num,
+                    cause: Cause::LlpClosed,
+                });
+                self.enter_error();
+            }
+        }
+    }
+
+    /// Convenience for tests and simple runtimes: consumes bytes received from the stream by
+    /// copying them to where [`Qp::rx_target`] says, committing as it goes. Returns the
+    /// number of bytes consumed (less than `data.len()` when the QP stopped receiving or is
+    /// blocked).
+    pub fn handle_rx(
+        &mut self,
+        data: &[u8],
+        mrs: &mut MrTable,
+        mut srq: Option<&mut Srq>,
+    ) -> usize {
+        let mut done = 0;
+        loop {
+            let rest = data.get(done..).unwrap_or(&[]);
+            let n = match self.rx_target() {
+                RxTarget::Buffer(buf) => {
+                    let n = buf.len().min(rest.len());
+                    if let (Some(d), Some(s)) = (buf.get_mut(..n), rest.get(..n)) {
+                        d.copy_from_slice(s);
+                    }
+                    n
+                }
+                RxTarget::Region {
+                    region,
+                    offset,
+                    len,
+                } => {
+                    let n = len.min(rest.len());
+                    match (region.write_at(offset, rest.get(..n).unwrap_or(&[])), n) {
+                        (Ok(()), n) => n,
+                        (Err(_), _) => 0,
+                    }
+                }
+                RxTarget::Blocked | RxTarget::Closed => return done,
+            };
+            if n == 0 {
+                return done;
+            }
+            if self.rx_commit(n, mrs, srq.as_deref_mut()).is_err() {
+                return done;
+            }
+            done += n;
+        }
+    }
+
+    // ----- internal state transitions -----
+
+    fn set_state(&mut self, to: QpState) {
+        self.state = to;
+    }
+
+    fn push_event(&mut self, ev: AsyncEvent) {
+        if self.events.push(ev).is_err() {
+            self.stats.events_lost += 1;
+        }
+    }
+
+    fn recv_wc(&self, wr_id: u64, status: WcStatus, byte_len: u32) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len,
+            qp_num: self.cfg.qp_num,
+            invalidated_stag: None,
+            solicited: false,
+            imm: None,
+        }
+    }
+
+    /// Reports a fault detected on the stream: queues the Terminate, raises the event, moves
+    /// to Terminate and flushes.
+    fn fail(&mut self, fault: Fault, hdr: terminate::OffendingHeader) {
+        let cause = Cause::Detected(fault);
+        let qp_num = self.cfg.qp_num;
+        self.push_event(match fault.event_kind() {
+            EventKind::Fatal => AsyncEvent::QpFatal { qp_num, cause },
+            EventKind::RequestError => AsyncEvent::QpRequestError { qp_num, cause },
+            EventKind::AccessError => AsyncEvent::QpAccessError { qp_num, cause },
+        });
+        self.terminate.queue(fault, hdr, &mut self.tx);
+        self.rx.close();
+        self.flush();
+        self.set_state(QpState::Terminate);
+    }
+
+    /// Moves to Error (flushing); the Terminate, if one is queued, is still sent.
+    fn enter_error(&mut self) {
+        self.rx.close();
+        self.flush();
+        self.set_state(QpState::Error);
+    }
+
+    /// Completes every outstanding WR with `WrFlushErr` (or the status already decided).
+    fn flush(&mut self) {
+        let mut flushed = 0;
+        for e in self.sq.iter_mut() {
+            if !e.is_done() {
+                e.status = SqStatus::Done(WcStatus::WrFlushErr, 0);
+                e.signaled = true;
+                flushed += 1;
+            }
+        }
+        if let Some(msg) = self.rx_msg.take() {
+            let wc = self.recv_wc(msg.wr.wr_id, WcStatus::WrFlushErr, 0);
+            flushed += 1;
+            let _ = self.rx_done.push(wc);
+        }
+        while let Some(wr) = self.rq.pop() {
+            let wc = self.recv_wc(wr.wr_id, WcStatus::WrFlushErr, 0);
+            flushed += 1;
+            let _ = self.rx_done.push(wc);
+        }
+        self.orq.clear();
+        self.irq.clear();
+        self.tx.abandon_unstarted();
+        self.stats.flushed += flushed;
+    }
+
+    fn reset(&mut self) {
+        self.sq.clear();
+        self.sq_front_seq = self.sq_next_seq;
+        self.sq_tx_seq = self.sq_next_seq;
+        self.rq.clear();
+        self.rx_done.clear();
+        self.rx_msg = None;
+        self.orq.clear();
+        self.irq.clear();
+        self.tx = tx::TxState::new();
+        self.rx = rx::RxState::new();
+        self.tx_msn = [1; 3];
+        self.rx_msn = [1; 3];
+        self.terminate = terminate::TerminateState::default();
+        self.set_state(QpState::Idle);
+    }
+}
+
+/// Shared helpers for payload bookkeeping.
+fn sge_piece(
+    sgl: &SgList,
+    mem: &[Option<Validated>; MAX_SGE],
+    msg_off: u64,
+    max: usize,
+) -> Option<(Arc<MrMemory>, usize, usize)> {
+    let mut base = 0u64;
+    for (sge, m) in sgl.as_slice().iter().zip(mem.iter()) {
+        let l = u64::from(sge.length);
+        if msg_off < base + l {
+            let within = msg_off - base;
+            let v = m.as_ref()?;
+            let take = usize::try_from((l - within).min(max as u64)).ok()?;
+            let off = v.region_offset + usize::try_from(within).ok()?;
+            return Some((Arc::clone(&v.memory), off, take));
+        }
+        base += l;
+    }
+    None
+}

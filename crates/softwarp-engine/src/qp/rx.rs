@@ -1,0 +1,841 @@
+//! Receive side of a QP: the FPDU state machine, validation, placement and delivery.
+//!
+//! Zero copy: [`Qp::rx_target`] tells the runtime where the next bytes go. Headers, pad and
+//! CRC go into small buffers inside the QP; payload goes straight into the destination: the
+//! registered region of an RDMA Write or Read Response, or the receive WR's buffers for a
+//! Send. The runtime reads into that place and calls [`Qp::rx_commit`].
+//!
+//! Each FPDU is processed in three phases: header (MPA length, DDP/RDMAP header, validated
+//! against the STag table, the MSN/MO state, the RQ and the IRD), payload (placed as it
+//! arrives, CRC computed over the bytes placed), trailer (pad and CRC). The CRC is checked
+//! before anything is delivered: completions, invalidation, Read Request queueing and
+//! Terminate processing happen only after the CRC matched. A header that fails validation
+//! places nothing (its payload goes to a scratch buffer) and its error is reported after the
+//! CRC check, so a corrupted FPDU is reported as a CRC error, not as the protection error its
+//! corruption looks like. No I/O here.
+
+use std::sync::Arc;
+
+use crate::event::AsyncEvent;
+use crate::fault::{Cause, Fault};
+use crate::memory::Region;
+use crate::mr::{Access, AccessError, MrError, MrMemory, MrTable, Stag};
+use crate::qp::codec::{self, RxHeader};
+use crate::qp::terminate::OffendingHeader;
+use crate::qp::{no_validated, IrqEntry, Qp, QpError, RtrKind, RxMsg, SqStatus, StreamConfig};
+use crate::srq::Srq;
+use crate::wr::WcStatus;
+
+/// Smallest `max_rx_ulpdu` accepted.
+pub(crate) const MIN_RX_ULPDU: usize = 128;
+/// MPA length + the largest ULPDU kept whole in the header buffer (a Terminate).
+const HDR_CAP: usize = 2 + 128;
+const SCRATCH: usize = 256;
+/// Bytes read before the header length is known: MPA length and the two control bytes.
+const FIRST_READ: usize = 4;
+
+/// Where the next received bytes must go.
+#[derive(Debug)]
+pub enum RxTarget<'a> {
+    /// Into this buffer inside the QP (headers, pad and CRC, or discarded payload).
+    Buffer(&'a mut [u8]),
+    /// Straight into registered memory: up to `len` bytes at `offset` of `region`.
+    Region {
+        /// The destination region.
+        region: &'a Region,
+        /// Offset inside the region.
+        offset: usize,
+        /// Most bytes that may go there now.
+        len: usize,
+    },
+    /// Nothing can be received until completions are polled (the QP holds as many SRQ
+    /// receives as it may). Poll completions, then call `rx_commit(0, ..)`.
+    Blocked,
+    /// The QP does not receive (not established, or the stream failed): stop reading.
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Not established, or closed after an error.
+    Closed,
+    Header,
+    /// Header complete, waiting for an SRQ WR slot.
+    HeaderReady,
+    Payload,
+    Trailer,
+}
+
+/// What to do with the payload and at the end of the FPDU.
+#[derive(Debug)]
+enum Plan {
+    Discard,
+    /// An RDMA Write segment (`mem` is `None` for a zero-length one).
+    Write {
+        mem: Option<Arc<MrMemory>>,
+        off: usize,
+        last: bool,
+    },
+    ReadResponse {
+        mem: Option<Arc<MrMemory>>,
+        off: usize,
+        last: bool,
+    },
+    Send {
+        last: bool,
+        solicited: bool,
+        invalidate: Option<u32>,
+    },
+    SwallowRtrSend,
+    ReadRequest(IrqEntry),
+    Terminate,
+}
+
+/// A fault found in the header, reported after the CRC check.
+#[derive(Debug, Clone, Copy)]
+struct Deferred {
+    fault: Fault,
+    target: FaultTarget,
+}
+
+/// Which WR the fault completes with a specific status (others are flushed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FaultTarget {
+    None,
+    /// The receive WR in use.
+    Recv(WcStatus),
+    /// The RDMA Read at the head of the ORQ.
+    Read(WcStatus),
+}
+
+#[derive(Debug)]
+pub(crate) struct RxState {
+    phase: Phase,
+    hdr: [u8; HDR_CAP],
+    hdr_have: usize,
+    hdr_need: usize,
+    trailer: [u8; 8],
+    tr_have: usize,
+    tr_need: usize,
+    scratch: [u8; SCRATCH],
+    crc_on: bool,
+    crc: u32,
+    max_ulpdu: usize,
+    ulpdu_len: usize,
+    payload_len: usize,
+    payload_done: usize,
+    plan: Plan,
+    deferred: Option<Deferred>,
+    /// RTR responder with a zero-length Send RTR: the first Send is the RTR.
+    swallow_rtr_send: bool,
+}
+
+impl RxState {
+    pub(crate) fn new() -> Self {
+        Self {
+            phase: Phase::Closed,
+            hdr: [0; HDR_CAP],
+            hdr_have: 0,
+            hdr_need: FIRST_READ,
+            trailer: [0; 8],
+            tr_have: 0,
+            tr_need: 0,
+            scratch: [0; SCRATCH],
+            crc_on: false,
+            crc: 0,
+            max_ulpdu: 65535,
+            ulpdu_len: 0,
+            payload_len: 0,
+            payload_done: 0,
+            plan: Plan::Discard,
+            deferred: None,
+            swallow_rtr_send: false,
+        }
+    }
+
+    pub(crate) fn on_establish(&mut self, s: &StreamConfig) {
+        self.crc_on = s.crc;
+        self.max_ulpdu = s.max_rx_ulpdu;
+        self.swallow_rtr_send = s
+            .rtr
+            .is_some_and(|r| !r.initiator && r.kind == RtrKind::Send);
+        self.start_fpdu();
+    }
+
+    pub(crate) fn close(&mut self) {
+        self.phase = Phase::Closed;
+        self.plan = Plan::Discard;
+        self.deferred = None;
+    }
+
+    fn start_fpdu(&mut self) {
+        self.phase = Phase::Header;
+        self.hdr_have = 0;
+        self.hdr_need = FIRST_READ;
+        self.tr_have = 0;
+        self.tr_need = 0;
+        self.crc = 0;
+        self.ulpdu_len = 0;
+        self.payload_len = 0;
+        self.payload_done = 0;
+        self.plan = Plan::Discard;
+        self.deferred = None;
+    }
+
+    fn defer(&mut self, fault: Fault, target: FaultTarget) {
+        if self.deferred.is_none() {
+            self.deferred = Some(Deferred { fault, target });
+        }
+        self.plan = Plan::Discard;
+    }
+}
+
+/// The piece of a receive WR's SGL at message offset `msg_off` (at most `max` bytes).
+fn recv_piece(msg: &RxMsg, msg_off: u64, max: usize) -> Option<(&Arc<MrMemory>, usize, usize)> {
+    let mut base = 0u64;
+    for (sge, m) in msg.wr.sgl.as_slice().iter().zip(msg.mem.iter()) {
+        let l = u64::from(sge.length);
+        if msg_off < base + l {
+            let within = msg_off - base;
+            let v = m.as_ref()?;
+            let take = usize::try_from((l - within).min(max as u64)).ok()?;
+            return Some((
+                &v.memory,
+                v.region_offset + usize::try_from(within).ok()?,
+                take,
+            ));
+        }
+        base += l;
+    }
+    None
+}
+
+impl Qp {
+    /// Where the next received bytes must go (see [`RxTarget`]). Read at most that many
+    /// bytes there, then call [`Qp::rx_commit`].
+    pub fn rx_target(&mut self) -> RxTarget<'_> {
+        let rx = &mut self.rx;
+        match rx.phase {
+            Phase::Closed => RxTarget::Closed,
+            Phase::HeaderReady => RxTarget::Blocked,
+            Phase::Header => match rx.hdr.get_mut(rx.hdr_have..rx.hdr_need) {
+                Some(b) => RxTarget::Buffer(b),
+                None => RxTarget::Closed,
+            },
+            Phase::Trailer => match rx.trailer.get_mut(rx.tr_have..rx.tr_need) {
+                Some(b) => RxTarget::Buffer(b),
+                None => RxTarget::Closed,
+            },
+            Phase::Payload => {
+                let remaining = rx.payload_len - rx.payload_done;
+                match &rx.plan {
+                    Plan::Write {
+                        mem: Some(mem),
+                        off,
+                        ..
+                    }
+                    | Plan::ReadResponse {
+                        mem: Some(mem),
+                        off,
+                        ..
+                    } => RxTarget::Region {
+                        region: mem.region(),
+                        offset: off + rx.payload_done,
+                        len: remaining,
+                    },
+                    Plan::Send { .. } => {
+                        match self
+                            .rx_msg
+                            .as_ref()
+                            .and_then(|m| recv_piece(m, m.received, remaining))
+                        {
+                            Some((mem, offset, len)) => RxTarget::Region {
+                                region: mem.region(),
+                                offset,
+                                len,
+                            },
+                            None => RxTarget::Closed,
+                        }
+                    }
+                    _ => {
+                        let n = remaining.min(SCRATCH);
+                        match rx.scratch.get_mut(..n) {
+                            Some(b) => RxTarget::Buffer(b),
+                            None => RxTarget::Closed,
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn rx_target_len(&mut self) -> Option<usize> {
+        match self.rx_target() {
+            RxTarget::Buffer(b) => Some(b.len()),
+            RxTarget::Region { len, .. } => Some(len),
+            RxTarget::Blocked | RxTarget::Closed => None,
+        }
+    }
+
+    /// Reports that `n` bytes were read into the place the last [`Qp::rx_target`] named.
+    /// Processes what became complete (header validation, delivery after the CRC check).
+    /// `srq` must be the QP's SRQ when it uses one. `n == 0` retries a blocked header.
+    pub fn rx_commit(
+        &mut self,
+        n: usize,
+        mrs: &mut MrTable,
+        srq: Option<&mut Srq>,
+    ) -> Result<(), QpError> {
+        if n == 0 {
+            if self.rx.phase == Phase::HeaderReady {
+                self.process_header(mrs, srq);
+            }
+            return Ok(());
+        }
+        let offered = self.rx_target_len().unwrap_or(0);
+        if n > offered {
+            return Err(QpError::CommitTooLong {
+                committed: n,
+                offered,
+            });
+        }
+        self.stats.rx_stream_bytes += n as u64;
+        match self.rx.phase {
+            Phase::Header => {
+                let (from, to) = (self.rx.hdr_have, self.rx.hdr_have + n);
+                if self.rx.crc_on {
+                    let bytes = self.rx.hdr.get(from..to).unwrap_or(&[]);
+                    self.rx.crc = crc32c::crc32c_append(self.rx.crc, bytes);
+                }
+                self.rx.hdr_have = to;
+                if self.rx.hdr_have == self.rx.hdr_need {
+                    self.on_header_bytes(mrs, srq);
+                }
+            }
+            Phase::Payload => {
+                self.payload_crc(n);
+                self.rx.payload_done += n;
+                if matches!(self.rx.plan, Plan::Send { .. }) {
+                    if let Some(m) = self.rx_msg.as_mut() {
+                        m.received += n as u64;
+                    }
+                }
+                if self.rx.payload_done == self.rx.payload_len {
+                    self.enter_trailer();
+                }
+            }
+            Phase::Trailer => {
+                self.rx.tr_have += n;
+                if self.rx.tr_have == self.rx.tr_need {
+                    self.finish_fpdu(mrs);
+                }
+            }
+            Phase::HeaderReady | Phase::Closed => {}
+        }
+        Ok(())
+    }
+
+    /// CRC over the `n` payload bytes just placed (read back from where they went).
+    fn payload_crc(&mut self, n: usize) {
+        if !self.rx.crc_on {
+            return;
+        }
+        let rx = &mut self.rx;
+        let crc = match &rx.plan {
+            Plan::Write {
+                mem: Some(mem),
+                off,
+                ..
+            }
+            | Plan::ReadResponse {
+                mem: Some(mem),
+                off,
+                ..
+            } => mem
+                .region()
+                .crc32c_append(rx.crc, off + rx.payload_done, n)
+                .unwrap_or(rx.crc),
+            Plan::Send { .. } => match self
+                .rx_msg
+                .as_ref()
+                .and_then(|m| recv_piece(m, m.received, n))
+            {
+                Some((mem, off, len)) => mem
+                    .region()
+                    .crc32c_append(rx.crc, off, len)
+                    .unwrap_or(rx.crc),
+                None => rx.crc,
+            },
+            _ => crc32c::crc32c_append(rx.crc, rx.scratch.get(..n).unwrap_or(&[])),
+        };
+        rx.crc = crc;
+    }
+
+    fn enter_trailer(&mut self) {
+        self.rx.phase = Phase::Trailer;
+        self.rx.tr_have = 0;
+        self.rx.tr_need = codec::pad_len(self.rx.ulpdu_len) + 4;
+    }
+
+    /// The header buffer filled up to `hdr_need`.
+    fn on_header_bytes(&mut self, mrs: &mut MrTable, srq: Option<&mut Srq>) {
+        if self.rx.hdr_need == FIRST_READ {
+            let ulpdu_len = codec::mpa_len(&self.rx.hdr);
+            self.rx.ulpdu_len = ulpdu_len;
+            let (ddp_ctrl, rdmap_ctrl) = (
+                self.rx.hdr.get(2).copied().unwrap_or(0),
+                self.rx.hdr.get(3).copied().unwrap_or(0),
+            );
+            if ulpdu_len < codec::TAGGED_HEADER_LEN {
+                // Too short for any DDP header: the framing cannot be trusted.
+                self.fail(Fault::BadUlpduLength, OffendingHeader::none());
+                return;
+            }
+            let want = match codec::rx_header_len(ddp_ctrl, rdmap_ctrl) {
+                codec::HeaderLen::Fixed(h) => h.min(ulpdu_len),
+                codec::HeaderLen::WholeUlpdu => {
+                    if ulpdu_len + 2 <= HDR_CAP {
+                        ulpdu_len
+                    } else {
+                        self.rx.defer(Fault::RdmapCatastrophic, FaultTarget::None);
+                        codec::UNTAGGED_HEADER_LEN
+                    }
+                }
+            };
+            if ulpdu_len > self.rx.max_ulpdu {
+                self.rx.defer(Fault::BadUlpduLength, FaultTarget::None);
+            }
+            self.rx.hdr_need = 2 + want;
+            if self.rx.hdr_have < self.rx.hdr_need {
+                return;
+            }
+        }
+        self.rx.payload_len = self.rx.ulpdu_len - (self.rx.hdr_need - 2);
+        self.rx.payload_done = 0;
+        self.process_header(mrs, srq);
+    }
+
+    /// Validates the complete header and decides where the payload goes.
+    fn process_header(&mut self, mrs: &mut MrTable, srq: Option<&mut Srq>) {
+        self.rx.phase = Phase::Payload;
+        if self.rx.deferred.is_none() {
+            let parsed =
+                codec::parse_rx_header(self.rx.hdr.get(2..self.rx.hdr_need).unwrap_or(&[]));
+            match parsed {
+                Err(fault) => self.rx.defer(fault, FaultTarget::None),
+                Ok(h) => {
+                    if let Err((fault, target)) = self.plan(h, mrs, srq) {
+                        self.rx.defer(fault, target);
+                    }
+                }
+            }
+        }
+        if self.rx.phase == Phase::HeaderReady {
+            return;
+        }
+        if self.rx.payload_len == 0 {
+            self.enter_trailer();
+        }
+    }
+
+    fn plan(
+        &mut self,
+        h: RxHeader,
+        mrs: &mut MrTable,
+        srq: Option<&mut Srq>,
+    ) -> Result<(), (Fault, FaultTarget)> {
+        let len = self.rx.payload_len as u64;
+        let pd = self.cfg.pd;
+        match h {
+            RxHeader::Write { last, stag, to } => {
+                if len == 0 {
+                    // A zero-length Write places nothing and is not validated (siw does the
+                    // same; its RTR is a zero-length Write to STag 1).
+                    self.rx.plan = Plan::Write {
+                        mem: None,
+                        off: 0,
+                        last,
+                    };
+                    return Ok(());
+                }
+                //= https://www.rfc-editor.org/rfc/rfc5040#section-5.1
+                // (paraphrase) Before placing an RDMA Write the Data Sink validates the STag
+                // (valid, associated with this stream's PD, remote write allowed) and that TO
+                // and length stay inside the tagged buffer.
+                let v = mrs
+                    .validate(Stag(stag), pd, Access::REMOTE_WRITE, to, len)
+                    .map_err(|e| (Fault::Tagged(e), FaultTarget::None))?;
+                self.rx.plan = Plan::Write {
+                    mem: Some(v.memory),
+                    off: v.region_offset,
+                    last,
+                };
+                Ok(())
+            }
+            RxHeader::ReadResponse { last, stag, to } => {
+                let Some(head) = self.orq.front() else {
+                    return Err((Fault::UnexpectedReadResponse, FaultTarget::None));
+                };
+                let bad = |e| Err((Fault::Tagged(e), FaultTarget::Read(WcStatus::LocProtErr)));
+                if stag != head.sink_stag {
+                    return bad(AccessError::InvalidStag);
+                }
+                let expect_to = head.sink_to.wrapping_add(head.received);
+                let end = head.received + len;
+                if to != expect_to || end > head.len || (last && end != head.len) {
+                    return bad(AccessError::BaseOrBounds);
+                }
+                let mut mem = None;
+                let mut off = 0;
+                if len > 0 {
+                    let v = match mrs.validate(Stag(stag), pd, Access::LOCAL_WRITE, to, len) {
+                        Ok(v) => v,
+                        Err(e) => return bad(e),
+                    };
+                    off = v.region_offset;
+                    mem = Some(v.memory);
+                }
+                self.rx.plan = Plan::ReadResponse { mem, off, last };
+                Ok(())
+            }
+            RxHeader::Send {
+                last,
+                solicited,
+                invalidate,
+                msn,
+                mo,
+            } => {
+                if self.rx.swallow_rtr_send && self.rx_msg.is_none() {
+                    if msn != self.rx_msn[0] {
+                        return Err((Fault::MsnRange, FaultTarget::None));
+                    }
+                    if len != 0 || !last {
+                        return Err((Fault::UnexpectedOpcode, FaultTarget::None));
+                    }
+                    self.rx.plan = Plan::SwallowRtrSend;
+                    return Ok(());
+                }
+                //= https://www.rfc-editor.org/rfc/rfc5041#section-5.3
+                // (paraphrase) Untagged messages of a queue carry consecutive MSNs starting at
+                // 1; a segment whose MSN is not the one expected is an Untagged Buffer Error,
+                // "Invalid MSN - MSN range is not valid".
+                let expected = self.rx_msg.as_ref().map_or(self.rx_msn[0], |m| m.msn);
+                if msn != expected {
+                    return Err((Fault::MsnRange, FaultTarget::None));
+                }
+                if self.rx_msg.is_none() {
+                    self.start_recv(msn, mrs, srq)?;
+                    if self.rx.phase == Phase::HeaderReady {
+                        return Ok(());
+                    }
+                }
+                let Some(msg) = self.rx_msg.as_ref() else {
+                    return Err((Fault::NoReceiveBuffer, FaultTarget::None));
+                };
+                if u64::from(mo) != msg.received {
+                    return Err((Fault::InvalidMo, FaultTarget::Recv(WcStatus::LocQpOpErr)));
+                }
+                if msg.received + len > msg.capacity {
+                    return Err((
+                        Fault::MessageTooLong,
+                        FaultTarget::Recv(WcStatus::LocLenErr),
+                    ));
+                }
+                self.rx.plan = Plan::Send {
+                    last,
+                    solicited,
+                    invalidate,
+                };
+                Ok(())
+            }
+            RxHeader::ReadRequest {
+                last,
+                msn,
+                mo,
+                sink_stag,
+                sink_to,
+                size,
+                src_stag,
+                src_to,
+            } => {
+                if msn != self.rx_msn[1] {
+                    return Err((Fault::MsnRange, FaultTarget::None));
+                }
+                if mo != 0 {
+                    return Err((Fault::InvalidMo, FaultTarget::None));
+                }
+                if !last || len != 0 {
+                    return Err((Fault::RdmapCatastrophic, FaultTarget::None));
+                }
+                //= https://www.rfc-editor.org/rfc/rfc5040#section-5.2
+                // (paraphrase) The Data Source accepts at most IRD outstanding RDMA Read
+                // Requests; one more is a stream error (reported like siw: Remote Operation
+                // Error, catastrophic error localized to the RDMAP stream).
+                if self.irq.len() >= self.stream.ird || self.irq.is_full() {
+                    return Err((Fault::IrdExceeded, FaultTarget::None));
+                }
+                let src = if size == 0 {
+                    None
+                } else {
+                    Some(
+                        mrs.validate(
+                            Stag(src_stag),
+                            pd,
+                            Access::REMOTE_READ,
+                            src_to,
+                            u64::from(size),
+                        )
+                        .map_err(|e| (Fault::ReadSource(e), FaultTarget::None))?,
+                    )
+                };
+                self.rx.plan = Plan::ReadRequest(IrqEntry {
+                    sink_stag,
+                    sink_to,
+                    len: u64::from(size),
+                    src,
+                    sent: 0,
+                });
+                Ok(())
+            }
+            RxHeader::Terminate => {
+                self.rx.plan = Plan::Terminate;
+                Ok(())
+            }
+        }
+    }
+
+    /// Takes the receive WR for a new Send message (RQ or SRQ) and validates its SGEs.
+    fn start_recv(
+        &mut self,
+        msn: u32,
+        mrs: &MrTable,
+        srq: Option<&mut Srq>,
+    ) -> Result<(), (Fault, FaultTarget)> {
+        let (wr, pd) = if self.cfg.use_srq {
+            let Some(srq) = srq else {
+                return Err((Fault::NoReceiveBuffer, FaultTarget::None));
+            };
+            if self.rx_done.len() + 1 > self.rx_done.capacity() {
+                // Hold the header until completions are polled.
+                self.rx.phase = Phase::HeaderReady;
+                return Ok(());
+            }
+            let pd = srq.pd();
+            match srq.take() {
+                Some(wr) => (wr, pd),
+                None => return Err((Fault::NoReceiveBuffer, FaultTarget::None)),
+            }
+        } else {
+            match self.rq.pop() {
+                Some(wr) => (wr, self.cfg.pd),
+                None => return Err((Fault::NoReceiveBuffer, FaultTarget::None)),
+            }
+        };
+        let mut mem = no_validated();
+        let mut ok = true;
+        for (slot, sge) in mem.iter_mut().zip(wr.sgl.as_slice()) {
+            if sge.length == 0 {
+                continue;
+            }
+            match mrs.validate(
+                sge.lkey,
+                pd,
+                Access::LOCAL_WRITE,
+                sge.addr,
+                u64::from(sge.length),
+            ) {
+                Ok(v) => *slot = Some(v),
+                Err(_) => ok = false,
+            }
+        }
+        self.rx_msg = Some(RxMsg {
+            capacity: wr.sgl.total_len(),
+            wr,
+            mem,
+            received: 0,
+            msn,
+        });
+        if ok {
+            Ok(())
+        } else {
+            Err((
+                Fault::DdpCatastrophic,
+                FaultTarget::Recv(WcStatus::LocProtErr),
+            ))
+        }
+    }
+
+    /// The trailer arrived: check the CRC, then deliver (or report the deferred fault).
+    fn finish_fpdu(&mut self, mrs: &mut MrTable) {
+        self.stats.rx_fpdus += 1;
+        let pad = codec::pad_len(self.rx.ulpdu_len);
+        if self.rx.crc_on {
+            let pad_bytes = self.rx.trailer.get(..pad).unwrap_or(&[]);
+            let computed = crc32c::crc32c_append(self.rx.crc, pad_bytes);
+            let mut wire = [0u8; 4];
+            if let Some(src) = self.rx.trailer.get(pad..pad + 4) {
+                wire.copy_from_slice(src);
+            }
+            if codec::crc_from_wire(wire) != computed {
+                self.stats.crc_errors += 1;
+                //= https://www.rfc-editor.org/rfc/rfc5044#section-7.2
+                // (paraphrase) An FPDU whose CRC does not match is not passed to DDP; the
+                // error is reported with a Terminate (LLP layer, MPA CRC error) and the
+                // stream is closed.
+                self.fail(Fault::Crc, OffendingHeader::none());
+                return;
+            }
+        }
+        //= https://www.rfc-editor.org/rfc/rfc6581#section-3
+        // (paraphrase) In peer-to-peer mode the responder sends nothing before the
+        // initiator's RTR arrived; any FPDU from the peer means its RTR (sent first) did.
+        self.tx.gate_until_rx = false;
+        let hdr = self.offending_header();
+        if let Some(d) = self.rx.deferred.take() {
+            self.apply_fault_target(d.target);
+            self.fail(d.fault, hdr);
+            return;
+        }
+        let plan = std::mem::replace(&mut self.rx.plan, Plan::Discard);
+        let seg = self.rx.payload_len as u64;
+        match plan {
+            Plan::Discard => {}
+            Plan::Write { last, .. } => {
+                self.stats.rx.write.bytes += seg;
+                if last {
+                    self.stats.rx.write.messages += 1;
+                }
+            }
+            Plan::ReadResponse { last, .. } => {
+                self.stats.rx.read_response.bytes += seg;
+                let mut done = None;
+                if let Some(head) = self.orq.front_mut() {
+                    head.received += seg;
+                    if last {
+                        done = Some((head.seq, head.received));
+                    }
+                }
+                if let Some((seq, bytes)) = done {
+                    self.orq.pop();
+                    self.stats.rx.read_response.messages += 1;
+                    if let Some(e) = seq.and_then(|s| self.sq_entry_mut(s)) {
+                        if e.status == SqStatus::AwaitingResponse {
+                            e.status = SqStatus::Done(WcStatus::Success, bytes as u32);
+                        }
+                    }
+                }
+            }
+            Plan::Send {
+                last,
+                solicited,
+                invalidate,
+            } => {
+                self.stats.rx.send.bytes += seg;
+                if last {
+                    self.deliver_send(solicited, invalidate, mrs, hdr);
+                }
+            }
+            Plan::SwallowRtrSend => {
+                self.rx.swallow_rtr_send = false;
+                self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
+            }
+            Plan::ReadRequest(entry) => {
+                self.stats.rx.read_request.add(entry.len);
+                self.rx_msn[1] = self.rx_msn[1].wrapping_add(1);
+                if self.irq.push(entry).is_err() {
+                    self.fail(Fault::IrdExceeded, hdr);
+                    return;
+                }
+            }
+            Plan::Terminate => {
+                self.handle_terminate_received();
+                return;
+            }
+        }
+        if self.rx.phase != Phase::Closed {
+            self.rx.start_fpdu();
+        }
+    }
+
+    fn deliver_send(
+        &mut self,
+        solicited: bool,
+        invalidate: Option<u32>,
+        mrs: &mut MrTable,
+        hdr: OffendingHeader,
+    ) {
+        let Some(msg) = self.rx_msg.take() else {
+            return;
+        };
+        self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
+        self.stats.rx.send.messages += 1;
+        let mut wc = self.recv_wc(msg.wr.wr_id, WcStatus::Success, msg.received as u32);
+        wc.solicited = solicited;
+        if let Some(stag) = invalidate {
+            match mrs.invalidate_remote(Stag(stag), self.cfg.pd) {
+                Ok(()) => wc.invalidated_stag = Some(Stag(stag)),
+                Err(e) => {
+                    wc.status = WcStatus::RemInvReqErr;
+                    let _ = self.rx_done.push(wc);
+                    let protection = matches!(
+                        e,
+                        MrError::PdMismatch(_) | MrError::RemoteInvalidateNotAllowed(_)
+                    );
+                    self.fail(Fault::CannotInvalidate { protection }, hdr);
+                    return;
+                }
+            }
+        }
+        let _ = self.rx_done.push(wc);
+    }
+
+    /// Completes the WR a fault is about before everything else is flushed.
+    fn apply_fault_target(&mut self, target: FaultTarget) {
+        match target {
+            FaultTarget::None => {}
+            FaultTarget::Recv(status) => {
+                if let Some(msg) = self.rx_msg.take() {
+                    let wc = self.recv_wc(msg.wr.wr_id, status, msg.received as u32);
+                    let _ = self.rx_done.push(wc);
+                }
+            }
+            FaultTarget::Read(status) => {
+                if let Some(seq) = self.orq.front().and_then(|h| h.seq) {
+                    if let Some(e) = self.sq_entry_mut(seq) {
+                        e.status = SqStatus::Done(status, 0);
+                    }
+                }
+            }
+        }
+    }
+
+    fn offending_header(&self) -> OffendingHeader {
+        let h = self.rx.hdr.get(2..self.rx.hdr_need).unwrap_or(&[]);
+        OffendingHeader::from_ulpdu(h, self.rx.ulpdu_len)
+    }
+
+    /// A Terminate arrived (its CRC checked): report it and go to Error. No Terminate is
+    /// sent back.
+    fn handle_terminate_received(&mut self) {
+        self.stats.terminates_received += 1;
+        self.stats.rx.terminate.messages += 1;
+        let body = self.rx.hdr.get(2..2 + self.rx.ulpdu_len).unwrap_or(&[]);
+        let (layer, etype, code) = codec::parse_terminate_cause(body, self.stream.terminate_layout);
+        let cause = Cause::PeerTerminate { layer, etype, code };
+        let qp_num = self.cfg.qp_num;
+        let (event, status) = super::terminate::classify_peer_terminate(layer, etype);
+        self.push_event(match event {
+            crate::fault::EventKind::AccessError => AsyncEvent::QpAccessError { qp_num, cause },
+            crate::fault::EventKind::RequestError => AsyncEvent::QpRequestError { qp_num, cause },
+            crate::fault::EventKind::Fatal => AsyncEvent::QpFatal { qp_num, cause },
+        });
+        // The oldest RDMA Read still waiting for its response is the operation the peer
+        // most likely refused: it completes with the remote status; the rest is flushed.
+        if let Some(seq) = self.orq.front().and_then(|h| h.seq) {
+            if let Some(e) = self.sq_entry_mut(seq) {
+                e.status = SqStatus::Done(status, 0);
+            }
+        }
+        self.enter_error();
+    }
+}

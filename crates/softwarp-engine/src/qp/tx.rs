@@ -1,0 +1,714 @@
+//! Transmit side of a QP: segmentation of messages into FPDUs described as gather lists.
+//!
+//! [`Qp::poll_tx`] describes the next FPDU (or what is left of it after a partial write) as
+//! a small header array (MPA length and DDP/RDMAP header, plus inline data), payload slices
+//! that point into registered regions, and a trailer (pad and CRC, computed over the slices
+//! when the FPDU is built). [`Qp::tx_commit`] reports how many bytes the runtime wrote.
+//!
+//! Order of transmission, message by message: a queued Terminate; the RFC 6581 RTR; the
+//! message in progress; then Read Responses (IRQ) before new send WRs (SQ), which go in
+//! posting order, an RDMA Read waiting while the ORQ is full (ORD) and a fenced WR waiting
+//! until every earlier Read completed. No I/O here.
+
+use std::sync::Arc;
+
+use crate::fault::Cause;
+use crate::memory::Region;
+use crate::mr::MrMemory;
+use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqData, SqStatus, StreamConfig};
+use crate::wr::{SendOp, WcStatus, MAX_INLINE, MAX_SGE};
+
+/// Smallest `max_fpdu_len` accepted (room for every header and some payload).
+pub(crate) const MIN_FPDU_LEN: usize = 128;
+/// MPA length field + the largest header we build + inline data.
+const HDR_CAP: usize = 2 + codec::MAX_TX_HEADER + MAX_INLINE;
+
+/// One piece of an FPDU to transmit.
+#[derive(Debug, Clone, Copy)]
+pub enum TxPiece<'a> {
+    /// Bytes held by the QP (header, inline data, trailer).
+    Bytes(&'a [u8]),
+    /// `len` bytes at `offset` of a registered region (the payload, never copied).
+    Region {
+        /// The region.
+        region: &'a Region,
+        /// Offset inside the region.
+        offset: usize,
+        /// Number of bytes.
+        len: usize,
+    },
+}
+
+impl TxPiece<'_> {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            TxPiece::Bytes(b) => b.len(),
+            TxPiece::Region { len, .. } => *len,
+        }
+    }
+    /// True for an empty piece.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Raw pointer to the first byte, for an iovec (`writev`). The pointer is valid while
+    /// the `TxFpdu` borrow lives.
+    pub fn as_ptr(&self) -> *const u8 {
+        match self {
+            TxPiece::Bytes(b) => b.as_ptr(),
+            TxPiece::Region {
+                region,
+                offset,
+                len,
+            } => region
+                .ptr_range(*offset, *len)
+                .map_or(std::ptr::null(), |p| p.cast_const()),
+        }
+    }
+    /// Copies the piece into `out` (which must be at least `len()` long); returns the bytes
+    /// copied.
+    pub fn copy_to(&self, out: &mut [u8]) -> usize {
+        let n = self.len().min(out.len());
+        let Some(dst) = out.get_mut(..n) else {
+            return 0;
+        };
+        match self {
+            TxPiece::Bytes(b) => {
+                if let Some(src) = b.get(..n) {
+                    dst.copy_from_slice(src);
+                }
+            }
+            TxPiece::Region { region, offset, .. } => {
+                if region.read_at(*offset, dst).is_err() {
+                    return 0;
+                }
+            }
+        }
+        n
+    }
+}
+
+/// The unsent part of one FPDU, as a gather list.
+#[derive(Debug, Clone, Copy)]
+pub struct TxFpdu<'a> {
+    pieces: [TxPiece<'a>; MAX_SGE + 2],
+    n: usize,
+    len: usize,
+}
+
+impl<'a> TxFpdu<'a> {
+    /// Appends `p` after dropping the first `*skip` bytes (already sent) of the FPDU.
+    fn push_skipping(&mut self, p: TxPiece<'a>, skip: &mut usize) {
+        let l = p.len();
+        if *skip >= l {
+            *skip -= l;
+            return;
+        }
+        let p = match p {
+            TxPiece::Bytes(bytes) => TxPiece::Bytes(bytes.get(*skip..).unwrap_or(&[])),
+            TxPiece::Region {
+                region,
+                offset,
+                len,
+            } => TxPiece::Region {
+                region,
+                offset: offset + *skip,
+                len: len - *skip,
+            },
+        };
+        *skip = 0;
+        if let Some(slot) = self.pieces.get_mut(self.n) {
+            *slot = p;
+            self.n += 1;
+        }
+    }
+
+    /// The pieces, in stream order.
+    pub fn pieces(&self) -> &[TxPiece<'a>] {
+        self.pieces.get(..self.n).unwrap_or(&[])
+    }
+    /// Total bytes left to send.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when nothing is left (never returned by `poll_tx`).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Copies as much as fits into `out`; returns the bytes copied (then commit them).
+    pub fn copy_to(&self, out: &mut [u8]) -> usize {
+        let mut done = 0;
+        for p in self.pieces() {
+            let Some(rest) = out.get_mut(done..) else {
+                break;
+            };
+            if rest.is_empty() {
+                break;
+            }
+            done += p.copy_to(rest);
+        }
+        done
+    }
+}
+
+/// What the QP does when an FPDU has been completely handed to the runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TxDone {
+    /// A segment of a Send or RDMA Write; `last` completes the WR.
+    Sq { seq: u64, bytes: usize, last: bool },
+    /// A Read Request.
+    ReadRequest { bytes: u64 },
+    /// A Read Response segment.
+    ReadResponse { bytes: usize, last: bool },
+    /// The Terminate.
+    Terminate,
+    /// The RTR message.
+    Rtr,
+}
+
+#[derive(Debug)]
+struct FpduBuild {
+    hdr: [u8; HDR_CAP],
+    hdr_len: usize,
+    payload: [Option<(Arc<MrMemory>, usize, usize)>; MAX_SGE],
+    trailer: [u8; 8],
+    trailer_len: usize,
+    total: usize,
+    sent: usize,
+    done: TxDone,
+}
+
+/// The message being transmitted, when it spans several FPDUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TxMsg {
+    None,
+    Sq(u64),
+    ReadResponse,
+}
+
+#[derive(Debug)]
+pub(crate) struct TxState {
+    build: Option<Box<FpduBuild>>,
+    spare: Option<Box<FpduBuild>>,
+    msg: TxMsg,
+    rtr_pending: bool,
+    /// RTR responder: nothing may be sent before the peer's RTR arrived.
+    pub(crate) gate_until_rx: bool,
+    max_fpdu: usize,
+    crc: bool,
+}
+
+impl TxState {
+    pub(crate) fn new() -> Self {
+        Self {
+            build: None,
+            // Allocated once here so building an FPDU never allocates.
+            spare: Some(Box::new(FpduBuild {
+                hdr: [0; HDR_CAP],
+                hdr_len: 0,
+                payload: std::array::from_fn(|_| None),
+                trailer: [0; 8],
+                trailer_len: 0,
+                total: 0,
+                sent: 0,
+                done: TxDone::Rtr,
+            })),
+            msg: TxMsg::None,
+            rtr_pending: false,
+            gate_until_rx: false,
+            max_fpdu: MIN_FPDU_LEN,
+            crc: false,
+        }
+    }
+
+    pub(crate) fn on_establish(&mut self, s: &StreamConfig) {
+        self.max_fpdu = s.max_fpdu_len;
+        self.crc = s.crc;
+        if let Some(rtr) = s.rtr {
+            self.rtr_pending = rtr.initiator;
+            self.gate_until_rx = !rtr.initiator;
+        }
+    }
+
+    /// True when no FPDU is in progress and no message is half sent.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.build.is_none() && self.msg == TxMsg::None
+    }
+
+    /// Forgets an FPDU not yet started (nothing of it reached the wire) and the message in
+    /// progress. A partly written FPDU is kept: it must be finished to keep the stream framed.
+    pub(crate) fn abandon_unstarted(&mut self) {
+        if self.build.as_ref().is_some_and(|b| b.sent == 0) {
+            self.recycle();
+        }
+        self.msg = TxMsg::None;
+    }
+
+    fn recycle(&mut self) {
+        if let Some(mut b) = self.build.take() {
+            for p in b.payload.iter_mut() {
+                *p = None;
+            }
+            self.spare = Some(b);
+        }
+    }
+
+    /// Largest payload of one FPDU with a header of `hdr_len` bytes.
+    fn max_payload(&self, hdr_len: usize) -> usize {
+        // MPA's MULPDU for an EMSS of max_fpdu: the FPDU then needs no pad.
+        codec::mulpdu(self.max_fpdu).saturating_sub(hdr_len).max(1)
+    }
+}
+
+impl Qp {
+    /// Describes the next bytes to send: the rest of the FPDU in progress, or a new FPDU.
+    /// `None` when there is nothing to send. Hand the bytes to the transport, then call
+    /// [`Qp::tx_commit`] with the number written.
+    pub fn poll_tx(&mut self) -> Option<TxFpdu<'_>> {
+        if self.tx.build.is_none() {
+            self.build_next();
+        }
+        let b = self.tx.build.as_deref()?;
+        let mut out = TxFpdu {
+            pieces: [TxPiece::Bytes(&[]); MAX_SGE + 2],
+            n: 0,
+            len: b.total - b.sent,
+        };
+        let mut skip = b.sent;
+        let hdr = b.hdr.get(..b.hdr_len).unwrap_or(&[]);
+        out.push_skipping(TxPiece::Bytes(hdr), &mut skip);
+        for (mem, off, len) in b.payload.iter().flatten() {
+            out.push_skipping(
+                TxPiece::Region {
+                    region: mem.region(),
+                    offset: *off,
+                    len: *len,
+                },
+                &mut skip,
+            );
+        }
+        let trailer = b.trailer.get(..b.trailer_len).unwrap_or(&[]);
+        out.push_skipping(TxPiece::Bytes(trailer), &mut skip);
+        Some(out)
+    }
+
+    /// Reports that the first `n` bytes offered by the last [`Qp::poll_tx`] were written.
+    pub fn tx_commit(&mut self, n: usize) -> Result<(), QpError> {
+        let Some(b) = self.tx.build.as_deref_mut() else {
+            return if n == 0 {
+                Ok(())
+            } else {
+                Err(QpError::CommitTooLong {
+                    committed: n,
+                    offered: 0,
+                })
+            };
+        };
+        let offered = b.total - b.sent;
+        if n > offered {
+            return Err(QpError::CommitTooLong {
+                committed: n,
+                offered,
+            });
+        }
+        b.sent += n;
+        self.stats.tx_stream_bytes += n as u64;
+        if b.sent == b.total {
+            let done = b.done;
+            self.tx.recycle();
+            self.stats.tx_fpdus += 1;
+            self.on_fpdu_sent(done);
+        }
+        Ok(())
+    }
+
+    /// Convenience for tests and simple runtimes: copies as many bytes to send as fit into
+    /// `out` (several FPDUs if they fit) and commits them. Returns the bytes written.
+    pub fn handle_tx(&mut self, out: &mut [u8]) -> usize {
+        let mut done = 0;
+        loop {
+            let Some(rest) = out.get_mut(done..) else {
+                return done;
+            };
+            if rest.is_empty() {
+                return done;
+            }
+            let n = match self.poll_tx() {
+                Some(f) => f.copy_to(rest),
+                None => return done,
+            };
+            if n == 0 || self.tx_commit(n).is_err() {
+                return done;
+            }
+            done += n;
+        }
+    }
+
+    fn on_fpdu_sent(&mut self, done: TxDone) {
+        match done {
+            TxDone::Sq { seq, bytes, last } => {
+                if !last {
+                    return;
+                }
+                let mut counted = None;
+                if let Some(e) = self.sq_entry_mut(seq) {
+                    if let SqStatus::Sending { .. } = e.status {
+                        e.status = SqStatus::Done(WcStatus::Success, e.len as u32);
+                    }
+                    counted = Some((e.op, e.len));
+                }
+                match counted {
+                    Some((SendOp::Send { .. }, len)) => self.stats.tx.send.add(len),
+                    Some((SendOp::Write { .. }, len)) => self.stats.tx.write.add(len),
+                    _ => {}
+                }
+                let _ = bytes;
+            }
+            TxDone::ReadRequest { bytes } => self.stats.tx.read_request.add(bytes),
+            TxDone::ReadResponse { bytes, last } => {
+                self.stats.tx.read_response.bytes += bytes as u64;
+                if last {
+                    self.stats.tx.read_response.messages += 1;
+                }
+            }
+            TxDone::Terminate => {
+                self.stats.terminates_sent += 1;
+                self.stats.tx.terminate.messages += 1;
+                self.terminate.sent = true;
+                if self.state == QpState::Terminate {
+                    self.set_state(QpState::Error);
+                }
+            }
+            TxDone::Rtr => {}
+        }
+    }
+
+    fn take_spare(&mut self) -> Option<Box<FpduBuild>> {
+        let mut b = self.tx.spare.take()?;
+        b.hdr_len = 0;
+        b.trailer_len = 0;
+        b.total = 0;
+        b.sent = 0;
+        Some(b)
+    }
+
+    /// Frames a ULPDU whose header (and inline data) is already in `b.hdr[2..2 + ulpdu_hdr]`
+    /// and whose payload pieces are in `b.payload`: writes the MPA length, pad and CRC.
+    fn frame_fpdu(&mut self, mut b: Box<FpduBuild>, hdr_and_inline: usize, done: TxDone) {
+        let payload_len: usize = b.payload.iter().flatten().map(|p| p.2).sum();
+        let ulpdu_len = hdr_and_inline + payload_len;
+        codec::emit_mpa_len(&mut b.hdr, ulpdu_len);
+        b.hdr_len = 2 + hdr_and_inline;
+        let pad = codec::pad_len(ulpdu_len);
+        let mut trailer = [0u8; 8];
+        if self.tx.crc {
+            let mut crc = crc32c::crc32c(b.hdr.get(..b.hdr_len).unwrap_or(&[]));
+            for (mem, off, len) in b.payload.iter().flatten() {
+                crc = mem.region().crc32c_append(crc, *off, *len).unwrap_or(crc);
+            }
+            crc = crc32c::crc32c_append(crc, trailer.get(..pad).unwrap_or(&[]));
+            if let Some(slot) = trailer.get_mut(pad..pad + 4) {
+                slot.copy_from_slice(&codec::crc_to_wire(crc));
+            }
+        }
+        b.trailer = trailer;
+        b.trailer_len = pad + 4;
+        b.total = b.hdr_len + payload_len + b.trailer_len;
+        b.sent = 0;
+        b.done = done;
+        self.tx.build = Some(b);
+    }
+
+    fn build_next(&mut self) {
+        if self.terminate.wants_tx() {
+            self.build_terminate();
+            return;
+        }
+        if !matches!(self.state, QpState::Rts | QpState::Closing) || self.tx.gate_until_rx {
+            return;
+        }
+        if self.tx.rtr_pending {
+            self.build_rtr();
+            return;
+        }
+        match self.tx.msg {
+            TxMsg::Sq(seq) => return self.build_sq(seq),
+            TxMsg::ReadResponse => return self.build_read_response(),
+            TxMsg::None => {}
+        }
+        if !self.irq.is_empty() {
+            self.build_read_response();
+        } else {
+            self.build_sq(self.sq_tx_seq);
+        }
+    }
+
+    fn build_terminate(&mut self) {
+        let Some(mut b) = self.take_spare() else {
+            return;
+        };
+        let msn = self.tx_msn[2];
+        let layout = self.stream.terminate_layout;
+        let Some(len) = self
+            .terminate
+            .emit(b.hdr.get_mut(2..).unwrap_or(&mut []), msn, layout)
+        else {
+            self.tx.spare = Some(b);
+            return;
+        };
+        self.tx_msn[2] = self.tx_msn[2].wrapping_add(1);
+        self.frame_fpdu(b, len, TxDone::Terminate);
+    }
+
+    fn build_rtr(&mut self) {
+        let Some(kind) = self.stream.rtr.map(|r| r.kind) else {
+            self.tx.rtr_pending = false;
+            return;
+        };
+        let Some(mut b) = self.take_spare() else {
+            return;
+        };
+        let hdr = b.hdr.get_mut(2..).unwrap_or(&mut []);
+        let len = match kind {
+            super::RtrKind::Write => codec::emit_write(hdr, true, codec::RTR_STAG, 0),
+            super::RtrKind::Send => {
+                let msn = self.tx_msn[0];
+                self.tx_msn[0] = msn.wrapping_add(1);
+                codec::emit_send(hdr, true, false, None, msn, 0)
+            }
+            super::RtrKind::Read => {
+                if self.orq.is_full() {
+                    self.tx.spare = Some(b);
+                    return;
+                }
+                let msn = self.tx_msn[1];
+                self.tx_msn[1] = msn.wrapping_add(1);
+                let _ = self.orq.push(OrqEntry {
+                    seq: None,
+                    sink_stag: codec::RTR_STAG,
+                    sink_to: 0,
+                    len: 0,
+                    received: 0,
+                });
+                codec::emit_read_request(hdr, msn, codec::RTR_STAG, 0, 0, codec::RTR_STAG, 0)
+            }
+        };
+        self.tx.rtr_pending = false;
+        self.frame_fpdu(b, len, TxDone::Rtr);
+    }
+
+    fn build_read_response(&mut self) {
+        let Some(max) = Some(self.tx.max_payload(codec::TAGGED_HEADER_LEN)) else {
+            return;
+        };
+        let Some(mut b) = self.take_spare() else {
+            return;
+        };
+        let Some(irq) = self.irq.front_mut() else {
+            self.tx.spare = Some(b);
+            self.tx.msg = TxMsg::None;
+            return;
+        };
+        let remaining = irq.len - irq.sent;
+        let seg = usize::try_from(remaining.min(max as u64)).unwrap_or(max);
+        if seg > 0 {
+            if let Some(src) = &irq.src {
+                let off = src.region_offset + usize::try_from(irq.sent).unwrap_or(usize::MAX);
+                if let Some(slot) = b.payload.get_mut(0) {
+                    *slot = Some((Arc::clone(&src.memory), off, seg));
+                }
+            }
+        }
+        let to = irq.sink_to.wrapping_add(irq.sent);
+        irq.sent += seg as u64;
+        let last = irq.sent >= irq.len;
+        let hdr_len = codec::emit_read_response(
+            b.hdr.get_mut(2..).unwrap_or(&mut []),
+            last,
+            irq.sink_stag,
+            to,
+        );
+        if last {
+            self.irq.pop();
+            self.tx.msg = TxMsg::None;
+        } else {
+            self.tx.msg = TxMsg::ReadResponse;
+        }
+        self.frame_fpdu(b, hdr_len, TxDone::ReadResponse { bytes: seg, last });
+    }
+
+    fn build_sq(&mut self, seq: u64) {
+        let ord = self.stream.ord;
+        let orq_len = self.orq.len();
+        let (op, fence, local_error, status, len) = match self.sq_entry(seq) {
+            Some(e) => (e.op, e.fence, e.local_error, e.status, e.len),
+            None => return,
+        };
+        if local_error {
+            if let Some(e) = self.sq_entry_mut(seq) {
+                e.status = SqStatus::Done(WcStatus::LocProtErr, 0);
+            }
+            self.sq_tx_seq = seq + 1;
+            self.tx.msg = TxMsg::None;
+            self.fail_local();
+            return;
+        }
+        let sent = match status {
+            SqStatus::Queued => 0,
+            SqStatus::Sending { sent } => sent,
+            SqStatus::AwaitingResponse | SqStatus::Done(..) => {
+                // Already handled (e.g. flushed): move on.
+                self.sq_tx_seq = self.sq_tx_seq.max(seq + 1);
+                self.tx.msg = TxMsg::None;
+                return;
+            }
+        };
+        if sent == 0 && fence && orq_len > 0 {
+            return;
+        }
+        if let SendOp::Read { remote_addr, rkey } = op {
+            if orq_len >= ord || self.orq.is_full() {
+                return;
+            }
+            let (sink_stag, sink_to) = match self.sq_entry(seq).map(|e| &e.data) {
+                Some(SqData::Sgl { sgl, .. }) => sgl
+                    .as_slice()
+                    .first()
+                    .map_or((0, 0), |s| (s.lkey.0, s.addr)),
+                _ => (0, 0),
+            };
+            let Some(mut b) = self.take_spare() else {
+                return;
+            };
+            let msn = self.tx_msn[1];
+            let hdr_len = codec::emit_read_request(
+                b.hdr.get_mut(2..).unwrap_or(&mut []),
+                msn,
+                sink_stag,
+                sink_to,
+                len as u32,
+                rkey.0,
+                remote_addr,
+            );
+            self.tx_msn[1] = msn.wrapping_add(1);
+            let _ = self.orq.push(OrqEntry {
+                seq: Some(seq),
+                sink_stag,
+                sink_to,
+                len,
+                received: 0,
+            });
+            if let Some(e) = self.sq_entry_mut(seq) {
+                e.status = SqStatus::AwaitingResponse;
+            }
+            self.sq_tx_seq = seq + 1;
+            self.tx.msg = TxMsg::None;
+            self.frame_fpdu(b, hdr_len, TxDone::ReadRequest { bytes: len });
+            return;
+        }
+
+        let Some(mut b) = self.take_spare() else {
+            return;
+        };
+        let hdr_len = match op {
+            SendOp::Send { .. } => codec::UNTAGGED_HEADER_LEN,
+            _ => codec::TAGGED_HEADER_LEN,
+        };
+        let max = self.tx.max_payload(hdr_len);
+        // Gather the segment's payload.
+        let mut seg = 0usize;
+        let mut inline_len = 0usize;
+        match self.sq_entry(seq).map(|e| &e.data) {
+            Some(SqData::Sgl { sgl, mem }) => {
+                let mut i = 0;
+                while seg < max && sent + (seg as u64) < len && i < MAX_SGE {
+                    match sge_piece(sgl, mem, sent + seg as u64, max - seg) {
+                        Some(p) => {
+                            seg += p.2;
+                            if let Some(slot) = b.payload.get_mut(i) {
+                                *slot = Some(p);
+                            }
+                            i += 1;
+                        }
+                        None => break,
+                    }
+                }
+            }
+            Some(SqData::Inline { buf, len: ilen }) => {
+                // Inline data fits one FPDU (MAX_INLINE < MIN_FPDU_LEN - headers is not
+                // guaranteed, so it is segmented like any payload).
+                let start = usize::try_from(sent).unwrap_or(usize::MAX);
+                let take = (*ilen).saturating_sub(start).min(max);
+                if let (Some(dst), Some(src)) = (
+                    b.hdr.get_mut(2 + hdr_len..2 + hdr_len + take),
+                    buf.get(start..start + take),
+                ) {
+                    dst.copy_from_slice(src);
+                    inline_len = take;
+                    seg = take;
+                }
+            }
+            None => {
+                self.tx.spare = Some(b);
+                return;
+            }
+        }
+        let new_sent = sent + seg as u64;
+        let last = new_sent >= len;
+        let hdr = b.hdr.get_mut(2..).unwrap_or(&mut []);
+        match op {
+            SendOp::Send {
+                solicited,
+                invalidate,
+            } => {
+                let msn = self.tx_msn[0];
+                codec::emit_send(
+                    hdr,
+                    last,
+                    solicited,
+                    invalidate.map(|s| s.0),
+                    msn,
+                    sent as u32,
+                );
+                if last {
+                    self.tx_msn[0] = msn.wrapping_add(1);
+                }
+            }
+            SendOp::Write { remote_addr, rkey } => {
+                codec::emit_write(hdr, last, rkey.0, remote_addr.wrapping_add(sent));
+            }
+            SendOp::Read { .. } => {}
+        }
+        if let Some(e) = self.sq_entry_mut(seq) {
+            e.status = SqStatus::Sending { sent: new_sent };
+        }
+        if last {
+            self.sq_tx_seq = seq + 1;
+            self.tx.msg = TxMsg::None;
+        } else {
+            self.tx.msg = TxMsg::Sq(seq);
+        }
+        self.frame_fpdu(
+            b,
+            hdr_len + inline_len,
+            TxDone::Sq {
+                seq,
+                bytes: seg,
+                last,
+            },
+        );
+    }
+
+    /// A WR failed locally (bad lkey): Terminate the stream (RDMAP local catastrophic error),
+    /// flush, and report it.
+    fn fail_local(&mut self) {
+        self.push_event(crate::event::AsyncEvent::QpFatal {
+            qp_num: self.cfg.qp_num,
+            cause: Cause::LocalOperation,
+        });
+        self.terminate.queue_local(&mut self.tx);
+        self.rx.close();
+        self.flush();
+        self.set_state(QpState::Terminate);
+    }
+}

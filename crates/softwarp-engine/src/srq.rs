@@ -1,0 +1,127 @@
+//! Shared receive queues: one pool of receive work requests that several QPs draw from, with
+//! the verbs "limit" event (armed with a threshold, fired once when the number of queued WRs
+//! drops below it). No I/O here.
+
+use thiserror::Error;
+
+use crate::event::AsyncEvent;
+use crate::mr::PdId;
+use crate::ring::Ring;
+use crate::wr::RecvWr;
+
+/// Identifies an SRQ in the runtime's tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SrqId(pub u32);
+
+/// Posting to an SRQ failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum SrqError {
+    /// The SRQ holds as many WRs as its capacity.
+    #[error("shared receive queue is full")]
+    Full,
+}
+
+/// A shared receive queue.
+#[derive(Debug)]
+pub struct Srq {
+    id: SrqId,
+    pd: PdId,
+    ring: Ring<RecvWr>,
+    limit: Option<usize>,
+    event: Option<AsyncEvent>,
+}
+
+impl Srq {
+    /// Creates an SRQ in `pd` for up to `capacity` receive WRs (allocated now).
+    pub fn new(id: SrqId, pd: PdId, capacity: usize) -> Self {
+        Self {
+            id,
+            pd,
+            ring: Ring::new(capacity),
+            limit: None,
+            event: None,
+        }
+    }
+    /// This SRQ's id.
+    pub fn id(&self) -> SrqId {
+        self.id
+    }
+    /// The protection domain receive buffers are checked against.
+    pub fn pd(&self) -> PdId {
+        self.pd
+    }
+    /// Receive WRs queued.
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+    /// True when no WR is queued.
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+    /// Queues a receive WR.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), SrqError> {
+        self.ring.push(wr).map_err(|_| SrqError::Full)
+    }
+    /// Arms the limit event: it fires once when fewer than `limit` WRs remain queued.
+    pub fn arm_limit(&mut self, limit: usize) {
+        self.limit = Some(limit);
+    }
+    /// The armed limit, if any (disarmed after it fired).
+    pub fn limit(&self) -> Option<usize> {
+        self.limit
+    }
+    /// Takes the next WR for a QP's incoming Send (engine use).
+    pub(crate) fn take(&mut self) -> Option<RecvWr> {
+        let wr = self.ring.pop()?;
+        if let Some(limit) = self.limit {
+            if self.ring.len() < limit {
+                self.limit = None;
+                self.event = Some(AsyncEvent::SrqLimitReached { srq: self.id });
+            }
+        }
+        Some(wr)
+    }
+    /// Takes the pending limit event, once.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.event.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wr::SgList;
+
+    #[test]
+    fn srq_limit_event_fires_once_below_the_limit() {
+        let mut srq = Srq::new(SrqId(3), PdId(1), 4);
+        for i in 0..4 {
+            srq.post_recv(RecvWr {
+                wr_id: i,
+                sgl: SgList::new(),
+            })
+            .unwrap();
+        }
+        assert_eq!(
+            srq.post_recv(RecvWr {
+                wr_id: 9,
+                sgl: SgList::new()
+            }),
+            Err(SrqError::Full)
+        );
+        srq.arm_limit(2);
+        assert_eq!(srq.take().map(|w| w.wr_id), Some(0));
+        assert_eq!(srq.poll_event(), None);
+        assert_eq!(srq.take().map(|w| w.wr_id), Some(1));
+        assert_eq!(srq.poll_event(), None, "2 left is not below 2");
+        srq.take();
+        assert_eq!(
+            srq.poll_event(),
+            Some(AsyncEvent::SrqLimitReached { srq: SrqId(3) })
+        );
+        srq.take();
+        assert_eq!(srq.poll_event(), None);
+        assert_eq!(srq.limit(), None);
+    }
+}

@@ -1,0 +1,59 @@
+//! Per-QP statistics counters (a plain struct, like quinn's `ConnectionStats`). No I/O here.
+
+/// Messages and bytes of one kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counter {
+    /// Messages (a message may span several FPDUs).
+    pub messages: u64,
+    /// Payload bytes.
+    pub bytes: u64,
+}
+
+impl Counter {
+    pub(crate) fn add(&mut self, bytes: u64) {
+        self.messages += 1;
+        self.bytes += bytes;
+    }
+}
+
+/// Counters per RDMAP operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpCounters {
+    /// Send, Send with SE, Send with Invalidate, Send with SE and Invalidate.
+    pub send: Counter,
+    /// RDMA Write.
+    pub write: Counter,
+    /// RDMA Read Request (bytes: the requested length).
+    pub read_request: Counter,
+    /// RDMA Read Response.
+    pub read_response: Counter,
+    /// Terminate.
+    pub terminate: Counter,
+}
+
+/// Statistics of one QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpStats {
+    /// Messages sent, per operation (counted when the last FPDU is handed to the runtime).
+    pub tx: OpCounters,
+    /// Messages received, per operation (counted when the last FPDU passed its checks).
+    pub rx: OpCounters,
+    /// FPDUs sent.
+    pub tx_fpdus: u64,
+    /// FPDUs received.
+    pub rx_fpdus: u64,
+    /// Bytes handed to the runtime for transmission (whole FPDUs, all framing included).
+    pub tx_stream_bytes: u64,
+    /// Bytes consumed from the stream.
+    pub rx_stream_bytes: u64,
+    /// FPDUs whose CRC did not match.
+    pub crc_errors: u64,
+    /// Terminate messages sent.
+    pub terminates_sent: u64,
+    /// Terminate messages received.
+    pub terminates_received: u64,
+    /// Work requests completed with a flush status.
+    pub flushed: u64,
+    /// Asynchronous events that did not fit the QP's event ring.
+    pub events_lost: u64,
+}

@@ -1,0 +1,823 @@
+//! Malicious or broken peers: crafted FPDUs (built with the wire crate's emitters) must each
+//! produce the Terminate RFC 5040/5041/5044 prescribe, the right completion status and event,
+//! move the QP to Error, and never change a byte outside a region the peer may write.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod util;
+
+use std::sync::Arc;
+
+use softwarp_engine::event::AsyncEvent;
+use softwarp_engine::fault::{Cause, Fault};
+use softwarp_engine::memory::Region;
+use softwarp_engine::mr::{Access, AccessError, PdId, Stag};
+use softwarp_engine::qp::{QpState, StreamConfig, TerminateLayout};
+use softwarp_engine::wr::{RecvWr, SgList, WcStatus};
+use softwarp_wire::ddp::{
+    self, HeaderRepr, TaggedHeader, TaggedRepr, UntaggedHeader, UntaggedRepr,
+};
+use softwarp_wire::mpa::Fpdu;
+use softwarp_wire::rdmap::{
+    DdpError, LlpError, Message, MpaError, Placement, RdmapError, ReadRequestRepr,
+    RemoteOperationError, RemoteProtectionError, Segment, TaggedBufferError, TerminateError,
+    TerminateRepr, TerminatedRdmapHeader, UntaggedBufferError,
+};
+use util::{contents, sge, Side};
+
+fn stream(crc: bool) -> StreamConfig {
+    let mut s = StreamConfig::for_mss(1448);
+    s.crc = crc;
+    s
+}
+
+/// Frames a segment as an FPDU.
+fn fpdu(seg: &Segment<'_>, crc: bool) -> Vec<u8> {
+    let mut ulpdu = vec![0u8; seg.buffer_len()];
+    let n = seg.emit(&mut ulpdu).unwrap();
+    ulpdu.truncate(n);
+    frame(&ulpdu, crc)
+}
+
+fn frame(ulpdu: &[u8], crc: bool) -> Vec<u8> {
+    let f = Fpdu { ulpdu };
+    let mut out = vec![0u8; f.buffer_len()];
+    f.emit(&mut out, crc).unwrap();
+    out
+}
+
+fn write_seg(stag: Stag, to: u64, payload: &[u8]) -> Segment<'_> {
+    Segment {
+        last: true,
+        placement: Placement::Tagged {
+            stag: stag.0,
+            tagged_offset: to,
+        },
+        message: Message::RdmaWrite,
+        payload,
+    }
+}
+
+fn send_seg(msn: u32, mo: u32, last: bool, message: Message, payload: &[u8]) -> Segment<'_> {
+    Segment {
+        last,
+        placement: Placement::Untagged { msn, mo },
+        message,
+        payload,
+    }
+}
+
+/// Everything the victim sent, split into ULPDUs.
+fn sent_ulpdus(side: &mut Side, crc: bool) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    side.transmit(&mut out, || usize::MAX);
+    let mut v = Vec::new();
+    let mut at = 0;
+    while at < out.len() {
+        let (f, n) = Fpdu::parse(&out[at..], crc).unwrap();
+        v.push(f.ulpdu.to_vec());
+        at += n;
+    }
+    v
+}
+
+/// The victim's Terminate (its last FPDU), parsed.
+fn terminate_of(side: &mut Side, crc: bool) -> (TerminateRepr, Vec<u8>) {
+    let ulpdus = sent_ulpdus(side, crc);
+    let last = ulpdus.last().expect("a Terminate was sent").clone();
+    let seg = Segment::parse(&last).unwrap();
+    assert_eq!(seg.placement, Placement::Untagged { msn: 1, mo: 0 });
+    match seg.message {
+        Message::Terminate(t) => (t, last),
+        other => panic!("expected a Terminate, got {other:?}"),
+    }
+}
+
+/// A victim with one remote-writable region and snapshots of every region it has.
+struct Victim {
+    side: Side,
+    regions: Vec<Arc<Region>>,
+    before: Vec<Vec<u8>>,
+}
+
+impl Victim {
+    fn new(crc: bool) -> Self {
+        Self::with_stream(stream(crc))
+    }
+    fn with_stream(s: StreamConfig) -> Self {
+        Victim {
+            side: Side::new(2, s),
+            regions: Vec::new(),
+            before: Vec::new(),
+        }
+    }
+    fn region(&mut self, len: usize, access: Access) -> (Stag, u64) {
+        let (r, stag, iova, _) = self.side.filled_region(len, access, 0xaa);
+        self.regions.push(r);
+        (stag, iova)
+    }
+    fn snapshot(&mut self) {
+        self.before = self.regions.iter().map(|r| contents(r)).collect();
+    }
+    fn assert_untouched(&self) {
+        for (r, b) in self.regions.iter().zip(&self.before) {
+            assert_eq!(&contents(r), b, "a region changed");
+        }
+    }
+    fn feed(&mut self, bytes: &[u8]) {
+        self.side.receive(bytes, || 7);
+    }
+    fn expect_terminate(&mut self, crc: bool, error: TerminateError) -> TerminateRepr {
+        let (t, _) = terminate_of(&mut self.side, crc);
+        assert_eq!(t.error, error, "{t}");
+        assert_eq!(self.side.qp.state(), QpState::Error);
+        assert!(self.side.qp.terminate_sent());
+        assert_eq!(self.side.qp.stats().terminates_sent, 1);
+        t
+    }
+}
+
+fn tagged_hdr(stag: Stag, to: u64) -> HeaderRepr {
+    HeaderRepr::Tagged(TaggedRepr {
+        last: true,
+        ulp_control: 0x40, // RV 1, opcode RDMA Write
+        stag: stag.0,
+        tagged_offset: to,
+    })
+}
+
+/// An RDMA Write through `stag` at `to` must be refused with `error`, with the segment length
+/// and the tagged header copied back, and nothing written.
+fn refused_write(v: &mut Victim, stag: Stag, to: u64, error: TerminateError, fault: Fault) {
+    v.snapshot();
+    let payload = [0x55u8; 100];
+    v.feed(&fpdu(&write_seg(stag, to, &payload), false));
+    v.assert_untouched();
+    let t = v.expect_terminate(false, error);
+    assert_eq!(t.ddp_segment_length, Some(114), "ULPDU length: 14 + 100");
+    assert_eq!(t.ddp_header, Some(tagged_hdr(stag, to)));
+    assert_eq!(t.rdmap_header, TerminatedRdmapHeader::Absent);
+    assert!(
+        v.side.events.iter().any(|e| matches!(e,
+            AsyncEvent::QpAccessError { cause: Cause::Detected(f), .. } if *f == fault)),
+        "{:?}",
+        v.side.events
+    );
+}
+
+fn ddp_tagged(e: TaggedBufferError) -> TerminateError {
+    TerminateError::Ddp(DdpError::TaggedBuffer(e))
+}
+
+fn ddp_untagged(e: UntaggedBufferError) -> TerminateError {
+    TerminateError::Ddp(DdpError::UntaggedBuffer(e))
+}
+
+#[test]
+fn write_to_unknown_stag_gets_ddp_invalid_stag() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(4096, Access::REMOTE_WRITE);
+    let bogus = Stag::from_parts(stag.index() + 5, stag.key());
+    refused_write(
+        &mut v,
+        bogus,
+        iova,
+        ddp_tagged(TaggedBufferError::InvalidStag),
+        Fault::Tagged(AccessError::InvalidStag),
+    );
+}
+
+#[test]
+fn write_with_wrong_key_gets_ddp_invalid_stag() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(4096, Access::REMOTE_WRITE);
+    let stale = Stag::from_parts(stag.index(), stag.key().wrapping_add(1));
+    refused_write(
+        &mut v,
+        stale,
+        iova,
+        ddp_tagged(TaggedBufferError::InvalidStag),
+        Fault::Tagged(AccessError::KeyMismatch),
+    );
+}
+
+#[test]
+fn write_beyond_the_region_gets_base_or_bounds_violation_and_no_byte_changes() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(4096, Access::REMOTE_WRITE);
+    // 100 bytes starting 50 bytes before the end.
+    refused_write(
+        &mut v,
+        stag,
+        iova + 4096 - 50,
+        ddp_tagged(TaggedBufferError::BaseOrBoundsViolation),
+        Fault::Tagged(AccessError::BaseOrBounds),
+    );
+}
+
+#[test]
+fn write_below_the_base_gets_base_or_bounds_violation() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(4096, Access::REMOTE_WRITE);
+    refused_write(
+        &mut v,
+        stag,
+        iova - 1,
+        ddp_tagged(TaggedBufferError::BaseOrBoundsViolation),
+        Fault::Tagged(AccessError::BaseOrBounds),
+    );
+}
+
+#[test]
+fn write_with_wrapping_to_gets_to_wrap() {
+    let mut v = Victim::new(false);
+    let (stag, _) = v.region(4096, Access::REMOTE_WRITE);
+    refused_write(
+        &mut v,
+        stag,
+        u64::MAX - 10,
+        ddp_tagged(TaggedBufferError::ToWrap),
+        Fault::Tagged(AccessError::ToWrap),
+    );
+}
+
+#[test]
+fn write_to_a_region_of_another_pd_gets_stag_not_associated() {
+    let mut v = Victim::new(false);
+    let r = Arc::new(Region::new_zeroed(4096).unwrap());
+    let stag = v
+        .side
+        .mrs
+        .register(
+            PdId(9),
+            r.clone(),
+            0,
+            4096,
+            Some(0x5000),
+            Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    v.regions.push(r);
+    refused_write(
+        &mut v,
+        stag,
+        0x5000,
+        ddp_tagged(TaggedBufferError::StagNotAssociatedWithDdpStream),
+        Fault::Tagged(AccessError::PdMismatch),
+    );
+}
+
+#[test]
+fn write_to_a_region_without_remote_write_gets_rdmap_access_rights_violation() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(4096, Access::REMOTE_READ | Access::LOCAL_WRITE);
+    refused_write(
+        &mut v,
+        stag,
+        iova,
+        TerminateError::Rdmap(RdmapError::RemoteProtection(
+            RemoteProtectionError::AccessRightsViolation,
+        )),
+        Fault::Tagged(AccessError::AccessRights),
+    );
+}
+
+#[test]
+fn write_to_an_invalidated_stag_gets_ddp_invalid_stag() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(4096, Access::REMOTE_WRITE);
+    v.side.mrs.invalidate_local(stag, util::PD).unwrap();
+    refused_write(
+        &mut v,
+        stag,
+        iova,
+        ddp_tagged(TaggedBufferError::InvalidStag),
+        Fault::Tagged(AccessError::Invalidated),
+    );
+}
+
+#[test]
+fn terminate_bytes_match_rfc_5040_layout_by_hand() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(64, Access::REMOTE_WRITE);
+    v.feed(&fpdu(&write_seg(stag, iova + 60, &[1u8; 8]), false));
+    let (_, ulpdu) = terminate_of(&mut v.side, false);
+    let s = stag.0.to_be_bytes();
+    let to = (iova + 60).to_be_bytes();
+    #[rustfmt::skip]
+    let expected: Vec<u8> = [
+        // DDP untagged header: T=0 L=1 DV=1, RV=1 opcode Terminate (7), reserved ULP 0,
+        // QN 2, MSN 1, MO 0.
+        &[0x41, 0x47, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0][..],
+        // Terminate control: layer DDP (1), etype tagged buffer (1), code base or bounds
+        // (1), M and D set (0xC0), reserved 0.
+        &[0x11, 0x01, 0xc0, 0x00],
+        // DDP Segment Length: 14 + 8 = 22.
+        &[0x00, 22],
+        // The offending tagged header: T=1 L=1 DV=1, RV=1 RDMA Write (0), STag, TO.
+        &[0xc1, 0x40], &s, &to,
+    ]
+    .concat();
+    assert_eq!(ulpdu, expected);
+}
+
+#[test]
+fn siw_layout_is_used_when_configured() {
+    let mut s = stream(false);
+    s.terminate_layout = TerminateLayout::LinuxSiw;
+    let mut v = Victim::with_stream(s);
+    let (stag, iova) = v.region(64, Access::REMOTE_WRITE);
+    v.feed(&fpdu(&write_seg(stag, iova + 60, &[1u8; 8]), false));
+    let (t, ulpdu) = terminate_of(&mut v.side, false);
+    assert_eq!(t.layout, TerminateLayout::LinuxSiw);
+    // siw: layer in the low nibble, M/D at 0x01/0x02 (the capture's `11 01 03 00`).
+    assert_eq!(&ulpdu[18..22], &[0x11, 0x01, 0x03, 0x00]);
+}
+
+#[test]
+fn crc_error_gets_llp_mpa_crc_terminate_and_no_completion() {
+    let mut v = Victim::new(true);
+    let (stag, iova) = v.region(4096, Access::LOCAL_WRITE);
+    v.side
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 1,
+            sgl: SgList::single(sge(stag, iova, 0, 4096)),
+        })
+        .unwrap();
+    let mut bytes = fpdu(&send_seg(1, 0, true, Message::Send, &[7u8; 200]), true);
+    bytes[100] ^= 0x10; // corrupt one payload byte
+    v.feed(&bytes);
+    let t = v.expect_terminate(true, TerminateError::Llp(LlpError::Mpa(MpaError::CrcError)));
+    assert_eq!(t.ddp_segment_length, None);
+    assert_eq!(t.ddp_header, None);
+    let wcs = v.side.recv_wcs();
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].status, WcStatus::WrFlushErr, "never delivered");
+    assert_eq!(v.side.qp.stats().crc_errors, 1);
+    assert!(v.side.events.iter().any(|e| matches!(
+        e,
+        AsyncEvent::QpFatal {
+            cause: Cause::Detected(Fault::Crc),
+            ..
+        }
+    )));
+}
+
+#[test]
+fn corrupted_header_is_reported_as_crc_error_not_as_protection_error() {
+    let mut v = Victim::new(true);
+    let (stag, iova) = v.region(4096, Access::REMOTE_WRITE);
+    v.snapshot();
+    let mut bytes = fpdu(&write_seg(stag, iova, &[7u8; 64]), true);
+    bytes[5] ^= 0x80; // flips a bit of the STag
+    v.feed(&bytes);
+    v.assert_untouched();
+    v.expect_terminate(true, TerminateError::Llp(LlpError::Mpa(MpaError::CrcError)));
+}
+
+#[test]
+fn ddp_version_error_gets_invalid_ddp_version() {
+    for tagged in [true, false] {
+        let mut v = Victim::new(false);
+        let (stag, iova) = v.region(4096, Access::REMOTE_WRITE | Access::LOCAL_WRITE);
+        v.side
+            .qp
+            .post_recv(RecvWr {
+                wr_id: 1,
+                sgl: SgList::single(sge(stag, iova, 0, 4096)),
+            })
+            .unwrap();
+        v.snapshot();
+        let seg = if tagged {
+            write_seg(stag, iova, &[1u8; 32])
+        } else {
+            send_seg(1, 0, true, Message::Send, &[1u8; 32])
+        };
+        let mut ulpdu = vec![0u8; seg.buffer_len()];
+        seg.emit(&mut ulpdu).unwrap();
+        if tagged {
+            TaggedHeader::new_unchecked(&mut ulpdu[..]).set_version(2);
+        } else {
+            UntaggedHeader::new_unchecked(&mut ulpdu[..]).set_version(2);
+        }
+        v.feed(&frame(&ulpdu, false));
+        v.assert_untouched();
+        let want = if tagged {
+            ddp_tagged(TaggedBufferError::InvalidDdpVersion)
+        } else {
+            ddp_untagged(UntaggedBufferError::InvalidDdpVersion)
+        };
+        let t = v.expect_terminate(false, want);
+        let (copied, _) = HeaderRepr::parse_any_version(&ulpdu).unwrap();
+        assert_eq!(t.ddp_header, Some(copied));
+    }
+}
+
+#[test]
+fn rdmap_version_error_gets_invalid_rdmap_version() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(4096, Access::REMOTE_WRITE);
+    v.snapshot();
+    let seg = write_seg(stag, iova, &[1u8; 32]);
+    let mut ulpdu = vec![0u8; seg.buffer_len()];
+    seg.emit(&mut ulpdu).unwrap();
+    TaggedHeader::new_unchecked(&mut ulpdu[..]).set_ulp_control(0x80); // RV 2
+    v.feed(&frame(&ulpdu, false));
+    v.assert_untouched();
+    v.expect_terminate(
+        false,
+        TerminateError::Rdmap(RdmapError::RemoteOperation(
+            RemoteOperationError::InvalidRdmapVersion,
+        )),
+    );
+}
+
+#[test]
+fn unknown_opcode_gets_unexpected_opcode() {
+    let mut v = Victim::new(false);
+    let seg = send_seg(1, 0, true, Message::Send, &[1u8; 8]);
+    let mut ulpdu = vec![0u8; seg.buffer_len()];
+    seg.emit(&mut ulpdu).unwrap();
+    UntaggedHeader::new_unchecked(&mut ulpdu[..]).set_ulp_control(0x4f); // opcode 0xF
+    v.feed(&frame(&ulpdu, false));
+    v.expect_terminate(
+        false,
+        TerminateError::Rdmap(RdmapError::RemoteOperation(
+            RemoteOperationError::UnexpectedOpcode,
+        )),
+    );
+}
+
+#[test]
+fn oversized_send_gets_message_too_long_and_loc_len_err() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(4096, Access::LOCAL_WRITE);
+    v.side
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 3,
+            sgl: SgList::single(sge(stag, iova, 100, 50)),
+        })
+        .unwrap();
+    v.snapshot();
+    v.feed(&fpdu(
+        &send_seg(1, 0, true, Message::Send, &[9u8; 100]),
+        false,
+    ));
+    v.assert_untouched();
+    let t = v.expect_terminate(false, ddp_untagged(UntaggedBufferError::MessageTooLong));
+    assert_eq!(t.ddp_segment_length, Some(118));
+    assert_eq!(
+        t.ddp_header,
+        Some(HeaderRepr::Untagged(UntaggedRepr {
+            last: true,
+            ulp_control: 0x43,
+            ulp_reserved: 0,
+            queue_number: 0,
+            msn: 1,
+            mo: 0,
+        }))
+    );
+    let wcs = v.side.recv_wcs();
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].wr_id, 3);
+    assert_eq!(wcs[0].status, WcStatus::LocLenErr);
+    assert!(v.side.events.iter().any(|e| matches!(
+        e,
+        AsyncEvent::QpRequestError {
+            cause: Cause::Detected(Fault::MessageTooLong),
+            ..
+        }
+    )));
+}
+
+#[test]
+fn oversized_multi_segment_send_stops_at_the_buffer_end() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(4096, Access::LOCAL_WRITE);
+    v.side
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 3,
+            sgl: SgList::single(sge(stag, iova, 0, 150)),
+        })
+        .unwrap();
+    v.snapshot();
+    let mut bytes = fpdu(&send_seg(1, 0, false, Message::Send, &[9u8; 100]), false);
+    bytes.extend(fpdu(
+        &send_seg(1, 100, true, Message::Send, &[8u8; 100]),
+        false,
+    ));
+    v.feed(&bytes);
+    let got = contents(&v.regions[0]);
+    assert_eq!(
+        &got[..100],
+        &[9u8; 100],
+        "the first segment fits and is placed"
+    );
+    assert_eq!(&got[100..], &v.before[0][100..], "nothing past it");
+    v.expect_terminate(false, ddp_untagged(UntaggedBufferError::MessageTooLong));
+    assert_eq!(v.side.recv_wcs()[0].status, WcStatus::LocLenErr);
+}
+
+#[test]
+fn send_without_posted_receive_gets_no_buffer_available() {
+    let mut v = Victim::new(false);
+    v.feed(&fpdu(
+        &send_seg(1, 0, true, Message::Send, &[1u8; 10]),
+        false,
+    ));
+    v.expect_terminate(false, ddp_untagged(UntaggedBufferError::InvalidMsnNoBuffer));
+    assert!(v.side.events.iter().any(|e| matches!(
+        e,
+        AsyncEvent::QpRequestError {
+            cause: Cause::Detected(Fault::NoReceiveBuffer),
+            ..
+        }
+    )));
+}
+
+#[test]
+fn send_with_wrong_msn_gets_msn_range_error() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(64, Access::LOCAL_WRITE);
+    v.side
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 1,
+            sgl: SgList::single(sge(stag, iova, 0, 64)),
+        })
+        .unwrap();
+    v.feed(&fpdu(
+        &send_seg(5, 0, true, Message::Send, &[1u8; 10]),
+        false,
+    ));
+    v.expect_terminate(false, ddp_untagged(UntaggedBufferError::InvalidMsnRange));
+}
+
+#[test]
+fn send_with_wrong_mo_gets_invalid_mo() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(64, Access::LOCAL_WRITE);
+    v.side
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 1,
+            sgl: SgList::single(sge(stag, iova, 0, 64)),
+        })
+        .unwrap();
+    v.snapshot();
+    v.feed(&fpdu(
+        &send_seg(1, 8, true, Message::Send, &[1u8; 10]),
+        false,
+    ));
+    v.assert_untouched();
+    v.expect_terminate(
+        false,
+        ddp_untagged(UntaggedBufferError::InvalidMessageOffset),
+    );
+}
+
+fn read_request(msn: u32, src: Stag, src_to: u64, size: u32) -> Segment<'static> {
+    Segment {
+        last: true,
+        placement: Placement::Untagged { msn, mo: 0 },
+        message: Message::RdmaReadRequest(ReadRequestRepr {
+            sink_stag: 0x1234_5600,
+            sink_tagged_offset: 0x7000,
+            read_size: size,
+            source_stag: src.0,
+            source_tagged_offset: src_to,
+        }),
+        payload: &[],
+    }
+}
+
+#[test]
+fn read_request_for_a_bad_source_gets_remote_protection_with_the_read_request_header() {
+    let cases = [
+        (0, Access::REMOTE_READ, RemoteProtectionError::InvalidStag),
+        (
+            1,
+            Access::REMOTE_READ,
+            RemoteProtectionError::BaseOrBoundsViolation,
+        ),
+        (
+            2,
+            Access::REMOTE_WRITE,
+            RemoteProtectionError::AccessRightsViolation,
+        ),
+    ];
+    for (case, access, want) in cases {
+        let mut v = Victim::new(false);
+        let (stag, iova) = v.region(4096, access);
+        let (src, to, size) = match case {
+            0 => (Stag::from_parts(stag.index(), stag.key() ^ 0xff), iova, 16),
+            1 => (stag, iova + 4000, 200),
+            _ => (stag, iova, 16),
+        };
+        let seg = read_request(1, src, to, size);
+        v.feed(&fpdu(&seg, false));
+        let ulpdus = sent_ulpdus(&mut v.side, false);
+        assert_eq!(ulpdus.len(), 1, "no Read Response, only the Terminate");
+        let Message::Terminate(t) = Segment::parse(&ulpdus[0]).unwrap().message else {
+            panic!()
+        };
+        assert_eq!(
+            t.error,
+            TerminateError::Rdmap(RdmapError::RemoteProtection(want))
+        );
+        assert_eq!(t.ddp_segment_length, Some(46));
+        assert_eq!(t.ddp_header, Some(seg.ddp_header()));
+        let Message::RdmaReadRequest(r) = seg.message else {
+            panic!()
+        };
+        assert_eq!(t.rdmap_header, TerminatedRdmapHeader::ReadRequest(r));
+        assert_eq!(v.side.qp.state(), QpState::Error);
+    }
+}
+
+#[test]
+fn read_requests_beyond_ird_get_a_terminate_after_the_allowed_ones_are_answered() {
+    let mut s = stream(false);
+    s.ird = 1;
+    let mut v = Victim::with_stream(s);
+    let (stag, iova) = v.region(4096, Access::REMOTE_READ);
+    // Two requests arrive before the responder transmits anything.
+    let mut bytes = fpdu(&read_request(1, stag, iova, 100), false);
+    bytes.extend(fpdu(&read_request(2, stag, iova, 100), false));
+    v.feed(&bytes);
+    let ulpdus = sent_ulpdus(&mut v.side, false);
+    let Message::Terminate(t) = Segment::parse(ulpdus.last().unwrap()).unwrap().message else {
+        panic!()
+    };
+    assert_eq!(
+        t.error,
+        TerminateError::Rdmap(RdmapError::RemoteOperation(
+            RemoteOperationError::CatastrophicLocalToStream
+        ))
+    );
+    assert!(matches!(t.rdmap_header, TerminatedRdmapHeader::ReadRequest(r) if r.read_size == 100));
+    assert!(v.side.events.iter().any(|e| matches!(
+        e,
+        AsyncEvent::QpRequestError {
+            cause: Cause::Detected(Fault::IrdExceeded),
+            ..
+        }
+    )));
+}
+
+#[test]
+fn send_with_invalidate_of_a_protected_stag_gets_cannot_invalidate_and_rem_inv_req_err() {
+    let mut v = Victim::new(false);
+    let (rstag, riova) = v.region(64, Access::LOCAL_WRITE);
+    let (protected, _) = v.region(64, Access::REMOTE_WRITE); // no REMOTE_INVALIDATE
+    v.side
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 4,
+            sgl: SgList::single(sge(rstag, riova, 0, 64)),
+        })
+        .unwrap();
+    v.feed(&fpdu(
+        &send_seg(
+            1,
+            0,
+            true,
+            Message::SendWithInvalidate {
+                invalidate_stag: protected.0,
+            },
+            &[1u8; 10],
+        ),
+        false,
+    ));
+    v.expect_terminate(
+        false,
+        TerminateError::Rdmap(RdmapError::RemoteProtection(
+            RemoteProtectionError::StagCannotBeInvalidated,
+        )),
+    );
+    let wcs = v.side.recv_wcs();
+    assert_eq!(wcs[0].status, WcStatus::RemInvReqErr);
+    assert!(v.side.mrs.info(protected).unwrap().valid, "not invalidated");
+}
+
+#[test]
+fn read_response_without_outstanding_read_is_refused_and_writes_nothing() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    v.snapshot();
+    let seg = Segment {
+        last: true,
+        placement: Placement::Tagged {
+            stag: stag.0,
+            tagged_offset: iova,
+        },
+        message: Message::RdmaReadResponse,
+        payload: &[3u8; 64],
+    };
+    v.feed(&fpdu(&seg, false));
+    v.assert_untouched();
+    v.expect_terminate(
+        false,
+        TerminateError::Rdmap(RdmapError::RemoteOperation(
+            RemoteOperationError::UnexpectedOpcode,
+        )),
+    );
+}
+
+#[test]
+fn ulpdu_too_short_for_a_header_gets_a_terminate() {
+    let mut v = Victim::new(false);
+    v.feed(&frame(&[0x41, 0x43, 0, 0], false));
+    let (t, _) = terminate_of(&mut v.side, false);
+    assert!(matches!(t.error, TerminateError::Rdmap(_)));
+    assert_eq!(v.side.qp.state(), QpState::Error);
+}
+
+#[test]
+fn nothing_is_received_after_a_terminate_was_queued() {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(4096, Access::REMOTE_WRITE);
+    let bogus = Stag::from_parts(stag.index() + 1, 0);
+    let mut bytes = fpdu(&write_seg(bogus, iova, &[1u8; 8]), false);
+    bytes.extend(fpdu(&write_seg(stag, iova, &[2u8; 8]), false));
+    v.snapshot();
+    let n = v.side.qp.handle_rx(&bytes, &mut v.side.mrs, None);
+    assert_eq!(n, 22 + 2 + 4, "only the first FPDU is consumed");
+    v.assert_untouched();
+    let _ = ddp::TAGGED_HEADER_LEN;
+}
+
+#[test]
+fn a_siw_layout_terminate_from_the_peer_is_understood() {
+    // What siw sent in siw-terminate-rping.pcap: DDP, tagged buffer error, base or bounds,
+    // M and D in siw's bit positions, the payload length, the offending tagged header.
+    let mut v = Victim::new(false);
+    let (kstag, kiova) = v.region(64, Access::LOCAL_WRITE);
+    v.side
+        .qp
+        .post_send(
+            &softwarp_engine::wr::SendWr {
+                wr_id: 8,
+                op: softwarp_engine::wr::SendOp::Read {
+                    remote_addr: 0x1000,
+                    rkey: Stag(0x4400),
+                },
+                payload: softwarp_engine::wr::Payload::Sgl(SgList::single(sge(
+                    kstag, kiova, 0, 64,
+                ))),
+                signaled: true,
+                fence: false,
+            },
+            &v.side.mrs,
+        )
+        .unwrap();
+    let _ = sent_ulpdus(&mut v.side, false); // the Read Request
+    let mut t = TerminateRepr::new(TerminateError::Ddp(DdpError::TaggedBuffer(
+        TaggedBufferError::BaseOrBoundsViolation,
+    )));
+    t.layout = TerminateLayout::LinuxSiw;
+    t.ddp_segment_length = Some(128);
+    t.ddp_header = Some(tagged_hdr(kstag, kiova));
+    let mut ulpdu = vec![0u8; 64];
+    let n = Segment {
+        last: true,
+        placement: Placement::Untagged { msn: 1, mo: 0 },
+        message: Message::Terminate(t),
+        payload: &[],
+    }
+    .emit_header(&mut ulpdu)
+    .unwrap();
+    ulpdu.truncate(n);
+    assert_eq!(
+        &ulpdu[18..22],
+        &[0x11, 0x01, 0x03, 0x00],
+        "siw's control bytes"
+    );
+    v.feed(&frame(&ulpdu, false));
+    assert_eq!(v.side.qp.state(), QpState::Error);
+    assert!(
+        v.side.events.iter().any(|e| matches!(
+            e,
+            AsyncEvent::QpAccessError {
+                cause: Cause::PeerTerminate {
+                    layer: 1,
+                    etype: 1,
+                    code: 1
+                },
+                ..
+            }
+        )),
+        "{:?}",
+        v.side.events
+    );
+    let wcs = v.side.send_wcs();
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (8, WcStatus::RemAccessErr));
+    assert_eq!(v.side.qp.stats().terminates_received, 1);
+    assert_eq!(
+        v.side.qp.stats().terminates_sent,
+        0,
+        "no Terminate answers a Terminate"
+    );
+}

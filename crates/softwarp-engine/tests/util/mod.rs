@@ -1,0 +1,308 @@
+//! Test support: a deterministic two-QP pair that moves bytes between two engines in chosen
+//! splits (quinn's `Pair::drive` idea), without sockets.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use softwarp_engine::cq::{Cq, CqError, CqId};
+use softwarp_engine::event::AsyncEvent;
+use softwarp_engine::memory::Region;
+use softwarp_engine::mr::{Access, MrTable, PdId, Stag};
+use softwarp_engine::qp::{Qp, QpConfig, StreamConfig};
+use softwarp_engine::srq::{Srq, SrqId};
+use softwarp_engine::wr::{CqTarget, Sge, WorkCompletion};
+
+/// How the bytes of one direction are cut before they are handed to the receiver (and how
+/// many bytes the sender's "socket" accepts per write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// Everything available at once.
+    Whole,
+    /// One byte at a time.
+    OneByte,
+    /// Random pieces of 1..=max bytes from a seeded generator.
+    Random { seed: u64, max: usize },
+}
+
+/// A small deterministic generator (xorshift64*).
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in 1..=max.
+    pub fn piece(&mut self, max: usize) -> usize {
+        1 + (self.next_u64() % max.max(1) as u64) as usize
+    }
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for b in buf.iter_mut() {
+            *b = self.next_u64() as u8;
+        }
+    }
+}
+
+/// One endpoint: a QP with its STag table, CQs, optional SRQ, and collected events.
+pub struct Side {
+    pub qp: Qp,
+    pub mrs: MrTable,
+    pub srq: Option<Srq>,
+    pub send_cq: Cq,
+    pub recv_cq: Cq,
+    pub events: Vec<AsyncEvent>,
+    /// Every byte this side transmitted, in order.
+    pub sent: Vec<u8>,
+    /// Completions a CQ refused (overflow), handed back by the CQ.
+    pub refused: Vec<WorkCompletion>,
+}
+
+pub const PD: PdId = PdId(1);
+
+pub fn qp_config(qp_num: u32, use_srq: bool) -> QpConfig {
+    QpConfig {
+        qp_num,
+        pd: PD,
+        sq_depth: 64,
+        rq_depth: 64,
+        use_srq,
+        max_ird: 16,
+        max_ord: 16,
+    }
+}
+
+impl Side {
+    pub fn new(qp_num: u32, stream: StreamConfig) -> Self {
+        Self::with_config(qp_config(qp_num, false), stream)
+    }
+
+    pub fn with_config(cfg: QpConfig, stream: StreamConfig) -> Self {
+        let mut qp = Qp::new(cfg);
+        qp.establish(stream).unwrap();
+        Side {
+            qp,
+            mrs: MrTable::new(64),
+            srq: cfg.use_srq.then(|| Srq::new(SrqId(1), cfg.pd, 64)),
+            send_cq: Cq::new(CqId(cfg.qp_num * 2), 256),
+            recv_cq: Cq::new(CqId(cfg.qp_num * 2 + 1), 256),
+            events: Vec::new(),
+            sent: Vec::new(),
+            refused: Vec::new(),
+        }
+    }
+
+    /// Registers a fresh zeroed region of `len` bytes; returns (region, STag, iova).
+    pub fn region(&mut self, len: usize, access: Access) -> (Arc<Region>, Stag, u64) {
+        let r = Arc::new(Region::new_zeroed(len).unwrap());
+        let iova = 0x10_0000_0000 + (self.mrs.len() as u64) * 0x1_0000_0000;
+        let stag = self
+            .mrs
+            .register(PD, r.clone(), 0, len, Some(iova), access)
+            .unwrap();
+        (r, stag, iova)
+    }
+
+    /// A region filled with pattern bytes from `seed`.
+    pub fn filled_region(
+        &mut self,
+        len: usize,
+        access: Access,
+        seed: u64,
+    ) -> (Arc<Region>, Stag, u64, Vec<u8>) {
+        let (r, stag, iova) = self.region(len, access);
+        let mut data = vec![0u8; len];
+        Rng::new(seed).fill(&mut data);
+        r.write_at(0, &data).unwrap();
+        (r, stag, iova, data)
+    }
+
+    /// Moves the QP's completions to the CQs and its events (and the CQs' and SRQ's) here.
+    pub fn pump(&mut self) {
+        while let Some((target, wc)) = self.qp.poll_completion() {
+            let cq = match target {
+                CqTarget::Send => &mut self.send_cq,
+                CqTarget::Recv => &mut self.recv_cq,
+            };
+            match cq.push(wc) {
+                Ok(()) => {}
+                Err(CqError::Overflow { completion, .. } | CqError::InError { completion, .. }) => {
+                    self.refused.push(completion)
+                }
+                Err(_) => {}
+            }
+        }
+        while let Some(e) = self.qp.poll_event() {
+            self.events.push(e);
+        }
+        for cq in [&mut self.send_cq, &mut self.recv_cq] {
+            while let Some(e) = cq.poll_event() {
+                self.events.push(e);
+            }
+        }
+        if let Some(srq) = self.srq.as_mut() {
+            while let Some(e) = srq.poll_event() {
+                self.events.push(e);
+            }
+        }
+    }
+
+    pub fn send_wcs(&mut self) -> Vec<WorkCompletion> {
+        self.pump();
+        std::iter::from_fn(|| self.send_cq.poll()).collect()
+    }
+
+    pub fn recv_wcs(&mut self) -> Vec<WorkCompletion> {
+        self.pump();
+        std::iter::from_fn(|| self.recv_cq.poll()).collect()
+    }
+
+    /// Transmits into `out` with partial writes of at most `max_write` bytes each (exercises
+    /// `tx_commit` with partial FPDUs). Returns the bytes written.
+    pub fn transmit(&mut self, out: &mut Vec<u8>, mut max_write: impl FnMut() -> usize) -> usize {
+        let mut total = 0;
+        while let Some(fpdu) = self.qp.poll_tx() {
+            let want = fpdu.len().min(max_write());
+            let start = out.len();
+            out.resize(start + want, 0);
+            let n = fpdu.copy_to(&mut out[start..]);
+            assert_eq!(n, want);
+            self.qp.tx_commit(n).unwrap();
+            total += n;
+            if total > (64 << 20) {
+                break;
+            }
+        }
+        self.sent.extend_from_slice(&out[out.len() - total..]);
+        total
+    }
+
+    /// Receives `data` in pieces chosen by `piece`. Returns bytes consumed.
+    pub fn receive(&mut self, data: &[u8], mut piece: impl FnMut() -> usize) -> usize {
+        let mut done = 0;
+        while done < data.len() {
+            let n = piece().min(data.len() - done);
+            let c = self
+                .qp
+                .handle_rx(&data[done..done + n], &mut self.mrs, self.srq.as_mut());
+            done += c;
+            if c < n {
+                // Blocked or closed: make room (poll completions) and retry once.
+                self.pump();
+                let c2 = self.qp.handle_rx(
+                    &data[done..done + (n - c)],
+                    &mut self.mrs,
+                    self.srq.as_mut(),
+                );
+                done += c2;
+                if c2 < n - c {
+                    break;
+                }
+            }
+        }
+        self.pump();
+        done
+    }
+}
+
+/// Two connected endpoints.
+pub struct Pair {
+    pub a: Side,
+    pub b: Side,
+    pub split: Split,
+    rng: Rng,
+    /// Bytes sent by a not yet consumed by b, and the reverse.
+    a_to_b: Vec<u8>,
+    b_to_a: Vec<u8>,
+}
+
+impl Pair {
+    pub fn new(split: Split, stream: StreamConfig) -> Self {
+        Self::from_sides(Side::new(1, stream), Side::new(2, stream), split)
+    }
+
+    pub fn from_sides(a: Side, b: Side, split: Split) -> Self {
+        let seed = match split {
+            Split::Random { seed, .. } => seed,
+            _ => 1,
+        };
+        Pair {
+            a,
+            b,
+            split,
+            rng: Rng::new(seed),
+            a_to_b: Vec::new(),
+            b_to_a: Vec::new(),
+        }
+    }
+
+    fn piece_fn(split: Split, rng: &mut Rng) -> impl FnMut() -> usize + '_ {
+        move || match split {
+            Split::Whole => usize::MAX,
+            Split::OneByte => 1,
+            Split::Random { max, .. } => rng.piece(max),
+        }
+    }
+
+    /// Moves bytes both ways until neither side has anything to send or to consume.
+    pub fn drive(&mut self) {
+        for _ in 0..1_000_000 {
+            let mut progress = false;
+            let split = self.split;
+            progress |= self
+                .a
+                .transmit(&mut self.a_to_b, Self::piece_fn(split, &mut self.rng))
+                > 0;
+            progress |= self
+                .b
+                .transmit(&mut self.b_to_a, Self::piece_fn(split, &mut self.rng))
+                > 0;
+            if !self.a_to_b.is_empty() {
+                let data = std::mem::take(&mut self.a_to_b);
+                let n = self.b.receive(&data, Self::piece_fn(split, &mut self.rng));
+                self.a_to_b = data[n..].to_vec();
+                progress |= n > 0;
+            }
+            if !self.b_to_a.is_empty() {
+                let data = std::mem::take(&mut self.b_to_a);
+                let n = self.a.receive(&data, Self::piece_fn(split, &mut self.rng));
+                self.b_to_a = data[n..].to_vec();
+                progress |= n > 0;
+            }
+            self.a.pump();
+            self.b.pump();
+            if !progress {
+                return;
+            }
+        }
+        panic!("pair did not settle");
+    }
+
+    /// Bytes a sent that b did not consume (e.g. after b stopped receiving).
+    pub fn undelivered_to_b(&self) -> usize {
+        self.a_to_b.len()
+    }
+}
+
+/// An SGE over `len` bytes at `off` of the registration (stag, iova).
+pub fn sge(stag: Stag, iova: u64, off: u64, len: u32) -> Sge {
+    Sge {
+        addr: iova + off,
+        length: len,
+        lkey: stag,
+    }
+}
+
+/// Reads a whole region.
+pub fn contents(r: &Region) -> Vec<u8> {
+    let mut v = vec![0u8; r.len()];
+    r.read_at(0, &mut v).unwrap();
+    v
+}
