@@ -1,12 +1,25 @@
-//! The `softwarp` command.
+//! `softwarp`: the command-line tool of the Softwarp iWARP stack.
+//!
+//! `decode` prints one line per MPA frame and FPDU of a pcap/pcapng capture (or one JSON
+//! object per line with `--json`). Exit status: 0 when everything decoded cleanly, 1 when the
+//! file could not be read as a capture, 2 when it was decoded but something in it was
+//! malformed (a bad CRC, a segment the codecs refuse, a cut capture).
+//!
+//! `demo` runs a server and a client on loopback and exercises every iWARP operation (exit
+//! status 0 when every byte and completion checked out, 1 otherwise).
 
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+use softwarp_cli::decode::{decode_capture, output_to_json, Output};
 
 mod demo;
 
-/// Softwarp: a user-space software iWARP stack.
 #[derive(Debug, Parser)]
-#[command(name = "softwarp", version, about)]
+#[command(name = "softwarp", version, about = "Softwarp iWARP stack tools")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -14,12 +27,95 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run a server and a client on loopback and exercise every iWARP operation.
+    /// Decode the iWARP traffic (MPA frames and FPDUs) of a pcap or pcapng capture.
+    ///
+    /// One line per MPA Request/Reply and FPDU, in the format of iwarp-decode (tshark):
+    /// frame, TCP ports, kind, fields, payload, ULPDU length, pad, CRC verdict. The capture
+    /// must contain the start of each connection (the MPA Request).
+    Decode {
+        /// The capture file.
+        file: PathBuf,
+        /// Print one JSON object per line instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Print a summary (counts) to standard error at the end.
+        #[arg(long)]
+        summary: bool,
+    },
+    /// Run a server and a client on loopback (two threads) and exercise every iWARP
+    /// operation: one line per operation with its size and timing.
     Demo(demo::DemoArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Demo(args) => demo::run(&args),
+fn print_output(out: &mut impl Write, output: &Output, json: bool) -> io::Result<()> {
+    if json {
+        writeln!(out, "{}", output_to_json(output))
+    } else {
+        writeln!(out, "{output}")
+    }
+}
+
+fn decode(file: &PathBuf, json: bool, summary: bool) -> anyhow::Result<ExitCode> {
+    let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let stdout = io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    let mut write_error = None;
+    let result = decode_capture(&bytes, &mut |output| {
+        if write_error.is_none() {
+            if let Err(e) = print_output(&mut out, &output, json) {
+                write_error = Some(e);
+            }
+        }
+    })
+    .with_context(|| format!("{} is not a capture softwarp can read", file.display()))?;
+    if let Some(e) = write_error {
+        if e.kind() == io::ErrorKind::BrokenPipe {
+            return Ok(ExitCode::SUCCESS);
+        }
+        return Err(e).context("writing to standard output");
+    }
+    if let Err(e) = out.flush() {
+        if e.kind() != io::ErrorKind::BrokenPipe {
+            return Err(e).context("writing to standard output");
+        }
+    }
+    if summary {
+        eprintln!(
+            "{}: {} frames, {} TCP connections ({} iWARP), {} MPA frames, {} FPDUs, \
+             {} bad CRCs, {} bad segments, {} errors",
+            file.display(),
+            result.frames,
+            result.connections,
+            result.iwarp_connections,
+            result.mpa_frames,
+            result.fpdus,
+            result.bad_crcs,
+            result.bad_segments,
+            result.errors
+        );
+    }
+    Ok(if result.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Decode {
+            file,
+            json,
+            summary,
+        } => decode(file, *json, *summary),
+        Command::Demo(args) => demo::run(args).map(|()| ExitCode::SUCCESS),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("softwarp: {e:#}");
+            ExitCode::from(1)
+        }
     }
 }

@@ -1,0 +1,11 @@
+//! The `softwarp` command's library half: capture reading and iWARP decoding, kept out of
+//! `main.rs` so that tests can call them directly.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
+pub mod capture;
+pub mod decode;
