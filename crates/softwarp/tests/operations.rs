@@ -267,3 +267,80 @@ fn both_directions_run_at_once_without_interference() {
     // b's sink got a's Write and then its own Read of a's source: both carry a_data.
     assert!(b_sink.to_vec().unwrap() == a_data);
 }
+
+/// Send, Write and Read of 200 000 bytes under each stream option: CRC off, MPA revision 1,
+/// RFC 6581 peer-to-peer mode (RTR before the first FPDU), siw-sized 1448-byte FPDUs, the
+/// smallest FPDU the engine accepts, and siw's Terminate layout.
+#[test]
+fn every_stream_option_carries_send_write_and_read() {
+    let variants = [
+        ConnectOptions::default().crc(false),
+        ConnectOptions::default().revision(MpaRevision::Rev1),
+        ConnectOptions::default().peer_to_peer(true),
+        ConnectOptions::default().max_fpdu_len(Some(1448)),
+        ConnectOptions::default().max_fpdu_len(Some(128)).crc(false),
+        ConnectOptions::default().terminate_layout(TerminateLayout::LinuxSiw),
+        ConnectOptions::default().private_data(b"hello responder"),
+    ];
+    let len = 200_000;
+    for (v, opts) in variants.iter().enumerate() {
+        let (a, b) = pair(opts);
+        let ai = a.info.clone().unwrap();
+        let bi = b.info.clone().unwrap();
+        assert_eq!(ai.crc, opts.crc);
+        assert_eq!(ai.revision, opts.revision.value());
+        assert_eq!(bi.revision, opts.revision.value());
+        assert_eq!(bi.peer_private_data, opts.private_data);
+        if opts.peer_to_peer {
+            assert_eq!(ai.rtr, Some(RtrKind::Write), "siw's choice, and ours");
+            assert_eq!(bi.rtr, Some(RtrKind::Write));
+        }
+        if let Some(f) = opts.max_fpdu_len {
+            assert_eq!(ai.max_fpdu_len, f);
+        }
+        let (src, data) = a.mr(len, AccessFlags::REMOTE_READ, 40 + v as u64);
+        let (dst, _) = b.mr(len, LW | AccessFlags::REMOTE_WRITE, 0);
+        b.qp.post_recv(&RecvWr {
+            wr_id: 1,
+            sgl: sgl(&dst, 0, len, 2),
+        })
+        .unwrap();
+        // b (the responder) sends first after the RTR: the Read of a's memory.
+        b.qp.post_send(&send_wr(
+            5,
+            SendOp::Read {
+                remote_addr: src.addr(),
+                rkey: src.rkey(),
+            },
+            Payload::Sgl(SgList::single(dst.sge(0, len as u32).unwrap())),
+        ))
+        .unwrap();
+        let wc = wait_wcs(&b.scq, 1);
+        assert_eq!(wc[0].status, WcStatus::Success, "variant {v}: {wc:?}");
+        assert!(dst.to_vec().unwrap() == data, "variant {v}: Read bytes");
+        dst.fill(0, len, 0).unwrap();
+        a.qp.post_send(&send_wr(
+            1,
+            SendOp::Write {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+            },
+            Payload::Sgl(sgl(&src, 0, len, 3)),
+        ))
+        .unwrap();
+        a.qp.post_send(&send_wr(
+            2,
+            send_op(false, None),
+            Payload::Sgl(sgl(&src, 0, len, 4)),
+        ))
+        .unwrap();
+        let wcs = wait_wcs(&a.scq, 2);
+        assert!(
+            wcs.iter().all(|w| w.status == WcStatus::Success),
+            "variant {v}"
+        );
+        let rwc = wait_wcs(&b.rcq, 1);
+        assert_eq!(rwc[0].byte_len as usize, len, "variant {v}");
+        assert!(dst.to_vec().unwrap() == data, "variant {v}: Send bytes");
+    }
+}
