@@ -17,6 +17,9 @@ pub enum Fault {
     Crc,
     /// An FPDU's ULPDU_Length is too short for any DDP header or longer than we accept.
     BadUlpduLength,
+    /// An MPA marker's FPDUPTR does not point back to the start of its FPDU (the marker and
+    /// the ULPDU_Length fields disagree about where FPDUs are).
+    BadMarker,
 
     // --- DDP (RFC 5041) ---
     /// The DDP version is not 1 (tagged tells which error type reports it).

@@ -65,6 +65,11 @@
 //! Send with Invalidate, queueing a Read Request, acting on a Terminate); a header error is
 //! reported after the CRC check, so a corrupted FPDU is a CRC error.
 //!
+//! With MPA markers negotiated for the received direction, every target stops at the next
+//! marker position; the marker goes into a 4-byte buffer in the QP, is checked (FPDUPTR),
+//! fed to the CRC and dropped, so the payload still goes straight to its destination. A bad
+//! marker fails the stream at once (LLP, "marker and ULPDU Length mismatch" Terminate).
+//!
 //! Placing before the CRC check is what siw does and what zero copy requires; a corrupted
 //! payload can reach the destination, but only a destination the (CRC-covered) header was
 //! allowed to name, and the message is then never completed: the QP fails with a Terminate
@@ -76,7 +81,14 @@
 //! for that EMSS; siw's 1448-byte FPDUs at MTU 1500). An FPDU is offered as gather pieces:
 //! the MPA length and DDP/RDMAP header (and inline data) from a buffer in the QP, payload
 //! pieces pointing into registered regions, and pad plus CRC (computed over the pieces when
-//! the FPDU is built). Order: a queued Terminate, the RTR, the message in progress, Read
+//! the FPDU is built). With markers negotiated for the sent direction the pieces are split at
+//! the marker positions the wire crate's `MarkerLayout` gives, the 4-byte markers (kept in
+//! the QP) go between them, MULPDU leaves room for them, and the CRC covers them; a gather
+//! list longer than [`qp::TX_PIECES`] is offered in parts. Markers are negotiated per
+//! direction (`StreamConfig::markers_tx`/`markers_rx`; the M bit of an MPA frame asks the
+//! other side to send markers) from the stream offsets in the `StreamConfig` (0 for a fresh
+//! stream: the first marker precedes the first FPDU). Order: a queued Terminate, the RTR, the
+//! message in progress, Read
 //! Responses, then send WRs in posting order; an RDMA Read waits while ORD Reads are
 //! outstanding, a fenced WR until earlier Reads completed.
 //!
@@ -96,9 +108,8 @@
 //!   that fails validation still completes in order, with `LocProtErr`.
 //! - `rx_commit` takes the STag table and the SRQ (validation and Send with Invalidate happen
 //!   when a header or trailer completes); `rx_target` needs neither.
-//! - MPA markers are not implemented: [`qp::Qp::establish`] refuses them (siw never uses
-//!   them). RFC 7306 immediate data and atomics are not implemented: they are answered with
-//!   an "unexpected opcode" Terminate.
+//! - RFC 7306 immediate data and atomics are not implemented: they are answered with an
+//!   "unexpected opcode" Terminate.
 //! - A zero-length RDMA Write is not validated (it places nothing), as in siw; this is what
 //!   makes siw's RTR (zero-length Write to STag 1) work.
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -48,6 +48,10 @@ pub struct QpStats {
     pub rx_stream_bytes: u64,
     /// FPDUs whose CRC did not match.
     pub crc_errors: u64,
+    /// MPA markers sent (RFC 5044 section 4.3).
+    pub tx_markers: u64,
+    /// MPA markers received and checked.
+    pub rx_markers: u64,
     /// Terminate messages sent.
     pub terminates_sent: u64,
     /// Terminate messages received.

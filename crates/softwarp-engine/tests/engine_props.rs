@@ -9,11 +9,11 @@ use proptest::prelude::*;
 use softwarp_engine::mr::{Access, Stag};
 use softwarp_engine::qp::{QpState, StreamConfig};
 use softwarp_engine::wr::{Payload, RecvWr, SendOp, SendWr, SgList, WcStatus, WorkCompletion};
-use softwarp_wire::mpa::Fpdu;
+use softwarp_wire::mpa::{marker, Fpdu};
 use softwarp_wire::rdmap::{
     Message, Placement, ReadRequestRepr, Segment, TerminateError, TerminateRepr,
 };
-use util::{contents, sge, Pair, Side, Split};
+use util::{contents, sge, strip_stream, Pair, Side, Split};
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
@@ -33,11 +33,55 @@ fn op() -> impl Strategy<Value = Op> {
 
 const SLOT: u64 = 20_000;
 
+/// MPA markers per direction and the stream offsets the two streams start at.
+#[derive(Debug, Clone, Copy)]
+struct MarkerCfg {
+    a_to_b: bool,
+    b_to_a: bool,
+    a_to_b_offset: u64,
+    b_to_a_offset: u64,
+}
+
+const NO_MARKERS: MarkerCfg = MarkerCfg {
+    a_to_b: false,
+    b_to_a: false,
+    a_to_b_offset: 0,
+    b_to_a_offset: 0,
+};
+
+fn marker_cfg() -> impl Strategy<Value = MarkerCfg> {
+    let offset = || {
+        prop_oneof![
+            Just(0u64),
+            0u64..4096,
+            (u64::MAX - 8192)..=u64::MAX,
+            any::<u64>()
+        ]
+    };
+    (any::<bool>(), any::<bool>(), offset(), offset()).prop_map(|(ab, ba, oa, ob)| {
+        MarkerCfg {
+            a_to_b: ab,
+            b_to_a: ba,
+            // Any 4-aligned offset, including ones that wrap at 2^64 during the run.
+            a_to_b_offset: oa & !3,
+            b_to_a_offset: ob & !3,
+        }
+    })
+}
+
 /// Runs `ops` (a -> b) and returns b's and a's destination bytes and all completions.
-fn run(ops: &[Op], split: Split, crc: bool, mss: usize) -> (Vec<u8>, Vec<u8>, Vec<WorkCompletion>) {
+fn run(
+    ops: &[Op],
+    split: Split,
+    crc: bool,
+    mss: usize,
+    m: MarkerCfg,
+) -> (Vec<u8>, Vec<u8>, Vec<WorkCompletion>) {
     let mut s = StreamConfig::for_mss(mss);
     s.crc = crc;
-    let mut p = Pair::new(split, s);
+    s.tx_stream_offset = m.a_to_b_offset;
+    s.rx_stream_offset = m.b_to_a_offset;
+    let mut p = Pair::with_markers(split, s, m.a_to_b, m.b_to_a);
     let n = ops.len() as u64;
     let (_src, sstag, siova, _) = p.a.filled_region((SLOT * n) as usize, Access::NONE, 1);
     let (sink, kstag, kiova) = p.a.region((SLOT * n) as usize, Access::LOCAL_WRITE);
@@ -101,6 +145,19 @@ fn run(ops: &[Op], split: Split, crc: bool, mss: usize) -> (Vec<u8>, Vec<u8>, Ve
     p.drive();
     assert_eq!(p.a.qp.state(), QpState::Rts);
     assert_eq!(p.b.qp.state(), QpState::Rts);
+    // What went over the wire strips cleanly with the wire crate (markers where in use).
+    for (side, markers, offset) in [
+        (&p.a, m.a_to_b, m.a_to_b_offset),
+        (&p.b, m.b_to_a, m.b_to_a_offset),
+    ] {
+        for (wire_len, fpdu) in strip_stream(&side.sent, offset, markers, crc) {
+            assert!(
+                wire_len <= mss,
+                "FPDU of {wire_len} bytes for an MSS of {mss}"
+            );
+            Fpdu::parse(&fpdu, crc).unwrap();
+        }
+    }
     let mut wcs = p.a.send_wcs();
     assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
     wcs.extend(p.b.recv_wcs());
@@ -119,9 +176,10 @@ proptest! {
         max in 1usize..2000,
         crc in any::<bool>(),
         mss in prop_oneof![Just(1448usize), Just(128usize), Just(9000usize)],
+        markers in marker_cfg(),
     ) {
-        let whole = run(&ops, Split::Whole, crc, mss);
-        let random = run(&ops, Split::Random { seed, max }, crc, mss);
+        let whole = run(&ops, Split::Whole, crc, mss, NO_MARKERS);
+        let random = run(&ops, Split::Random { seed, max }, crc, mss, markers);
         prop_assert_eq!(&whole, &random);
         // Completions in posting order, one per signaled WR, byte counts as asked.
         let sends: Vec<u64> = whole.2.iter().filter(|w| w.opcode != softwarp_engine::wr::WcOpcode::Recv).map(|w| w.wr_id).collect();
@@ -238,9 +296,15 @@ proptest! {
         crc in any::<bool>(),
         split in 1usize..64,
         garbage in prop::collection::vec(any::<u8>(), 0..64),
+        markers in any::<bool>(),
+        offset in any::<u64>(),
     ) {
         let mut s = StreamConfig::for_mss(1448);
         s.crc = crc;
+        // The victim receives markers (inserted below) from a 4-aligned stream offset.
+        let mut stream_offset = offset & !3;
+        s.markers_rx = markers;
+        s.rx_stream_offset = stream_offset;
         let mut v = Side::new(2, s);
         let (prot, pstag, piova, _) = v.filled_region(8192, Access::REMOTE_READ | Access::LOCAL_WRITE, 5);
         let (_w, wstag, wiova, _) = v.filled_region(8192, Access::REMOTE_WRITE, 6);
@@ -265,6 +329,12 @@ proptest! {
             let f = Fpdu { ulpdu: &ulpdu };
             let mut bytes = vec![0u8; f.buffer_len()];
             f.emit(&mut bytes, crc).unwrap();
+            if markers {
+                let mut wire = vec![0u8; marker::wire_len(stream_offset, bytes.len()).unwrap()];
+                marker::insert(&bytes, stream_offset, crc, &mut wire).unwrap();
+                stream_offset = stream_offset.wrapping_add(wire.len() as u64);
+                bytes = wire;
+            }
             for (at, x) in &p.flips {
                 let i = at % bytes.len();
                 bytes[i] ^= x;

@@ -7,6 +7,7 @@
 
 use softwarp_wire::ddp;
 use softwarp_wire::mpa::fpdu;
+use softwarp_wire::mpa::marker::{Marker, MarkerLayout, MARKER_LEN};
 use softwarp_wire::rdmap::{
     ControlRepr, Message, Opcode, Placement, ReadRequestRepr, Segment, TerminateLayout,
     TerminateRepr, ATOMIC_REQUEST_HEADER_LEN, ATOMIC_RESPONSE_HEADER_LEN, IMMEDIATE_DATA_LEN,
@@ -31,9 +32,53 @@ pub(crate) fn pad_len(len: usize) -> usize {
     fpdu::pad_len(len)
 }
 
-/// Largest ULPDU of an FPDU of at most `max_fpdu` bytes (MPA's MULPDU for that EMSS).
-pub(crate) fn mulpdu(max_fpdu: usize) -> usize {
-    fpdu::mulpdu(max_fpdu, false)
+/// Largest ULPDU of an FPDU of at most `max_fpdu` bytes on the wire (MPA's MULPDU for that
+/// EMSS, with room for markers when they are in use).
+pub(crate) fn mulpdu(max_fpdu: usize, markers: bool) -> usize {
+    fpdu::mulpdu(max_fpdu, markers)
+}
+
+/// Length of the marker-free FPDU that carries a ULPDU of `ulpdu_len` bytes.
+pub(crate) fn fpdu_len(ulpdu_len: usize) -> usize {
+    fpdu::fpdu_len(ulpdu_len)
+}
+
+/// The shortest marker-free FPDU (for the marker positions known before ULPDU_Length is).
+pub(crate) const MIN_FPDU_LEN: usize = fpdu::MIN_FPDU_LEN;
+
+/// Where the markers of an FPDU of `fpdu_len` marker-free octets starting at stream offset
+/// `stream_offset` go; `None` when the wire crate refuses the layout (misaligned offset, or
+/// an FPDU too long for 16-bit FPDUPTRs).
+pub(crate) fn marker_layout(stream_offset: u64, fpdu_len: usize) -> Option<MarkerLayout> {
+    MarkerLayout::new(stream_offset, fpdu_len).ok()
+}
+
+/// Checks a received marker against the one `layout` puts at that place; returns the
+/// FPDUPTR found when it is not acceptable.
+///
+/// The wire crate checks markers only inside its whole-FPDU `marker::strip`, which a
+/// zero-copy receiver cannot use; this applies the same rule to one marker at a time:
+/// RESERVED (the first two octets) is ignored, FPDUPTR (the last two, big-endian) must be
+/// the value the wire crate emits, or, for a later marker of an FPDU that begins with a
+/// marker, that value counted from ULPDU_Length instead (4 less). See the module
+/// documentation of `softwarp_wire::mpa::marker`.
+pub(crate) fn check_marker(
+    layout: &MarkerLayout,
+    expected: &Marker,
+    bytes: [u8; MARKER_LEN],
+) -> Result<(), u16> {
+    //= https://www.rfc-editor.org/rfc/rfc5044#section-4.3
+    // (paraphrase) RESERVED is ignored on receipt; FPDUPTR must lead back to the start of
+    // the FPDU that contains the marker.
+    let fpduptr = u16::from_be_bytes([bytes[2], bytes[3]]);
+    let from_length_field = layout.begins_with_marker()
+        && expected.wire_offset > 0
+        && usize::from(fpduptr) + MARKER_LEN == expected.wire_offset;
+    if fpduptr == expected.fpduptr || from_length_field {
+        Ok(())
+    } else {
+        Err(fpduptr)
+    }
 }
 
 /// Writes the ULPDU_Length field at the start of `buf`.

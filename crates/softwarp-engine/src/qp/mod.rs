@@ -33,7 +33,7 @@ use crate::wr::{
 
 pub use rx::RxTarget;
 pub use terminate::TerminateLayout;
-pub use tx::{TxFpdu, TxPiece};
+pub use tx::{TxFpdu, TxPiece, TX_PIECES};
 
 /// RDMAP stream / QP states (RFC 5040 section 6 and the verbs QP states).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -76,7 +76,8 @@ pub struct Rtr {
 pub struct StreamConfig {
     /// CRC32c in use (either side asked for it, RFC 5044 section 7.1).
     pub crc: bool,
-    /// Markers negotiated. Not supported: [`Qp::establish`] refuses it (siw never uses them).
+    /// MPA markers in both directions: shorthand for `markers_tx` and `markers_rx` together
+    /// (RFC 5044 section 4.3; siw never uses them).
     pub markers: bool,
     /// Largest FPDU this side sends, all framing included (MPA length, pad, CRC); rounded down
     /// to a multiple of 4. The MSS is the usual choice (siw: 1448 at MTU 1500).
@@ -91,11 +92,24 @@ pub struct StreamConfig {
     pub terminate_layout: TerminateLayout,
     /// Peer-to-peer RTR, when negotiated (RFC 6581).
     pub rtr: Option<Rtr>,
+    /// We insert MPA markers into the FPDUs we send: the peer's MPA Request or Reply had
+    /// M = 1 (the M bit says "I want to receive markers"; each direction is negotiated on
+    /// its own).
+    pub markers_tx: bool,
+    /// The peer inserts MPA markers into the FPDUs it sends: our MPA Request or Reply had
+    /// M = 1.
+    pub markers_rx: bool,
+    /// Stream offset (octets after the MPA Request/Reply, markers included) of the first
+    /// FPDU we send; 0 for a fresh stream, where the first marker precedes the first FPDU.
+    /// Must be a multiple of 4 when we send markers.
+    pub tx_stream_offset: u64,
+    /// Stream offset of the first FPDU we receive (as `tx_stream_offset`, other direction).
+    pub rx_stream_offset: u64,
 }
 
 impl StreamConfig {
     /// Defaults for a TCP MSS: no CRC, no markers, FPDUs of `mss` bytes, IRD = ORD = 16,
-    /// RFC 5040 Terminate layout, no RTR.
+    /// RFC 5040 Terminate layout, no RTR, both streams starting at offset 0.
     pub fn for_mss(mss: usize) -> Self {
         Self {
             crc: false,
@@ -106,7 +120,21 @@ impl StreamConfig {
             ord: 16,
             terminate_layout: TerminateLayout::Rfc5040,
             rtr: None,
+            markers_tx: false,
+            markers_rx: false,
+            tx_stream_offset: 0,
+            rx_stream_offset: 0,
         }
+    }
+
+    /// True when the FPDUs we send carry markers (`markers` or `markers_tx`).
+    pub fn sends_markers(&self) -> bool {
+        self.markers || self.markers_tx
+    }
+
+    /// True when the FPDUs we receive carry markers (`markers` or `markers_rx`).
+    pub fn receives_markers(&self) -> bool {
+        self.markers || self.markers_rx
     }
 }
 
@@ -169,7 +197,8 @@ pub enum QpError {
     /// The stream configuration is not usable.
     #[error("invalid stream configuration: {0}")]
     InvalidStreamConfig(&'static str),
-    /// MPA markers were negotiated; this engine does not implement them.
+    /// MPA markers were negotiated and this engine does not implement them. No longer
+    /// returned: markers are supported (kept so that existing matches compile).
     #[error("MPA markers are not supported")]
     MarkersUnsupported,
     /// The QP was destroyed.
@@ -414,8 +443,15 @@ impl Qp {
                 to: QpState::Rts,
             });
         }
-        if stream.markers {
-            return Err(QpError::MarkersUnsupported);
+        //= https://www.rfc-editor.org/rfc/rfc5044#section-4.3
+        // (paraphrase) FPDUs are multiples of 4 octets and markers sit every 512 octets of
+        // the stream, so an FPDU always starts on a 4-octet boundary of the stream.
+        if (stream.sends_markers() && !stream.tx_stream_offset.is_multiple_of(4))
+            || (stream.receives_markers() && !stream.rx_stream_offset.is_multiple_of(4))
+        {
+            return Err(QpError::InvalidStreamConfig(
+                "stream offsets must be multiples of 4 when markers are in use",
+            ));
         }
         if stream.max_fpdu_len < tx::MIN_FPDU_LEN {
             return Err(QpError::InvalidStreamConfig("max_fpdu_len below 128 bytes"));

@@ -13,8 +13,18 @@
 //! places nothing (its payload goes to a scratch buffer) and its error is reported after the
 //! CRC check, so a corrupted FPDU is reported as a CRC error, not as the protection error its
 //! corruption looks like. No I/O here.
+//!
+//! With MPA markers in the received stream (`StreamConfig::receives_markers`), the wire
+//! crate's [`MarkerLayout`] of the current FPDU says where its markers are (before
+//! ULPDU_Length is read, only a marker at the FPDU's first octet matters, and the layout of
+//! the shortest FPDU gives it). Every target stops at the next marker position; the marker
+//! is read into a 4-byte buffer in the QP, its FPDUPTR checked (a mismatch fails the stream
+//! at once with the LLP "marker mismatch" Terminate), fed to the CRC (which covers the
+//! markers), and dropped. The payload still goes straight to its destination.
 
 use std::sync::Arc;
+
+use softwarp_wire::mpa::marker::{Marker, MarkerLayout, Markers, MARKER_LEN};
 
 use crate::event::AsyncEvent;
 use crate::fault::{Cause, Fault};
@@ -128,6 +138,76 @@ pub(crate) struct RxState {
     deferred: Option<Deferred>,
     /// RTR responder with a zero-length Send RTR: the first Send is the RTR.
     swallow_rtr_send: bool,
+    /// Marker tracking of the received stream.
+    mk: RxMarkers,
+}
+
+/// Where the received stream's markers are, relative to the FPDU being received.
+#[derive(Debug)]
+struct RxMarkers {
+    /// The peer sends markers.
+    on: bool,
+    /// Stream offset of the current FPDU's first octet.
+    fpdu_offset: u64,
+    /// Wire octets of the current FPDU consumed so far (markers included).
+    wire_pos: usize,
+    /// The current FPDU's layout: of the shortest FPDU until ULPDU_Length is known.
+    layout: Option<MarkerLayout>,
+    /// Markers of `layout` after `next`.
+    rest: Option<Markers>,
+    /// The next marker at or after `wire_pos`.
+    next: Option<Marker>,
+    buf: [u8; MARKER_LEN],
+    have: usize,
+}
+
+impl RxMarkers {
+    fn new() -> Self {
+        RxMarkers {
+            on: false,
+            fpdu_offset: 0,
+            wire_pos: 0,
+            layout: None,
+            rest: None,
+            next: None,
+            buf: [0; MARKER_LEN],
+            have: 0,
+        }
+    }
+
+    /// Uses `layout` for the current FPDU: the next marker is its first one not yet passed.
+    fn set_layout(&mut self, layout: Option<MarkerLayout>) {
+        self.layout = layout;
+        let mut rest = layout.map(|l| l.markers());
+        let pos = self.wire_pos;
+        self.next = rest
+            .as_mut()
+            .and_then(|it| it.by_ref().find(|m| m.wire_offset >= pos));
+        self.rest = rest;
+    }
+
+    /// A new FPDU starts at `fpdu_offset`: until its ULPDU_Length is read, the layout of the
+    /// shortest FPDU tells whether a marker comes first.
+    fn start_fpdu(&mut self) {
+        self.wire_pos = 0;
+        self.have = 0;
+        if self.on {
+            self.set_layout(codec::marker_layout(self.fpdu_offset, codec::MIN_FPDU_LEN));
+        } else {
+            self.set_layout(None);
+        }
+    }
+
+    /// True when the next bytes are (the rest of) a marker.
+    fn due(&self) -> bool {
+        self.next.is_some_and(|m| m.wire_offset == self.wire_pos)
+    }
+
+    /// Bytes that may be read before the next marker.
+    fn room(&self) -> usize {
+        self.next
+            .map_or(usize::MAX, |m| m.wire_offset.saturating_sub(self.wire_pos))
+    }
 }
 
 impl RxState {
@@ -150,11 +230,14 @@ impl RxState {
             plan: Plan::Discard,
             deferred: None,
             swallow_rtr_send: false,
+            mk: RxMarkers::new(),
         }
     }
 
     pub(crate) fn on_establish(&mut self, s: &StreamConfig) {
         self.crc_on = s.crc;
+        self.mk.on = s.receives_markers();
+        self.mk.fpdu_offset = s.rx_stream_offset;
         self.max_ulpdu = s.max_rx_ulpdu;
         self.swallow_rtr_send = s
             .rtr
@@ -180,6 +263,7 @@ impl RxState {
         self.payload_done = 0;
         self.plan = Plan::Discard;
         self.deferred = None;
+        self.mk.start_fpdu();
     }
 
     fn defer(&mut self, fault: Fault, target: FaultTarget) {
@@ -187,6 +271,15 @@ impl RxState {
             self.deferred = Some(Deferred { fault, target });
         }
         self.plan = Plan::Discard;
+    }
+}
+
+/// The first `room` bytes of `b` (the part before the next marker) as a target.
+fn cut(b: &mut [u8], room: usize) -> RxTarget<'_> {
+    let n = b.len().min(room);
+    match b.get_mut(..n) {
+        Some(b) => RxTarget::Buffer(b),
+        None => RxTarget::Closed,
     }
 }
 
@@ -215,19 +308,27 @@ impl Qp {
     /// bytes there, then call [`Qp::rx_commit`].
     pub fn rx_target(&mut self) -> RxTarget<'_> {
         let rx = &mut self.rx;
+        if matches!(rx.phase, Phase::Header | Phase::Payload | Phase::Trailer) && rx.mk.due() {
+            return match rx.mk.buf.get_mut(rx.mk.have..) {
+                Some(b) => RxTarget::Buffer(b),
+                None => RxTarget::Closed,
+            };
+        }
+        // Stop at the next marker position.
+        let room = rx.mk.room();
         match rx.phase {
             Phase::Closed => RxTarget::Closed,
             Phase::HeaderReady => RxTarget::Blocked,
             Phase::Header => match rx.hdr.get_mut(rx.hdr_have..rx.hdr_need) {
-                Some(b) => RxTarget::Buffer(b),
+                Some(b) => cut(b, room),
                 None => RxTarget::Closed,
             },
             Phase::Trailer => match rx.trailer.get_mut(rx.tr_have..rx.tr_need) {
-                Some(b) => RxTarget::Buffer(b),
+                Some(b) => cut(b, room),
                 None => RxTarget::Closed,
             },
             Phase::Payload => {
-                let remaining = rx.payload_len - rx.payload_done;
+                let remaining = (rx.payload_len - rx.payload_done).min(room);
                 match &rx.plan {
                     Plan::Write {
                         mem: Some(mem),
@@ -260,7 +361,7 @@ impl Qp {
                     _ => {
                         let n = remaining.min(SCRATCH);
                         match rx.scratch.get_mut(..n) {
-                            Some(b) => RxTarget::Buffer(b),
+                            Some(b) => cut(b, room),
                             None => RxTarget::Closed,
                         }
                     }
@@ -300,6 +401,15 @@ impl Qp {
             });
         }
         self.stats.rx_stream_bytes += n as u64;
+        if matches!(
+            self.rx.phase,
+            Phase::Header | Phase::Payload | Phase::Trailer
+        ) && self.rx.mk.due()
+        {
+            self.marker_bytes(n);
+            return Ok(());
+        }
+        self.rx.mk.wire_pos += n;
         match self.rx.phase {
             Phase::Header => {
                 let (from, to) = (self.rx.hdr_have, self.rx.hdr_have + n);
@@ -325,6 +435,15 @@ impl Qp {
                 }
             }
             Phase::Trailer => {
+                if self.rx.crc_on {
+                    // The pad is CRC-covered and may precede a marker: feed it in order.
+                    let pad = codec::pad_len(self.rx.ulpdu_len);
+                    let (from, to) = (self.rx.tr_have, (self.rx.tr_have + n).min(pad));
+                    if from < to {
+                        let bytes = self.rx.trailer.get(from..to).unwrap_or(&[]);
+                        self.rx.crc = crc32c::crc32c_append(self.rx.crc, bytes);
+                    }
+                }
                 self.rx.tr_have += n;
                 if self.rx.tr_have == self.rx.tr_need {
                     self.finish_fpdu(mrs);
@@ -333,6 +452,31 @@ impl Qp {
             Phase::HeaderReady | Phase::Closed => {}
         }
         Ok(())
+    }
+
+    /// `n` bytes of the marker due were read; a complete marker is checked, fed to the CRC
+    /// and dropped.
+    fn marker_bytes(&mut self, n: usize) {
+        let mk = &mut self.rx.mk;
+        mk.have += n;
+        if mk.have < MARKER_LEN {
+            return;
+        }
+        let (Some(layout), Some(expected)) = (mk.layout, mk.next) else {
+            return;
+        };
+        let bytes = mk.buf;
+        mk.have = 0;
+        mk.wire_pos += MARKER_LEN;
+        mk.next = mk.rest.as_mut().and_then(Iterator::next);
+        self.stats.rx_markers += 1;
+        if codec::check_marker(&layout, &expected, bytes).is_err() {
+            self.fail(Fault::BadMarker, OffendingHeader::none());
+            return;
+        }
+        if self.rx.crc_on {
+            self.rx.crc = crc32c::crc32c_append(self.rx.crc, &bytes);
+        }
     }
 
     /// CRC over the `n` payload bytes just placed (read back from where they went).
@@ -390,6 +534,17 @@ impl Qp {
                 // Too short for any DDP header: the framing cannot be trusted.
                 self.fail(Fault::BadUlpduLength, OffendingHeader::none());
                 return;
+            }
+            if self.rx.mk.on {
+                // The FPDU's length is known: so are all its marker positions.
+                let layout =
+                    codec::marker_layout(self.rx.mk.fpdu_offset, codec::fpdu_len(ulpdu_len));
+                if layout.is_none() {
+                    // Too long for 16-bit FPDUPTRs: no sender with markers builds this.
+                    self.fail(Fault::BadUlpduLength, OffendingHeader::none());
+                    return;
+                }
+                self.rx.mk.set_layout(layout);
             }
             let want = match codec::rx_header_len(ddp_ctrl, rdmap_ctrl) {
                 codec::HeaderLen::Fixed(h) => h.min(ulpdu_len),
@@ -669,9 +824,15 @@ impl Qp {
     fn finish_fpdu(&mut self, mrs: &mut MrTable) {
         self.stats.rx_fpdus += 1;
         let pad = codec::pad_len(self.rx.ulpdu_len);
+        // The next FPDU starts right after this one.
+        self.rx.mk.fpdu_offset = self
+            .rx
+            .mk
+            .fpdu_offset
+            .wrapping_add(self.rx.mk.wire_pos as u64);
         if self.rx.crc_on {
-            let pad_bytes = self.rx.trailer.get(..pad).unwrap_or(&[]);
-            let computed = crc32c::crc32c_append(self.rx.crc, pad_bytes);
+            // Everything up to the CRC field (pad and markers included) was fed as it came.
+            let computed = self.rx.crc;
             let mut wire = [0u8; 4];
             if let Some(src) = self.rx.trailer.get(pad..pad + 4) {
                 wire.copy_from_slice(src);

@@ -118,6 +118,14 @@ fn classify(fault: Fault) -> (TerminateError, Include) {
             TerminateError::Llp(LlpError::Mpa(MpaError::CrcError)),
             Nothing,
         ),
+        //= https://www.rfc-editor.org/rfc/rfc5044#section-8
+        // (paraphrase) A marker that does not agree with the FPDU framing is reported with
+        // Layer LLP, Error Type MPA, Error Code "MPA Marker and ULPDU Length field mismatch".
+        // Nothing of the segment is copied back: the framing cannot be trusted.
+        Fault::BadMarker => (
+            TerminateError::Llp(LlpError::Mpa(MpaError::MarkerMismatch)),
+            Nothing,
+        ),
         Fault::BadUlpduLength => (
             remote_op(RemoteOperationError::CatastrophicLocalToStream),
             LengthOnly,
