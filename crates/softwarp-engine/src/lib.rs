@@ -24,6 +24,10 @@
 //!
 //! # Driving a QP
 //!
+//! Operations: Send (with SE, with Invalidate), RDMA Write, RDMA Read (RFC 5040), Write and
+//! Send with Immediate, FetchAdd and CmpSwap (RFC 7306); MPA CRC and markers (RFC 5044),
+//! the RFC 6581 RTR.
+//!
 //! Methods are grouped like quinn-proto's `Connection`: getters; `handle_*` inputs;
 //! application commands (`establish`, `post_send`, `post_recv`, `modify`, `destroy`); and
 //! `poll_*` outputs.
@@ -108,8 +112,19 @@
 //!   that fails validation still completes in order, with `LocProtErr`.
 //! - `rx_commit` takes the STag table and the SRQ (validation and Send with Invalidate happen
 //!   when a header or trailer completes); `rx_target` needs neither.
-//! - RFC 7306 immediate data and atomics are not implemented: they are answered with an
-//!   "unexpected opcode" Terminate.
+//! - RFC 7306: Write/Send with Immediate are the data message followed by an Immediate
+//!   Data message (queue 0, next MSN), which consumes a receive WR of its own: after an
+//!   RDMA Write it completes as `RecvRdmaWithImm` with the Write's length, otherwise as a
+//!   `Recv` of 0 bytes (so Send with Immediate takes two receive WRs at the peer). The verbs
+//!   value is 32 bits: it is the low-order half of the 8-byte Immediate Data (big-endian),
+//!   the high-order half is sent as zero and ignored on receipt.
+//! - RFC 7306 atomics operate on the target word in host byte order, under one process-wide
+//!   lock (atomic with respect to every atomic this engine performs, not to plain CPU
+//!   accesses by the application); the original value is written to the requester's sink in
+//!   host byte order. Requests are sent unmasked (FetchAdd with Add Mask 0, CmpSwap with
+//!   full masks); received masks are honoured. A misaligned Remote Tagged Offset is refused
+//!   with RDMAP Remote Protection Error "Base or bounds violation" (RFC 7306 defines no code
+//!   of its own).
 //! - A zero-length RDMA Write is not validated (it places nothing), as in siw; this is what
 //!   makes siw's RTR (zero-length Write to STag 1) work.
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -24,6 +24,9 @@ use thiserror::Error;
 /// Alignment of regions the stack allocates: one page.
 pub const PAGE_SIZE: usize = 4096;
 
+/// Serializes the RFC 7306 atomics the engine performs (see [`Region::atomic_update`]).
+static ATOMICS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// An access to a region that does not fit inside it, or an allocation that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 #[non_exhaustive]
@@ -202,6 +205,27 @@ impl Region {
         // SAFETY: the range lies inside the region (checked) and is valid for writes.
         unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(offset), byte, len) };
         Ok(())
+    }
+
+    /// Reads the 64-bit word (host byte order) at `offset`, stores `f(word)` in its place, and
+    /// returns the original word, atomically with respect to every other `atomic_update` of
+    /// this process (one lock for all regions, so aliasing registrations are covered too).
+    /// `f` must not panic. Not atomic with respect to plain CPU accesses by the
+    /// application, as with RNICs that do not use PCIe atomics.
+    pub(crate) fn atomic_update(
+        &self,
+        offset: usize,
+        f: impl FnOnce(u64) -> u64,
+    ) -> Result<u64, MemoryError> {
+        self.check(offset, 8)?;
+        let _guard = ATOMICS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut word = [0u8; 8];
+        self.read_at(offset, &mut word)?;
+        let old = u64::from_ne_bytes(word);
+        self.write_at(offset, &f(old).to_ne_bytes())?;
+        Ok(old)
     }
 
     /// Continues a CRC32c computation over `len` bytes at `offset` (the engine's on-the-fly

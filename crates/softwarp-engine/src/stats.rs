@@ -29,6 +29,12 @@ pub struct OpCounters {
     pub read_response: Counter,
     /// Terminate.
     pub terminate: Counter,
+    /// RFC 7306 Immediate Data messages (bytes: the 8 bytes of Immediate Data each).
+    pub immediate: Counter,
+    /// RFC 7306 Atomic Requests (bytes: the 8-byte target word each).
+    pub atomic_request: Counter,
+    /// RFC 7306 Atomic Responses (bytes: the 8-byte original value each).
+    pub atomic_response: Counter,
 }
 
 /// Statistics of one QP.

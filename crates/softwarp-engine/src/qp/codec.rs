@@ -9,9 +9,9 @@ use softwarp_wire::ddp;
 use softwarp_wire::mpa::fpdu;
 use softwarp_wire::mpa::marker::{Marker, MarkerLayout, MARKER_LEN};
 use softwarp_wire::rdmap::{
-    ControlRepr, Message, Opcode, Placement, ReadRequestRepr, Segment, TerminateLayout,
-    TerminateRepr, ATOMIC_REQUEST_HEADER_LEN, ATOMIC_RESPONSE_HEADER_LEN, IMMEDIATE_DATA_LEN,
-    READ_REQUEST_HEADER_LEN,
+    AtomicRequestRepr, AtomicResponseRepr, ControlRepr, ImmediateDataRepr, Message, Opcode,
+    Placement, ReadRequestRepr, Segment, TerminateLayout, TerminateRepr, ATOMIC_REQUEST_HEADER_LEN,
+    ATOMIC_RESPONSE_HEADER_LEN, IMMEDIATE_DATA_LEN, READ_REQUEST_HEADER_LEN,
 };
 use softwarp_wire::{crc, WireError};
 
@@ -167,6 +167,36 @@ pub(crate) enum RxHeader {
         src_to: u64,
     },
     Terminate,
+    /// RFC 7306 Immediate Data (queue 0), with the value it carries.
+    Immediate {
+        solicited: bool,
+        msn: u32,
+        imm: u32,
+    },
+    /// RFC 7306 Atomic Request (queue 1).
+    AtomicRequest {
+        msn: u32,
+        req: AtomicRequestRepr,
+    },
+    /// RFC 7306 Atomic Response (queue 3).
+    AtomicResponse {
+        msn: u32,
+        resp: AtomicResponseRepr,
+    },
+}
+
+/// The 8 bytes of Immediate Data carrying the 32-bit immediate value of the verbs API: the
+/// value in the low-order half of the big-endian 64-bit field, the high-order half zero.
+pub(crate) fn imm_to_wire(imm: u32) -> ImmediateDataRepr {
+    ImmediateDataRepr {
+        data: u64::from(imm).to_be_bytes(),
+    }
+}
+
+/// The 32-bit immediate value of received Immediate Data (its low-order half; the verbs
+/// completion has room for 32 bits only).
+pub(crate) fn imm_from_wire(i: &ImmediateDataRepr) -> u32 {
+    (i.as_u64() & u64::from(u32::MAX)) as u32
 }
 
 /// The Fault a wire codec error on a received header stands for.
@@ -184,8 +214,7 @@ fn fault_of(e: WireError, tagged: bool) -> Fault {
 }
 
 /// Parses the header bytes of a received segment (`hdr` is the start of the ULPDU: the
-/// header, or the whole ULPDU for control messages). Opcodes this engine does not implement
-/// (RFC 7306 immediate data and atomics) are unexpected opcodes.
+/// header, or the whole ULPDU for control messages).
 pub(crate) fn parse_rx_header(hdr: &[u8]) -> Result<RxHeader, Fault> {
     let tagged = hdr.first().is_some_and(|c| c & ddp::FLAG_TAGGED != 0);
     let seg = Segment::parse(hdr).map_err(|e| fault_of(e, tagged))?;
@@ -234,7 +263,21 @@ pub(crate) fn parse_rx_header(hdr: &[u8]) -> Result<RxHeader, Fault> {
                 mo,
             },
             Opcode::Terminate => RxHeader::Terminate,
-            _ => return Err(Fault::UnexpectedOpcode),
+            _ => match m {
+                Message::ImmediateData(i) => RxHeader::Immediate {
+                    solicited: false,
+                    msn,
+                    imm: imm_from_wire(&i),
+                },
+                Message::ImmediateDataWithSolicitedEvent(i) => RxHeader::Immediate {
+                    solicited: true,
+                    msn,
+                    imm: imm_from_wire(&i),
+                },
+                Message::AtomicRequest(req) => RxHeader::AtomicRequest { msn, req },
+                Message::AtomicResponse(resp) => RxHeader::AtomicResponse { msn, resp },
+                _ => return Err(Fault::UnexpectedOpcode),
+            },
         },
         _ => return Err(Fault::UnexpectedOpcode),
     })
@@ -341,6 +384,50 @@ pub(crate) fn emit_read_request(
                 source_stag: src_stag,
                 source_tagged_offset: src_to,
             }),
+            payload: &[],
+        },
+        buf,
+    )
+}
+
+/// Writes an RFC 7306 Immediate Data message (with SE when `solicited`); returns its length.
+pub(crate) fn emit_immediate(buf: &mut [u8], msn: u32, solicited: bool, imm: u32) -> usize {
+    let i = imm_to_wire(imm);
+    emit(
+        &Segment {
+            last: true,
+            placement: Placement::Untagged { msn, mo: 0 },
+            message: if solicited {
+                Message::ImmediateDataWithSolicitedEvent(i)
+            } else {
+                Message::ImmediateData(i)
+            },
+            payload: &[],
+        },
+        buf,
+    )
+}
+
+/// Writes an RFC 7306 Atomic Request (queue 1); returns its length.
+pub(crate) fn emit_atomic_request(buf: &mut [u8], msn: u32, req: AtomicRequestRepr) -> usize {
+    emit(
+        &Segment {
+            last: true,
+            placement: Placement::Untagged { msn, mo: 0 },
+            message: Message::AtomicRequest(req),
+            payload: &[],
+        },
+        buf,
+    )
+}
+
+/// Writes an RFC 7306 Atomic Response (queue 3); returns its length.
+pub(crate) fn emit_atomic_response(buf: &mut [u8], msn: u32, resp: AtomicResponseRepr) -> usize {
+    emit(
+        &Segment {
+            last: true,
+            placement: Placement::Untagged { msn, mo: 0 },
+            message: Message::AtomicResponse(resp),
             payload: &[],
         },
         buf,

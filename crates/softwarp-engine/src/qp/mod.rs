@@ -188,6 +188,10 @@ pub enum QpError {
     /// An RDMA Read's local sink must be exactly one SGE (or none for zero length).
     #[error("an RDMA Read needs at most one local SGE")]
     ReadSinkSgl,
+    /// An atomic's local sink (where the original value goes) must be exactly one SGE of 8
+    /// bytes, in registered memory (not inline).
+    #[error("an atomic needs exactly one local SGE of 8 bytes")]
+    AtomicSink,
     /// Inline data is longer than [`MAX_INLINE`] or used with an RDMA Read.
     #[error("inline data of {0} bytes not allowed (max {MAX_INLINE}, not for RDMA Read)")]
     Inline(usize),
@@ -255,9 +259,11 @@ struct SqEntry {
 impl SqEntry {
     fn wc_opcode(&self) -> WcOpcode {
         match self.op {
-            SendOp::Send { .. } => WcOpcode::Send,
-            SendOp::Write { .. } => WcOpcode::RdmaWrite,
+            SendOp::Send { .. } | SendOp::SendWithImm { .. } => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
             SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::CmpSwap { .. } => WcOpcode::CmpSwap,
         }
     }
     fn is_done(&self) -> bool {
@@ -265,20 +271,25 @@ impl SqEntry {
     }
 }
 
-/// An RDMA Read we sent and whose response we await.
+/// An RDMA Read or RFC 7306 Atomic Request we sent and whose response we await.
 #[derive(Debug)]
 struct OrqEntry {
     /// The SQ entry to complete (`None` for an RTR zero-length Read).
     seq: Option<u64>,
+    /// For an Atomic Request: its Request Identifier (the response must echo it).
+    atomic: Option<u32>,
     sink_stag: u32,
     sink_to: u64,
     len: u64,
     received: u64,
 }
 
-/// An RDMA Read Request we accepted and answer with Read Responses.
+/// An RDMA Read Request we accepted and answer with Read Responses, or an Atomic Request
+/// we performed and answer with an Atomic Response.
 #[derive(Debug)]
 struct IrqEntry {
+    /// For an Atomic Request: its Request Identifier and the original value of the word.
+    atomic: Option<(u32, u64)>,
     sink_stag: u32,
     sink_to: u64,
     len: u64,
@@ -325,10 +336,11 @@ pub struct Qp {
     tx: tx::TxState,
     rx: rx::RxState,
 
-    /// Next MSN per untagged queue (0 Send, 1 Read Request, 2 Terminate), transmit side.
-    tx_msn: [u32; 3],
+    /// Next MSN per untagged queue (0 Send and Immediate Data, 1 Read and Atomic Request,
+    /// 2 Terminate, 3 Atomic Response), transmit side.
+    tx_msn: [u32; 4],
     /// Expected MSN per untagged queue, receive side.
-    rx_msn: [u32; 3],
+    rx_msn: [u32; 4],
 
     terminate: terminate::TerminateState,
     events: Ring<AsyncEvent>,
@@ -358,8 +370,8 @@ impl Qp {
             irq: Ring::new(cfg.max_ird),
             tx: tx::TxState::new(),
             rx: rx::RxState::new(),
-            tx_msn: [1; 3],
-            rx_msn: [1; 3],
+            tx_msn: [1; 4],
+            rx_msn: [1; 4],
             terminate: terminate::TerminateState::default(),
             events: Ring::new(EVENT_RING),
             stats: QpStats::default(),
@@ -522,9 +534,11 @@ impl Qp {
         }
     }
 
-    /// Posts a send WR (Send variants, RDMA Write, RDMA Read).
+    /// Posts a send WR (Send variants, RDMA Write, RDMA Read, and the RFC 7306 operations:
+    /// Write/Send with Immediate, FetchAdd, CmpSwap).
     ///
-    /// Local SGEs are validated here (lkey, PD, bounds, and local write for a Read sink); the
+    /// Local SGEs are validated here (lkey, PD, bounds, and local write for a Read or atomic
+    /// sink, which for an atomic must be one SGE of 8 bytes); the
     /// references taken keep the memory registered until the WR completes. A WR whose SGE
     /// fails validation is accepted and completes with `LocProtErr` when it reaches the head
     /// of the queue, which moves the QP to Error (verbs semantics for RC QPs).
@@ -542,9 +556,10 @@ impl Qp {
         if self.sq.is_full() {
             return Err(QpError::QueueFull("send"));
         }
-        let is_read = matches!(wr.op, SendOp::Read { .. });
+        let is_read = wr.op.awaits_response();
         let mut status = SqStatus::Queued;
         let (data, len) = match wr.payload {
+            Payload::Inline(_) if wr.op.is_atomic() => return Err(QpError::AtomicSink),
             Payload::Inline(bytes) => {
                 if bytes.len() > MAX_INLINE || is_read {
                     return Err(QpError::Inline(bytes.len()));
@@ -562,6 +577,9 @@ impl Qp {
                 )
             }
             Payload::Sgl(sgl) => {
+                if wr.op.is_atomic() && (sgl.len() != 1 || sgl.total_len() != 8) {
+                    return Err(QpError::AtomicSink);
+                }
                 if is_read && sgl.len() > 1 {
                     return Err(QpError::ReadSinkSgl);
                 }
@@ -832,8 +850,8 @@ impl Qp {
         self.irq.clear();
         self.tx = tx::TxState::new();
         self.rx = rx::RxState::new();
-        self.tx_msn = [1; 3];
-        self.rx_msn = [1; 3];
+        self.tx_msn = [1; 4];
+        self.rx_msn = [1; 4];
         self.terminate = terminate::TerminateState::default();
         self.set_state(QpState::Idle);
     }

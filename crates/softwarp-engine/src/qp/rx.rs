@@ -25,6 +25,7 @@
 use std::sync::Arc;
 
 use softwarp_wire::mpa::marker::{Marker, MarkerLayout, Markers, MARKER_LEN};
+use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr};
 
 use crate::event::AsyncEvent;
 use crate::fault::{Cause, Fault};
@@ -32,9 +33,11 @@ use crate::memory::Region;
 use crate::mr::{Access, AccessError, MrError, MrMemory, MrTable, Stag};
 use crate::qp::codec::{self, RxHeader};
 use crate::qp::terminate::OffendingHeader;
-use crate::qp::{no_validated, IrqEntry, Qp, QpError, RtrKind, RxMsg, SqStatus, StreamConfig};
+use crate::qp::{
+    no_validated, IrqEntry, Qp, QpError, RtrKind, RxMsg, SqData, SqStatus, StreamConfig,
+};
 use crate::srq::Srq;
-use crate::wr::WcStatus;
+use crate::wr::{WcOpcode, WcStatus};
 
 /// Smallest `max_rx_ulpdu` accepted.
 pub(crate) const MIN_RX_ULPDU: usize = 128;
@@ -99,6 +102,21 @@ enum Plan {
     SwallowRtrSend,
     ReadRequest(IrqEntry),
     Terminate,
+    /// RFC 7306 Immediate Data: completes the receive WR taken for it.
+    Immediate {
+        solicited: bool,
+        imm: u32,
+    },
+    /// RFC 7306 Atomic Request: performed on the validated target word after the CRC check.
+    AtomicRequest {
+        mem: Arc<MrMemory>,
+        off: usize,
+        req: AtomicRequestRepr,
+    },
+    /// RFC 7306 Atomic Response for the Atomic Request at the head of the ORQ.
+    AtomicResponse {
+        original: u64,
+    },
 }
 
 /// A fault found in the header, reported after the CRC check.
@@ -140,6 +158,12 @@ pub(crate) struct RxState {
     swallow_rtr_send: bool,
     /// Marker tracking of the received stream.
     mk: RxMarkers,
+    /// Bytes of the RDMA Write message being received.
+    write_len: u64,
+    /// Length of the last complete RDMA Write message, until an untagged queue 0 message
+    /// (Send or Immediate Data) ends: an Immediate Data message then completes a Write with
+    /// Immediate.
+    last_write: Option<u64>,
 }
 
 /// Where the received stream's markers are, relative to the FPDU being received.
@@ -231,6 +255,8 @@ impl RxState {
             deferred: None,
             swallow_rtr_send: false,
             mk: RxMarkers::new(),
+            write_len: 0,
+            last_write: None,
         }
     }
 
@@ -272,6 +298,48 @@ impl RxState {
         }
         self.plan = Plan::Discard;
     }
+}
+
+/// The new value of an atomic's target word that held `old` (RFC 7306 masked semantics).
+fn atomic_result(req: &AtomicRequestRepr, old: u64) -> u64 {
+    match req.opcode {
+        //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+        // (paraphrase) FetchAdd adds Add Data to the target; each bit set in the Add Mask
+        // ends a field, and the carry out of it is not propagated into the next field (an
+        // Add Mask of zero is a plain 64-bit add).
+        AtomicOpcode::FetchAdd => masked_add(old, req.add_or_swap_data, req.add_or_swap_mask),
+        //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+        // (paraphrase) CmpSwap compares the target with Compare Data on the bits set in
+        // Compare Mask; when they match, the bits set in Swap Mask are replaced with those of
+        // Swap Data.
+        AtomicOpcode::CmpSwap => {
+            if (old ^ req.compare_data) & req.compare_mask == 0 {
+                (old & !req.add_or_swap_mask) | (req.add_or_swap_data & req.add_or_swap_mask)
+            } else {
+                old
+            }
+        }
+        AtomicOpcode::Unknown(_) => old,
+    }
+}
+
+/// `a + b` where each bit set in `boundaries` ends a field: no carry leaves a field.
+fn masked_add(a: u64, b: u64, boundaries: u64) -> u64 {
+    if boundaries == 0 {
+        return a.wrapping_add(b);
+    }
+    let mut sum = 0u64;
+    let mut carry = 0u64;
+    for bit in 0..64 {
+        let s = ((a >> bit) & 1) + ((b >> bit) & 1) + carry;
+        sum |= (s & 1) << bit;
+        carry = if (boundaries >> bit) & 1 == 1 {
+            0
+        } else {
+            s >> 1
+        };
+    }
+    sum
 }
 
 /// The first `room` bytes of `b` (the part before the next marker) as a target.
@@ -628,7 +696,7 @@ impl Qp {
                 Ok(())
             }
             RxHeader::ReadResponse { last, stag, to } => {
-                let Some(head) = self.orq.front() else {
+                let Some(head) = self.orq.front().filter(|h| h.atomic.is_none()) else {
                     return Err((Fault::UnexpectedReadResponse, FaultTarget::None));
                 };
                 let bad = |e| Err((Fault::Tagged(e), FaultTarget::Read(WcStatus::LocProtErr)));
@@ -744,6 +812,7 @@ impl Qp {
                     )
                 };
                 self.rx.plan = Plan::ReadRequest(IrqEntry {
+                    atomic: None,
                     sink_stag,
                     sink_to,
                     len: u64::from(size),
@@ -754,6 +823,91 @@ impl Qp {
             }
             RxHeader::Terminate => {
                 self.rx.plan = Plan::Terminate;
+                Ok(())
+            }
+            RxHeader::Immediate {
+                solicited,
+                msn,
+                imm,
+            } => {
+                if self.rx.swallow_rtr_send && self.rx_msg.is_none() {
+                    // The RTR (a zero-length Send) must come first.
+                    return Err((Fault::UnexpectedOpcode, FaultTarget::None));
+                }
+                if let Some(m) = self.rx_msg.as_ref() {
+                    // A Send is half received: its next segment was due, not a new message.
+                    let fault = if m.msn == msn {
+                        Fault::UnexpectedOpcode
+                    } else {
+                        Fault::MsnRange
+                    };
+                    return Err((fault, FaultTarget::Recv(WcStatus::LocQpOpErr)));
+                }
+                //= https://www.rfc-editor.org/rfc/rfc7306#section-7
+                // (paraphrase) Immediate Data is an untagged message on queue 0: it takes the
+                // next MSN of that queue and consumes an untagged buffer (a receive WR) at
+                // the Data Sink, which is completed with the Immediate Data.
+                if msn != self.rx_msn[0] {
+                    return Err((Fault::MsnRange, FaultTarget::None));
+                }
+                self.start_recv(msn, mrs, srq)?;
+                if self.rx.phase == Phase::HeaderReady {
+                    return Ok(());
+                }
+                self.rx.plan = Plan::Immediate { solicited, imm };
+                Ok(())
+            }
+            RxHeader::AtomicRequest { msn, req } => {
+                if msn != self.rx_msn[1] {
+                    return Err((Fault::MsnRange, FaultTarget::None));
+                }
+                //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+                // (paraphrase) Atomic Requests share queue 1 and the IRD limit with RDMA Read
+                // Requests: one beyond IRD is a stream error, as for Reads.
+                if self.irq.len() >= self.stream.ird || self.irq.is_full() {
+                    return Err((Fault::IrdExceeded, FaultTarget::None));
+                }
+                if !matches!(req.opcode, AtomicOpcode::FetchAdd | AtomicOpcode::CmpSwap) {
+                    // A reserved or unassigned AtomicOp.
+                    return Err((Fault::UnexpectedOpcode, FaultTarget::None));
+                }
+                //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+                // (paraphrase) The responder validates the Remote STag and Tagged Offset of
+                // the 64-bit target like any tagged access, with the remote atomic right,
+                // and the Tagged Offset must be 8-byte aligned.
+                let v = mrs
+                    .validate(
+                        Stag(req.remote_stag),
+                        pd,
+                        Access::REMOTE_ATOMIC,
+                        req.remote_tagged_offset,
+                        8,
+                    )
+                    .map_err(|e| (Fault::AtomicTarget(e), FaultTarget::None))?;
+                if !req.remote_tagged_offset.is_multiple_of(8) {
+                    return Err((Fault::AtomicMisaligned, FaultTarget::None));
+                }
+                self.rx.plan = Plan::AtomicRequest {
+                    mem: v.memory,
+                    off: v.region_offset,
+                    req,
+                };
+                Ok(())
+            }
+            RxHeader::AtomicResponse { msn, resp } => {
+                if msn != self.rx_msn[3] {
+                    return Err((Fault::MsnRange, FaultTarget::None));
+                }
+                //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+                // (paraphrase) Atomic Responses come back in request order and echo the
+                // Request Identifier of the Atomic Request they answer.
+                let expected = self.orq.front().and_then(|h| h.atomic);
+                if expected != Some(resp.original_request_id) {
+                    return Err((Fault::UnexpectedAtomicResponse, FaultTarget::None));
+                }
+                self.rx.plan = Plan::AtomicResponse {
+                    original: resp.original_value,
+                };
                 Ok(())
             }
         }
@@ -863,8 +1017,11 @@ impl Qp {
             Plan::Discard => {}
             Plan::Write { last, .. } => {
                 self.stats.rx.write.bytes += seg;
+                self.rx.write_len += seg;
                 if last {
                     self.stats.rx.write.messages += 1;
+                    self.rx.last_write = Some(self.rx.write_len);
+                    self.rx.write_len = 0;
                 }
             }
             Plan::ReadResponse { last, .. } => {
@@ -912,10 +1069,89 @@ impl Qp {
                 self.handle_terminate_received();
                 return;
             }
+            Plan::Immediate { solicited, imm } => self.deliver_immediate(solicited, imm),
+            Plan::AtomicRequest { mem, off, req } => {
+                self.rx_msn[1] = self.rx_msn[1].wrapping_add(1);
+                self.stats.rx.atomic_request.add(8);
+                let Ok(original) = mem
+                    .region()
+                    .atomic_update(off, |old| atomic_result(&req, old))
+                else {
+                    // Unreachable: the 8 bytes were validated inside the registration.
+                    self.fail(Fault::RdmapCatastrophic, hdr);
+                    return;
+                };
+                let entry = IrqEntry {
+                    atomic: Some((req.request_id, original)),
+                    sink_stag: 0,
+                    sink_to: 0,
+                    len: 0,
+                    src: None,
+                    sent: 0,
+                };
+                if self.irq.push(entry).is_err() {
+                    self.fail(Fault::IrdExceeded, hdr);
+                    return;
+                }
+            }
+            Plan::AtomicResponse { original } => {
+                self.rx_msn[3] = self.rx_msn[3].wrapping_add(1);
+                self.stats.rx.atomic_response.add(8);
+                if let Some(seq) = self.orq.pop().and_then(|h| h.seq) {
+                    self.complete_atomic(seq, original);
+                }
+            }
         }
         if self.rx.phase != Phase::Closed {
             self.rx.start_fpdu();
         }
+    }
+
+    /// An Immediate Data message passed its checks: complete its receive WR with the value.
+    fn deliver_immediate(&mut self, solicited: bool, imm: u32) {
+        self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
+        self.stats.rx.immediate.add(8);
+        let Some(msg) = self.rx_msg.take() else {
+            return;
+        };
+        // Right after an RDMA Write (no Send in between) this is Write with Immediate.
+        let (opcode, byte_len) = match self.rx.last_write.take() {
+            Some(len) => (
+                WcOpcode::RecvRdmaWithImm,
+                u32::try_from(len).unwrap_or(u32::MAX),
+            ),
+            None => (WcOpcode::Recv, 0),
+        };
+        let mut wc = self.recv_wc(msg.wr.wr_id, WcStatus::Success, byte_len);
+        wc.opcode = opcode;
+        wc.imm = Some(imm);
+        wc.solicited = solicited;
+        let _ = self.rx_done.push(wc);
+    }
+
+    /// The Atomic Response for the WR `seq` arrived: the original value goes into its local
+    /// SGE (host byte order) and the WR completes.
+    fn complete_atomic(&mut self, seq: u64, original: u64) {
+        let Some(e) = self.sq_entry_mut(seq) else {
+            return;
+        };
+        if e.status != SqStatus::AwaitingResponse {
+            return;
+        }
+        let written = match &e.data {
+            SqData::Sgl { mem, .. } => mem.first().and_then(Option::as_ref).is_some_and(|v| {
+                v.memory
+                    .region()
+                    .write_at(v.region_offset, &original.to_ne_bytes())
+                    .is_ok()
+            }),
+            SqData::Inline { .. } => false,
+        };
+        e.status = if written {
+            SqStatus::Done(WcStatus::Success, 8)
+        } else {
+            SqStatus::Done(WcStatus::LocProtErr, 0)
+        };
     }
 
     fn deliver_send(
@@ -929,6 +1165,7 @@ impl Qp {
             return;
         };
         self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
+        self.rx.last_write = None;
         self.stats.rx.send.messages += 1;
         let mut wc = self.recv_wc(msg.wr.wr_id, WcStatus::Success, msg.received as u32);
         wc.solicited = solicited;

@@ -13,9 +13,11 @@
 //! holds is offered in several parts.
 //!
 //! Order of transmission, message by message: a queued Terminate; the RFC 6581 RTR; the
-//! message in progress; then Read Responses (IRQ) before new send WRs (SQ), which go in
-//! posting order, an RDMA Read waiting while the ORQ is full (ORD) and a fenced WR waiting
-//! until every earlier Read completed. No I/O here.
+//! message in progress; then Read and Atomic Responses (IRQ) before new send WRs (SQ), which
+//! go in posting order, an RDMA Read or Atomic Request waiting while the ORQ is full (ORD)
+//! and a fenced WR waiting until every earlier Read and atomic completed. The Immediate Data
+//! message of a Write/Send with Immediate follows its data message directly (nothing is
+//! sent between them). No I/O here.
 
 use std::sync::Arc;
 
@@ -24,6 +26,8 @@ use softwarp_wire::mpa::marker::{MarkerLayout, Piece, MARKER_LEN};
 use crate::fault::Cause;
 use crate::memory::Region;
 use crate::mr::MrMemory;
+use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr, AtomicResponseRepr};
+
 use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqData, SqStatus, StreamConfig};
 use crate::wr::{SendOp, WcStatus, MAX_INLINE, MAX_SGE};
 
@@ -213,6 +217,10 @@ pub(crate) enum TxDone {
     Sq { seq: u64, bytes: usize, last: bool },
     /// A Read Request.
     ReadRequest { bytes: u64 },
+    /// An RFC 7306 Atomic Request.
+    AtomicRequest,
+    /// An RFC 7306 Atomic Response.
+    AtomicResponse,
     /// A Read Response segment.
     ReadResponse { bytes: usize, last: bool },
     /// The Terminate.
@@ -314,6 +322,8 @@ impl FpduBuild {
 enum TxMsg {
     None,
     Sq(u64),
+    /// The data of a Write/Send with Immediate went out; its Immediate Data comes next.
+    Imm(u64),
     ReadResponse,
 }
 
@@ -497,11 +507,21 @@ impl Qp {
                 match counted {
                     Some((SendOp::Send { .. }, len)) => self.stats.tx.send.add(len),
                     Some((SendOp::Write { .. }, len)) => self.stats.tx.write.add(len),
+                    Some((SendOp::SendWithImm { .. }, len)) => {
+                        self.stats.tx.send.add(len);
+                        self.stats.tx.immediate.add(8);
+                    }
+                    Some((SendOp::WriteWithImm { .. }, len)) => {
+                        self.stats.tx.write.add(len);
+                        self.stats.tx.immediate.add(8);
+                    }
                     _ => {}
                 }
                 let _ = bytes;
             }
             TxDone::ReadRequest { bytes } => self.stats.tx.read_request.add(bytes),
+            TxDone::AtomicRequest => self.stats.tx.atomic_request.add(8),
+            TxDone::AtomicResponse => self.stats.tx.atomic_response.add(8),
             TxDone::ReadResponse { bytes, last } => {
                 self.stats.tx.read_response.bytes += bytes as u64;
                 if last {
@@ -606,6 +626,7 @@ impl Qp {
         }
         match self.tx.msg {
             TxMsg::Sq(seq) => return self.build_sq(seq),
+            TxMsg::Imm(seq) => return self.build_immediate(seq),
             TxMsg::ReadResponse => return self.build_read_response(),
             TxMsg::None => {}
         }
@@ -658,6 +679,7 @@ impl Qp {
                 self.tx_msn[1] = msn.wrapping_add(1);
                 let _ = self.orq.push(OrqEntry {
                     seq: None,
+                    atomic: None,
                     sink_stag: codec::RTR_STAG,
                     sink_to: 0,
                     len: 0,
@@ -682,6 +704,26 @@ impl Qp {
             self.tx.msg = TxMsg::None;
             return;
         };
+        if let Some((request_id, original_value)) = irq.atomic {
+            //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+            // (paraphrase) The responder answers each Atomic Request, in order, with an
+            // Atomic Response on untagged queue 3 that echoes the Request Identifier and
+            // carries the value the target word had before the operation.
+            let msn = self.tx_msn[3];
+            self.tx_msn[3] = msn.wrapping_add(1);
+            let hdr_len = codec::emit_atomic_response(
+                b.hdr.get_mut(2..).unwrap_or(&mut []),
+                msn,
+                AtomicResponseRepr {
+                    original_request_id: request_id,
+                    original_value,
+                },
+            );
+            self.irq.pop();
+            self.tx.msg = TxMsg::None;
+            self.frame_fpdu(b, hdr_len, TxDone::AtomicResponse);
+            return;
+        }
         let remaining = irq.len - irq.sent;
         let seg = usize::try_from(remaining.min(max as u64)).unwrap_or(max);
         if seg > 0 {
@@ -766,6 +808,7 @@ impl Qp {
             self.tx_msn[1] = msn.wrapping_add(1);
             let _ = self.orq.push(OrqEntry {
                 seq: Some(seq),
+                atomic: None,
                 sink_stag,
                 sink_to,
                 len,
@@ -780,11 +823,19 @@ impl Qp {
             return;
         }
 
+        if op.is_atomic() {
+            if orq_len >= ord || self.orq.is_full() {
+                return;
+            }
+            self.build_atomic_request(seq, op);
+            return;
+        }
+
         let Some(mut b) = self.take_spare() else {
             return;
         };
         let hdr_len = match op {
-            SendOp::Send { .. } => codec::UNTAGGED_HEADER_LEN,
+            SendOp::Send { .. } | SendOp::SendWithImm { .. } => codec::UNTAGGED_HEADER_LEN,
             _ => codec::TAGGED_HEADER_LEN,
         };
         let max = self.tx.max_payload(hdr_len);
@@ -847,15 +898,30 @@ impl Qp {
                     self.tx_msn[0] = msn.wrapping_add(1);
                 }
             }
-            SendOp::Write { remote_addr, rkey } => {
+            SendOp::SendWithImm { .. } => {
+                // The Solicited Event, if asked for, rides on the Immediate Data message,
+                // which is what completes the operation at the peer.
+                let msn = self.tx_msn[0];
+                codec::emit_send(hdr, last, false, None, msn, sent as u32);
+                if last {
+                    self.tx_msn[0] = msn.wrapping_add(1);
+                }
+            }
+            SendOp::Write { remote_addr, rkey }
+            | SendOp::WriteWithImm {
+                remote_addr, rkey, ..
+            } => {
                 codec::emit_write(hdr, last, rkey.0, remote_addr.wrapping_add(sent));
             }
-            SendOp::Read { .. } => {}
+            SendOp::Read { .. } | SendOp::FetchAdd { .. } | SendOp::CmpSwap { .. } => {}
         }
         if let Some(e) = self.sq_entry_mut(seq) {
             e.status = SqStatus::Sending { sent: new_sent };
         }
-        if last {
+        let imm_follows = last && op.imm().is_some();
+        if imm_follows {
+            self.tx.msg = TxMsg::Imm(seq);
+        } else if last {
             self.sq_tx_seq = seq + 1;
             self.tx.msg = TxMsg::None;
         } else {
@@ -867,9 +933,110 @@ impl Qp {
             TxDone::Sq {
                 seq,
                 bytes: seg,
-                last,
+                last: last && !imm_follows,
             },
         );
+    }
+
+    /// The Immediate Data message that ends a Write/Send with Immediate.
+    fn build_immediate(&mut self, seq: u64) {
+        let (imm, solicited) = match self.sq_entry(seq).map(|e| e.op) {
+            Some(SendOp::WriteWithImm { imm, .. }) => (imm, false),
+            Some(SendOp::SendWithImm { imm, solicited }) => (imm, solicited),
+            _ => {
+                self.tx.msg = TxMsg::None;
+                return;
+            }
+        };
+        let Some(mut b) = self.take_spare() else {
+            return;
+        };
+        //= https://www.rfc-editor.org/rfc/rfc7306#section-7
+        // (paraphrase) Immediate Data travels in an Immediate Data (or Immediate Data with
+        // Solicited Event) message of its own, an untagged message on queue 0 with the next
+        // MSN, sent right after the RDMA Write or Send it belongs to.
+        let msn = self.tx_msn[0];
+        self.tx_msn[0] = msn.wrapping_add(1);
+        let hdr_len =
+            codec::emit_immediate(b.hdr.get_mut(2..).unwrap_or(&mut []), msn, solicited, imm);
+        self.sq_tx_seq = seq + 1;
+        self.tx.msg = TxMsg::None;
+        self.frame_fpdu(
+            b,
+            hdr_len,
+            TxDone::Sq {
+                seq,
+                bytes: 0,
+                last: true,
+            },
+        );
+    }
+
+    /// An RFC 7306 Atomic Request (the ORD check was done by the caller).
+    fn build_atomic_request(&mut self, seq: u64, op: SendOp) {
+        let (opcode, remote_addr, rkey, data, mask, compare, compare_mask) = match op {
+            // A plain FetchAdd: no field boundaries in the Add Mask.
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => (AtomicOpcode::FetchAdd, remote_addr, rkey, add, 0, 0, 0),
+            // A plain CmpSwap: the whole word is compared and swapped.
+            SendOp::CmpSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => (
+                AtomicOpcode::CmpSwap,
+                remote_addr,
+                rkey,
+                swap,
+                u64::MAX,
+                compare,
+                u64::MAX,
+            ),
+            _ => return,
+        };
+        let Some(mut b) = self.take_spare() else {
+            return;
+        };
+        // The Request Identifier only has to tell outstanding requests apart: the SQ
+        // sequence number's low half does (ORD is far below 2^32).
+        let request_id = seq as u32;
+        let msn = self.tx_msn[1];
+        self.tx_msn[1] = msn.wrapping_add(1);
+        //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+        // (paraphrase) Atomic Requests are untagged messages on queue 1, the queue of RDMA
+        // Read Requests, and count against the same ORD/IRD limits.
+        let hdr_len = codec::emit_atomic_request(
+            b.hdr.get_mut(2..).unwrap_or(&mut []),
+            msn,
+            AtomicRequestRepr {
+                opcode,
+                request_id,
+                remote_stag: rkey.0,
+                remote_tagged_offset: remote_addr,
+                add_or_swap_data: data,
+                add_or_swap_mask: mask,
+                compare_data: compare,
+                compare_mask,
+            },
+        );
+        let _ = self.orq.push(OrqEntry {
+            seq: Some(seq),
+            atomic: Some(request_id),
+            sink_stag: 0,
+            sink_to: 0,
+            len: 8,
+            received: 0,
+        });
+        if let Some(e) = self.sq_entry_mut(seq) {
+            e.status = SqStatus::AwaitingResponse;
+        }
+        self.sq_tx_seq = seq + 1;
+        self.tx.msg = TxMsg::None;
+        self.frame_fpdu(b, hdr_len, TxDone::AtomicRequest);
     }
 
     /// A WR failed locally (bad lkey): Terminate the stream (RDMAP local catastrophic error),
