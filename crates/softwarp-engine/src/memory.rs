@@ -342,6 +342,18 @@ mod tests {
     }
 
     #[test]
+    fn atomic_update_returns_the_old_word_and_stores_the_new_one() {
+        let r = Region::new_zeroed(16).unwrap();
+        r.write_at(8, &41u64.to_ne_bytes()).unwrap();
+        assert_eq!(r.atomic_update(8, |v| v + 1).unwrap(), 41);
+        let mut b = [0u8; 8];
+        r.read_at(8, &mut b).unwrap();
+        assert_eq!(u64::from_ne_bytes(b), 42);
+        assert!(r.atomic_update(9, |v| v).is_err(), "beyond the end");
+        assert!(r.atomic_update(usize::MAX, |v| v).is_err());
+    }
+
+    #[test]
     fn crc_over_region_matches_crc_over_copy() {
         let r = Region::new_zeroed(100).unwrap();
         let data: Vec<u8> = (0..100u8).collect();

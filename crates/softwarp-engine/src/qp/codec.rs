@@ -472,3 +472,51 @@ pub(crate) fn parse_terminate_cause(ulpdu: &[u8], layout: TerminateLayout) -> (u
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_are_checked_like_the_wire_crate_strips_them() {
+        // An FPDU of 1200 octets at stream offset 1024 begins with a marker; the next is at
+        // 512 octets into it.
+        let layout = marker_layout(1024, 1200).unwrap();
+        let markers: Vec<Marker> = layout.markers().collect();
+        let second = markers[1];
+        assert_eq!((second.wire_offset, second.fpduptr), (512, 512));
+        assert_eq!(check_marker(&layout, &second, second.to_bytes()), Ok(()));
+        // RESERVED is ignored.
+        assert_eq!(
+            check_marker(&layout, &second, [0xff, 0xff, 0x02, 0x00]),
+            Ok(())
+        );
+        // Counted from ULPDU_Length (4 less) is accepted after a leading marker.
+        assert_eq!(check_marker(&layout, &second, [0, 0, 0x01, 0xfc]), Ok(()));
+        assert_eq!(
+            check_marker(&layout, &second, [0, 0, 0x01, 0xf8]),
+            Err(0x1f8)
+        );
+        // The leading marker must say 0.
+        assert_eq!(check_marker(&layout, &markers[0], [0, 0, 0, 4]), Err(4));
+        // Without a leading marker there is no second reading.
+        let layout = marker_layout(1000, 1200).unwrap();
+        let first = layout.markers().next().unwrap();
+        assert_eq!(first.fpduptr, 24);
+        assert_eq!(check_marker(&layout, &first, [0, 0, 0, 20]), Err(20));
+        // Layouts the wire crate refuses are None.
+        assert!(marker_layout(2, 1200).is_none());
+        assert!(marker_layout(0, fpdu_len(65535)).is_none());
+    }
+
+    #[test]
+    fn immediate_values_are_the_low_half_of_the_immediate_data() {
+        let i = imm_to_wire(0x0102_0304);
+        assert_eq!(i.data, [0, 0, 0, 0, 1, 2, 3, 4]);
+        assert_eq!(imm_from_wire(&i), 0x0102_0304);
+        let high = ImmediateDataRepr {
+            data: [9, 9, 9, 9, 0, 0, 0, 7],
+        };
+        assert_eq!(imm_from_wire(&high), 7);
+    }
+}

@@ -79,8 +79,10 @@ pub struct StreamConfig {
     /// MPA markers in both directions: shorthand for `markers_tx` and `markers_rx` together
     /// (RFC 5044 section 4.3; siw never uses them).
     pub markers: bool,
-    /// Largest FPDU this side sends, all framing included (MPA length, pad, CRC); rounded down
-    /// to a multiple of 4. The MSS is the usual choice (siw: 1448 at MTU 1500).
+    /// Largest FPDU this side sends, all framing included (MPA length, pad, CRC, and the
+    /// markers when it sends markers); rounded down to a multiple of 4. The MSS is the usual
+    /// choice (siw: 1448 at MTU 1500). With markers it is capped below 64 KiB (16-bit
+    /// FPDUPTR).
     pub max_fpdu_len: usize,
     /// Largest ULPDU accepted from the peer (at most 65535, the 16-bit ULPDU_Length).
     pub max_rx_ulpdu: usize,

@@ -1237,3 +1237,76 @@ impl Qp {
         self.enter_error();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(
+        opcode: AtomicOpcode,
+        data: u64,
+        mask: u64,
+        cmp: u64,
+        cmp_mask: u64,
+    ) -> AtomicRequestRepr {
+        AtomicRequestRepr {
+            opcode,
+            request_id: 0,
+            remote_stag: 0,
+            remote_tagged_offset: 0,
+            add_or_swap_data: data,
+            add_or_swap_mask: mask,
+            compare_data: cmp,
+            compare_mask: cmp_mask,
+        }
+    }
+
+    #[test]
+    fn fetch_add_without_boundaries_is_a_wrapping_64_bit_add() {
+        let r = req(AtomicOpcode::FetchAdd, 5, 0, 0, 0);
+        assert_eq!(atomic_result(&r, 10), 15);
+        assert_eq!(atomic_result(&r, u64::MAX), 4);
+    }
+
+    #[test]
+    fn fetch_add_boundaries_stop_carries_between_fields() {
+        // Eight byte-wide fields: 0xff + 1 wraps inside its byte.
+        let bytes = 0x8080_8080_8080_8080;
+        assert_eq!(masked_add(0x00ff_00ff, 0x0001_0001, bytes), 0x0000_0000);
+        assert_eq!(masked_add(0x0102_0304, 0x0101_0101, bytes), 0x0203_0405);
+        // A boundary at bit 63 only: the same as a plain add.
+        assert_eq!(masked_add(u64::MAX, 2, 1 << 63), 1);
+        for (a, b) in [(0u64, 0u64), (123, 456), (u64::MAX, u64::MAX)] {
+            assert_eq!(masked_add(a, b, 1 << 63), a.wrapping_add(b));
+        }
+    }
+
+    #[test]
+    fn cmp_swap_compares_and_swaps_the_masked_bits_only() {
+        let full = req(AtomicOpcode::CmpSwap, 9, u64::MAX, 7, u64::MAX);
+        assert_eq!(atomic_result(&full, 7), 9);
+        assert_eq!(atomic_result(&full, 8), 8);
+        // Compare the high byte only, swap the low byte only.
+        let masked = req(
+            AtomicOpcode::CmpSwap,
+            0xaa,
+            0xff,
+            0x1100_0000_0000_0000,
+            0xff << 56,
+        );
+        assert_eq!(
+            atomic_result(&masked, 0x11ff_ffff_ffff_ff00),
+            0x11ff_ffff_ffff_ffaa
+        );
+        assert_eq!(
+            atomic_result(&masked, 0x12ff_ffff_ffff_ff00),
+            0x12ff_ffff_ffff_ff00
+        );
+    }
+
+    #[test]
+    fn an_unknown_atomic_operation_changes_nothing() {
+        let r = req(AtomicOpcode::Unknown(3), 5, 0, 0, 0);
+        assert_eq!(atomic_result(&r, 10), 10);
+    }
+}

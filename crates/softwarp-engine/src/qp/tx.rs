@@ -21,13 +21,12 @@
 
 use std::sync::Arc;
 
-use softwarp_wire::mpa::marker::{MarkerLayout, Piece, MARKER_LEN};
+use softwarp_wire::mpa::marker::{MarkerLayout, Piece, MARKER_INTERVAL, MARKER_LEN};
+use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr, AtomicResponseRepr};
 
 use crate::fault::Cause;
 use crate::memory::Region;
 use crate::mr::MrMemory;
-use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr, AtomicResponseRepr};
-
 use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqData, SqStatus, StreamConfig};
 use crate::wr::{SendOp, WcStatus, MAX_INLINE, MAX_SGE};
 
@@ -43,7 +42,7 @@ const HDR_CAP: usize = 2 + codec::MAX_TX_HEADER + MAX_INLINE;
 pub const TX_PIECES: usize = 32;
 /// Most markers one FPDU can carry: with markers, FPDUs stay below 64 KiB on the wire (the
 /// FPDUPTR is 16 bits), and a marker comes every 512 octets.
-const MAX_MARKERS: usize = u16::MAX as usize / 512 + 2;
+const MAX_MARKERS: usize = u16::MAX as usize / MARKER_INTERVAL + 2;
 
 /// One piece of an FPDU to transmit.
 #[derive(Debug, Clone, Copy)]
