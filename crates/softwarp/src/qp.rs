@@ -817,6 +817,11 @@ fn prepare_stream(
     let cfg = StreamConfig {
         crc: neg.crc,
         markers: false,
+        // The minimal connection path never negotiates markers (the CM does).
+        markers_tx: false,
+        markers_rx: false,
+        tx_stream_offset: 0,
+        rx_stream_offset: 0,
         max_fpdu_len,
         max_rx_ulpdu: softwarp_wire::mpa::fpdu::MAX_ULPDU_LEN,
         ird: neg.ird,
