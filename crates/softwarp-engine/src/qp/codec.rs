@@ -7,7 +7,7 @@
 
 use softwarp_wire::ddp;
 use softwarp_wire::mpa::fpdu;
-use softwarp_wire::mpa::marker::{Marker, MarkerLayout, MARKER_LEN};
+use softwarp_wire::mpa::marker::{self, Marker, MarkerLayout, MARKER_LEN};
 use softwarp_wire::rdmap::{
     AtomicRequestRepr, AtomicResponseRepr, ControlRepr, ImmediateDataRepr, Message, Opcode,
     Placement, ReadRequestRepr, Segment, TerminateLayout, TerminateRepr, ATOMIC_REQUEST_HEADER_LEN,
@@ -67,14 +67,8 @@ pub(crate) fn check_marker(
     expected: &Marker,
     bytes: [u8; MARKER_LEN],
 ) -> Result<(), u16> {
-    //= https://www.rfc-editor.org/rfc/rfc5044#section-4.3
-    // (paraphrase) RESERVED is ignored on receipt; FPDUPTR must lead back to the start of
-    // the FPDU that contains the marker.
-    let fpduptr = u16::from_be_bytes([bytes[2], bytes[3]]);
-    let from_length_field = layout.begins_with_marker()
-        && expected.wire_offset > 0
-        && usize::from(fpduptr) + MARKER_LEN == expected.wire_offset;
-    if fpduptr == expected.fpduptr || from_length_field {
+    let fpduptr = marker::fpduptr(bytes);
+    if layout.accepts(expected, fpduptr) {
         Ok(())
     } else {
         Err(fpduptr)

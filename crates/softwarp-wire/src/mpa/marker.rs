@@ -246,12 +246,19 @@ impl MarkerLayout {
 
     /// FPDUPTR values a receiver accepts for `marker`: the one we emit and, for later markers
     /// of an FPDU that begins with a marker, the one counted from ULPDU_Length (module docs).
-    fn accepts(&self, marker: &Marker, fpduptr: u16) -> bool {
+    pub fn accepts(&self, marker: &Marker, fpduptr: u16) -> bool {
         fpduptr == marker.fpduptr
             || (self.begins_with_marker()
                 && marker.wire_offset > 0
                 && usize::from(fpduptr) + MARKER_LEN == marker.wire_offset)
     }
+}
+
+/// The FPDUPTR field of a received marker's 4 bytes (RESERVED, then FPDUPTR, big endian).
+/// RESERVED is ignored on receipt, as RFC 5044 asks.
+pub fn fpduptr(marker: [u8; MARKER_LEN]) -> u16 {
+    let [_, _, hi, lo] = marker;
+    u16::from_be_bytes([hi, lo])
 }
 
 /// Iterator over the markers of a [`MarkerLayout`].
