@@ -5,6 +5,8 @@
 //! file could not be read as a capture, 2 when it was decoded but something in it was
 //! malformed (a bad CRC, a segment the codecs refuse, a cut capture).
 //!
+//! `bench` measures Softwarp against raw TCP with perftest's shapes (see `bench/mod.rs`).
+//!
 //! `demo` runs a server and a client on loopback and exercises every iWARP operation (exit
 //! status 0 when every byte and completion checked out, 1 otherwise).
 
@@ -16,7 +18,12 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use softwarp_cli::decode::{decode_capture, output_to_json, Output};
 
+mod bench;
 mod demo;
+
+/// Counts heap bytes for `softwarp bench qp_mem` (off, and nearly free, otherwise).
+#[global_allocator]
+static ALLOC: bench::CountingAlloc = bench::CountingAlloc;
 
 #[derive(Debug, Parser)]
 #[command(name = "softwarp", version, about = "Softwarp iWARP stack tools")]
@@ -45,6 +52,12 @@ enum Command {
     /// Run a server and a client on loopback (two threads) and exercise every iWARP
     /// operation: one line per operation with its size and timing.
     Demo(demo::DemoArgs),
+    /// Benchmark Softwarp with perftest's shapes (send/write/read, bandwidth/latency),
+    /// each next to a raw TCP baseline, printed as ratios.
+    ///
+    /// Loopback (server and client in this process) by default; `-s` is the server and
+    /// `softwarp bench SHAPES PEER` the client of a two-process run.
+    Bench(bench::BenchArgs),
 }
 
 fn print_output(out: &mut impl Write, output: &Output, json: bool) -> io::Result<()> {
@@ -110,6 +123,7 @@ fn main() -> ExitCode {
             summary,
         } => decode(file, *json, *summary),
         Command::Demo(args) => demo::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Bench(args) => bench::run(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
