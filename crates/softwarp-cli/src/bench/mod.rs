@@ -74,7 +74,7 @@ pub struct BenchArgs {
     #[arg(short = 'b', long)]
     bidirectional: bool,
     /// CRC32c on every FPDU.
-    #[arg(long, default_value = "on", value_parser = parse_on_off)]
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     crc: bool,
     /// How completions are waited for: busy (the CQ poll drives the QP: no thread
     /// wake-ups), spin (spin on the CQ; the progress thread moves the bytes), or event

@@ -1,0 +1,195 @@
+//! `softwarp bench` runs every shape for a few iterations, in every mode and role, and its
+//! JSON output parses and holds the expected results. No timing is asserted: these runs
+//! prove the tool works, not how fast anything is.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn softwarp(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_softwarp"))
+        .arg("bench")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn finish(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "softwarp bench did not finish within {limit:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "exit {}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = finish(softwarp(&all), Duration::from_secs(120));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn results(v: &serde_json::Value) -> &Vec<serde_json::Value> {
+    v["results"].as_array().unwrap()
+}
+
+fn shapes(v: &serde_json::Value) -> Vec<String> {
+    results(v)
+        .iter()
+        .map(|r| r["shape"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Every figure a row should have is a positive number, for both stacks.
+fn assert_measured(r: &serde_json::Value, with_tcp: bool) {
+    let kind = r["kind"].as_str().unwrap();
+    let key = if kind == "bw" { "gbit_per_s" } else { "lat_us" };
+    assert!(r["softwarp"][key].as_f64().unwrap() > 0.0, "{r}");
+    if with_tcp {
+        assert!(r["tcp"][key].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r}");
+    } else {
+        assert!(r["tcp"].is_null() && r["ratio"].is_null(), "{r}");
+    }
+}
+
+#[test]
+fn every_shape_runs_in_busy_mode_with_the_tcp_baseline_and_prints_json() {
+    let v = json(&["all", "-S", "64,5000", "-n", "20", "-t", "8"]);
+    assert_eq!(v["tool"], "softwarp bench");
+    assert_eq!(v["config"]["mode"], "busy");
+    let names = shapes(&v);
+    for s in [
+        "write_bw",
+        "send_bw",
+        "read_bw",
+        "write_lat",
+        "send_lat",
+        "read_lat",
+    ] {
+        assert_eq!(
+            names.iter().filter(|n| *n == s).count(),
+            2,
+            "{s} at two sizes: {names:?}"
+        );
+    }
+    for r in results(&v) {
+        assert_measured(r, true);
+        assert_eq!(r["iters"], 20);
+    }
+}
+
+#[test]
+fn spin_and_event_modes_run_bidirectional_bandwidth_without_crc() {
+    for mode in ["spin", "event"] {
+        let v = json(&[
+            "write_bw,send_bw,read_bw,send_lat,read_lat",
+            "-S",
+            "4K",
+            "-n",
+            "30",
+            "-b",
+            "--crc",
+            "off",
+            "--mode",
+            mode,
+            "--no-tcp",
+            "-l",
+            "4",
+        ]);
+        assert_eq!(shapes(&v).len(), 5, "{v}");
+        for r in results(&v) {
+            assert_measured(r, false);
+            assert_eq!(r["crc"], false);
+            assert_eq!(r["mode"], mode);
+        }
+    }
+}
+
+#[test]
+fn write_lat_is_skipped_in_event_mode_with_a_note() {
+    let v = json(&["write_lat", "-n", "5", "--mode", "event"]);
+    assert!(results(&v).is_empty());
+    assert!(v["notes"][0].as_str().unwrap().contains("write_lat"));
+}
+
+#[test]
+fn repeated_runs_report_every_run_and_the_median() {
+    let v = json(&["send_bw", "-S", "1K", "-n", "50", "-r", "3", "-t", "4"]);
+    let r = &results(&v)[0];
+    assert_eq!(r["runs"], 3);
+    assert_eq!(r["softwarp"]["run_secs"].as_array().unwrap().len(), 3);
+    assert_eq!(r["tcp"]["run_secs"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn qp_mem_counts_heap_bytes_per_connected_qp() {
+    let v = json(&["qp_mem", "--qps", "4"]);
+    let m = &v["qp_memory"];
+    assert_eq!(m["qps"], 4);
+    assert!(m["heap_bytes_per_qp"].as_f64().unwrap() > 0.0, "{v}");
+}
+
+#[test]
+fn a_server_process_and_a_client_process_run_a_session() {
+    // Three consecutive ports from an ephemeral one (control, iWARP, TCP).
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let port = if port > 65000 { port - 1000 } else { port };
+    let p = port.to_string();
+    let server = softwarp(&["-s", "--bind", "127.0.0.1", "-p", &p]);
+    let client = softwarp(&[
+        "write_bw,send_lat",
+        "127.0.0.1",
+        "-p",
+        &p,
+        "-S",
+        "2K",
+        "-n",
+        "10",
+        "--json",
+    ]);
+    let out = finish(client, Duration::from_secs(120));
+    finish(server, Duration::from_secs(30));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["config"]["role"], "client");
+    assert_eq!(shapes(&v), vec!["write_bw", "send_lat"]);
+    for r in results(&v) {
+        assert_measured(r, true);
+    }
+}
+
+#[test]
+fn the_table_names_every_shape_and_the_ratio_column() {
+    let out = finish(
+        softwarp(&["write_bw,read_lat", "-S", "128", "-n", "10"]),
+        Duration::from_secs(120),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("softwarp bench: loopback"), "{text}");
+    assert!(text.contains("ratio"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("write_bw")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("read_lat")), "{text}");
+}
