@@ -108,6 +108,8 @@ const PASS_BUDGET: usize = 1 << 20;
 pub(crate) struct Conn {
     stream: mio::net::TcpStream,
     token: Option<Token>,
+    /// Registered for read readiness (false while a busy-poll CQ's thread reads).
+    read_interest: bool,
     /// End of stream or error seen on the read side.
     read_closed: bool,
     /// A write failed (reset, broken pipe): nothing more can be sent.
@@ -124,6 +126,8 @@ pub(crate) struct QpInner {
     connecting: bool,
     info: Option<ConnectionInfo>,
     destroyed: bool,
+    /// Busy poll handed the closing of the connection to the progress thread.
+    close_kicked: bool,
 }
 
 /// What a progress pass left to do.
@@ -373,11 +377,22 @@ impl QpShared {
     pub(crate) fn service(&self, registry: &Registry, scratch: &mut [u8]) -> Pass {
         let mut g = self.lock();
         let inner = &mut *g;
-        if inner.conn.is_none() {
+        let state = inner.qp.state();
+        let Some(conn) = inner.conn.as_mut() else {
             return Pass {
                 closed: true,
                 ..Pass::default()
             };
+        };
+        if !conn.read_interest && (inner.close_kicked || state != QpState::Rts) {
+            // A busy-polled QP that is closing: the progress thread takes the reading
+            // over, since nobody may poll its CQ any more.
+            if let Some(token) = conn.token {
+                let both = Interest::READABLE | Interest::WRITABLE;
+                if registry.reregister(&mut conn.stream, token, both).is_ok() {
+                    conn.read_interest = true;
+                }
+            }
         }
         let mut budget = PASS_BUDGET;
         let rx = self.rx_pass(inner, scratch, &mut budget);
@@ -393,19 +408,54 @@ impl QpShared {
         }
     }
 
-    /// Registers the connection with the progress thread's poller.
+    /// Busy poll (on the thread polling a busy-poll CQ): one non-blocking pass of
+    /// receive, transmit and completions, unless another thread holds the QP. When the
+    /// connection needs closing, the progress thread is asked to do it (it owns the
+    /// poller registration).
+    pub(crate) fn poll_pass(self: &Arc<Self>) {
+        let mut g = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        let inner = &mut *g;
+        if inner.conn.is_none() || inner.close_kicked {
+            return;
+        }
+        let mut scratch = [0u8; 512];
+        let mut budget = PASS_BUDGET;
+        let rx = self.rx_pass(inner, &mut scratch, &mut budget);
+        let mut budget = PASS_BUDGET;
+        let _ = self.tx_pass(inner, &mut budget);
+        self.drain(inner);
+        let finished = rx == RxEnd::Closed || inner.qp.state() != QpState::Rts;
+        if finished {
+            inner.close_kicked = true;
+            drop(g);
+            self.device.progress.kick(Arc::clone(self));
+        }
+    }
+
+    /// Registers the connection with the progress thread's poller. A QP whose receive CQ
+    /// is in busy-poll mode is not registered for read readiness: the polling thread reads.
     pub(crate) fn register(&self, registry: &Registry, token: Token) -> bool {
+        let busy = self
+            .recv_cq
+            .busy_poll
+            .load(std::sync::atomic::Ordering::Relaxed);
         let mut g = self.lock();
         let Some(conn) = g.conn.as_mut() else {
             return false;
         };
-        match registry.register(
-            &mut conn.stream,
-            token,
-            Interest::READABLE | Interest::WRITABLE,
-        ) {
+        let interest = if busy {
+            Interest::WRITABLE
+        } else {
+            Interest::READABLE | Interest::WRITABLE
+        };
+        match registry.register(&mut conn.stream, token, interest) {
             Ok(()) => {
                 conn.token = Some(token);
+                conn.read_interest = !busy;
                 true
             }
             Err(e) => {
@@ -523,6 +573,7 @@ impl QueuePair {
                 connecting: false,
                 info: None,
                 destroyed: false,
+                close_kicked: false,
             }),
             count: Mutex::new(count),
         });
@@ -668,6 +719,7 @@ impl QueuePair {
         }
         g.qp.modify(QpState::Idle)?;
         g.info = None;
+        g.close_kicked = false;
         Ok(())
     }
 
@@ -758,6 +810,7 @@ impl QueuePair {
         g.conn = Some(Conn {
             stream,
             token: None,
+            read_interest: false,
             read_closed: false,
             write_failed: false,
             shut_wr: false,

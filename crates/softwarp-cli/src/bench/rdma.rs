@@ -92,6 +92,7 @@ impl Ep {
         let rq = spec.data_receives() + CTRL_RECVS;
         let sq = spec.depth + SQ_SLACK;
         let cq = dev.create_cq(rq + sq + 64, channel.as_ref())?;
+        cq.set_busy_poll(spec.mode == Mode::Busy);
         let mut attr = QpInitAttr::new(&cq, &cq);
         attr.cap.max_send_wr = sq;
         attr.cap.max_recv_wr = rq;

@@ -1,0 +1,128 @@
+//! Busy-poll CQs: polling the CQ moves the QP's bytes on the polling thread (Sends, Writes,
+//! Reads answered by a busy-polled responder), and a closing peer is still noticed.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod util;
+
+use std::time::Instant;
+
+use softwarp::*;
+use util::*;
+
+fn busy_end() -> End {
+    let e = End::new(None, None);
+    e.scq.set_busy_poll(true);
+    e.rcq.set_busy_poll(true);
+    e
+}
+
+/// Polls `cq` (busy) until one completion arrives.
+fn busy_wait(cq: &CompletionQueue) -> WorkCompletion {
+    let deadline = Instant::now() + WAIT;
+    let mut wc = [EMPTY_COMPLETION; 1];
+    loop {
+        if cq.poll(&mut wc).unwrap() == 1 {
+            return wc[0];
+        }
+        assert!(Instant::now() < deadline, "no completion within {WAIT:?}");
+    }
+}
+
+#[test]
+fn busy_polled_ends_exchange_sends_writes_and_reads() {
+    let mut a = busy_end();
+    let mut b = busy_end();
+    assert!(a.rcq.busy_poll() && !End::new(None, None).rcq.busy_poll());
+    let (sink, _) = b.mr(
+        1 << 20,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        0,
+    );
+    let (rbuf, _) = b.mr(1 << 20, AccessFlags::LOCAL_WRITE, 0);
+    let (src, data) = a.mr(1 << 20, AccessFlags::REMOTE_READ, 7);
+    b.qp.post_recv(&RecvWr {
+        wr_id: 5,
+        sgl: SgList::single(rbuf.sge(0, 1 << 20).unwrap()),
+    })
+    .unwrap();
+    connect(&mut a, &mut b, &ConnectOptions::default());
+
+    // A 1 MiB Send: many FPDUs, all read by b's polling thread.
+    a.qp.post_send(&SendWr {
+        wr_id: 1,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        payload: Payload::Sgl(SgList::single(src.sge(0, 1 << 20).unwrap())),
+        signaled: true,
+        fence: false,
+    })
+    .unwrap();
+    let wc = busy_wait(&b.rcq);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (5, WcStatus::Success, 1 << 20)
+    );
+    assert_eq!(rbuf.to_vec().unwrap(), data);
+    assert_eq!(busy_wait(&a.scq).status, WcStatus::Success);
+
+    // An RDMA Write, then a Read back: b's polling thread answers the Read Request.
+    a.qp.post_send(&SendWr {
+        wr_id: 2,
+        op: SendOp::Write {
+            remote_addr: sink.addr(),
+            rkey: sink.rkey(),
+        },
+        payload: Payload::Sgl(SgList::single(src.sge(0, 4096).unwrap())),
+        signaled: true,
+        fence: false,
+    })
+    .unwrap();
+    assert_eq!(busy_wait(&a.scq).wr_id, 2);
+    let (back, _) = a.mr(4096, AccessFlags::LOCAL_WRITE, 0);
+    a.qp.post_send(&SendWr {
+        wr_id: 3,
+        op: SendOp::Read {
+            remote_addr: sink.addr(),
+            rkey: sink.rkey(),
+        },
+        payload: Payload::Sgl(SgList::single(back.sge(0, 4096).unwrap())),
+        signaled: true,
+        fence: false,
+    })
+    .unwrap();
+    // Both sides poll: b to answer, a to receive the response.
+    let deadline = Instant::now() + WAIT;
+    let mut wc = [EMPTY_COMPLETION; 1];
+    loop {
+        assert_eq!(b.rcq.poll(&mut wc).unwrap(), 0);
+        if a.scq.poll(&mut wc).unwrap() == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the Read did not complete");
+    }
+    assert_eq!((wc[0].wr_id, wc[0].status), (3, WcStatus::Success));
+    let got = back.to_vec().unwrap();
+    let first = got.iter().zip(&data).position(|(x, y)| x != y);
+    assert_eq!(first, None, "sink {:?}", &sink.to_vec().unwrap()[..16]);
+}
+
+#[test]
+fn a_busy_polled_qp_notices_its_peer_going_away() {
+    let mut a = End::new(None, None);
+    let mut b = busy_end();
+    connect(&mut a, &mut b, &ConnectOptions::default());
+    drop(a);
+    let deadline = Instant::now() + WAIT;
+    let mut wc = [EMPTY_COMPLETION; 4];
+    while b.qp.state() == QpState::Rts {
+        b.rcq.poll(&mut wc).unwrap();
+        assert!(Instant::now() < deadline, "the peer's close went unnoticed");
+    }
+    // The progress thread takes the closing over, even if nobody polls any more.
+    assert!(matches!(
+        b.qp.wait_closed(WAIT).unwrap(),
+        QpState::Error | QpState::Idle
+    ));
+}
