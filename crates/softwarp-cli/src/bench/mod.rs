@@ -17,6 +17,7 @@ mod rdma;
 mod report;
 mod session;
 mod spec;
+mod spin;
 mod tcp;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};

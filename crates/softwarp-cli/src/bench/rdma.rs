@@ -242,7 +242,7 @@ impl Ep {
                             "no completion within {RUN_TIMEOUT:?}"
                         );
                     }
-                    std::hint::spin_loop();
+                    super::spin::pause(spins);
                 }
             }
         }
@@ -453,7 +453,7 @@ impl Ep {
                     }
                     ensure!(Instant::now() < deadline, "write_lat: no Write arrived");
                 }
-                std::hint::spin_loop();
+                super::spin::pause(spins);
             }
             if !client {
                 self.write_stamped(size, stamp, i)?;

@@ -36,7 +36,7 @@ fn write_all(s: &mut TcpStream, mut buf: &[u8], deadline: Instant) -> Result<()>
                 if spins % 4096 == 0 {
                     ensure!(Instant::now() < deadline, "TCP: write stalled");
                 }
-                std::hint::spin_loop();
+                super::spin::pause(spins);
             }
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e).context("TCP write"),
@@ -63,7 +63,7 @@ fn read_total(
                 if spins % 4096 == 0 {
                     ensure!(Instant::now() < deadline, "TCP: read stalled");
                 }
-                std::hint::spin_loop();
+                super::spin::pause(spins);
             }
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e).context("TCP read"),
