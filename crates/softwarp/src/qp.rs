@@ -102,6 +102,27 @@ impl<'a> QpInitAttr<'a> {
 const LINGER: Duration = Duration::from_secs(2);
 /// Bytes one progress pass reads (or writes) for one QP before letting others run.
 const PASS_BUDGET: usize = 1 << 20;
+/// A payload at least this long is read straight into its destination, with only a
+/// header's worth of staging behind it.
+const BIG_PAYLOAD: usize = 16 * 1024;
+/// Staging behind a large payload: room for the trailer and the next FPDU's header.
+const SMALL_STAGE: usize = 64;
+/// Size of the staging buffer of threads that busy-poll.
+pub(crate) const STAGE_LEN: usize = 64 * 1024;
+
+/// How many bytes to stage behind the current target.
+fn stage_len(staging: bool, small: bool, cap: usize) -> usize {
+    match (staging, small) {
+        (false, _) => 0,
+        (true, true) => SMALL_STAGE.min(cap),
+        (true, false) => cap,
+    }
+}
+
+thread_local! {
+    /// The staging buffer of a busy-polling thread (allocated at its first poll).
+    static STAGE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// The socket of an established QP.
 #[derive(Debug)]
@@ -128,6 +149,8 @@ pub(crate) struct QpInner {
     destroyed: bool,
     /// Busy poll handed the closing of the connection to the progress thread.
     close_kicked: bool,
+    /// Recent payloads were large: stage only a header's worth behind each read.
+    rx_big: bool,
 }
 
 /// What a progress pass left to do.
@@ -209,11 +232,30 @@ impl QpShared {
     }
 
     /// Reads from the socket into wherever the engine says, until EAGAIN or the budget is
-    /// spent. `scratch` receives (and discards) bytes once the QP no longer receives, so
-    /// the end of the stream is still seen.
-    fn rx_pass(&self, inner: &mut QpInner, scratch: &mut [u8], budget: &mut usize) -> RxEnd {
+    /// spent.
+    ///
+    /// Each `readv` names the engine's current target (a header buffer inside the QP, or
+    /// the destination region: zero copy) and, behind it, the staging buffer `stage`, so
+    /// that one system call also takes what follows: the trailer and the next headers, or
+    /// whole small FPDUs. Staged bytes are then handed to the engine's next targets by
+    /// copying (cheap for the few bytes of a header, and for small messages cheaper than a
+    /// system call each). How much is staged depends on the traffic: after a large payload
+    /// only a header's worth (so large payloads still land without a copy), otherwise the
+    /// whole buffer. Staging is off for QPs on an SRQ, whose engine may block with staged
+    /// bytes it cannot take yet. `stage` also swallows the bytes that arrive once the QP no
+    /// longer receives, so the end of the stream is still seen.
+    fn rx_pass(&self, inner: &mut QpInner, stage: &mut [u8], budget: &mut usize) -> RxEnd {
         let mut empty_targets = 0;
+        let staging = self.srq.is_none();
+        // Bytes read ahead into `stage[..staged]`, handed out from `fed`.
+        let (mut fed, mut staged) = (0usize, 0usize);
         loop {
+            if fed < staged {
+                if let Some(end) = self.feed(inner, stage, &mut fed, staged) {
+                    return end;
+                }
+                continue;
+            }
             let Some(conn) = inner.conn.as_mut() else {
                 return RxEnd::Closed;
             };
@@ -223,20 +265,33 @@ impl QpShared {
             if *budget == 0 {
                 return RxEnd::More;
             }
-            let mut stream = &conn.stream;
-            // Each arm reads straight into the engine's target while it is borrowed; `None`
-            // for an empty target (never offered by a sound engine).
-            let (r, commit) = match inner.qp.rx_target() {
-                RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. } => (None, true),
-                RxTarget::Buffer(b) => (Some(stream.read(b)), true),
+            let small_stage = inner.rx_big;
+            let fd = conn.stream.as_fd();
+            // Each arm reads straight into the engine's target while it is borrowed (plus
+            // the staging buffer behind it); `None` for an empty target (never offered by
+            // a sound engine).
+            let (r, target_len) = match inner.qp.rx_target() {
+                RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. } => (None, 0),
+                RxTarget::Buffer(b) => {
+                    let len = b.len();
+                    let extra = stage_len(staging, small_stage, stage.len());
+                    let extra = stage.get_mut(..extra).unwrap_or_default();
+                    (Some(sys::read_buf_staged(fd, b, extra)), len)
+                }
                 RxTarget::Region {
                     region,
                     offset,
                     len,
-                } => (
-                    Some(sys::read_region(conn.stream.as_fd(), region, offset, len)),
-                    true,
-                ),
+                } => {
+                    let big = len >= BIG_PAYLOAD;
+                    inner.rx_big |= big;
+                    let extra = stage_len(staging, small_stage || big, stage.len());
+                    let extra = stage.get_mut(..extra).unwrap_or_default();
+                    (
+                        Some(sys::read_region_staged(fd, region, offset, len, extra)),
+                        len,
+                    )
+                }
                 RxTarget::Blocked => {
                     self.drain(inner);
                     self.rx_commit(inner, 0);
@@ -245,7 +300,17 @@ impl QpShared {
                     }
                     continue;
                 }
-                RxTarget::Closed => (Some(stream.read(scratch)), false),
+                RxTarget::Closed => {
+                    let mut stream = &conn.stream;
+                    match stream.read(stage) {
+                        Ok(0) => return self.rx_closed(inner, "peer closed the connection"),
+                        Ok(n) => {
+                            *budget = budget.saturating_sub(n);
+                            continue;
+                        }
+                        Err(e) => (Some(Err(e)), 0),
+                    }
+                }
             };
             let Some(r) = r else {
                 // Let the engine advance, but never spin.
@@ -262,9 +327,10 @@ impl QpShared {
                 Ok(n) => {
                     empty_targets = 0;
                     *budget = budget.saturating_sub(n);
-                    if commit {
-                        self.rx_commit(inner, n);
-                    }
+                    let direct = n.min(target_len);
+                    self.rx_commit(inner, direct);
+                    fed = 0;
+                    staged = n - direct;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return RxEnd::Drained,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -280,6 +346,70 @@ impl QpShared {
                 }
             }
         }
+    }
+
+    /// Hands staged bytes `stage[*fed..staged]` to the engine's next target (a copy).
+    /// Returns how the pass ends when it cannot go on.
+    fn feed(
+        &self,
+        inner: &mut QpInner,
+        stage: &[u8],
+        fed: &mut usize,
+        staged: usize,
+    ) -> Option<RxEnd> {
+        let bytes = stage.get(*fed..staged).unwrap_or_default();
+        let n = match inner.qp.rx_target() {
+            RxTarget::Buffer(b) => {
+                let n = b.len().min(bytes.len());
+                if let (Some(d), Some(s)) = (b.get_mut(..n), bytes.get(..n)) {
+                    d.copy_from_slice(s);
+                }
+                n
+            }
+            RxTarget::Region {
+                region,
+                offset,
+                len,
+            } => {
+                let n = len.min(bytes.len());
+                if region
+                    .write_at(offset, bytes.get(..n).unwrap_or_default())
+                    .is_err()
+                {
+                    tracing::error!(qp = self.qp_num, "unusable rx target");
+                    return Some(self.rx_closed(inner, "unusable rx target"));
+                }
+                if n == len && len < BIG_PAYLOAD {
+                    // A whole (small) payload came through the staging buffer.
+                    inner.rx_big = false;
+                }
+                n
+            }
+            RxTarget::Blocked => {
+                // Only QPs on an SRQ block, and they do not stage.
+                tracing::error!(qp = self.qp_num, "staged bytes with a blocked receiver");
+                return Some(self.rx_closed(inner, "receiver blocked with staged bytes"));
+            }
+            RxTarget::Closed => {
+                // The QP no longer receives: the rest is discarded.
+                *fed = staged;
+                return None;
+            }
+        };
+        if n == 0 {
+            self.rx_commit(inner, 0);
+            if matches!(
+                inner.qp.rx_target(),
+                RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. }
+            ) {
+                tracing::error!(qp = self.qp_num, "engine offers only empty rx targets");
+                return Some(self.rx_closed(inner, "engine offers only empty rx targets"));
+            }
+            return None;
+        }
+        self.rx_commit(inner, n);
+        *fed += n;
+        None
     }
 
     fn rx_commit(&self, inner: &mut QpInner, n: usize) {
@@ -422,9 +552,17 @@ impl QpShared {
         if inner.conn.is_none() || inner.close_kicked {
             return;
         }
-        let mut scratch = [0u8; 512];
         let mut budget = PASS_BUDGET;
-        let rx = self.rx_pass(inner, &mut scratch, &mut budget);
+        let rx = STAGE.with(|stage| match stage.try_borrow_mut() {
+            Ok(mut stage) => {
+                if stage.len() < STAGE_LEN {
+                    stage.resize(STAGE_LEN, 0);
+                }
+                self.rx_pass(inner, &mut stage, &mut budget)
+            }
+            // Re-entered from inside a pass (not possible today): read without staging.
+            Err(_) => self.rx_pass(inner, &mut [0u8; 512], &mut budget),
+        });
         let mut budget = PASS_BUDGET;
         let _ = self.tx_pass(inner, &mut budget);
         self.drain(inner);
@@ -574,6 +712,7 @@ impl QueuePair {
                 info: None,
                 destroyed: false,
                 close_kicked: false,
+                rx_big: false,
             }),
             count: Mutex::new(count),
         });

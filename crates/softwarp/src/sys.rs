@@ -1,7 +1,7 @@
 //! The only module of this crate with `unsafe` code: thin wrappers over the system calls the
 //! runtime needs and the standard library does not offer.
 //!
-//! - [`read_region`] (`readv`) and [`write_pieces`] (`writev`): iovecs built from the raw
+//! - [`read_region_staged`] / [`read_buf_staged`] (`readv`) and [`write_pieces`] (`writev`): iovecs built from the raw
 //!   pointers of the engine's receive target and transmit gather list (ranges of registered
 //!   regions, or buffers inside the QP), so no Rust reference to memory the network shares
 //!   is ever created: the kernel copies straight between the socket and that memory.
@@ -21,34 +21,65 @@ use softwarp_engine::qp::TxPiece;
 /// Most iovecs one `writev` takes here (the engine's largest gather list is 10 pieces).
 const MAX_IOV: usize = 16;
 
-/// `readv(2)` of at most `len` bytes from `fd` straight into `region` at `offset` (the
-/// engine's zero-copy receive target). Returns the bytes read (0 at end of stream).
-///
-/// Safe to call: the range is bounds-checked by [`Region::ptr_range`], and the borrow of
-/// `region` keeps the memory alive for the call. The bytes are written by the kernel through
-/// a raw pointer, so no Rust reference to memory the network shares is created.
-pub(crate) fn read_region(
+/// `readv(2)` into `first` (a buffer inside the engine) and then `stage`: the bytes
+/// beyond `first.len()` land in `stage`. Returns the bytes read (0 at end of stream).
+pub(crate) fn read_buf_staged(
+    fd: BorrowedFd<'_>,
+    first: &mut [u8],
+    stage: &mut [u8],
+) -> io::Result<usize> {
+    let iov = [
+        libc::iovec {
+            iov_base: first.as_mut_ptr().cast(),
+            iov_len: first.len(),
+        },
+        libc::iovec {
+            iov_base: stage.as_mut_ptr().cast(),
+            iov_len: stage.len(),
+        },
+    ];
+    readv(fd, &iov)
+}
+
+/// `readv(2)` of at most `len` bytes straight into `region` at `offset` (bounds-checked
+/// as in [`read_region`]) and then into `stage`.
+pub(crate) fn read_region_staged(
     fd: BorrowedFd<'_>,
     region: &Region,
     offset: usize,
     len: usize,
+    stage: &mut [u8],
 ) -> io::Result<usize> {
-    if len == 0 {
-        return Ok(0);
-    }
     let ptr = region
         .ptr_range(offset, len)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let iov = libc::iovec {
-        iov_base: ptr.cast(),
-        iov_len: len,
+    let iov = [
+        libc::iovec {
+            iov_base: ptr.cast(),
+            iov_len: len,
+        },
+        libc::iovec {
+            iov_base: stage.as_mut_ptr().cast(),
+            iov_len: stage.len(),
+        },
+    ];
+    readv(fd, &iov)
+}
+
+/// `readv(2)` of the iovecs, skipping empty ones (an all-empty list reads nothing).
+fn readv(fd: BorrowedFd<'_>, iov: &[libc::iovec; 2]) -> io::Result<usize> {
+    let (first, n) = match (iov[0].iov_len, iov[1].iov_len) {
+        (0, 0) => return Ok(0),
+        (0, _) => (1, 1),
+        (_, 0) => (0, 1),
+        _ => (0, 2),
     };
-    // SAFETY: `ptr..ptr + len` lies inside `region` (checked by `ptr_range`), which is valid
-    // for writes while borrowed: owned regions live until dropped, raw ones by the contract
-    // of `Region::from_raw`. Concurrent access by the application to these bytes is the
-    // RDMA sharing model the region documents (plain bytes, no Rust reference exists to
-    // them). `fd` is a live descriptor borrowed for the call; `iov` lives across it.
-    let r = unsafe { libc::readv(fd.as_raw_fd(), &iov, 1) };
+    // SAFETY: each iovec names memory valid for writes of its length for the whole call:
+    // a `&mut [u8]` borrowed by the caller, or a range of a region checked by
+    // `Region::ptr_range` and kept alive by the caller's borrow (the kernel writes it
+    // through a raw pointer; no Rust reference to region memory exists). `iov` lives
+    // across the call and `fd` is a live borrowed descriptor.
+    let r = unsafe { libc::readv(fd.as_raw_fd(), iov[first..].as_ptr(), n) };
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -278,7 +309,7 @@ mod tests {
         let dst = Region::new_zeroed(2000).unwrap();
         let mut got = 0;
         while got < 1000 {
-            got += read_region(b.as_fd(), &dst, 500 + got, 1000 - got).unwrap();
+            got += read_region_staged(b.as_fd(), &dst, 500 + got, 1000 - got, &mut []).unwrap();
         }
         let mut out = vec![0u8; 2000];
         dst.read_at(0, &mut out).unwrap();
@@ -286,9 +317,47 @@ mod tests {
         assert!(out[500..1500].iter().all(|&x| x == 7));
         assert!(out[1500..].iter().all(|&x| x == 0));
         assert!(
-            read_region(b.as_fd(), &dst, 1999, 2).is_err(),
+            read_region_staged(b.as_fd(), &dst, 1999, 2, &mut []).is_err(),
             "out of bounds is refused"
         );
         assert!(tcp_maxseg(a.as_fd()).unwrap() > 0);
+    }
+
+    #[test]
+    fn staged_reads_fill_the_target_first_then_the_staging_buffer() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let src = Region::new_zeroed(100).unwrap();
+        for i in 0..100u8 {
+            src.write_at(usize::from(i), &[i]).unwrap();
+        }
+        let all = TxPiece::Region {
+            region: &src,
+            offset: 0,
+            len: 100,
+        };
+        assert_eq!(write_pieces(a.as_fd(), &[all]).unwrap(), 100);
+        std::thread::sleep(Duration::from_millis(20));
+        let mut first = [0u8; 4];
+        let mut stage = [0u8; 10];
+        assert_eq!(
+            read_buf_staged(b.as_fd(), &mut first, &mut stage).unwrap(),
+            14
+        );
+        assert_eq!(first, [0, 1, 2, 3]);
+        assert_eq!(stage, [4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
+        let dst = Region::new_zeroed(50).unwrap();
+        let mut stage = [0u8; 64];
+        let n = read_region_staged(b.as_fd(), &dst, 10, 40, &mut stage).unwrap();
+        assert_eq!(n, 86);
+        let mut placed = [0u8; 40];
+        dst.read_at(10, &mut placed).unwrap();
+        assert!(placed.iter().enumerate().all(|(i, &x)| x == 14 + i as u8));
+        assert!(stage[..46]
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| x == 54 + i as u8));
+        assert_eq!(read_buf_staged(b.as_fd(), &mut [], &mut []).unwrap(), 0);
     }
 }
