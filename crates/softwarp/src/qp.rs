@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use mio::{Interest, Registry, Token};
-use softwarp_engine::qp::{Qp, QpConfig, QpState, RxTarget, StreamConfig};
+use softwarp_engine::qp::{Qp, QpConfig, QpState, RxTarget, StreamConfig, TxPiece};
 use softwarp_engine::stats::QpStats;
 use softwarp_engine::wr::{CqTarget, Payload, RecvWr, SendWr};
 
@@ -110,6 +110,12 @@ const SMALL_STAGE: usize = 64;
 /// Size of the staging buffer of threads that busy-poll.
 pub(crate) const STAGE_LEN: usize = 64 * 1024;
 
+/// FPDUs up to this long are copied into a batch rather than gathered (a copy this small
+/// costs less than a system call of its own).
+const COALESCE_MAX: usize = 2048;
+/// Largest batch of coalesced FPDUs per `sendmsg`.
+const BATCH_CAP: usize = 32 * 1024;
+
 /// How many bytes to stage behind the current target.
 fn stage_len(staging: bool, small: bool, cap: usize) -> usize {
     match (staging, small) {
@@ -122,6 +128,8 @@ fn stage_len(staging: bool, small: bool, cap: usize) -> usize {
 thread_local! {
     /// The staging buffer of a busy-polling thread (allocated at its first poll).
     static STAGE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The batch buffer of a thread that transmits (grows to `BATCH_CAP` once).
+    static TX_BATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The socket of an established QP.
@@ -151,6 +159,9 @@ pub(crate) struct QpInner {
     close_kicked: bool,
     /// Recent payloads were large: stage only a header's worth behind each read.
     rx_big: bool,
+    /// Coalesced FPDU bytes, already committed to the engine, that the socket has not
+    /// taken yet (empty unless the socket filled up in the middle of a batch).
+    tx_spill: Vec<u8>,
 }
 
 /// What a progress pass left to do.
@@ -431,7 +442,26 @@ impl QpShared {
 
     /// Writes what the engine has to send, until it has nothing, the socket is full, or
     /// the budget is spent.
+    ///
+    /// Small FPDUs (up to `COALESCE_MAX` bytes) are copied into the calling thread's
+    /// batch buffer and committed as they are copied, so that one `sendmsg` carries many of
+    /// them (several Sends posted as a list, a queue that built up behind a full socket);
+    /// bytes of a batch the socket did not take wait in the QP (`QpInner::tx_spill`) and
+    /// go first next time. Larger FPDUs are gathered straight from registered memory.
     fn tx_pass(&self, inner: &mut QpInner, budget: &mut usize) -> TxEnd {
+        TX_BATCH.with(|b| match b.try_borrow_mut() {
+            Ok(mut batch) => self.tx_pass_with(inner, budget, Some(&mut batch)),
+            // Re-entered from inside a pass (not possible today): no coalescing.
+            Err(_) => self.tx_pass_with(inner, budget, None),
+        })
+    }
+
+    fn tx_pass_with(
+        &self,
+        inner: &mut QpInner,
+        budget: &mut usize,
+        mut batch: Option<&mut Vec<u8>>,
+    ) -> TxEnd {
         loop {
             let Some(conn) = inner.conn.as_mut() else {
                 return TxEnd::Dead;
@@ -442,9 +472,63 @@ impl QpShared {
             if *budget == 0 {
                 return TxEnd::More;
             }
+            let fd = conn.stream.as_fd();
+            // 1. Bytes of an earlier batch that the socket did not take.
+            if !inner.tx_spill.is_empty() {
+                match sys::write_pieces(fd, &[TxPiece::Bytes(&inner.tx_spill)]) {
+                    Ok(n) => {
+                        *budget = budget.saturating_sub(n);
+                        inner.tx_spill.drain(..n.min(inner.tx_spill.len()));
+                        continue;
+                    }
+                    Err(e) => match self.tx_error(inner, e) {
+                        Some(end) => return end,
+                        None => continue,
+                    },
+                }
+            }
+            // 2. Small FPDUs, copied into one batch.
+            if let Some(batch) = batch.as_deref_mut() {
+                batch.clear();
+                while let Some(f) = inner.qp.poll_tx() {
+                    let len = f.len();
+                    if len > COALESCE_MAX || batch.len() + len > BATCH_CAP {
+                        break;
+                    }
+                    let start = batch.len();
+                    batch.resize(start + len, 0);
+                    let copied = f.copy_to(batch.get_mut(start..).unwrap_or_default());
+                    if copied != len {
+                        batch.truncate(start);
+                        break;
+                    }
+                    if let Err(e) = inner.qp.tx_commit(len) {
+                        tracing::error!(qp = self.qp_num, error = %e, "tx_commit refused");
+                        batch.truncate(start);
+                        break;
+                    }
+                }
+                if !batch.is_empty() {
+                    let r = sys::write_pieces(fd, &[TxPiece::Bytes(batch)]);
+                    let n = *r.as_ref().unwrap_or(&0);
+                    // The batch is committed: what the socket did not take waits here.
+                    inner
+                        .tx_spill
+                        .extend_from_slice(batch.get(n..).unwrap_or_default());
+                    *budget = budget.saturating_sub(n);
+                    match r {
+                        Ok(_) => continue,
+                        Err(e) => match self.tx_error(inner, e) {
+                            Some(end) => return end,
+                            None => continue,
+                        },
+                    }
+                }
+            }
+            // 3. A large FPDU, gathered from its pieces (zero copy).
             let r = match inner.qp.poll_tx() {
                 None => return TxEnd::Idle,
-                Some(fpdu) => sys::write_pieces(conn.stream.as_fd(), fpdu.pieces()),
+                Some(fpdu) => sys::write_pieces(fd, fpdu.pieces()),
             };
             match r {
                 Ok(0) => {
@@ -459,14 +543,28 @@ impl QpShared {
                         return TxEnd::Dead;
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return TxEnd::Full,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    tracing::debug!(qp = self.qp_num, error = %e, "connection failed (write)");
-                    conn.write_failed = true;
-                    inner.qp.handle_llp_closed();
-                    return TxEnd::Dead;
+                    if let Some(end) = self.tx_error(inner, e) {
+                        return end;
+                    }
                 }
+            }
+        }
+    }
+
+    /// What a failed write means for the pass (`None`: try again).
+    fn tx_error(&self, inner: &mut QpInner, e: std::io::Error) -> Option<TxEnd> {
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock => Some(TxEnd::Full),
+            std::io::ErrorKind::Interrupted => None,
+            _ => {
+                tracing::debug!(qp = self.qp_num, error = %e, "connection failed (write)");
+                if let Some(conn) = inner.conn.as_mut() {
+                    conn.write_failed = true;
+                }
+                inner.tx_spill.clear();
+                inner.qp.handle_llp_closed();
+                Some(TxEnd::Dead)
             }
         }
     }
@@ -713,6 +811,7 @@ impl QueuePair {
                 destroyed: false,
                 close_kicked: false,
                 rx_big: false,
+                tx_spill: Vec::new(),
             }),
             count: Mutex::new(count),
         });
@@ -764,7 +863,44 @@ impl QueuePair {
     /// into the send CQ (always on error; on success when signalled or `sq_sig_all`). In the
     /// Error state the work request is accepted and completes with a flush status.
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        self.post_send_list(std::slice::from_ref(wr))
+            .map_err(|(_, e)| e)
+    }
+
+    /// Posts several send work requests in order; stops at the first that fails and returns
+    /// its index with the error (those before it are posted).
+    ///
+    /// The whole list is queued before anything is transmitted, so small messages leave in
+    /// as few system calls as the socket allows (their FPDUs share a `sendmsg`).
+    pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, Error)> {
         let s = &self.shared;
+        let mut g = s.lock();
+        let inner = &mut *g;
+        let mut failed = None;
+        {
+            let mrs = s.device.mrs_read();
+            for (i, wr) in wrs.iter().enumerate() {
+                if let Err(e) = Self::check_send(s, wr)
+                    .and_then(|wr| inner.qp.post_send(&wr, &mrs).map_err(Error::from))
+                {
+                    failed = Some((i, e));
+                    break;
+                }
+            }
+        }
+        let mut budget = usize::MAX;
+        let tx = s.tx_pass(inner, &mut budget);
+        s.drain(inner);
+        let kick = tx == TxEnd::Dead && inner.conn.is_some();
+        drop(g);
+        if kick {
+            s.device.progress.kick(Arc::clone(s));
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Checks a send WR against the QP's capacities; applies `sq_sig_all`.
+    fn check_send<'w>(s: &QpShared, wr: &SendWr<'w>) -> Result<SendWr<'w>> {
         match wr.payload {
             Payload::Sgl(sgl) if sgl.len() > s.cap.max_send_sge => {
                 return Err(Error::InvalidArgument(
@@ -780,30 +916,7 @@ impl QueuePair {
         }
         let mut wr = *wr;
         wr.signaled |= s.sq_sig_all;
-        let mut g = s.lock();
-        let inner = &mut *g;
-        {
-            let mrs = s.device.mrs_read();
-            inner.qp.post_send(&wr, &mrs)?;
-        }
-        let mut budget = usize::MAX;
-        let tx = s.tx_pass(inner, &mut budget);
-        s.drain(inner);
-        let kick = tx == TxEnd::Dead && inner.conn.is_some();
-        drop(g);
-        if kick {
-            s.device.progress.kick(Arc::clone(s));
-        }
-        Ok(())
-    }
-
-    /// Posts several send work requests in order; stops at the first that fails and returns
-    /// its index with the error.
-    pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, Error)> {
-        for (i, wr) in wrs.iter().enumerate() {
-            self.post_send(wr).map_err(|e| (i, e))?;
-        }
-        Ok(())
+        Ok(wr)
     }
 
     /// Posts a receive work request to the QP's receive queue (not for QPs on an SRQ). Its

@@ -1,0 +1,107 @@
+//! Small FPDUs coalesced into shared `sendmsg` calls: lists of small Sends arrive complete
+//! and in order, also when the socket fills up in the middle of a batch (the rest waits in
+//! the QP and goes first).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod util;
+
+use std::time::Instant;
+
+use softwarp::*;
+use util::*;
+
+const N: usize = 1000;
+const LEN: usize = 200;
+
+#[test]
+fn thousands_of_small_sends_posted_in_lists_arrive_in_order_behind_a_full_socket() {
+    let deep = |a: &mut QpInitAttr<'_>| {
+        a.cap.max_send_wr = 4096;
+        a.cap.max_recv_wr = 4096;
+    };
+    let mut a = End::with(None, None, deep);
+    let mut b = End::with(None, None, deep);
+    // b reads only when polled: nothing drains its socket until the end.
+    b.rcq.set_busy_poll(true);
+    let (rbuf, _) = b.mr(N * LEN, AccessFlags::LOCAL_WRITE, 0);
+    for i in 0..N {
+        b.qp.post_recv(&RecvWr {
+            wr_id: i as u64,
+            sgl: SgList::single(rbuf.sge(i * LEN, LEN as u32).unwrap()),
+        })
+        .unwrap();
+    }
+    let opts = ConnectOptions::default().crc(true);
+    connect(&mut a, &mut b, &opts);
+    let payloads: Vec<Vec<u8>> = (0..N).map(|i| pattern(LEN, i as u64)).collect();
+    for chunk in (0..N).collect::<Vec<_>>().chunks(64) {
+        let wrs: Vec<SendWr<'_>> = chunk
+            .iter()
+            .map(|&i| SendWr {
+                wr_id: i as u64,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                payload: Payload::Inline(&payloads[i]),
+                signaled: i % 64 == 63,
+                fence: false,
+            })
+            .collect();
+        a.qp.post_send_list(&wrs).unwrap();
+    }
+    let deadline = Instant::now() + WAIT;
+    let mut got = 0;
+    let mut wcs = [EMPTY_COMPLETION; 64];
+    while got < N {
+        let n = b.rcq.poll(&mut wcs).unwrap();
+        for wc in &wcs[..n] {
+            assert_eq!(wc.status, WcStatus::Success);
+            assert_eq!(wc.wr_id, got as u64, "receives complete in order");
+            assert_eq!(wc.byte_len as usize, LEN);
+            got += 1;
+        }
+        a.scq.poll(&mut wcs).unwrap();
+        assert!(Instant::now() < deadline, "only {got} of {N} Sends arrived");
+    }
+    let all = rbuf.to_vec().unwrap();
+    for (i, p) in payloads.iter().enumerate() {
+        assert_eq!(&all[i * LEN..(i + 1) * LEN], &p[..], "message {i}");
+    }
+    assert_eq!(a.qp.state(), QpState::Rts);
+    assert_eq!(b.qp.stats().crc_errors, 0);
+}
+
+#[test]
+fn a_failing_entry_of_a_list_stops_the_list_and_earlier_ones_still_go_out() {
+    let (a, b) = pair(&ConnectOptions::default());
+    let (rbuf, _) = b.mr(64, AccessFlags::LOCAL_WRITE, 0);
+    b.qp.post_recv(&RecvWr {
+        wr_id: 9,
+        sgl: SgList::single(rbuf.sge(0, 64).unwrap()),
+    })
+    .unwrap();
+    let big = vec![0u8; MAX_INLINE + 1];
+    let send = |payload| SendWr {
+        wr_id: 1,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        payload,
+        signaled: true,
+        fence: false,
+    };
+    let r =
+        a.qp.post_send_list(&[send(Payload::Inline(b"hi")), send(Payload::Inline(&big))]);
+    assert!(matches!(r, Err((1, Error::InvalidArgument(_)))), "{r:?}");
+    let deadline = Instant::now() + WAIT;
+    let wc = loop {
+        if let Some(wc) = b.rcq.poll_one() {
+            break wc;
+        }
+        assert!(Instant::now() < deadline);
+        std::thread::yield_now();
+    };
+    assert_eq!((wc.wr_id, wc.byte_len), (9, 2));
+}
