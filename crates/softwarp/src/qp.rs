@@ -12,8 +12,8 @@
 //!   device's event stream ([`Qp::poll_event`]).
 //!
 //! Locks: each QP has its own mutex; the STag table is locked only inside `post_send`
-//! (validation) and `rx_commit` (placement decisions, invalidation), never across a system
-//! call; an SRQ's lock is taken inside `rx_commit` of the QPs that share it. Lock order:
+//! (validation) and those `rx_commit`s that complete a header or an FPDU (placement
+//! decisions, invalidation), never across a system call; an SRQ's lock is taken inside `rx_commit` of the QPs that share it. Lock order:
 //! QP, then STag table, then SRQ, then CQ; nothing takes a QP lock while holding another
 //! lock.
 
@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use mio::{Interest, Registry, Token};
-use softwarp_engine::qp::{Qp, QpConfig, QpState, RxTarget, StreamConfig, TxPiece};
+use softwarp_engine::mr::MrTable;
+use softwarp_engine::qp::{MrTableAccess, Qp, QpConfig, QpState, RxTarget, StreamConfig, TxPiece};
 use softwarp_engine::stats::QpStats;
 use softwarp_engine::wr::{CqTarget, Payload, RecvWr, SendWr};
 
@@ -199,6 +200,19 @@ enum TxEnd {
     More,
     /// The connection cannot send (closed, failed, not connected).
     Dead,
+}
+
+/// The device's STag table, write-locked on first use (see [`MrTableAccess`]).
+struct LazyMrs<'a> {
+    device: &'a DeviceShared,
+    guard: Option<std::sync::RwLockWriteGuard<'a, MrTable>>,
+}
+
+impl MrTableAccess for LazyMrs<'_> {
+    fn table(&mut self) -> &mut MrTable {
+        let device = self.device;
+        self.guard.get_or_insert_with(|| device.mrs_write())
+    }
 }
 
 /// State shared between a [`QueuePair`] handle and the progress thread.
@@ -424,7 +438,11 @@ impl QpShared {
     }
 
     fn rx_commit(&self, inner: &mut QpInner, n: usize) {
-        let mut mrs = self.device.mrs_write();
+        // The STag table's write lock is taken only by the commits that need it.
+        let mut mrs = LazyMrs {
+            device: &self.device,
+            guard: None,
+        };
         let mut srq = self.srq.as_ref().map(|s| s.lock());
         if let Err(e) = inner.qp.rx_commit(n, &mut mrs, srq.as_deref_mut()) {
             tracing::error!(qp = self.qp_num, error = %e, "rx_commit refused");

@@ -31,7 +31,7 @@ use crate::wr::{
     MAX_INLINE, MAX_SGE,
 };
 
-pub use rx::RxTarget;
+pub use rx::{MrTableAccess, RxTarget};
 pub use terminate::TerminateLayout;
 pub use tx::{TxFpdu, TxPiece, TX_PIECES};
 

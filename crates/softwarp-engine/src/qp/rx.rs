@@ -371,6 +371,21 @@ fn recv_piece(msg: &RxMsg, msg_off: u64, max: usize) -> Option<(&Arc<MrMemory>, 
     None
 }
 
+/// Access to the STag table for [`Qp::rx_commit`], taken only when a commit needs it: a
+/// header completes (validation of the target) or an FPDU ends (delivery, invalidation).
+/// Most commits (payload and partial header or trailer bytes) never touch the table, so a
+/// runtime can keep its table lock off the receive path for them.
+pub trait MrTableAccess {
+    /// The table (for the rest of this commit).
+    fn table(&mut self) -> &mut MrTable;
+}
+
+impl MrTableAccess for MrTable {
+    fn table(&mut self) -> &mut MrTable {
+        self
+    }
+}
+
 impl Qp {
     /// Where the next received bytes must go (see [`RxTarget`]). Read at most that many
     /// bytes there, then call [`Qp::rx_commit`].
@@ -452,12 +467,12 @@ impl Qp {
     pub fn rx_commit(
         &mut self,
         n: usize,
-        mrs: &mut MrTable,
+        mrs: &mut impl MrTableAccess,
         srq: Option<&mut Srq>,
     ) -> Result<(), QpError> {
         if n == 0 {
             if self.rx.phase == Phase::HeaderReady {
-                self.process_header(mrs, srq);
+                self.process_header(mrs.table(), srq);
             }
             return Ok(());
         }
@@ -487,7 +502,7 @@ impl Qp {
                 }
                 self.rx.hdr_have = to;
                 if self.rx.hdr_have == self.rx.hdr_need {
-                    self.on_header_bytes(mrs, srq);
+                    self.on_header_bytes(mrs.table(), srq);
                 }
             }
             Phase::Payload => {
@@ -514,7 +529,7 @@ impl Qp {
                 }
                 self.rx.tr_have += n;
                 if self.rx.tr_have == self.rx.tr_need {
-                    self.finish_fpdu(mrs);
+                    self.finish_fpdu(mrs.table());
                 }
             }
             Phase::HeaderReady | Phase::Closed => {}
