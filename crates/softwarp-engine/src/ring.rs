@@ -1,5 +1,7 @@
-//! A fixed-capacity FIFO: allocated once at creation, never grows (no allocation on the data
-//! path). No I/O here.
+//! A bounded FIFO whose storage grows on demand up to its capacity: an idle queue costs no
+//! memory (a connected, idle QP with the default 128-deep queues would otherwise hold about
+//! 70 KiB), and a busy one allocates only while it grows to its high-water mark, never per
+//! item afterwards. No I/O here.
 
 use std::collections::VecDeque;
 
@@ -11,10 +13,10 @@ pub(crate) struct Ring<T> {
 }
 
 impl<T> Ring<T> {
-    /// Allocates room for `cap` items.
+    /// A ring of at most `cap` items (storage is allocated as items arrive).
     pub(crate) fn new(cap: usize) -> Self {
         Self {
-            items: VecDeque::with_capacity(cap),
+            items: VecDeque::new(),
             cap,
         }
     }
