@@ -138,6 +138,7 @@ impl Victim {
 
 fn tagged_hdr(stag: Stag, to: u64) -> HeaderRepr {
     HeaderRepr::Tagged(TaggedRepr {
+        version: softwarp_wire::ddp::DDP_VERSION,
         last: true,
         ulp_control: 0x40, // RV 1, opcode RDMA Write
         stag: stag.0,
@@ -470,6 +471,7 @@ fn oversized_send_gets_message_too_long_and_loc_len_err() {
     assert_eq!(
         t.ddp_header,
         Some(HeaderRepr::Untagged(UntaggedRepr {
+            version: softwarp_wire::ddp::DDP_VERSION,
             last: true,
             ulp_control: 0x43,
             ulp_reserved: 0,

@@ -225,9 +225,6 @@ enum Copied<'a> {
     Ddp(&'a [u8]),
     /// M, D and R: also the RDMA Read Request header.
     DdpAndReadRequest(&'a [u8]),
-    /// As `Ddp`, but the DDP version (DV) bits of the copied header are not compared: the
-    /// stack re-encodes the copy with DV = 1 (a known gap; see the DDP version tests).
-    DdpExceptVersion(&'a [u8]),
 }
 
 fn ddp_tagged(e: TaggedBufferError) -> TerminateError {
@@ -291,14 +288,8 @@ fn check_terminate(
             assert_eq!(repr.ddp_header, None);
             assert_eq!(repr.rdmap_header, TerminatedRdmapHeader::Absent);
         }
-        Copied::Ddp(offending)
-        | Copied::DdpAndReadRequest(offending)
-        | Copied::DdpExceptVersion(offending) => {
+        Copied::Ddp(offending) | Copied::DdpAndReadRequest(offending) => {
             let with_rr = matches!(copied, Copied::DdpAndReadRequest(_));
-            let dv_mask = match copied {
-                Copied::DdpExceptVersion(_) => !ddp::MASK_VERSION,
-                _ => 0xff,
-            };
             assert_eq!(hdrct, (true, true, with_rr), "M/D/R");
             //= https://www.rfc-editor.org/rfc/rfc5040#section-4.8
             // (paraphrase) DDP Segment Length: the length of the DDP segment (the ULPDU)
@@ -309,14 +300,9 @@ fn check_terminate(
             let copy = view.terminated_ddp_header();
             assert_eq!(copy.len(), hlen);
             assert_eq!(
-                copy[0] & dv_mask,
-                offending[0] & dv_mask,
-                "DDP control byte"
-            );
-            assert_eq!(
-                copy[1..],
-                offending[1..hlen],
-                "the offending DDP header, byte for byte"
+                copy[..],
+                offending[..hlen],
+                "the offending DDP header, byte for byte (DV included)"
             );
             assert_eq!(
                 repr.ddp_header,
@@ -755,10 +741,8 @@ fn fpdu_with_a_bad_crc_gets_llp_crc_error_and_is_never_delivered() {
 // (paraphrase) A segment with a DDP version other than 1 is reported as "Invalid DDP
 // version", a Tagged Buffer Error (code 4) for a tagged segment and an Untagged Buffer Error
 // (code 6) for an untagged one.
-//
-// Known gap: the stack's copy of the offending header carries DV = 1 instead of the DV = 2
-// that was received (the engine re-encodes the copy from a `HeaderRepr`, which keeps no
-// version), so these two tests compare the copied header without its DV bits.
+// The copy of the offending header in the Terminate carries the DV that was received (2),
+// byte for byte: it is the very field in error.
 #[test]
 fn tagged_segment_with_ddp_version_2_gets_tagged_invalid_ddp_version() {
     let stack = Stack::new(2);
@@ -780,7 +764,7 @@ fn tagged_segment_with_ddp_version_2_gets_tagged_invalid_ddp_version() {
         &t,
         TerminateLayout::Rfc5040,
         ddp_tagged(TaggedBufferError::InvalidDdpVersion),
-        Copied::DdpExceptVersion(&sent),
+        Copied::Ddp(&sent),
     );
     peer.expect_close();
     stack.assert_failed(Kind::Fatal, Fault::DdpVersion { tagged: true }, &[]);
@@ -805,7 +789,7 @@ fn untagged_segment_with_ddp_version_2_gets_untagged_invalid_ddp_version() {
         &t,
         TerminateLayout::Rfc5040,
         ddp_untagged(UntaggedBufferError::InvalidDdpVersion),
-        Copied::DdpExceptVersion(&sent),
+        Copied::Ddp(&sent),
     );
     peer.expect_close();
     stack.assert_failed(Kind::Fatal, Fault::DdpVersion { tagged: false }, &[]);
