@@ -640,7 +640,7 @@ fn read_request_for_a_bad_source_gets_remote_protection_with_the_read_request_he
 }
 
 #[test]
-fn read_requests_beyond_ird_get_a_terminate_after_the_allowed_ones_are_answered() {
+fn a_read_request_beyond_ird_gets_a_catastrophic_terminate_naming_that_request() {
     let mut s = stream(false);
     s.ird = 1;
     let mut v = Victim::with_stream(s);
