@@ -1,0 +1,208 @@
+//! Run-time trace levels seen through real `tracing` dispatch: records appear and disappear
+//! in a flight recorder (and a console) as levels change, per component and per QP, without
+//! rebuilding anything.
+//!
+//! The levels are process-wide, so the tests of this file take turns (one lock).
+
+use std::io::Write;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use softwarp_ras::sw_event;
+use softwarp_ras::trace::{
+    control, Component, ConsoleLayer, FlightRecorder, FlightRecorderLayer, Level, RecorderFilter,
+    TraceFilter,
+};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::{Layer, Registry};
+
+static TURN: Mutex<()> = Mutex::new(());
+
+/// Takes the turn and resets every level: components and other at 1, recorder off, no QP.
+fn turn() -> MutexGuard<'static, ()> {
+    let g = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    control().set_all(Level::ERROR);
+    control().set_recorder_level(Level::OFF);
+    control().clear_qp_levels();
+    g
+}
+
+#[derive(Clone, Default)]
+struct Console(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Console {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Console {
+    fn lines(&self) -> Vec<String> {
+        String::from_utf8(self.0.lock().unwrap().clone())
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// Runs `f` with a subscriber made of a fresh recorder (capacity 64) and a console, both on
+/// the process-wide levels.
+fn with_sinks(f: impl FnOnce()) -> (Vec<softwarp_ras::trace::Record>, Vec<String>) {
+    let recorder = Arc::new(FlightRecorder::new(64));
+    let console = Console::default();
+    let subscriber = Registry::default()
+        .with(ConsoleLayer::new(Box::new(console.clone())).with_filter(TraceFilter::global()))
+        .with(
+            FlightRecorderLayer::new(Arc::clone(&recorder)).with_filter(RecorderFilter::global()),
+        );
+    tracing::subscriber::with_default(subscriber, f);
+    (recorder.snapshot(), console.lines())
+}
+
+fn messages(records: &[softwarp_ras::trace::Record]) -> Vec<String> {
+    records.iter().map(|r| r.message.clone()).collect()
+}
+
+/// One call site for every emission, so the test also proves that `tracing`'s per-callsite
+/// interest cache follows level changes.
+fn qp_internals(qpn: u32, msg: &str) {
+    sw_event!(Qp, 5, qpn = qpn, "{}", msg);
+}
+
+#[test]
+fn raising_and_lowering_a_component_level_makes_records_appear_and_disappear() {
+    let _t = turn();
+    let (records, console) = with_sinks(|| {
+        qp_internals(1, "before");
+        control().set_level(Component::Qp, Level::INTERNALS);
+        qp_internals(1, "raised");
+        control().set_level(Component::Cq, Level::OFF);
+        qp_internals(1, "still raised");
+        control().set_level(Component::Qp, Level::ERROR);
+        qp_internals(1, "lowered");
+    });
+    assert_eq!(messages(&records), ["raised", "still raised"]);
+    assert_eq!(console.len(), 2);
+    assert!(console[0].contains(" L5 qp "), "{}", console[0]);
+    assert!(console[0].contains("qpn=1"), "{}", console[0]);
+    assert!(console[0].ends_with(": raised"), "{}", console[0]);
+}
+
+#[test]
+fn a_qp_level_shows_only_that_qps_records() {
+    let _t = turn();
+    let (records, _) = with_sinks(|| {
+        control().set_qp_level(17, Level::INTERNALS).unwrap();
+        qp_internals(17, "seventeen");
+        qp_internals(18, "eighteen");
+        sw_event!(Engine, 5, qpn = 17, "engine of seventeen");
+        sw_event!(Engine, 5, "engine without qp");
+        control().set_qp_level(17, Level::OFF).unwrap();
+        qp_internals(17, "seventeen after");
+    });
+    assert_eq!(messages(&records), ["seventeen", "engine of seventeen"]);
+    assert_eq!(records[0].qpn, Some(17));
+    assert_eq!(records[1].component, Some(Component::Engine));
+}
+
+#[test]
+fn the_recorder_level_records_what_the_console_does_not_show() {
+    let _t = turn();
+    let (records, console) = with_sinks(|| {
+        control().set_recorder_level(Level::INTERNALS);
+        qp_internals(2, "internal");
+        sw_event!(Cq, 1, "an error");
+        sw_event!(Cq, 6, "too verbose for both");
+    });
+    assert_eq!(messages(&records), ["internal", "an error"]);
+    assert_eq!(console.len(), 1);
+    assert!(console[0].ends_with(": an error"));
+}
+
+#[test]
+fn records_carry_cpu_thread_file_line_module_and_qp() {
+    let _t = turn();
+    let mut line = 0;
+    let (records, _) = with_sinks(|| {
+        control().set_level(Component::Mr, Level::ENTRY_EXIT);
+        line = line!() + 1;
+        sw_event!(
+            Mr,
+            4,
+            qpn = 0x2a,
+            stag = 0x1234u32,
+            len = 4096usize,
+            "reg_mr {}",
+            "done"
+        );
+    });
+    let r = &records[0];
+    assert_eq!(r.level, 4);
+    assert_eq!(r.component, Some(Component::Mr));
+    assert_eq!(r.target, "softwarp::mr");
+    assert_eq!(r.qpn, Some(42));
+    assert_eq!(r.file.as_deref(), Some(file!()));
+    assert_eq!(r.line, Some(line));
+    assert_eq!(r.module.as_deref(), Some(module_path!()));
+    assert!(r.cpu.is_some());
+    assert_ne!(r.tid, 0);
+    assert!(r.time_unix_ns > 0);
+    assert_eq!(r.message, "reg_mr done");
+    assert_eq!(r.fields, "stag=4660 len=4096");
+    assert_eq!(r.seq, 1);
+}
+
+#[test]
+fn plain_tracing_events_are_attributed_and_filtered_too() {
+    let _t = turn();
+    let (records, _) = with_sinks(|| {
+        // The runtime crate's module path for its qp module, at DEBUG = level 5.
+        tracing::debug!(target: "softwarp::qp", qpn = 5u32, "plain debug");
+        control().set_level(Component::Qp, Level::INTERNALS);
+        tracing::debug!(target: "softwarp::qp", qpn = 5u32, "plain debug again");
+        tracing::trace!(target: "softwarp::qp", "plain trace is level 8");
+        // Another crate's event follows `other`.
+        tracing::warn!(target: "somecrate", "foreign warn");
+        control().set_other_level(Level::RARE);
+        tracing::warn!(target: "somecrate", "foreign warn shown");
+    });
+    assert_eq!(
+        messages(&records),
+        ["plain debug again", "foreign warn shown"]
+    );
+    assert_eq!(records[0].level, 5);
+    assert_eq!(records[0].qpn, Some(5));
+    assert_eq!(records[1].component, None);
+    assert_eq!(records[1].level, 2);
+}
+
+#[test]
+fn a_closed_gate_does_not_evaluate_the_qp_expression() {
+    let _t = turn();
+    let evaluated = std::cell::Cell::new(0);
+    let qpn = || {
+        evaluated.set(evaluated.get() + 1);
+        9u32
+    };
+    sw_event!(Qp, 8, qpn = qpn(), "hot internals");
+    assert_eq!(evaluated.get(), 0);
+    control().set_level(Component::Qp, Level::HOT_INTERNALS);
+    sw_event!(Qp, 8, qpn = qpn(), "hot internals");
+    assert_eq!(evaluated.get(), 1);
+}
+
+#[test]
+fn the_env_spec_syntax_drives_the_same_levels() {
+    let _t = turn();
+    let (records, _) = with_sinks(|| {
+        control().apply_str("default=1,qp=5,recorder=0").unwrap();
+        qp_internals(3, "by spec");
+        control().apply_str("qp=off").unwrap();
+        qp_internals(3, "off by spec");
+    });
+    assert_eq!(messages(&records), ["by spec"]);
+}
