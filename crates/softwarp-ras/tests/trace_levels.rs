@@ -4,6 +4,8 @@
 //!
 //! The levels are process-wide, so the tests of this file take turns (one lock).
 
+#![allow(clippy::unwrap_used)]
+
 use std::io::Write;
 use std::sync::{Arc, Mutex, MutexGuard};
 
