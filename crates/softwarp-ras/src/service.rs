@@ -16,6 +16,7 @@
 //! | `SOFTWARP_METRICS` | serve `/metrics`: a port (on 127.0.0.1) or an address; unset: off |
 //! | `SOFTWARP_ERRLOG` | error log path, or `off`; default `<runtime dir>/errors-<uid>.jsonl` |
 //! | `SOFTWARP_TRACE_CONSOLE=0` | do not install the `tracing` subscriber (the application has its own) |
+//! | `SOFTWARP_TCP_INFO_INTERVAL_MS` | TCP_INFO sampling interval for the runtime's samplers (default 1000) |
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -151,8 +152,15 @@ pub fn start(config: &ServiceConfig, handler: Arc<dyn ControlHandler>) -> RasSer
         if let Err(e) = trace::init_from_env() {
             problems.push(format!("{}: {e}", trace::TRACE_ENV));
         }
-        // An application's own subscriber is fine: it can add our layers itself.
-        let _ = trace::install_global();
+        if trace::install_global().is_err() {
+            // The application's own subscriber stays; records reach the flight recorder only
+            // if it adds our layer.
+            problems.push(
+                "a global tracing subscriber is already installed: add \
+                 FlightRecorderLayer::global().with_filter(RecorderFilter::global()) to it"
+                    .to_string(),
+            );
+        }
     }
     if let Some(c) = &config.errlog {
         match ErrorLog::open(c.clone()) {

@@ -208,3 +208,31 @@ fn the_env_spec_syntax_drives_the_same_levels() {
     });
     assert_eq!(messages(&records), ["by spec"]);
 }
+
+/// Counts every event `tracing` dispatches to it (no filter of its own).
+struct Counting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S: tracing::Subscriber> Layer<S> for Counting {
+    fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn records_of_other_qps_never_reach_tracing_while_one_qp_is_verbose() {
+    let _t = turn();
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let subscriber = Registry::default().with(Counting(Arc::clone(&seen)));
+    tracing::subscriber::with_default(subscriber, || {
+        control().set_qp_level(17, Level::DATA).unwrap();
+        for qpn in 0..100 {
+            if qpn != 17 {
+                sw_event!(Engine, 9, qpn = qpn, "payload");
+            }
+        }
+        assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 0);
+        sw_event!(Engine, 9, qpn = 17, "payload");
+        assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 1);
+    });
+    control().clear_qp_levels();
+}

@@ -29,7 +29,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use http::{MetricsServer, PROMETHEUS_CONTENT_TYPE};
-pub use tcp_info::{tcp_info, TcpInfo, TcpInfoSampler};
+pub use tcp_info::{
+    tcp_info, TcpInfo, TcpInfoSampler, DEFAULT_TCP_INFO_INTERVAL, TCP_INFO_INTERVAL_ENV,
+};
 
 use crate::clock;
 

@@ -222,7 +222,21 @@ pub struct TcpInfoSampler {
     last: Option<TcpInfo>,
 }
 
+/// Environment variable with the TCP_INFO sampling interval in milliseconds.
+pub const TCP_INFO_INTERVAL_ENV: &str = "SOFTWARP_TCP_INFO_INTERVAL_MS";
+/// Sampling interval unless configured otherwise.
+pub const DEFAULT_TCP_INFO_INTERVAL: Duration = Duration::from_secs(1);
+
 impl TcpInfoSampler {
+    /// The interval configured by `SOFTWARP_TCP_INFO_INTERVAL_MS`, else
+    /// [`DEFAULT_TCP_INFO_INTERVAL`].
+    pub fn interval_from_env() -> Duration {
+        std::env::var(TCP_INFO_INTERVAL_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(DEFAULT_TCP_INFO_INTERVAL, Duration::from_millis)
+    }
+
     /// A sampler taking one sample per `interval`.
     pub fn new(interval: Duration) -> Self {
         Self {

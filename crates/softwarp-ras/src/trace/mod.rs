@@ -38,8 +38,11 @@
 //! is in memory even when the console is quiet.
 //!
 //! The hot-path check of [`sw_event!`] is one relaxed atomic load (the component's *gate*,
-//! the most verbose level anything could want for it); the exact decision happens only for
-//! records that pass it.
+//! the most verbose level anything could want for it); the exact decision (a few more
+//! relaxed loads, and a scan of the per-QP slots while some QP has its own level) happens
+//! only for records that pass it, before anything is formatted or dispatched. To guard an
+//! expensive computation (a hex dump for level 9), test
+//! [`control().gate(component, level)`](TraceControl::gate) first.
 //!
 //! Initial levels come from `SOFTWARP_TRACE` ([`init_from_env`]); later changes come from the
 //! control socket (`trace-set`), the CLI, or the API ([`TraceControl::apply`]).
@@ -433,6 +436,16 @@ impl TraceControl {
         level <= self.gates[component.index()].load(Ordering::Relaxed)
     }
 
+    /// The exact check of [`sw_event!`] for a record about QP `qpn`, after [`gate`] passed:
+    /// is it traced or recorded? Keeps records of other QPs from reaching `tracing` while
+    /// one QP has a high level of its own.
+    ///
+    /// [`gate`]: TraceControl::gate
+    #[inline]
+    pub fn wanted(&self, component: Component, level: u8, qpn: u32) -> bool {
+        self.recorded(Some(component), level, Some(qpn))
+    }
+
     /// The level of `component`.
     pub fn level(&self, component: Component) -> Level {
         Level(self.levels[component.index()].load(Ordering::Relaxed))
@@ -710,13 +723,16 @@ macro_rules! sw_event {
         );
         if $crate::trace::control().gate($crate::trace::Component::$comp, __SW_LEVEL) {
             let __sw_qpn: u32 = $qpn;
-            $crate::__private::tracing::event!(
-                name: $crate::trace::level_name(__SW_LEVEL),
-                target: $crate::trace::Component::$comp.target(),
-                $crate::trace::tracing_level(__SW_LEVEL),
-                qpn = __sw_qpn,
-                $($rest)+
-            );
+            let __sw_comp = $crate::trace::Component::$comp;
+            if $crate::trace::control().wanted(__sw_comp, __SW_LEVEL, __sw_qpn) {
+                $crate::__private::tracing::event!(
+                    name: $crate::trace::level_name(__SW_LEVEL),
+                    target: $crate::trace::Component::$comp.target(),
+                    $crate::trace::tracing_level(__SW_LEVEL),
+                    qpn = __sw_qpn,
+                    $($rest)+
+                );
+            }
         }
     }};
     ($comp:ident, $lvl:expr, $($rest:tt)+) => {{
