@@ -338,28 +338,50 @@ fn accept_loop(listener: &UnixListener, stop: &Arc<AtomicBool>, handler: &Arc<dy
             ))));
             continue;
         }
-        active.fetch_add(1, Ordering::Relaxed);
+        let slot = Slot::take(&active);
         let spawned = std::thread::Builder::new()
             .name("softwarp-ctl-conn".into())
             .spawn({
-                let (stop, handler, active) =
-                    (Arc::clone(stop), Arc::clone(handler), Arc::clone(&active));
+                let (stop, handler) = (Arc::clone(stop), Arc::clone(handler));
                 move || {
+                    let _slot = slot;
                     let _ = serve_connection(stream, &stop, &*handler);
-                    active.fetch_sub(1, Ordering::Relaxed);
                 }
             });
-        match spawned {
-            Ok(h) => w.push(h),
-            Err(_) => {
-                active.fetch_sub(1, Ordering::Relaxed);
-            }
+        // On a failed spawn the closure (and the slot in it) is dropped: the count is
+        // given back.
+        if let Ok(h) = spawned {
+            w.push(h);
         }
     }
     // Each worker notices `stop` within one POLL.
     for h in workers.into_inner().unwrap_or_else(|e| e.into_inner()) {
         let _ = h.join();
     }
+}
+
+/// One of the [`MAX_CONNECTIONS`] connection slots; given back when dropped, even when a
+/// handler panics.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(active: &Arc<AtomicUsize>) -> Self {
+        active.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(active))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// [`dispatch`], with a panic in the handler turned into an error reply (a bug in one
+/// object's description must not take the control socket down).
+fn dispatch_guarded(handler: &dyn ControlHandler, line: &str) -> Reply {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dispatch(handler, line)))
+        .unwrap_or_else(|_| Reply::err("internal error: the request handler panicked"))
 }
 
 fn serve_connection(
@@ -382,7 +404,7 @@ fn serve_connection(
             if text.is_empty() {
                 continue;
             }
-            stream.write_all(&encode(&dispatch(handler, text)))?;
+            stream.write_all(&encode(&dispatch_guarded(handler, text)))?;
             idle_since = Instant::now();
         }
         if pending.len() > MAX_REQUEST_LINE {

@@ -249,7 +249,15 @@ impl HostRegistry {
             .collect();
         paths.sort();
         for path in paths {
+            let named_pid = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|s| s.parse::<u32>().ok());
             match read_entry(&path) {
+                Ok(e) if named_pid != Some(e.pid) => scan.bad.push(BadEntry {
+                    path,
+                    reason: format!("the file names pid {}, not its own", e.pid),
+                }),
                 Ok(e) => match e.liveness() {
                     Liveness::Alive => scan.live.push(e),
                     Liveness::Dead | Liveness::PidReused => scan.stale.push(e),

@@ -77,10 +77,17 @@ fn unreadable_entries_are_reported_and_those_of_dead_pids_removed() {
     std::fs::write(reg.entry_path(pid), b"{not json").unwrap();
     std::fs::write(dir.path().join("notes.json"), b"[]").unwrap();
     std::fs::write(dir.path().join("big.json"), vec![b' '; 70_000]).unwrap();
+    // A live process's entry under another (dead) pid's name is not trusted.
+    let other = dead_pid();
+    let me = ProcessEntry::this_process(reg.socket_path(std::process::id()));
+    std::fs::write(reg.entry_path(other), serde_json::to_vec(&me).unwrap()).unwrap();
     let scan = reg.scan_and_clean().unwrap();
-    assert_eq!(scan.bad.len(), 3, "{scan:?}");
+    assert_eq!(scan.bad.len(), 4, "{scan:?}");
+    assert!(scan.live.is_empty());
     assert!(scan.bad.iter().any(|b| b.reason.contains("70000 bytes")));
+    assert!(scan.bad.iter().any(|b| b.reason.contains("not its own")));
     assert!(!reg.entry_path(pid).exists());
+    assert!(!reg.entry_path(other).exists());
     assert!(
         dir.path().join("notes.json").exists(),
         "not named after a pid: left alone"
@@ -307,4 +314,31 @@ fn the_cli_path_queries_every_registered_process() {
         .into_result()
         .unwrap();
     assert_eq!(info.pid, std::process::id());
+}
+
+struct Panicky;
+
+impl ControlHandler for Panicky {
+    fn stats(&self) -> StatsSnapshot {
+        panic!("a collector bug");
+    }
+}
+
+#[test]
+fn a_panicking_handler_gets_an_error_reply_and_the_socket_keeps_serving() {
+    let dir = common::TempDir::new("panic");
+    let path = dir.path().join("ctl.sock");
+    let _server = ControlServer::start(&path, Arc::new(Panicky)).unwrap();
+    let mut c = ControlClient::connect(&path, T).unwrap();
+    let r = c.request(&Request::Stats).unwrap();
+    assert!(!r.ok);
+    assert!(r.error.unwrap().contains("panicked"));
+    assert!(
+        c.request(&Request::Info).unwrap().ok,
+        "same connection still served"
+    );
+    assert!(
+        request(&path, &Request::Info, T).unwrap().ok,
+        "new connections too"
+    );
 }

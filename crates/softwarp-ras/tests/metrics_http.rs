@@ -84,3 +84,23 @@ fn a_silent_client_is_dropped_after_the_request_timeout() {
     drop(server);
     assert!(t0.elapsed() < Duration::from_secs(3));
 }
+
+#[test]
+fn a_panicking_collector_gets_a_500_and_the_endpoint_survives() {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = std::sync::Arc::clone(&calls);
+    let server = MetricsServer::start_local(0, move || {
+        if c.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+            panic!("collector bug");
+        }
+        render()
+    })
+    .unwrap();
+    let addr = server.local_addr();
+    assert!(get(addr, "GET /metrics HTTP/1.0\r\n\r\n")
+        .0
+        .starts_with("HTTP/1.0 500"));
+    assert!(get(addr, "GET /metrics HTTP/1.0\r\n\r\n")
+        .0
+        .starts_with("HTTP/1.0 200"));
+}

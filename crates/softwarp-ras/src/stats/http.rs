@@ -201,7 +201,18 @@ fn handle(mut stream: TcpStream, render: &Render) -> io::Result<()> {
         None => Route::BadRequest,
     };
     let (status, ctype, body, head_only) = match route {
-        Route::Metrics { head_only } => ("200 OK", PROMETHEUS_CONTENT_TYPE, render(), head_only),
+        Route::Metrics { head_only } => {
+            // A panicking collector must not take the endpoint down.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(render)) {
+                Ok(text) => ("200 OK", PROMETHEUS_CONTENT_TYPE, text, head_only),
+                Err(_) => (
+                    "500 Internal Server Error",
+                    "text/plain; charset=utf-8",
+                    "the statistics collector failed\n".to_string(),
+                    false,
+                ),
+            }
+        }
         Route::NotFound => (
             "404 Not Found",
             "text/plain; charset=utf-8",
