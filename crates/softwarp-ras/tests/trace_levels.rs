@@ -236,3 +236,44 @@ fn records_of_other_qps_never_reach_tracing_while_one_qp_is_verbose() {
     });
     control().clear_qp_levels();
 }
+
+/// Runs in a child process started by `initial_levels_come_from_the_environment` (the
+/// environment of a running test process cannot be changed safely); passes trivially when
+/// run on its own.
+#[test]
+#[ignore = "run in a child process by initial_levels_come_from_the_environment"]
+fn child_applies_the_environment() {
+    if std::env::var("SOFTWARP_TRACE").is_err() {
+        return;
+    }
+    softwarp_ras::trace::init_from_env().unwrap();
+    let c = control();
+    assert_eq!(c.level(Component::Qp), Level::new(7).unwrap());
+    assert_eq!(c.level(Component::Cq), Level::RARE);
+    assert_eq!(c.level(Component::Wire), Level::new(3).unwrap());
+    assert_eq!(c.recorder_level(), Level::HOT_INTERNALS);
+    assert_eq!(c.qp_level(9), Some(Level::HOT_INTERNALS));
+    assert_eq!(softwarp_ras::trace::flight_recorder().capacity(), 16);
+}
+
+#[test]
+fn initial_levels_come_from_the_environment() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_applies_the_environment",
+            "--ignored",
+            "--test-threads=1",
+        ])
+        .env("SOFTWARP_TRACE", "qp=7, cq=2,default=3,qpn:9=8,recorder=8")
+        .env("SOFTWARP_FLIGHT_RECORDER", "16")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("1 passed"), "{stdout}");
+}

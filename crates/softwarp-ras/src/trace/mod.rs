@@ -23,7 +23,7 @@
 //!
 //! # Components
 //!
-//! Each record belongs to a [`Component`], found from its target: [`sw_event!`] sets the
+//! Each record belongs to a [`Component`], found from its target: [`sw_event!`](crate::sw_event) sets the
 //! target `softwarp::<component>`; plain `tracing` events are attributed by module path (see
 //! [`Component::from_target`]). Events of other crates are "foreign" and have their own level
 //! (`other=` in a spec).
@@ -37,7 +37,7 @@
 //! every traced record and, in addition, every record up to its own level, so recent history
 //! is in memory even when the console is quiet.
 //!
-//! The hot-path check of [`sw_event!`] is one relaxed atomic load (the component's *gate*,
+//! The hot-path check of [`sw_event!`](crate::sw_event) is one relaxed atomic load (the component's *gate*,
 //! the most verbose level anything could want for it); the exact decision (a few more
 //! relaxed loads, and a scan of the per-QP slots while some QP has its own level) happens
 //! only for records that pass it, before anything is formatted or dispatched. To guard an
@@ -64,9 +64,9 @@ pub use layer::{install_global, ConsoleLayer, FlightRecorderLayer, RecorderFilte
 pub use record::{Record, MAX_RECORD_TEXT};
 pub use recorder::{
     flight_recorder, init_flight_recorder, FlightRecorder, FlightRecorderDump,
-    DEFAULT_FLIGHT_RECORDER_CAPACITY,
+    DEFAULT_FLIGHT_RECORDER_CAPACITY, FLIGHT_RECORDER_ENV, MAX_FLIGHT_RECORDER_CAPACITY,
 };
-pub use spec::{SpecError, TraceSpec};
+pub use spec::{SpecError, TraceSpec, MAX_SPEC_LEN};
 
 /// The environment variable with the initial trace levels, e.g. `qp=5,cq=2,default=1`.
 pub const TRACE_ENV: &str = "SOFTWARP_TRACE";
@@ -156,7 +156,7 @@ impl Component {
 
     /// The component a `tracing` target belongs to, `None` for other crates.
     ///
-    /// - `softwarp::<component>[::...]` → that component (the target [`sw_event!`] sets, and
+    /// - `softwarp::<component>[::...]` → that component (the target [`sw_event!`](crate::sw_event) sets, and
     ///   the module path of the `softwarp` crate's `qp`, `cq`, `mr`, `cm` modules);
     ///   `softwarp::pd` → [`Mr`](Component::Mr), `softwarp::connect` →
     ///   [`Cm`](Component::Cm), `softwarp::srq` → [`Qp`](Component::Qp), any other
@@ -429,14 +429,14 @@ impl TraceControl {
         }
     }
 
-    /// The hot-path check of [`sw_event!`]: could anything want a record of `component` at
+    /// The hot-path check of [`sw_event!`](crate::sw_event): could anything want a record of `component` at
     /// `level`? One relaxed atomic load.
     #[inline]
     pub fn gate(&self, component: Component, level: u8) -> bool {
         level <= self.gates[component.index()].load(Ordering::Relaxed)
     }
 
-    /// The exact check of [`sw_event!`] for a record about QP `qpn`, after [`gate`] passed:
+    /// The exact check of [`sw_event!`](crate::sw_event) for a record about QP `qpn`, after [`gate`] passed:
     /// is it traced or recorded? Keeps records of other QPs from reaching `tracing` while
     /// one QP has a high level of its own.
     ///
@@ -679,7 +679,7 @@ impl TraceControl {
     }
 }
 
-/// The process-wide trace levels that [`sw_event!`], [`TraceFilter::global`] and the control
+/// The process-wide trace levels that [`sw_event!`](crate::sw_event), [`TraceFilter::global`] and the control
 /// socket use.
 pub fn control() -> &'static TraceControl {
     static CONTROL: TraceControl = TraceControl::new();

@@ -1,18 +1,5 @@
 //! The text form of trace settings, shared by `SOFTWARP_TRACE`, the control socket's
-//! `trace-set` and the CLI. Pure parsing and printing.
-//!
-//! Grammar: items separated by commas, each `key=level`, spaces around items ignored.
-//!
-//! | key | sets |
-//! | --- | --- |
-//! | `wire`, `engine`, `qp`, `cq`, `mr`, `cm`, `runtime`, `sockets`, `ras` | that component |
-//! | `default` (or `all`) | every component and `other` (applied before the other items) |
-//! | `other` | events of other crates |
-//! | `recorder` | the flight recorder's own level |
-//! | `qpn:<n>` | QP number `n` (decimal or `0x` hex); `off` removes its own level |
-//! | `qpn:*` | only with `off`: removes every QP's own level |
-//!
-//! A level is `0`-`9` or `off` (= 0). Example: `qp=5,cq=2,default=1,qpn:17=9,recorder=6`.
+//! `trace-set` and the CLI (grammar on [`TraceSpec`]). Pure parsing and printing.
 
 use std::fmt;
 use std::str::FromStr;
@@ -43,7 +30,21 @@ pub enum SpecError {
     BadQpn(String),
 }
 
-/// Parsed trace settings; see the [module docs](self) for the text form.
+/// Parsed trace settings, and their text form.
+///
+/// Grammar: items separated by commas, each `key=level`, spaces around items ignored.
+///
+/// | key | sets |
+/// | --- | --- |
+/// | `wire`, `engine`, `qp`, `cq`, `mr`, `cm`, `runtime`, `sockets`, `ras` | that component |
+/// | `default` (or `all`) | every component and `other` (applied before the other items) |
+/// | `other` | events of other crates |
+/// | `recorder` | the flight recorder's own level |
+/// | `qpn:<n>` | QP number `n` (decimal or `0x` hex); `off` removes its own level |
+/// | `qpn:*` | only with `off`: removes every QP's own level |
+///
+/// A level is `0`-`9` or `off` (= 0). Example: `qp=5,cq=2,default=1,qpn:17=9,recorder=6`.
+/// [`Display`](fmt::Display) prints a spec that parses back to the same value.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TraceSpec {
     /// `default=`: every component and `other`, applied first.
