@@ -22,9 +22,17 @@ pub fn pid() -> u32 {
 
 /// The kernel's id of the calling thread (what `top -H` and `/proc/<pid>/task` show).
 pub fn tid() -> u32 {
-    // SAFETY: gettid takes no arguments, cannot fail and touches no memory of ours.
-    let tid = unsafe { libc::gettid() };
-    u32::try_from(tid).unwrap_or(0)
+    thread_local! {
+        // A thread's id never changes: one system call per thread, not per record. (A child
+        // of fork() keeps its parent's cached value for the forking thread; records of such a
+        // child show the parent's tid.)
+        static TID: u32 = {
+            // SAFETY: gettid takes no arguments, cannot fail and touches no memory of ours.
+            let tid = unsafe { libc::gettid() };
+            u32::try_from(tid).unwrap_or(0)
+        };
+    }
+    TID.try_with(|t| *t).unwrap_or(0)
 }
 
 /// The CPU the calling thread runs on right now (`sched_getcpu`), if the kernel says.

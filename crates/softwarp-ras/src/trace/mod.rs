@@ -357,6 +357,9 @@ pub struct TraceControl {
     qp_max: AtomicU8,
     /// `QP_OCCUPIED | level << 32 | qpn`, or 0 for a free slot.
     qp_slots: [AtomicU64; MAX_QP_LEVELS],
+    /// Bit `qpn % 64` set for every QP with a level: most other QPs are turned away without
+    /// scanning the slots.
+    qp_mask: AtomicU64,
     writer: Mutex<()>,
 }
 
@@ -425,6 +428,7 @@ impl TraceControl {
             recorder: AtomicU8::new(DEFAULT_RECORDER_LEVEL.0),
             qp_max: AtomicU8::new(0),
             qp_slots: [const { AtomicU64::new(0) }; MAX_QP_LEVELS],
+            qp_mask: AtomicU64::new(0),
             writer: Mutex::new(()),
         }
     }
@@ -477,7 +481,10 @@ impl TraceControl {
             return true;
         }
         match qpn {
-            Some(q) if level <= self.qp_max.load(Ordering::Relaxed) => {
+            Some(q)
+                if level <= self.qp_max.load(Ordering::Relaxed)
+                    && self.qp_mask.load(Ordering::Relaxed) & (1 << (q % 64)) != 0 =>
+            {
                 self.qp_level(q).is_some_and(|l| level <= l.0)
             }
             _ => false,
@@ -655,20 +662,16 @@ impl TraceControl {
         {
             let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
             f(self);
-            let qp_max = self
-                .qp_slots
-                .iter()
-                .map(|s| {
-                    let v = s.load(Ordering::Relaxed);
-                    if v & QP_OCCUPIED != 0 {
-                        ((v >> 32) & 0xff) as u8
-                    } else {
-                        0
-                    }
-                })
-                .max()
-                .unwrap_or(0);
+            let (mut qp_max, mut qp_mask) = (0u8, 0u64);
+            for s in &self.qp_slots {
+                let v = s.load(Ordering::Relaxed);
+                if v & QP_OCCUPIED != 0 {
+                    qp_max = qp_max.max(((v >> 32) & 0xff) as u8);
+                    qp_mask |= 1 << ((v & 0xffff_ffff) % 64);
+                }
+            }
             self.qp_max.store(qp_max, Ordering::Relaxed);
+            self.qp_mask.store(qp_mask, Ordering::Relaxed);
             let recorder = self.recorder.load(Ordering::Relaxed);
             for (gate, level) in self.gates.iter().zip(&self.levels) {
                 let l = level.load(Ordering::Relaxed);
@@ -846,6 +849,8 @@ mod tests {
         c.set_qp_level(17, Level::DATA).unwrap();
         assert!(c.traced(Some(Component::Engine), 9, Some(17)));
         assert!(!c.traced(Some(Component::Engine), 9, Some(18)));
+        // Same bit of the quick mask, another QP.
+        assert!(!c.traced(Some(Component::Engine), 9, Some(17 + 64)));
         assert!(!c.traced(Some(Component::Engine), 9, None));
         assert!(c.gate(Component::Engine, 9), "the gate opens for any QP");
         c.set_qp_level(17, Level::OFF).unwrap();
