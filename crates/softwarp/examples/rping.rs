@@ -256,19 +256,19 @@ enum Event {
     Disconnected(String),
 }
 
-/// The control block (rping's `struct rping_cb`).
+/// The control block (rping's `struct rping_cb`). Fields drop in this order: the QP first.
 struct Cb {
-    args: Args,
-    dev: Device,
-    channel: CompletionChannel,
-    cq: CompletionQueue,
     qp: QueuePair,
     recv_mr: MemoryRegion,
     /// rping's `rdma_buf`: the server's RDMA Read sink and Write source; the client's sink.
     rdma_mr: MemoryRegion,
     /// rping's `start_buf`: the client's source (None on the server).
     start_mr: Option<MemoryRegion>,
+    cq: CompletionQueue,
+    channel: CompletionChannel,
     _pd: ProtectionDomain,
+    dev: Device,
+    args: Args,
 }
 
 macro_rules! debug {
