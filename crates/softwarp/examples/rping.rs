@@ -424,6 +424,10 @@ impl Cb {
                         self.post_recv()?;
                         return Ok(Event::Recv(RdmaInfo::from_bytes(&b)));
                     }
+                    // rping posts no atomics and no immediate-data operations.
+                    other => {
+                        return Err(format!("unexpected completion opcode {other:?}"));
+                    }
                 }
             }
             if flushed {
