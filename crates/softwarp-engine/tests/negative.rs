@@ -138,6 +138,7 @@ impl Victim {
 
 fn tagged_hdr(stag: Stag, to: u64) -> HeaderRepr {
     HeaderRepr::Tagged(TaggedRepr {
+        version: softwarp_wire::ddp::DDP_VERSION,
         last: true,
         ulp_control: 0x40, // RV 1, opcode RDMA Write
         stag: stag.0,
@@ -470,6 +471,7 @@ fn oversized_send_gets_message_too_long_and_loc_len_err() {
     assert_eq!(
         t.ddp_header,
         Some(HeaderRepr::Untagged(UntaggedRepr {
+            version: softwarp_wire::ddp::DDP_VERSION,
             last: true,
             ulp_control: 0x43,
             ulp_reserved: 0,
@@ -638,7 +640,7 @@ fn read_request_for_a_bad_source_gets_remote_protection_with_the_read_request_he
 }
 
 #[test]
-fn read_requests_beyond_ird_get_a_terminate_after_the_allowed_ones_are_answered() {
+fn a_read_request_beyond_ird_gets_a_catastrophic_terminate_naming_that_request() {
     let mut s = stream(false);
     s.ird = 1;
     let mut v = Victim::with_stream(s);

@@ -13,6 +13,7 @@ use softwarp_wire::WireError;
 fn tagged_repr() -> impl Strategy<Value = TaggedRepr> {
     (any::<bool>(), any::<u8>(), any::<u32>(), any::<u64>()).prop_map(
         |(last, ulp_control, stag, tagged_offset)| TaggedRepr {
+            version: softwarp_wire::ddp::DDP_VERSION,
             last,
             ulp_control,
             stag,
@@ -32,6 +33,7 @@ fn untagged_repr() -> impl Strategy<Value = UntaggedRepr> {
     )
         .prop_map(
             |(last, ulp_control, ulp_reserved, queue_number, msn, mo)| UntaggedRepr {
+                version: softwarp_wire::ddp::DDP_VERSION,
                 last,
                 ulp_control,
                 ulp_reserved,

@@ -75,6 +75,7 @@ fn ddp_header() -> impl Strategy<Value = HeaderRepr> {
     prop_oneof![
         (any::<bool>(), any::<u8>(), any::<u32>(), any::<u64>()).prop_map(
             |(last, ulp_control, stag, tagged_offset)| HeaderRepr::Tagged(TaggedRepr {
+                version: softwarp_wire::ddp::DDP_VERSION,
                 last,
                 ulp_control,
                 stag,
@@ -83,6 +84,7 @@ fn ddp_header() -> impl Strategy<Value = HeaderRepr> {
         ),
         (any::<bool>(), any::<u8>(), any::<[u32; 4]>()).prop_map(|(last, ulp_control, w)| {
             HeaderRepr::Untagged(UntaggedRepr {
+                version: softwarp_wire::ddp::DDP_VERSION,
                 last,
                 ulp_control,
                 ulp_reserved: w[0],

@@ -64,12 +64,14 @@ mod field {
     pub const ULP_CONTROL: usize = 1;
 }
 
-/// Builds a DDP control byte. Reserved bits are zero and DV is [`DDP_VERSION`].
-pub(crate) fn control_byte(tagged: bool, last: bool) -> u8 {
+/// Builds a DDP control byte with DV = `version` ([`DDP_VERSION`] for everything we originate;
+/// another value only when a received header is copied back, e.g. into a Terminate). Reserved
+/// bits are zero.
+pub(crate) fn control_byte(tagged: bool, last: bool, version: u8) -> u8 {
     // RFC 5041 section 4 (paraphrased; the exact text could not be retrieved here): the
     // four Rsvd bits are reserved for future use and MUST be set to zero, and DV MUST be set
     // to 1 in every DDP segment.
-    let mut byte = DDP_VERSION & MASK_VERSION;
+    let mut byte = version & MASK_VERSION;
     if tagged {
         byte |= FLAG_TAGGED;
     }
@@ -224,10 +226,10 @@ mod tests {
 
     #[test]
     fn control_byte_sets_version_one_and_zero_reserved_bits() {
-        assert_eq!(control_byte(false, false), 0x01);
-        assert_eq!(control_byte(false, true), 0x41);
-        assert_eq!(control_byte(true, false), 0x81);
-        assert_eq!(control_byte(true, true), 0xc1);
+        assert_eq!(control_byte(false, false, DDP_VERSION), 0x01);
+        assert_eq!(control_byte(false, true, DDP_VERSION), 0x41);
+        assert_eq!(control_byte(true, false, DDP_VERSION), 0x81);
+        assert_eq!(control_byte(true, true, DDP_VERSION), 0xc1);
     }
 
     #[test]
@@ -282,6 +284,10 @@ mod tests {
         let (repr, len) = HeaderRepr::parse_any_version(&bytes).unwrap();
         assert_eq!(len, 18);
         assert!(repr.last());
+        // A copy reported back (e.g. in a Terminate) keeps the DV that was received.
+        let mut out = [0u8; 18];
+        assert_eq!(repr.emit(&mut out), Ok(18));
+        assert_eq!(out, bytes);
         assert!(matches!(
             HeaderRepr::parse_any_version(&bytes[..17]),
             Err(WireError::Truncated { .. })

@@ -162,12 +162,15 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> TaggedHeader<T> {
 
 /// A parsed tagged buffer model header.
 ///
-/// DV is always [`super::DDP_VERSION`] and the reserved bits zero on emit; they are not
-/// stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// The reserved bits are not stored (zero on emit). DV is stored so that a received header
+/// can be copied back unchanged (a Terminate reports the header of the segment in error, whose
+/// DV may be the error); [`TaggedRepr::parse`] only accepts DV = [`super::DDP_VERSION`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TaggedRepr {
     /// The L flag: last segment of the DDP message.
     pub last: bool,
+    /// DV, the DDP version: [`super::DDP_VERSION`] in everything we originate.
+    pub version: u8,
     /// The byte reserved for the ULP (RDMAP's control byte).
     pub ulp_control: u8,
     /// Data Sink STag: names the tagged buffer.
@@ -176,10 +179,24 @@ pub struct TaggedRepr {
     pub tagged_offset: u64,
 }
 
+impl Default for TaggedRepr {
+    /// All fields zero except DV, which is [`super::DDP_VERSION`].
+    fn default() -> Self {
+        TaggedRepr {
+            last: false,
+            version: super::DDP_VERSION,
+            ulp_control: 0,
+            stag: 0,
+            tagged_offset: 0,
+        }
+    }
+}
+
 impl TaggedRepr {
     pub(crate) fn from_view<T: AsRef<[u8]>>(view: &TaggedHeader<T>) -> Self {
         TaggedRepr {
             last: view.last_flag(),
+            version: view.version(),
             ulp_control: view.ulp_control(),
             stag: view.stag(),
             tagged_offset: view.tagged_offset(),
@@ -222,7 +239,11 @@ impl TaggedRepr {
                 have: buf.len(),
             });
         }
-        be::set_u8(buf, common::CONTROL, control_byte(true, self.last));
+        be::set_u8(
+            buf,
+            common::CONTROL,
+            control_byte(true, self.last, self.version),
+        );
         let mut view = TaggedHeader::new_unchecked(buf);
         view.set_ulp_control(self.ulp_control);
         view.set_stag(self.stag);
@@ -271,6 +292,7 @@ mod tests {
         assert_eq!(
             repr,
             TaggedRepr {
+                version: crate::ddp::DDP_VERSION,
                 last: true,
                 ulp_control: 0x42,
                 stag: 0x743e_8b00,
@@ -286,6 +308,7 @@ mod tests {
     #[test]
     fn constructs_the_siw_read_response_header() {
         let repr = TaggedRepr {
+            version: crate::ddp::DDP_VERSION,
             last: true,
             ulp_control: 0x42,
             stag: 0x743e_8b00,

@@ -186,12 +186,15 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> UntaggedHeader<T> {
 
 /// A parsed untagged buffer model header.
 ///
-/// DV is always [`super::DDP_VERSION`] and the reserved bits zero on emit; they are not
-/// stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// The reserved bits are not stored (zero on emit). DV is stored so that a received header
+/// can be copied back unchanged (a Terminate reports the header of the segment in error, whose
+/// DV may be the error); [`UntaggedRepr::parse`] only accepts DV = [`super::DDP_VERSION`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UntaggedRepr {
     /// The L flag: last segment of the DDP message.
     pub last: bool,
+    /// DV, the DDP version: [`super::DDP_VERSION`] in everything we originate.
+    pub version: u8,
     /// The first byte reserved for the ULP (RDMAP's control byte).
     pub ulp_control: u8,
     /// The 32 bits reserved for the ULP after its control byte (RDMAP: Invalidate STag).
@@ -204,10 +207,26 @@ pub struct UntaggedRepr {
     pub mo: u32,
 }
 
+impl Default for UntaggedRepr {
+    /// All fields zero except DV, which is [`super::DDP_VERSION`].
+    fn default() -> Self {
+        UntaggedRepr {
+            last: false,
+            version: super::DDP_VERSION,
+            ulp_control: 0,
+            ulp_reserved: 0,
+            queue_number: 0,
+            msn: 0,
+            mo: 0,
+        }
+    }
+}
+
 impl UntaggedRepr {
     pub(crate) fn from_view<T: AsRef<[u8]>>(view: &UntaggedHeader<T>) -> Self {
         UntaggedRepr {
             last: view.last_flag(),
+            version: view.version(),
             ulp_control: view.ulp_control(),
             ulp_reserved: view.ulp_reserved(),
             queue_number: view.queue_number(),
@@ -253,7 +272,11 @@ impl UntaggedRepr {
                 have: buf.len(),
             });
         }
-        be::set_u8(buf, common::CONTROL, control_byte(false, self.last));
+        be::set_u8(
+            buf,
+            common::CONTROL,
+            control_byte(false, self.last, self.version),
+        );
         let mut view = UntaggedHeader::new_unchecked(buf);
         view.set_ulp_control(self.ulp_control);
         view.set_ulp_reserved(self.ulp_reserved);
@@ -313,6 +336,7 @@ mod tests {
         assert_eq!(
             repr,
             UntaggedRepr {
+                version: crate::ddp::DDP_VERSION,
                 last: true,
                 ulp_control: 0x43,
                 ulp_reserved: 0,
@@ -330,6 +354,7 @@ mod tests {
         assert_eq!(
             repr,
             UntaggedRepr {
+                version: crate::ddp::DDP_VERSION,
                 last: false,
                 ulp_control: 0x44,
                 ulp_reserved: 0xa1b2_c3d4,

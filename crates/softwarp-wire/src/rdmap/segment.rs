@@ -361,12 +361,14 @@ impl<'a> Segment<'a> {
                 stag,
                 tagged_offset,
             } => ddp::HeaderRepr::Tagged(TaggedRepr {
+                version: ddp::DDP_VERSION,
                 last: self.last,
                 ulp_control,
                 stag,
                 tagged_offset,
             }),
             Placement::Untagged { msn, mo } => ddp::HeaderRepr::Untagged(UntaggedRepr {
+                version: ddp::DDP_VERSION,
                 last: self.last,
                 ulp_control,
                 ulp_reserved: self.message.invalidate_stag().unwrap_or(0),

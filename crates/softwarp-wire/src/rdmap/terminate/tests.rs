@@ -25,6 +25,7 @@ fn siw_repr() -> TerminateRepr {
         )),
         ddp_segment_length: Some(128),
         ddp_header: Some(HeaderRepr::Tagged(TaggedRepr {
+            version: crate::ddp::DDP_VERSION,
             last: true,
             ulp_control: 0x42,
             stag: 0x7af0_9b00,
@@ -56,6 +57,7 @@ fn rfc_repr() -> TerminateRepr {
         )),
         ddp_segment_length: Some(0),
         ddp_header: Some(HeaderRepr::Untagged(UntaggedRepr {
+            version: crate::ddp::DDP_VERSION,
             last: true,
             ulp_control: 0x41,
             ulp_reserved: 0,
@@ -351,6 +353,7 @@ fn display_is_one_readable_line() {
     );
     let bad_rv = TerminateRepr {
         ddp_header: Some(HeaderRepr::Tagged(TaggedRepr {
+            version: crate::ddp::DDP_VERSION,
             ulp_control: 0x02,
             ..TaggedRepr::default()
         })),

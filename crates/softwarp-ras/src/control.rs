@@ -1,0 +1,647 @@
+//! The control socket: a Unix stream socket per process, one JSON request per line, one
+//! JSON reply per line, served by a small thread; and the client the CLI uses to ask one or
+//! every registered process.
+//!
+//! Requests (`op` names the request):
+//!
+//! | request | reply `result` |
+//! | --- | --- |
+//! | `{"op":"info"}` | [`ProcessInfo`] |
+//! | `{"op":"resources"}` | [`ResourcesResult`]: every tracked resource and memory per table |
+//! | `{"op":"stats"}` | [`StatsSnapshot`] |
+//! | `{"op":"trace-get"}` | [`TraceLevels`] |
+//! | `{"op":"trace-set","spec":"qp=5,qpn:7=9"}` | [`TraceLevels`] after the change |
+//! | `{"op":"flight-recorder","tail":100}` (or `"after":<seq>`) | [`FlightRecorderDump`] |
+//!
+//! Every reply is `{"ok":true,"pid":..,"process":..,"result":..}` or
+//! `{"ok":false,"pid":..,"process":..,"error":"..."}`.
+//!
+//! What each request returns comes from a [`ControlHandler`]; its default methods serve the
+//! process-wide tracker, statistics sources, trace levels and flight recorder, so a handler
+//! usually overrides nothing.
+//!
+//! Bounds: a request line is at most 64 KiB; a connection idle for 60 s is closed; at most 8
+//! connections are served at once; the server thread notices shutdown within 100 ms.
+
+use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::registry::{HostRegistry, ProcessEntry};
+use crate::stats::{self, StatsSnapshot};
+use crate::trace::{self, FlightRecorderDump, TraceLevels};
+use crate::tracker::{self, MemoryUsage, ResourceInfo};
+use crate::{clock, sys};
+
+/// Longest request line the server reads, in bytes.
+pub const MAX_REQUEST_LINE: usize = 64 * 1024;
+/// Longest reply line the client reads, in bytes.
+pub const MAX_REPLY_LINE: usize = 64 * 1024 * 1024;
+/// Most connections served at once.
+pub const MAX_CONNECTIONS: usize = 8;
+/// A connection with no request for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most flight recorder records one reply carries.
+pub const MAX_RECORDS_PER_REPLY: usize = 16 * 1024;
+
+const POLL: Duration = Duration::from_millis(100);
+
+/// A request to a process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Request {
+    /// Who are you?
+    Info,
+    /// Every tracked resource.
+    Resources,
+    /// Every statistic.
+    Stats,
+    /// The trace levels.
+    TraceGet,
+    /// Change trace levels (a [`TraceSpec`](crate::trace::TraceSpec) text).
+    TraceSet {
+        /// The spec, e.g. `qp=5,qpn:7=9`.
+        spec: String,
+    },
+    /// Records of the flight recorder.
+    FlightRecorder {
+        /// Only the newest this many.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tail: Option<usize>,
+        /// Only records after this sequence number (to follow the recorder).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<u64>,
+    },
+}
+
+/// A reply from a process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    /// Whether the request succeeded.
+    pub ok: bool,
+    /// The replying process.
+    pub pid: u32,
+    /// Its name.
+    pub process: String,
+    /// The result (see the [module docs](self) per request); `null` on error.
+    #[serde(default)]
+    pub result: serde_json::Value,
+    /// What went wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Reply {
+    fn ok(result: serde_json::Value) -> Self {
+        Self {
+            ok: true,
+            pid: sys::pid(),
+            process: sys::process_name().to_string(),
+            result,
+            error: None,
+        }
+    }
+
+    fn err(error: impl Into<String>) -> Self {
+        Self {
+            ok: false,
+            pid: sys::pid(),
+            process: sys::process_name().to_string(),
+            result: serde_json::Value::Null,
+            error: Some(error.into()),
+        }
+    }
+
+    /// The result as `T` (e.g. [`ResourcesResult`] for a `resources` request), or the
+    /// process's error.
+    pub fn into_result<T: DeserializeOwned>(self) -> Result<T, ClientError> {
+        if !self.ok {
+            return Err(ClientError::Remote(
+                self.error.unwrap_or_else(|| "unspecified error".into()),
+            ));
+        }
+        serde_json::from_value(self.result).map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+}
+
+/// The `info` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    /// Process id.
+    pub pid: u32,
+    /// Process name.
+    pub name: String,
+    /// Softwarp version.
+    pub version: String,
+    /// The process's time when it answered, RFC 3339 UTC (to compare clocks).
+    pub now: String,
+}
+
+/// The `resources` result.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ResourcesResult {
+    /// Every resource.
+    pub resources: Vec<ResourceInfo>,
+    /// Memory per table, per tracker (device).
+    pub memory: Vec<MemoryUsage>,
+}
+
+/// What a process answers; the `softwarp` crate implements it (usually overriding nothing
+/// or only [`ControlHandler::stats`]). Methods run on the control thread, one request at a
+/// time per connection; they must not block for long.
+pub trait ControlHandler: Send + Sync + 'static {
+    /// Every resource, and memory per table. Default: every live [`tracker::Tracker`].
+    fn resources(&self) -> ResourcesResult {
+        let trackers = tracker::all_trackers();
+        ResourcesResult {
+            resources: trackers.iter().flat_map(|t| t.resources()).collect(),
+            memory: trackers.iter().map(|t| t.memory()).collect(),
+        }
+    }
+
+    /// Every statistic. Default: every source given to [`stats::register_source`].
+    fn stats(&self) -> StatsSnapshot {
+        stats::collect_all()
+    }
+
+    /// The trace levels. Default: the process-wide [`trace::control`].
+    fn trace_get(&self) -> TraceLevels {
+        trace::control().levels()
+    }
+
+    /// Changes trace levels; returns them after the change. Default: applies `spec` to the
+    /// process-wide [`trace::control`].
+    fn trace_set(&self, spec: &str) -> Result<TraceLevels, String> {
+        trace::control()
+            .apply_str(spec)
+            .map_err(|e| e.to_string())?;
+        crate::sw_event!(
+            Ras,
+            2,
+            "trace levels set to {:?} over the control socket",
+            spec
+        );
+        Ok(trace::control().levels())
+    }
+
+    /// Flight recorder records. Default: the process-wide [`trace::flight_recorder`].
+    fn flight_recorder(&self, tail: Option<usize>, after: Option<u64>) -> FlightRecorderDump {
+        trace::flight_recorder().dump(tail, after)
+    }
+}
+
+/// A handler that answers everything from the process-wide services.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultHandler;
+
+impl ControlHandler for DefaultHandler {}
+
+fn to_value<T: Serialize>(v: &T) -> Reply {
+    match serde_json::to_value(v) {
+        Ok(v) => Reply::ok(v),
+        Err(e) => Reply::err(format!("cannot encode the result: {e}")),
+    }
+}
+
+/// Answers one request line (no I/O: what the server does per line).
+pub fn dispatch(handler: &dyn ControlHandler, line: &str) -> Reply {
+    let req: Request = match serde_json::from_str(line) {
+        Ok(r) => r,
+        Err(e) => return Reply::err(format!("bad request: {e}")),
+    };
+    match req {
+        Request::Info => to_value(&ProcessInfo {
+            pid: sys::pid(),
+            name: sys::process_name().to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            now: clock::rfc3339(std::time::SystemTime::now()),
+        }),
+        Request::Resources => to_value(&handler.resources()),
+        Request::Stats => to_value(&handler.stats()),
+        Request::TraceGet => to_value(&handler.trace_get()),
+        Request::TraceSet { spec } => match handler.trace_set(&spec) {
+            Ok(levels) => to_value(&levels),
+            Err(e) => Reply::err(e),
+        },
+        Request::FlightRecorder { tail, after } => {
+            let tail = Some(
+                tail.unwrap_or(MAX_RECORDS_PER_REPLY)
+                    .min(MAX_RECORDS_PER_REPLY),
+            );
+            to_value(&handler.flight_recorder(tail, after))
+        }
+    }
+}
+
+fn encode(reply: &Reply) -> Vec<u8> {
+    let mut out = serde_json::to_vec(reply).unwrap_or_else(|_| {
+        br#"{"ok":false,"pid":0,"process":"","error":"cannot encode the reply"}"#.to_vec()
+    });
+    out.push(b'\n');
+    out
+}
+
+/// A running control socket server; stops, joins its threads and removes the socket file
+/// when dropped.
+pub struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ControlServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlServer")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlServer {
+    /// Listens at `path` (mode `0600`) and serves `handler` on a thread named
+    /// `softwarp-ctl`. A leftover socket file nobody listens on is replaced; a live one is
+    /// an `AddrInUse` error.
+    pub fn start(path: impl Into<PathBuf>, handler: Arc<dyn ControlHandler>) -> io::Result<Self> {
+        let path = path.into();
+        if path.exists() {
+            if UnixStream::connect(&path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is served by a running process", path.display()),
+                ));
+            }
+            std::fs::remove_file(&path)?;
+        }
+        let listener = UnixListener::bind(&path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::Builder::new()
+            .name("softwarp-ctl".into())
+            .spawn({
+                let stop = Arc::clone(&stop);
+                move || accept_loop(&listener, &stop, &handler)
+            })?;
+        Ok(Self {
+            path,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn accept_loop(listener: &UnixListener, stop: &Arc<AtomicBool>, handler: &Arc<dyn ControlHandler>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    let workers: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
+    while !stop.load(Ordering::Relaxed) {
+        match sys::wait_readable(listener.as_fd(), POLL) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(_) => {
+                std::thread::sleep(POLL);
+                continue;
+            }
+        }
+        let Ok((mut stream, _)) = listener.accept() else {
+            continue;
+        };
+        let mut w = workers.lock().unwrap_or_else(|e| e.into_inner());
+        w.retain(|h| !h.is_finished());
+        if active.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = stream.write_all(&encode(&Reply::err(format!(
+                "busy: {MAX_CONNECTIONS} connections are open, try again"
+            ))));
+            continue;
+        }
+        let slot = Slot::take(&active);
+        let spawned = std::thread::Builder::new()
+            .name("softwarp-ctl-conn".into())
+            .spawn({
+                let (stop, handler) = (Arc::clone(stop), Arc::clone(handler));
+                move || {
+                    let _slot = slot;
+                    let _ = serve_connection(stream, &stop, &*handler);
+                }
+            });
+        // On a failed spawn the closure (and the slot in it) is dropped: the count is
+        // given back.
+        if let Ok(h) = spawned {
+            w.push(h);
+        }
+    }
+    // Each worker notices `stop` within one POLL.
+    for h in workers.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        let _ = h.join();
+    }
+}
+
+/// One of the [`MAX_CONNECTIONS`] connection slots; given back when dropped, even when a
+/// handler panics.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(active: &Arc<AtomicUsize>) -> Self {
+        active.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(active))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// [`dispatch`], with a panic in the handler turned into an error reply (a bug in one
+/// object's description must not take the control socket down).
+fn dispatch_guarded(handler: &dyn ControlHandler, line: &str) -> Reply {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dispatch(handler, line)))
+        .unwrap_or_else(|_| Reply::err("internal error: the request handler panicked"))
+}
+
+fn serve_connection(
+    mut stream: UnixStream,
+    stop: &AtomicBool,
+    handler: &dyn ControlHandler,
+) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(POLL))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut pending: Vec<u8> = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut idle_since = Instant::now();
+    loop {
+        // Answer every complete line already received.
+        while let Some(nl) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=nl).collect();
+            let text = String::from_utf8_lossy(line.get(..nl).unwrap_or(&[]));
+            let text = text.trim();
+            if text.is_empty() {
+                continue;
+            }
+            stream.write_all(&encode(&dispatch_guarded(handler, text)))?;
+            idle_since = Instant::now();
+        }
+        if pending.len() > MAX_REQUEST_LINE {
+            stream.write_all(&encode(&Reply::err(format!(
+                "request longer than {MAX_REQUEST_LINE} bytes"
+            ))))?;
+            return Ok(());
+        }
+        if stop.load(Ordering::Relaxed) || idle_since.elapsed() > IDLE_TIMEOUT {
+            return Ok(());
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => pending.extend_from_slice(buf.get(..n).unwrap_or(&[])),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Why a request to a process failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// Connecting, sending or receiving failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What the client was doing.
+        op: &'static str,
+        /// The socket.
+        path: String,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// No reply within the time limit.
+    #[error("no reply within {0:?}")]
+    Timeout(Duration),
+    /// The reply was not valid JSON of the expected shape, or too long.
+    #[error("bad reply: {0}")]
+    Protocol(String),
+    /// The process answered with an error.
+    #[error("the process refused: {0}")]
+    Remote(String),
+}
+
+/// A connection to one process's control socket (keep it open for repeated requests, e.g.
+/// `stat --watch`).
+#[derive(Debug)]
+pub struct ControlClient {
+    stream: UnixStream,
+    path: PathBuf,
+    pending: Vec<u8>,
+    timeout: Duration,
+}
+
+impl ControlClient {
+    /// Connects to `path`; every request then waits at most `timeout` for its reply.
+    pub fn connect(path: impl Into<PathBuf>, timeout: Duration) -> Result<Self, ClientError> {
+        let path = path.into();
+        let stream = UnixStream::connect(&path).map_err(|source| ClientError::Io {
+            op: "connect to",
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok(Self {
+            stream,
+            path,
+            pending: Vec::new(),
+            timeout,
+        })
+    }
+
+    fn io(&self, op: &'static str) -> impl FnOnce(io::Error) -> ClientError + '_ {
+        move |source| ClientError::Io {
+            op,
+            path: self.path.display().to_string(),
+            source,
+        }
+    }
+
+    /// Sends `req` and waits for its reply.
+    pub fn request(&mut self, req: &Request) -> Result<Reply, ClientError> {
+        let mut line = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        line.push(b'\n');
+        let deadline = Instant::now() + self.timeout;
+        self.stream
+            .set_write_timeout(Some(self.timeout.max(Duration::from_millis(1))))
+            .map_err(self.io("configure"))?;
+        self.stream.write_all(&line).map_err(self.io("send to"))?;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if let Some(nl) = self.pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=nl).collect();
+                return serde_json::from_slice(line.get(..nl).unwrap_or(&[]))
+                    .map_err(|e| ClientError::Protocol(e.to_string()));
+            }
+            if self.pending.len() > MAX_REPLY_LINE {
+                return Err(ClientError::Protocol(format!(
+                    "reply longer than {MAX_REPLY_LINE} bytes"
+                )));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::Timeout(self.timeout));
+            }
+            self.stream
+                .set_read_timeout(Some(left))
+                .map_err(self.io("configure"))?;
+            match self.stream.read(&mut buf) {
+                Ok(0) => {
+                    return Err(ClientError::Protocol(
+                        "the process closed the connection without a reply".into(),
+                    ))
+                }
+                Ok(n) => self.pending.extend_from_slice(buf.get(..n).unwrap_or(&[])),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(ClientError::Timeout(self.timeout))
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.io("receive from")(e)),
+            }
+        }
+    }
+}
+
+/// Sends one request to the control socket at `path`.
+pub fn request(path: &Path, req: &Request, timeout: Duration) -> Result<Reply, ClientError> {
+    ControlClient::connect(path, timeout)?.request(req)
+}
+
+/// One process's answer in [`query_all`].
+#[derive(Debug)]
+pub struct ProcessReply {
+    /// The registered process.
+    pub entry: ProcessEntry,
+    /// Its reply, or why there is none.
+    pub reply: Result<Reply, ClientError>,
+}
+
+/// Sends `req` to every live process of `registry` (stale entries are cleaned first), one
+/// after the other, each with `timeout`.
+pub fn query_all(
+    registry: &HostRegistry,
+    req: &Request,
+    timeout: Duration,
+) -> io::Result<Vec<ProcessReply>> {
+    Ok(registry
+        .live()?
+        .into_iter()
+        .map(|entry| {
+            let reply = request(&entry.control_socket, req, timeout);
+            ProcessReply { entry, reply }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_the_documented_json_form() {
+        let cases = [
+            (Request::Info, r#"{"op":"info"}"#),
+            (Request::Resources, r#"{"op":"resources"}"#),
+            (Request::Stats, r#"{"op":"stats"}"#),
+            (Request::TraceGet, r#"{"op":"trace-get"}"#),
+            (
+                Request::TraceSet {
+                    spec: "qp=5".into(),
+                },
+                r#"{"op":"trace-set","spec":"qp=5"}"#,
+            ),
+            (
+                Request::FlightRecorder {
+                    tail: Some(10),
+                    after: None,
+                },
+                r#"{"op":"flight-recorder","tail":10}"#,
+            ),
+        ];
+        for (req, json) in cases {
+            assert_eq!(serde_json::to_string(&req).unwrap(), json);
+            assert_eq!(serde_json::from_str::<Request>(json).unwrap(), req);
+        }
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"flight-recorder"}"#).unwrap(),
+            Request::FlightRecorder {
+                tail: None,
+                after: None
+            }
+        );
+    }
+
+    #[test]
+    fn bad_requests_get_an_error_reply() {
+        for line in [
+            "",
+            "{",
+            r#"{"op":"reboot"}"#,
+            r#"{"op":"trace-set"}"#,
+            "[1,2]",
+        ] {
+            let r = dispatch(&DefaultHandler, line);
+            assert!(!r.ok, "{line}");
+            assert!(r.error.unwrap().starts_with("bad request"), "{line}");
+            assert_eq!(r.pid, std::process::id());
+        }
+    }
+
+    #[test]
+    fn a_bad_trace_spec_is_refused_and_changes_nothing() {
+        let before = trace::control().levels();
+        let r = dispatch(&DefaultHandler, r#"{"op":"trace-set","spec":"bogus=3"}"#);
+        assert!(!r.ok);
+        assert!(r.error.unwrap().contains("unknown trace key"));
+        assert_eq!(trace::control().levels(), before);
+    }
+
+    #[test]
+    fn info_names_this_process() {
+        let info: ProcessInfo = dispatch(&DefaultHandler, r#"{"op":"info"}"#)
+            .into_result()
+            .unwrap();
+        assert_eq!(info.pid, std::process::id());
+        assert_eq!(info.version, env!("CARGO_PKG_VERSION"));
+    }
+}

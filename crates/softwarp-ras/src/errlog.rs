@@ -1,0 +1,371 @@
+//! The error log: critical events (QP fatal, Terminate received, device fatal, leak at
+//! close) as structured JSON lines, each with a recommended action, in a file rotated by
+//! size (`errors.jsonl`, `errors.jsonl.1`, ... `errors.jsonl.<keep>`).
+//!
+//! Several processes may share one log file: lines are appended with `O_APPEND` (one
+//! `write` per line), and a writer that finds the file rotated by someone else reopens it.
+//! Two processes rotating at the same moment can shift one file twice; no line is lost
+//! except in the oldest file, which rotation drops anyway.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use serde::{Deserialize, Serialize};
+
+use crate::tracker::LeakReport;
+use crate::{clock, sys};
+
+/// Kinds of critical events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CriticalKind {
+    /// A QP went to the Error state because of a local or protocol failure.
+    QpFatal,
+    /// A peer sent a Terminate message.
+    TerminateReceived,
+    /// A device failed (injected, or its network interface went away).
+    DeviceFatal,
+    /// A device closed with resources still allocated.
+    LeakAtClose,
+}
+
+impl CriticalKind {
+    /// The kind's name in the log.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CriticalKind::QpFatal => "qp_fatal",
+            CriticalKind::TerminateReceived => "terminate_received",
+            CriticalKind::DeviceFatal => "device_fatal",
+            CriticalKind::LeakAtClose => "leak_at_close",
+        }
+    }
+
+    /// What an operator should do about it.
+    pub const fn recommended_action(self) -> &'static str {
+        match self {
+            CriticalKind::QpFatal => {
+                "Check the detail and the QP's snapshot (softwarp trace --tail, softwarp stat); \
+                 the application must destroy the QP and reconnect. Repeated QP errors on one \
+                 path point at the network (softwarp doctor) or a peer bug."
+            }
+            CriticalKind::TerminateReceived => {
+                "The peer reported a protocol or access error (layer/type/code in the detail): \
+                 check STag, access rights and lengths on both sides, and the peer's logs; \
+                 the connection is gone and must be re-established."
+            }
+            CriticalKind::DeviceFatal => {
+                "Every QP of the device is in error: check the network interface (ip link), \
+                 then have applications release their resources so the device can recover; \
+                 softwarp resources names the processes that still hold some."
+            }
+            CriticalKind::LeakAtClose => {
+                "Fix the application to destroy every listed resource before closing the \
+                 device; the file:line of each shows where it was created."
+            }
+        }
+    }
+}
+
+/// One critical event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CriticalEvent {
+    /// What happened.
+    pub kind: CriticalKind,
+    /// The device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// The QP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qpn: Option<u32>,
+    /// The peer's address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
+    /// What exactly (the error, the Terminate's layer/type/code, the leak report).
+    pub detail: String,
+    /// What to do, when the kind's default advice ([`CriticalKind::recommended_action`]) is
+    /// not the best.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+}
+
+impl CriticalEvent {
+    /// An event of `kind` with `detail`.
+    pub fn new(kind: CriticalKind, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            device: None,
+            qpn: None,
+            peer: None,
+            detail: detail.into(),
+            action: None,
+        }
+    }
+
+    /// A leak at the close of the device a report is about.
+    pub fn leak(report: &LeakReport) -> Self {
+        Self::new(CriticalKind::LeakAtClose, report.to_string()).with_device(&report.tracker)
+    }
+
+    /// With the device.
+    pub fn with_device(mut self, device: impl Into<String>) -> Self {
+        self.device = Some(device.into());
+        self
+    }
+
+    /// With the QP.
+    pub fn with_qpn(mut self, qpn: u32) -> Self {
+        self.qpn = Some(qpn);
+        self
+    }
+
+    /// With the peer.
+    pub fn with_peer(mut self, peer: impl Into<String>) -> Self {
+        self.peer = Some(peer.into());
+        self
+    }
+
+    /// With a specific recommended action.
+    pub fn with_action(mut self, action: impl Into<String>) -> Self {
+        self.action = Some(action.into());
+        self
+    }
+}
+
+/// One line of the log, as written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogLine {
+    /// When, RFC 3339 UTC.
+    pub time: String,
+    /// When, milliseconds since the Unix epoch.
+    pub time_unix_ms: u64,
+    /// Always `critical`.
+    pub severity: String,
+    /// The process.
+    pub pid: u32,
+    /// Its name.
+    pub process: String,
+    /// The event's kind.
+    pub event: CriticalKind,
+    /// The device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// The QP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qpn: Option<u32>,
+    /// The peer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
+    /// What exactly.
+    pub detail: String,
+    /// What to do.
+    pub action: String,
+}
+
+/// Where the log goes and how big it grows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorLogConfig {
+    /// The current file; rotated files get `.1`, `.2`, ... appended.
+    pub path: PathBuf,
+    /// Size at which the current file is rotated, in bytes.
+    pub max_bytes: u64,
+    /// Rotated files kept (the oldest beyond are deleted).
+    pub keep: usize,
+}
+
+impl ErrorLogConfig {
+    /// `errors.jsonl` in `dir`, 1 MiB per file, 4 rotated files kept.
+    pub fn in_dir(dir: &Path) -> Self {
+        Self {
+            path: dir.join("errors.jsonl"),
+            max_bytes: 1 << 20,
+            keep: 4,
+        }
+    }
+
+    /// The path of rotated file `n` (1 = newest).
+    pub fn rotated_path(&self, n: usize) -> PathBuf {
+        let mut p = self.path.clone().into_os_string();
+        p.push(format!(".{n}"));
+        PathBuf::from(p)
+    }
+}
+
+/// A size-rotated JSON-lines log of critical events.
+#[derive(Debug)]
+pub struct ErrorLog {
+    config: ErrorLogConfig,
+    file: Mutex<Option<File>>,
+}
+
+fn open_append(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .open(path)
+}
+
+impl ErrorLog {
+    /// Opens (creating) the log.
+    pub fn open(config: ErrorLogConfig) -> io::Result<Self> {
+        if let Some(dir) = config.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir)?;
+        }
+        let f = open_append(&config.path)?;
+        Ok(Self {
+            config,
+            file: Mutex::new(Some(f)),
+        })
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &ErrorLogConfig {
+        &self.config
+    }
+
+    /// Appends `event` as one JSON line (rotating first when the line would take the file
+    /// past its size); returns the line as written.
+    pub fn log(&self, event: &CriticalEvent) -> io::Result<LogLine> {
+        let now = std::time::SystemTime::now();
+        let line = LogLine {
+            time: clock::rfc3339(now),
+            time_unix_ms: clock::unix_ms(now),
+            severity: "critical".into(),
+            pid: sys::pid(),
+            process: sys::process_name().to_string(),
+            event: event.kind,
+            device: event.device.clone(),
+            qpn: event.qpn,
+            peer: event.peer.clone(),
+            detail: event.detail.clone(),
+            action: event
+                .action
+                .clone()
+                .unwrap_or_else(|| event.kind.recommended_action().to_string()),
+        };
+        let mut bytes = serde_json::to_vec(&line).map_err(io::Error::other)?;
+        bytes.push(b'\n');
+        let mut guard = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let mut file = match guard.take() {
+            Some(f) if self.is_current(&f) => f,
+            _ => open_append(&self.config.path)?,
+        };
+        let size = file.metadata()?.len();
+        if size > 0 && size + bytes.len() as u64 > self.config.max_bytes {
+            drop(file);
+            self.rotate()?;
+            file = open_append(&self.config.path)?;
+        }
+        let written = file.write_all(&bytes);
+        *guard = Some(file);
+        written?;
+        Ok(line)
+    }
+
+    /// Whether `f` is still the file at the configured path (not rotated away by another
+    /// process).
+    fn is_current(&self, f: &File) -> bool {
+        match (f.metadata(), fs::metadata(&self.config.path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+
+    /// Shifts `path.(n)` to `path.(n+1)` down to `path` → `path.1`, dropping the oldest.
+    fn rotate(&self) -> io::Result<()> {
+        let keep = self.config.keep;
+        if keep == 0 {
+            return match fs::remove_file(&self.config.path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            };
+        }
+        let _ = fs::remove_file(self.config.rotated_path(keep));
+        for n in (1..keep).rev() {
+            let from = self.config.rotated_path(n);
+            if from.exists() {
+                fs::rename(&from, self.config.rotated_path(n + 1))?;
+            }
+        }
+        fs::rename(&self.config.path, self.config.rotated_path(1))
+    }
+}
+
+static GLOBAL: OnceLock<ErrorLog> = OnceLock::new();
+
+/// Makes `log` the process-wide error log used by [`report`]; `false` if one is set already.
+pub fn set_global(log: ErrorLog) -> bool {
+    GLOBAL.set(log).is_ok()
+}
+
+/// The process-wide error log, if set.
+pub fn global() -> Option<&'static ErrorLog> {
+    GLOBAL.get()
+}
+
+/// Reports a critical event: a level 1 trace record (so it is in the flight recorder and
+/// on the console) and a line in the process-wide error log when there is one. Never fails:
+/// a log that cannot be written is itself traced.
+pub fn report(event: &CriticalEvent) {
+    let device = event.device.as_deref().unwrap_or("-");
+    match event.qpn {
+        Some(qpn) => crate::sw_event!(
+            Ras,
+            1,
+            qpn = qpn,
+            event = event.kind.as_str(),
+            device,
+            "{}",
+            event.detail
+        ),
+        None => crate::sw_event!(
+            Ras,
+            1,
+            event = event.kind.as_str(),
+            device,
+            "{}",
+            event.detail
+        ),
+    }
+    if let Some(log) = global() {
+        if let Err(e) = log.log(event) {
+            crate::sw_event!(
+                Ras,
+                1,
+                "cannot write the error log {}: {e}",
+                log.config.path.display()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_a_name_and_advice() {
+        for k in [
+            CriticalKind::QpFatal,
+            CriticalKind::TerminateReceived,
+            CriticalKind::DeviceFatal,
+            CriticalKind::LeakAtClose,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&k).unwrap(),
+                format!("\"{}\"", k.as_str())
+            );
+            assert!(k.recommended_action().len() > 20);
+        }
+    }
+
+    #[test]
+    fn rotated_paths_append_a_number() {
+        let c = ErrorLogConfig::in_dir(Path::new("/x"));
+        assert_eq!(c.rotated_path(2), PathBuf::from("/x/errors.jsonl.2"));
+    }
+}

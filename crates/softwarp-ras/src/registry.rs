@@ -1,0 +1,382 @@
+//! The host registry: every process using Softwarp leaves one JSON file in a runtime
+//! directory (pid, name, start time, control socket), so the CLI finds every process on the
+//! host. Files of dead processes are detected (the pid is gone, or was reused by another
+//! process) and removed by readers.
+//!
+//! The runtime directory is the first of:
+//! 1. `$SOFTWARP_RUNTIME_DIR`;
+//! 2. `/run/softwarp`, when it exists and is writable, or `/run` is writable to create it
+//!    (mode `1777`, sticky like `/tmp`, so every user registers and nobody removes the files
+//!    of others);
+//! 3. `$XDG_RUNTIME_DIR/softwarp` (mode `0700`);
+//! 4. `/tmp/softwarp-$UID` (mode `0700`, refused unless owned by this user).
+//!
+//! The control sockets themselves are created `0600`: only their owner (and root) can use
+//! them.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{clock, sys};
+
+/// Environment variable that overrides the runtime directory.
+pub const RUNTIME_DIR_ENV: &str = "SOFTWARP_RUNTIME_DIR";
+/// Largest registry file read, in bytes (a real one is a few hundred).
+pub const MAX_ENTRY_BYTES: u64 = 64 * 1024;
+/// Most registry files looked at per scan.
+pub const MAX_ENTRIES: usize = 4096;
+
+/// Where the runtime directory is, from the environment (`env`), the user id and which
+/// directories are writable (`writable`). Pure: [`runtime_dir`] calls it with the real ones.
+pub fn resolve_runtime_dir(
+    env: impl Fn(&str) -> Option<OsString>,
+    uid: u32,
+    writable: impl Fn(&Path) -> bool,
+) -> PathBuf {
+    if let Some(d) = env(RUNTIME_DIR_ENV).filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    let run = Path::new("/run/softwarp");
+    if writable(run) || (!run.exists() && writable(Path::new("/run"))) {
+        return run.to_path_buf();
+    }
+    if let Some(x) = env("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(x).join("softwarp");
+    }
+    PathBuf::from(format!("/tmp/softwarp-{uid}"))
+}
+
+/// The runtime directory of this process's environment (not created).
+pub fn runtime_dir() -> PathBuf {
+    resolve_runtime_dir(|k| std::env::var_os(k), sys::uid(), sys::is_writable_dir)
+}
+
+/// Creates `dir` if needed: `/run/softwarp` shared (sticky, `1777`), any other private
+/// (`0700`). A private directory that exists must belong to this user (a directory planted
+/// in `/tmp` by someone else is refused).
+pub fn ensure_dir(dir: &Path) -> io::Result<()> {
+    let shared = dir == Path::new("/run/softwarp");
+    let mode = if shared { 0o1777 } else { 0o700 };
+    match fs::DirBuilder::new().recursive(true).mode(mode).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a directory", dir.display()),
+        ));
+    }
+    if shared {
+        // The umask may have cleared bits of the mode given at creation.
+        if meta.uid() == sys::uid() && meta.mode() & 0o7777 != mode {
+            fs::set_permissions(dir, fs::Permissions::from_mode(mode))?;
+        }
+    } else if meta.uid() != sys::uid() && dir.starts_with("/tmp") {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} belongs to uid {}, not to this user ({}); remove it or set {RUNTIME_DIR_ENV}",
+                dir.display(),
+                meta.uid(),
+                sys::uid()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// One registered process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessEntry {
+    /// Process id.
+    pub pid: u32,
+    /// Process name.
+    pub name: String,
+    /// Owner user id.
+    pub uid: u32,
+    /// When it registered, milliseconds since the Unix epoch.
+    pub start_unix_ms: u64,
+    /// When it registered, RFC 3339 UTC.
+    pub start_time: String,
+    /// The process's start time in clock ticks since boot (`/proc/<pid>/stat`), to tell a
+    /// reused pid from the registered process.
+    #[serde(default)]
+    pub proc_start_ticks: Option<u64>,
+    /// Its control socket.
+    pub control_socket: PathBuf,
+    /// Softwarp version it runs.
+    pub version: String,
+}
+
+impl ProcessEntry {
+    /// An entry for this process with `control_socket`.
+    pub fn this_process(control_socket: PathBuf) -> Self {
+        let now = std::time::SystemTime::now();
+        Self {
+            pid: sys::pid(),
+            name: sys::process_name().to_string(),
+            uid: sys::uid(),
+            start_unix_ms: clock::unix_ms(now),
+            start_time: clock::rfc3339(now),
+            proc_start_ticks: sys::process_start_ticks(sys::pid()),
+            control_socket,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+
+    /// Whether the registered process is gone.
+    pub fn liveness(&self) -> Liveness {
+        if !sys::pid_exists(self.pid) {
+            return Liveness::Dead;
+        }
+        match (self.proc_start_ticks, sys::process_start_ticks(self.pid)) {
+            (Some(then), Some(now)) if then != now => Liveness::PidReused,
+            _ => Liveness::Alive,
+        }
+    }
+}
+
+/// What became of a registered process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Liveness {
+    /// It runs.
+    Alive,
+    /// No process has its pid.
+    Dead,
+    /// Its pid belongs to a process started later.
+    PidReused,
+}
+
+/// A registry file that could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BadEntry {
+    /// The file.
+    pub path: PathBuf,
+    /// Why.
+    pub reason: String,
+}
+
+/// What a scan of the registry found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scan {
+    /// Running processes, by pid.
+    pub live: Vec<ProcessEntry>,
+    /// Entries of processes that are gone (dead or pid reused).
+    pub stale: Vec<ProcessEntry>,
+    /// Files that could not be read or parsed.
+    pub bad: Vec<BadEntry>,
+}
+
+/// The registry in one runtime directory.
+#[derive(Debug, Clone)]
+pub struct HostRegistry {
+    dir: PathBuf,
+}
+
+impl HostRegistry {
+    /// The registry in [`runtime_dir`], created if needed.
+    pub fn open_default() -> io::Result<Self> {
+        Self::open(runtime_dir())
+    }
+
+    /// The registry in `dir`, created if needed.
+    pub fn open(dir: impl Into<PathBuf>) -> io::Result<Self> {
+        let dir = dir.into();
+        ensure_dir(&dir)?;
+        Ok(Self { dir })
+    }
+
+    /// Its directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The registry file of `pid`.
+    pub fn entry_path(&self, pid: u32) -> PathBuf {
+        self.dir.join(format!("{pid}.json"))
+    }
+
+    /// The control socket path for `pid`.
+    pub fn socket_path(&self, pid: u32) -> PathBuf {
+        self.dir.join(format!("{pid}.sock"))
+    }
+
+    /// Writes `entry`'s file (atomically: a temporary file renamed over it). The returned
+    /// guard removes it when dropped.
+    pub fn register(&self, entry: &ProcessEntry) -> io::Result<Registration> {
+        let path = self.entry_path(entry.pid);
+        let tmp = self.dir.join(format!(".{}.json.tmp", entry.pid));
+        let json = serde_json::to_vec_pretty(entry).map_err(io::Error::other)?;
+        {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o644)
+                .open(&tmp)?;
+            f.write_all(&json)?;
+            f.write_all(b"\n")?;
+        }
+        fs::rename(&tmp, &path)?;
+        Ok(Registration {
+            path,
+            pid: entry.pid,
+        })
+    }
+
+    /// Reads every entry and sorts it into live, stale and bad. Removes nothing.
+    pub fn scan(&self) -> io::Result<Scan> {
+        let mut scan = Scan::default();
+        let mut paths: Vec<PathBuf> = fs::read_dir(&self.dir)?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p.extension().is_some_and(|e| e == "json")
+                    && p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| !n.starts_with('.'))
+            })
+            .take(MAX_ENTRIES)
+            .collect();
+        paths.sort();
+        for path in paths {
+            let named_pid = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|s| s.parse::<u32>().ok());
+            match read_entry(&path) {
+                Ok(e) if named_pid != Some(e.pid) => scan.bad.push(BadEntry {
+                    path,
+                    reason: format!("the file names pid {}, not its own", e.pid),
+                }),
+                Ok(e) => match e.liveness() {
+                    Liveness::Alive => scan.live.push(e),
+                    Liveness::Dead | Liveness::PidReused => scan.stale.push(e),
+                },
+                Err(reason) => scan.bad.push(BadEntry { path, reason }),
+            }
+        }
+        scan.live.sort_by_key(|e| e.pid);
+        scan.stale.sort_by_key(|e| e.pid);
+        Ok(scan)
+    }
+
+    /// Scans, then removes the files (entry and socket) of stale processes, and bad files
+    /// named after a pid that no longer runs. Returns what was found (removal failures are
+    /// ignored: in a shared directory, only the owner can remove).
+    pub fn scan_and_clean(&self) -> io::Result<Scan> {
+        let scan = self.scan()?;
+        for e in &scan.stale {
+            let _ = fs::remove_file(self.entry_path(e.pid));
+            if e.control_socket.starts_with(&self.dir) {
+                let _ = fs::remove_file(&e.control_socket);
+            }
+        }
+        for b in &scan.bad {
+            let pid = b
+                .path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|s| s.parse::<u32>().ok());
+            if let Some(pid) = pid {
+                if !sys::pid_exists(pid) {
+                    let _ = fs::remove_file(&b.path);
+                    let _ = fs::remove_file(self.socket_path(pid));
+                }
+            }
+        }
+        Ok(scan)
+    }
+
+    /// The running processes (stale entries are cleaned on the way).
+    pub fn live(&self) -> io::Result<Vec<ProcessEntry>> {
+        Ok(self.scan_and_clean()?.live)
+    }
+}
+
+fn read_entry(path: &Path) -> Result<ProcessEntry, String> {
+    let meta = fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_ENTRY_BYTES {
+        return Err(format!("{} bytes, more than {MAX_ENTRY_BYTES}", meta.len()));
+    }
+    let text = fs::read(path).map_err(|e| e.to_string())?;
+    serde_json::from_slice(&text).map_err(|e| e.to_string())
+}
+
+/// A process's registry file; removed when dropped.
+#[derive(Debug)]
+pub struct Registration {
+    path: PathBuf,
+    pid: u32,
+}
+
+impl Registration {
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // Only our own file: never one a later process with our pid wrote.
+        if read_entry(&self.path).is_ok_and(|e| e.pid == self.pid && e.pid == sys::pid()) {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| OsString::from(v))
+        }
+    }
+
+    #[test]
+    fn the_environment_variable_wins() {
+        let d = resolve_runtime_dir(env(&[(RUNTIME_DIR_ENV, "/x/y")]), 5, |_| true);
+        assert_eq!(d, PathBuf::from("/x/y"));
+    }
+
+    #[test]
+    fn run_softwarp_when_writable() {
+        let d = resolve_runtime_dir(env(&[("XDG_RUNTIME_DIR", "/run/user/5")]), 5, |p| {
+            p == Path::new("/run/softwarp")
+        });
+        assert_eq!(d, PathBuf::from("/run/softwarp"));
+    }
+
+    #[test]
+    fn xdg_runtime_dir_when_run_is_not_writable() {
+        let d = resolve_runtime_dir(env(&[("XDG_RUNTIME_DIR", "/run/user/5")]), 5, |_| false);
+        assert_eq!(d, PathBuf::from("/run/user/5/softwarp"));
+    }
+
+    #[test]
+    fn tmp_with_the_uid_as_the_last_resort() {
+        let d = resolve_runtime_dir(
+            env(&[(RUNTIME_DIR_ENV, ""), ("XDG_RUNTIME_DIR", "")]),
+            1234,
+            |_| false,
+        );
+        assert_eq!(d, PathBuf::from("/tmp/softwarp-1234"));
+    }
+}

@@ -1,0 +1,196 @@
+//! The few facts about the process, its threads and its sockets that need the C library
+//! (`libc`), in one place: the only module of the crate with `unsafe` code, each call with a
+//! `// SAFETY:` note. Everything else in the crate is safe Rust.
+//!
+//! Also the pure helpers around them (process name, `/proc/<pid>/stat` start time), so that
+//! callers never parse `/proc` themselves.
+
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// This process's id.
+pub fn pid() -> u32 {
+    std::process::id()
+}
+
+/// The kernel's id of the calling thread (what `top -H` and `/proc/<pid>/task` show).
+pub fn tid() -> u32 {
+    thread_local! {
+        // A thread's id never changes: one system call per thread, not per record. (A child
+        // of fork() keeps its parent's cached value for the forking thread; records of such a
+        // child show the parent's tid.)
+        static TID: u32 = {
+            // SAFETY: gettid takes no arguments, cannot fail and touches no memory of ours.
+            let tid = unsafe { libc::gettid() };
+            u32::try_from(tid).unwrap_or(0)
+        };
+    }
+    TID.try_with(|t| *t).unwrap_or(0)
+}
+
+/// The CPU the calling thread runs on right now (`sched_getcpu`), if the kernel says.
+pub fn current_cpu() -> Option<u32> {
+    // SAFETY: sched_getcpu takes no arguments and touches no memory of ours; it returns -1
+    // on failure, which the conversion below turns into None.
+    let cpu = unsafe { libc::sched_getcpu() };
+    u32::try_from(cpu).ok()
+}
+
+/// The real user id of this process.
+pub fn uid() -> u32 {
+    // SAFETY: getuid takes no arguments, always succeeds and touches no memory of ours.
+    unsafe { libc::getuid() }
+}
+
+/// The process's name: the kernel's `comm` (what `ps` and `top` show), else the file name of
+/// the executable, else `"?"`. Computed once.
+pub fn process_name() -> &'static str {
+    static NAME: OnceLock<String> = OnceLock::new();
+    NAME.get_or_init(|| {
+        if let Ok(comm) = std::fs::read_to_string("/proc/self/comm") {
+            let comm = comm.trim_end_matches('\n');
+            if !comm.is_empty() {
+                return comm.to_string();
+            }
+        }
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "?".to_string())
+    })
+}
+
+/// The name of the calling thread, or `"?"` for an unnamed one.
+pub fn thread_name() -> String {
+    std::thread::current().name().unwrap_or("?").to_string()
+}
+
+/// What `kill(pid, 0)` says about a process id.
+pub fn pid_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        // 0 and negative values address process groups, never one process.
+        return false;
+    }
+    // SAFETY: signal 0 performs the existence and permission checks only; no signal is
+    // sent, and no memory of ours is touched.
+    let rc = unsafe { libc::kill(pid, 0) };
+    if rc == 0 {
+        return true;
+    }
+    // EPERM: the process exists but belongs to someone else.
+    io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// The start time of process `pid` in clock ticks since boot (field 22 of
+/// `/proc/<pid>/stat`). Together with the pid it names one process for the life of the
+/// host: a reused pid has a different start time.
+pub fn process_start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat_start_ticks(&stat)
+}
+
+/// Field 22 (`starttime`) of a `/proc/<pid>/stat` line. The second field (the command name in
+/// parentheses) may contain spaces and parentheses, so fields are counted after the last `)`.
+pub(crate) fn parse_stat_start_ticks(stat: &str) -> Option<u64> {
+    let after = stat.get(stat.rfind(')')? + 1..)?;
+    // After the name come field 3 (state) onwards; starttime is field 22, the 20th of them.
+    after.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether this process may create files in `path` (`access(path, W_OK)`).
+pub fn is_writable_dir(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call; access only reads
+    // it.
+    let rc = unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) };
+    rc == 0 && path.is_dir()
+}
+
+/// Waits at most `timeout` until `fd` is readable (for a listening socket: a connection is
+/// waiting). `Ok(false)` when the time ran out. An interrupted wait counts as a timeout.
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `pfd` is one valid pollfd that lives across the call, and nfds is 1; `fd` is
+    // borrowed, so it stays open during the call.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    Ok(rc > 0)
+}
+
+/// `getsockopt(fd, IPPROTO_TCP, TCP_INFO)` into `buf`; returns how many bytes the kernel
+/// filled (older kernels fill fewer fields than newer ones).
+pub fn tcp_info_raw(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    let mut len = libc::socklen_t::try_from(buf.len()).unwrap_or(libc::socklen_t::MAX);
+    // SAFETY: `buf` is valid for writes of `len` bytes (len <= buf.len()), `len` is a valid
+    // socklen_t the kernel updates, both outlive the call, and `fd` is borrowed so it stays
+    // open. The kernel writes at most `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            buf.as_mut_ptr().cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(len).unwrap_or(0).min(buf.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_start_ticks_skips_a_name_with_spaces_and_parentheses() {
+        let line = "4242 (a b) c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 \
+                    987654 1000 200 18446744073709551615";
+        assert_eq!(parse_stat_start_ticks(line), Some(987_654));
+    }
+
+    #[test]
+    fn stat_start_ticks_of_a_truncated_line_is_none() {
+        assert_eq!(parse_stat_start_ticks("12 (x) S 1 2 3"), None);
+        assert_eq!(parse_stat_start_ticks("no parenthesis"), None);
+        assert_eq!(parse_stat_start_ticks(""), None);
+    }
+
+    #[test]
+    fn own_process_is_alive_and_has_a_start_time() {
+        assert!(pid_exists(pid()));
+        assert!(process_start_ticks(pid()).is_some());
+        assert!(!pid_exists(0), "pid 0 addresses a process group");
+    }
+
+    #[test]
+    fn cpu_and_tid_are_reported() {
+        assert!(current_cpu().is_some());
+        assert_ne!(tid(), 0);
+        assert!(!process_name().is_empty());
+    }
+}
