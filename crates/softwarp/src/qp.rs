@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 
 use mio::{Interest, Registry, Token};
 use softwarp_engine::mr::MrTable;
-use softwarp_engine::qp::{MrTableAccess, Qp, QpConfig, QpState, RxTarget, StreamConfig, TxPiece};
+use softwarp_engine::qp::{
+    MrTableAccess, Qp, QpConfig, QpState, RxTarget, StreamConfig, TxPiece, MAX_GATHER_FPDUS,
+};
 use softwarp_engine::stats::QpStats;
 use softwarp_engine::wr::{CqTarget, Payload, RecvWr, SendWr};
 
@@ -116,6 +118,9 @@ pub(crate) const STAGE_LEN: usize = 64 * 1024;
 const COALESCE_MAX: usize = 2048;
 /// Largest batch of coalesced FPDUs per `sendmsg`.
 const BATCH_CAP: usize = 32 * 1024;
+/// About how many bytes of large FPDUs one `sendmsg` gathers (several 64 KiB FPDUs on
+/// loopback).
+const GATHER_BYTES: usize = 256 * 1024;
 
 /// How many bytes to stage behind the current target.
 fn stage_len(staging: bool, small: bool, cap: usize) -> usize {
@@ -543,10 +548,10 @@ impl QpShared {
                     }
                 }
             }
-            // 3. A large FPDU, gathered from its pieces (zero copy).
-            let r = match inner.qp.poll_tx() {
+            // 3. Large FPDUs, gathered from their pieces (zero copy), several per call.
+            let r = match inner.qp.poll_tx_gather(MAX_GATHER_FPDUS, GATHER_BYTES) {
                 None => return TxEnd::Idle,
-                Some(fpdu) => sys::write_pieces(fd, fpdu.pieces()),
+                Some(fpdus) => sys::write_pieces(fd, fpdus.pieces()),
             };
             match r {
                 Ok(0) => {

@@ -18,8 +18,9 @@ use std::time::Duration;
 use softwarp_engine::memory::Region;
 use softwarp_engine::qp::TxPiece;
 
-/// Most iovecs one `writev` takes here (the engine's largest gather list is 10 pieces).
-const MAX_IOV: usize = 16;
+/// Most iovecs one `writev` takes here (the engine's largest gather list,
+/// [`softwarp_engine::qp::TxGather`], holds 64 pieces).
+const MAX_IOV: usize = 64;
 
 /// `readv(2)` into `first` (a buffer inside the engine) and then `stage`: the bytes
 /// beyond `first.len()` land in `stage`. Returns the bytes read (0 at end of stream).
@@ -91,7 +92,7 @@ fn readv(fd: BorrowedFd<'_>, iov: &[libc::iovec; 2]) -> io::Result<usize> {
 /// peer yields `EPIPE` instead of `SIGPIPE`). Returns the bytes written.
 ///
 /// Safe to call: byte pieces are borrowed slices; region pieces are bounds-checked ranges of
-/// regions the `TxPiece` borrows for the call. At most 16 pieces are written per call.
+/// regions the `TxPiece` borrows for the call. At most 64 pieces are written per call.
 pub(crate) fn write_pieces(fd: BorrowedFd<'_>, pieces: &[TxPiece<'_>]) -> io::Result<usize> {
     let mut iov = [libc::iovec {
         iov_base: std::ptr::null_mut(),

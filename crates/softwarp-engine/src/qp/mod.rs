@@ -33,7 +33,7 @@ use crate::wr::{
 
 pub use rx::{MrTableAccess, RxTarget};
 pub use terminate::TerminateLayout;
-pub use tx::{TxFpdu, TxPiece, TX_PIECES};
+pub use tx::{TxFpdu, TxGather, TxPiece, MAX_GATHER_FPDUS, TX_PIECES};
 
 /// RDMAP stream / QP states (RFC 5040 section 6 and the verbs QP states).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

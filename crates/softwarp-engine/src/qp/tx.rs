@@ -19,6 +19,7 @@
 //! message of a Write/Send with Immediate follows its data message directly (nothing is
 //! sent between them). No I/O here.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use softwarp_wire::mpa::marker::{MarkerLayout, Piece, MARKER_INTERVAL, MARKER_LEN};
@@ -209,6 +210,35 @@ impl<'a> TxFpdu<'a> {
     }
 }
 
+/// Most FPDUs one [`Qp::poll_tx_gather`] offers.
+pub const MAX_GATHER_FPDUS: usize = 8;
+/// Most pieces one [`TxGather`] holds (an FPDU without markers has at most
+/// `MAX_SGE + 2`).
+const GATHER_PIECES: usize = 64;
+
+/// Several FPDUs to transmit with one system call (see [`Qp::poll_tx_gather`]).
+#[derive(Debug, Clone, Copy)]
+pub struct TxGather<'a> {
+    pieces: [TxPiece<'a>; GATHER_PIECES],
+    n: usize,
+    len: usize,
+}
+
+impl<'a> TxGather<'a> {
+    /// The pieces, in stream order.
+    pub fn pieces(&self) -> &[TxPiece<'a>] {
+        self.pieces.get(..self.n).unwrap_or(&[])
+    }
+    /// Bytes offered.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when nothing is offered (never returned by `poll_tx_gather`).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// What the QP does when an FPDU has been completely handed to the runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TxDone {
@@ -248,6 +278,22 @@ struct FpduBuild {
 }
 
 impl FpduBuild {
+    fn boxed() -> Box<Self> {
+        Box::new(FpduBuild {
+            hdr: [0; HDR_CAP],
+            hdr_len: 0,
+            payload: std::array::from_fn(|_| None),
+            trailer: [0; 8],
+            trailer_len: 0,
+            layout: None,
+            markers: [[0; MARKER_LEN]; MAX_MARKERS],
+            total: 0,
+            sent: 0,
+            offered_end: 0,
+            done: TxDone::Rtr,
+        })
+    }
+
     /// The marker-free FPDU as pieces: MPA length and header, payload slices, pad and CRC.
     fn plain_pieces(&self) -> impl Iterator<Item = TxPiece<'_>> {
         let hdr = TxPiece::Bytes(self.hdr.get(..self.hdr_len).unwrap_or(&[]));
@@ -330,6 +376,14 @@ enum TxMsg {
 pub(crate) struct TxState {
     build: Option<Box<FpduBuild>>,
     spare: Option<Box<FpduBuild>>,
+    /// FPDUs built behind `build` for [`Qp::poll_tx_gather`] (none has started).
+    ahead: VecDeque<Box<FpduBuild>>,
+    /// Spare builds beyond `spare`, allocated the first time FPDUs are built ahead. Boxed
+    /// because builds (about 1 KiB each) move between `spare`, `ahead` and `build`.
+    #[allow(clippy::vec_box)]
+    pool: Vec<Box<FpduBuild>>,
+    /// Bytes the last [`Qp::poll_tx_gather`] offered (0 after a plain `poll_tx`).
+    gather_offered: usize,
     msg: TxMsg,
     rtr_pending: bool,
     /// RTR responder: nothing may be sent before the peer's RTR arrived.
@@ -347,19 +401,10 @@ impl TxState {
         Self {
             build: None,
             // Allocated once here so building an FPDU never allocates.
-            spare: Some(Box::new(FpduBuild {
-                hdr: [0; HDR_CAP],
-                hdr_len: 0,
-                payload: std::array::from_fn(|_| None),
-                trailer: [0; 8],
-                trailer_len: 0,
-                layout: None,
-                markers: [[0; MARKER_LEN]; MAX_MARKERS],
-                total: 0,
-                sent: 0,
-                offered_end: 0,
-                done: TxDone::Rtr,
-            })),
+            spare: Some(FpduBuild::boxed()),
+            ahead: VecDeque::new(),
+            pool: Vec::new(),
+            gather_offered: 0,
             msg: TxMsg::None,
             rtr_pending: false,
             gate_until_rx: false,
@@ -388,24 +433,38 @@ impl TxState {
 
     /// True when no FPDU is in progress and no message is half sent.
     pub(crate) fn is_idle(&self) -> bool {
-        self.build.is_none() && self.msg == TxMsg::None
+        self.build.is_none() && self.ahead.is_empty() && self.msg == TxMsg::None
     }
 
-    /// Forgets an FPDU not yet started (nothing of it reached the wire) and the message in
-    /// progress. A partly written FPDU is kept: it must be finished to keep the stream framed.
+    /// Forgets the FPDUs not yet started (nothing of them reached the wire) and the message
+    /// in progress. A partly written FPDU is kept: it must be finished to keep the stream
+    /// framed.
     pub(crate) fn abandon_unstarted(&mut self) {
+        while let Some(b) = self.ahead.pop_back() {
+            self.put_spare(b);
+        }
         if self.build.as_ref().is_some_and(|b| b.sent == 0) {
             self.recycle();
         }
         self.msg = TxMsg::None;
     }
 
+    /// Retires the front build; the next one built ahead (if any) becomes the front.
     fn recycle(&mut self) {
-        if let Some(mut b) = self.build.take() {
-            for p in b.payload.iter_mut() {
-                *p = None;
-            }
+        if let Some(b) = self.build.take() {
+            self.put_spare(b);
+        }
+        self.build = self.ahead.pop_front();
+    }
+
+    fn put_spare(&mut self, mut b: Box<FpduBuild>) {
+        for p in b.payload.iter_mut() {
+            *p = None;
+        }
+        if self.spare.is_none() {
             self.spare = Some(b);
+        } else {
+            self.pool.push(b);
         }
     }
 
@@ -427,6 +486,7 @@ impl Qp {
         if self.tx.build.is_none() {
             self.build_next();
         }
+        self.tx.gather_offered = 0;
         let b = self.tx.build.as_deref_mut()?;
         // Two passes: the first learns how much is offered (for tx_commit's check), the
         // second hands out the borrow.
@@ -435,9 +495,10 @@ impl Qp {
         Some(b.gather())
     }
 
-    /// Reports that the first `n` bytes offered by the last [`Qp::poll_tx`] were written.
+    /// Reports that the first `n` bytes offered by the last [`Qp::poll_tx`] (or
+    /// [`Qp::poll_tx_gather`]) were written.
     pub fn tx_commit(&mut self, n: usize) -> Result<(), QpError> {
-        let Some(b) = self.tx.build.as_deref_mut() else {
+        let Some(b) = self.tx.build.as_deref() else {
             return if n == 0 {
                 Ok(())
             } else {
@@ -447,25 +508,119 @@ impl Qp {
                 })
             };
         };
-        let offered = b.offered_end.saturating_sub(b.sent);
+        let offered = if self.tx.gather_offered > 0 {
+            self.tx.gather_offered
+        } else {
+            b.offered_end.saturating_sub(b.sent)
+        };
         if n > offered {
             return Err(QpError::CommitTooLong {
                 committed: n,
                 offered,
             });
         }
-        b.sent += n;
-        self.stats.tx_stream_bytes += n as u64;
-        if b.sent == b.total {
-            let done = b.done;
-            let markers = b.layout.map_or(0, |l| l.marker_count());
-            self.tx.stream_offset = self.tx.stream_offset.wrapping_add(b.total as u64);
-            self.tx.recycle();
-            self.stats.tx_fpdus += 1;
-            self.stats.tx_markers += markers as u64;
-            self.on_fpdu_sent(done);
+        self.tx.gather_offered -= n.min(self.tx.gather_offered);
+        let mut left = n;
+        while left > 0 {
+            let Some(b) = self.tx.build.as_deref_mut() else {
+                break;
+            };
+            let take = left.min(b.total - b.sent);
+            b.sent += take;
+            left -= take;
+            self.stats.tx_stream_bytes += take as u64;
+            if b.sent == b.total {
+                let done = b.done;
+                let markers = b.layout.map_or(0, |l| l.marker_count());
+                self.tx.stream_offset = self.tx.stream_offset.wrapping_add(b.total as u64);
+                self.tx.recycle();
+                self.stats.tx_fpdus += 1;
+                self.stats.tx_markers += markers as u64;
+                self.on_fpdu_sent(done);
+            }
         }
         Ok(())
+    }
+
+    /// Like [`Qp::poll_tx`], but describes up to `max_fpdus` FPDUs (and about `max_bytes`)
+    /// at once: the rest of the FPDU in progress, then whole FPDUs built ahead of time, so
+    /// that one `sendmsg` carries several large FPDUs. Commit with [`Qp::tx_commit`] as
+    /// usual (any prefix of what is offered). Without markers only; with markers (and for
+    /// `max_fpdus` <= 1) it offers what `poll_tx` would. The builds ahead are allocated the
+    /// first time they are needed (at most `max_fpdus - 1` of them per QP).
+    pub fn poll_tx_gather(&mut self, max_fpdus: usize, max_bytes: usize) -> Option<TxGather<'_>> {
+        if self.tx.build.is_none() {
+            self.build_next();
+        }
+        let front = self.tx.build.as_deref_mut()?;
+        front.offered_end = front.total;
+        let mut bytes = front.total - front.sent;
+        let mut count = 1 + self.tx.ahead.len();
+        if !self.tx.markers {
+            while count < max_fpdus.min(MAX_GATHER_FPDUS) && bytes < max_bytes {
+                let Some(b) = self.build_ahead() else {
+                    break;
+                };
+                bytes += b;
+                count += 1;
+            }
+        }
+        let mut out = TxGather {
+            pieces: [TxPiece::Bytes(&[]); GATHER_PIECES],
+            n: 0,
+            len: 0,
+        };
+        let front = self.tx.build.as_deref()?;
+        let mut fpdus = 0;
+        for b in std::iter::once(front).chain(self.tx.ahead.iter().map(|b| &**b)) {
+            let g = b.gather();
+            if fpdus > 0 && (out.n + g.n > GATHER_PIECES || out.len >= max_bytes) {
+                break;
+            }
+            if g.len() != b.total - b.sent {
+                // Only whole FPDUs (or the whole rest of the front) are gathered.
+                if fpdus > 0 {
+                    break;
+                }
+            }
+            for p in g.pieces() {
+                if let Some(slot) = out.pieces.get_mut(out.n) {
+                    *slot = *p;
+                    out.n += 1;
+                    out.len += p.len();
+                }
+            }
+            fpdus += 1;
+            if fpdus >= max_fpdus.max(1) {
+                break;
+            }
+        }
+        self.tx.gather_offered = out.len;
+        Some(out)
+    }
+
+    /// Builds the next FPDU behind the ones already built; returns its length.
+    fn build_ahead(&mut self) -> Option<usize> {
+        let front = self.tx.build.take();
+        if self.tx.spare.is_none() {
+            self.tx.spare = Some(self.tx.pool.pop().unwrap_or_else(FpduBuild::boxed));
+        }
+        self.build_next();
+        let built = self.tx.build.take();
+        self.tx.build = front;
+        if !matches!(self.state, QpState::Rts | QpState::Closing) {
+            // Building failed the QP (a local protection error): nothing unstarted goes out,
+            // as if the FPDUs had never been built ahead.
+            if let Some(b) = built {
+                self.tx.put_spare(b);
+            }
+            self.tx.abandon_unstarted();
+            return None;
+        }
+        let b = built?;
+        let len = b.total;
+        self.tx.ahead.push_back(b);
+        Some(len)
     }
 
     /// Convenience for tests and simple runtimes: copies as many bytes to send as fit into

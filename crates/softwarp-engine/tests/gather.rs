@@ -1,0 +1,162 @@
+//! `poll_tx_gather`: several FPDUs offered at once make a stream as long as the one
+//! `poll_tx` makes one FPDU at a time (the bytes differ only by the random STag keys of
+//! each setup), whatever prefix of each offer is committed, and the peer checks every CRC,
+//! places every byte and completes everything.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod util;
+
+use softwarp_engine::mr::Access;
+use softwarp_engine::qp::{StreamConfig, TxPiece, MAX_GATHER_FPDUS};
+use softwarp_engine::wr::{Payload, RecvWr, SendOp, SendWr, SgList, WcStatus};
+use util::*;
+
+/// Copies the offered pieces into `out` (at most `max` bytes); returns the bytes copied.
+fn copy_pieces(pieces: &[TxPiece<'_>], out: &mut Vec<u8>, max: usize) -> usize {
+    let mut done = 0;
+    for p in pieces {
+        if done == max {
+            break;
+        }
+        let take = p.len().min(max - done);
+        let start = out.len();
+        out.resize(start + p.len(), 0);
+        assert_eq!(p.copy_to(&mut out[start..]), p.len());
+        out.truncate(start + take);
+        done += take;
+    }
+    done
+}
+
+/// One sender with a mixed workload; returns (sender, receiver, (source bytes, sink,
+/// receive buffer)).
+fn setup(stream: StreamConfig) -> (Side, Side, Mem) {
+    let mut a = Side::new(1, stream);
+    let mut b = Side::new(2, stream);
+    let (_src, sstag, siova, data) = a.filled_region(1 << 20, Access::NONE, 5);
+    let (sink, kstag, kiova) = b.region(1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let (rbuf, rstag, riova) = b.region(1 << 20, Access::LOCAL_WRITE);
+    for i in 0..4u64 {
+        b.qp.post_recv(RecvWr {
+            wr_id: i,
+            sgl: SgList::single(sge(rstag, riova, 0, 1 << 20)),
+        })
+        .unwrap();
+    }
+    let ops: [(u64, usize, bool); 6] = [
+        (1, 1 << 20, true),
+        (2, 100, false),
+        (3, 300_000, true),
+        (4, 70_000, false),
+        (5, 1, true),
+        (6, 65_536, false),
+    ];
+    for (id, len, write) in ops {
+        let op = if write {
+            SendOp::Write {
+                remote_addr: kiova,
+                rkey: kstag,
+            }
+        } else {
+            SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            }
+        };
+        a.qp.post_send(
+            &SendWr {
+                wr_id: id,
+                op,
+                payload: Payload::Sgl(SgList::single(sge(sstag, siova, 0, len as u32))),
+                signaled: true,
+                fence: false,
+            },
+            &a.mrs,
+        )
+        .unwrap();
+    }
+    (a, b, (data, sink, rbuf))
+}
+
+type Mem = (
+    Vec<u8>,
+    std::sync::Arc<softwarp_engine::memory::Region>,
+    std::sync::Arc<softwarp_engine::memory::Region>,
+);
+
+fn stream_for(mss: usize, crc: bool) -> StreamConfig {
+    let mut s = StreamConfig::for_mss(mss);
+    s.crc = crc;
+    s
+}
+
+#[test]
+fn gathered_fpdus_make_the_same_stream_as_one_at_a_time_for_any_commit_sizes() {
+    for (mss, crc, seed) in [
+        (65535, true, 1),
+        (65535, false, 2),
+        (1448, true, 3),
+        (9000, true, 4),
+    ] {
+        let (mut a1, _, _) = setup(stream_for(mss, crc));
+        let mut plain = Vec::new();
+        a1.transmit(&mut plain, || usize::MAX);
+
+        let (mut a2, mut b2, (data, sink, rbuf)) = setup(stream_for(mss, crc));
+        let mut rng = Rng::new(seed);
+        let mut gathered = Vec::new();
+        let mut max_seen = 0;
+        while let Some(g) = a2.qp.poll_tx_gather(MAX_GATHER_FPDUS, 256 * 1024) {
+            assert!(!g.is_empty());
+            max_seen = max_seen.max(g.len());
+            // Commit a random prefix (sometimes all of it).
+            let want = if rng.next_u64().is_multiple_of(3) {
+                g.len()
+            } else {
+                1 + (rng.next_u64() as usize % g.len())
+            };
+            let n = copy_pieces(g.pieces(), &mut gathered, want);
+            assert_eq!(n, want);
+            a2.qp.tx_commit(n).unwrap();
+        }
+        assert_eq!(gathered.len(), plain.len(), "mss {mss}");
+        if mss == 65535 {
+            assert!(max_seen > 65535, "several FPDUs offered at once");
+        }
+        // And the peer takes it all.
+        assert_eq!(b2.receive(&gathered, || 100_000), gathered.len());
+        let wcs = a2.send_wcs();
+        assert_eq!(wcs.len(), 6);
+        assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
+        assert_eq!(
+            wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4, 5, 6]
+        );
+        let r = b2.recv_wcs();
+        assert_eq!(
+            r.iter().map(|w| w.byte_len).collect::<Vec<_>>(),
+            vec![100, 70_000, 65_536]
+        );
+        assert!(
+            b2.events.is_empty(),
+            "no error at the receiver: {:?}",
+            b2.events
+        );
+        assert_eq!(b2.qp.stats().crc_errors, 0);
+        // Every Write went to the sink from offset 0 (the 1 MiB one covers it all); the
+        // last Send (64 KiB) is in the receive buffer.
+        assert!(contents(&sink) == data, "sink bytes");
+        assert!(
+            contents(&rbuf)[..65_536] == data[..65_536],
+            "received bytes"
+        );
+    }
+}
+
+#[test]
+fn committing_more_than_offered_is_refused() {
+    let (mut a, _, _) = setup(stream_for(65535, true));
+    let len = a.qp.poll_tx_gather(4, 1 << 20).unwrap().len();
+    assert!(a.qp.tx_commit(len + 1).is_err());
+    a.qp.tx_commit(len).unwrap();
+}
