@@ -696,7 +696,8 @@ impl QpShared {
     }
 
     /// Registers the connection with the progress thread's poller. A QP whose receive CQ
-    /// is in busy-poll mode is not registered for read readiness: the polling thread reads.
+    /// is in busy-poll mode is registered for neither read nor write readiness: the polling
+    /// thread moves its bytes (the progress thread takes over when the QP closes).
     pub(crate) fn register(&self, registry: &Registry, token: Token) -> bool {
         let busy = self
             .recv_cq
@@ -707,7 +708,9 @@ impl QpShared {
             return false;
         };
         let interest = if busy {
-            Interest::WRITABLE
+            // Only errors and hang-ups (EPOLLPRI never comes on these sockets): the polling
+            // thread reads and writes, and no readiness wakes the progress thread.
+            Interest::PRIORITY
         } else {
             Interest::READABLE | Interest::WRITABLE
         };
