@@ -279,12 +279,18 @@ impl QpShared {
         let staging = self.srq.is_none();
         // Bytes read ahead into `stage[..staged]`, handed out from `fed`.
         let (mut fed, mut staged) = (0usize, 0usize);
+        // The last read returned less than asked: the socket is empty (no need for a read
+        // that would only say EAGAIN; epoll(7) allows this for stream sockets).
+        let mut short_read = false;
         loop {
             if fed < staged {
                 if let Some(end) = self.feed(inner, stage, &mut fed, staged) {
                     return end;
                 }
                 continue;
+            }
+            if short_read {
+                return RxEnd::Drained;
             }
             let Some(conn) = inner.conn.as_mut() else {
                 return RxEnd::Closed;
@@ -300,13 +306,14 @@ impl QpShared {
             // Each arm reads straight into the engine's target while it is borrowed (plus
             // the staging buffer behind it); `None` for an empty target (never offered by
             // a sound engine).
-            let (r, target_len) = match inner.qp.rx_target() {
-                RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. } => (None, 0),
+            let (r, target_len, asked) = match inner.qp.rx_target() {
+                RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. } => (None, 0, 0),
                 RxTarget::Buffer(b) => {
                     let len = b.len();
                     let extra = stage_len(staging, small_stage, stage.len());
                     let extra = stage.get_mut(..extra).unwrap_or_default();
-                    (Some(sys::read_buf_staged(fd, b, extra)), len)
+                    let asked = len + extra.len();
+                    (Some(sys::read_buf_staged(fd, b, extra)), len, asked)
                 }
                 RxTarget::Region {
                     region,
@@ -317,9 +324,11 @@ impl QpShared {
                     inner.rx_big |= big;
                     let extra = stage_len(staging, small_stage || big, stage.len());
                     let extra = stage.get_mut(..extra).unwrap_or_default();
+                    let asked = len + extra.len();
                     (
                         Some(sys::read_region_staged(fd, region, offset, len, extra)),
                         len,
+                        asked,
                     )
                 }
                 RxTarget::Blocked => {
@@ -338,7 +347,7 @@ impl QpShared {
                             *budget = budget.saturating_sub(n);
                             continue;
                         }
-                        Err(e) => (Some(Err(e)), 0),
+                        Err(e) => (Some(Err(e)), 0, 0),
                     }
                 }
             };
@@ -361,6 +370,7 @@ impl QpShared {
                     self.rx_commit(inner, direct);
                     fed = 0;
                     staged = n - direct;
+                    short_read = n < asked;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return RxEnd::Drained,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
