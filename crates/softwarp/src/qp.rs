@@ -706,8 +706,7 @@ impl QpShared {
     }
 
     /// Registers the connection with the progress thread's poller. A QP whose receive CQ
-    /// is in busy-poll mode is registered for neither read nor write readiness: the polling
-    /// thread moves its bytes (the progress thread takes over when the QP closes).
+    /// is in busy-poll mode is not registered for read readiness: the polling thread reads.
     pub(crate) fn register(&self, registry: &Registry, token: Token) -> bool {
         let busy = self
             .recv_cq
@@ -718,9 +717,7 @@ impl QpShared {
             return false;
         };
         let interest = if busy {
-            // Only errors and hang-ups (EPOLLPRI never comes on these sockets): the polling
-            // thread reads and writes, and no readiness wakes the progress thread.
-            Interest::PRIORITY
+            Interest::WRITABLE
         } else {
             Interest::READABLE | Interest::WRITABLE
         };
