@@ -126,3 +126,56 @@ fn a_busy_polled_qp_notices_its_peer_going_away() {
         QpState::Error | QpState::Idle
     ));
 }
+
+#[test]
+fn a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out() {
+    let deep = |a: &mut QpInitAttr<'_>| {
+        a.cap.max_send_wr = 4096;
+        a.cap.max_recv_wr = 4096;
+    };
+    let mut a = End::with(None, None, deep);
+    let mut b = End::with(None, None, deep);
+    a.scq.set_busy_poll(true);
+    a.rcq.set_busy_poll(true);
+    b.rcq.set_busy_poll(true);
+    // 4000 Sends of 2000 bytes (8 MB, more than loopback's socket buffers hold): each is
+    // small enough to be coalesced into batches.
+    const N: usize = 4000;
+    const LEN: u32 = 2000;
+    let (rbuf, _) = b.mr(LEN as usize, AccessFlags::LOCAL_WRITE, 0);
+    for i in 0..N {
+        b.qp.post_recv(&RecvWr {
+            wr_id: i as u64,
+            sgl: SgList::single(rbuf.sge(0, LEN).unwrap()),
+        })
+        .unwrap();
+    }
+    connect(&mut a, &mut b, &ConnectOptions::default());
+    let (src, _) = a.mr(LEN as usize, AccessFlags::NONE, 3);
+    let send = SendWr {
+        wr_id: 0,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        payload: Payload::Sgl(SgList::single(src.sge(0, LEN).unwrap())),
+        signaled: false,
+        fence: false,
+    };
+    // b does not read yet: a's socket fills and the rest of a's batches wait in the QP.
+    for _ in 0..N / 50 {
+        a.qp.post_send_list(&[send; 50]).unwrap();
+    }
+    // a never polls again; b polls until everything is in.
+    let deadline = Instant::now() + WAIT;
+    let mut got = 0;
+    let mut wcs = [EMPTY_COMPLETION; 64];
+    while got < N {
+        let n = b.rcq.poll(&mut wcs).unwrap();
+        for wc in &wcs[..n] {
+            assert_eq!(wc.status, WcStatus::Success);
+            got += 1;
+        }
+        assert!(Instant::now() < deadline, "{got} of {N} Sends arrived");
+    }
+}
