@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
 
-use mio::{Events, Poll, Token, Waker};
+use mio::{Events, Poll, Registry, Token, Waker};
 
 use crate::cq::CqShared;
 use crate::device::lock;
@@ -38,6 +38,9 @@ pub(crate) enum Cmd {
 pub(crate) struct Progress {
     tx: Mutex<Sender<Cmd>>,
     waker: Waker,
+    /// The poller's registry, for threads that register a busy-polled QP's socket when it
+    /// needs the progress thread after all (its socket is full with bytes pending).
+    registry: Registry,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: ThreadId,
 }
@@ -46,6 +49,10 @@ impl Progress {
     pub(crate) fn start(device_name: &str) -> Result<Self> {
         let poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
         let waker = Waker::new(poll.registry(), WAKE).map_err(|e| Error::io("eventfd", e))?;
+        let registry = poll
+            .registry()
+            .try_clone()
+            .map_err(|e| Error::io("epoll registry", e))?;
         let (tx, rx) = mpsc::channel();
         let handle = std::thread::Builder::new()
             .name(format!("{device_name}-progress"))
@@ -54,6 +61,7 @@ impl Progress {
         Ok(Self {
             tx: Mutex::new(tx),
             waker,
+            registry,
             thread_id: handle.thread().id(),
             thread: Mutex::new(Some(handle)),
         })
@@ -64,6 +72,11 @@ impl Progress {
         self.waker
             .wake()
             .map_err(|e| Error::io("wake the progress thread", e))
+    }
+
+    /// The poller's registry (usable from any thread).
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// Hands a connected QP to the progress thread.

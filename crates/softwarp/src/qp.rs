@@ -145,6 +145,9 @@ pub(crate) struct Conn {
     token: Option<Token>,
     /// Registered for read readiness (false while a busy-poll CQ's thread reads).
     read_interest: bool,
+    /// Registered with the poller at all (a busy-polled QP is not, until its socket fills
+    /// up with bytes pending or it closes: no epoll wait-queue entry on its data path).
+    polled: bool,
     /// End of stream or error seen on the read side.
     read_closed: bool,
     /// A write failed (reset, broken pipe): nothing more can be sent.
@@ -482,11 +485,15 @@ impl QpShared {
     /// bytes of a batch the socket did not take wait in the QP (`QpInner::tx_spill`) and
     /// go first next time. Larger FPDUs are gathered straight from registered memory.
     fn tx_pass(&self, inner: &mut QpInner, budget: &mut usize) -> TxEnd {
-        TX_BATCH.with(|b| match b.try_borrow_mut() {
+        let end = TX_BATCH.with(|b| match b.try_borrow_mut() {
             Ok(mut batch) => self.tx_pass_with(inner, budget, Some(&mut batch)),
             // Re-entered from inside a pass (not possible today): no coalescing.
             Err(_) => self.tx_pass_with(inner, budget, None),
-        })
+        });
+        if end == TxEnd::Full {
+            self.watch_writable(inner);
+        }
+        end
     }
 
     fn tx_pass_with(
@@ -650,8 +657,14 @@ impl QpShared {
             // over, since nobody may poll its CQ any more.
             if let Some(token) = conn.token {
                 let both = Interest::READABLE | Interest::WRITABLE;
-                if registry.reregister(&mut conn.stream, token, both).is_ok() {
+                let r = if conn.polled {
+                    registry.reregister(&mut conn.stream, token, both)
+                } else {
+                    registry.register(&mut conn.stream, token, both)
+                };
+                if r.is_ok() {
                     conn.read_interest = true;
+                    conn.polled = true;
                 }
             }
         }
@@ -706,7 +719,10 @@ impl QpShared {
     }
 
     /// Registers the connection with the progress thread's poller. A QP whose receive CQ
-    /// is in busy-poll mode is not registered for read readiness: the polling thread reads.
+    /// is in busy-poll mode is not registered yet: the polling thread reads and writes, and
+    /// the socket joins the poller only when it fills up with bytes pending (for write
+    /// readiness: completed sends must reach the wire even if nobody polls) or when the QP
+    /// closes.
     pub(crate) fn register(&self, registry: &Registry, token: Token) -> bool {
         let busy = self
             .recv_cq
@@ -716,15 +732,15 @@ impl QpShared {
         let Some(conn) = g.conn.as_mut() else {
             return false;
         };
-        let interest = if busy {
-            Interest::WRITABLE
-        } else {
-            Interest::READABLE | Interest::WRITABLE
-        };
+        conn.token = Some(token);
+        if busy {
+            return true;
+        }
+        let interest = Interest::READABLE | Interest::WRITABLE;
         match registry.register(&mut conn.stream, token, interest) {
             Ok(()) => {
-                conn.token = Some(token);
-                conn.read_interest = !busy;
+                conn.read_interest = true;
+                conn.polled = true;
                 true
             }
             Err(e) => {
@@ -737,6 +753,22 @@ impl QpShared {
                 g.conn = None;
                 false
             }
+        }
+    }
+
+    /// A busy-polled QP whose socket is full with bytes pending: from now on the progress
+    /// thread also writes when the socket drains (the application may stop polling).
+    fn watch_writable(&self, inner: &mut QpInner) {
+        let Some(conn) = inner.conn.as_mut() else {
+            return;
+        };
+        let Some(token) = conn.token.filter(|_| !conn.polled) else {
+            return;
+        };
+        let registry = self.device.progress.registry();
+        match registry.register(&mut conn.stream, token, Interest::WRITABLE) {
+            Ok(()) => conn.polled = true,
+            Err(e) => tracing::error!(qp = self.qp_num, error = %e, "epoll registration failed"),
         }
     }
 
@@ -1096,6 +1128,7 @@ impl QueuePair {
             stream,
             token: None,
             read_interest: false,
+            polled: false,
             read_closed: false,
             write_failed: false,
             shut_wr: false,
