@@ -34,6 +34,11 @@ const CTRL_WR: u64 = u64::MAX;
 /// Completions taken per poll.
 const POLL_BATCH: usize = 64;
 
+/// Nanoseconds since `t` (saturating).
+pub fn elapsed_ns(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Which end of the control channel this side is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -78,6 +83,8 @@ pub struct Ep {
     markers: u64,
     /// Last stamp used by write_lat.
     stamp: u8,
+    /// Round-trip time of each iteration of the last latency run (client side), in ns.
+    pub samples: Vec<u64>,
 }
 
 impl Ep {
@@ -127,6 +134,7 @@ impl Ep {
             since_credit: 0,
             markers: 0,
             stamp: 0,
+            samples: Vec::new(),
         };
         for _ in 0..rq {
             ep.qp.post_recv(&ep.recv_wr)?;
@@ -430,7 +438,9 @@ impl Ep {
         );
         let busy = self.spec.mode == Mode::Busy;
         let mut byte = [0u8; 1];
+        self.samples.clear();
         for i in 0..iters {
+            let t = Instant::now();
             let stamp = self.next_stamp();
             if client {
                 self.write_stamped(size, stamp, i)?;
@@ -457,6 +467,8 @@ impl Ep {
             }
             if !client {
                 self.write_stamped(size, stamp, i)?;
+            } else {
+                self.samples.push(elapsed_ns(t));
             }
             if !busy {
                 // Take the Writes' completions (one in 16 is signalled) as they come.
@@ -490,7 +502,9 @@ impl Ep {
     }
 
     fn send_lat(&mut self, size: usize, iters: u64, client: bool, deadline: Instant) -> Result<()> {
+        self.samples.clear();
         for i in 0..iters {
+            let t = Instant::now();
             if client {
                 self.send_one(size, i)?;
             }
@@ -501,6 +515,8 @@ impl Ep {
             }
             if !client {
                 self.send_one(size, i)?;
+            } else {
+                self.samples.push(elapsed_ns(t));
             }
         }
         Ok(())
@@ -525,7 +541,9 @@ impl Ep {
     }
 
     fn read_lat(&mut self, size: usize, iters: u64, deadline: Instant) -> Result<()> {
+        self.samples.clear();
         for _ in 0..iters {
+            let t = Instant::now();
             let wr_id = self.posted;
             self.posted += 1;
             let wr = self.data_wr(size, wr_id, true)?;
@@ -534,6 +552,7 @@ impl Ep {
                 let n = self.poll(true, deadline)?;
                 self.handle(n)?;
             }
+            self.samples.push(elapsed_ns(t));
         }
         self.post_ctrl_send(false)?;
         Ok(())

@@ -18,8 +18,15 @@ pub struct Figures {
     /// Messages per second (bandwidth shapes).
     pub msg_per_s: f64,
     /// Latency in microseconds: half a round trip for Send and Write, a whole Read
-    /// (request and response) for Read, as perftest reports them.
+    /// (request and response) for Read, as perftest reports them; from the median
+    /// iteration (perftest's "typical") of the median run.
     pub lat_us: f64,
+    /// The same from the average iteration (total time / iterations).
+    pub lat_avg_us: f64,
+    /// The same from the fastest iteration.
+    pub lat_min_us: f64,
+    /// The same from the 99th percentile iteration.
+    pub lat_p99_us: f64,
     /// CPU seconds (user + system, both ends) per GiB moved.
     pub cpu_s_per_gib: f64,
     /// CPU microseconds (both ends) per operation.
@@ -41,9 +48,11 @@ pub struct Row {
     pub tcp: Vec<Timed>,
 }
 
+/// The median run: by typical round trip for latency runs, by time otherwise.
 fn median(runs: &[Timed]) -> Option<Timed> {
     let mut v: Vec<Timed> = runs.to_vec();
-    v.sort_by(|a, b| a.secs.total_cmp(&b.secs));
+    let key = |t: &Timed| t.rtt.map_or(t.secs, |r| r.median);
+    v.sort_by(|a, b| key(a).total_cmp(&key(b)));
     v.get(v.len() / 2).copied()
 }
 
@@ -65,11 +74,16 @@ impl Row {
             (_, Kind::Lat) => 2.0,
             (_, Kind::Bw) => 1.0,
         };
+        let avg = secs / self.iters.max(1) as f64 / per_op * 1e6;
+        let per_iter = |v: f64| v / per_op * 1e6;
         Some(Figures {
             secs: t.secs,
             gbit_per_s: bytes * 8.0 / secs / 1e9,
             msg_per_s: ops / secs,
-            lat_us: secs / self.iters.max(1) as f64 / per_op * 1e6,
+            lat_us: t.rtt.map_or(avg, |r| per_iter(r.median)),
+            lat_avg_us: avg,
+            lat_min_us: t.rtt.map_or(avg, |r| per_iter(r.min)),
+            lat_p99_us: t.rtt.map_or(avg, |r| per_iter(r.p99)),
             cpu_s_per_gib: t.cpu / (bytes / GIB).max(1e-12),
             cpu_us_per_op: t.cpu / ops.max(1.0) * 1e6,
         })
@@ -193,12 +207,16 @@ fn figures_json(f: Option<Figures>, runs: &[Timed]) -> String {
     };
     let secs: Vec<String> = runs.iter().map(|t| jnum(Some(t.secs))).collect();
     format!(
-        "{{\"secs\":{},\"gbit_per_s\":{},\"msg_per_s\":{},\"lat_us\":{},\"cpu_s_per_gib\":{},\
+        "{{\"secs\":{},\"gbit_per_s\":{},\"msg_per_s\":{},\"lat_us\":{},\"lat_avg_us\":{},\
+         \"lat_min_us\":{},\"lat_p99_us\":{},\"cpu_s_per_gib\":{},\
          \"cpu_us_per_op\":{},\"run_secs\":[{}]}}",
         jnum(Some(f.secs)),
         jnum(Some(f.gbit_per_s)),
         jnum(Some(f.msg_per_s)),
         jnum(Some(f.lat_us)),
+        jnum(Some(f.lat_avg_us)),
+        jnum(Some(f.lat_min_us)),
+        jnum(Some(f.lat_p99_us)),
         jnum(Some(f.cpu_s_per_gib)),
         jnum(Some(f.cpu_us_per_op)),
         secs.join(",")
@@ -254,6 +272,7 @@ mod tests {
         Timed {
             secs,
             cpu: secs / 2.0,
+            rtt: None,
         }
     }
 
@@ -288,6 +307,28 @@ mod tests {
         assert!((row.ratio().unwrap() - 1.25).abs() < 1e-9);
         row.spec.shape = Shape::ALL[5];
         assert!((row.softwarp().unwrap().lat_us - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn latency_comes_from_the_typical_iteration_when_iterations_were_timed() {
+        let mut ns: Vec<u64> = (1..=100).map(|i| i * 1000).collect();
+        ns.push(10_000_000); // one preempted iteration
+        let rtt = super::super::session::Rtt::of(&mut ns).unwrap();
+        assert_eq!(rtt.min, 1e-6);
+        assert_eq!(rtt.median, 51e-6);
+        let row = Row {
+            spec: spec(Shape::ALL[4]),
+            size: 8,
+            iters: 101,
+            sw: vec![Timed {
+                rtt: Some(rtt),
+                ..t(0.015)
+            }],
+            tcp: vec![],
+        };
+        let f = row.softwarp().unwrap();
+        assert!((f.lat_us - 25.5).abs() < 1e-9, "{f:?}");
+        assert!(f.lat_avg_us > 70.0, "{f:?}");
     }
 
     #[test]

@@ -31,6 +31,36 @@ pub struct Timed {
     pub secs: f64,
     /// CPU seconds (user + system) of both ends over the run.
     pub cpu: f64,
+    /// Latency runs: the distribution of the iterations' round trips.
+    pub rtt: Option<Rtt>,
+}
+
+/// Round trips of the iterations of a latency run, in seconds (perftest's t_min,
+/// t_typical, t_99%).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Rtt {
+    /// Fastest iteration.
+    pub min: f64,
+    /// Median iteration ("typical": robust against the odd preempted iteration).
+    pub median: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl Rtt {
+    /// The distribution of `ns` (sorted in place); `None` when empty.
+    pub fn of(ns: &mut [u64]) -> Option<Self> {
+        ns.sort_unstable();
+        let at = |q: f64| {
+            let i = ((ns.len() as f64 - 1.0) * q).round() as usize;
+            ns.get(i).map_or(0.0, |&v| v as f64 / 1e9)
+        };
+        (!ns.is_empty()).then(|| Self {
+            min: at(0.0),
+            median: at(0.5),
+            p99: at(0.99),
+        })
+    }
 }
 
 /// Which stack a run measures.
@@ -276,6 +306,12 @@ impl ShapeConn<'_> {
         if !self.same_process {
             cpu += done.num::<f64>("cpu")?;
         }
-        Ok(Timed { secs, cpu })
+        let rtt = match (self.spec.shape.kind, which, self.side.as_mut()) {
+            (Kind::Bw, _, _) => None,
+            (Kind::Lat, Which::Softwarp, _) => Rtt::of(&mut self.ep.samples),
+            (Kind::Lat, Which::Tcp, Some(s)) => Rtt::of(&mut s.samples),
+            (Kind::Lat, Which::Tcp, None) => None,
+        };
+        Ok(Timed { secs, cpu, rtt })
     }
 }

@@ -79,6 +79,8 @@ pub struct Side {
     stream: TcpStream,
     out: Vec<u8>,
     inbuf: Vec<u8>,
+    /// Round-trip time of each iteration of the last latency run (client side), in ns.
+    pub samples: Vec<u64>,
 }
 
 impl Side {
@@ -92,6 +94,7 @@ impl Side {
             stream,
             out: vec![0x5a; (spec.max_size * batch).max(1)],
             inbuf: vec![0; RECV_BUF.max(spec.max_size.min(RECV_BUF))],
+            samples: Vec::new(),
         })
     }
 
@@ -108,10 +111,13 @@ impl Side {
         match self.spec.shape.kind {
             Kind::Lat => {
                 let mut buf = vec![0u8; size];
+                self.samples.clear();
                 for _ in 0..iters {
                     if client {
+                        let t = Instant::now();
                         write_all(&mut self.stream, &self.out[..size], deadline)?;
                         read_total(&mut self.stream, &mut buf, size, deadline)?;
+                        self.samples.push(super::rdma::elapsed_ns(t));
                     } else {
                         read_total(&mut self.stream, &mut buf, size, deadline)?;
                         write_all(&mut self.stream, &self.out[..size], deadline)?;
