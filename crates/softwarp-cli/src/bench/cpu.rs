@@ -4,6 +4,9 @@
 //! threads and threads that already exited), from `/proc/self/stat`, in clock ticks of
 //! 10 ms (Linux `USER_HZ` = 100): runs shorter than a second or so are coarse.
 //!
+//! Placement: [`pin_current_thread`] (`sched_setaffinity`), so that the two ends of a
+//! ping-pong sit on different cores run after run.
+//!
 //! Heap: a counting global allocator (bytes live), switched on only for the `qp_mem`
 //! measurement so the other runs pay nothing but one relaxed load per allocation.
 #![allow(unsafe_code)]
@@ -27,6 +30,23 @@ pub fn process_cpu_secs() -> f64 {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     (ticks(11) + ticks(12)) as f64 / TICKS_PER_SEC
+}
+
+/// Pins the calling thread to CPU `cpu` (threads it creates afterwards inherit the
+/// placement). Returns false when the system refused (or there is no such CPU).
+pub fn pin_current_thread(cpu: usize) -> bool {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return false;
+    }
+    // SAFETY: `set` is a plain bit mask that CPU_ZERO/CPU_SET initialise in place (the
+    // index is below CPU_SETSIZE, checked above); sched_setaffinity reads
+    // `size_of::<cpu_set_t>()` bytes of it, and pid 0 names the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
 }
 
 static COUNTING: AtomicBool = AtomicBool::new(false);

@@ -94,6 +94,17 @@ pub struct BenchArgs {
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
+    /// Pin the benchmark threads: the client to CPU 0 and the server to CPU 1 (the last
+    /// CPU on a one-CPU machine); each device's progress thread inherits its side's CPU.
+    /// Same placement for Softwarp and TCP, run after run. Off by default: on a machine
+    /// whose cores are shared with other busy work, a pinned spinning thread waits for
+    /// the scheduler tick whenever its core's other task runs (4 ms per turn here).
+    #[arg(long, default_value = "off", value_parser = parse_on_off, action = clap::ArgAction::Set)]
+    pin: bool,
+    /// Polling loops (Softwarp's and TCP's alike) yield the CPU after this many empty
+    /// polls (0: never), so that a ping-pong survives sharing a core with other work.
+    #[arg(long, default_value_t = 32)]
+    yield_every: u32,
     /// Connected QP pairs created by `qp_mem`.
     #[arg(long, default_value_t = 256)]
     qps: usize,
@@ -253,6 +264,12 @@ fn qp_memory(n: usize) -> Result<QpMemory> {
     Ok(m)
 }
 
+/// The CPU of the server side: 1, or 0 on a one-CPU machine.
+fn server_cpu() -> usize {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    usize::from(n > 1)
+}
+
 /// Runs `softwarp bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
     ensure!(
@@ -271,6 +288,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             args.positional.is_empty(),
             "the server takes no shapes or peer: the client chooses"
         );
+        spin::set_yield_every(args.yield_every);
+        if args.pin {
+            cpu::pin_current_thread(server_cpu());
+        }
         let l = Listeners::bind(args.bind, args.port)?;
         eprintln!(
             "softwarp bench: waiting for a client on {} (iWARP on +1, TCP on +2)",
@@ -282,6 +303,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if plan.qp_mem {
         ensure!(plan.peer.is_none(), "qp_mem runs in this process only");
         cpu::start_counting();
+    }
+    spin::set_yield_every(args.yield_every);
+    if args.pin {
+        cpu::pin_current_thread(0);
     }
     let mut out = Output::new(args, &plan);
     if plan.qp_mem {
@@ -298,9 +323,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             None => {
                 let l = Listeners::bind(IpAddr::V4(Ipv4Addr::LOCALHOST), 0)?;
                 let addr = l.ctrl_addr()?;
+                let pin = args.pin;
                 let server = std::thread::Builder::new()
                     .name("bench-server".into())
-                    .spawn(move || session::serve(&l, Some(Duration::from_secs(60))))?;
+                    .spawn(move || {
+                        if pin {
+                            cpu::pin_current_thread(server_cpu());
+                        }
+                        session::serve(&l, Some(Duration::from_secs(60)))
+                    })?;
                 let client = Client::connect(addr, true)?;
                 let r = run_client(args, &plan, client, &mut out);
                 let s = server
@@ -429,7 +460,7 @@ impl Output {
         let peer = plan.peer.clone().unwrap_or_else(|| "127.0.0.1".into());
         let load = loadavg();
         let header = format!(
-            "softwarp bench: {role} {peer}, mode {}, CRC {}, depth {}, post list {}, {}{} run(s) per number (median), FPDU {}, load {}",
+            "softwarp bench: {role} {peer}, mode {}, CRC {}, depth {}, post list {}, {}{} run(s) per number (median), FPDU {}, threads {}, load {}",
             args.mode.name(),
             if args.crc { "on" } else { "off" },
             args.depth,
@@ -437,11 +468,16 @@ impl Output {
             if args.bidirectional { "bidirectional, " } else { "" },
             args.runs,
             args.fpdu.map_or("up to the MSS".into(), |f| format!("up to {f} B")),
+            if args.pin {
+                "pinned (client CPU 0, server CPU 1)"
+            } else {
+                "not pinned"
+            },
             load.map_or("?".into(), |l| format!("{l:.2}")),
         );
         let config_json = format!(
             "{{\"role\":{},\"peer\":{},\"mode\":{},\"crc\":{},\"depth\":{},\"post_list\":{},\
-             \"bidirectional\":{},\"runs\":{},\"max_fpdu\":{},\"cpus\":{},\"load_1m\":{}}}",
+             \"bidirectional\":{},\"runs\":{},\"max_fpdu\":{},\"pinned\":{},\"cpus\":{},\"load_1m\":{}}}",
             jstr(role),
             jstr(&peer),
             jstr(args.mode.name()),
@@ -451,6 +487,7 @@ impl Output {
             args.bidirectional,
             args.runs,
             args.fpdu.unwrap_or(0),
+            args.pin,
             std::thread::available_parallelism().map_or(0, |n| n.get()),
             jnum(load),
         );

@@ -6,12 +6,20 @@
 //! (milliseconds). Yielding every few dozen empty polls lets the peer run at once when it
 //! shares the core, and costs one cheap system call otherwise.
 
-/// Empty polls between two yields.
-const YIELD_EVERY: u32 = 32;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Empty polls between two yields (0: never yield).
+static YIELD_EVERY: AtomicU32 = AtomicU32::new(32);
+
+/// Sets how many empty polls pass between two yields (0: never yield).
+pub fn set_yield_every(n: u32) {
+    YIELD_EVERY.store(n, Ordering::Relaxed);
+}
 
 /// Waits a little after the `spins`-th empty poll.
 pub fn pause(spins: u32) {
-    if spins % YIELD_EVERY == 0 {
+    let every = YIELD_EVERY.load(Ordering::Relaxed);
+    if every != 0 && spins % every == 0 {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();
