@@ -488,9 +488,14 @@ impl Qp {
         }
         self.tx.gather_offered = 0;
         let b = self.tx.build.as_deref_mut()?;
-        // Two passes: the first learns how much is offered (for tx_commit's check), the
-        // second hands out the borrow.
-        b.offered_end = b.sent + b.gather().len();
+        // Without markers the gather list always holds the whole rest of the FPDU; with
+        // markers it may not, and a first pass learns how much is offered (for
+        // tx_commit's check) before the second hands out the borrow.
+        b.offered_end = if b.layout.is_none() {
+            b.total
+        } else {
+            b.sent + b.gather().len()
+        };
         let b = self.tx.build.as_deref()?;
         Some(b.gather())
     }
