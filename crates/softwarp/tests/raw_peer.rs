@@ -54,10 +54,11 @@ const RECV_LEN: u32 = 64;
 // ---------------------------------------------------------------------------------------
 
 /// The stack's end: an Idle QP on its own device (own progress thread, STag table and event
-/// stream) and a watched receive buffer region with receive WRs 1..=n posted.
+/// stream) and a watched receive buffer region with receive WRs 1..=n posted. The region
+/// is declared first so that it is dropped before the device closes.
 struct Stack {
-    end: End,
     rbuf: Guarded,
+    end: End,
     posted: u64,
 }
 
