@@ -49,6 +49,7 @@ mod error;
 mod pd;
 mod progress;
 mod qp;
+mod ras;
 mod srq;
 #[allow(unsafe_code)]
 mod sys;

@@ -175,6 +175,8 @@ pub(crate) struct QpShared {
     cap: QpCap,
     inner: Mutex<QpInner>,
     count: Mutex<CountGuard>,
+    /// Resource registration, state-change tracing, critical events, TCP_INFO.
+    ras: crate::ras::QpRas,
 }
 
 impl Drop for QpShared {
@@ -197,11 +199,20 @@ impl QpShared {
             }
         }
         while let Some(ev) = inner.qp.poll_event() {
+            self.ras.on_event(&ev);
             self.device.events.push(ev);
         }
         if let Some(srq) = &self.srq {
             srq.forward_event();
         }
+        self.ras.state_seen(inner.qp.state());
+    }
+
+    /// What RAS reports about the QP (resources, statistics); samples TCP_INFO when due.
+    pub(crate) fn ras_view(&self) -> crate::ras::QpView {
+        let g = self.lock();
+        let fd = g.conn.as_ref().map(|c| c.stream.as_fd());
+        crate::ras::QpView::take(&self.ras, &g.qp, g.info.as_ref(), fd)
     }
 
     /// Reads from the socket into wherever the engine says, until EAGAIN or the budget is
@@ -256,6 +267,7 @@ impl QpShared {
             match r {
                 Ok(0) => return self.rx_closed(inner, "peer closed the connection"),
                 Ok(n) => {
+                    softwarp_ras::sw_event!(Qp, 8, qpn = self.qp_num, bytes = n, "received");
                     empty_targets = 0;
                     *budget = budget.saturating_sub(n);
                     if commit {
@@ -319,6 +331,7 @@ impl QpShared {
                     return TxEnd::Idle;
                 }
                 Ok(written) => {
+                    softwarp_ras::sw_event!(Qp, 8, qpn = self.qp_num, bytes = written, "sent");
                     *budget = budget.saturating_sub(written);
                     if let Err(e) = inner.qp.tx_commit(written) {
                         tracing::error!(qp = self.qp_num, error = %e, "tx_commit refused");
@@ -384,6 +397,8 @@ impl QpShared {
         let mut budget = PASS_BUDGET;
         let tx = self.tx_pass(inner, &mut budget);
         self.drain(inner);
+        self.ras
+            .sample_tcp(inner.conn.as_ref().map(|c| c.stream.as_fd()));
         let (closed, lingering) = self.maybe_close(inner, registry, tx);
         Pass {
             more: !closed && (rx == RxEnd::More || tx == TxEnd::More),
@@ -453,9 +468,12 @@ pub struct QueuePair {
     shared: Arc<QpShared>,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
+    /// Registered with the device's tracker while the application holds the QP.
+    _ras: crate::ras::Tracked,
 }
 
 impl QueuePair {
+    #[track_caller]
     pub(crate) fn new(pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<Self> {
         let device = pd.device();
         pd.check_cq(attr.send_cq)?;
@@ -509,6 +527,7 @@ impl QueuePair {
             max_ird: attr.max_dest_rd_atomic,
             max_ord: attr.max_rd_atomic,
         };
+        let ras = crate::ras::QpRas::new(device, qp_num, qp_attrs(pd, attr));
         let shared = Arc::new(QpShared {
             qp_num,
             device: Arc::clone(device),
@@ -525,15 +544,17 @@ impl QueuePair {
                 destroyed: false,
             }),
             count: Mutex::new(count),
+            ras,
         });
+        let tracked = crate::ras::QpRas::track(&shared, qp_bytes(&attr.cap));
         device.add_qp(&shared);
         shared.send_cq.add_qp(&shared);
         shared.recv_cq.add_qp(&shared);
-        tracing::debug!(qp = qp_num, "QP created");
         Ok(Self {
             shared,
             send_cq: attr.send_cq.clone(),
             recv_cq: attr.recv_cq.clone(),
+            _ras: tracked,
         })
     }
 
@@ -575,6 +596,7 @@ impl QueuePair {
     /// Error state the work request is accepted and completes with a flush status.
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
         let s = &self.shared;
+        softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, op = ?wr.op, "post_send");
         match wr.payload {
             Payload::Sgl(sgl) if sgl.len() > s.cap.max_send_sge => {
                 return Err(Error::InvalidArgument(
@@ -620,6 +642,7 @@ impl QueuePair {
     /// SGEs are validated when a Send starts using it.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
         let s = &self.shared;
+        softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, "post_recv");
         if wr.sgl.len() > s.cap.max_recv_sge {
             return Err(Error::InvalidArgument(
                 "receive work request has more SGEs than the QP's max_recv_sge",
@@ -769,13 +792,7 @@ impl QueuePair {
         let _ = s.tx_pass(&mut g, &mut budget);
         s.drain(&mut g);
         drop(g);
-        tracing::info!(
-            qp = s.qp_num,
-            peer = %info.peer_addr,
-            crc = info.crc,
-            max_fpdu_len = info.max_fpdu_len,
-            "QP connected"
-        );
+        s.ras.connected(&info);
         if let Err(e) = s.device.progress.register(Arc::clone(s)) {
             // Nobody would ever move this QP's bytes: fail the connection now.
             let mut g = s.lock();
@@ -786,6 +803,31 @@ impl QueuePair {
         }
         Ok(info)
     }
+}
+
+/// Approximate memory of a QP: its shared state and its queues.
+fn qp_bytes(cap: &QpCap) -> u64 {
+    let wrs = cap.max_send_wr.saturating_add(cap.max_recv_wr);
+    (std::mem::size_of::<QpShared>() + wrs.saturating_mul(std::mem::size_of::<SendWr<'_>>())) as u64
+}
+
+/// Fixed attributes `softwarp resources` shows for a QP.
+fn qp_attrs(
+    pd: &ProtectionDomain,
+    attr: &QpInitAttr<'_>,
+) -> std::collections::BTreeMap<String, String> {
+    crate::ras::attrs([
+        ("pd", pd.id().0.to_string()),
+        ("send_cq", attr.send_cq.id().0.to_string()),
+        ("recv_cq", attr.recv_cq.id().0.to_string()),
+        (
+            "srq",
+            attr.srq
+                .map_or_else(|| "-".to_string(), |s| s.id().0.to_string()),
+        ),
+        ("sq_depth", attr.cap.max_send_wr.to_string()),
+        ("rq_depth", attr.cap.max_recv_wr.to_string()),
+    ])
 }
 
 /// Switches the negotiated socket to non-blocking mode and derives the stream parameters.
