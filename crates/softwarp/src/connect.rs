@@ -488,16 +488,19 @@ fn send_reject(stream: &mut TcpStream, revision: MpaRevision, deadline: Instant,
 #[derive(Debug)]
 pub struct Listener {
     inner: TcpListener,
+    _ras: crate::ras::Tracked,
 }
 
 impl Listener {
     /// Listens on `addr` (port 0: any free port, see [`Listener::local_addr`]).
+    #[track_caller]
     pub fn bind<A: ToSocketAddrs>(addr: A) -> Result<Self> {
         let inner = TcpListener::bind(addr).map_err(|e| Error::io("bind listener", e))?;
         inner
             .set_nonblocking(true)
             .map_err(|e| Error::io("set O_NONBLOCK", e))?;
-        Ok(Self { inner })
+        let _ras = crate::ras::listener(inner.local_addr().ok());
+        Ok(Self { inner, _ras })
     }
 
     /// The address the listener is bound to.

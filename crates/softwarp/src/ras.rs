@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
 use softwarp_engine::event::AsyncEvent;
@@ -46,6 +46,12 @@ use crate::ConnectionInfo;
 /// start is reported by the services themselves and never stops the caller.
 pub(crate) fn start() {
     let _ = softwarp_ras::service::start_global();
+}
+
+/// The tracker of objects that belong to no device (listeners), named `cm`.
+pub(crate) fn cm_tracker() -> &'static Tracker {
+    static CM: OnceLock<Tracker> = OnceLock::new();
+    CM.get_or_init(|| Tracker::new("cm"))
 }
 
 /// Details that do not change while the resource lives.
@@ -819,6 +825,27 @@ impl DescribeResource for CqShared {
     fn describe(&self) -> ResourceDetails {
         self.ras_view().details()
     }
+}
+
+// ----- listener -----
+
+/// Registers a listener bound to `local` (`#[track_caller]`: the application's `bind` line).
+#[track_caller]
+pub(crate) fn listener(local: Option<SocketAddr>) -> Tracked {
+    start();
+    let port = local.map_or(0, |a| a.port());
+    sw_event!(Cm, 4, port, "listener bound");
+    Tracked::with_details(
+        cm_tracker(),
+        ResourceKind::Listener,
+        u64::from(port),
+        std::mem::size_of::<std::net::TcpListener>() as u64,
+        ResourceDetails {
+            state: Some("LISTEN".into()),
+            local_addr: local,
+            ..ResourceDetails::default()
+        },
+    )
 }
 
 #[cfg(test)]
