@@ -357,6 +357,7 @@ impl QpRas {
             Qp,
             2,
             qpn = self.qpn,
+            device = self.device.as_str(),
             from = code_name(prev),
             to = state_name(state),
             "QP state change"
@@ -393,6 +394,7 @@ impl QpRas {
                     Qp,
                     2,
                     qpn = self.qpn,
+                    device = self.device.as_str(),
                     layer,
                     etype,
                     code,
@@ -413,6 +415,7 @@ impl QpRas {
                     Qp,
                     2,
                     qpn = self.qpn,
+                    device = self.device.as_str(),
                     "Terminate sent: {:?} detected in the incoming stream",
                     fault
                 );
@@ -467,6 +470,7 @@ impl QpRas {
             Cm,
             2,
             qpn = self.qpn,
+            device = self.device.as_str(),
             local = %info.local_addr,
             peer = %info.peer_addr,
             revision = info.revision,
