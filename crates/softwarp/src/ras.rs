@@ -346,13 +346,22 @@ impl QpRas {
     /// Called with the QP's current state whenever completions and events are moved (after
     /// every post and progress pass): traces a change (level 2). One relaxed load when the
     /// state did not change.
+    #[inline]
     pub(crate) fn state_seen(&self, state: QpState) {
         let code = state_code(state);
-        let prev = self.state.load(Ordering::Relaxed);
+        if self.state.load(Ordering::Relaxed) != code {
+            self.state_changed(code, state);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn state_changed(&self, code: u8, state: QpState) {
+        let prev = self.state.swap(code, Ordering::Relaxed);
         if prev == code {
+            // Another thread saw the change first and traced it.
             return;
         }
-        self.state.store(code, Ordering::Relaxed);
         sw_event!(
             Qp,
             2,
