@@ -141,7 +141,7 @@ impl ProtectionDomain {
                     ("stag", format!("{:#010x}", stag.0)),
                     ("len", len.to_string()),
                     ("iova", format!("{iova:#x}")),
-                    ("access", format!("{access:?}")),
+                    ("access", crate::ras::access_text(access)),
                     ("pd", self.inner.id.0.to_string()),
                 ]),
                 ..ResourceDetails::default()

@@ -121,6 +121,27 @@ pub(crate) fn attrs<const N: usize>(pairs: [(&str, String); N]) -> BTreeMap<Stri
     pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
+/// Access rights as `softwarp resources` shows them (`LOCAL_WRITE|REMOTE_READ`, `NONE`).
+pub(crate) fn access_text(a: softwarp_engine::mr::Access) -> String {
+    use softwarp_engine::mr::Access;
+    let names: Vec<&str> = [
+        (Access::LOCAL_WRITE, "LOCAL_WRITE"),
+        (Access::REMOTE_WRITE, "REMOTE_WRITE"),
+        (Access::REMOTE_READ, "REMOTE_READ"),
+        (Access::REMOTE_INVALIDATE, "REMOTE_INVALIDATE"),
+        (Access::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
+    ]
+    .into_iter()
+    .filter(|(f, _)| a.contains(*f))
+    .map(|(_, n)| n)
+    .collect();
+    if names.is_empty() {
+        "NONE".to_string()
+    } else {
+        names.join("|")
+    }
+}
+
 // ----- device -----
 
 /// The device's part: its tracker and the CQs it exports statistics of.
@@ -864,6 +885,16 @@ pub(crate) fn listener(local: Option<SocketAddr>) -> Tracked {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn access_rights_are_named() {
+        use softwarp_engine::mr::Access;
+        assert_eq!(access_text(Access::NONE), "NONE");
+        assert_eq!(
+            access_text(Access::LOCAL_WRITE | Access::REMOTE_READ),
+            "LOCAL_WRITE|REMOTE_READ"
+        );
+    }
 
     #[test]
     fn state_codes_and_names_agree() {
