@@ -496,6 +496,9 @@ impl QpRas {
     /// The QP connected (MPA exchange done, RTS).
     pub(crate) fn connected(&self, info: &ConnectionInfo) {
         *lock(&self.addrs) = Some((info.local_addr, info.peer_addr));
+        // A new connection (after a reset) starts without the old one's TCP_INFO.
+        let interval = lock(&self.tcp).interval();
+        *lock(&self.tcp) = TcpInfoSampler::new(interval);
         sw_event!(
             Cm,
             2,
