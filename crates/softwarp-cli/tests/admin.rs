@@ -490,21 +490,11 @@ fn a_leaked_qp_is_in_the_error_log_with_the_line_that_created_it() {
     let line = peer.line();
     let created_at = line.strip_prefix("leaked ").unwrap().to_string();
     peer.finish();
-    let log = std::fs::read_dir(&dir.0)
-        .unwrap()
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| {
-            let n = p.file_name().unwrap().to_string_lossy();
-            n.starts_with("errors-") && n.ends_with(".jsonl")
-        })
-        .expect("an error log in the runtime directory");
-    let text = std::fs::read_to_string(log).unwrap();
-    let leak: Json = text
-        .lines()
-        .map(|l| serde_json::from_str::<Json>(l).unwrap())
+    let events = error_log(&dir.0);
+    let leak = events
+        .iter()
         .find(|e| e["event"] == "leak_at_close")
-        .unwrap_or_else(|| panic!("no leak_at_close in\n{text}"));
+        .unwrap_or_else(|| panic!("no leak_at_close in {events:?}"));
     assert_eq!(leak["pid"], peer.pid());
     let detail = leak["detail"].as_str().unwrap();
     assert!(
@@ -514,6 +504,47 @@ fn a_leaked_qp_is_in_the_error_log_with_the_line_that_created_it() {
         "{created_at} not in {detail}"
     );
     assert!(leak["action"].as_str().unwrap().contains("file:line"));
+}
+
+/// The error log lines of the runtime directory `dir`.
+fn error_log(dir: &Path) -> Vec<Json> {
+    let log = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with("errors-") && n.ends_with(".jsonl")
+        })
+        .expect("an error log in the runtime directory");
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_terminate_received_is_in_the_error_log_with_qp_peer_and_advice() {
+    let dir = RuntimeDir::new("term");
+    let mut peer = Peer::spawn(&dir.0, "terminate");
+    let line = peer.line();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(f[0], "terminated", "{line}");
+    let (device, qpn, addr) = (f[1], f[2], f[3]);
+    peer.finish();
+    let events = error_log(&dir.0);
+    let ev = events
+        .iter()
+        .find(|e| e["event"] == "terminate_received")
+        .unwrap_or_else(|| panic!("no terminate_received in {events:?}"));
+    assert_eq!(ev["device"], device);
+    assert_eq!(ev["qpn"].as_u64().unwrap().to_string(), qpn);
+    assert_eq!(ev["peer"], addr);
+    assert_eq!(ev["pid"], peer.pid());
+    let detail = ev["detail"].as_str().unwrap();
+    assert!(detail.contains("layer 0, error type 0"), "{detail}");
+    assert!(!ev["action"].as_str().unwrap().is_empty());
 }
 
 #[test]
@@ -709,6 +740,23 @@ mod child {
         }
     }
 
+    /// `terminate`: the client moves its QP to Error, so the server receives a Terminate.
+    pub fn terminate() {
+        let p = Pair::new(1, 64);
+        let peer = p.server.connection().unwrap().peer_addr;
+        p.client.modify_to_error().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while p.server.state() != QpState::Error {
+            assert!(Instant::now() < deadline, "the server QP did not fail");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        say(&format!(
+            "terminated {} {} {peer}",
+            p.dev.instance_name(),
+            p.server.qp_num()
+        ));
+    }
+
     /// `leak`: closes the device while a QP (and its CQ) are still allocated.
     pub fn leak() {
         let stop = stop_flag();
@@ -740,6 +788,7 @@ fn child_process() {
         ["traffic"] => child::traffic(),
         ["sends", n, len] => child::sends(n.parse().unwrap(), len.parse().unwrap()),
         ["leak"] => child::leak(),
+        ["terminate"] => child::terminate(),
         _ => panic!("unknown child mode {mode:?}"),
     }
     std::io::stdout().flush().unwrap();

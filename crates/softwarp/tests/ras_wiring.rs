@@ -316,3 +316,23 @@ fn a_terminate_received_is_a_level_1_record_with_layer_type_and_code() {
             && r.fields.contains(&needle)
             && r.fields.contains("to=\"ERROR\"")));
 }
+
+#[test]
+fn an_injected_device_fault_is_a_device_fatal_record_naming_the_device() {
+    let (a, b) = pair(&ConnectOptions::default());
+    a.dev.inject_fatal_error();
+    let needle = format!("device=\"{}\"", a.dev.instance_name());
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let found = trace::flight_recorder().snapshot().into_iter().any(|r| {
+            r.level == 1 && r.fields.contains("device_fatal") && r.fields.contains(&needle)
+        });
+        if found {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no device_fatal record");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    wait_state(&a.qp, QpState::Error);
+    drop(b);
+}
