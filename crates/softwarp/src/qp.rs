@@ -306,6 +306,8 @@ impl QpShared {
             };
             match r {
                 Ok(0) => {
+                    // Completions of what arrived before the close go out first.
+                    self.drain(inner);
                     link_down(inner, LinkDown::PeerClosed);
                     return self.rx_closed(inner, "peer closed the connection");
                 }
