@@ -2,6 +2,8 @@
 //! to post work requests. Builds on `tests/util` (endpoints, patterns, completions).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod matrix;
+
 use std::time::{Duration, Instant};
 
 use softwarp::*;

@@ -1,0 +1,312 @@
+//! Captures of every negotiation combination (the `cm_matrix` cases, both ends Softwarp)
+//! checked with Wireshark's iWARP dissectors through `shared/tools/iwarp-decode`: every
+//! MPA Request and Reply is recognised, every FPDU is dissected down to its RDMAP message
+//! with a good CRC where CRC was negotiated, and tshark reports no malformed frame.
+//!
+//! Needs root (to capture on `lo`), `tcpdump`, `tshark` and `iwarp-decode` (found next to
+//! the repository as `../shared/tools/iwarp-decode`, or at `$IWARP_DECODE`); without them
+//! the test prints why and passes without checking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod cm_support;
+mod util;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use cm_support::matrix::*;
+use softwarp::*;
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+fn iwarp_decode() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("IWARP_DECODE") {
+        return Some(PathBuf::from(p));
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    [
+        root.join("../shared/tools/iwarp-decode"),
+        root.join("shared/tools/iwarp-decode"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+}
+
+/// Why the capture check cannot run here, if it cannot.
+fn missing() -> Option<String> {
+    if !is_root() {
+        return Some("not root: capturing on lo needs it".into());
+    }
+    for tool in ["tcpdump", "tshark", "python3"] {
+        if !have(tool) {
+            return Some(format!("{tool} is not installed"));
+        }
+    }
+    if iwarp_decode().is_none() {
+        return Some("../shared/tools/iwarp-decode not found (set IWARP_DECODE)".into());
+    }
+    None
+}
+
+/// tcpdump on lo for one TCP port, started and ready.
+struct Capture {
+    child: Child,
+    path: PathBuf,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Capture {
+    fn start(port: u16) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("softwarp-cm-{}-{port}.pcap", std::process::id()));
+        let mut child = Command::new("tcpdump")
+            .args([
+                "-i",
+                "lo",
+                "-U",
+                "--immediate-mode",
+                "-s",
+                "0",
+                "-B",
+                "16384",
+                "-n",
+                "-w",
+            ])
+            .arg(&path)
+            .args(["tcp", "port", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) if l.contains("listening on") => break,
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("tcpdump did not start");
+                }
+            }
+        }
+        Self {
+            child,
+            path,
+            stderr: rx,
+        }
+    }
+
+    /// Stops tcpdump (SIGINT, so it flushes) and returns the packets it says the kernel
+    /// dropped.
+    fn stop(mut self) -> (PathBuf, u64) {
+        // Give the last packets time to reach tcpdump.
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.wait();
+        let mut dropped = 0;
+        while let Ok(l) = self.stderr.recv_timeout(Duration::from_millis(500)) {
+            if let Some(n) = l.strip_suffix(" packets dropped by kernel") {
+                dropped = n.trim().parse().unwrap_or(0);
+            }
+        }
+        (self.path.clone(), dropped)
+    }
+}
+
+/// One line of iwarp-decode's output.
+#[derive(Debug)]
+struct Line {
+    src: u16,
+    dst: u16,
+    kind: String,
+    text: String,
+}
+
+fn decode(pcap: &PathBuf) -> Vec<Line> {
+    let out = Command::new(iwarp_decode().unwrap())
+        .arg(pcap)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "iwarp-decode failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut it = l.split_whitespace();
+            let _frame = it.next();
+            let ports = it.next().unwrap_or_default();
+            let (src, dst) = ports.split_once('>').unwrap_or(("0", "0"));
+            Line {
+                src: src.parse().unwrap_or(0),
+                dst: dst.parse().unwrap_or(0),
+                kind: it.next().unwrap_or_default().to_string(),
+                text: l.to_string(),
+            }
+        })
+        .collect()
+}
+
+fn malformed(pcap: &PathBuf) -> String {
+    let out = Command::new("tshark")
+        .args(["-n", "-r"])
+        .arg(pcap)
+        .args([
+            "--disable-protocol",
+            "rpcordma",
+            "--disable-protocol",
+            "smb_direct",
+            "-Y",
+            "_ws.malformed || _ws.expert.severity == error",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "tshark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn captures_of_every_combination_pass_wiresharks_iwarp_dissectors() {
+    if let Some(why) = missing() {
+        println!("SKIPPED: {why}");
+        return;
+    }
+    let modes = marker_modes();
+    let all = cases(&modes);
+    let client = Side::new();
+    let server = Side::new();
+    // One listener for every case, so that one port filter captures them all.
+    let markers = if modes.len() > 1 {
+        MarkerMode::Accept
+    } else {
+        MarkerMode::Off
+    };
+    let listener = server
+        .ch
+        .listen(
+            "127.0.0.1:0",
+            &ListenOptions::default().options(ConnectOptions::default().markers(markers)),
+        )
+        .unwrap();
+    let port = listener.local_addr().port();
+    let cap = Capture::start(port);
+    let run = Run {
+        client: &client,
+        server: &server,
+        listener: Some(&listener),
+        sizes: LIGHT,
+    };
+    let wires: Vec<(Case, Wire)> = all.iter().map(|c| (*c, run_case(c, &run))).collect();
+    let (pcap, dropped) = cap.stop();
+    assert_eq!(
+        dropped, 0,
+        "tcpdump lost packets; the capture cannot be checked"
+    );
+
+    let t0 = Instant::now();
+    let lines = decode(&pcap);
+    let bad = malformed(&pcap);
+    println!(
+        "{} combinations, {} decoded lines, tshark took {:?}",
+        all.len(),
+        lines.len(),
+        t0.elapsed()
+    );
+    assert!(
+        bad.trim().is_empty(),
+        "tshark flags frames of {pcap:?}:\n{bad}"
+    );
+
+    // Per connection (by the initiator's port): MPA frames and FPDUs seen.
+    let mut seen: HashMap<u16, (usize, usize, u64, Vec<&Line>)> = HashMap::new();
+    for l in &lines {
+        let client_port = if l.dst == port { l.src } else { l.dst };
+        let e = seen.entry(client_port).or_default();
+        match l.kind.as_str() {
+            "MPA-REQ" => e.0 += 1,
+            "MPA-REP" => e.1 += 1,
+            _ => {
+                e.2 += 1;
+                e.3.push(l);
+            }
+        }
+    }
+    for (case, wire) in &wires {
+        let (req, rep, fpdus, fpdu_lines) = seen.remove(&wire.client_port).unwrap_or_else(|| {
+            panic!(
+                "{case:?}: connection {} not in the capture",
+                wire.client_port
+            )
+        });
+        assert_eq!(
+            (req, rep),
+            (1, 1),
+            "{case:?}: one MPA Request and one Reply"
+        );
+        assert_eq!(fpdus, wire.fpdus, "{case:?}: every FPDU dissected");
+        for l in fpdu_lines {
+            assert!(
+                !l.kind.starts_with("ulpdu=") && !l.kind.starts_with("op"),
+                "{case:?}: an FPDU whose DDP/RDMAP headers tshark could not read: {}",
+                l.text
+            );
+            assert!(!l.text.contains("crc=BAD"), "{case:?}: {}", l.text);
+            let want = if wire.crc { "crc=good" } else { "crc=off" };
+            assert!(
+                l.text.contains(want),
+                "{case:?}: expected {want}: {}",
+                l.text
+            );
+        }
+    }
+    assert!(
+        seen.is_empty(),
+        "connections nobody made: {:?}",
+        seen.keys()
+    );
+    let _ = std::fs::remove_file(&pcap);
+}
