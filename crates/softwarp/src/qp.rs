@@ -374,7 +374,11 @@ impl QpShared {
                     || !matches!(inner.qp.state(), QpState::Rts | QpState::Closing)
                 {
                     conn.gated = false;
+                } else if inner.qp.is_drained() {
+                    // Nothing waits to go out (a graceful close may proceed to the FIN).
+                    return TxEnd::Idle;
                 } else {
+                    // Held back; the initiator's FPDU makes the progress thread try again.
                     return TxEnd::Full;
                 }
             }
@@ -517,14 +521,23 @@ impl QpShared {
     /// The connection is closed: a connection-manager QP also flushes the receives a
     /// graceful close left posted (as siw does on close), then its observer hears of it.
     fn connection_gone(&self, inner: &mut QpInner) {
-        let Some(o) = inner.observer.take() else {
+        if inner.observer.is_none() {
             return;
-        };
+        }
+        // The peer never closed its side (the linger time ran out): the stream is over all
+        // the same.
+        if matches!(inner.qp.state(), QpState::Closing | QpState::Terminate) {
+            inner.qp.handle_llp_closed();
+        }
         if inner.qp.state() == QpState::Idle && !inner.destroyed {
             let _ = inner.qp.modify(QpState::Error);
         }
+        // With the observer still set, a link-closed fatal event stays out of the device's
+        // stream.
         self.drain(inner);
-        o.closed();
+        if let Some(o) = inner.observer.take() {
+            o.closed();
+        }
     }
 
     /// Abortive close: the connection is reset at once (`SO_LINGER` 0, no Terminate, no

@@ -434,3 +434,29 @@ fn a_rev1_reply_to_a_rev2_request_keeps_the_configured_ird_ord() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_peer_that_never_closes_its_side_does_not_hold_the_qp() {
+    let server = End::new(None, None);
+    let (buf, _) = server.mr(64, AccessFlags::LOCAL_WRITE, 0);
+    post_recv(&server.qp, &buf, 0, 64, 1);
+    let ch = CmEventChannel::new().unwrap();
+    let l = cm_listener(&ch, ConnectOptions::default());
+    let mut raw = TcpStream::connect(l.local_addr()).unwrap();
+    raw.write_all(&frame(REQ, 0, 1, b"")).unwrap();
+    let sid = request(&ch)
+        .accept(&server.qp, &ConnectOptions::default())
+        .unwrap();
+    established(&ch, sid.conn_id());
+    let mut rep = [0u8; 20];
+    raw.read_exact(&mut rep).unwrap();
+    // Graceful close; the raw peer keeps its side open and never answers the FIN.
+    sid.disconnect().unwrap();
+    let t0 = Instant::now();
+    assert_eq!(disconnected(&ch, sid.conn_id()), DisconnectReason::Local);
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert_eq!(server.qp.state(), QpState::Error);
+    let wc = wait_wcs(&server.rcq, 1);
+    assert_eq!(wc[0].status, WcStatus::WrFlushErr);
+    drop(raw);
+}

@@ -1092,4 +1092,148 @@ mod tests {
         assert_eq!(m.len(), t.len() + 4, "one marker at stream offset 0");
         assert_eq!(&m[..4], &[0, 0, 0, 0]);
     }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn crc_mode() -> impl Strategy<Value = CrcMode> {
+            prop_oneof![
+                Just(CrcMode::Off),
+                Just(CrcMode::Preferred),
+                Just(CrcMode::Required)
+            ]
+        }
+
+        fn marker_mode() -> impl Strategy<Value = MarkerMode> {
+            if MARKERS_SUPPORTED {
+                prop_oneof![
+                    Just(MarkerMode::Off),
+                    Just(MarkerMode::Accept),
+                    Just(MarkerMode::Request)
+                ]
+                .boxed()
+            } else {
+                Just(MarkerMode::Off).boxed()
+            }
+        }
+
+        fn rtr() -> impl Strategy<Value = RtrTypes> {
+            (any::<bool>(), any::<bool>(), any::<bool>()).prop_map(|(write, read, send)| RtrTypes {
+                write,
+                read,
+                send,
+            })
+        }
+
+        prop_compose! {
+            fn end()(
+                rev2 in any::<bool>(),
+                crc in crc_mode(),
+                markers in marker_mode(),
+                p2p in any::<bool>(),
+                rtr in rtr(),
+                pd in proptest::collection::vec(any::<u8>(), 0..=508),
+                max_ird in 0usize..40,
+                max_ord in 0usize..40,
+                ird in 0usize..40,
+                ord in 0usize..40,
+            ) -> (ConnectOptions, Local) {
+                let rev = if rev2 { MpaRevision::Rev2 } else { MpaRevision::Rev1 };
+                let opts = ConnectOptions::default()
+                    .revision(rev)
+                    .crc_mode(crc)
+                    .markers(markers)
+                    .peer_to_peer(p2p && rev2)
+                    .rtr_types(rtr)
+                    .private_data(&pd)
+                    .ird(ird.min(max_ird))
+                    .ord(ord.min(max_ord));
+                let local = Local::new(max_ird, max_ord, &opts).unwrap();
+                (opts, local)
+            }
+        }
+
+        proptest! {
+            #[test]
+            fn any_reply_bytes_are_judged_without_panicking(
+                bytes in proptest::collection::vec(any::<u8>(), 0..600),
+                keyed in any::<bool>(),
+            ) {
+                let mut bytes = bytes;
+                if keyed && bytes.len() >= 16 {
+                    bytes[..16].copy_from_slice(b"MPA ID Rep Frame");
+                }
+                let req = request(&ConnectOptions::default().peer_to_peer(true), &LOCAL).unwrap();
+                let _ = check_reply(&req, &ConnectOptions::default(), &LOCAL, &bytes);
+                if let Screened::Request(r) = screen_request(Ok(&bytes), &ConnectOptions::default()) {
+                    let _ = accept(&r, &ConnectOptions::default(), &LOCAL);
+                }
+            }
+
+            /// Whatever the two ends ask for, a successful exchange leaves them agreeing:
+            /// same revision, CRC and RTR, mirrored markers, each ORD within the other's
+            /// IRD, every IRD within its QP, and each side's private data delivered.
+            #[test]
+            fn both_ends_agree_on_what_they_settled((iopts, ilocal) in end(), (ropts, rlocal) in end()) {
+                let Ok(req) = request(&iopts, &ilocal) else {
+                    // Only an impossible peer-to-peer offer is refused locally.
+                    prop_assert!(iopts.peer_to_peer);
+                    return Ok(());
+                };
+                let bytes = req.encode().unwrap();
+                let peer = match screen_request(Ok(&bytes), &ropts) {
+                    Screened::Request(p) => p,
+                    Screened::Refuse { error, .. } => {
+                        prop_assert!(matches!(error, MpaError::MarkersRequired));
+                        return Ok(());
+                    }
+                };
+                let rev = iopts.revision.min(ropts.revision);
+                let ropts = ropts.clone().private_data(
+                    &ropts.private_data[..ropts.private_data.len().min(max_private_data(rev))],
+                );
+                let (reply, rneg) = match accept(&peer, &ropts, &rlocal) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        prop_assert!(matches!(e, Error::Mpa(MpaError::MarkersRequired)), "{e}");
+                        return Ok(());
+                    }
+                };
+                let ineg = match check_reply(&req, &iopts, &ilocal, &reply.encode().unwrap()) {
+                    Ok(n) => n,
+                    Err(f) => {
+                        // Refusals that the initiator is entitled to.
+                        prop_assert!(matches!(
+                            f.error,
+                            Error::Mpa(MpaError::MarkersRequired)
+                                | Error::Mpa(MpaError::NoMatchingRtr)
+                                | Error::Mpa(MpaError::InsufficientIrd { .. })
+                        ), "{}", f.error);
+                        return Ok(());
+                    }
+                };
+                prop_assert_eq!(ineg.revision, rev.value());
+                prop_assert_eq!(rneg.revision, rev.value());
+                prop_assert_eq!(ineg.crc, iopts.crc.asks() || ropts.crc.asks());
+                prop_assert_eq!(rneg.crc, ineg.crc);
+                prop_assert_eq!(ineg.markers_tx, rneg.markers_rx);
+                prop_assert_eq!(ineg.markers_rx, rneg.markers_tx);
+                prop_assert_eq!(ineg.rtr.map(|r| r.kind), rneg.rtr.map(|r| r.kind));
+                prop_assert!(ineg.rtr.is_none_or(|r| r.initiator));
+                prop_assert!(rneg.rtr.is_none_or(|r| !r.initiator));
+                if let Some(r) = ineg.rtr {
+                    prop_assert!(iopts.rtr_types.contains(r.kind));
+                }
+                prop_assert!(ineg.ird <= ilocal.max_ird && ineg.ord <= ilocal.max_ord.max(1));
+                prop_assert!(rneg.ird <= rlocal.max_ird.max(1) && rneg.ord <= rlocal.max_ord);
+                if rev == MpaRevision::Rev2 {
+                    prop_assert!(ineg.ord <= rneg.ird, "{} > {}", ineg.ord, rneg.ird);
+                    prop_assert!(rneg.ord <= ineg.ird, "{} > {}", rneg.ord, ineg.ird);
+                }
+                prop_assert_eq!(&rneg.peer_private_data, &iopts.private_data);
+                prop_assert_eq!(&ineg.peer_private_data, &ropts.private_data);
+            }
+        }
+    }
 }
