@@ -159,9 +159,15 @@ struct Line {
     text: String,
 }
 
+/// tshark gives a port's registered dissector precedence over heuristic ones, so a
+/// connection whose ephemeral port happens to be, say, EtherCAT's 34980 is not looked at as
+/// MPA at all. Trying heuristics first lets the MPA dissector see every connection.
+const HEURISTICS_FIRST: [&str; 2] = ["-o", "tcp.try_heuristic_first:TRUE"];
+
 fn decode(pcap: &PathBuf) -> Vec<Line> {
     let out = Command::new(iwarp_decode().unwrap())
         .arg(pcap)
+        .args(HEURISTICS_FIRST)
         .output()
         .unwrap();
     assert!(
@@ -191,6 +197,7 @@ fn malformed(pcap: &PathBuf) -> String {
     let out = Command::new("tshark")
         .args(["-n", "-r"])
         .arg(pcap)
+        .args(HEURISTICS_FIRST)
         .args([
             "--disable-protocol",
             "rpcordma",
