@@ -268,47 +268,93 @@ fn captures_of_every_combination_pass_wiresharks_iwarp_dissectors() {
         "tshark flags frames of {pcap:?}:\n{bad}"
     );
 
-    // Per connection (by the initiator's port): MPA frames and FPDUs seen.
-    let mut seen: HashMap<u16, (usize, usize, u64, Vec<&Line>)> = HashMap::new();
+    // Per connection (by the initiator's port): MPA frames, and FPDU lines per direction.
+    #[derive(Default)]
+    struct Seen<'a> {
+        req: usize,
+        rep: usize,
+        c2s: Vec<&'a Line>,
+        s2c: Vec<&'a Line>,
+    }
+    let mut seen: HashMap<u16, Seen<'_>> = HashMap::new();
     for l in &lines {
-        let client_port = if l.dst == port { l.src } else { l.dst };
-        let e = seen.entry(client_port).or_default();
+        let to_server = l.dst == port;
+        let e = seen
+            .entry(if to_server { l.src } else { l.dst })
+            .or_default();
         match l.kind.as_str() {
-            "MPA-REQ" => e.0 += 1,
-            "MPA-REP" => e.1 += 1,
-            _ => {
-                e.2 += 1;
-                e.3.push(l);
-            }
+            "MPA-REQ" => e.req += 1,
+            "MPA-REP" => e.rep += 1,
+            _ if to_server => e.c2s.push(l),
+            _ => e.s2c.push(l),
         }
     }
+    let mut asymmetric = 0;
     for (case, wire) in &wires {
-        let (req, rep, fpdus, fpdu_lines) = seen.remove(&wire.client_port).unwrap_or_else(|| {
+        let s = seen.remove(&wire.client_port).unwrap_or_else(|| {
             panic!(
                 "{case:?}: connection {} not in the capture",
                 wire.client_port
             )
         });
         assert_eq!(
-            (req, rep),
+            (s.req, s.rep),
             (1, 1),
             "{case:?}: one MPA Request and one Reply"
         );
-        assert_eq!(fpdus, wire.fpdus, "{case:?}: every FPDU dissected");
-        for l in fpdu_lines {
-            assert!(
-                !l.kind.starts_with("ulpdu=") && !l.kind.starts_with("op"),
-                "{case:?}: an FPDU whose DDP/RDMAP headers tshark could not read: {}",
-                l.text
-            );
-            assert!(!l.text.contains("crc=BAD"), "{case:?}: {}", l.text);
-            let want = if wire.crc { "crc=good" } else { "crc=off" };
-            assert!(
-                l.text.contains(want),
-                "{case:?}: expected {want}: {}",
-                l.text
-            );
+        // Wireshark 4.0 (packet-iwarp-mpa.c) assumes markers in both directions as soon as
+        // either side asked for them; RFC 5044 negotiates each direction on its own (so do
+        // the Linux drivers). A direction without markers on such a connection is therefore
+        // not dissected by tshark: it must not be mis-dissected either.
+        let either = wire.markers_c2s || wire.markers_s2c;
+        for (dir, markers, ours, lines) in [
+            (
+                "initiator to responder",
+                wire.markers_c2s,
+                wire.fpdus_c2s,
+                &s.c2s,
+            ),
+            (
+                "responder to initiator",
+                wire.markers_s2c,
+                wire.fpdus_s2c,
+                &s.s2c,
+            ),
+        ] {
+            if markers == either {
+                assert_eq!(
+                    lines.len() as u64,
+                    ours,
+                    "{case:?}: every FPDU {dir} dissected"
+                );
+            } else {
+                asymmetric += 1;
+                assert!(
+                    lines.is_empty(),
+                    "{case:?}: FPDUs {dir} mis-dissected: {lines:?}"
+                );
+            }
+            for l in lines.iter() {
+                assert!(
+                    !l.kind.starts_with("ulpdu=") && !l.kind.starts_with("op"),
+                    "{case:?}: an FPDU whose DDP/RDMAP headers tshark could not read: {}",
+                    l.text
+                );
+                assert!(!l.text.contains("crc=BAD"), "{case:?}: {}", l.text);
+                let want = if wire.crc { "crc=good" } else { "crc=off" };
+                assert!(
+                    l.text.contains(want),
+                    "{case:?}: expected {want}: {}",
+                    l.text
+                );
+            }
         }
+    }
+    if asymmetric > 0 {
+        println!(
+            "{asymmetric} marker-free directions of connections with markers the other way \
+             are beyond tshark 4.0 (it assumes markers both ways): not dissected, not malformed"
+        );
     }
     assert!(
         seen.is_empty(),

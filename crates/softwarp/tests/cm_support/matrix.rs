@@ -202,10 +202,14 @@ pub struct Wire {
     pub client_port: u16,
     /// CRC in use on the FPDUs (when established).
     pub crc: bool,
-    /// Markers in use (either direction).
-    pub markers: bool,
-    /// FPDUs sent by both ends.
-    pub fpdus: u64,
+    /// Markers in the initiator's FPDUs (to the responder).
+    pub markers_c2s: bool,
+    /// Markers in the responder's FPDUs (to the initiator).
+    pub markers_s2c: bool,
+    /// FPDUs the initiator sent.
+    pub fpdus_c2s: u64,
+    /// FPDUs the responder sent.
+    pub fpdus_s2c: u64,
 }
 /// Small FPDUs: every message spans several, and markers fall inside them.
 const FPDU: usize = 600;
@@ -272,8 +276,10 @@ pub fn run_case(c: &Case, run: &Run<'_>) -> Wire {
     let mut wire = Wire {
         client_port: 0,
         crc: false,
-        markers: false,
-        fpdus: 0,
+        markers_c2s: false,
+        markers_s2c: false,
+        fpdus_c2s: 0,
+        fpdus_s2c: 0,
     };
 
     if expect == Expect::Rejected && run.listener.is_none() {
@@ -351,7 +357,8 @@ pub fn run_case(c: &Case, run: &Run<'_>) -> Wire {
         return wire;
     };
     wire.crc = crc;
-    wire.markers = markers_tx || markers_rx;
+    wire.markers_c2s = markers_tx;
+    wire.markers_s2c = markers_rx;
     let cinfo = established(&client.ch, cid.conn_id());
     for (info, role) in [(&cinfo, Role::Initiator), (&sinfo, Role::Responder)] {
         assert_eq!(info.role, role, "{what}");
@@ -408,7 +415,8 @@ pub fn run_case(c: &Case, run: &Run<'_>) -> Wire {
             assert_eq!(wc.status, WcStatus::WrFlushErr, "{what}");
         }
     }
-    wire.fpdus = cqp.stats().tx_fpdus + sqp.stats().tx_fpdus;
+    wire.fpdus_c2s = cqp.stats().tx_fpdus;
+    wire.fpdus_s2c = sqp.stats().tx_fpdus;
     wire
 }
 
