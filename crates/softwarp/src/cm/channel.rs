@@ -276,6 +276,13 @@ impl CmEventChannel {
     }
 }
 
+impl CmEventChannel {
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<ChannelShared> {
+        &self.shared
+    }
+}
+
 impl AsFd for CmEventChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.shared.events.fd().as_fd()

@@ -237,3 +237,67 @@ impl EventQueue {
         lock(&self.q).len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::poll_readable;
+    use std::os::fd::AsFd;
+
+    fn readable(q: &EventQueue) -> bool {
+        poll_readable(q.fd().as_fd(), Some(Duration::ZERO)).unwrap()
+    }
+
+    #[test]
+    fn the_fd_is_readable_exactly_while_events_wait() {
+        let q = EventQueue::new().unwrap();
+        assert!(!readable(&q));
+        q.push(CmEvent::TimewaitExit { id: ConnId(1) });
+        q.push(CmEvent::TimewaitExit { id: ConnId(2) });
+        assert!(readable(&q));
+        // Taking by predicate leaves the others, in order.
+        let e = q.take(Some(Duration::ZERO), |e| e.conn_id() == Some(ConnId(2)));
+        assert_eq!(e.and_then(|e| e.conn_id()), Some(ConnId(2)));
+        assert!(readable(&q));
+        assert_eq!(q.len(), 1);
+        let e = q.take(Some(Duration::ZERO), |_| true);
+        assert_eq!(e.and_then(|e| e.conn_id()), Some(ConnId(1)));
+        assert!(!readable(&q));
+        assert!(q.take(Some(Duration::from_millis(5)), |_| true).is_none());
+    }
+
+    #[test]
+    fn a_blocked_take_wakes_up_for_a_matching_event_only() {
+        let q = std::sync::Arc::new(EventQueue::new().unwrap());
+        let q2 = std::sync::Arc::clone(&q);
+        let t = std::thread::spawn(move || {
+            q2.take(Some(Duration::from_secs(10)), |e| {
+                e.conn_id() == Some(ConnId(7))
+            })
+        });
+        q.push(CmEvent::TimewaitExit { id: ConnId(6) });
+        std::thread::sleep(Duration::from_millis(20));
+        q.push(CmEvent::TimewaitExit { id: ConnId(7) });
+        let got = t.join().unwrap();
+        assert_eq!(got.and_then(|e| e.conn_id()), Some(ConnId(7)));
+        assert_eq!(q.len(), 1, "the other event stays");
+    }
+
+    #[test]
+    fn events_name_their_connection_and_listener() {
+        let e = CmEvent::RequestError {
+            listener: ListenerId(3),
+            peer: SocketAddr::from(([127, 0, 0, 1], 9)),
+            error: Error::Timeout(Duration::ZERO),
+        };
+        assert_eq!((e.conn_id(), e.listener_id()), (None, Some(ListenerId(3))));
+        assert_eq!(e.name(), "REQUEST_ERROR");
+        assert!(!e.ends_attempt());
+        let e = CmEvent::Unreachable {
+            id: ConnId(4),
+            error: Error::Timeout(Duration::ZERO),
+        };
+        assert!(e.ends_attempt());
+        assert_eq!(format!("{}", ConnId(4)), "conn#4");
+    }
+}

@@ -247,3 +247,74 @@ impl CmId {
         ch.cancel(self.shared.conn_id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cm::channel::CmEventChannel;
+    use std::time::Duration;
+
+    fn names(ch: &CmEventChannel) -> Vec<&'static str> {
+        std::iter::from_fn(|| ch.try_get_event().map(|e| e.name())).collect()
+    }
+
+    fn info() -> ConnectionInfo {
+        let a = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        ConnectionInfo {
+            local_addr: a,
+            peer_addr: a,
+            role: Role::Initiator,
+            revision: 2,
+            crc: true,
+            markers_tx: false,
+            markers_rx: false,
+            ird: 1,
+            ord: 1,
+            peer_ird_ord: None,
+            rtr: None,
+            mss: 1448,
+            max_fpdu_len: 1448,
+            peer_private_data: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn what_happens_before_established_is_reported_after_it() {
+        let ch = CmEventChannel::new().unwrap();
+        let id = IdShared::new(
+            ConnId(9),
+            Role::Initiator,
+            Arc::downgrade(ch.shared()),
+            Weak::new(),
+        );
+        id.link_down(LinkDown::PeerClosed);
+        id.closed();
+        assert!(ch.get_event(Some(Duration::from_millis(20))).is_err());
+        id.established(info());
+        assert_eq!(names(&ch), ["ESTABLISHED", "DISCONNECTED", "TIMEWAIT_EXIT"]);
+    }
+
+    #[test]
+    fn the_first_reason_wins_and_disconnected_is_reported_once() {
+        let ch = CmEventChannel::new().unwrap();
+        let id = IdShared::new(
+            ConnId(1),
+            Role::Responder,
+            Arc::downgrade(ch.shared()),
+            Weak::new(),
+        );
+        id.established(info());
+        let handle = CmId {
+            shared: Arc::clone(&id),
+        };
+        // A local end is reported when the socket is closed, with its reason.
+        id.link_down(LinkDown::Destroyed);
+        assert_eq!(handle.disconnect_reason(), None);
+        id.link_down(LinkDown::ConnectionLost);
+        id.closed();
+        assert_eq!(names(&ch), ["ESTABLISHED", "DISCONNECTED", "TIMEWAIT_EXIT"]);
+        assert_eq!(handle.disconnect_reason(), Some(DisconnectReason::Local));
+        assert_eq!(handle.state(), CmState::Closed);
+        assert!(matches!(handle.disconnect(), Err(Error::NotConnected)));
+    }
+}

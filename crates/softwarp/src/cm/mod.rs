@@ -23,6 +23,23 @@
 //!
 //! The channel's thread does the socket work of connections still negotiating; established
 //! connections belong to the device's progress thread, whose QP hook reports their end.
+//!
+//! # Settings, defaults, and Linux siw
+//!
+//! [`ConnectOptions`] holds every negotiation setting for both ends;
+//! [`ConnectOptions::linux_siw`] gives siw's.
+//!
+//! | setting | Softwarp default | Linux siw (Debian 6.1) | notes |
+//! | --- | --- | --- | --- |
+//! | MPA revision | 2 (RFC 6581, IRD/ORD prefix, flag 0x10) | 2 | a responder answers with the lower revision; rev 1 carries no IRD/ORD (both ends keep their own, QP default 16/16; siw reports 0 and then refuses RDMA Reads) |
+//! | CRC | [`CrcMode::Preferred`] (C = 1) | off (C = 0), on when the peer asks | used when either side asks; [`CrcMode::Required`] also refuses a Reply with C = 0, like siw's `mpa_crc_required` |
+//! | markers | [`MarkerMode::Off`] (refused) | never; M = 1 is rejected | per direction: [`MarkerMode::Accept`] inserts them for a peer that asks, [`MarkerMode::Request`] asks |
+//! | peer-to-peer (RFC 6581) | off; as responder every RTR type accepted | off; Write and Read accepted | initiator offers [`ConnectOptions::rtr_types`]; responder picks Write, then Read, then Send |
+//! | IRD / ORD | the QP's `max_dest_rd_atomic` / `max_rd_atomic` (16/16) | from the application | [`ConnectOptions::ird`], [`ConnectOptions::ord`]; adjusted as RFC 6581 says |
+//! | private data | up to 508 bytes (rev 2) or 512 (rev 1) each way | same limit | longer is refused with [`crate::MpaError::PrivateDataTooLong`] |
+//! | first FPDU | a responder without peer-to-peer mode waits for the initiator's (RFC 5044) | sends at once | [`ConnectOptions::responder_waits_for_initiator`] |
+//! | Terminate layout | RFC 5040 | siw's own | received Terminates are understood in either |
+//! | timeout | 5 s for TCP connect and MPA exchange | | [`ConnectOptions::timeout`]; a listener's is the time a peer has to send its Request |
 
 mod channel;
 mod event;
