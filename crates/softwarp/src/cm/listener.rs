@@ -97,6 +97,8 @@ impl CmListener {
     }
 
     /// Waits for the next request (at most `timeout`) and accepts it into `qp` with `opts`.
+    /// Like [`crate::CmEventChannel::connect_blocking`], it takes the connection's
+    /// [`CmEvent::Established`] off the channel (later events of the connection stay).
     pub fn accept(
         &self,
         qp: &QueuePair,
@@ -105,6 +107,12 @@ impl CmListener {
     ) -> Result<(CmId, ConnectionInfo)> {
         let req = self.get_request(timeout)?;
         let id = req.accept(qp, opts)?;
+        let conn = id.conn_id();
+        // Reported before accept returned: no wait.
+        let _ = self.channel.events.take(
+            Some(Duration::ZERO),
+            |e| matches!(e, CmEvent::Established { id, .. } if *id == conn),
+        );
         let info = id.connection().ok_or(Error::InvalidArgument(
             "accepted connection has no information",
         ))?;
