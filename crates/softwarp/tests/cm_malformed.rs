@@ -141,7 +141,14 @@ fn silent_and_vanishing_initiators_are_dropped_without_delaying_others() {
     let client = End::new(None, None);
     let sch = CmEventChannel::new().unwrap();
     let cch = CmEventChannel::new().unwrap();
-    let l = cm_listener(&sch, ConnectOptions::default());
+    // The silent peer has 2 s; the good one must not wait for that.
+    let l = sch
+        .listen(
+            "127.0.0.1:0",
+            &ListenOptions::default()
+                .options(ConnectOptions::default().timeout(Duration::from_secs(2))),
+        )
+        .unwrap();
     // One peer sends half a header and goes silent, another closes mid-frame.
     let mut silent = TcpStream::connect(l.local_addr()).unwrap();
     silent.write_all(b"MPA ID Req").unwrap();
