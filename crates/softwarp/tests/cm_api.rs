@@ -597,3 +597,32 @@ fn one_epoll_loop_serves_the_cm_channel_and_a_completion_channel() {
     assert_eq!(cbuf.to_vec().unwrap()[..100], sbuf.to_vec().unwrap()[..100]);
     let _ = cdata;
 }
+
+#[test]
+fn resolve_names_and_connect_tries_every_address() {
+    let addrs = softwarp::cm::resolve("localhost:7").unwrap();
+    assert!(addrs.iter().all(|a| a.ip().is_loopback() && a.port() == 7));
+    // No port: refused without asking any resolver.
+    assert!(matches!(
+        softwarp::cm::resolve("localhost"),
+        Err(Error::Io { .. })
+    ));
+    // An address that refuses, then the listener: the attempt moves on to the second.
+    let server = End::new(None, None);
+    let client = End::new(None, None);
+    let sch = CmEventChannel::new().unwrap();
+    let cch = CmEventChannel::new().unwrap();
+    let l = listener(&sch, ConnectOptions::default());
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let both = [closed, l.local_addr()];
+    std::thread::scope(|s| {
+        s.spawn(|| request(&sch).accept(&server.qp, &ConnectOptions::default()));
+        let (_, info) = cch
+            .connect_blocking(&client.qp, &both[..], &ConnectOptions::default())
+            .unwrap();
+        assert_eq!(info.peer_addr, l.local_addr());
+    });
+}
