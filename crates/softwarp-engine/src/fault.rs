@@ -17,6 +17,9 @@ pub enum Fault {
     Crc,
     /// An FPDU's ULPDU_Length is too short for any DDP header or longer than we accept.
     BadUlpduLength,
+    /// An MPA marker's FPDUPTR does not point back to the start of its FPDU (the marker and
+    /// the ULPDU_Length fields disagree about where FPDUs are).
+    BadMarker,
 
     // --- DDP (RFC 5041) ---
     /// The DDP version is not 1 (tagged tells which error type reports it).
@@ -55,8 +58,16 @@ pub enum Fault {
         /// unknown STag.
         protection: bool,
     },
-    /// More Read Requests arrived than the IRD allows.
+    /// More Read Requests (and Atomic Requests) arrived than the IRD allows.
     IrdExceeded,
+    /// An RFC 7306 Atomic Request's target (Remote STag and Tagged Offset, 8 bytes) failed
+    /// validation (remote atomic access is the right needed).
+    AtomicTarget(AccessError),
+    /// An RFC 7306 Atomic Request's Remote Tagged Offset is not 8-byte aligned.
+    AtomicMisaligned,
+    /// An RFC 7306 Atomic Response arrived with no Atomic Request outstanding at the head of
+    /// the ORQ, or for another Request Identifier.
+    UnexpectedAtomicResponse,
     /// A Read Request with payload, a malformed Terminate, or another stream-level error.
     RdmapCatastrophic,
 }
@@ -73,7 +84,10 @@ impl Fault {
     /// The event kind the QP reports when it detects this fault.
     pub(crate) fn event_kind(self) -> EventKind {
         match self {
-            Fault::Tagged(_) | Fault::ReadSource(_) => EventKind::AccessError,
+            Fault::Tagged(_)
+            | Fault::ReadSource(_)
+            | Fault::AtomicTarget(_)
+            | Fault::AtomicMisaligned => EventKind::AccessError,
             Fault::CannotInvalidate { protection: true } => EventKind::AccessError,
             Fault::NoReceiveBuffer
             | Fault::MessageTooLong

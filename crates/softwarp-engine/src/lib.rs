@@ -24,6 +24,10 @@
 //!
 //! # Driving a QP
 //!
+//! Operations: Send (with SE, with Invalidate), RDMA Write, RDMA Read (RFC 5040), Write and
+//! Send with Immediate, FetchAdd and CmpSwap (RFC 7306); MPA CRC and markers (RFC 5044),
+//! the RFC 6581 RTR.
+//!
 //! Methods are grouped like quinn-proto's `Connection`: getters; `handle_*` inputs;
 //! application commands (`establish`, `post_send`, `post_recv`, `modify`, `destroy`); and
 //! `poll_*` outputs.
@@ -65,6 +69,11 @@
 //! Send with Invalidate, queueing a Read Request, acting on a Terminate); a header error is
 //! reported after the CRC check, so a corrupted FPDU is a CRC error.
 //!
+//! With MPA markers negotiated for the received direction, every target stops at the next
+//! marker position; the marker goes into a 4-byte buffer in the QP, is checked (FPDUPTR),
+//! fed to the CRC and dropped, so the payload still goes straight to its destination. A bad
+//! marker fails the stream at once (LLP, "marker and ULPDU Length mismatch" Terminate).
+//!
 //! Placing before the CRC check is what siw does and what zero copy requires; a corrupted
 //! payload can reach the destination, but only a destination the (CRC-covered) header was
 //! allowed to name, and the message is then never completed: the QP fails with a Terminate
@@ -76,7 +85,14 @@
 //! for that EMSS; siw's 1448-byte FPDUs at MTU 1500). An FPDU is offered as gather pieces:
 //! the MPA length and DDP/RDMAP header (and inline data) from a buffer in the QP, payload
 //! pieces pointing into registered regions, and pad plus CRC (computed over the pieces when
-//! the FPDU is built). Order: a queued Terminate, the RTR, the message in progress, Read
+//! the FPDU is built). With markers negotiated for the sent direction the pieces are split at
+//! the marker positions the wire crate's `MarkerLayout` gives, the 4-byte markers (kept in
+//! the QP) go between them, MULPDU leaves room for them, and the CRC covers them; a gather
+//! list longer than [`qp::TX_PIECES`] is offered in parts. Markers are negotiated per
+//! direction (`StreamConfig::markers_tx`/`markers_rx`; the M bit of an MPA frame asks the
+//! other side to send markers) from the stream offsets in the `StreamConfig` (0 for a fresh
+//! stream: the first marker precedes the first FPDU). Order: a queued Terminate, the RTR, the
+//! message in progress, Read
 //! Responses, then send WRs in posting order; an RDMA Read waits while ORD Reads are
 //! outstanding, a fenced WR until earlier Reads completed.
 //!
@@ -96,9 +112,19 @@
 //!   that fails validation still completes in order, with `LocProtErr`.
 //! - `rx_commit` takes the STag table and the SRQ (validation and Send with Invalidate happen
 //!   when a header or trailer completes); `rx_target` needs neither.
-//! - MPA markers are not implemented: [`qp::Qp::establish`] refuses them (siw never uses
-//!   them). RFC 7306 immediate data and atomics are not implemented: they are answered with
-//!   an "unexpected opcode" Terminate.
+//! - RFC 7306: Write/Send with Immediate are the data message followed by an Immediate
+//!   Data message (queue 0, next MSN), which consumes a receive WR of its own: after an
+//!   RDMA Write it completes as `RecvRdmaWithImm` with the Write's length, otherwise as a
+//!   `Recv` of 0 bytes (so Send with Immediate takes two receive WRs at the peer). The verbs
+//!   value is 32 bits: it is the low-order half of the 8-byte Immediate Data (big-endian),
+//!   the high-order half is sent as zero and ignored on receipt.
+//! - RFC 7306 atomics operate on the target word in host byte order, under one process-wide
+//!   lock (atomic with respect to every atomic this engine performs, not to plain CPU
+//!   accesses by the application); the original value is written to the requester's sink in
+//!   host byte order. Requests are sent unmasked (FetchAdd with Add Mask 0, CmpSwap with
+//!   full masks); received masks are honoured. A misaligned Remote Tagged Offset is refused
+//!   with RDMAP Remote Protection Error "Base or bounds violation" (RFC 7306 defines no code
+//!   of its own).
 //! - A zero-length RDMA Write is not validated (it places nothing), as in siw; this is what
 //!   makes siw's RTR (zero-length Write to STag 1) work.
 #![deny(unsafe_op_in_unsafe_fn)]

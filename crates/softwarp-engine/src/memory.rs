@@ -24,6 +24,9 @@ use thiserror::Error;
 /// Alignment of regions the stack allocates: one page.
 pub const PAGE_SIZE: usize = 4096;
 
+/// Serializes the RFC 7306 atomics the engine performs (see [`Region::atomic_update`]).
+static ATOMICS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// An access to a region that does not fit inside it, or an allocation that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 #[non_exhaustive]
@@ -204,6 +207,27 @@ impl Region {
         Ok(())
     }
 
+    /// Reads the 64-bit word (host byte order) at `offset`, stores `f(word)` in its place, and
+    /// returns the original word, atomically with respect to every other `atomic_update` of
+    /// this process (one lock for all regions, so aliasing registrations are covered too).
+    /// `f` must not panic. Not atomic with respect to plain CPU accesses by the
+    /// application, as with RNICs that do not use PCIe atomics.
+    pub(crate) fn atomic_update(
+        &self,
+        offset: usize,
+        f: impl FnOnce(u64) -> u64,
+    ) -> Result<u64, MemoryError> {
+        self.check(offset, 8)?;
+        let _guard = ATOMICS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut word = [0u8; 8];
+        self.read_at(offset, &mut word)?;
+        let old = u64::from_ne_bytes(word);
+        self.write_at(offset, &f(old).to_ne_bytes())?;
+        Ok(old)
+    }
+
     /// Continues a CRC32c computation over `len` bytes at `offset` (the engine's on-the-fly
     /// MPA CRC over placed or transmitted payload).
     pub(crate) fn crc32c_append(
@@ -315,6 +339,18 @@ mod tests {
         r.write_at(2, &[9, 9]).unwrap();
         drop(r);
         assert_eq!(backing, [0, 0, 9, 9, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn atomic_update_returns_the_old_word_and_stores_the_new_one() {
+        let r = Region::new_zeroed(16).unwrap();
+        r.write_at(8, &41u64.to_ne_bytes()).unwrap();
+        assert_eq!(r.atomic_update(8, |v| v + 1).unwrap(), 41);
+        let mut b = [0u8; 8];
+        r.read_at(8, &mut b).unwrap();
+        assert_eq!(u64::from_ne_bytes(b), 42);
+        assert!(r.atomic_update(9, |v| v).is_err(), "beyond the end");
+        assert!(r.atomic_update(usize::MAX, |v| v).is_err());
     }
 
     #[test]

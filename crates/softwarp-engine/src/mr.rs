@@ -62,6 +62,8 @@ impl Access {
     pub const REMOTE_READ: Access = Access(1 << 2);
     /// A peer may invalidate the STag with Send with Invalidate.
     pub const REMOTE_INVALIDATE: Access = Access(1 << 3);
+    /// A peer may run RFC 7306 atomic operations (FetchAdd, CmpSwap) on the region.
+    pub const REMOTE_ATOMIC: Access = Access(1 << 4);
 
     /// The raw bits.
     pub fn bits(self) -> u32 {

@@ -29,6 +29,12 @@ pub struct OpCounters {
     pub read_response: Counter,
     /// Terminate.
     pub terminate: Counter,
+    /// RFC 7306 Immediate Data messages (bytes: the 8 bytes of Immediate Data each).
+    pub immediate: Counter,
+    /// RFC 7306 Atomic Requests (bytes: the 8-byte target word each).
+    pub atomic_request: Counter,
+    /// RFC 7306 Atomic Responses (bytes: the 8-byte original value each).
+    pub atomic_response: Counter,
 }
 
 /// Statistics of one QP.
@@ -48,6 +54,10 @@ pub struct QpStats {
     pub rx_stream_bytes: u64,
     /// FPDUs whose CRC did not match.
     pub crc_errors: u64,
+    /// MPA markers sent (RFC 5044 section 4.3).
+    pub tx_markers: u64,
+    /// MPA markers received and checked.
+    pub rx_markers: u64,
     /// Terminate messages sent.
     pub terminates_sent: u64,
     /// Terminate messages received.

@@ -102,6 +102,78 @@ pub enum SendOp {
         /// The peer's STag.
         rkey: Stag,
     },
+    /// RDMA Write with Immediate Data (RFC 7306): the RDMA Write, then an Immediate Data
+    /// message carrying `imm`, which consumes a receive WR at the peer and completes it with
+    /// `imm` (opcode [`WcOpcode::RecvRdmaWithImm`], byte count of the Write).
+    WriteWithImm {
+        /// Tagged offset at the peer.
+        remote_addr: u64,
+        /// The peer's STag.
+        rkey: Stag,
+        /// The immediate value (sent as the low-order half of the 8-byte Immediate Data,
+        /// big-endian; the high-order half is zero).
+        imm: u32,
+    },
+    /// Send with Immediate Data (RFC 7306): the Send, then an Immediate Data message carrying
+    /// `imm`. Each is an untagged message of its own on queue 0, so the peer consumes two
+    /// receive WRs: the Send's (the data) and then the Immediate Data's (completed with
+    /// `imm` and no data).
+    SendWithImm {
+        /// Send the Immediate Data message with the Solicited Event flag (Immediate Data
+        /// with SE).
+        solicited: bool,
+        /// The immediate value.
+        imm: u32,
+    },
+    /// Atomic FetchAdd (RFC 7306): adds `add` to the 64-bit word at `remote_addr` (8-byte
+    /// aligned) of the peer's `rkey` and returns the original value into the local SGL,
+    /// which must be exactly one 8-byte element (written in host byte order). Counted
+    /// against ORD like an RDMA Read.
+    FetchAdd {
+        /// Tagged offset of the target word at the peer.
+        remote_addr: u64,
+        /// The peer's STag (the registration needs remote atomic access).
+        rkey: Stag,
+        /// The value added.
+        add: u64,
+    },
+    /// Atomic CmpSwap (RFC 7306): if the 64-bit word at `remote_addr` equals `compare`,
+    /// replaces it with `swap`; returns the original value into the local SGL (one 8-byte
+    /// element, host byte order). Counted against ORD like an RDMA Read.
+    CmpSwap {
+        /// Tagged offset of the target word at the peer.
+        remote_addr: u64,
+        /// The peer's STag (the registration needs remote atomic access).
+        rkey: Stag,
+        /// The value expected.
+        compare: u64,
+        /// The value stored when the comparison succeeds.
+        swap: u64,
+    },
+}
+
+impl SendOp {
+    /// True for the operations that wait for a response (RDMA Read and the atomics): they
+    /// are counted against ORD and write into the local SGL.
+    pub fn awaits_response(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Read { .. } | SendOp::FetchAdd { .. } | SendOp::CmpSwap { .. }
+        )
+    }
+
+    /// True for the atomics.
+    pub fn is_atomic(&self) -> bool {
+        matches!(self, SendOp::FetchAdd { .. } | SendOp::CmpSwap { .. })
+    }
+
+    /// The immediate value of Write/Send with Immediate.
+    pub fn imm(&self) -> Option<u32> {
+        match *self {
+            SendOp::WriteWithImm { imm, .. } | SendOp::SendWithImm { imm, .. } => Some(imm),
+            _ => None,
+        }
+    }
 }
 
 /// Where the data of a send work request comes from.
@@ -174,6 +246,13 @@ pub enum WcOpcode {
     RdmaRead,
     /// A receive.
     Recv,
+    /// An atomic FetchAdd (the original value is in the local SGL).
+    FetchAdd,
+    /// An atomic CmpSwap (the original value is in the local SGL).
+    CmpSwap,
+    /// A receive consumed by the Immediate Data of an RDMA Write with Immediate: `imm` holds
+    /// the value and `byte_len` the length of the RDMA Write.
+    RecvRdmaWithImm,
 }
 
 /// One work completion.
@@ -193,7 +272,8 @@ pub struct WorkCompletion {
     pub invalidated_stag: Option<Stag>,
     /// For receives: the Send carried the Solicited Event flag.
     pub solicited: bool,
-    /// Immediate data (RFC 7306); never set by this engine yet.
+    /// For receives consumed by an RFC 7306 Immediate Data message: the immediate value (the
+    /// low-order 32 bits of the 8-byte Immediate Data read big-endian).
     pub imm: Option<u32>,
 }
 

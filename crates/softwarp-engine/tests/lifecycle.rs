@@ -661,7 +661,11 @@ fn state_machine_refuses_transitions_the_rfc_does_not_allow() {
     s.qp.modify(QpState::Idle).unwrap();
     let mut markers = stream();
     markers.markers = true;
-    assert_eq!(s.qp.establish(markers), Err(QpError::MarkersUnsupported));
+    markers.rx_stream_offset = 6;
+    assert!(matches!(
+        s.qp.establish(markers),
+        Err(QpError::InvalidStreamConfig(_))
+    ));
     s.qp.establish(stream()).unwrap();
     assert_eq!(s.qp.state(), QpState::Rts);
 }

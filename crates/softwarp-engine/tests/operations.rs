@@ -1,5 +1,7 @@
 //! Every operation between two engines, over a byte pipe cut whole, in 1-byte pieces and in
-//! random pieces: destination bytes and completions must be right and identical across cuts.
+//! random pieces, without MPA markers and with markers in either or both directions:
+//! destination bytes and completions must be right and identical across cuts and marker
+//! modes, and every byte sent must strip cleanly with the wire crate's marker code.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod util;
@@ -9,7 +11,7 @@ use softwarp_engine::qp::{QpState, StreamConfig};
 use softwarp_engine::wr::{
     Payload, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion,
 };
-use util::{contents, sge, Pair, Split};
+use util::{contents, sge, strip_stream, Pair, Split, MARKER_MODES};
 
 const SIZES: [usize; 4] = [0, 1, 4095, 1 << 20];
 
@@ -17,6 +19,34 @@ fn stream(crc: bool) -> StreamConfig {
     let mut s = StreamConfig::for_mss(1448);
     s.crc = crc;
     s
+}
+
+/// Markers used by a to b and by b to a.
+type Markers = (bool, bool);
+
+fn pair(split: Split, crc: bool, m: Markers) -> Pair {
+    Pair::with_markers(split, stream(crc), m.0, m.1)
+}
+
+/// Capture-level check: what each side sent is a clean FPDU stream (markers where
+/// negotiated, CRC right), every FPDU within the 1448-byte MSS on the wire.
+fn check_capture(p: &Pair, crc: bool, m: Markers) {
+    for (tx, rx, markers) in [(&p.a, &p.b, m.0), (&p.b, &p.a, m.1)] {
+        let sent = tx.qp.stats().tx_markers;
+        assert_eq!(
+            sent,
+            rx.qp.stats().rx_markers,
+            "every marker sent was checked"
+        );
+        assert_eq!(sent > 0, markers && !tx.sent.is_empty(), "markers {m:?}");
+    }
+    for (bytes, markers) in [(&p.a.sent, m.0), (&p.b.sent, m.1)] {
+        for (wire_len, fpdu) in strip_stream(bytes, 0, markers, crc) {
+            assert!(wire_len <= 1448, "FPDU of {wire_len} bytes on the wire");
+            let (f, _) = softwarp_wire::mpa::Fpdu::parse(&fpdu, crc).unwrap();
+            softwarp_wire::rdmap::Segment::parse(f.ulpdu).unwrap();
+        }
+    }
 }
 
 /// What a scenario produced: destination bytes and completions of both sides.
@@ -31,8 +61,8 @@ struct Outcome {
 
 /// Sends `len` bytes gathered from a 3-element SGL into a receive WR scattered over a
 /// 3-element SGL.
-fn send_scenario(split: Split, len: usize, crc: bool) -> Outcome {
-    let mut p = Pair::new(split, stream(crc));
+fn send_scenario(split: Split, len: usize, crc: bool, m: Markers) -> Outcome {
+    let mut p = pair(split, crc, m);
     let (_src, s_stag, s_iova, data) = p.a.filled_region(len + 64, Access::NONE, 7);
     let (dst, d_stag, d_iova) = p.b.region(len + 64, Access::LOCAL_WRITE);
     // Sender: three pieces len/3, len/3, rest.
@@ -82,6 +112,7 @@ fn send_scenario(split: Split, len: usize, crc: bool) -> Outcome {
         )
         .unwrap();
     p.drive();
+    check_capture(&p, crc, m);
     let got = contents(&dst);
     let t = len / 3;
     assert_eq!(&got[..t], &data[..t], "first piece");
@@ -117,8 +148,8 @@ fn send_scenario(split: Split, len: usize, crc: bool) -> Outcome {
 }
 
 /// RDMA Write of `len` bytes gathered from 2 SGEs to the middle of a remote region.
-fn write_scenario(split: Split, len: usize, crc: bool) -> Outcome {
-    let mut p = Pair::new(split, stream(crc));
+fn write_scenario(split: Split, len: usize, crc: bool, m: Markers) -> Outcome {
+    let mut p = pair(split, crc, m);
     let (_src, s_stag, s_iova, data) = p.a.filled_region(len + 32, Access::NONE, 9);
     let (dst, d_stag, d_iova) = p.b.region(len + 64, Access::REMOTE_WRITE);
     let half = (len / 2) as u32;
@@ -143,6 +174,7 @@ fn write_scenario(split: Split, len: usize, crc: bool) -> Outcome {
         )
         .unwrap();
     p.drive();
+    check_capture(&p, crc, m);
     let got = contents(&dst);
     assert!(got[..32].iter().all(|&b| b == 0));
     assert_eq!(&got[32..32 + len], &data[..len]);
@@ -163,8 +195,8 @@ fn write_scenario(split: Split, len: usize, crc: bool) -> Outcome {
 }
 
 /// RDMA Read of `len` bytes from the peer into a local sink.
-fn read_scenario(split: Split, len: usize, crc: bool) -> Outcome {
-    let mut p = Pair::new(split, stream(crc));
+fn read_scenario(split: Split, len: usize, crc: bool, m: Markers) -> Outcome {
+    let mut p = pair(split, crc, m);
     let (_src, s_stag, s_iova, data) = p.b.filled_region(len + 16, Access::REMOTE_READ, 3);
     let (sink, k_stag, k_iova) = p.a.region(len + 16, Access::LOCAL_WRITE);
     let sgl = if len == 0 {
@@ -188,6 +220,7 @@ fn read_scenario(split: Split, len: usize, crc: bool) -> Outcome {
         )
         .unwrap();
     p.drive();
+    check_capture(&p, crc, m);
     let got = contents(&sink);
     assert!(got[..8].iter().all(|&b| b == 0));
     assert_eq!(&got[8..8 + len], &data[16..16 + len]);
@@ -225,16 +258,18 @@ fn splits(len: usize) -> Vec<Split> {
     v
 }
 
-fn same_everywhere(f: fn(Split, usize, bool) -> Outcome) {
+fn same_everywhere(f: fn(Split, usize, bool, Markers) -> Outcome) {
     for crc in [false, true] {
         for len in SIZES {
-            let reference = f(Split::Whole, len, crc);
-            for split in splits(len) {
-                assert_eq!(
-                    f(split, len, crc),
-                    reference,
-                    "len {len} crc {crc} {split:?}"
-                );
+            let reference = f(Split::Whole, len, crc, (false, false));
+            for m in MARKER_MODES {
+                for split in splits(len) {
+                    assert_eq!(
+                        f(split, len, crc, m),
+                        reference,
+                        "len {len} crc {crc} markers {m:?} {split:?}"
+                    );
+                }
             }
         }
     }
@@ -258,7 +293,15 @@ fn rdma_read_of_every_size_is_placed_identically_in_every_split() {
 #[test]
 fn one_mib_send_in_one_byte_pieces_matches_whole() {
     assert_eq!(
-        send_scenario(Split::OneByte, 1 << 20, true),
-        send_scenario(Split::Whole, 1 << 20, true)
+        send_scenario(Split::OneByte, 1 << 20, true, (false, false)),
+        send_scenario(Split::Whole, 1 << 20, true, (false, false))
+    );
+}
+
+#[test]
+fn one_mib_send_with_markers_both_ways_in_one_byte_pieces_matches_whole_without() {
+    assert_eq!(
+        send_scenario(Split::OneByte, 1 << 20, true, (true, true)),
+        send_scenario(Split::Whole, 1 << 20, true, (false, false))
     );
 }

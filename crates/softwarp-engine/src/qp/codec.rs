@@ -7,10 +7,11 @@
 
 use softwarp_wire::ddp;
 use softwarp_wire::mpa::fpdu;
+use softwarp_wire::mpa::marker::{Marker, MarkerLayout, MARKER_LEN};
 use softwarp_wire::rdmap::{
-    ControlRepr, Message, Opcode, Placement, ReadRequestRepr, Segment, TerminateLayout,
-    TerminateRepr, ATOMIC_REQUEST_HEADER_LEN, ATOMIC_RESPONSE_HEADER_LEN, IMMEDIATE_DATA_LEN,
-    READ_REQUEST_HEADER_LEN,
+    AtomicRequestRepr, AtomicResponseRepr, ControlRepr, ImmediateDataRepr, Message, Opcode,
+    Placement, ReadRequestRepr, Segment, TerminateLayout, TerminateRepr, ATOMIC_REQUEST_HEADER_LEN,
+    ATOMIC_RESPONSE_HEADER_LEN, IMMEDIATE_DATA_LEN, READ_REQUEST_HEADER_LEN,
 };
 use softwarp_wire::{crc, WireError};
 
@@ -31,9 +32,53 @@ pub(crate) fn pad_len(len: usize) -> usize {
     fpdu::pad_len(len)
 }
 
-/// Largest ULPDU of an FPDU of at most `max_fpdu` bytes (MPA's MULPDU for that EMSS).
-pub(crate) fn mulpdu(max_fpdu: usize) -> usize {
-    fpdu::mulpdu(max_fpdu, false)
+/// Largest ULPDU of an FPDU of at most `max_fpdu` bytes on the wire (MPA's MULPDU for that
+/// EMSS, with room for markers when they are in use).
+pub(crate) fn mulpdu(max_fpdu: usize, markers: bool) -> usize {
+    fpdu::mulpdu(max_fpdu, markers)
+}
+
+/// Length of the marker-free FPDU that carries a ULPDU of `ulpdu_len` bytes.
+pub(crate) fn fpdu_len(ulpdu_len: usize) -> usize {
+    fpdu::fpdu_len(ulpdu_len)
+}
+
+/// The shortest marker-free FPDU (for the marker positions known before ULPDU_Length is).
+pub(crate) const MIN_FPDU_LEN: usize = fpdu::MIN_FPDU_LEN;
+
+/// Where the markers of an FPDU of `fpdu_len` marker-free octets starting at stream offset
+/// `stream_offset` go; `None` when the wire crate refuses the layout (misaligned offset, or
+/// an FPDU too long for 16-bit FPDUPTRs).
+pub(crate) fn marker_layout(stream_offset: u64, fpdu_len: usize) -> Option<MarkerLayout> {
+    MarkerLayout::new(stream_offset, fpdu_len).ok()
+}
+
+/// Checks a received marker against the one `layout` puts at that place; returns the
+/// FPDUPTR found when it is not acceptable.
+///
+/// The wire crate checks markers only inside its whole-FPDU `marker::strip`, which a
+/// zero-copy receiver cannot use; this applies the same rule to one marker at a time:
+/// RESERVED (the first two octets) is ignored, FPDUPTR (the last two, big-endian) must be
+/// the value the wire crate emits, or, for a later marker of an FPDU that begins with a
+/// marker, that value counted from ULPDU_Length instead (4 less). See the module
+/// documentation of `softwarp_wire::mpa::marker`.
+pub(crate) fn check_marker(
+    layout: &MarkerLayout,
+    expected: &Marker,
+    bytes: [u8; MARKER_LEN],
+) -> Result<(), u16> {
+    //= https://www.rfc-editor.org/rfc/rfc5044#section-4.3
+    // (paraphrase) RESERVED is ignored on receipt; FPDUPTR must lead back to the start of
+    // the FPDU that contains the marker.
+    let fpduptr = u16::from_be_bytes([bytes[2], bytes[3]]);
+    let from_length_field = layout.begins_with_marker()
+        && expected.wire_offset > 0
+        && usize::from(fpduptr) + MARKER_LEN == expected.wire_offset;
+    if fpduptr == expected.fpduptr || from_length_field {
+        Ok(())
+    } else {
+        Err(fpduptr)
+    }
 }
 
 /// Writes the ULPDU_Length field at the start of `buf`.
@@ -122,6 +167,36 @@ pub(crate) enum RxHeader {
         src_to: u64,
     },
     Terminate,
+    /// RFC 7306 Immediate Data (queue 0), with the value it carries.
+    Immediate {
+        solicited: bool,
+        msn: u32,
+        imm: u32,
+    },
+    /// RFC 7306 Atomic Request (queue 1).
+    AtomicRequest {
+        msn: u32,
+        req: AtomicRequestRepr,
+    },
+    /// RFC 7306 Atomic Response (queue 3).
+    AtomicResponse {
+        msn: u32,
+        resp: AtomicResponseRepr,
+    },
+}
+
+/// The 8 bytes of Immediate Data carrying the 32-bit immediate value of the verbs API: the
+/// value in the low-order half of the big-endian 64-bit field, the high-order half zero.
+pub(crate) fn imm_to_wire(imm: u32) -> ImmediateDataRepr {
+    ImmediateDataRepr {
+        data: u64::from(imm).to_be_bytes(),
+    }
+}
+
+/// The 32-bit immediate value of received Immediate Data (its low-order half; the verbs
+/// completion has room for 32 bits only).
+pub(crate) fn imm_from_wire(i: &ImmediateDataRepr) -> u32 {
+    (i.as_u64() & u64::from(u32::MAX)) as u32
 }
 
 /// The Fault a wire codec error on a received header stands for.
@@ -139,8 +214,7 @@ fn fault_of(e: WireError, tagged: bool) -> Fault {
 }
 
 /// Parses the header bytes of a received segment (`hdr` is the start of the ULPDU: the
-/// header, or the whole ULPDU for control messages). Opcodes this engine does not implement
-/// (RFC 7306 immediate data and atomics) are unexpected opcodes.
+/// header, or the whole ULPDU for control messages).
 pub(crate) fn parse_rx_header(hdr: &[u8]) -> Result<RxHeader, Fault> {
     let tagged = hdr.first().is_some_and(|c| c & ddp::FLAG_TAGGED != 0);
     let seg = Segment::parse(hdr).map_err(|e| fault_of(e, tagged))?;
@@ -189,7 +263,21 @@ pub(crate) fn parse_rx_header(hdr: &[u8]) -> Result<RxHeader, Fault> {
                 mo,
             },
             Opcode::Terminate => RxHeader::Terminate,
-            _ => return Err(Fault::UnexpectedOpcode),
+            _ => match m {
+                Message::ImmediateData(i) => RxHeader::Immediate {
+                    solicited: false,
+                    msn,
+                    imm: imm_from_wire(&i),
+                },
+                Message::ImmediateDataWithSolicitedEvent(i) => RxHeader::Immediate {
+                    solicited: true,
+                    msn,
+                    imm: imm_from_wire(&i),
+                },
+                Message::AtomicRequest(req) => RxHeader::AtomicRequest { msn, req },
+                Message::AtomicResponse(resp) => RxHeader::AtomicResponse { msn, resp },
+                _ => return Err(Fault::UnexpectedOpcode),
+            },
         },
         _ => return Err(Fault::UnexpectedOpcode),
     })
@@ -302,6 +390,50 @@ pub(crate) fn emit_read_request(
     )
 }
 
+/// Writes an RFC 7306 Immediate Data message (with SE when `solicited`); returns its length.
+pub(crate) fn emit_immediate(buf: &mut [u8], msn: u32, solicited: bool, imm: u32) -> usize {
+    let i = imm_to_wire(imm);
+    emit(
+        &Segment {
+            last: true,
+            placement: Placement::Untagged { msn, mo: 0 },
+            message: if solicited {
+                Message::ImmediateDataWithSolicitedEvent(i)
+            } else {
+                Message::ImmediateData(i)
+            },
+            payload: &[],
+        },
+        buf,
+    )
+}
+
+/// Writes an RFC 7306 Atomic Request (queue 1); returns its length.
+pub(crate) fn emit_atomic_request(buf: &mut [u8], msn: u32, req: AtomicRequestRepr) -> usize {
+    emit(
+        &Segment {
+            last: true,
+            placement: Placement::Untagged { msn, mo: 0 },
+            message: Message::AtomicRequest(req),
+            payload: &[],
+        },
+        buf,
+    )
+}
+
+/// Writes an RFC 7306 Atomic Response (queue 3); returns its length.
+pub(crate) fn emit_atomic_response(buf: &mut [u8], msn: u32, resp: AtomicResponseRepr) -> usize {
+    emit(
+        &Segment {
+            last: true,
+            placement: Placement::Untagged { msn, mo: 0 },
+            message: Message::AtomicResponse(resp),
+            payload: &[],
+        },
+        buf,
+    )
+}
+
 /// Writes a Terminate message (DDP header and Terminate header); returns its length, or
 /// `None` if it does not fit.
 pub(crate) fn emit_terminate(buf: &mut [u8], msn: u32, repr: TerminateRepr) -> Option<usize> {
@@ -338,5 +470,53 @@ pub(crate) fn parse_terminate_cause(ulpdu: &[u8], layout: TerminateLayout) -> (u
                 None => (0, 2, 0xff),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_are_checked_like_the_wire_crate_strips_them() {
+        // An FPDU of 1200 octets at stream offset 1024 begins with a marker; the next is at
+        // 512 octets into it.
+        let layout = marker_layout(1024, 1200).unwrap();
+        let markers: Vec<Marker> = layout.markers().collect();
+        let second = markers[1];
+        assert_eq!((second.wire_offset, second.fpduptr), (512, 512));
+        assert_eq!(check_marker(&layout, &second, second.to_bytes()), Ok(()));
+        // RESERVED is ignored.
+        assert_eq!(
+            check_marker(&layout, &second, [0xff, 0xff, 0x02, 0x00]),
+            Ok(())
+        );
+        // Counted from ULPDU_Length (4 less) is accepted after a leading marker.
+        assert_eq!(check_marker(&layout, &second, [0, 0, 0x01, 0xfc]), Ok(()));
+        assert_eq!(
+            check_marker(&layout, &second, [0, 0, 0x01, 0xf8]),
+            Err(0x1f8)
+        );
+        // The leading marker must say 0.
+        assert_eq!(check_marker(&layout, &markers[0], [0, 0, 0, 4]), Err(4));
+        // Without a leading marker there is no second reading.
+        let layout = marker_layout(1000, 1200).unwrap();
+        let first = layout.markers().next().unwrap();
+        assert_eq!(first.fpduptr, 24);
+        assert_eq!(check_marker(&layout, &first, [0, 0, 0, 20]), Err(20));
+        // Layouts the wire crate refuses are None.
+        assert!(marker_layout(2, 1200).is_none());
+        assert!(marker_layout(0, fpdu_len(65535)).is_none());
+    }
+
+    #[test]
+    fn immediate_values_are_the_low_half_of_the_immediate_data() {
+        let i = imm_to_wire(0x0102_0304);
+        assert_eq!(i.data, [0, 0, 0, 0, 1, 2, 3, 4]);
+        assert_eq!(imm_from_wire(&i), 0x0102_0304);
+        let high = ImmediateDataRepr {
+            data: [9, 9, 9, 9, 0, 0, 0, 7],
+        };
+        assert_eq!(imm_from_wire(&high), 7);
     }
 }

@@ -33,7 +33,7 @@ use crate::wr::{
 
 pub use rx::RxTarget;
 pub use terminate::TerminateLayout;
-pub use tx::{TxFpdu, TxPiece};
+pub use tx::{TxFpdu, TxPiece, TX_PIECES};
 
 /// RDMAP stream / QP states (RFC 5040 section 6 and the verbs QP states).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -76,10 +76,13 @@ pub struct Rtr {
 pub struct StreamConfig {
     /// CRC32c in use (either side asked for it, RFC 5044 section 7.1).
     pub crc: bool,
-    /// Markers negotiated. Not supported: [`Qp::establish`] refuses it (siw never uses them).
+    /// MPA markers in both directions: shorthand for `markers_tx` and `markers_rx` together
+    /// (RFC 5044 section 4.3; siw never uses them).
     pub markers: bool,
-    /// Largest FPDU this side sends, all framing included (MPA length, pad, CRC); rounded down
-    /// to a multiple of 4. The MSS is the usual choice (siw: 1448 at MTU 1500).
+    /// Largest FPDU this side sends, all framing included (MPA length, pad, CRC, and the
+    /// markers when it sends markers); rounded down to a multiple of 4. The MSS is the usual
+    /// choice (siw: 1448 at MTU 1500). With markers it is capped below 64 KiB (16-bit
+    /// FPDUPTR).
     pub max_fpdu_len: usize,
     /// Largest ULPDU accepted from the peer (at most 65535, the 16-bit ULPDU_Length).
     pub max_rx_ulpdu: usize,
@@ -91,11 +94,24 @@ pub struct StreamConfig {
     pub terminate_layout: TerminateLayout,
     /// Peer-to-peer RTR, when negotiated (RFC 6581).
     pub rtr: Option<Rtr>,
+    /// We insert MPA markers into the FPDUs we send: the peer's MPA Request or Reply had
+    /// M = 1 (the M bit says "I want to receive markers"; each direction is negotiated on
+    /// its own).
+    pub markers_tx: bool,
+    /// The peer inserts MPA markers into the FPDUs it sends: our MPA Request or Reply had
+    /// M = 1.
+    pub markers_rx: bool,
+    /// Stream offset (octets after the MPA Request/Reply, markers included) of the first
+    /// FPDU we send; 0 for a fresh stream, where the first marker precedes the first FPDU.
+    /// Must be a multiple of 4 when we send markers.
+    pub tx_stream_offset: u64,
+    /// Stream offset of the first FPDU we receive (as `tx_stream_offset`, other direction).
+    pub rx_stream_offset: u64,
 }
 
 impl StreamConfig {
     /// Defaults for a TCP MSS: no CRC, no markers, FPDUs of `mss` bytes, IRD = ORD = 16,
-    /// RFC 5040 Terminate layout, no RTR.
+    /// RFC 5040 Terminate layout, no RTR, both streams starting at offset 0.
     pub fn for_mss(mss: usize) -> Self {
         Self {
             crc: false,
@@ -106,7 +122,21 @@ impl StreamConfig {
             ord: 16,
             terminate_layout: TerminateLayout::Rfc5040,
             rtr: None,
+            markers_tx: false,
+            markers_rx: false,
+            tx_stream_offset: 0,
+            rx_stream_offset: 0,
         }
+    }
+
+    /// True when the FPDUs we send carry markers (`markers` or `markers_tx`).
+    pub fn sends_markers(&self) -> bool {
+        self.markers || self.markers_tx
+    }
+
+    /// True when the FPDUs we receive carry markers (`markers` or `markers_rx`).
+    pub fn receives_markers(&self) -> bool {
+        self.markers || self.markers_rx
     }
 }
 
@@ -160,6 +190,10 @@ pub enum QpError {
     /// An RDMA Read's local sink must be exactly one SGE (or none for zero length).
     #[error("an RDMA Read needs at most one local SGE")]
     ReadSinkSgl,
+    /// An atomic's local sink (where the original value goes) must be exactly one SGE of 8
+    /// bytes, in registered memory (not inline).
+    #[error("an atomic needs exactly one local SGE of 8 bytes")]
+    AtomicSink,
     /// Inline data is longer than [`MAX_INLINE`] or used with an RDMA Read.
     #[error("inline data of {0} bytes not allowed (max {MAX_INLINE}, not for RDMA Read)")]
     Inline(usize),
@@ -169,7 +203,8 @@ pub enum QpError {
     /// The stream configuration is not usable.
     #[error("invalid stream configuration: {0}")]
     InvalidStreamConfig(&'static str),
-    /// MPA markers were negotiated; this engine does not implement them.
+    /// MPA markers were negotiated and this engine does not implement them. No longer
+    /// returned: markers are supported (kept so that existing matches compile).
     #[error("MPA markers are not supported")]
     MarkersUnsupported,
     /// The QP was destroyed.
@@ -226,9 +261,11 @@ struct SqEntry {
 impl SqEntry {
     fn wc_opcode(&self) -> WcOpcode {
         match self.op {
-            SendOp::Send { .. } => WcOpcode::Send,
-            SendOp::Write { .. } => WcOpcode::RdmaWrite,
+            SendOp::Send { .. } | SendOp::SendWithImm { .. } => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
             SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::CmpSwap { .. } => WcOpcode::CmpSwap,
         }
     }
     fn is_done(&self) -> bool {
@@ -236,20 +273,25 @@ impl SqEntry {
     }
 }
 
-/// An RDMA Read we sent and whose response we await.
+/// An RDMA Read or RFC 7306 Atomic Request we sent and whose response we await.
 #[derive(Debug)]
 struct OrqEntry {
     /// The SQ entry to complete (`None` for an RTR zero-length Read).
     seq: Option<u64>,
+    /// For an Atomic Request: its Request Identifier (the response must echo it).
+    atomic: Option<u32>,
     sink_stag: u32,
     sink_to: u64,
     len: u64,
     received: u64,
 }
 
-/// An RDMA Read Request we accepted and answer with Read Responses.
+/// An RDMA Read Request we accepted and answer with Read Responses, or an Atomic Request
+/// we performed and answer with an Atomic Response.
 #[derive(Debug)]
 struct IrqEntry {
+    /// For an Atomic Request: its Request Identifier and the original value of the word.
+    atomic: Option<(u32, u64)>,
     sink_stag: u32,
     sink_to: u64,
     len: u64,
@@ -296,10 +338,11 @@ pub struct Qp {
     tx: tx::TxState,
     rx: rx::RxState,
 
-    /// Next MSN per untagged queue (0 Send, 1 Read Request, 2 Terminate), transmit side.
-    tx_msn: [u32; 3],
+    /// Next MSN per untagged queue (0 Send and Immediate Data, 1 Read and Atomic Request,
+    /// 2 Terminate, 3 Atomic Response), transmit side.
+    tx_msn: [u32; 4],
     /// Expected MSN per untagged queue, receive side.
-    rx_msn: [u32; 3],
+    rx_msn: [u32; 4],
 
     terminate: terminate::TerminateState,
     events: Ring<AsyncEvent>,
@@ -329,8 +372,8 @@ impl Qp {
             irq: Ring::new(cfg.max_ird),
             tx: tx::TxState::new(),
             rx: rx::RxState::new(),
-            tx_msn: [1; 3],
-            rx_msn: [1; 3],
+            tx_msn: [1; 4],
+            rx_msn: [1; 4],
             terminate: terminate::TerminateState::default(),
             events: Ring::new(EVENT_RING),
             stats: QpStats::default(),
@@ -414,8 +457,15 @@ impl Qp {
                 to: QpState::Rts,
             });
         }
-        if stream.markers {
-            return Err(QpError::MarkersUnsupported);
+        //= https://www.rfc-editor.org/rfc/rfc5044#section-4.3
+        // (paraphrase) FPDUs are multiples of 4 octets and markers sit every 512 octets of
+        // the stream, so an FPDU always starts on a 4-octet boundary of the stream.
+        if (stream.sends_markers() && !stream.tx_stream_offset.is_multiple_of(4))
+            || (stream.receives_markers() && !stream.rx_stream_offset.is_multiple_of(4))
+        {
+            return Err(QpError::InvalidStreamConfig(
+                "stream offsets must be multiples of 4 when markers are in use",
+            ));
         }
         if stream.max_fpdu_len < tx::MIN_FPDU_LEN {
             return Err(QpError::InvalidStreamConfig("max_fpdu_len below 128 bytes"));
@@ -486,9 +536,11 @@ impl Qp {
         }
     }
 
-    /// Posts a send WR (Send variants, RDMA Write, RDMA Read).
+    /// Posts a send WR (Send variants, RDMA Write, RDMA Read, and the RFC 7306 operations:
+    /// Write/Send with Immediate, FetchAdd, CmpSwap).
     ///
-    /// Local SGEs are validated here (lkey, PD, bounds, and local write for a Read sink); the
+    /// Local SGEs are validated here (lkey, PD, bounds, and local write for a Read or atomic
+    /// sink, which for an atomic must be one SGE of 8 bytes); the
     /// references taken keep the memory registered until the WR completes. A WR whose SGE
     /// fails validation is accepted and completes with `LocProtErr` when it reaches the head
     /// of the queue, which moves the QP to Error (verbs semantics for RC QPs).
@@ -506,9 +558,10 @@ impl Qp {
         if self.sq.is_full() {
             return Err(QpError::QueueFull("send"));
         }
-        let is_read = matches!(wr.op, SendOp::Read { .. });
+        let is_read = wr.op.awaits_response();
         let mut status = SqStatus::Queued;
         let (data, len) = match wr.payload {
+            Payload::Inline(_) if wr.op.is_atomic() => return Err(QpError::AtomicSink),
             Payload::Inline(bytes) => {
                 if bytes.len() > MAX_INLINE || is_read {
                     return Err(QpError::Inline(bytes.len()));
@@ -526,6 +579,9 @@ impl Qp {
                 )
             }
             Payload::Sgl(sgl) => {
+                if wr.op.is_atomic() && (sgl.len() != 1 || sgl.total_len() != 8) {
+                    return Err(QpError::AtomicSink);
+                }
                 if is_read && sgl.len() > 1 {
                     return Err(QpError::ReadSinkSgl);
                 }
@@ -796,8 +852,8 @@ impl Qp {
         self.irq.clear();
         self.tx = tx::TxState::new();
         self.rx = rx::RxState::new();
-        self.tx_msn = [1; 3];
-        self.rx_msn = [1; 3];
+        self.tx_msn = [1; 4];
+        self.rx_msn = [1; 4];
         self.terminate = terminate::TerminateState::default();
         self.set_state(QpState::Idle);
     }

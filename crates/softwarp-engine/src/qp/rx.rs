@@ -13,8 +13,19 @@
 //! places nothing (its payload goes to a scratch buffer) and its error is reported after the
 //! CRC check, so a corrupted FPDU is reported as a CRC error, not as the protection error its
 //! corruption looks like. No I/O here.
+//!
+//! With MPA markers in the received stream (`StreamConfig::receives_markers`), the wire
+//! crate's [`MarkerLayout`] of the current FPDU says where its markers are (before
+//! ULPDU_Length is read, only a marker at the FPDU's first octet matters, and the layout of
+//! the shortest FPDU gives it). Every target stops at the next marker position; the marker
+//! is read into a 4-byte buffer in the QP, its FPDUPTR checked (a mismatch fails the stream
+//! at once with the LLP "marker mismatch" Terminate), fed to the CRC (which covers the
+//! markers), and dropped. The payload still goes straight to its destination.
 
 use std::sync::Arc;
+
+use softwarp_wire::mpa::marker::{Marker, MarkerLayout, Markers, MARKER_LEN};
+use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr};
 
 use crate::event::AsyncEvent;
 use crate::fault::{Cause, Fault};
@@ -22,9 +33,11 @@ use crate::memory::Region;
 use crate::mr::{Access, AccessError, MrError, MrMemory, MrTable, Stag};
 use crate::qp::codec::{self, RxHeader};
 use crate::qp::terminate::OffendingHeader;
-use crate::qp::{no_validated, IrqEntry, Qp, QpError, RtrKind, RxMsg, SqStatus, StreamConfig};
+use crate::qp::{
+    no_validated, IrqEntry, Qp, QpError, RtrKind, RxMsg, SqData, SqStatus, StreamConfig,
+};
 use crate::srq::Srq;
-use crate::wr::WcStatus;
+use crate::wr::{WcOpcode, WcStatus};
 
 /// Smallest `max_rx_ulpdu` accepted.
 pub(crate) const MIN_RX_ULPDU: usize = 128;
@@ -89,6 +102,21 @@ enum Plan {
     SwallowRtrSend,
     ReadRequest(IrqEntry),
     Terminate,
+    /// RFC 7306 Immediate Data: completes the receive WR taken for it.
+    Immediate {
+        solicited: bool,
+        imm: u32,
+    },
+    /// RFC 7306 Atomic Request: performed on the validated target word after the CRC check.
+    AtomicRequest {
+        mem: Arc<MrMemory>,
+        off: usize,
+        req: AtomicRequestRepr,
+    },
+    /// RFC 7306 Atomic Response for the Atomic Request at the head of the ORQ.
+    AtomicResponse {
+        original: u64,
+    },
 }
 
 /// A fault found in the header, reported after the CRC check.
@@ -128,6 +156,82 @@ pub(crate) struct RxState {
     deferred: Option<Deferred>,
     /// RTR responder with a zero-length Send RTR: the first Send is the RTR.
     swallow_rtr_send: bool,
+    /// Marker tracking of the received stream.
+    mk: RxMarkers,
+    /// Bytes of the RDMA Write message being received.
+    write_len: u64,
+    /// Length of the last complete RDMA Write message, until an untagged queue 0 message
+    /// (Send or Immediate Data) ends: an Immediate Data message then completes a Write with
+    /// Immediate.
+    last_write: Option<u64>,
+}
+
+/// Where the received stream's markers are, relative to the FPDU being received.
+#[derive(Debug)]
+struct RxMarkers {
+    /// The peer sends markers.
+    on: bool,
+    /// Stream offset of the current FPDU's first octet.
+    fpdu_offset: u64,
+    /// Wire octets of the current FPDU consumed so far (markers included).
+    wire_pos: usize,
+    /// The current FPDU's layout: of the shortest FPDU until ULPDU_Length is known.
+    layout: Option<MarkerLayout>,
+    /// Markers of `layout` after `next`.
+    rest: Option<Markers>,
+    /// The next marker at or after `wire_pos`.
+    next: Option<Marker>,
+    buf: [u8; MARKER_LEN],
+    have: usize,
+}
+
+impl RxMarkers {
+    fn new() -> Self {
+        RxMarkers {
+            on: false,
+            fpdu_offset: 0,
+            wire_pos: 0,
+            layout: None,
+            rest: None,
+            next: None,
+            buf: [0; MARKER_LEN],
+            have: 0,
+        }
+    }
+
+    /// Uses `layout` for the current FPDU: the next marker is its first one not yet passed.
+    fn set_layout(&mut self, layout: Option<MarkerLayout>) {
+        self.layout = layout;
+        let mut rest = layout.map(|l| l.markers());
+        let pos = self.wire_pos;
+        self.next = rest
+            .as_mut()
+            .and_then(|it| it.by_ref().find(|m| m.wire_offset >= pos));
+        self.rest = rest;
+    }
+
+    /// A new FPDU starts at `fpdu_offset`: until its ULPDU_Length is read, the layout of the
+    /// shortest FPDU tells whether a marker comes first.
+    fn start_fpdu(&mut self) {
+        self.wire_pos = 0;
+        self.have = 0;
+        if self.on {
+            self.set_layout(codec::marker_layout(self.fpdu_offset, codec::MIN_FPDU_LEN));
+        } else {
+            self.set_layout(None);
+        }
+    }
+
+    /// True when the next bytes are (the rest of) a marker.
+    fn due(&self) -> bool {
+        self.next.is_some_and(|m| m.wire_offset == self.wire_pos)
+    }
+
+    /// Bytes that may be read before the next marker.
+    fn room(&self) -> usize {
+        self.next
+            .map_or(usize::MAX, |m| m.wire_offset.saturating_sub(self.wire_pos))
+    }
 }
 
 impl RxState {
@@ -150,11 +254,16 @@ impl RxState {
             plan: Plan::Discard,
             deferred: None,
             swallow_rtr_send: false,
+            mk: RxMarkers::new(),
+            write_len: 0,
+            last_write: None,
         }
     }
 
     pub(crate) fn on_establish(&mut self, s: &StreamConfig) {
         self.crc_on = s.crc;
+        self.mk.on = s.receives_markers();
+        self.mk.fpdu_offset = s.rx_stream_offset;
         self.max_ulpdu = s.max_rx_ulpdu;
         self.swallow_rtr_send = s
             .rtr
@@ -180,6 +289,7 @@ impl RxState {
         self.payload_done = 0;
         self.plan = Plan::Discard;
         self.deferred = None;
+        self.mk.start_fpdu();
     }
 
     fn defer(&mut self, fault: Fault, target: FaultTarget) {
@@ -187,6 +297,57 @@ impl RxState {
             self.deferred = Some(Deferred { fault, target });
         }
         self.plan = Plan::Discard;
+    }
+}
+
+/// The new value of an atomic's target word that held `old` (RFC 7306 masked semantics).
+fn atomic_result(req: &AtomicRequestRepr, old: u64) -> u64 {
+    match req.opcode {
+        //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+        // (paraphrase) FetchAdd adds Add Data to the target; each bit set in the Add Mask
+        // ends a field, and the carry out of it is not propagated into the next field (an
+        // Add Mask of zero is a plain 64-bit add).
+        AtomicOpcode::FetchAdd => masked_add(old, req.add_or_swap_data, req.add_or_swap_mask),
+        //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+        // (paraphrase) CmpSwap compares the target with Compare Data on the bits set in
+        // Compare Mask; when they match, the bits set in Swap Mask are replaced with those of
+        // Swap Data.
+        AtomicOpcode::CmpSwap => {
+            if (old ^ req.compare_data) & req.compare_mask == 0 {
+                (old & !req.add_or_swap_mask) | (req.add_or_swap_data & req.add_or_swap_mask)
+            } else {
+                old
+            }
+        }
+        AtomicOpcode::Unknown(_) => old,
+    }
+}
+
+/// `a + b` where each bit set in `boundaries` ends a field: no carry leaves a field.
+fn masked_add(a: u64, b: u64, boundaries: u64) -> u64 {
+    if boundaries == 0 {
+        return a.wrapping_add(b);
+    }
+    let mut sum = 0u64;
+    let mut carry = 0u64;
+    for bit in 0..64 {
+        let s = ((a >> bit) & 1) + ((b >> bit) & 1) + carry;
+        sum |= (s & 1) << bit;
+        carry = if (boundaries >> bit) & 1 == 1 {
+            0
+        } else {
+            s >> 1
+        };
+    }
+    sum
+}
+
+/// The first `room` bytes of `b` (the part before the next marker) as a target.
+fn cut(b: &mut [u8], room: usize) -> RxTarget<'_> {
+    let n = b.len().min(room);
+    match b.get_mut(..n) {
+        Some(b) => RxTarget::Buffer(b),
+        None => RxTarget::Closed,
     }
 }
 
@@ -215,19 +376,27 @@ impl Qp {
     /// bytes there, then call [`Qp::rx_commit`].
     pub fn rx_target(&mut self) -> RxTarget<'_> {
         let rx = &mut self.rx;
+        if matches!(rx.phase, Phase::Header | Phase::Payload | Phase::Trailer) && rx.mk.due() {
+            return match rx.mk.buf.get_mut(rx.mk.have..) {
+                Some(b) => RxTarget::Buffer(b),
+                None => RxTarget::Closed,
+            };
+        }
+        // Stop at the next marker position.
+        let room = rx.mk.room();
         match rx.phase {
             Phase::Closed => RxTarget::Closed,
             Phase::HeaderReady => RxTarget::Blocked,
             Phase::Header => match rx.hdr.get_mut(rx.hdr_have..rx.hdr_need) {
-                Some(b) => RxTarget::Buffer(b),
+                Some(b) => cut(b, room),
                 None => RxTarget::Closed,
             },
             Phase::Trailer => match rx.trailer.get_mut(rx.tr_have..rx.tr_need) {
-                Some(b) => RxTarget::Buffer(b),
+                Some(b) => cut(b, room),
                 None => RxTarget::Closed,
             },
             Phase::Payload => {
-                let remaining = rx.payload_len - rx.payload_done;
+                let remaining = (rx.payload_len - rx.payload_done).min(room);
                 match &rx.plan {
                     Plan::Write {
                         mem: Some(mem),
@@ -260,7 +429,7 @@ impl Qp {
                     _ => {
                         let n = remaining.min(SCRATCH);
                         match rx.scratch.get_mut(..n) {
-                            Some(b) => RxTarget::Buffer(b),
+                            Some(b) => cut(b, room),
                             None => RxTarget::Closed,
                         }
                     }
@@ -300,6 +469,15 @@ impl Qp {
             });
         }
         self.stats.rx_stream_bytes += n as u64;
+        if matches!(
+            self.rx.phase,
+            Phase::Header | Phase::Payload | Phase::Trailer
+        ) && self.rx.mk.due()
+        {
+            self.marker_bytes(n);
+            return Ok(());
+        }
+        self.rx.mk.wire_pos += n;
         match self.rx.phase {
             Phase::Header => {
                 let (from, to) = (self.rx.hdr_have, self.rx.hdr_have + n);
@@ -325,6 +503,15 @@ impl Qp {
                 }
             }
             Phase::Trailer => {
+                if self.rx.crc_on {
+                    // The pad is CRC-covered and may precede a marker: feed it in order.
+                    let pad = codec::pad_len(self.rx.ulpdu_len);
+                    let (from, to) = (self.rx.tr_have, (self.rx.tr_have + n).min(pad));
+                    if from < to {
+                        let bytes = self.rx.trailer.get(from..to).unwrap_or(&[]);
+                        self.rx.crc = crc32c::crc32c_append(self.rx.crc, bytes);
+                    }
+                }
                 self.rx.tr_have += n;
                 if self.rx.tr_have == self.rx.tr_need {
                     self.finish_fpdu(mrs);
@@ -333,6 +520,31 @@ impl Qp {
             Phase::HeaderReady | Phase::Closed => {}
         }
         Ok(())
+    }
+
+    /// `n` bytes of the marker due were read; a complete marker is checked, fed to the CRC
+    /// and dropped.
+    fn marker_bytes(&mut self, n: usize) {
+        let mk = &mut self.rx.mk;
+        mk.have += n;
+        if mk.have < MARKER_LEN {
+            return;
+        }
+        let (Some(layout), Some(expected)) = (mk.layout, mk.next) else {
+            return;
+        };
+        let bytes = mk.buf;
+        mk.have = 0;
+        mk.wire_pos += MARKER_LEN;
+        mk.next = mk.rest.as_mut().and_then(Iterator::next);
+        self.stats.rx_markers += 1;
+        if codec::check_marker(&layout, &expected, bytes).is_err() {
+            self.fail(Fault::BadMarker, OffendingHeader::none());
+            return;
+        }
+        if self.rx.crc_on {
+            self.rx.crc = crc32c::crc32c_append(self.rx.crc, &bytes);
+        }
     }
 
     /// CRC over the `n` payload bytes just placed (read back from where they went).
@@ -390,6 +602,17 @@ impl Qp {
                 // Too short for any DDP header: the framing cannot be trusted.
                 self.fail(Fault::BadUlpduLength, OffendingHeader::none());
                 return;
+            }
+            if self.rx.mk.on {
+                // The FPDU's length is known: so are all its marker positions.
+                let layout =
+                    codec::marker_layout(self.rx.mk.fpdu_offset, codec::fpdu_len(ulpdu_len));
+                if layout.is_none() {
+                    // Too long for 16-bit FPDUPTRs: no sender with markers builds this.
+                    self.fail(Fault::BadUlpduLength, OffendingHeader::none());
+                    return;
+                }
+                self.rx.mk.set_layout(layout);
             }
             let want = match codec::rx_header_len(ddp_ctrl, rdmap_ctrl) {
                 codec::HeaderLen::Fixed(h) => h.min(ulpdu_len),
@@ -473,7 +696,7 @@ impl Qp {
                 Ok(())
             }
             RxHeader::ReadResponse { last, stag, to } => {
-                let Some(head) = self.orq.front() else {
+                let Some(head) = self.orq.front().filter(|h| h.atomic.is_none()) else {
                     return Err((Fault::UnexpectedReadResponse, FaultTarget::None));
                 };
                 let bad = |e| Err((Fault::Tagged(e), FaultTarget::Read(WcStatus::LocProtErr)));
@@ -589,6 +812,7 @@ impl Qp {
                     )
                 };
                 self.rx.plan = Plan::ReadRequest(IrqEntry {
+                    atomic: None,
                     sink_stag,
                     sink_to,
                     len: u64::from(size),
@@ -599,6 +823,91 @@ impl Qp {
             }
             RxHeader::Terminate => {
                 self.rx.plan = Plan::Terminate;
+                Ok(())
+            }
+            RxHeader::Immediate {
+                solicited,
+                msn,
+                imm,
+            } => {
+                if self.rx.swallow_rtr_send && self.rx_msg.is_none() {
+                    // The RTR (a zero-length Send) must come first.
+                    return Err((Fault::UnexpectedOpcode, FaultTarget::None));
+                }
+                if let Some(m) = self.rx_msg.as_ref() {
+                    // A Send is half received: its next segment was due, not a new message.
+                    let fault = if m.msn == msn {
+                        Fault::UnexpectedOpcode
+                    } else {
+                        Fault::MsnRange
+                    };
+                    return Err((fault, FaultTarget::Recv(WcStatus::LocQpOpErr)));
+                }
+                //= https://www.rfc-editor.org/rfc/rfc7306#section-7
+                // (paraphrase) Immediate Data is an untagged message on queue 0: it takes the
+                // next MSN of that queue and consumes an untagged buffer (a receive WR) at
+                // the Data Sink, which is completed with the Immediate Data.
+                if msn != self.rx_msn[0] {
+                    return Err((Fault::MsnRange, FaultTarget::None));
+                }
+                self.start_recv(msn, mrs, srq)?;
+                if self.rx.phase == Phase::HeaderReady {
+                    return Ok(());
+                }
+                self.rx.plan = Plan::Immediate { solicited, imm };
+                Ok(())
+            }
+            RxHeader::AtomicRequest { msn, req } => {
+                if msn != self.rx_msn[1] {
+                    return Err((Fault::MsnRange, FaultTarget::None));
+                }
+                //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+                // (paraphrase) Atomic Requests share queue 1 and the IRD limit with RDMA Read
+                // Requests: one beyond IRD is a stream error, as for Reads.
+                if self.irq.len() >= self.stream.ird || self.irq.is_full() {
+                    return Err((Fault::IrdExceeded, FaultTarget::None));
+                }
+                if !matches!(req.opcode, AtomicOpcode::FetchAdd | AtomicOpcode::CmpSwap) {
+                    // A reserved or unassigned AtomicOp.
+                    return Err((Fault::UnexpectedOpcode, FaultTarget::None));
+                }
+                //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+                // (paraphrase) The responder validates the Remote STag and Tagged Offset of
+                // the 64-bit target like any tagged access, with the remote atomic right,
+                // and the Tagged Offset must be 8-byte aligned.
+                let v = mrs
+                    .validate(
+                        Stag(req.remote_stag),
+                        pd,
+                        Access::REMOTE_ATOMIC,
+                        req.remote_tagged_offset,
+                        8,
+                    )
+                    .map_err(|e| (Fault::AtomicTarget(e), FaultTarget::None))?;
+                if !req.remote_tagged_offset.is_multiple_of(8) {
+                    return Err((Fault::AtomicMisaligned, FaultTarget::None));
+                }
+                self.rx.plan = Plan::AtomicRequest {
+                    mem: v.memory,
+                    off: v.region_offset,
+                    req,
+                };
+                Ok(())
+            }
+            RxHeader::AtomicResponse { msn, resp } => {
+                if msn != self.rx_msn[3] {
+                    return Err((Fault::MsnRange, FaultTarget::None));
+                }
+                //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+                // (paraphrase) Atomic Responses come back in request order and echo the
+                // Request Identifier of the Atomic Request they answer.
+                let expected = self.orq.front().and_then(|h| h.atomic);
+                if expected != Some(resp.original_request_id) {
+                    return Err((Fault::UnexpectedAtomicResponse, FaultTarget::None));
+                }
+                self.rx.plan = Plan::AtomicResponse {
+                    original: resp.original_value,
+                };
                 Ok(())
             }
         }
@@ -669,9 +978,15 @@ impl Qp {
     fn finish_fpdu(&mut self, mrs: &mut MrTable) {
         self.stats.rx_fpdus += 1;
         let pad = codec::pad_len(self.rx.ulpdu_len);
+        // The next FPDU starts right after this one.
+        self.rx.mk.fpdu_offset = self
+            .rx
+            .mk
+            .fpdu_offset
+            .wrapping_add(self.rx.mk.wire_pos as u64);
         if self.rx.crc_on {
-            let pad_bytes = self.rx.trailer.get(..pad).unwrap_or(&[]);
-            let computed = crc32c::crc32c_append(self.rx.crc, pad_bytes);
+            // Everything up to the CRC field (pad and markers included) was fed as it came.
+            let computed = self.rx.crc;
             let mut wire = [0u8; 4];
             if let Some(src) = self.rx.trailer.get(pad..pad + 4) {
                 wire.copy_from_slice(src);
@@ -702,8 +1017,11 @@ impl Qp {
             Plan::Discard => {}
             Plan::Write { last, .. } => {
                 self.stats.rx.write.bytes += seg;
+                self.rx.write_len += seg;
                 if last {
                     self.stats.rx.write.messages += 1;
+                    self.rx.last_write = Some(self.rx.write_len);
+                    self.rx.write_len = 0;
                 }
             }
             Plan::ReadResponse { last, .. } => {
@@ -751,10 +1069,89 @@ impl Qp {
                 self.handle_terminate_received();
                 return;
             }
+            Plan::Immediate { solicited, imm } => self.deliver_immediate(solicited, imm),
+            Plan::AtomicRequest { mem, off, req } => {
+                self.rx_msn[1] = self.rx_msn[1].wrapping_add(1);
+                self.stats.rx.atomic_request.add(8);
+                let Ok(original) = mem
+                    .region()
+                    .atomic_update(off, |old| atomic_result(&req, old))
+                else {
+                    // Unreachable: the 8 bytes were validated inside the registration.
+                    self.fail(Fault::RdmapCatastrophic, hdr);
+                    return;
+                };
+                let entry = IrqEntry {
+                    atomic: Some((req.request_id, original)),
+                    sink_stag: 0,
+                    sink_to: 0,
+                    len: 0,
+                    src: None,
+                    sent: 0,
+                };
+                if self.irq.push(entry).is_err() {
+                    self.fail(Fault::IrdExceeded, hdr);
+                    return;
+                }
+            }
+            Plan::AtomicResponse { original } => {
+                self.rx_msn[3] = self.rx_msn[3].wrapping_add(1);
+                self.stats.rx.atomic_response.add(8);
+                if let Some(seq) = self.orq.pop().and_then(|h| h.seq) {
+                    self.complete_atomic(seq, original);
+                }
+            }
         }
         if self.rx.phase != Phase::Closed {
             self.rx.start_fpdu();
         }
+    }
+
+    /// An Immediate Data message passed its checks: complete its receive WR with the value.
+    fn deliver_immediate(&mut self, solicited: bool, imm: u32) {
+        self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
+        self.stats.rx.immediate.add(8);
+        let Some(msg) = self.rx_msg.take() else {
+            return;
+        };
+        // Right after an RDMA Write (no Send in between) this is Write with Immediate.
+        let (opcode, byte_len) = match self.rx.last_write.take() {
+            Some(len) => (
+                WcOpcode::RecvRdmaWithImm,
+                u32::try_from(len).unwrap_or(u32::MAX),
+            ),
+            None => (WcOpcode::Recv, 0),
+        };
+        let mut wc = self.recv_wc(msg.wr.wr_id, WcStatus::Success, byte_len);
+        wc.opcode = opcode;
+        wc.imm = Some(imm);
+        wc.solicited = solicited;
+        let _ = self.rx_done.push(wc);
+    }
+
+    /// The Atomic Response for the WR `seq` arrived: the original value goes into its local
+    /// SGE (host byte order) and the WR completes.
+    fn complete_atomic(&mut self, seq: u64, original: u64) {
+        let Some(e) = self.sq_entry_mut(seq) else {
+            return;
+        };
+        if e.status != SqStatus::AwaitingResponse {
+            return;
+        }
+        let written = match &e.data {
+            SqData::Sgl { mem, .. } => mem.first().and_then(Option::as_ref).is_some_and(|v| {
+                v.memory
+                    .region()
+                    .write_at(v.region_offset, &original.to_ne_bytes())
+                    .is_ok()
+            }),
+            SqData::Inline { .. } => false,
+        };
+        e.status = if written {
+            SqStatus::Done(WcStatus::Success, 8)
+        } else {
+            SqStatus::Done(WcStatus::LocProtErr, 0)
+        };
     }
 
     fn deliver_send(
@@ -768,6 +1165,7 @@ impl Qp {
             return;
         };
         self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
+        self.rx.last_write = None;
         self.stats.rx.send.messages += 1;
         let mut wc = self.recv_wc(msg.wr.wr_id, WcStatus::Success, msg.received as u32);
         wc.solicited = solicited;
@@ -837,5 +1235,78 @@ impl Qp {
             }
         }
         self.enter_error();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(
+        opcode: AtomicOpcode,
+        data: u64,
+        mask: u64,
+        cmp: u64,
+        cmp_mask: u64,
+    ) -> AtomicRequestRepr {
+        AtomicRequestRepr {
+            opcode,
+            request_id: 0,
+            remote_stag: 0,
+            remote_tagged_offset: 0,
+            add_or_swap_data: data,
+            add_or_swap_mask: mask,
+            compare_data: cmp,
+            compare_mask: cmp_mask,
+        }
+    }
+
+    #[test]
+    fn fetch_add_without_boundaries_is_a_wrapping_64_bit_add() {
+        let r = req(AtomicOpcode::FetchAdd, 5, 0, 0, 0);
+        assert_eq!(atomic_result(&r, 10), 15);
+        assert_eq!(atomic_result(&r, u64::MAX), 4);
+    }
+
+    #[test]
+    fn fetch_add_boundaries_stop_carries_between_fields() {
+        // Eight byte-wide fields: 0xff + 1 wraps inside its byte.
+        let bytes = 0x8080_8080_8080_8080;
+        assert_eq!(masked_add(0x00ff_00ff, 0x0001_0001, bytes), 0x0000_0000);
+        assert_eq!(masked_add(0x0102_0304, 0x0101_0101, bytes), 0x0203_0405);
+        // A boundary at bit 63 only: the same as a plain add.
+        assert_eq!(masked_add(u64::MAX, 2, 1 << 63), 1);
+        for (a, b) in [(0u64, 0u64), (123, 456), (u64::MAX, u64::MAX)] {
+            assert_eq!(masked_add(a, b, 1 << 63), a.wrapping_add(b));
+        }
+    }
+
+    #[test]
+    fn cmp_swap_compares_and_swaps_the_masked_bits_only() {
+        let full = req(AtomicOpcode::CmpSwap, 9, u64::MAX, 7, u64::MAX);
+        assert_eq!(atomic_result(&full, 7), 9);
+        assert_eq!(atomic_result(&full, 8), 8);
+        // Compare the high byte only, swap the low byte only.
+        let masked = req(
+            AtomicOpcode::CmpSwap,
+            0xaa,
+            0xff,
+            0x1100_0000_0000_0000,
+            0xff << 56,
+        );
+        assert_eq!(
+            atomic_result(&masked, 0x11ff_ffff_ffff_ff00),
+            0x11ff_ffff_ffff_ffaa
+        );
+        assert_eq!(
+            atomic_result(&masked, 0x12ff_ffff_ffff_ff00),
+            0x12ff_ffff_ffff_ff00
+        );
+    }
+
+    #[test]
+    fn an_unknown_atomic_operation_changes_nothing() {
+        let r = req(AtomicOpcode::Unknown(3), 5, 0, 0, 0);
+        assert_eq!(atomic_result(&r, 10), 10);
     }
 }

@@ -118,6 +118,14 @@ fn classify(fault: Fault) -> (TerminateError, Include) {
             TerminateError::Llp(LlpError::Mpa(MpaError::CrcError)),
             Nothing,
         ),
+        //= https://www.rfc-editor.org/rfc/rfc5044#section-8
+        // (paraphrase) A marker that does not agree with the FPDU framing is reported with
+        // Layer LLP, Error Type MPA, Error Code "MPA Marker and ULPDU Length field mismatch".
+        // Nothing of the segment is copied back: the framing cannot be trusted.
+        Fault::BadMarker => (
+            TerminateError::Llp(LlpError::Mpa(MpaError::MarkerMismatch)),
+            Nothing,
+        ),
         Fault::BadUlpduLength => (
             remote_op(RemoteOperationError::CatastrophicLocalToStream),
             LengthOnly,
@@ -163,6 +171,24 @@ fn classify(fault: Fault) -> (TerminateError, Include) {
             remote_op(RemoteOperationError::StagCannotBeInvalidated),
             Ddp,
         ),
+        //= https://www.rfc-editor.org/rfc/rfc7306#section-9
+        // (paraphrase) The responder validates an Atomic Request's Remote STag and Tagged
+        // Offset like a tagged access (with remote atomic rights); a failure is an RDMAP
+        // Remote Protection Error. RFC 7306 registers no error codes of its own (the IANA
+        // RDMAP Errors registry lists only RFC 5040's), so a Tagged Offset that is not
+        // 8-byte aligned is reported as "Base or bounds violation": the 8 bytes named are
+        // not a valid target word.
+        Fault::AtomicTarget(e) => (
+            TerminateError::Rdmap(RdmapError::RemoteProtection(protection_error(e))),
+            Ddp,
+        ),
+        Fault::AtomicMisaligned => (
+            TerminateError::Rdmap(RdmapError::RemoteProtection(
+                RemoteProtectionError::BaseOrBoundsViolation,
+            )),
+            Ddp,
+        ),
+        Fault::UnexpectedAtomicResponse => (remote_op(RemoteOperationError::UnexpectedOpcode), Ddp),
         Fault::IrdExceeded => (
             remote_op(RemoteOperationError::CatastrophicLocalToStream),
             DdpAndReadRequest,

@@ -5,12 +5,24 @@
 //! that point into registered regions, and a trailer (pad and CRC, computed over the slices
 //! when the FPDU is built). [`Qp::tx_commit`] reports how many bytes the runtime wrote.
 //!
+//! With MPA markers in use (`StreamConfig::sends_markers`), the wire crate's
+//! [`MarkerLayout`] says where the markers of each FPDU fall; the pieces are split at those
+//! positions and the 4-byte markers, kept in the QP, are offered between them (the payload
+//! is still never copied). The CRC covers the FPDU as sent, markers included, as the wire
+//! crate's marker module defines. An FPDU whose gather list is longer than one [`TxFpdu`]
+//! holds is offered in several parts.
+//!
 //! Order of transmission, message by message: a queued Terminate; the RFC 6581 RTR; the
-//! message in progress; then Read Responses (IRQ) before new send WRs (SQ), which go in
-//! posting order, an RDMA Read waiting while the ORQ is full (ORD) and a fenced WR waiting
-//! until every earlier Read completed. No I/O here.
+//! message in progress; then Read and Atomic Responses (IRQ) before new send WRs (SQ), which
+//! go in posting order, an RDMA Read or Atomic Request waiting while the ORQ is full (ORD)
+//! and a fenced WR waiting until every earlier Read and atomic completed. The Immediate Data
+//! message of a Write/Send with Immediate follows its data message directly (nothing is
+//! sent between them). No I/O here.
 
 use std::sync::Arc;
+
+use softwarp_wire::mpa::marker::{MarkerLayout, Piece, MARKER_INTERVAL, MARKER_LEN};
+use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr, AtomicResponseRepr};
 
 use crate::fault::Cause;
 use crate::memory::Region;
@@ -20,8 +32,17 @@ use crate::wr::{SendOp, WcStatus, MAX_INLINE, MAX_SGE};
 
 /// Smallest `max_fpdu_len` accepted (room for every header and some payload).
 pub(crate) const MIN_FPDU_LEN: usize = 128;
+/// Largest FPDU sent with markers, markers included: the largest multiple of 4 whose
+/// markers' FPDUPTR values (at most the FPDU's wire length) fit 16 bits.
+const MAX_MARKED_FPDU_LEN: usize = u16::MAX as usize & !3;
 /// MPA length field + the largest header we build + inline data.
 const HDR_CAP: usize = 2 + codec::MAX_TX_HEADER + MAX_INLINE;
+/// Most pieces one [`TxFpdu`] offers (header, payload slices, trailer, and with markers the
+/// markers and the pieces they split). A longer gather list is offered in parts.
+pub const TX_PIECES: usize = 32;
+/// Most markers one FPDU can carry: with markers, FPDUs stay below 64 KiB on the wire (the
+/// FPDUPTR is 16 bits), and a marker comes every 512 octets.
+const MAX_MARKERS: usize = u16::MAX as usize / MARKER_INTERVAL + 2;
 
 /// One piece of an FPDU to transmit.
 #[derive(Debug, Clone, Copy)]
@@ -39,7 +60,7 @@ pub enum TxPiece<'a> {
     },
 }
 
-impl TxPiece<'_> {
+impl<'a> TxPiece<'a> {
     /// Length in bytes.
     pub fn len(&self) -> usize {
         match self {
@@ -65,6 +86,39 @@ impl TxPiece<'_> {
                 .map_or(std::ptr::null(), |p| p.cast_const()),
         }
     }
+    /// The `len` bytes starting `at` bytes into this piece (clamped to the piece).
+    fn sub(&self, at: usize, len: usize) -> TxPiece<'a> {
+        match *self {
+            TxPiece::Bytes(b) => {
+                let from = at.min(b.len());
+                let to = from.saturating_add(len).min(b.len());
+                TxPiece::Bytes(b.get(from..to).unwrap_or(&[]))
+            }
+            TxPiece::Region {
+                region,
+                offset,
+                len: l,
+            } => {
+                let from = at.min(l);
+                TxPiece::Region {
+                    region,
+                    offset: offset + from,
+                    len: len.min(l - from),
+                }
+            }
+        }
+    }
+
+    /// Continues a CRC32c over the first `len` bytes of the piece.
+    fn crc_append(&self, crc: u32, len: usize) -> u32 {
+        match *self {
+            TxPiece::Bytes(b) => crc32c::crc32c_append(crc, b.get(..len).unwrap_or(b)),
+            TxPiece::Region { region, offset, .. } => {
+                region.crc32c_append(crc, offset, len).unwrap_or(crc)
+            }
+        }
+    }
+
     /// Copies the piece into `out` (which must be at least `len()` long); returns the bytes
     /// copied.
     pub fn copy_to(&self, out: &mut [u8]) -> usize {
@@ -88,38 +142,41 @@ impl TxPiece<'_> {
     }
 }
 
-/// The unsent part of one FPDU, as a gather list.
+/// The unsent part of one FPDU (or the next part of it), as a gather list.
 #[derive(Debug, Clone, Copy)]
 pub struct TxFpdu<'a> {
-    pieces: [TxPiece<'a>; MAX_SGE + 2],
+    pieces: [TxPiece<'a>; TX_PIECES],
     n: usize,
     len: usize,
 }
 
 impl<'a> TxFpdu<'a> {
+    fn empty() -> Self {
+        TxFpdu {
+            pieces: [TxPiece::Bytes(&[]); TX_PIECES],
+            n: 0,
+            len: 0,
+        }
+    }
+
     /// Appends `p` after dropping the first `*skip` bytes (already sent) of the FPDU.
-    fn push_skipping(&mut self, p: TxPiece<'a>, skip: &mut usize) {
+    /// Returns false when the gather list is full (`p` was not taken).
+    fn push_skipping(&mut self, p: TxPiece<'a>, skip: &mut usize) -> bool {
         let l = p.len();
         if *skip >= l {
             *skip -= l;
-            return;
+            return true;
         }
-        let p = match p {
-            TxPiece::Bytes(bytes) => TxPiece::Bytes(bytes.get(*skip..).unwrap_or(&[])),
-            TxPiece::Region {
-                region,
-                offset,
-                len,
-            } => TxPiece::Region {
-                region,
-                offset: offset + *skip,
-                len: len - *skip,
-            },
-        };
-        *skip = 0;
-        if let Some(slot) = self.pieces.get_mut(self.n) {
-            *slot = p;
-            self.n += 1;
+        let p = p.sub(*skip, l - *skip);
+        match self.pieces.get_mut(self.n) {
+            Some(slot) => {
+                *skip = 0;
+                *slot = p;
+                self.n += 1;
+                self.len += p.len();
+                true
+            }
+            None => false,
         }
     }
 
@@ -127,7 +184,8 @@ impl<'a> TxFpdu<'a> {
     pub fn pieces(&self) -> &[TxPiece<'a>] {
         self.pieces.get(..self.n).unwrap_or(&[])
     }
-    /// Total bytes left to send.
+    /// Bytes offered by these pieces: the rest of the FPDU, or the next part of it when its
+    /// gather list is longer than [`TX_PIECES`] (possible with markers).
     pub fn len(&self) -> usize {
         self.len
     }
@@ -158,6 +216,10 @@ pub(crate) enum TxDone {
     Sq { seq: u64, bytes: usize, last: bool },
     /// A Read Request.
     ReadRequest { bytes: u64 },
+    /// An RFC 7306 Atomic Request.
+    AtomicRequest,
+    /// An RFC 7306 Atomic Response.
+    AtomicResponse,
     /// A Read Response segment.
     ReadResponse { bytes: usize, last: bool },
     /// The Terminate.
@@ -173,9 +235,85 @@ struct FpduBuild {
     payload: [Option<(Arc<MrMemory>, usize, usize)>; MAX_SGE],
     trailer: [u8; 8],
     trailer_len: usize,
+    /// Where the markers go, when this FPDU carries markers.
+    layout: Option<MarkerLayout>,
+    /// The bytes of each marker, in order (`layout.marker_count()` of them).
+    markers: [[u8; MARKER_LEN]; MAX_MARKERS],
+    /// Length on the wire (markers included).
     total: usize,
     sent: usize,
+    /// `sent` plus the bytes the last `poll_tx` offered.
+    offered_end: usize,
     done: TxDone,
+}
+
+impl FpduBuild {
+    /// The marker-free FPDU as pieces: MPA length and header, payload slices, pad and CRC.
+    fn plain_pieces(&self) -> impl Iterator<Item = TxPiece<'_>> {
+        let hdr = TxPiece::Bytes(self.hdr.get(..self.hdr_len).unwrap_or(&[]));
+        let payload = self
+            .payload
+            .iter()
+            .flatten()
+            .map(|(mem, off, len)| TxPiece::Region {
+                region: mem.region(),
+                offset: *off,
+                len: *len,
+            });
+        let trailer = TxPiece::Bytes(self.trailer.get(..self.trailer_len).unwrap_or(&[]));
+        std::iter::once(hdr)
+            .chain(payload)
+            .chain(std::iter::once(trailer))
+    }
+
+    /// Calls `f` with each piece of the FPDU as it goes on the wire (markers included), in
+    /// order, until `f` returns false.
+    fn wire_pieces<'a>(&'a self, mut f: impl FnMut(TxPiece<'a>) -> bool) {
+        let Some(layout) = self.layout else {
+            for p in self.plain_pieces() {
+                if !f(p) {
+                    return;
+                }
+            }
+            return;
+        };
+        let mut markers = self.markers.iter();
+        for piece in layout.pieces() {
+            match piece {
+                Piece::Marker(_) => {
+                    let Some(bytes) = markers.next() else {
+                        return;
+                    };
+                    if !f(TxPiece::Bytes(bytes)) {
+                        return;
+                    }
+                }
+                Piece::Data(range) => {
+                    // The marker-free pieces that overlap this range, cut to it.
+                    let mut at = 0;
+                    for p in self.plain_pieces() {
+                        let (start, end) = (at, at + p.len());
+                        at = end;
+                        let (lo, hi) = (range.start.max(start), range.end.min(end));
+                        if lo < hi && !f(p.sub(lo - start, hi - lo)) {
+                            return;
+                        }
+                        if end >= range.end {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The unsent part of the FPDU, as much as one [`TxFpdu`] holds.
+    fn gather(&self) -> TxFpdu<'_> {
+        let mut out = TxFpdu::empty();
+        let mut skip = self.sent;
+        self.wire_pieces(|p| out.push_skipping(p, &mut skip));
+        out
+    }
 }
 
 /// The message being transmitted, when it spans several FPDUs.
@@ -183,6 +321,8 @@ struct FpduBuild {
 enum TxMsg {
     None,
     Sq(u64),
+    /// The data of a Write/Send with Immediate went out; its Immediate Data comes next.
+    Imm(u64),
     ReadResponse,
 }
 
@@ -196,6 +336,10 @@ pub(crate) struct TxState {
     pub(crate) gate_until_rx: bool,
     max_fpdu: usize,
     crc: bool,
+    /// Insert markers (RFC 5044 section 4.3).
+    markers: bool,
+    /// Stream offset of the next FPDU's first octet.
+    stream_offset: u64,
 }
 
 impl TxState {
@@ -209,8 +353,11 @@ impl TxState {
                 payload: std::array::from_fn(|_| None),
                 trailer: [0; 8],
                 trailer_len: 0,
+                layout: None,
+                markers: [[0; MARKER_LEN]; MAX_MARKERS],
                 total: 0,
                 sent: 0,
+                offered_end: 0,
                 done: TxDone::Rtr,
             })),
             msg: TxMsg::None,
@@ -218,12 +365,21 @@ impl TxState {
             gate_until_rx: false,
             max_fpdu: MIN_FPDU_LEN,
             crc: false,
+            markers: false,
+            stream_offset: 0,
         }
     }
 
     pub(crate) fn on_establish(&mut self, s: &StreamConfig) {
-        self.max_fpdu = s.max_fpdu_len;
         self.crc = s.crc;
+        self.markers = s.sends_markers();
+        self.stream_offset = s.tx_stream_offset;
+        self.max_fpdu = if self.markers {
+            // FPDUPTR is 16 bits: keep every FPDU with markers below 64 KiB on the wire.
+            s.max_fpdu_len.min(MAX_MARKED_FPDU_LEN)
+        } else {
+            s.max_fpdu_len
+        };
         if let Some(rtr) = s.rtr {
             self.rtr_pending = rtr.initiator;
             self.gate_until_rx = !rtr.initiator;
@@ -255,8 +411,11 @@ impl TxState {
 
     /// Largest payload of one FPDU with a header of `hdr_len` bytes.
     fn max_payload(&self, hdr_len: usize) -> usize {
-        // MPA's MULPDU for an EMSS of max_fpdu: the FPDU then needs no pad.
-        codec::mulpdu(self.max_fpdu).saturating_sub(hdr_len).max(1)
+        // MPA's MULPDU for an EMSS of max_fpdu (with room for the markers when they are in
+        // use): the FPDU then fits max_fpdu octets on the wire.
+        codec::mulpdu(self.max_fpdu, self.markers)
+            .saturating_sub(hdr_len)
+            .max(1)
     }
 }
 
@@ -268,28 +427,12 @@ impl Qp {
         if self.tx.build.is_none() {
             self.build_next();
         }
+        let b = self.tx.build.as_deref_mut()?;
+        // Two passes: the first learns how much is offered (for tx_commit's check), the
+        // second hands out the borrow.
+        b.offered_end = b.sent + b.gather().len();
         let b = self.tx.build.as_deref()?;
-        let mut out = TxFpdu {
-            pieces: [TxPiece::Bytes(&[]); MAX_SGE + 2],
-            n: 0,
-            len: b.total - b.sent,
-        };
-        let mut skip = b.sent;
-        let hdr = b.hdr.get(..b.hdr_len).unwrap_or(&[]);
-        out.push_skipping(TxPiece::Bytes(hdr), &mut skip);
-        for (mem, off, len) in b.payload.iter().flatten() {
-            out.push_skipping(
-                TxPiece::Region {
-                    region: mem.region(),
-                    offset: *off,
-                    len: *len,
-                },
-                &mut skip,
-            );
-        }
-        let trailer = b.trailer.get(..b.trailer_len).unwrap_or(&[]);
-        out.push_skipping(TxPiece::Bytes(trailer), &mut skip);
-        Some(out)
+        Some(b.gather())
     }
 
     /// Reports that the first `n` bytes offered by the last [`Qp::poll_tx`] were written.
@@ -304,7 +447,7 @@ impl Qp {
                 })
             };
         };
-        let offered = b.total - b.sent;
+        let offered = b.offered_end.saturating_sub(b.sent);
         if n > offered {
             return Err(QpError::CommitTooLong {
                 committed: n,
@@ -315,8 +458,11 @@ impl Qp {
         self.stats.tx_stream_bytes += n as u64;
         if b.sent == b.total {
             let done = b.done;
+            let markers = b.layout.map_or(0, |l| l.marker_count());
+            self.tx.stream_offset = self.tx.stream_offset.wrapping_add(b.total as u64);
             self.tx.recycle();
             self.stats.tx_fpdus += 1;
+            self.stats.tx_markers += markers as u64;
             self.on_fpdu_sent(done);
         }
         Ok(())
@@ -360,11 +506,21 @@ impl Qp {
                 match counted {
                     Some((SendOp::Send { .. }, len)) => self.stats.tx.send.add(len),
                     Some((SendOp::Write { .. }, len)) => self.stats.tx.write.add(len),
+                    Some((SendOp::SendWithImm { .. }, len)) => {
+                        self.stats.tx.send.add(len);
+                        self.stats.tx.immediate.add(8);
+                    }
+                    Some((SendOp::WriteWithImm { .. }, len)) => {
+                        self.stats.tx.write.add(len);
+                        self.stats.tx.immediate.add(8);
+                    }
                     _ => {}
                 }
                 let _ = bytes;
             }
             TxDone::ReadRequest { bytes } => self.stats.tx.read_request.add(bytes),
+            TxDone::AtomicRequest => self.stats.tx.atomic_request.add(8),
+            TxDone::AtomicResponse => self.stats.tx.atomic_response.add(8),
             TxDone::ReadResponse { bytes, last } => {
                 self.stats.tx.read_response.bytes += bytes as u64;
                 if last {
@@ -387,34 +543,70 @@ impl Qp {
         let mut b = self.tx.spare.take()?;
         b.hdr_len = 0;
         b.trailer_len = 0;
+        b.layout = None;
         b.total = 0;
         b.sent = 0;
+        b.offered_end = 0;
         Some(b)
     }
 
     /// Frames a ULPDU whose header (and inline data) is already in `b.hdr[2..2 + ulpdu_hdr]`
-    /// and whose payload pieces are in `b.payload`: writes the MPA length, pad and CRC.
+    /// and whose payload pieces are in `b.payload`: writes the MPA length, pad and CRC, and
+    /// places the markers when they are in use.
     fn frame_fpdu(&mut self, mut b: Box<FpduBuild>, hdr_and_inline: usize, done: TxDone) {
         let payload_len: usize = b.payload.iter().flatten().map(|p| p.2).sum();
         let ulpdu_len = hdr_and_inline + payload_len;
         codec::emit_mpa_len(&mut b.hdr, ulpdu_len);
         b.hdr_len = 2 + hdr_and_inline;
         let pad = codec::pad_len(ulpdu_len);
-        let mut trailer = [0u8; 8];
-        if self.tx.crc {
-            let mut crc = crc32c::crc32c(b.hdr.get(..b.hdr_len).unwrap_or(&[]));
-            for (mem, off, len) in b.payload.iter().flatten() {
-                crc = mem.region().crc32c_append(crc, *off, *len).unwrap_or(crc);
+        b.trailer = [0u8; 8];
+        b.trailer_len = pad + 4;
+        let plain_len = b.hdr_len + payload_len + b.trailer_len;
+        b.layout = None;
+        b.total = plain_len;
+        if self.tx.markers {
+            //= https://www.rfc-editor.org/rfc/rfc5044#section-4.3
+            // (paraphrase) With markers negotiated for this direction, the sender inserts a
+            // marker every 512 octets of the stream, the first one immediately before the
+            // first FPDU; each marker's FPDUPTR points back to the start of its FPDU.
+            let layout = codec::marker_layout(self.tx.stream_offset, plain_len)
+                .filter(|l| l.marker_count() <= MAX_MARKERS);
+            let Some(layout) = layout else {
+                // Unreachable: stream offsets stay multiples of 4 (checked at establish) and
+                // max_payload keeps FPDUs short enough for 16-bit FPDUPTRs. Never send an
+                // FPDU without the markers the peer expects: fail the stream instead.
+                for p in b.payload.iter_mut() {
+                    *p = None;
+                }
+                self.tx.spare = Some(b);
+                self.fail_local();
+                return;
+            };
+            for (slot, marker) in b.markers.iter_mut().zip(layout.markers()) {
+                *slot = marker.to_bytes();
             }
-            crc = crc32c::crc32c_append(crc, trailer.get(..pad).unwrap_or(&[]));
-            if let Some(slot) = trailer.get_mut(pad..pad + 4) {
+            b.layout = Some(layout);
+            b.total = layout.wire_len();
+        }
+        if self.tx.crc {
+            //= https://www.rfc-editor.org/rfc/rfc5044#section-4.4
+            // (paraphrase) The CRC covers the FPDU as sent, from its first octet up to the
+            // CRC field: ULPDU_Length, ULPDU, pad, and the markers when in use.
+            let crc_len = b.total.saturating_sub(4);
+            let mut crc = 0u32;
+            let mut at = 0usize;
+            b.wire_pieces(|p| {
+                let take = p.len().min(crc_len - at);
+                crc = p.crc_append(crc, take);
+                at += take;
+                at < crc_len
+            });
+            if let Some(slot) = b.trailer.get_mut(pad..pad + 4) {
                 slot.copy_from_slice(&codec::crc_to_wire(crc));
             }
         }
-        b.trailer = trailer;
-        b.trailer_len = pad + 4;
-        b.total = b.hdr_len + payload_len + b.trailer_len;
         b.sent = 0;
+        b.offered_end = 0;
         b.done = done;
         self.tx.build = Some(b);
     }
@@ -433,6 +625,7 @@ impl Qp {
         }
         match self.tx.msg {
             TxMsg::Sq(seq) => return self.build_sq(seq),
+            TxMsg::Imm(seq) => return self.build_immediate(seq),
             TxMsg::ReadResponse => return self.build_read_response(),
             TxMsg::None => {}
         }
@@ -485,6 +678,7 @@ impl Qp {
                 self.tx_msn[1] = msn.wrapping_add(1);
                 let _ = self.orq.push(OrqEntry {
                     seq: None,
+                    atomic: None,
                     sink_stag: codec::RTR_STAG,
                     sink_to: 0,
                     len: 0,
@@ -509,6 +703,26 @@ impl Qp {
             self.tx.msg = TxMsg::None;
             return;
         };
+        if let Some((request_id, original_value)) = irq.atomic {
+            //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+            // (paraphrase) The responder answers each Atomic Request, in order, with an
+            // Atomic Response on untagged queue 3 that echoes the Request Identifier and
+            // carries the value the target word had before the operation.
+            let msn = self.tx_msn[3];
+            self.tx_msn[3] = msn.wrapping_add(1);
+            let hdr_len = codec::emit_atomic_response(
+                b.hdr.get_mut(2..).unwrap_or(&mut []),
+                msn,
+                AtomicResponseRepr {
+                    original_request_id: request_id,
+                    original_value,
+                },
+            );
+            self.irq.pop();
+            self.tx.msg = TxMsg::None;
+            self.frame_fpdu(b, hdr_len, TxDone::AtomicResponse);
+            return;
+        }
         let remaining = irq.len - irq.sent;
         let seg = usize::try_from(remaining.min(max as u64)).unwrap_or(max);
         if seg > 0 {
@@ -593,6 +807,7 @@ impl Qp {
             self.tx_msn[1] = msn.wrapping_add(1);
             let _ = self.orq.push(OrqEntry {
                 seq: Some(seq),
+                atomic: None,
                 sink_stag,
                 sink_to,
                 len,
@@ -607,11 +822,19 @@ impl Qp {
             return;
         }
 
+        if op.is_atomic() {
+            if orq_len >= ord || self.orq.is_full() {
+                return;
+            }
+            self.build_atomic_request(seq, op);
+            return;
+        }
+
         let Some(mut b) = self.take_spare() else {
             return;
         };
         let hdr_len = match op {
-            SendOp::Send { .. } => codec::UNTAGGED_HEADER_LEN,
+            SendOp::Send { .. } | SendOp::SendWithImm { .. } => codec::UNTAGGED_HEADER_LEN,
             _ => codec::TAGGED_HEADER_LEN,
         };
         let max = self.tx.max_payload(hdr_len);
@@ -674,15 +897,30 @@ impl Qp {
                     self.tx_msn[0] = msn.wrapping_add(1);
                 }
             }
-            SendOp::Write { remote_addr, rkey } => {
+            SendOp::SendWithImm { .. } => {
+                // The Solicited Event, if asked for, rides on the Immediate Data message,
+                // which is what completes the operation at the peer.
+                let msn = self.tx_msn[0];
+                codec::emit_send(hdr, last, false, None, msn, sent as u32);
+                if last {
+                    self.tx_msn[0] = msn.wrapping_add(1);
+                }
+            }
+            SendOp::Write { remote_addr, rkey }
+            | SendOp::WriteWithImm {
+                remote_addr, rkey, ..
+            } => {
                 codec::emit_write(hdr, last, rkey.0, remote_addr.wrapping_add(sent));
             }
-            SendOp::Read { .. } => {}
+            SendOp::Read { .. } | SendOp::FetchAdd { .. } | SendOp::CmpSwap { .. } => {}
         }
         if let Some(e) = self.sq_entry_mut(seq) {
             e.status = SqStatus::Sending { sent: new_sent };
         }
-        if last {
+        let imm_follows = last && op.imm().is_some();
+        if imm_follows {
+            self.tx.msg = TxMsg::Imm(seq);
+        } else if last {
             self.sq_tx_seq = seq + 1;
             self.tx.msg = TxMsg::None;
         } else {
@@ -694,9 +932,110 @@ impl Qp {
             TxDone::Sq {
                 seq,
                 bytes: seg,
-                last,
+                last: last && !imm_follows,
             },
         );
+    }
+
+    /// The Immediate Data message that ends a Write/Send with Immediate.
+    fn build_immediate(&mut self, seq: u64) {
+        let (imm, solicited) = match self.sq_entry(seq).map(|e| e.op) {
+            Some(SendOp::WriteWithImm { imm, .. }) => (imm, false),
+            Some(SendOp::SendWithImm { imm, solicited }) => (imm, solicited),
+            _ => {
+                self.tx.msg = TxMsg::None;
+                return;
+            }
+        };
+        let Some(mut b) = self.take_spare() else {
+            return;
+        };
+        //= https://www.rfc-editor.org/rfc/rfc7306#section-7
+        // (paraphrase) Immediate Data travels in an Immediate Data (or Immediate Data with
+        // Solicited Event) message of its own, an untagged message on queue 0 with the next
+        // MSN, sent right after the RDMA Write or Send it belongs to.
+        let msn = self.tx_msn[0];
+        self.tx_msn[0] = msn.wrapping_add(1);
+        let hdr_len =
+            codec::emit_immediate(b.hdr.get_mut(2..).unwrap_or(&mut []), msn, solicited, imm);
+        self.sq_tx_seq = seq + 1;
+        self.tx.msg = TxMsg::None;
+        self.frame_fpdu(
+            b,
+            hdr_len,
+            TxDone::Sq {
+                seq,
+                bytes: 0,
+                last: true,
+            },
+        );
+    }
+
+    /// An RFC 7306 Atomic Request (the ORD check was done by the caller).
+    fn build_atomic_request(&mut self, seq: u64, op: SendOp) {
+        let (opcode, remote_addr, rkey, data, mask, compare, compare_mask) = match op {
+            // A plain FetchAdd: no field boundaries in the Add Mask.
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => (AtomicOpcode::FetchAdd, remote_addr, rkey, add, 0, 0, 0),
+            // A plain CmpSwap: the whole word is compared and swapped.
+            SendOp::CmpSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => (
+                AtomicOpcode::CmpSwap,
+                remote_addr,
+                rkey,
+                swap,
+                u64::MAX,
+                compare,
+                u64::MAX,
+            ),
+            _ => return,
+        };
+        let Some(mut b) = self.take_spare() else {
+            return;
+        };
+        // The Request Identifier only has to tell outstanding requests apart: the SQ
+        // sequence number's low half does (ORD is far below 2^32).
+        let request_id = seq as u32;
+        let msn = self.tx_msn[1];
+        self.tx_msn[1] = msn.wrapping_add(1);
+        //= https://www.rfc-editor.org/rfc/rfc7306#section-6
+        // (paraphrase) Atomic Requests are untagged messages on queue 1, the queue of RDMA
+        // Read Requests, and count against the same ORD/IRD limits.
+        let hdr_len = codec::emit_atomic_request(
+            b.hdr.get_mut(2..).unwrap_or(&mut []),
+            msn,
+            AtomicRequestRepr {
+                opcode,
+                request_id,
+                remote_stag: rkey.0,
+                remote_tagged_offset: remote_addr,
+                add_or_swap_data: data,
+                add_or_swap_mask: mask,
+                compare_data: compare,
+                compare_mask,
+            },
+        );
+        let _ = self.orq.push(OrqEntry {
+            seq: Some(seq),
+            atomic: Some(request_id),
+            sink_stag: 0,
+            sink_to: 0,
+            len: 8,
+            received: 0,
+        });
+        if let Some(e) = self.sq_entry_mut(seq) {
+            e.status = SqStatus::AwaitingResponse;
+        }
+        self.sq_tx_seq = seq + 1;
+        self.tx.msg = TxMsg::None;
+        self.frame_fpdu(b, hdr_len, TxDone::AtomicRequest);
     }
 
     /// A WR failed locally (bad lkey): Terminate the stream (RDMAP local catastrophic error),

@@ -228,6 +228,13 @@ impl Pair {
         Self::from_sides(Side::new(1, stream), Side::new(2, stream), split)
     }
 
+    /// A pair whose directions use markers as asked: `a_to_b` when a inserts markers for b,
+    /// `b_to_a` the other way (each side's MPA frame asking for what it receives).
+    pub fn with_markers(split: Split, stream: StreamConfig, a_to_b: bool, b_to_a: bool) -> Self {
+        let (sa, sb) = marker_streams(stream, a_to_b, b_to_a);
+        Self::from_sides(Side::new(1, sa), Side::new(2, sb), split)
+    }
+
     pub fn from_sides(a: Side, b: Side, split: Split) -> Self {
         let seed = match split {
             Split::Random { seed, .. } => seed,
@@ -289,6 +296,57 @@ impl Pair {
     pub fn undelivered_to_b(&self) -> usize {
         self.a_to_b.len()
     }
+}
+
+/// The two sides' stream configurations for markers `a_to_b` and `b_to_a`.
+pub fn marker_streams(
+    stream: StreamConfig,
+    a_to_b: bool,
+    b_to_a: bool,
+) -> (StreamConfig, StreamConfig) {
+    let mut a = stream;
+    a.markers_tx = a_to_b;
+    a.markers_rx = b_to_a;
+    let mut b = stream;
+    b.markers_tx = b_to_a;
+    b.markers_rx = a_to_b;
+    b.tx_stream_offset = stream.rx_stream_offset;
+    b.rx_stream_offset = stream.tx_stream_offset;
+    (a, b)
+}
+
+/// The four marker configurations: none, a to b only, b to a only, both.
+pub const MARKER_MODES: [(bool, bool); 4] =
+    [(false, false), (true, false), (false, true), (true, true)];
+
+/// Splits a stream of FPDUs sent with markers (`markers`) from stream offset `offset` into
+/// marker-free FPDUs, with `softwarp_wire::mpa::marker::strip`; panics on any error.
+/// Returns each FPDU's length on the wire and its marker-free bytes.
+pub fn strip_stream(
+    wire: &[u8],
+    mut offset: u64,
+    markers: bool,
+    crc: bool,
+) -> Vec<(usize, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < wire.len() {
+        if markers {
+            let mut plain = vec![0u8; 70_000];
+            let (used, len) =
+                softwarp_wire::mpa::marker::strip(&wire[at..], offset, crc, &mut plain)
+                    .unwrap_or_else(|e| panic!("strip at {at} (stream offset {offset}): {e}"));
+            plain.truncate(len);
+            out.push((used, plain));
+            at += used;
+            offset = offset.wrapping_add(used as u64);
+        } else {
+            let (_, n) = softwarp_wire::mpa::Fpdu::parse(&wire[at..], crc).unwrap();
+            out.push((n, wire[at..at + n].to_vec()));
+            at += n;
+        }
+    }
+    out
 }
 
 /// An SGE over `len` bytes at `off` of the registration (stag, iova).
