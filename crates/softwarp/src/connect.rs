@@ -155,7 +155,6 @@ pub(crate) fn respond(
     local: &Local,
 ) -> Result<(TcpStream, Negotiated)> {
     negotiate::check_private_data(&opts.private_data, opts.revision)?;
-    negotiate::check_markers_supported(opts.markers)?;
     let total = opts.timeout;
     let deadline = Instant::now() + total;
     stream

@@ -116,9 +116,9 @@ pub enum MpaError {
         /// The private data of the reject Reply.
         private_data: Vec<u8>,
     },
-    /// The peer asks for MPA markers, which this stack does not implement (siw does not
-    /// either); the connection was rejected.
-    #[error("the peer requires MPA markers, which are not supported")]
+    /// The peer asks for MPA markers in what this side sends, and the local settings refuse
+    /// them ([`crate::MarkerMode::Off`], like siw); a Request is answered with a reject.
+    #[error("the peer requires MPA markers, which the local settings refuse (MarkerMode::Off)")]
     MarkersRequired,
     /// The peer offered a revision the local options do not allow.
     #[error("the peer uses MPA revision {peer}, the local options require {local}")]
@@ -150,10 +150,6 @@ pub enum MpaError {
     /// it (C = 0).
     #[error("CRC is required here and the peer's MPA Reply did not confirm it (C = 0)")]
     CrcNotConfirmed,
-    /// A marker setting other than [`crate::MarkerMode::Off`] was given, and this build's
-    /// engine cannot insert or remove MPA markers.
-    #[error("MPA markers are not supported by this build's engine (use MarkerMode::Off)")]
-    MarkersUnsupported,
     /// The responder's ORD exceeds the IRD this QP can support (RFC 6581): a Terminate
     /// "insufficient IRD resources" was sent.
     #[error("the peer's ORD {peer_ord} exceeds this QP's largest IRD {max_ird}")]

@@ -971,13 +971,17 @@ fn prepare_stream(
         .peer_addr()
         .map_err(|e| Error::io("getpeername", e))?;
     let max_fpdu_len = connect::fpdu_len_for(opts.max_fpdu_len.unwrap_or(mss));
-    if neg.markers_tx || neg.markers_rx {
-        // Negotiation never settles markers while the engine lacks them.
-        return Err(crate::error::MpaError::MarkersUnsupported.into());
-    }
     let cfg = StreamConfig {
         crc: neg.crc,
         markers: false,
+        //= https://www.rfc-editor.org/rfc/rfc5044#section-4.3
+        // (paraphrase) Markers are placed relative to the start of each direction's FPDU
+        // stream, the first octet after the MPA Request (initiator to responder) or the
+        // MPA Reply (responder to initiator): both streams start at offset 0.
+        markers_tx: neg.markers_tx,
+        markers_rx: neg.markers_rx,
+        tx_stream_offset: 0,
+        rx_stream_offset: 0,
         max_fpdu_len,
         max_rx_ulpdu: softwarp_wire::mpa::fpdu::MAX_ULPDU_LEN,
         ird: neg.ird,

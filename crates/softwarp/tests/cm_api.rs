@@ -626,3 +626,79 @@ fn resolve_names_and_connect_tries_every_address() {
         assert_eq!(info.peer_addr, l.local_addr());
     });
 }
+
+#[test]
+fn markers_both_ways_carry_large_messages_in_the_largest_fpdus() {
+    // The largest FPDU MPA allows; with markers the engine keeps it within what FPDUPTR
+    // can point back over.
+    let opts = ConnectOptions::default()
+        .markers(MarkerMode::Request)
+        .max_fpdu_len(Some(usize::MAX));
+    let server = End::new(None, None);
+    let client = End::new(None, None);
+    let len = 1 << 20;
+    let rw = LW | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let (sbuf, sdata) = server.mr(2 * len, rw, 11);
+    let (cbuf, cdata) = client.mr(2 * len, rw, 12);
+    post_recv(&server.qp, &sbuf, 0, len, 1);
+    let sch = CmEventChannel::new().unwrap();
+    let cch = CmEventChannel::new().unwrap();
+    let l = listener(&sch, opts.clone());
+    let cid = cch.connect(&client.qp, l.local_addr(), &opts).unwrap();
+    let sid = request(&sch).accept(&server.qp, &opts).unwrap();
+    established(&sch, sid.conn_id());
+    let info = established(&cch, cid.conn_id());
+    assert!(info.markers_tx && info.markers_rx && info.crc, "{info:?}");
+    // Send, then a Write and a Read of the second halves.
+    post_send(&client.qp, &cbuf, 0, len, 1);
+    let wc = wait_wcs(&server.rcq, 1);
+    assert_eq!(
+        (wc[0].status, wc[0].byte_len as usize),
+        (WcStatus::Success, len)
+    );
+    assert!(sbuf.to_vec().unwrap()[..len] == cdata[..len]);
+    client
+        .qp
+        .post_send(&SendWr {
+            wr_id: 2,
+            op: SendOp::Write {
+                remote_addr: sbuf.addr() + len as u64,
+                rkey: sbuf.rkey(),
+            },
+            payload: Payload::Sgl(SgList::single(cbuf.sge(len, len as u32).unwrap())),
+            signaled: true,
+            fence: false,
+        })
+        .unwrap();
+    client
+        .qp
+        .post_send(&SendWr {
+            wr_id: 3,
+            op: SendOp::Read {
+                remote_addr: sbuf.addr(),
+                rkey: sbuf.rkey(),
+            },
+            payload: Payload::Sgl(SgList::single(cbuf.sge(0, len as u32).unwrap())),
+            signaled: true,
+            fence: true,
+        })
+        .unwrap();
+    let wcs = wait_wcs(&client.scq, 3);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    let s = sbuf.to_vec().unwrap();
+    assert!(s[len..] == cdata[len..]);
+    assert!(
+        cbuf.to_vec().unwrap()[..len] == cdata[..len],
+        "read back what was sent"
+    );
+    let _ = sdata;
+    assert_eq!(
+        client.qp.stats().crc_errors + server.qp.stats().crc_errors,
+        0
+    );
+    cid.disconnect().unwrap();
+    assert_eq!(
+        disconnected(&sch, sid.conn_id()),
+        DisconnectReason::PeerClosed
+    );
+}

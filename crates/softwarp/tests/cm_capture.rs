@@ -226,12 +226,9 @@ fn captures_of_every_combination_pass_wiresharks_iwarp_dissectors() {
     let all = cases(&modes);
     let client = Side::new();
     let server = Side::new();
-    // One listener for every case, so that one port filter captures them all.
-    let markers = if modes.len() > 1 {
-        MarkerMode::Accept
-    } else {
-        MarkerMode::Off
-    };
+    // One listener for every case, so that one port filter captures them all; it lets every
+    // marker setting through (each case's own setting is applied at accept).
+    let markers = MarkerMode::Accept;
     let listener = server
         .ch
         .listen(

@@ -1,6 +1,6 @@
 //! Every combination of the negotiation settings, both ends Softwarp through the connection
 //! manager: MPA revision (each end 1 or 2) x CRC (each end off / preferred / required) x
-//! markers (each end off / accept / request, when the engine has them) x peer-to-peer RTR
+//! markers (each end off / accept / request) x peer-to-peer RTR
 //! (none, zero-length Write, Read, Send) x private data (0, 1 and the most a frame carries,
 //! each way).
 //!

@@ -175,7 +175,6 @@ impl CmEventChannel {
     /// they passed the listener's policy (`opts.options`: markers, revision) and within its
     /// timeout.
     pub fn listen<A: ToSocketAddrs>(&self, addr: A, opts: &ListenOptions) -> Result<CmListener> {
-        negotiate::check_markers_supported(opts.options.markers)?;
         let std_listener =
             std::net::TcpListener::bind(addr).map_err(|e| Error::io("bind listener", e))?;
         sys::set_listen_backlog(std_listener.as_fd(), opts.backlog)

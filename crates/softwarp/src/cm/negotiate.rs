@@ -26,12 +26,8 @@ use softwarp_wire::rdmap::{
 };
 use softwarp_wire::WireError;
 
-use super::options::{ConnectOptions, CrcMode, MarkerMode, Role, RtrTypes};
+use super::options::{ConnectOptions, CrcMode, Role, RtrTypes};
 use crate::error::{Error, MpaError, Result};
-
-/// True once the engine inserts and removes MPA markers. Until then any marker setting other
-/// than [`MarkerMode::Off`] is refused with [`MpaError::MarkersUnsupported`].
-pub(crate) const MARKERS_SUPPORTED: bool = false;
 
 /// The read queue limits of the local QP: what to offer and how far negotiation may go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,14 +84,6 @@ pub(crate) fn check_private_data(pd: &[u8], revision: MpaRevision) -> Result<()>
     let max = max_private_data(revision);
     if pd.len() > max {
         return Err(MpaError::PrivateDataTooLong { len: pd.len(), max }.into());
-    }
-    Ok(())
-}
-
-/// Refuses marker settings the engine cannot honour yet.
-pub(crate) fn check_markers_supported(mode: MarkerMode) -> Result<()> {
-    if mode != MarkerMode::Off && !MARKERS_SUPPORTED {
-        return Err(MpaError::MarkersUnsupported.into());
     }
     Ok(())
 }
@@ -229,7 +217,6 @@ fn offerable(opts: &ConnectOptions, local: &Local) -> RtrTypes {
 
 /// The MPA Request an initiator sends.
 pub(crate) fn request(opts: &ConnectOptions, local: &Local) -> Result<FrameOut> {
-    check_markers_supported(opts.markers)?;
     check_private_data(&opts.private_data, opts.revision)?;
     let offer = offerable(opts, local);
     if opts.peer_to_peer {
@@ -536,7 +523,7 @@ pub(crate) fn screen_request(
         enhanced: frame.enhanced,
         private_data: frame.private_data.to_vec(),
     };
-    if req.marker && !(opts.markers.sends_on_request() && MARKERS_SUPPORTED) {
+    if req.marker && !opts.markers.sends_on_request() {
         // siw does the same: a Request asking for markers gets a reject Reply.
         return Screened::Refuse {
             reply: Some(reject_reply(Some(&req), opts.revision, &[])),
@@ -554,7 +541,6 @@ pub(crate) fn accept(
     opts: &ConnectOptions,
     local: &Local,
 ) -> Result<(FrameOut, Negotiated)> {
-    check_markers_supported(opts.markers)?;
     if req.marker && !opts.markers.sends_on_request() {
         return Err(MpaError::MarkersRequired.into());
     }
@@ -668,6 +654,7 @@ pub(crate) fn terminate_fpdu(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cm::options::MarkerMode;
 
     const LOCAL: Local = Local {
         ird: 16,
@@ -773,14 +760,27 @@ mod tests {
     }
 
     #[test]
-    fn markers_are_refused_while_the_engine_lacks_them() {
-        if MARKERS_SUPPORTED {
-            return;
-        }
-        let opts = ConnectOptions::default().markers(MarkerMode::Request);
+    fn markers_are_settled_per_direction() {
+        // The initiator asks (M = 1); the responder agrees to send them but does not ask.
+        let ask = ConnectOptions::default().markers(MarkerMode::Request);
+        let req = request(&ask, &LOCAL).unwrap();
+        assert_eq!(req.encode().unwrap()[16] & 0x80, 0x80);
+        let accepting = ConnectOptions::default().markers(MarkerMode::Accept);
+        let Screened::Request(peer) = screen_request(Ok(&req.encode().unwrap()), &accepting) else {
+            panic!("screened out");
+        };
+        let (rep, rneg) = accept(&peer, &accepting, &LOCAL).unwrap();
+        assert!(!rep.marker, "Accept does not ask");
+        assert_eq!((rneg.markers_tx, rneg.markers_rx), (true, false));
+        let ineg = check_reply(&req, &ask, &LOCAL, &reply_bytes(&rep)).unwrap();
+        assert_eq!((ineg.markers_tx, ineg.markers_rx), (false, true));
+        // A responder that refuses markers rejects the Request at screening.
         assert!(matches!(
-            request(&opts, &LOCAL),
-            Err(Error::Mpa(MpaError::MarkersUnsupported))
+            screen_request(Ok(&req.encode().unwrap()), &ConnectOptions::default()),
+            Screened::Refuse {
+                error: MpaError::MarkersRequired,
+                ..
+            }
         ));
     }
 
@@ -1106,16 +1106,11 @@ mod tests {
         }
 
         fn marker_mode() -> impl Strategy<Value = MarkerMode> {
-            if MARKERS_SUPPORTED {
-                prop_oneof![
-                    Just(MarkerMode::Off),
-                    Just(MarkerMode::Accept),
-                    Just(MarkerMode::Request)
-                ]
-                .boxed()
-            } else {
-                Just(MarkerMode::Off).boxed()
-            }
+            prop_oneof![
+                Just(MarkerMode::Off),
+                Just(MarkerMode::Accept),
+                Just(MarkerMode::Request)
+            ]
         }
 
         fn rtr() -> impl Strategy<Value = RtrTypes> {

@@ -344,7 +344,8 @@ pub struct ConnectionInfo {
     pub rtr: Option<RtrKind>,
     /// The TCP maximum segment size of the connection.
     pub mss: usize,
-    /// Largest FPDU this side sends.
+    /// Largest FPDU this side sends (with markers the engine also keeps every FPDU below
+    /// 64 KiB on the wire, as the 16-bit FPDUPTR requires).
     pub max_fpdu_len: usize,
     /// The peer's private data (after the RFC 6581 prefix).
     pub peer_private_data: Vec<u8>,
