@@ -65,7 +65,7 @@ fn missing() -> Option<String> {
     None
 }
 
-/// tcpdump on lo for one TCP port, started and ready.
+/// tcpdump on lo for a range of TCP ports, started and ready.
 struct Capture {
     child: Child,
     path: PathBuf,
@@ -73,9 +73,8 @@ struct Capture {
 }
 
 impl Capture {
-    fn start(port: u16) -> Self {
-        let path =
-            std::env::temp_dir().join(format!("softwarp-cm-{}-{port}.pcap", std::process::id()));
+    fn start(ports: std::ops::Range<u16>) -> Self {
+        let path = std::env::temp_dir().join(format!("softwarp-cm-{}.pcap", std::process::id()));
         let mut child = Command::new("tcpdump")
             .args([
                 "-i",
@@ -90,7 +89,11 @@ impl Capture {
                 "-w",
             ])
             .arg(&path)
-            .args(["tcp", "port", &port.to_string()])
+            .args([
+                "tcp",
+                "portrange",
+                &format!("{}-{}", ports.start, ports.end - 1),
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -205,6 +208,20 @@ fn malformed(pcap: &PathBuf) -> String {
             "smb_direct",
             "-Y",
             "_ws.malformed || _ws.expert.severity == error",
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+            "-e",
+            "tcp.srcport",
+            "-e",
+            "tcp.dstport",
+            "-e",
+            "tcp.len",
+            "-e",
+            "_ws.col.Protocol",
+            "-e",
+            "_ws.col.Info",
         ])
         .output()
         .unwrap();
@@ -214,6 +231,27 @@ fn malformed(pcap: &PathBuf) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Listener ports come from here, below Linux's ephemeral range (32768 and up): a port
+/// filter on the range then sees only the cases' connections, and each connection has its
+/// own server port, so two connections never share a 4-tuple (tshark would carry the MPA
+/// state of the first over to the second when an initiator's port is reused).
+const PORTS: std::ops::Range<u16> = 21000..29000;
+
+/// A listener on the next free port of [`PORTS`] after `next`, letting every marker setting
+/// through (the case's own setting is applied at accept).
+fn listener_in_range(server: &Side, next: &mut u16) -> CmListener {
+    let opts =
+        ListenOptions::default().options(ConnectOptions::default().markers(MarkerMode::Accept));
+    while PORTS.contains(next) {
+        let port = *next;
+        *next += 1;
+        if let Ok(l) = server.ch.listen(("127.0.0.1", port), &opts) {
+            return l;
+        }
+    }
+    panic!("no free port left in {PORTS:?}");
 }
 
 #[test]
@@ -226,30 +264,26 @@ fn captures_of_every_combination_pass_wiresharks_iwarp_dissectors() {
     let all = cases(&modes);
     let client = Side::new();
     let server = Side::new();
-    // One listener for every case, so that one port filter captures them all; it lets every
-    // marker setting through (each case's own setting is applied at accept).
-    let markers = MarkerMode::Accept;
-    let listener = server
-        .ch
-        .listen(
-            "127.0.0.1:0",
-            &ListenOptions::default().options(ConnectOptions::default().markers(markers)),
-        )
-        .unwrap();
-    let port = listener.local_addr().port();
-    let run = Run {
-        client: &client,
-        server: &server,
-        listener: Some(&listener),
-        sizes: LIGHT,
-    };
     // tcpdump can lose packets on a loaded machine (lo carries everyone's traffic): then
     // the capture says nothing, and it is taken again.
     let mut attempt = 0;
     let (pcap, wires) = loop {
         attempt += 1;
-        let cap = Capture::start(port);
-        let wires: Vec<(Case, Wire)> = all.iter().map(|c| (*c, run_case(c, &run))).collect();
+        let cap = Capture::start(PORTS);
+        let mut next = PORTS.start;
+        let wires: Vec<(Case, u16, Wire)> = all
+            .iter()
+            .map(|c| {
+                let l = listener_in_range(&server, &mut next);
+                let run = Run {
+                    client: &client,
+                    server: &server,
+                    listener: Some(&l),
+                    sizes: LIGHT,
+                };
+                (*c, l.local_addr().port(), run_case(c, &run))
+            })
+            .collect();
         let (pcap, dropped) = cap.stop();
         if dropped == 0 {
             break (pcap, wires);
@@ -276,7 +310,8 @@ fn captures_of_every_combination_pass_wiresharks_iwarp_dissectors() {
         "tshark flags frames of {pcap:?}:\n{bad}"
     );
 
-    // Per connection (by the initiator's port): MPA frames, and FPDU lines per direction.
+    // Per connection (initiator's port, responder's port): MPA frames, and FPDU lines per
+    // direction.
     #[derive(Default)]
     struct Seen<'a> {
         req: usize,
@@ -284,12 +319,15 @@ fn captures_of_every_combination_pass_wiresharks_iwarp_dissectors() {
         c2s: Vec<&'a Line>,
         s2c: Vec<&'a Line>,
     }
-    let mut seen: HashMap<u16, Seen<'_>> = HashMap::new();
+    let mut seen: HashMap<(u16, u16), Seen<'_>> = HashMap::new();
     for l in &lines {
-        let to_server = l.dst == port;
-        let e = seen
-            .entry(if to_server { l.src } else { l.dst })
-            .or_default();
+        let to_server = PORTS.contains(&l.dst);
+        let key = if to_server {
+            (l.src, l.dst)
+        } else {
+            (l.dst, l.src)
+        };
+        let e = seen.entry(key).or_default();
         match l.kind.as_str() {
             "MPA-REQ" => e.req += 1,
             "MPA-REP" => e.rep += 1,
@@ -298,13 +336,15 @@ fn captures_of_every_combination_pass_wiresharks_iwarp_dissectors() {
         }
     }
     let mut asymmetric = 0;
-    for (case, wire) in &wires {
-        let s = seen.remove(&wire.client_port).unwrap_or_else(|| {
-            panic!(
-                "{case:?}: connection {} not in the capture",
-                wire.client_port
-            )
-        });
+    for (case, server_port, wire) in &wires {
+        let s = seen
+            .remove(&(wire.client_port, *server_port))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{case:?}: connection {} not in the capture",
+                    wire.client_port
+                )
+            });
         assert_eq!(
             (s.req, s.rep),
             (1, 1),

@@ -82,19 +82,17 @@ impl IdShared {
 
     /// Reports the connection established, then whatever happened to it meanwhile.
     pub(crate) fn established(&self, info: ConnectionInfo) {
-        let deferred = {
-            let mut st = lock(&self.st);
-            st.info = Some(info.clone());
-            if st.state == CmState::Connecting {
-                st.state = CmState::Established;
-            }
-            std::mem::take(&mut st.deferred)
-        };
+        // Under the lock, so that a close reported meanwhile cannot overtake it.
+        let mut st = lock(&self.st);
+        st.info = Some(info.clone());
+        if st.state == CmState::Connecting {
+            st.state = CmState::Established;
+        }
         self.push(CmEvent::Established {
             id: self.conn_id,
             info,
         });
-        for ev in deferred {
+        for ev in std::mem::take(&mut st.deferred) {
             self.push(ev);
         }
     }
