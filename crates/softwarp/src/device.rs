@@ -75,7 +75,7 @@ impl DeviceAttr {
             name: DEVICE_NAME.to_string(),
             fw_ver: env!("CARGO_PKG_VERSION").to_string(),
             transport: "iWARP",
-            max_qp: 1024,
+            max_qp: 65536,
             max_qp_wr: 4096,
             max_sge: MAX_SGE,
             max_inline_data: MAX_INLINE,
