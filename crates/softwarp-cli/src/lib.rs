@@ -1,5 +1,6 @@
-//! The `softwarp` command's library half: capture reading and iWARP decoding, kept out of
-//! `main.rs` so that tests can call them directly.
+//! The `softwarp` command's library half: capture reading and iWARP decoding, and the
+//! operator commands (`resources`, `stat`, `trace`, `doctor`), kept out of `main.rs` so that
+//! tests can call them directly.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(
@@ -7,5 +8,6 @@
     warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod admin;
 pub mod capture;
 pub mod decode;

@@ -9,6 +9,9 @@
 //!
 //! `demo` runs a server and a client on loopback and exercises every iWARP operation (exit
 //! status 0 when every byte and completion checked out, 1 otherwise).
+//!
+//! `resources`, `stat`, `trace` ask running Softwarp processes over their control sockets
+//! (exit status 0, or 2 when some process did not answer); `doctor` checks the host.
 
 use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
@@ -16,6 +19,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use softwarp_cli::admin;
 use softwarp_cli::decode::{decode_capture, output_to_json, Output};
 
 mod bench;
@@ -58,6 +62,17 @@ enum Command {
     /// Loopback (server and client in this process) by default; `-s` is the server and
     /// `softwarp bench SHAPES PEER` the client of a two-process run.
     Bench(bench::BenchArgs),
+    /// List the devices, PDs, MRs, CQs, SRQs, QPs and listeners of every Softwarp process on
+    /// the host (like `rdma resource show`): owner, state, addresses, creating source line.
+    Resources(admin::resources::ResourcesArgs),
+    /// Print the statistics of Softwarp processes (per QP, CQ, device; TCP_INFO), or with
+    /// --watch their per-second rates.
+    Stat(admin::stat::StatArgs),
+    /// Get or set trace levels of running processes, or read their flight recorders.
+    Trace(admin::trace::TraceArgs),
+    /// Check this host's configuration for Softwarp (MTU, offloads, socket buffers, clock
+    /// source, open-file limit) and give advice.
+    Doctor(admin::doctor::DoctorArgs),
 }
 
 fn print_output(out: &mut impl Write, output: &Output, json: bool) -> io::Result<()> {
@@ -114,6 +129,25 @@ fn decode(file: &PathBuf, json: bool, summary: bool) -> anyhow::Result<ExitCode>
     })
 }
 
+/// Runs an operator command on standard output and error; a closed standard output (a pipe
+/// into `head`) ends it quietly.
+fn admin_run(
+    f: impl FnOnce(&mut dyn Write, &mut dyn Write) -> anyhow::Result<u8>,
+) -> anyhow::Result<ExitCode> {
+    let mut out = io::stdout().lock();
+    let mut err = io::stderr().lock();
+    match f(&mut out, &mut err) {
+        Ok(code) => Ok(ExitCode::from(code)),
+        Err(e)
+            if e.downcast_ref::<io::Error>()
+                .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
@@ -124,6 +158,10 @@ fn main() -> ExitCode {
         } => decode(file, *json, *summary),
         Command::Demo(args) => demo::run(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Resources(args) => admin_run(|o, e| admin::resources::run(args, o, e)),
+        Command::Stat(args) => admin_run(|o, e| admin::stat::run(args, o, e)),
+        Command::Trace(args) => admin_run(|o, e| admin::trace::run(args, o, e)),
+        Command::Doctor(args) => admin_run(|o, _| admin::doctor::run(args, o)),
     };
     match result {
         Ok(code) => code,

@@ -207,6 +207,76 @@ fn send_with_immediate_completes_the_data_receive_then_the_value_receive() {
 }
 
 #[test]
+fn a_write_with_immediate_takes_one_receive_so_the_next_send_lands_in_the_next_one() {
+    // The Write's data is tagged; only its Immediate Data consumes a receive WR. A Send of
+    // 10001 bytes right after it must take the next (20000-byte) receive, not a second one
+    // as small as the first (which would end the stream with "message too long"). Also run
+    // as the property seed found it: CRC, 9000-byte MSS, markers b to a only, a's stream
+    // offset near 2^64.
+    let huge = 10_164_883_673_608_174_768u64;
+    for split in SPLITS.into_iter().chain([Split::Random {
+        seed: 44,
+        max: 1923,
+    }]) {
+        for m in MARKER_MODES {
+            let mut s = StreamConfig::for_mss(9000);
+            s.crc = true;
+            s.tx_stream_offset = huge;
+            s.rx_stream_offset = 3408;
+            let mut p = Pair::with_markers(split, s, m.0, m.1);
+            let (_src, sstag, siova, data) = p.a.filled_region(10_001, Access::NONE, 8);
+            let (_dst, dstag, diova) = p.b.region(16, Access::REMOTE_WRITE);
+            let (rb, rstag, riova) = p.b.region(30_000, Access::LOCAL_WRITE);
+            for (wr_id, off, len) in [(20, 0, 10_000), (21, 10_000, 20_000)] {
+                p.b.qp
+                    .post_recv(RecvWr {
+                        wr_id,
+                        sgl: SgList::single(sge(rstag, riova, off, len)),
+                    })
+                    .unwrap();
+            }
+            let write_imm = SendOp::WriteWithImm {
+                remote_addr: diova,
+                rkey: dstag,
+                imm: 9,
+            };
+            let send = SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            };
+            p.a.qp
+                .post_send(&wr(1, write_imm, SgList::new()), &p.a.mrs)
+                .unwrap();
+            p.a.qp
+                .post_send(
+                    &wr(2, send, SgList::single(sge(sstag, siova, 0, 10_001))),
+                    &p.a.mrs,
+                )
+                .unwrap();
+            p.drive();
+            let ctx = format!("{split:?} {m:?} a {:?} b {:?}", p.a.events, p.b.events);
+            assert_eq!(p.a.qp.state(), QpState::Rts, "{ctx}");
+            assert_eq!(p.b.qp.state(), QpState::Rts, "{ctx}");
+            let b = p.b.recv_wcs();
+            let got: Vec<_> = b
+                .iter()
+                .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len, w.imm))
+                .collect();
+            assert_eq!(
+                got,
+                [
+                    (20, WcStatus::Success, WcOpcode::RecvRdmaWithImm, 0, Some(9)),
+                    (21, WcStatus::Success, WcOpcode::Recv, 10_001, None),
+                ],
+                "{ctx}"
+            );
+            assert_eq!(&contents(&rb)[10_000..20_001], &data[..], "{ctx}");
+            assert!(p.a.send_wcs().iter().all(|w| w.status == WcStatus::Success));
+        }
+    }
+}
+
+#[test]
 fn a_send_between_a_write_and_immediate_data_makes_it_a_plain_receive_with_immediate() {
     // Write, then Send, then Send with Immediate: the Immediate Data follows a Send, so it is
     // not a Write with Immediate.

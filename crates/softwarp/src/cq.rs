@@ -16,10 +16,13 @@ use std::time::{Duration, Instant};
 
 use softwarp_engine::cq::{Cq, CqError, CqId};
 use softwarp_engine::wr::{WcOpcode, WcStatus, WorkCompletion};
+use softwarp_ras::sw_event;
+use softwarp_ras::tracker::{DescribeResource, ResourceKind};
 
 use crate::device::{lock, CountGuard, Counts, DeviceShared};
 use crate::error::{Error, Result};
 use crate::qp::QpShared;
+use crate::ras::{CqView, Tracked};
 use crate::sys;
 
 /// A blank completion, to initialise the slice given to [`CompletionQueue::poll`].
@@ -39,6 +42,12 @@ struct CqState {
     cq: Cq,
     /// Armed for the next completion: `Some(solicited_only)`.
     armed: Option<bool>,
+    /// Statistics: completions queued, of them with an error status, taken by the
+    /// application, channel notifications.
+    completions: u64,
+    error_completions: u64,
+    polled: u64,
+    notifications: u64,
 }
 
 #[derive(Debug)]
@@ -49,6 +58,9 @@ pub(crate) struct CqShared {
     /// QPs that complete into this CQ (moved to Error on overflow; driven by busy polls).
     qps: Mutex<Vec<Weak<QpShared>>>,
     count: Mutex<CountGuard>,
+    /// The registration, owned by the application's [`CompletionQueue`] handles (the
+    /// lingering connection of a destroyed QP keeps this state alive, not them).
+    ras: Weak<Tracked>,
     /// Busy-poll mode: [`CompletionQueue::poll`] moves the bytes of the QPs that receive
     /// into this CQ, and their sockets do not wake the progress thread for reading.
     pub(crate) busy_poll: AtomicBool,
@@ -67,12 +79,17 @@ impl CqShared {
         let mut st = lock(&self.state);
         match st.cq.push(wc) {
             Ok(()) => {
+                st.completions += 1;
+                if wc.status != WcStatus::Success {
+                    st.error_completions += 1;
+                }
                 if let Some(solicited_only) = st.armed {
                     let fire = !solicited_only
                         || wc.status != WcStatus::Success
                         || (wc.opcode == WcOpcode::Recv && wc.solicited);
                     if fire {
                         st.armed = None;
+                        st.notifications += 1;
                         drop(st);
                         if let Some(ch) = &self.channel {
                             ch.notify(self);
@@ -120,15 +137,35 @@ impl CqShared {
             qp.poll_pass();
         }
     }
+
+    /// Counters and state for RAS (statistics, `softwarp resources`).
+    pub(crate) fn ras_view(&self) -> CqView {
+        let st = lock(&self.state);
+        CqView {
+            id: st.cq.id().0,
+            capacity: st.cq.capacity(),
+            len: st.cq.len(),
+            in_error: st.cq.is_error(),
+            refused: st.cq.refused(),
+            completions: st.completions,
+            error_completions: st.error_completions,
+            polled: st.polled,
+            notifications: st.notifications,
+            channel: self.channel.is_some(),
+        }
+    }
 }
 
 /// A completion queue. Cloning gives another handle to the same CQ.
 #[derive(Debug, Clone)]
 pub struct CompletionQueue {
     pub(crate) shared: Arc<CqShared>,
+    /// Registered with the device's tracker while the application holds a handle.
+    _ras: Option<Arc<Tracked>>,
 }
 
 impl CompletionQueue {
+    #[track_caller]
     pub(crate) fn new(
         device: &Arc<DeviceShared>,
         cqe: usize,
@@ -146,19 +183,44 @@ impl CompletionQueue {
         }
         let count = Counts::take(&device.counts.cq, device.attr.max_cq, "completion queues")?;
         let id = CqId(device.next_id());
-        Ok(Self {
-            shared: Arc::new(CqShared {
-                device: Arc::clone(device),
-                state: Mutex::new(CqState {
-                    cq: Cq::new(id, cqe),
-                    armed: None,
-                }),
-                channel: channel.map(|c| Arc::clone(&c.shared)),
-                qps: Mutex::new(Vec::new()),
-                count: Mutex::new(count),
-                busy_poll: AtomicBool::new(false),
+        let bytes = std::mem::size_of::<CqShared>() + cqe * std::mem::size_of::<WorkCompletion>();
+        let ras = Arc::new(Tracked::new(
+            &device.ras.tracker,
+            ResourceKind::Cq,
+            u64::from(id.0),
+            bytes as u64,
+        ));
+        let shared = Arc::new(CqShared {
+            device: Arc::clone(device),
+            state: Mutex::new(CqState {
+                cq: Cq::new(id, cqe),
+                armed: None,
+                completions: 0,
+                error_completions: 0,
+                polled: 0,
+                notifications: 0,
             }),
+            channel: channel.map(|c| Arc::clone(&c.shared)),
+            qps: Mutex::new(Vec::new()),
+            count: Mutex::new(count),
+            ras: Arc::downgrade(&ras),
+            busy_poll: AtomicBool::new(false),
+        });
+        ras.describe_with(Arc::downgrade(&shared) as Weak<dyn DescribeResource>);
+        device.ras.add_cq(&shared);
+        sw_event!(Cq, 4, cq = id.0, cqe, "CQ created");
+        Ok(Self {
+            shared,
+            _ras: Some(ras),
         })
+    }
+
+    /// Another handle to the CQ of `shared`.
+    fn from_shared(shared: Arc<CqShared>) -> Self {
+        Self {
+            _ras: shared.ras.upgrade(),
+            shared,
+        }
     }
 
     pub(crate) fn device(&self) -> &Arc<DeviceShared> {
@@ -209,6 +271,10 @@ impl CompletionQueue {
                 capacity: st.cq.capacity(),
             });
         }
+        st.polled += n as u64;
+        if n > 0 {
+            sw_event!(Cq, 7, cq = st.cq.id().0, n, "poll");
+        }
         Ok(n)
     }
 
@@ -217,7 +283,21 @@ impl CompletionQueue {
         if self.shared.busy_poll.load(Ordering::Relaxed) && self.is_empty() {
             self.shared.drive();
         }
-        lock(&self.shared.state).cq.poll()
+        let mut st = lock(&self.shared.state);
+        let wc = st.cq.poll();
+        if let Some(wc) = &wc {
+            st.polled += 1;
+            sw_event!(
+                Cq,
+                7,
+                qpn = wc.qp_num,
+                cq = st.cq.id().0,
+                wr_id = wc.wr_id,
+                status = ?wc.status,
+                "poll_one"
+            );
+        }
+        wc
     }
 
     /// Busy-poll mode (off by default): every poll of this CQ that finds it empty first
@@ -321,7 +401,7 @@ impl CompletionChannel {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             if let Some(cq) = self.shared.take() {
-                return Ok(CompletionQueue { shared: cq });
+                return Ok(CompletionQueue::from_shared(cq));
             }
             let left = match deadline {
                 None => None,
@@ -340,7 +420,7 @@ impl CompletionChannel {
 
     /// The CQ that fired, if one did; never blocks.
     pub fn try_get_cq_event(&self) -> Option<CompletionQueue> {
-        self.shared.take().map(|shared| CompletionQueue { shared })
+        self.shared.take().map(CompletionQueue::from_shared)
     }
 }
 

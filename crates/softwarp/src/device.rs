@@ -6,7 +6,7 @@
 //! thread), as each `ibv_open_device` gives an own context.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::pd::ProtectionDomain;
 use crate::progress::Progress;
 use crate::qp::QpShared;
+use crate::ras::{DeviceRas, Tracked};
 
 /// The name of Softwarp's device.
 pub const DEVICE_NAME: &str = "softwarp0";
@@ -74,7 +75,7 @@ impl DeviceAttr {
             name: DEVICE_NAME.to_string(),
             fw_ver: env!("CARGO_PKG_VERSION").to_string(),
             transport: "iWARP",
-            max_qp: 1024,
+            max_qp: 65536,
             max_qp_wr: 4096,
             max_sge: MAX_SGE,
             max_inline_data: MAX_INLINE,
@@ -98,6 +99,31 @@ pub(crate) struct EventQueue {
     q: Mutex<VecDeque<AsyncEvent>>,
     cv: Condvar,
     lost: AtomicUsize,
+    /// Events reported, per [`EVENT_KINDS`] entry (statistics).
+    reported: [AtomicU64; EVENT_KINDS.len()],
+}
+
+/// Names of the kinds of asynchronous events, as the statistics label them.
+const EVENT_KINDS: [&str; 7] = [
+    "qp_fatal",
+    "qp_request_error",
+    "qp_access_error",
+    "cq_error",
+    "srq_limit_reached",
+    "device_fatal",
+    "other",
+];
+
+fn event_kind(ev: &AsyncEvent) -> usize {
+    match ev {
+        AsyncEvent::QpFatal { .. } => 0,
+        AsyncEvent::QpRequestError { .. } => 1,
+        AsyncEvent::QpAccessError { .. } => 2,
+        AsyncEvent::CqError { .. } => 3,
+        AsyncEvent::SrqLimitReached { .. } => 4,
+        AsyncEvent::DeviceFatal => 5,
+        _ => 6,
+    }
 }
 
 const EVENT_QUEUE_CAP: usize = 4096;
@@ -108,11 +134,28 @@ impl EventQueue {
             q: Mutex::new(VecDeque::new()),
             cv: Condvar::new(),
             lost: AtomicUsize::new(0),
+            reported: Default::default(),
         }
+    }
+
+    /// Events reported so far, per kind (for statistics).
+    pub(crate) fn counts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        EVENT_KINDS
+            .iter()
+            .zip(self.reported.iter())
+            .map(|(k, n)| (*k, n.load(Ordering::Relaxed)))
+    }
+
+    /// Events dropped because the queue was full.
+    pub(crate) fn lost_count(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed) as u64
     }
 
     pub(crate) fn push(&self, ev: AsyncEvent) {
         tracing::debug!(?ev, "async event");
+        if let Some(n) = self.reported.get(event_kind(&ev)) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
         let mut q = lock(&self.q);
         if q.len() >= EVENT_QUEUE_CAP {
             // Keep the newest: the oldest events are the least useful to a late reader.
@@ -171,6 +214,8 @@ pub(crate) struct DeviceShared {
     next_qp: AtomicU32,
     next_id: AtomicU32,
     pub(crate) counts: Counts,
+    /// Resource tracker, statistics export, leak report (see `crate::ras`).
+    pub(crate) ras: DeviceRas,
 }
 
 /// Live object counts, for the limits in [`DeviceAttr`].
@@ -267,23 +312,50 @@ fn is_in_use(e: &softwarp_engine::mr::MrError) -> bool {
     matches!(e, softwarp_engine::mr::MrError::InUse { .. })
 }
 
+/// Held only by [`Device`] handles: when the last one goes, the device is *closed* and
+/// what is still allocated from it is reported as leaked (objects keep the shared state,
+/// and so the progress thread, alive until they go too).
+#[derive(Debug)]
+struct DeviceOwner {
+    shared: Arc<DeviceShared>,
+    /// The device's registration with its tracker.
+    ras: Tracked,
+}
+
+impl Drop for DeviceOwner {
+    fn drop(&mut self) {
+        crate::ras::device_closed(&self.shared, &self.ras);
+    }
+}
+
 /// An open device: the root of every other verbs object.
 ///
 /// Cloning gives another handle to the same device. The device (its progress thread) stops
 /// when the last handle and the last object created from it are gone.
+///
+/// Dropping the last handle *closes* the device: every PD, MR, CQ, SRQ and QP still
+/// allocated from it is reported as a leak (error log and a level 1 trace record), with
+/// the source line that created it. Drop the device after everything created from it.
 #[derive(Debug, Clone)]
 pub struct Device {
     pub(crate) shared: Arc<DeviceShared>,
+    _owner: Arc<DeviceOwner>,
 }
 
 impl Device {
     /// Opens the device called `name` ([`DEVICE_NAME`]).
+    ///
+    /// The first open of a process starts its RAS services (trace levels from
+    /// `SOFTWARP_TRACE`, flight recorder, error log, control socket and host registry entry
+    /// in `SOFTWARP_RUNTIME_DIR`, metrics endpoint when `SOFTWARP_METRICS` is set).
+    #[track_caller]
     pub fn open(name: &str) -> Result<Self> {
         if name != DEVICE_NAME {
             return Err(Error::DeviceNotFound(name.to_string()));
         }
         let attr = DeviceAttr::softwarp();
         let progress = Progress::start(name)?;
+        let ras = DeviceRas::new(name);
         let shared = Arc::new(DeviceShared {
             mrs: RwLock::new(MrTable::new(attr.max_mr)),
             attr,
@@ -294,12 +366,22 @@ impl Device {
             next_qp: AtomicU32::new(1),
             next_id: AtomicU32::new(1),
             counts: Counts::default(),
+            ras,
         });
-        tracing::info!(device = name, "device opened");
-        Ok(Self { shared })
+        // The shared state and the progress thread's 64 KiB scratch buffer (approximate).
+        let bytes = std::mem::size_of::<DeviceShared>() + 64 * 1024;
+        let ras = crate::ras::device_opened(&shared, bytes as u64);
+        Ok(Self {
+            _owner: Arc::new(DeviceOwner {
+                shared: Arc::clone(&shared),
+                ras,
+            }),
+            shared,
+        })
     }
 
     /// Opens the default (first) device.
+    #[track_caller]
     pub fn open_default() -> Result<Self> {
         Self::open(DEVICE_NAME)
     }
@@ -309,12 +391,20 @@ impl Device {
         &self.shared.attr.name
     }
 
+    /// The name this open instance is reported under by the RAS services (`softwarp
+    /// resources`, `softwarp stat`, the error log): the device's name and the number of the
+    /// open within the process, e.g. `softwarp0/2`.
+    pub fn instance_name(&self) -> &str {
+        self.shared.ras.instance()
+    }
+
     /// Attributes and limits (after `ibv_query_device`).
     pub fn query(&self) -> DeviceAttr {
         self.shared.attr.clone()
     }
 
     /// Allocates a protection domain.
+    #[track_caller]
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
         let guard = Counts::take(
             &self.shared.counts.pd,
@@ -330,6 +420,7 @@ impl Device {
 
     /// Creates a completion queue for at least `cqe` completions, optionally attached to a
     /// completion channel for event mode.
+    #[track_caller]
     pub fn create_cq(
         &self,
         cqe: usize,
@@ -376,7 +467,9 @@ impl Device {
     /// Error state (outstanding work requests flush, connections close) and a
     /// [`AsyncEvent::DeviceFatal`] is reported.
     pub fn inject_fatal_error(&self) {
-        for qp in self.shared.live_qps() {
+        let qps = self.shared.live_qps();
+        crate::ras::device_fault_injected(&self.shared, qps.len());
+        for qp in qps {
             qp.set_error_and_kick();
         }
         self.shared.events.push(AsyncEvent::DeviceFatal);

@@ -80,6 +80,15 @@ pub enum Error {
     /// The device's progress thread is gone (the device failed or is shutting down).
     #[error("the device's progress thread has stopped")]
     DeviceStopped,
+    /// The QP has no connection (never connected, or already closed).
+    #[error("the queue pair is not connected")]
+    NotConnected,
+    /// The connection manager's event channel is shut down (its handle was dropped).
+    #[error("the connection manager's event channel is closed")]
+    ChannelClosed,
+    /// A connection request was already accepted or rejected.
+    #[error("the connection request was already answered")]
+    AlreadyAnswered,
 }
 
 impl Error {
@@ -107,9 +116,9 @@ pub enum MpaError {
         /// The private data of the reject Reply.
         private_data: Vec<u8>,
     },
-    /// The peer asks for MPA markers, which this stack does not implement (siw does not
-    /// either); the connection was rejected.
-    #[error("the peer requires MPA markers, which are not supported")]
+    /// The peer asks for MPA markers in what this side sends, and the local settings refuse
+    /// them ([`crate::MarkerMode::Off`], like siw); a Request is answered with a reject.
+    #[error("the peer requires MPA markers, which the local settings refuse (MarkerMode::Off)")]
     MarkersRequired,
     /// The peer offered a revision the local options do not allow.
     #[error("the peer uses MPA revision {peer}, the local options require {local}")]
@@ -137,6 +146,27 @@ pub enum MpaError {
         /// Most allowed.
         max: usize,
     },
+    /// CRC was required ([`crate::CrcMode::Required`]) and the peer's Reply did not confirm
+    /// it (C = 0).
+    #[error("CRC is required here and the peer's MPA Reply did not confirm it (C = 0)")]
+    CrcNotConfirmed,
+    /// The responder's ORD exceeds the IRD this QP can support (RFC 6581): a Terminate
+    /// "insufficient IRD resources" was sent.
+    #[error("the peer's ORD {peer_ord} exceeds this QP's largest IRD {max_ird}")]
+    InsufficientIrd {
+        /// The responder's ORD.
+        peer_ord: u16,
+        /// The QP's IRD capacity (`max_dest_rd_atomic`).
+        max_ird: usize,
+    },
+    /// Peer-to-peer mode was offered and the responder chose none of the RTR types offered
+    /// (or answered without RFC 6581 parameters): a Terminate "no matching RTR option" was
+    /// sent.
+    #[error("the peer chose no RTR type this side offered (RFC 6581 peer-to-peer mode)")]
+    NoMatchingRtr,
+    /// The connection attempt was cancelled locally before it was established.
+    #[error("the connection attempt was cancelled")]
+    Cancelled,
 }
 
 /// Result with [`enum@Error`].

@@ -7,8 +7,9 @@
 //!   [`SharedReceiveQueue`], [`QueuePair`]; a per-device asynchronous event stream
 //!   ([`Device::get_async_event`]). Every call returns a typed [`Error`].
 //! - **Runtime**: one progress thread per device (epoll over the QPs' non-blocking TCP
-//!   sockets), inline transmission on the posting thread, and the minimal connection path
-//!   ([`Listener`], [`QueuePair::connect`]) with the MPA Request/Reply exchange.
+//!   sockets), inline transmission on the posting thread, the connection manager ([`cm`]:
+//!   [`CmEventChannel`], listeners, connection requests, events) and the minimal blocking
+//!   connection path ([`Listener`], [`QueuePair::connect`]), both with full MPA negotiation.
 //!
 //! Protocol decisions (RDMAP/DDP/MPA) are made by the sans-IO engine
 //! (`softwarp-engine`); the runtime only moves bytes between sockets and the places the
@@ -42,6 +43,7 @@
 )]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod cm;
 mod connect;
 mod cq;
 mod device;
@@ -49,11 +51,17 @@ mod error;
 mod pd;
 mod progress;
 mod qp;
+mod ras;
 mod srq;
 #[allow(unsafe_code)]
 mod sys;
 
-pub use connect::{ConnectOptions, ConnectionInfo, Listener};
+pub use cm::{
+    CmEvent, CmEventChannel, CmId, CmListener, CmState, ConnId, ConnectOptions, ConnectRequest,
+    ConnectionInfo, CrcMode, DisconnectReason, ListenOptions, ListenerId, MarkerMode, Role,
+    RtrTypes,
+};
+pub use connect::Listener;
 pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION};
 pub use device::{list_devices, Device, DeviceAttr, DEVICE_NAME};
 pub use error::{Error, MpaError, Result};

@@ -11,11 +11,13 @@ use std::sync::Arc;
 use softwarp_engine::memory::Region;
 use softwarp_engine::mr::{Access, PdId, Stag};
 use softwarp_engine::wr::Sge;
+use softwarp_ras::tracker::{ResourceDetails, ResourceKind};
 
 use crate::cq::CompletionQueue;
 use crate::device::{CountGuard, Counts, DeviceShared};
 use crate::error::{Error, Result};
 use crate::qp::{QpInitAttr, QueuePair};
+use crate::ras::{attrs, Tracked};
 use crate::srq::{SharedReceiveQueue, SrqInitAttr};
 
 /// Access rights of a memory registration (after `ibv_access_flags`): combine
@@ -27,6 +29,7 @@ struct PdInner {
     device: Arc<DeviceShared>,
     id: PdId,
     count: std::sync::Mutex<CountGuard>,
+    _ras: Tracked,
 }
 
 impl Drop for PdInner {
@@ -45,12 +48,20 @@ pub struct ProtectionDomain {
 }
 
 impl ProtectionDomain {
+    #[track_caller]
     pub(crate) fn new(device: Arc<DeviceShared>, id: PdId, count: CountGuard) -> Self {
+        let ras = Tracked::new(
+            &device.ras.tracker,
+            ResourceKind::Pd,
+            u64::from(id.0),
+            std::mem::size_of::<PdInner>() as u64,
+        );
         Self {
             inner: Arc::new(PdInner {
                 device,
                 id,
                 count: std::sync::Mutex::new(count),
+                _ras: ras,
             }),
         }
     }
@@ -66,6 +77,7 @@ impl ProtectionDomain {
 
     /// Allocates `len` bytes of zeroed, page-aligned memory and registers it with `access`.
     /// The tagged offsets of the region start at its address ([`MemoryRegion::addr`]).
+    #[track_caller]
     pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
         let region = Region::new_zeroed(len)?;
         self.register(Arc::new(region), access)
@@ -80,6 +92,7 @@ impl ProtectionDomain {
     /// bytes at any time while the registration allows it: the caller must not hold Rust
     /// references to them that assume otherwise.
     #[allow(unsafe_code)]
+    #[track_caller]
     pub unsafe fn reg_mr_raw(
         &self,
         ptr: *mut u8,
@@ -91,6 +104,7 @@ impl ProtectionDomain {
         self.register(Arc::new(region), access)
     }
 
+    #[track_caller]
     fn register(&self, region: Arc<Region>, access: AccessFlags) -> Result<MemoryRegion> {
         if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
             // libibverbs: IBV_ACCESS_REMOTE_WRITE requires IBV_ACCESS_LOCAL_WRITE.
@@ -117,6 +131,22 @@ impl ProtectionDomain {
             access,
         )?;
         tracing::debug!(stag = stag.0, len, "memory registered");
+        let ras = Tracked::with_details(
+            &self.inner.device.ras.tracker,
+            ResourceKind::Mr,
+            u64::from(stag.0),
+            len as u64,
+            ResourceDetails {
+                attrs: attrs([
+                    ("stag", format!("{:#010x}", stag.0)),
+                    ("len", len.to_string()),
+                    ("iova", format!("{iova:#x}")),
+                    ("access", crate::ras::access_text(access)),
+                    ("pd", self.inner.id.0.to_string()),
+                ]),
+                ..ResourceDetails::default()
+            },
+        );
         Ok(MemoryRegion {
             device: Arc::clone(&self.inner.device),
             pd: self.inner.id,
@@ -124,15 +154,18 @@ impl ProtectionDomain {
             stag,
             iova,
             access,
+            _ras: ras,
         })
     }
 
     /// Creates a reliable-connected QP in this PD (Idle until connected or accepted).
+    #[track_caller]
     pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
         QueuePair::new(self, attr)
     }
 
     /// Creates a shared receive queue in this PD.
+    #[track_caller]
     pub fn create_srq(&self, attr: &SrqInitAttr) -> Result<SharedReceiveQueue> {
         SharedReceiveQueue::new(self, attr)
     }
@@ -162,6 +195,7 @@ pub struct MemoryRegion {
     stag: Stag,
     iova: u64,
     access: AccessFlags,
+    _ras: Tracked,
 }
 
 impl MemoryRegion {

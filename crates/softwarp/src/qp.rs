@@ -24,6 +24,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use mio::{Interest, Registry, Token};
+use softwarp_engine::event::AsyncEvent;
+use softwarp_engine::fault::Cause;
 use softwarp_engine::mr::MrTable;
 use softwarp_engine::qp::{
     MrTableAccess, Qp, QpConfig, QpState, RxTarget, StreamConfig, TxPiece, MAX_GATHER_FPDUS,
@@ -31,7 +33,9 @@ use softwarp_engine::qp::{
 use softwarp_engine::stats::QpStats;
 use softwarp_engine::wr::{CqTarget, Payload, RecvWr, SendWr};
 
-use crate::connect::{self, ConnectOptions, ConnectionInfo, Negotiated};
+use crate::cm::negotiate::{Local, Negotiated};
+use crate::cm::options::{ConnectOptions, ConnectionInfo, Role};
+use crate::connect;
 use crate::cq::{CompletionQueue, CqShared};
 use crate::device::{lock, CountGuard, DeviceShared};
 use crate::error::{Error, Result};
@@ -155,6 +159,41 @@ pub(crate) struct Conn {
     /// Our FIN was sent.
     shut_wr: bool,
     linger_until: Option<Instant>,
+    /// RFC 5044 responder without peer-to-peer mode: no FPDU goes out before one arrived.
+    gated: bool,
+}
+
+/// What the connection manager hears from a QP's connection (called with the QP locked:
+/// implementations must not take a QP lock).
+pub(crate) trait ConnObserver: Send + Sync + std::fmt::Debug {
+    /// The connection is going away: first sign of why.
+    fn link_down(&self, why: LinkDown);
+    /// The socket is closed and the QP let go of it (after [`ConnObserver::link_down`]).
+    fn closed(&self);
+}
+
+/// Why a connection went away, as the runtime sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LinkDown {
+    /// The peer closed its side (end of stream).
+    PeerClosed,
+    /// A read or write failed (reset, broken pipe, ...).
+    ConnectionLost,
+    /// The QP had already failed (Terminate sent or received, moved to Error) when the
+    /// connection went away.
+    QpFailed,
+    /// The QP was destroyed.
+    Destroyed,
+}
+
+/// Everything [`QpShared::finish_connect`] needs besides the negotiation result.
+#[derive(Debug)]
+pub(crate) struct Establish<'a> {
+    pub(crate) opts: &'a ConnectOptions,
+    /// Connection manager hook (none for the minimal path).
+    pub(crate) observer: Option<Arc<dyn ConnObserver>>,
+    /// Hold FPDUs back until the initiator's first FPDU (RFC 5044 responder).
+    pub(crate) gate: bool,
 }
 
 #[derive(Debug)]
@@ -164,6 +203,7 @@ pub(crate) struct QpInner {
     connecting: bool,
     info: Option<ConnectionInfo>,
     destroyed: bool,
+    observer: Option<Arc<dyn ConnObserver>>,
     /// Busy poll handed the closing of the connection to the progress thread.
     close_kicked: bool,
     /// Recent payloads were large: stage only a header's worth behind each read.
@@ -235,6 +275,8 @@ pub(crate) struct QpShared {
     cap: QpCap,
     inner: Mutex<QpInner>,
     count: Mutex<CountGuard>,
+    /// Resource registration, state-change tracing, critical events, TCP_INFO.
+    ras: crate::ras::QpRas,
 }
 
 impl Drop for QpShared {
@@ -257,11 +299,31 @@ impl QpShared {
             }
         }
         while let Some(ev) = inner.qp.poll_event() {
+            self.ras.on_event(&ev);
+            let link_closed = matches!(
+                ev,
+                AsyncEvent::QpFatal {
+                    cause: Cause::LlpClosed,
+                    ..
+                }
+            );
+            if link_closed && inner.observer.is_some() {
+                // The connection manager reports it as a Disconnected event instead.
+                continue;
+            }
             self.device.events.push(ev);
         }
         if let Some(srq) = &self.srq {
             srq.forward_event();
         }
+        self.ras.state_seen(inner.qp.state());
+    }
+
+    /// What RAS reports about the QP (resources, statistics); samples TCP_INFO when due.
+    pub(crate) fn ras_view(&self) -> crate::ras::QpView {
+        let g = self.lock();
+        let fd = g.conn.as_ref().map(|c| c.stream.as_fd());
+        crate::ras::QpView::take(&self.ras, &g.qp, g.info.as_ref(), fd)
     }
 
     /// Reads from the socket into wherever the engine says, until EAGAIN or the budget is
@@ -345,7 +407,11 @@ impl QpShared {
                 RxTarget::Closed => {
                     let mut stream = &conn.stream;
                     match stream.read(stage) {
-                        Ok(0) => return self.rx_closed(inner, "peer closed the connection"),
+                        Ok(0) => {
+                            self.drain(inner);
+                            link_down(inner, LinkDown::PeerClosed);
+                            return self.rx_closed(inner, "peer closed the connection");
+                        }
                         Ok(n) => {
                             *budget = budget.saturating_sub(n);
                             continue;
@@ -365,8 +431,14 @@ impl QpShared {
                 continue;
             };
             match r {
-                Ok(0) => return self.rx_closed(inner, "peer closed the connection"),
+                Ok(0) => {
+                    // Completions of what arrived before the close go out first.
+                    self.drain(inner);
+                    link_down(inner, LinkDown::PeerClosed);
+                    return self.rx_closed(inner, "peer closed the connection");
+                }
                 Ok(n) => {
+                    softwarp_ras::sw_event!(Qp, 8, qpn = self.qp_num, bytes = n, "received");
                     empty_targets = 0;
                     *budget = budget.saturating_sub(n);
                     let direct = n.min(target_len);
@@ -385,6 +457,7 @@ impl QpShared {
                 }
                 Err(e) => {
                     tracing::debug!(qp = self.qp_num, error = %e, "read failed");
+                    link_down(inner, LinkDown::ConnectionLost);
                     return self.rx_closed(inner, "connection failed (read)");
                 }
             }
@@ -512,6 +585,23 @@ impl QpShared {
             if *budget == 0 {
                 return TxEnd::More;
             }
+            if conn.gated {
+                //= https://www.rfc-editor.org/rfc/rfc5044#section-7.1
+                // (paraphrase) Outside peer-to-peer mode the responder sends no FPDU before
+                // it has received and validated the initiator's first FPDU. Once the QP
+                // failed, the Terminate is let through.
+                if inner.qp.stats().rx_fpdus > 0
+                    || !matches!(inner.qp.state(), QpState::Rts | QpState::Closing)
+                {
+                    conn.gated = false;
+                } else if inner.qp.is_drained() {
+                    // Nothing waits to go out (a graceful close may proceed to the FIN).
+                    return TxEnd::Idle;
+                } else {
+                    // Held back; the initiator's FPDU makes the progress thread try again.
+                    return TxEnd::Full;
+                }
+            }
             let fd = conn.stream.as_fd();
             // 1. Bytes of an earlier batch that the socket did not take.
             if !inner.tx_spill.is_empty() {
@@ -527,8 +617,11 @@ impl QpShared {
                     },
                 }
             }
-            // 2. Small FPDUs, copied into one batch.
-            if let Some(batch) = batch.as_deref_mut() {
+            // 2. Small FPDUs, copied into one batch. Not with markers: then every FPDU
+            // starts its own segment, as the marker-aware dissectors (and the FPDU
+            // alignment MPA asks senders for) expect.
+            let coalesce = !inner.qp.stream_config().sends_markers();
+            if let Some(batch) = batch.as_deref_mut().filter(|_| coalesce) {
                 batch.clear();
                 while let Some(f) = inner.qp.poll_tx() {
                     let len = f.len();
@@ -577,6 +670,7 @@ impl QpShared {
                     return TxEnd::Idle;
                 }
                 Ok(written) => {
+                    softwarp_ras::sw_event!(Qp, 8, qpn = self.qp_num, bytes = written, "sent");
                     *budget = budget.saturating_sub(written);
                     if let Err(e) = inner.qp.tx_commit(written) {
                         tracing::error!(qp = self.qp_num, error = %e, "tx_commit refused");
@@ -603,6 +697,7 @@ impl QpShared {
                     conn.write_failed = true;
                 }
                 inner.tx_spill.clear();
+                link_down(inner, LinkDown::ConnectionLost);
                 inner.qp.handle_llp_closed();
                 Some(TxEnd::Dead)
             }
@@ -636,6 +731,7 @@ impl QpShared {
             let _ = registry.deregister(&mut conn.stream);
             inner.conn = None;
             tracing::debug!(qp = self.qp_num, ?state, "connection closed");
+            self.connection_gone(inner);
             return (true, false);
         }
         (false, conn.shut_wr)
@@ -673,6 +769,8 @@ impl QpShared {
         let mut budget = PASS_BUDGET;
         let tx = self.tx_pass(inner, &mut budget);
         self.drain(inner);
+        self.ras
+            .sample_tcp(inner.conn.as_ref().map(|c| c.stream.as_fd()));
         let (closed, lingering) = self.maybe_close(inner, registry, tx);
         Pass {
             more: !closed && (rx == RxEnd::More || tx == TxEnd::More),
@@ -751,6 +849,7 @@ impl QpShared {
                 self.drain(&mut g);
                 // Not registered: close here.
                 g.conn = None;
+                self.connection_gone(&mut g);
                 false
             }
         }
@@ -791,6 +890,154 @@ impl QpShared {
     pub(crate) fn qp_num(&self) -> u32 {
         self.qp_num
     }
+
+    /// The connection is closed: a connection-manager QP also flushes the receives a
+    /// graceful close left posted (as siw does on close), then its observer hears of it.
+    fn connection_gone(&self, inner: &mut QpInner) {
+        if inner.observer.is_none() {
+            return;
+        }
+        // The peer never closed its side (the linger time ran out): the stream is over all
+        // the same.
+        if matches!(inner.qp.state(), QpState::Closing | QpState::Terminate) {
+            inner.qp.handle_llp_closed();
+        }
+        if inner.qp.state() == QpState::Idle && !inner.destroyed {
+            let _ = inner.qp.modify(QpState::Error);
+        }
+        // With the observer still set, a link-closed fatal event stays out of the device's
+        // stream.
+        self.drain(inner);
+        if let Some(o) = inner.observer.take() {
+            o.closed();
+        }
+    }
+
+    /// Abortive close: the connection is reset at once (`SO_LINGER` 0, no Terminate, no
+    /// FIN) and the QP goes to Error, flushing its work requests.
+    pub(crate) fn abort_connection(self: &Arc<Self>) -> Result<()> {
+        {
+            let mut g = self.lock();
+            let inner = &mut *g;
+            let Some(conn) = inner.conn.take() else {
+                return Err(Error::NotConnected);
+            };
+            if let Err(e) = sys::set_linger_zero(conn.stream.as_fd()) {
+                tracing::debug!(qp = self.qp_num, error = %e, "SO_LINGER 0 failed");
+            }
+            // Closing the descriptor also removes it from the progress thread's epoll.
+            drop(conn);
+            inner.qp.handle_llp_closed();
+            self.drain(inner);
+            self.connection_gone(inner);
+        }
+        // The progress thread forgets the QP on its next pass.
+        self.device.progress.kick(Arc::clone(self));
+        Ok(())
+    }
+
+    /// Graceful close: RTS to Closing (no new sends; outstanding work drains), then the
+    /// connection closes. Nothing to do in Closing or Error.
+    pub(crate) fn disconnect(self: &Arc<Self>) -> Result<()> {
+        {
+            let mut g = self.lock();
+            match g.qp.state() {
+                QpState::Rts => g.qp.modify(QpState::Closing)?,
+                QpState::Closing | QpState::Error | QpState::Terminate => {}
+                other => {
+                    return Err(Error::Qp(softwarp_engine::qp::QpError::InvalidState {
+                        op: "disconnect",
+                        state: other,
+                    }))
+                }
+            }
+        }
+        self.device.progress.kick(Arc::clone(self));
+        Ok(())
+    }
+
+    /// Claims an Idle QP for a connection attempt.
+    pub(crate) fn begin_connect(&self) -> Result<()> {
+        let mut g = self.lock();
+        if g.destroyed {
+            return Err(Error::Qp(softwarp_engine::qp::QpError::Destroyed));
+        }
+        if g.conn.is_some() || g.connecting {
+            return Err(Error::AlreadyConnected);
+        }
+        let st = g.qp.state();
+        if st != QpState::Idle {
+            return Err(Error::NotIdle(state_name(st)));
+        }
+        g.connecting = true;
+        Ok(())
+    }
+
+    /// Ends a connection attempt that failed before [`QpShared::finish_connect`].
+    pub(crate) fn abandon_connect(&self) {
+        self.lock().connecting = false;
+    }
+
+    /// The QP's read queue limits under `opts`.
+    pub(crate) fn local_params(&self, opts: &ConnectOptions) -> Result<Local> {
+        let g = self.lock();
+        let cfg = g.qp.config();
+        Local::new(cfg.max_ird, cfg.max_ord, opts)
+    }
+
+    /// Second half of connect/accept: establishes the engine QP on the negotiated stream
+    /// and hands the socket to the progress thread.
+    pub(crate) fn finish_connect(
+        self: &Arc<Self>,
+        result: Result<(std::net::TcpStream, Negotiated)>,
+        est: Establish<'_>,
+    ) -> Result<ConnectionInfo> {
+        let s = self;
+        let (stream, neg) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                s.lock().connecting = false;
+                return Err(e);
+            }
+        };
+        let prepared = prepare_stream(stream, est.opts, &neg);
+        let mut g = s.lock();
+        g.connecting = false;
+        let (stream, info, cfg) = prepared?;
+        if g.destroyed {
+            return Err(Error::Qp(softwarp_engine::qp::QpError::Destroyed));
+        }
+        g.qp.establish(cfg)?;
+        g.conn = Some(Conn {
+            stream,
+            token: None,
+            read_interest: false,
+            polled: false,
+            read_closed: false,
+            write_failed: false,
+            shut_wr: false,
+            linger_until: None,
+            gated: est.gate && neg.role == Role::Responder && neg.rtr.is_none(),
+        });
+        g.info = Some(info.clone());
+        g.observer = est.observer;
+        // Anything already queued (an RFC 6581 RTR) goes out now.
+        let mut budget = usize::MAX;
+        let _ = s.tx_pass(&mut g, &mut budget);
+        s.drain(&mut g);
+        drop(g);
+        s.ras.connected(&info);
+        if let Err(e) = s.device.progress.register(Arc::clone(s)) {
+            // Nobody would ever move this QP's bytes: fail the connection now.
+            let mut g = s.lock();
+            g.observer = None;
+            g.qp.handle_llp_closed();
+            g.conn = None;
+            s.drain(&mut g);
+            return Err(e);
+        }
+        Ok(info)
+    }
 }
 
 /// A reliable-connected queue pair.
@@ -804,9 +1051,12 @@ pub struct QueuePair {
     shared: Arc<QpShared>,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
+    /// Registered with the device's tracker while the application holds the QP.
+    _ras: crate::ras::Tracked,
 }
 
 impl QueuePair {
+    #[track_caller]
     pub(crate) fn new(pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<Self> {
         let device = pd.device();
         pd.check_cq(attr.send_cq)?;
@@ -860,6 +1110,7 @@ impl QueuePair {
             max_ird: attr.max_dest_rd_atomic,
             max_ord: attr.max_rd_atomic,
         };
+        let ras = crate::ras::QpRas::new(device, qp_num, qp_attrs(pd, attr));
         let shared = Arc::new(QpShared {
             qp_num,
             device: Arc::clone(device),
@@ -874,20 +1125,23 @@ impl QueuePair {
                 connecting: false,
                 info: None,
                 destroyed: false,
+                observer: None,
                 close_kicked: false,
                 rx_big: false,
                 tx_spill: Vec::new(),
             }),
             count: Mutex::new(count),
+            ras,
         });
+        let tracked = crate::ras::QpRas::track(&shared, qp_bytes(&attr.cap));
         device.add_qp(&shared);
         shared.send_cq.add_qp(&shared);
         shared.recv_cq.add_qp(&shared);
-        tracing::debug!(qp = qp_num, "QP created");
         Ok(Self {
             shared,
             send_cq: attr.send_cq.clone(),
             recv_cq: attr.recv_cq.clone(),
+            _ras: tracked,
         })
     }
 
@@ -966,6 +1220,7 @@ impl QueuePair {
 
     /// Checks a send WR against the QP's capacities; applies `sq_sig_all`.
     fn check_send<'w>(s: &QpShared, wr: &SendWr<'w>) -> Result<SendWr<'w>> {
+        softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, op = ?wr.op, "post_send");
         match wr.payload {
             Payload::Sgl(sgl) if sgl.len() > s.cap.max_send_sge => {
                 return Err(Error::InvalidArgument(
@@ -988,6 +1243,7 @@ impl QueuePair {
     /// SGEs are validated when a Send starts using it.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
         let s = &self.shared;
+        softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, "post_recv");
         if wr.sgl.len() > s.cap.max_recv_sge {
             return Err(Error::InvalidArgument(
                 "receive work request has more SGEs than the QP's max_recv_sge",
@@ -1009,22 +1265,7 @@ impl QueuePair {
 
     /// Graceful close: no new sends; once outstanding work is done the connection closes.
     pub fn disconnect(&self) -> Result<()> {
-        let s = &self.shared;
-        {
-            let mut g = s.lock();
-            match g.qp.state() {
-                QpState::Rts => g.qp.modify(QpState::Closing)?,
-                QpState::Closing | QpState::Error => {}
-                other => {
-                    return Err(Error::Qp(softwarp_engine::qp::QpError::InvalidState {
-                        op: "disconnect",
-                        state: other,
-                    }))
-                }
-            }
-        }
-        s.device.progress.kick(Arc::clone(s));
-        Ok(())
+        self.shared.disconnect()
     }
 
     /// Resets a QP in the Error state whose connection is closed back to Idle (queues
@@ -1060,8 +1301,10 @@ impl QueuePair {
     }
 
     /// Connects to a listening peer (`addr`) and performs the MPA Request/Reply exchange
-    /// (RFC 5044 section 7.1, RFC 6581), then moves the QP to RTS. The QP must be Idle;
-    /// post receives first if the peer may send at once.
+    /// (RFC 5044 section 7.1, RFC 6581) on this thread, then moves the QP to RTS. The QP
+    /// must be Idle; post receives first if the peer may send at once. The connection
+    /// manager ([`crate::CmEventChannel::connect`]) does the same asynchronously, with
+    /// events.
     pub fn connect<A: ToSocketAddrs>(
         &self,
         addr: A,
@@ -1071,92 +1314,55 @@ impl QueuePair {
             .to_socket_addrs()
             .map_err(|e| Error::io("resolve address", e))?
             .collect();
-        self.begin_connect()?;
-        let result = connect::initiate(&addrs, opts, self.local_params());
-        self.finish_connect(result, opts)
+        let local = self.shared.local_params(opts)?;
+        self.shared.begin_connect()?;
+        let result = connect::initiate(&addrs, opts, &local);
+        self.shared.finish_connect(
+            result,
+            Establish {
+                opts,
+                observer: None,
+                gate: false,
+            },
+        )
     }
 
-    pub(crate) fn begin_connect(&self) -> Result<()> {
-        let mut g = self.shared.lock();
-        if g.destroyed {
-            return Err(Error::Qp(softwarp_engine::qp::QpError::Destroyed));
-        }
-        if g.conn.is_some() || g.connecting {
-            return Err(Error::AlreadyConnected);
-        }
-        let st = g.qp.state();
-        if st != QpState::Idle {
-            return Err(Error::NotIdle(state_name(st)));
-        }
-        g.connecting = true;
-        Ok(())
+    pub(crate) fn shared(&self) -> &Arc<QpShared> {
+        &self.shared
     }
+}
 
-    pub(crate) fn local_params(&self) -> connect::LocalParams {
-        let g = self.shared.lock();
-        let cfg = g.qp.config();
-        connect::LocalParams {
-            ird: cfg.max_ird,
-            ord: cfg.max_ord,
-        }
+/// Tells the connection manager (if it manages the QP) that the connection went away.
+fn link_down(inner: &QpInner, why: LinkDown) {
+    if let Some(o) = &inner.observer {
+        let failed = matches!(inner.qp.state(), QpState::Error | QpState::Terminate);
+        o.link_down(if failed { LinkDown::QpFailed } else { why });
     }
+}
 
-    /// Second half of connect/accept: establishes the engine QP on the negotiated stream
-    /// and hands the socket to the progress thread.
-    pub(crate) fn finish_connect(
-        &self,
-        result: Result<(std::net::TcpStream, Negotiated)>,
-        opts: &ConnectOptions,
-    ) -> Result<ConnectionInfo> {
-        let s = &self.shared;
-        let (stream, neg) = match result {
-            Ok(v) => v,
-            Err(e) => {
-                s.lock().connecting = false;
-                return Err(e);
-            }
-        };
-        let prepared = prepare_stream(stream, opts, &neg);
-        let mut g = s.lock();
-        g.connecting = false;
-        let (stream, info, cfg) = prepared?;
-        if g.destroyed {
-            return Err(Error::Qp(softwarp_engine::qp::QpError::Destroyed));
-        }
-        g.qp.establish(cfg)?;
-        g.conn = Some(Conn {
-            stream,
-            token: None,
-            read_interest: false,
-            polled: false,
-            read_closed: false,
-            write_failed: false,
-            shut_wr: false,
-            linger_until: None,
-        });
-        g.info = Some(info.clone());
-        // Anything already queued (an RFC 6581 RTR) goes out now.
-        let mut budget = usize::MAX;
-        let _ = s.tx_pass(&mut g, &mut budget);
-        s.drain(&mut g);
-        drop(g);
-        tracing::info!(
-            qp = s.qp_num,
-            peer = %info.peer_addr,
-            crc = info.crc,
-            max_fpdu_len = info.max_fpdu_len,
-            "QP connected"
-        );
-        if let Err(e) = s.device.progress.register(Arc::clone(s)) {
-            // Nobody would ever move this QP's bytes: fail the connection now.
-            let mut g = s.lock();
-            g.qp.handle_llp_closed();
-            g.conn = None;
-            s.drain(&mut g);
-            return Err(e);
-        }
-        Ok(info)
-    }
+/// Approximate memory of a QP: its shared state and its queues.
+fn qp_bytes(cap: &QpCap) -> u64 {
+    let wrs = cap.max_send_wr.saturating_add(cap.max_recv_wr);
+    (std::mem::size_of::<QpShared>() + wrs.saturating_mul(std::mem::size_of::<SendWr<'_>>())) as u64
+}
+
+/// Fixed attributes `softwarp resources` shows for a QP.
+fn qp_attrs(
+    pd: &ProtectionDomain,
+    attr: &QpInitAttr<'_>,
+) -> std::collections::BTreeMap<String, String> {
+    crate::ras::attrs([
+        ("pd", pd.id().0.to_string()),
+        ("send_cq", attr.send_cq.id().0.to_string()),
+        ("recv_cq", attr.recv_cq.id().0.to_string()),
+        (
+            "srq",
+            attr.srq
+                .map_or_else(|| "-".to_string(), |s| s.id().0.to_string()),
+        ),
+        ("sq_depth", attr.cap.max_send_wr.to_string()),
+        ("rq_depth", attr.cap.max_recv_wr.to_string()),
+    ])
 }
 
 /// Switches the negotiated socket to non-blocking mode and derives the stream parameters.
@@ -1188,9 +1394,12 @@ fn prepare_stream(
     let cfg = StreamConfig {
         crc: neg.crc,
         markers: false,
-        // The minimal connection path never negotiates markers (the CM does).
-        markers_tx: false,
-        markers_rx: false,
+        //= https://www.rfc-editor.org/rfc/rfc5044#section-4.3
+        // (paraphrase) Markers are placed relative to the start of each direction's FPDU
+        // stream, the first octet after the MPA Request (initiator to responder) or the
+        // MPA Reply (responder to initiator): both streams start at offset 0.
+        markers_tx: neg.markers_tx,
+        markers_rx: neg.markers_rx,
         tx_stream_offset: 0,
         rx_stream_offset: 0,
         max_fpdu_len,
@@ -1203,10 +1412,14 @@ fn prepare_stream(
     let info = ConnectionInfo {
         local_addr,
         peer_addr,
+        role: neg.role,
         revision: neg.revision,
         crc: neg.crc,
+        markers_tx: neg.markers_tx,
+        markers_rx: neg.markers_rx,
         ird: neg.ird,
         ord: neg.ord,
+        peer_ird_ord: neg.peer_ird_ord,
         rtr: neg.rtr.map(|r| r.kind),
         mss,
         max_fpdu_len,
@@ -1230,6 +1443,9 @@ impl Drop for QueuePair {
         let s = &self.shared;
         let connected = {
             let mut g = s.lock();
+            if let Some(o) = &g.observer {
+                o.link_down(LinkDown::Destroyed);
+            }
             g.qp.destroy();
             g.destroyed = true;
             s.drain(&mut g);

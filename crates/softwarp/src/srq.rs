@@ -2,14 +2,16 @@
 //! QPs, with the limit event ([`SharedReceiveQueue::arm_limit`]) reported on the device's
 //! asynchronous event stream.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use softwarp_engine::srq::{Srq, SrqId};
 use softwarp_engine::wr::RecvWr;
+use softwarp_ras::tracker::{DescribeResource, ResourceDetails, ResourceKind};
 
 use crate::device::{lock, CountGuard, Counts, DeviceShared};
 use crate::error::{Error, Result};
 use crate::pd::ProtectionDomain;
+use crate::ras::{attrs, Tracked};
 
 /// Creation parameters of a shared receive queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +42,25 @@ impl SrqShared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Srq> {
         lock(&self.srq)
     }
+    /// Live details for `softwarp resources`.
+    fn details(&self) -> ResourceDetails {
+        let srq = self.lock();
+        ResourceDetails {
+            state: Some("OK".into()),
+            attrs: attrs([
+                ("pd", srq.pd().0.to_string()),
+                ("posted", srq.len().to_string()),
+                ("max_sge", self.max_sge.to_string()),
+                (
+                    "limit",
+                    srq.limit()
+                        .map_or_else(|| "-".to_string(), |l| l.to_string()),
+                ),
+            ]),
+            ..ResourceDetails::default()
+        }
+    }
+
     /// Moves a pending limit event to the device's event stream.
     pub(crate) fn forward_event(&self) {
         let ev = self.lock().poll_event();
@@ -53,9 +74,19 @@ impl SrqShared {
 #[derive(Debug, Clone)]
 pub struct SharedReceiveQueue {
     pub(crate) shared: Arc<SrqShared>,
+    /// Registered with the device's tracker while the application holds a handle (QPs on
+    /// the SRQ keep its state alive, not this).
+    _ras: Arc<Tracked>,
+}
+
+impl DescribeResource for SrqShared {
+    fn describe(&self) -> ResourceDetails {
+        self.details()
+    }
 }
 
 impl SharedReceiveQueue {
+    #[track_caller]
     pub(crate) fn new(pd: &ProtectionDomain, attr: &SrqInitAttr) -> Result<Self> {
         let device = pd.device();
         if attr.max_wr == 0 {
@@ -80,17 +111,28 @@ impl SharedReceiveQueue {
             device.attr.max_srq,
             "shared receive queues",
         )?;
-        let mut srq = Srq::new(SrqId(device.next_id()), pd.id(), attr.max_wr);
+        let id = SrqId(device.next_id());
+        let mut srq = Srq::new(id, pd.id(), attr.max_wr);
         if attr.srq_limit > 0 {
             srq.arm_limit(attr.srq_limit);
         }
+        let bytes = std::mem::size_of::<SrqShared>() + attr.max_wr * std::mem::size_of::<RecvWr>();
+        let ras = Tracked::new(
+            &device.ras.tracker,
+            ResourceKind::Srq,
+            u64::from(id.0),
+            bytes as u64,
+        );
+        let shared = Arc::new(SrqShared {
+            device: Arc::clone(device),
+            srq: Mutex::new(srq),
+            max_sge: attr.max_sge,
+            count: Mutex::new(count),
+        });
+        ras.describe_with(Arc::downgrade(&shared) as Weak<dyn DescribeResource>);
         Ok(Self {
-            shared: Arc::new(SrqShared {
-                device: Arc::clone(device),
-                srq: Mutex::new(srq),
-                max_sge: attr.max_sge,
-                count: Mutex::new(count),
-            }),
+            shared,
+            _ras: Arc::new(ras),
         })
     }
 

@@ -8,6 +8,8 @@
 //! - An [`EventFd`] (Linux `eventfd(2)`) for completion channels: a pollable counter.
 //! - [`poll_readable`]: wait with a timeout until a file descriptor is readable.
 //! - [`tcp_maxseg`]: the TCP maximum segment size of a connected socket (`TCP_MAXSEG`).
+//! - [`set_linger_zero`] (abortive close) and [`set_listen_backlog`] for the connection
+//!   manager.
 //!
 //! Every `unsafe` block states why it is sound in a `// SAFETY:` comment.
 
@@ -161,6 +163,42 @@ pub(crate) fn tcp_maxseg(fd: BorrowedFd<'_>) -> io::Result<usize> {
         return Err(io::Error::last_os_error());
     }
     usize::try_from(v).map_err(|_| io::Error::other("negative TCP_MAXSEG"))
+}
+
+/// Sets `SO_LINGER` to on with a zero timeout: closing the socket then resets the
+/// connection (RST) instead of the orderly FIN exchange.
+pub(crate) fn set_linger_zero(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let v = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `v` is a valid `linger` that lives across the call and the length given is its
+    // size, as setsockopt(2) requires; `fd` is a live descriptor.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&v as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `listen(2)` again on a listening socket: on Linux this changes its backlog (the standard
+/// library always uses 128).
+pub(crate) fn set_listen_backlog(fd: BorrowedFd<'_>, backlog: u32) -> io::Result<()> {
+    let backlog = libc::c_int::try_from(backlog).unwrap_or(libc::c_int::MAX);
+    // SAFETY: listen(2) takes no pointers; `fd` is a live descriptor.
+    let r = unsafe { libc::listen(fd.as_raw_fd(), backlog) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Waits until `fd` is readable or `timeout` passes (`None`: no limit). Returns true when

@@ -54,10 +54,11 @@ const RECV_LEN: u32 = 64;
 // ---------------------------------------------------------------------------------------
 
 /// The stack's end: an Idle QP on its own device (own progress thread, STag table and event
-/// stream) and a watched receive buffer region with receive WRs 1..=n posted.
+/// stream) and a watched receive buffer region with receive WRs 1..=n posted. The region
+/// is declared first so that it is dropped before the device closes.
 struct Stack {
-    end: End,
     rbuf: Guarded,
+    end: End,
     posted: u64,
 }
 
@@ -625,10 +626,15 @@ fn read_requests_beyond_the_advertised_ird_get_a_catastrophic_stream_error_termi
     const READ_SIZE: u32 = 256 << 10;
     let stack = Stack::with(1, |a| a.max_dest_rd_atomic = IRD);
     let target = stack.target(READ_SIZE as usize, LW | AccessFlags::REMOTE_READ);
+    // The raw responder asks for no more outstanding Reads than the stack's IRD: RFC 6581
+    // lets the initiator refuse a Reply whose ORD exceeds the IRD it can offer.
     let (mut peer, info) = stack.connect_with(
         Role::Responder,
         &ConnectOptions::default(),
-        Offer::default(),
+        Offer {
+            ord: IRD as u16,
+            ..Offer::default()
+        },
     );
     //= https://www.rfc-editor.org/rfc/rfc6581#section-3
     // (paraphrase) In MPA revision 2 each side advertises its IRD: how many RDMA Read

@@ -9,14 +9,15 @@ use softwarp::*;
 /// Upper bound of every wait in the tests.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// One endpoint.
+/// One endpoint. Fields drop in declaration order: the device goes last, after everything
+/// created from it (closing it earlier reports the rest as leaked).
 pub struct End {
-    pub dev: Device,
-    pub pd: ProtectionDomain,
+    pub qp: QueuePair,
     pub scq: CompletionQueue,
     pub rcq: CompletionQueue,
-    pub qp: QueuePair,
+    pub pd: ProtectionDomain,
     pub info: Option<ConnectionInfo>,
+    pub dev: Device,
 }
 
 impl End {

@@ -1,0 +1,868 @@
+//! [`CmEventChannel`]: the connection manager's event channel (after
+//! `rdma_event_channel`) and the thread that runs it.
+//!
+//! One thread per channel waits (`epoll` through `mio`) on the channel's listeners and on
+//! the connections still negotiating: TCP connects in progress, MPA Requests being sent,
+//! Requests and Replies being read. It never blocks on anything else, so one slow or silent
+//! peer does not delay the others, and every attempt has a deadline. Established connections
+//! belong to their device's progress thread; they report back through the QP's hook
+//! ([`crate::qp::ConnObserver`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener as MioListener, TcpStream as MioStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+
+use super::event::{CmEvent, ConnId, EventQueue, ListenerId};
+use super::frame_io::{self, FrameReader, Progress, ReadError};
+use super::id::{CmId, IdShared};
+use super::listener::{CmListener, ListenOptions};
+use super::negotiate::{self, FrameOut, Local, Screened};
+use super::options::{ConnectOptions, ConnectionInfo, Role};
+use super::request::ConnectRequest;
+use crate::device::lock;
+use crate::error::{Error, MpaError, Result};
+use crate::qp::{Establish, QpShared, QueuePair};
+use crate::sys;
+
+const WAKE: Token = Token(0);
+
+enum Cmd {
+    Listen {
+        id: ListenerId,
+        listener: MioListener,
+        opts: Arc<ConnectOptions>,
+    },
+    Unlisten(ListenerId),
+    Connect(Box<Active>),
+    Cancel(ConnId),
+    Shutdown,
+}
+
+/// State shared by a channel handle, its thread, and the connections it made.
+#[derive(Debug)]
+pub(crate) struct ChannelShared {
+    pub(crate) events: EventQueue,
+    cmd: Mutex<Sender<Cmd>>,
+    waker: Waker,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for Cmd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Cmd::Listen { .. } => "Listen",
+            Cmd::Unlisten(_) => "Unlisten",
+            Cmd::Connect(_) => "Connect",
+            Cmd::Cancel(_) => "Cancel",
+            Cmd::Shutdown => "Shutdown",
+        })
+    }
+}
+
+impl ChannelShared {
+    pub(crate) fn push(&self, ev: CmEvent) {
+        self.events.push(ev);
+    }
+
+    fn send(&self, cmd: Cmd) -> Result<()> {
+        lock(&self.cmd)
+            .send(cmd)
+            .map_err(|_| Error::ChannelClosed)?;
+        self.waker
+            .wake()
+            .map_err(|e| Error::io("wake the connection manager", e))
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn cancel(&self, id: ConnId) -> Result<()> {
+        self.send(Cmd::Cancel(id))
+    }
+
+    pub(crate) fn unlisten(&self, id: ListenerId) {
+        let _ = self.send(Cmd::Unlisten(id));
+    }
+}
+
+/// The connection manager's event channel (after `rdma_event_channel`): listeners,
+/// connection attempts and the [`CmEvent`]s they produce.
+///
+/// Events are read with [`CmEventChannel::get_event`] (blocking, bounded) or
+/// [`CmEventChannel::try_get_event`]; the channel's file descriptor (an eventfd,
+/// [`AsRawFd`]) is readable exactly while events are waiting, so it can sit in the same
+/// `poll`/`epoll` loop as completion channels. Blocking conveniences:
+/// [`CmEventChannel::connect_blocking`], [`CmListener::accept`].
+///
+/// Dropping the channel stops its thread: listeners close, attempts in progress are
+/// abandoned (their QPs stay Idle). Established connections are not affected, but report
+/// nothing more.
+#[derive(Debug)]
+pub struct CmEventChannel {
+    shared: Arc<ChannelShared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl CmEventChannel {
+    /// Creates a channel and starts its thread.
+    pub fn new() -> Result<Self> {
+        let poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
+        let waker = Waker::new(poll.registry(), WAKE).map_err(|e| Error::io("eventfd", e))?;
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(ChannelShared {
+            events: EventQueue::new().map_err(|e| Error::io("eventfd", e))?,
+            cmd: Mutex::new(tx),
+            waker,
+            next_id: AtomicU64::new(1),
+        });
+        let worker = Worker {
+            poll,
+            rx,
+            shared: Arc::clone(&shared),
+            jobs: HashMap::new(),
+            next_token: 1,
+        };
+        let thread = std::thread::Builder::new()
+            .name("softwarp-cm".into())
+            .spawn(move || worker.run())
+            .map_err(|e| Error::io("spawn the connection manager thread", e))?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The next event, waiting at most `timeout` (`None`: no limit).
+    pub fn get_event(&self, timeout: Option<Duration>) -> Result<CmEvent> {
+        self.get_event_matching(timeout, |_| true)
+    }
+
+    /// The next event if one is waiting; never blocks.
+    pub fn try_get_event(&self) -> Option<CmEvent> {
+        self.shared.events.take(Some(Duration::ZERO), |_| true)
+    }
+
+    /// The oldest event for which `pred` holds, waiting at most `timeout`; other events stay
+    /// queued in order.
+    pub fn get_event_matching(
+        &self,
+        timeout: Option<Duration>,
+        pred: impl FnMut(&CmEvent) -> bool,
+    ) -> Result<CmEvent> {
+        self.shared
+            .events
+            .take(timeout, pred)
+            .ok_or(Error::Timeout(timeout.unwrap_or_default()))
+    }
+
+    /// Events waiting to be read.
+    pub fn pending_events(&self) -> usize {
+        self.shared.events.len()
+    }
+
+    /// Listens on `addr` (IPv4 or IPv6; port 0 picks a free port, see
+    /// [`CmListener::local_addr`]). Requests arrive as [`CmEvent::ConnectRequest`]s after
+    /// they passed the listener's policy (`opts.options`: markers, revision) and within its
+    /// timeout.
+    pub fn listen<A: ToSocketAddrs>(&self, addr: A, opts: &ListenOptions) -> Result<CmListener> {
+        let std_listener =
+            std::net::TcpListener::bind(addr).map_err(|e| Error::io("bind listener", e))?;
+        sys::set_listen_backlog(std_listener.as_fd(), opts.backlog)
+            .map_err(|e| Error::io("listen", e))?;
+        std_listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("set O_NONBLOCK", e))?;
+        let local_addr = std_listener
+            .local_addr()
+            .map_err(|e| Error::io("getsockname", e))?;
+        let id = ListenerId(self.shared.next_id());
+        self.shared.send(Cmd::Listen {
+            id,
+            listener: MioListener::from_std(std_listener),
+            opts: Arc::new(opts.options.clone()),
+        })?;
+        tracing::debug!(listener = %id, %local_addr, "listening");
+        Ok(CmListener::new(id, local_addr, Arc::clone(&self.shared)))
+    }
+
+    /// Starts connecting `qp` (Idle, receives posted) to `addr`: TCP connect, MPA Request
+    /// (with `opts`: private data, IRD/ORD, CRC, markers, peer-to-peer), Reply. Returns at
+    /// once; the outcome is reported on this channel as [`CmEvent::Established`],
+    /// [`CmEvent::Rejected`], [`CmEvent::Unreachable`] or [`CmEvent::ConnectError`], within
+    /// `opts.timeout`. Settings that cannot work (private data too long, IRD/ORD beyond the
+    /// QP, a QP that is not Idle) are refused here.
+    pub fn connect<A: ToSocketAddrs>(
+        &self,
+        qp: &QueuePair,
+        addr: A,
+        opts: &ConnectOptions,
+    ) -> Result<CmId> {
+        let addrs = resolve(addr)?;
+        let shared = Arc::clone(qp.shared());
+        let local = shared.local_params(opts)?;
+        let request = negotiate::request(opts, &local)?;
+        let bytes = request.encode()?;
+        shared.begin_connect()?;
+        let id = IdShared::new(
+            ConnId(self.shared.next_id()),
+            Role::Initiator,
+            Arc::downgrade(&self.shared),
+            Arc::downgrade(&shared),
+        );
+        let job = Active {
+            id: Arc::clone(&id),
+            qp: Arc::clone(&shared),
+            opts: opts.clone(),
+            local,
+            request,
+            bytes,
+            addrs: addrs.into(),
+            stream: None,
+            phase: Phase::Connecting,
+            written: 0,
+            reader: FrameReader::new(),
+            deadline: Instant::now() + opts.timeout,
+            last_err: None,
+        };
+        if let Err(e) = self.shared.send(Cmd::Connect(Box::new(job))) {
+            shared.abandon_connect();
+            return Err(e);
+        }
+        Ok(CmId { shared: id })
+    }
+
+    /// [`CmEventChannel::connect`], then waits for the outcome: the connection and what
+    /// negotiation settled, or the error (a reject is [`MpaError::Rejected`] with the
+    /// responder's private data). Other events stay queued.
+    pub fn connect_blocking<A: ToSocketAddrs>(
+        &self,
+        qp: &QueuePair,
+        addr: A,
+        opts: &ConnectOptions,
+    ) -> Result<(CmId, ConnectionInfo)> {
+        let id = self.connect(qp, addr, opts)?;
+        let conn = id.conn_id();
+        // The thread reports within `opts.timeout`; the margin only guards against a stuck
+        // thread.
+        let wait = opts.timeout + Duration::from_secs(5);
+        let ev = self
+            .shared
+            .events
+            .take(Some(wait), |e| {
+                e.conn_id() == Some(conn) && e.ends_attempt()
+            })
+            .ok_or(Error::Timeout(wait))?;
+        match ev {
+            CmEvent::Established { info, .. } => Ok((id, info)),
+            CmEvent::Rejected { private_data, .. } => {
+                Err(MpaError::Rejected { private_data }.into())
+            }
+            CmEvent::Unreachable { error, .. } | CmEvent::ConnectError { error, .. } => Err(error),
+            _ => Err(Error::InvalidArgument(
+                "unexpected connection manager event",
+            )),
+        }
+    }
+}
+
+impl CmEventChannel {
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<ChannelShared> {
+        &self.shared
+    }
+}
+
+impl AsFd for CmEventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.shared.events.fd().as_fd()
+    }
+}
+
+impl AsRawFd for CmEventChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.shared.events.fd().as_raw_fd()
+    }
+}
+
+impl Drop for CmEventChannel {
+    fn drop(&mut self) {
+        let _ = self.shared.send(Cmd::Shutdown);
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!("the connection manager thread panicked");
+            }
+        }
+    }
+}
+
+/// Resolves `addr` to socket addresses (after `rdma_resolve_addr`; uses the system
+/// resolver, so a host name may block for the resolver's time).
+pub fn resolve<A: ToSocketAddrs>(addr: A) -> Result<Vec<SocketAddr>> {
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| Error::io("resolve address", e))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(Error::InvalidArgument("the address resolved to nothing"));
+    }
+    Ok(addrs)
+}
+
+// ---------------------------------------------------------------------------------------
+// The channel's thread
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// TCP connect in progress.
+    Connecting,
+    /// Sending the MPA Request.
+    Writing,
+    /// Reading the MPA Reply.
+    Reading,
+}
+
+/// An active connection attempt.
+struct Active {
+    id: Arc<IdShared>,
+    qp: Arc<QpShared>,
+    opts: ConnectOptions,
+    local: Local,
+    request: FrameOut,
+    bytes: Vec<u8>,
+    /// Addresses not tried yet.
+    addrs: VecDeque<SocketAddr>,
+    stream: Option<MioStream>,
+    phase: Phase,
+    written: usize,
+    reader: FrameReader,
+    deadline: Instant,
+    last_err: Option<io::Error>,
+}
+
+/// A TCP connection accepted by a listener, its MPA Request still being read.
+struct Passive {
+    conn_id: ConnId,
+    listener: ListenerId,
+    opts: Arc<ConnectOptions>,
+    stream: MioStream,
+    peer: SocketAddr,
+    reader: FrameReader,
+    deadline: Instant,
+}
+
+enum Job {
+    Listener {
+        id: ListenerId,
+        listener: MioListener,
+        opts: Arc<ConnectOptions>,
+    },
+    Active(Box<Active>),
+    Passive(Box<Passive>),
+}
+
+struct Worker {
+    poll: Poll,
+    rx: Receiver<Cmd>,
+    shared: Arc<ChannelShared>,
+    jobs: HashMap<Token, Job>,
+    next_token: usize,
+}
+
+impl Worker {
+    fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        loop {
+            let timeout = self
+                .next_deadline()
+                .map(|d| d.saturating_duration_since(Instant::now()) + Duration::from_millis(1));
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    tracing::error!(error = %e, "epoll_wait failed; the connection manager stops");
+                    return;
+                }
+            }
+            let ready: Vec<Token> = events
+                .iter()
+                .map(|e| e.token())
+                .filter(|t| *t != WAKE)
+                .collect();
+            if !self.commands() {
+                self.shutdown();
+                return;
+            }
+            for token in ready {
+                self.step(token);
+            }
+            self.expire();
+        }
+    }
+
+    fn token(&mut self) -> Token {
+        let t = Token(self.next_token);
+        self.next_token += 1;
+        t
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.jobs
+            .values()
+            .filter_map(|j| match j {
+                Job::Active(a) => Some(a.deadline),
+                Job::Passive(p) => Some(p.deadline),
+                Job::Listener { .. } => None,
+            })
+            .min()
+    }
+
+    /// Handles the commands waiting; false on shutdown.
+    fn commands(&mut self) -> bool {
+        loop {
+            match self.rx.try_recv() {
+                Ok(Cmd::Listen {
+                    id,
+                    mut listener,
+                    opts,
+                }) => {
+                    let token = self.token();
+                    match self
+                        .poll
+                        .registry()
+                        .register(&mut listener, token, Interest::READABLE)
+                    {
+                        Ok(()) => {
+                            self.jobs
+                                .insert(token, Job::Listener { id, listener, opts });
+                            // Connections queued before the registration are taken now.
+                            self.step(token);
+                        }
+                        Err(e) => {
+                            tracing::error!(listener = %id, error = %e, "cannot poll the listener")
+                        }
+                    }
+                }
+                Ok(Cmd::Unlisten(id)) => {
+                    let gone: Vec<Token> = self
+                        .jobs
+                        .iter()
+                        .filter(|(_, j)| match j {
+                            Job::Listener { id: l, .. } => *l == id,
+                            Job::Passive(p) => p.listener == id,
+                            Job::Active(_) => false,
+                        })
+                        .map(|(t, _)| *t)
+                        .collect();
+                    for t in gone {
+                        self.remove(t);
+                    }
+                }
+                Ok(Cmd::Connect(job)) => {
+                    let token = self.token();
+                    self.jobs.insert(token, Job::Active(job));
+                    self.start_connect(token);
+                }
+                Ok(Cmd::Cancel(conn)) => {
+                    let found = self.jobs.iter().find_map(|(t, j)| match j {
+                        Job::Active(a) if a.id.conn_id() == conn => Some(*t),
+                        _ => None,
+                    });
+                    if let Some(t) = found {
+                        if let Some(Job::Active(a)) = self.remove(t) {
+                            fail_active(a, Failed::Mpa(MpaError::Cancelled.into()));
+                        }
+                    }
+                }
+                Ok(Cmd::Shutdown) | Err(TryRecvError::Disconnected) => return false,
+                Err(TryRecvError::Empty) => return true,
+            }
+        }
+    }
+
+    fn shutdown(&mut self) {
+        let tokens: Vec<Token> = self.jobs.keys().copied().collect();
+        for t in tokens {
+            if let Some(Job::Active(a)) = self.remove(t) {
+                a.qp.abandon_connect();
+            }
+        }
+        tracing::debug!("connection manager thread stops");
+    }
+
+    /// Takes a job out, deregistering its socket.
+    fn remove(&mut self, token: Token) -> Option<Job> {
+        let mut job = self.jobs.remove(&token)?;
+        let reg = self.poll.registry();
+        let _ = match &mut job {
+            Job::Listener { listener, .. } => reg.deregister(listener),
+            Job::Active(a) => match a.stream.as_mut() {
+                Some(s) => reg.deregister(s),
+                None => Ok(()),
+            },
+            Job::Passive(p) => reg.deregister(&mut p.stream),
+        };
+        Some(job)
+    }
+
+    fn step(&mut self, token: Token) {
+        if matches!(self.jobs.get(&token), Some(Job::Listener { .. })) {
+            self.accept_all(token);
+            return;
+        }
+        let step = match self.jobs.get_mut(&token) {
+            Some(Job::Active(a)) => step_active(a),
+            Some(Job::Passive(p)) => step_passive(p),
+            _ => return,
+        };
+        match step {
+            ActiveOrPassive::Wait => {}
+            ActiveOrPassive::Retry => self.start_connect(token),
+            ActiveOrPassive::Finish(f) => {
+                if let Some(job) = self.remove(token) {
+                    self.finish(job, f);
+                }
+            }
+        }
+    }
+
+    /// Connects an active job to its next address (or fails it when none is left).
+    fn start_connect(&mut self, token: Token) {
+        loop {
+            let Some(Job::Active(a)) = self.jobs.get_mut(&token) else {
+                return;
+            };
+            if let Some(mut old) = a.stream.take() {
+                let _ = self.poll.registry().deregister(&mut old);
+            }
+            let Some(addr) = a.addrs.pop_front() else {
+                let err = a.last_err.take();
+                if let Some(Job::Active(a)) = self.remove(token) {
+                    let error = match err {
+                        Some(e) => Error::io("TCP connect", e),
+                        None => Error::InvalidArgument("the address resolved to nothing"),
+                    };
+                    fail_active(a, Failed::Unreachable(error));
+                }
+                return;
+            };
+            match MioStream::connect(addr) {
+                Ok(mut s) => {
+                    match self.poll.registry().register(
+                        &mut s,
+                        token,
+                        Interest::READABLE | Interest::WRITABLE,
+                    ) {
+                        Ok(()) => {
+                            a.stream = Some(s);
+                            a.phase = Phase::Connecting;
+                            return;
+                        }
+                        Err(e) => a.last_err = Some(e),
+                    }
+                }
+                Err(e) => a.last_err = Some(e),
+            }
+        }
+    }
+
+    /// Accepts every connection waiting at a listener.
+    fn accept_all(&mut self, token: Token) {
+        loop {
+            let Some(Job::Listener { id, listener, opts }) = self.jobs.get(&token) else {
+                return;
+            };
+            let (id, opts) = (*id, Arc::clone(opts));
+            let (mut stream, peer) = match listener.accept() {
+                Ok(v) => v,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and friends: report and wait for the next readiness.
+                    tracing::error!(listener = %id, error = %e, "accept failed");
+                    self.shared.push(CmEvent::RequestError {
+                        listener: id,
+                        peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+                        error: Error::io("accept", e),
+                    });
+                    return;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let t = self.token();
+            if let Err(e) = self
+                .poll
+                .registry()
+                .register(&mut stream, t, Interest::READABLE)
+            {
+                tracing::error!(error = %e, "cannot poll an accepted connection");
+                continue;
+            }
+            tracing::debug!(listener = %id, %peer, "TCP connection accepted");
+            self.jobs.insert(
+                t,
+                Job::Passive(Box::new(Passive {
+                    conn_id: ConnId(self.shared.next_id()),
+                    listener: id,
+                    deadline: Instant::now() + opts.timeout,
+                    opts,
+                    stream,
+                    peer,
+                    reader: FrameReader::new(),
+                })),
+            );
+            self.step(t);
+        }
+    }
+
+    /// Fails the jobs whose deadline passed.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let late: Vec<Token> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| match j {
+                Job::Active(a) => a.deadline <= now,
+                Job::Passive(p) => p.deadline <= now,
+                Job::Listener { .. } => false,
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        for t in late {
+            match self.remove(t) {
+                Some(Job::Active(a)) => {
+                    let total = a.opts.timeout;
+                    let failed = if a.phase == Phase::Connecting {
+                        Failed::Unreachable(Error::Timeout(total))
+                    } else {
+                        //= https://www.rfc-editor.org/rfc/rfc5044#section-7.1
+                        // (paraphrase) An initiator that receives no Reply in time closes
+                        // the connection.
+                        Failed::Mpa(MpaError::Timeout(total).into())
+                    };
+                    fail_active(a, failed);
+                }
+                Some(Job::Passive(p)) => {
+                    // A peer that never completes its Request: closed, without an answer.
+                    self.shared.push(CmEvent::RequestError {
+                        listener: p.listener,
+                        peer: p.peer,
+                        error: MpaError::Timeout(p.opts.timeout).into(),
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn finish(&mut self, job: Job, f: Finish) {
+        match (job, f) {
+            (Job::Active(a), Finish::Failed(failed)) => fail_active(a, failed),
+            (Job::Active(a), Finish::Connected(neg)) => establish_active(a, neg),
+            (Job::Passive(p), Finish::Request(req)) => {
+                let Passive {
+                    conn_id,
+                    listener,
+                    opts,
+                    stream,
+                    peer,
+                    ..
+                } = *p;
+                let std_stream: std::net::TcpStream = stream.into();
+                match ConnectRequest::new(
+                    conn_id,
+                    listener,
+                    std_stream,
+                    peer,
+                    req,
+                    opts,
+                    Arc::downgrade(&self.shared),
+                ) {
+                    Ok(r) => self.shared.push(CmEvent::ConnectRequest(r)),
+                    Err(error) => self.shared.push(CmEvent::RequestError {
+                        listener,
+                        peer,
+                        error,
+                    }),
+                }
+            }
+            (Job::Passive(p), Finish::Refused(error)) => {
+                self.shared.push(CmEvent::RequestError {
+                    listener: p.listener,
+                    peer: p.peer,
+                    error,
+                });
+            }
+            _ => {}
+        }
+    }
+}
+
+/// How an active attempt failed.
+enum Failed {
+    Unreachable(Error),
+    Rejected(Vec<u8>),
+    Mpa(Error),
+}
+
+/// How a job ended.
+enum Finish {
+    Failed(Failed),
+    Connected(negotiate::Negotiated),
+    Request(negotiate::PeerRequest),
+    Refused(Error),
+}
+
+enum ActiveOrPassive {
+    Wait,
+    /// Try the next address.
+    Retry,
+    Finish(Finish),
+}
+
+fn fail_active(a: Box<Active>, failed: Failed) {
+    a.qp.abandon_connect();
+    let id = a.id.conn_id();
+    let ev = match failed {
+        Failed::Unreachable(error) => CmEvent::Unreachable { id, error },
+        Failed::Rejected(private_data) => CmEvent::Rejected { id, private_data },
+        Failed::Mpa(error) => CmEvent::ConnectError { id, error },
+    };
+    tracing::debug!(conn = %id, event = ev.name(), "connection attempt failed");
+    a.id.failed(ev);
+}
+
+fn establish_active(a: Box<Active>, neg: negotiate::Negotiated) {
+    let Active {
+        id,
+        qp,
+        opts,
+        stream,
+        ..
+    } = *a;
+    let Some(stream) = stream else {
+        qp.abandon_connect();
+        id.failed(CmEvent::ConnectError {
+            id: id.conn_id(),
+            error: Error::NotConnected,
+        });
+        return;
+    };
+    let std_stream: std::net::TcpStream = stream.into();
+    let observer: Arc<dyn crate::qp::ConnObserver> = Arc::clone(&id) as _;
+    match qp.finish_connect(
+        Ok((std_stream, neg)),
+        Establish {
+            opts: &opts,
+            observer: Some(observer),
+            gate: opts.responder_waits_for_initiator,
+        },
+    ) {
+        Ok(info) => id.established(info),
+        Err(error) => id.failed(CmEvent::ConnectError {
+            id: id.conn_id(),
+            error,
+        }),
+    }
+}
+
+/// Advances an active attempt as far as its socket allows.
+fn step_active(a: &mut Active) -> ActiveOrPassive {
+    let total = a.opts.timeout;
+    let Some(stream) = a.stream.as_mut() else {
+        return ActiveOrPassive::Retry;
+    };
+    if a.phase == Phase::Connecting {
+        match stream.take_error() {
+            Ok(Some(e)) | Err(e) => {
+                a.last_err = Some(e);
+                return ActiveOrPassive::Retry;
+            }
+            Ok(None) => {}
+        }
+        match stream.peer_addr() {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => return ActiveOrPassive::Wait,
+            Err(e) => {
+                a.last_err = Some(e);
+                return ActiveOrPassive::Retry;
+            }
+        }
+        let _ = stream.set_nodelay(true);
+        a.phase = Phase::Writing;
+    }
+    if a.phase == Phase::Writing {
+        match frame_io::write_some(stream, &a.bytes, &mut a.written) {
+            Ok(true) => a.phase = Phase::Reading,
+            Ok(false) => return ActiveOrPassive::Wait,
+            Err(e) => {
+                let error = crate::connect::map_io("write MPA Request", e, total);
+                return ActiveOrPassive::Finish(Finish::Failed(Failed::Mpa(error)));
+            }
+        }
+    }
+    match a.reader.fill(stream) {
+        Ok(Progress::WouldBlock) => return ActiveOrPassive::Wait,
+        Ok(Progress::Complete) | Err(ReadError::Wire(_)) => {}
+        Err(ReadError::Closed) => {
+            return ActiveOrPassive::Finish(Finish::Failed(Failed::Mpa(MpaError::Closed.into())))
+        }
+        Err(ReadError::Io(e)) => {
+            let error = crate::connect::map_io("read MPA Reply", e, total);
+            return ActiveOrPassive::Finish(Finish::Failed(Failed::Mpa(error)));
+        }
+    }
+    match negotiate::check_reply(&a.request, &a.opts, &a.local, a.reader.bytes()) {
+        Ok(neg) => ActiveOrPassive::Finish(Finish::Connected(neg)),
+        Err(f) => {
+            if let Some(t) = f.terminate_bytes(a.opts.terminate_layout) {
+                let mut written = 0;
+                // Best effort into an empty socket buffer; the connection closes next.
+                let _ = frame_io::write_some(stream, &t, &mut written);
+                tracing::debug!(conn = %a.id.conn_id(), code = ?f.terminate, "Terminate sent");
+            }
+            let failed = match f.error {
+                Error::Mpa(MpaError::Rejected { private_data }) => Failed::Rejected(private_data),
+                other => Failed::Mpa(other),
+            };
+            ActiveOrPassive::Finish(Finish::Failed(failed))
+        }
+    }
+}
+
+/// Advances a passive connection: reads its Request and screens it.
+fn step_passive(p: &mut Passive) -> ActiveOrPassive {
+    let read = match p.reader.fill(&mut p.stream) {
+        Ok(Progress::WouldBlock) => return ActiveOrPassive::Wait,
+        Ok(Progress::Complete) => Ok(p.reader.bytes()),
+        Err(ReadError::Wire(w)) => Err(w),
+        Err(ReadError::Closed) => {
+            return ActiveOrPassive::Finish(Finish::Refused(MpaError::Closed.into()))
+        }
+        Err(ReadError::Io(e)) => {
+            let error = crate::connect::map_io("read MPA Request", e, p.opts.timeout);
+            return ActiveOrPassive::Finish(Finish::Refused(error));
+        }
+    };
+    match negotiate::screen_request(read, &p.opts) {
+        Screened::Request(req) => ActiveOrPassive::Finish(Finish::Request(req)),
+        Screened::Refuse { reply, error } => {
+            if let Some(reply) = reply {
+                if let Ok(bytes) = reply.encode() {
+                    let mut written = 0;
+                    let _ = frame_io::write_some(&mut p.stream, &bytes, &mut written);
+                }
+            }
+            tracing::debug!(peer = %p.peer, %error, "connection request refused");
+            ActiveOrPassive::Finish(Finish::Refused(error.into()))
+        }
+    }
+}
