@@ -152,19 +152,22 @@ fn qp_mem_counts_heap_bytes_per_connected_qp() {
 
 #[test]
 fn a_server_process_and_a_client_process_run_a_session() {
-    // Three consecutive ports from an ephemeral one (control, iWARP, TCP).
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let port = if port > 65000 { port - 1000 } else { port };
-    let p = port.to_string();
-    let server = softwarp(&["-s", "--bind", "127.0.0.1", "-p", &p]);
+    // The server takes three free ports and says which; the client needs the first.
+    let mut server = softwarp(&["-s", "--bind", "127.0.0.1", "-p", "0"]);
+    let mut line = String::new();
+    let stderr = server.stderr.take().unwrap();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stderr), &mut line).unwrap();
+    let port = line
+        .split("waiting for a client on 127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no control port in {line:?}"))
+        .to_string();
     let client = softwarp(&[
         "write_bw,send_lat",
         "127.0.0.1",
         "-p",
-        &p,
+        &port,
         "-S",
         "2K",
         "-n",

@@ -47,7 +47,8 @@ pub struct BenchArgs {
     /// Be the server: wait for one client session on --port, then exit.
     #[arg(short = 's', long)]
     server: bool,
-    /// Control port (the server also listens on PORT+1 for iWARP and PORT+2 for TCP).
+    /// Control port (the server also listens on PORT+1 for iWARP and PORT+2 for TCP; 0:
+    /// three free ports, printed when the server starts).
     #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
     port: u16,
     /// Address the server binds (default: all addresses).
@@ -294,8 +295,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         let l = Listeners::bind(args.bind, args.port)?;
         eprintln!(
-            "softwarp bench: waiting for a client on {} (iWARP on +1, TCP on +2)",
-            l.ctrl_addr()?
+            "softwarp bench: waiting for a client on {} (iWARP on port {}, TCP on port {})",
+            l.ctrl_addr()?,
+            l.rdma_port()?,
+            l.tcp_port()?
         );
         return session::serve(&l, None);
     }

@@ -105,6 +105,16 @@ impl Listeners {
     pub fn ctrl_addr(&self) -> Result<SocketAddr> {
         Ok(self.ctrl.local_addr()?)
     }
+
+    /// The iWARP listener's port.
+    pub fn rdma_port(&self) -> Result<u16> {
+        Ok(self.rdma.local_addr()?.port())
+    }
+
+    /// The TCP baseline listener's port.
+    pub fn tcp_port(&self) -> Result<u16> {
+        Ok(self.tcp.local_addr()?.port())
+    }
 }
 
 /// Serves one client session (every shape it asks for), then returns. `accept_timeout`
