@@ -339,13 +339,24 @@ impl QpShared {
     /// whole buffer. Staging is off for QPs on an SRQ, whose engine may block with staged
     /// bytes it cannot take yet. `stage` also swallows the bytes that arrive once the QP no
     /// longer receives, so the end of the stream is still seen.
-    fn rx_pass(&self, inner: &mut QpInner, stage: &mut [u8], budget: &mut usize) -> RxEnd {
+    ///
+    /// With `short_ok` (busy polls, which read again at the next poll anyway) a read that
+    /// returns less than it asked for ends the pass. The progress thread reads until
+    /// EAGAIN: its epoll is edge-triggered, and an end of stream queued behind the data of
+    /// a short read would get no edge of its own.
+    fn rx_pass(
+        &self,
+        inner: &mut QpInner,
+        stage: &mut [u8],
+        budget: &mut usize,
+        short_ok: bool,
+    ) -> RxEnd {
         let mut empty_targets = 0;
         let staging = self.srq.is_none();
         // Bytes read ahead into `stage[..staged]`, handed out from `fed`.
         let (mut fed, mut staged) = (0usize, 0usize);
-        // The last read returned less than asked: the socket is empty (no need for a read
-        // that would only say EAGAIN; epoll(7) allows this for stream sockets).
+        // The last read returned less than asked: the socket is empty for now (no need for
+        // a read that would only say EAGAIN).
         let mut short_read = false;
         loop {
             if fed < staged {
@@ -445,7 +456,7 @@ impl QpShared {
                     self.rx_commit(inner, direct);
                     fed = 0;
                     staged = n - direct;
-                    short_read = n < asked;
+                    short_read = short_ok && n < asked;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return RxEnd::Drained,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -765,7 +776,7 @@ impl QpShared {
             }
         }
         let mut budget = PASS_BUDGET;
-        let rx = self.rx_pass(inner, scratch, &mut budget);
+        let rx = self.rx_pass(inner, scratch, &mut budget, false);
         let mut budget = PASS_BUDGET;
         let tx = self.tx_pass(inner, &mut budget);
         self.drain(inner);
@@ -800,10 +811,10 @@ impl QpShared {
                 if stage.len() < STAGE_LEN {
                     stage.resize(STAGE_LEN, 0);
                 }
-                self.rx_pass(inner, &mut stage, &mut budget)
+                self.rx_pass(inner, &mut stage, &mut budget, true)
             }
             // Re-entered from inside a pass (not possible today): read without staging.
-            Err(_) => self.rx_pass(inner, &mut [0u8; 512], &mut budget),
+            Err(_) => self.rx_pass(inner, &mut [0u8; 512], &mut budget, true),
         });
         let mut budget = PASS_BUDGET;
         let _ = self.tx_pass(inner, &mut budget);
