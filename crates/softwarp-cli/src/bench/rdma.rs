@@ -58,14 +58,17 @@ struct PeerMem {
 }
 
 /// One side of a Softwarp benchmark connection.
+///
+/// Fields drop in declaration order: the QP first, then the regions, the CQ, the channel
+/// and last the device, so that nothing is still allocated when the device closes.
 pub struct Ep {
-    spec: Spec,
-    _dev: Device,
-    channel: Option<CompletionChannel>,
-    cq: CompletionQueue,
     qp: QueuePair,
     src: MemoryRegion,
     dst: MemoryRegion,
+    cq: CompletionQueue,
+    channel: Option<CompletionChannel>,
+    _dev: Device,
+    spec: Spec,
     peer: PeerMem,
     wcs: Vec<WorkCompletion>,
     wrs: Vec<SendWr<'static>>,
