@@ -247,7 +247,7 @@ impl Ep {
                 }
                 _ => {
                     spins += 1;
-                    if spins % 4096 == 0 {
+                    if spins.is_multiple_of(4096) {
                         ensure!(
                             Instant::now() < deadline,
                             "no completion within {RUN_TIMEOUT:?}"
@@ -390,7 +390,7 @@ impl Ep {
                     self.wrs.clear();
                     for _ in 0..want {
                         let id = self.posted;
-                        let signaled = (id + 1) % cq_mod == 0 || id + 1 == target;
+                        let signaled = (id + 1).is_multiple_of(cq_mod) || id + 1 == target;
                         let wr = self.data_wr(size, id, signaled)?;
                         self.wrs.push(wr);
                         self.posted += 1;
@@ -459,7 +459,7 @@ impl Ep {
                     break;
                 }
                 spins += 1;
-                if spins % 4096 == 0 {
+                if spins.is_multiple_of(4096) {
                     if !busy {
                         let n = self.poll(false, deadline)?;
                         self.handle(n)?;

@@ -209,9 +209,9 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 
 /// Prints a size the way the sizes were given: 64, 4K, 8M.
 pub fn fmt_size(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}M", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{}K", n >> 10)
     } else {
         n.to_string()

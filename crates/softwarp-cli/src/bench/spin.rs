@@ -19,7 +19,7 @@ pub fn set_yield_every(n: u32) {
 /// Waits a little after the `spins`-th empty poll.
 pub fn pause(spins: u32) {
     let every = YIELD_EVERY.load(Ordering::Relaxed);
-    if every != 0 && spins % every == 0 {
+    if every != 0 && spins.is_multiple_of(every) {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();

@@ -33,7 +33,7 @@ fn write_all(s: &mut TcpStream, mut buf: &[u8], deadline: Instant) -> Result<()>
             Ok(n) => buf = &buf[n..],
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 spins += 1;
-                if spins % 4096 == 0 {
+                if spins.is_multiple_of(4096) {
                     ensure!(Instant::now() < deadline, "TCP: write stalled");
                 }
                 super::spin::pause(spins);
@@ -60,7 +60,7 @@ fn read_total(
             Ok(n) => total -= n,
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 spins += 1;
-                if spins % 4096 == 0 {
+                if spins.is_multiple_of(4096) {
                     ensure!(Instant::now() < deadline, "TCP: read stalled");
                 }
                 super::spin::pause(spins);

@@ -441,11 +441,12 @@ impl Session {
         let bytes = half.buf.bytes();
         let stream_offset = half.buf.offset().saturating_sub(half.fpdu_base);
         // With markers, an FPDU that starts on a marker position begins with that marker.
-        let header_at = if use_markers && stream_offset % marker::MARKER_INTERVAL as u64 == 0 {
-            marker::MARKER_LEN
-        } else {
-            0
-        };
+        let header_at =
+            if use_markers && stream_offset.is_multiple_of(marker::MARKER_INTERVAL as u64) {
+                marker::MARKER_LEN
+            } else {
+                0
+            };
         let Some(header) = bytes.get(header_at..) else {
             return false;
         };
