@@ -689,6 +689,13 @@ pub fn control() -> &'static TraceControl {
     &CONTROL
 }
 
+/// False when the crate is built with the `max_level_off` feature: every [`sw_event!`] is then
+/// a constant-false branch the compiler removes, and `tracing`'s own macros are compiled out
+/// by its `max_level_off` feature (enabled along with ours). Levels can still be set and read,
+/// but no record is ever produced, neither for subscribers nor for the flight recorder. The
+/// build exists to measure what tracing costs (BENCHMARKS.md, "RAS overhead").
+pub const COMPILED_IN: bool = !cfg!(feature = "max_level_off");
+
 /// Applies `SOFTWARP_TRACE` (if set) to [`control()`].
 pub fn init_from_env() -> Result<(), TraceError> {
     match std::env::var(TRACE_ENV) {
@@ -724,7 +731,9 @@ macro_rules! sw_event {
             __SW_LEVEL >= 1 && __SW_LEVEL <= 9,
             "Softwarp trace levels are 1..=9"
         );
-        if $crate::trace::control().gate($crate::trace::Component::$comp, __SW_LEVEL) {
+        if $crate::trace::COMPILED_IN
+            && $crate::trace::control().gate($crate::trace::Component::$comp, __SW_LEVEL)
+        {
             let __sw_qpn: u32 = $qpn;
             let __sw_comp = $crate::trace::Component::$comp;
             if $crate::trace::control().wanted(__sw_comp, __SW_LEVEL, __sw_qpn) {
@@ -744,7 +753,9 @@ macro_rules! sw_event {
             __SW_LEVEL >= 1 && __SW_LEVEL <= 9,
             "Softwarp trace levels are 1..=9"
         );
-        if $crate::trace::control().gate($crate::trace::Component::$comp, __SW_LEVEL) {
+        if $crate::trace::COMPILED_IN
+            && $crate::trace::control().gate($crate::trace::Component::$comp, __SW_LEVEL)
+        {
             $crate::__private::tracing::event!(
                 name: $crate::trace::level_name(__SW_LEVEL),
                 target: $crate::trace::Component::$comp.target(),
