@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# RAS overhead (issue 6): `softwarp bench` with tracing compiled out (the max_level_off build)
+# against the normal build at the default levels (level 1 everywhere, flight recorder on at
+# level 5), and the normal build with the recorder switched off at run time.
+# Invocations alternate (OFF, ON, REC0, OFF, ON, ...) so all see the same machine; every
+# invocation also measures raw TCP, and the comparison uses each row's ratio to TCP.
+# Usage: scripts/ras-overhead.sh [ROUNDS]   (default 5; about 1 minute per round)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-5}
+cargo build --release --locked -q -p softwarp-cli
+cargo build --release --locked -q -p softwarp-cli --features max_level_off --target-dir target/notrace
+on=target/release/softwarp off=target/notrace/release/softwarp
+out=$(mktemp -d)
+shapes=(
+  "send_lat -S 8 -r 3 --mode busy"
+  "write_lat -S 8 -r 3 --mode busy"
+  "send_bw -S 64 -t 64 -l 64 -n 1000000 -r 3 --mode busy"
+  "write_bw -S 1M -n 2000 -r 3 --mode busy"
+  "write_bw -S 64K -n 20000 -r 3 --mode event"
+)
+for r in $(seq 1 "$rounds"); do
+  for i in "${!shapes[@]}"; do
+    # shellcheck disable=SC2086
+    env -u SOFTWARP_TRACE "$off" bench ${shapes[$i]} --json > "$out/off-$i-$r.json"
+    # shellcheck disable=SC2086
+    env -u SOFTWARP_TRACE "$on" bench ${shapes[$i]} --json > "$out/on-$i-$r.json"
+    # shellcheck disable=SC2086
+    SOFTWARP_TRACE=recorder=0 "$on" bench ${shapes[$i]} --json > "$out/rec0-$i-$r.json"
+  done
+  echo "round $r of $rounds done (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+done
+python3 - "$out" "${#shapes[@]}" "$rounds" <<'PY'
+import json, statistics, sys
+out, nshapes, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def load(cfg, i, r):
+    with open(f"{out}/{cfg}-{i}-{r}.json") as f:
+        return json.load(f)["results"][0]
+print("| shape | size | mode | metric | compiled out | level 1 + recorder | level 1, recorder off | overhead (level 1 + recorder) |")
+print("|---|---|---|---|---|---|---|---|")
+for i in range(nshapes):
+    rows = {c: [load(c, i, r) for r in range(1, rounds + 1)] for c in ("off", "on", "rec0")}
+    first = rows["off"][0]
+    lat = first["kind"] == "lat"
+    # Ratio to TCP of the same invocation: latency sw/tcp (lower is better), bandwidth sw/tcp.
+    med = {c: statistics.median(x["ratio"] for x in rs) for c, rs in rows.items()}
+    key = "lat_us" if lat else "gbit_per_s"
+    absm = {c: statistics.median(x["softwarp"][key] for x in rs) for c, rs in rows.items()}
+    if lat:
+        over = med["on"] / med["off"] - 1
+        metric = "latency / TCP's"
+    else:
+        over = med["off"] / med["on"] - 1
+        metric = "bandwidth / TCP's"
+    unit = "us" if lat else "Gbit/s"
+    cell = lambda c: f"{med[c]:.3f} ({absm[c]:.2f} {unit})"
+    print(f"| {first['shape']} | {first['size']} B | {first['mode']} | {metric} | {cell('off')} | {cell('on')} | {cell('rec0')} | {over*100:+.1f} % |")
+PY
+echo "raw JSON: $out" >&2
