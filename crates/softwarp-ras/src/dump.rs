@@ -20,7 +20,7 @@
 //! Sections in order: `process` ([`DumpProcess`]), `levels` ([`TraceLevels`]),
 //! `resources` ([`ResourcesResult`]), `stats` ([`StatsSnapshot`]), `snapshots`
 //! ([`SnapshotsResult`]), `flight-recorder` ([`FlightRecorderDump`]). Each body's length
-//! and FNV-1a 64 hash are in its marker, and the end marker counts the sections: a
+//! and an FNV-1a 64 hash of its name and body are in its marker, and the end marker counts the sections: a
 //! truncated dump lacks the end marker (or bytes of a body), a damaged one fails a hash.
 //! Readers keep sections they do not know (as JSON), so later versions may add some.
 //!
@@ -90,12 +90,29 @@ pub struct DumpProcess {
 
 /// FNV-1a, 64 bits (the section checksum: detects damage, not an attacker).
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    fnv1a64_more(0xcbf2_9ce4_8422_2325, bytes)
+}
+
+fn fnv1a64_more(mut h: u64, bytes: &[u8]) -> u64 {
     for b in bytes {
         h ^= u64::from(*b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
+}
+
+/// The checksum of a section: FNV-1a 64 over its name, a NUL and its body (a damaged name
+/// is noticed too).
+pub fn section_hash(name: &str, body: &[u8]) -> u64 {
+    fnv1a64_more(fnv1a64_more(fnv1a64(name.as_bytes()), &[0]), body)
+}
+
+/// A number in a marker: decimal digits only (no sign, so a damaged byte cannot hide).
+fn digits(s: &str) -> Option<usize> {
+    if s.is_empty() || s.len() > 19 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
 }
 
 /// Builds a dump section by section.
@@ -133,7 +150,7 @@ impl DumpWriter {
             format!(
                 "{SECTION}{name} {} fnv1a64:{:016x}{TAIL}\n",
                 json.len(),
-                fnv1a64(&json)
+                section_hash(name, &json)
             )
             .as_bytes(),
         );
@@ -371,8 +388,12 @@ fn parse_marker(line: &[u8]) -> Option<Marker> {
         let rest = rest.strip_suffix(TAIL)?;
         let mut parts = rest.split(' ');
         let name = parts.next()?;
-        let len = parts.next()?.parse().ok()?;
-        let hash = u64::from_str_radix(parts.next()?.strip_prefix("fnv1a64:")?, 16).ok()?;
+        let len = digits(parts.next()?)?;
+        let hex = parts.next()?.strip_prefix("fnv1a64:")?;
+        if hex.len() != 16 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return None;
+        }
+        let hash = u64::from_str_radix(hex, 16).ok()?;
         if parts.next().is_some() || !valid_name(name) {
             return None;
         }
@@ -382,7 +403,7 @@ fn parse_marker(line: &[u8]) -> Option<Marker> {
             hash,
         });
     }
-    let n = text.strip_prefix(END)?.strip_suffix(TAIL)?.parse().ok()?;
+    let n = digits(text.strip_prefix(END)?.strip_suffix(TAIL)?)?;
     Some(Marker::End(n))
 }
 
@@ -398,7 +419,8 @@ pub fn parse(bytes: &[u8]) -> Result<ParsedDump, DumpError> {
         .ok()
         .and_then(|h| h.strip_prefix(MAGIC))
         .and_then(|v| v.strip_prefix(' '))
-        .and_then(|v| v.parse::<u32>().ok())
+        .and_then(digits)
+        .and_then(|v| u32::try_from(v).ok())
         .ok_or(DumpError::NotADump)?;
     if version != VERSION {
         return Err(DumpError::UnsupportedVersion(version));
@@ -465,7 +487,7 @@ pub fn parse(bytes: &[u8]) -> Result<ParsedDump, DumpError> {
                     });
                     return Ok(out);
                 }
-                if fnv1a64(body) != hash {
+                if section_hash(&name, body) != hash {
                     out.error = Some(DumpError::Checksum {
                         section: name,
                         offset: start,
