@@ -562,11 +562,13 @@ impl QpRas {
 
     /// The id for this connection's snapshot, unless it has one already (one snapshot per
     /// failure: a QP reports several events as it fails).
+    /// `None` as well when the history keeps none (`SOFTWARP_SNAPSHOTS=0`).
     fn claim_snapshot(&self) -> Option<u64> {
-        if self.snapshot.load(Ordering::Relaxed) != 0 {
+        let history = snapshot::history();
+        if self.snapshot.load(Ordering::Relaxed) != 0 || history.capacity() == 0 {
             return None;
         }
-        let id = snapshot::history().reserve_id();
+        let id = history.reserve_id();
         self.snapshot
             .compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed)
             .ok()

@@ -145,8 +145,9 @@ impl FlightRecorder {
         max_qp: usize,
         context: usize,
     ) -> Vec<Record> {
-        let other_device = |r: &Record| match device {
-            Some(d) => r.fields.contains("device=") && !r.fields.contains(&format!("{d:?}")),
+        let needle = device.map(|d| format!("device={d:?}"));
+        let other_device = |r: &Record| match &needle {
+            Some(n) => r.fields.contains("device=") && !r.fields.contains(n.as_str()),
             None => false,
         };
         let ring = self.ring();
