@@ -281,11 +281,26 @@ pub fn dispatch(handler: &dyn ControlHandler, line: &str) -> Reply {
                 .map_err(|e| e.to_string())
                 .and_then(|b| String::from_utf8(b).map_err(|e| e.to_string()));
             match dump {
+                Ok(dump) if escaped_len(&dump) > MAX_REPLY_LINE - 1024 => Reply::err(format!(
+                    "the dump is {} bytes, more than one reply carries ({MAX_REPLY_LINE}); \
+                     a smaller flight recorder (SOFTWARP_FLIGHT_RECORDER) makes it fit",
+                    dump.len()
+                )),
                 Ok(dump) => to_value(&DumpResult { dump }),
                 Err(e) => Reply::err(format!("cannot make the dump: {e}")),
             }
         }
     }
+}
+
+/// Bytes `text` takes as a JSON string (a dump holds no control character but newlines:
+/// its JSON bodies escape theirs).
+fn escaped_len(text: &str) -> usize {
+    text.len()
+        + text
+            .bytes()
+            .filter(|b| matches!(b, b'"' | b'\\' | b'\n'))
+            .count()
 }
 
 fn encode(reply: &Reply) -> Vec<u8> {
@@ -689,6 +704,18 @@ mod tests {
         assert!(!r.ok);
         assert!(r.error.unwrap().contains("unknown trace key"));
         assert_eq!(trace::control().levels(), before);
+    }
+
+    #[test]
+    fn a_dump_reply_is_measured_as_json_will_carry_it() {
+        let dump = crate::dump::collect(&DefaultHandler, "a \"quoted\" reason\n").unwrap();
+        let dump = String::from_utf8(dump).unwrap();
+        let json = serde_json::to_string(&dump).unwrap();
+        assert_eq!(escaped_len(&dump), json.len() - 2);
+        let r = dispatch(&DefaultHandler, r#"{"op":"dump","reason":"test"}"#);
+        assert!(r.ok, "{:?}", r.error);
+        let d: DumpResult = r.into_result().unwrap();
+        assert!(crate::dump::parse(d.dump.as_bytes()).unwrap().is_complete());
     }
 
     #[test]
