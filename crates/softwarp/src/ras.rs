@@ -11,9 +11,9 @@
 //!   leaks at close go to the error log (and are level 1 trace records).
 //! - **Snapshots**: a QP that fails (Terminate received or sent, local failure, device
 //!   fault) is copied into the process's snapshot history once per connection, under the
-//!   QP lock it is already held under (the history, the flight recorder and the QP's own
-//!   RAS locks are leaves: nothing is called out to while they are held); its error log
-//!   line names the snapshot. A device fault also writes an automatic component dump, on
+//!   QP lock the event handler already holds (the history, the flight recorder and the
+//!   QP's own RAS locks are leaves: nothing is called out to while they are held); its
+//!   error log line names the snapshot. A device fault also writes an automatic component dump, on
 //!   the injecting thread with no lock held.
 //! - **Tracing**: QP state changes, connections, Terminates (levels 1-2); the hot path
 //!   (post, poll: 7; FPDU bytes: 8) emits through `sw_event!`, which costs one relaxed load
