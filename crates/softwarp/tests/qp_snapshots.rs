@@ -29,8 +29,21 @@ fn setup() -> (MutexGuard<'static, ()>, &'static PathBuf) {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let dir = DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("swsnap-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        // Under the target directory, so what a run leaves (registry entry, error log,
+        // dump) never piles up in /tmp; directories of earlier runs that are gone are removed.
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        if let Ok(entries) = std::fs::read_dir(&base) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let dead = name
+                    .strip_prefix("qp_snapshots-")
+                    .is_some_and(|pid| !std::path::Path::new("/proc").join(pid).exists());
+                if dead {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let dir = base.join(format!("qp_snapshots-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         // Before any device opens (the services read them once); the other tests of this
         // binary wait on the lock above, so nothing reads the environment meanwhile.
