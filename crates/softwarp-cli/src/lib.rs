@@ -1,6 +1,6 @@
-//! The `softwarp` command's library half: capture reading and iWARP decoding, and the
-//! operator commands (`resources`, `stat`, `trace`, `doctor`), kept out of `main.rs` so that
-//! tests can call them directly.
+//! The `softwarp` command's library half: capture reading and iWARP decoding (and dump
+//! decoding), and the operator commands (`resources`, `stat`, `trace`, `snapshots`, `dump`,
+//! `doctor`), kept out of `main.rs` so that tests can call them directly.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(

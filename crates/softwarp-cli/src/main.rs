@@ -10,11 +10,14 @@
 //! `demo` runs a server and a client on loopback and exercises every iWARP operation (exit
 //! status 0 when every byte and completion checked out, 1 otherwise).
 //!
-//! `resources`, `stat`, `trace` ask running Softwarp processes over their control sockets
+//! `decode` also reads component dumps (`SOFTWARP-DUMP` eye-catcher): exit status 0 when
+//! the dump is whole, 2 when it is truncated or damaged.
+//!
+//! `resources`, `stat`, `trace`, `snapshots`, `dump` ask running Softwarp processes over their control sockets
 //! (exit status 0, or 2 when some process did not answer); `doctor` checks the host.
 
 use std::io::{self, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -38,13 +41,16 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Decode the iWARP traffic (MPA frames and FPDUs) of a pcap or pcapng capture.
+    /// Decode the iWARP traffic (MPA frames and FPDUs) of a pcap or pcapng capture, or a
+    /// component dump (`softwarp dump`, automatic dumps).
     ///
-    /// One line per MPA Request/Reply and FPDU, in the format of iwarp-decode (tshark):
-    /// frame, TCP ports, kind, fields, payload, ULPDU length, pad, CRC verdict. The capture
-    /// must contain the start of each connection (the MPA Request).
+    /// Captures: one line per MPA Request/Reply and FPDU, in the format of iwarp-decode
+    /// (tshark): frame, TCP ports, kind, fields, payload, ULPDU length, pad, CRC verdict.
+    /// The capture must contain the start of each connection (the MPA Request). Dumps
+    /// (recognised by their `SOFTWARP-DUMP` eye-catcher): every section as text; a
+    /// truncated or damaged dump is reported (exit status 2).
     Decode {
-        /// The capture file.
+        /// The capture or dump file.
         file: PathBuf,
         /// Print one JSON object per line instead of text.
         #[arg(long)]
@@ -70,6 +76,12 @@ enum Command {
     Stat(admin::stat::StatArgs),
     /// Get or set trace levels of running processes, or read their flight recorders.
     Trace(admin::trace::TraceArgs),
+    /// Show the snapshots of failed QPs kept by running processes (state, reason,
+    /// Terminate, counters, TCP_INFO, trace records).
+    Snapshots(admin::snapshots::SnapshotsArgs),
+    /// Write a component dump of running processes (their whole RAS state) to a file or a
+    /// TCP collector; `softwarp decode` reads it.
+    Dump(admin::dump::DumpArgs),
     /// Check this host's configuration for Softwarp (MTU, offloads, socket buffers, clock
     /// source, open-file limit) and give advice.
     Doctor(admin::doctor::DoctorArgs),
@@ -83,8 +95,36 @@ fn print_output(out: &mut impl Write, output: &Output, json: bool) -> io::Result
     }
 }
 
+/// `softwarp decode` of a component dump: exit status 0 when it is whole, 2 when it is
+/// truncated or damaged (what could be read is printed, then what is wrong).
+fn decode_dump(file: &Path, bytes: &[u8], json: bool) -> anyhow::Result<ExitCode> {
+    let parsed = softwarp_ras::dump::parse(bytes)
+        .with_context(|| format!("{} is not a dump softwarp can read", file.display()))?;
+    let mut out = BufWriter::new(io::stdout().lock());
+    let written = if json {
+        writeln!(out, "{}", softwarp_cli::decode::dump::to_json(&parsed))
+    } else {
+        softwarp_cli::decode::dump::write_text(&parsed, &mut out)
+    }
+    .and_then(|()| out.flush());
+    match written {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+            return Err(e).context("writing to standard output")
+        }
+        _ => {}
+    }
+    if let Some(e) = &parsed.error {
+        eprintln!("softwarp: {}: {e}", file.display());
+        return Ok(ExitCode::from(2));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn decode(file: &PathBuf, json: bool, summary: bool) -> anyhow::Result<ExitCode> {
     let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    if softwarp_ras::dump::looks_like_dump(&bytes) {
+        return decode_dump(file, &bytes, json);
+    }
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let mut write_error = None;
@@ -161,6 +201,8 @@ fn main() -> ExitCode {
         Command::Resources(args) => admin_run(|o, e| admin::resources::run(args, o, e)),
         Command::Stat(args) => admin_run(|o, e| admin::stat::run(args, o, e)),
         Command::Trace(args) => admin_run(|o, e| admin::trace::run(args, o, e)),
+        Command::Snapshots(args) => admin_run(|o, e| admin::snapshots::run(args, o, e)),
+        Command::Dump(args) => admin_run(|o, e| admin::dump::run(args, o, e)),
         Command::Doctor(args) => admin_run(|o, _| admin::doctor::run(args, o)),
     };
     match result {

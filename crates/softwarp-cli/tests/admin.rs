@@ -544,7 +544,153 @@ fn a_terminate_received_is_in_the_error_log_with_qp_peer_and_advice() {
     assert_eq!(ev["pid"], peer.pid());
     let detail = ev["detail"].as_str().unwrap();
     assert!(detail.contains("layer 0, error type 0"), "{detail}");
-    assert!(!ev["action"].as_str().unwrap().is_empty());
+    // The advice names the QP's snapshot.
+    let snapshot = ev["snapshot"].as_u64().expect("a snapshot id");
+    let action = ev["action"].as_str().unwrap();
+    assert!(
+        action.contains(&format!(
+            "softwarp snapshots --pid {} --id {snapshot}",
+            peer.pid()
+        )),
+        "{action}"
+    );
+}
+
+#[test]
+fn snapshots_and_dump_of_a_running_process_read_back_through_decode() {
+    let dir = RuntimeDir::new("dump");
+    let mut peer = Peer::spawn(&dir.0, "terminate");
+    let line = peer.line();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(f[0], "terminated", "{line}");
+    let (device, qpn) = (f[1], f[2]);
+    let pid_s = peer.pid().to_string();
+
+    // `snapshots`: the server QP's snapshot, with the Terminate and the traffic it saw.
+    let json: Json = serde_json::from_str(
+        ok(
+            &dir.0,
+            &["snapshots", "--pid", &pid_s, "--qp", qpn, "--json"],
+        )
+        .trim(),
+    )
+    .unwrap();
+    assert_eq!(json["pid"], peer.pid());
+    let snaps = json["snapshots"].as_array().unwrap();
+    let snap = snaps
+        .iter()
+        .find(|s| s["device"] == device)
+        .unwrap_or_else(|| panic!("no snapshot of {device} in {json}"));
+    assert_eq!(snaps.iter().filter(|s| s["device"] == device).count(), 1);
+    assert_eq!(snap["qpn"].as_u64().unwrap().to_string(), qpn);
+    assert_eq!(snap["event"], "terminate_received");
+    assert_eq!(snap["terminate"]["direction"], "received");
+    assert_eq!(snap["terminate"]["layer"], 0);
+    assert_eq!(snap["counters"]["rx_send_messages"], 3);
+    assert_eq!(snap["counters"]["rx_send_bytes"], 192);
+    assert!(!snap["records"].as_array().unwrap().is_empty());
+    let id = snap["id"].as_u64().unwrap().to_string();
+    let table = ok(&dir.0, &["snapshots", "--pid", &pid_s]);
+    assert!(table.starts_with("PID "), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains(device) && l.contains("terminate_received")),
+        "{table}"
+    );
+    let full = ok(&dir.0, &["snapshots", "--pid", &pid_s, "--id", &id, "-v"]);
+    assert!(
+        full.contains(&format!("snapshot {id} ")) && full.contains("records ("),
+        "{full}"
+    );
+
+    // `dump -o FILE --to collector`: one dump, the same bytes in the file and at the
+    // collector.
+    let collector = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = collector.local_addr().unwrap().to_string();
+    let received = std::thread::spawn(move || {
+        let (mut s, _) = collector.accept().unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut s, &mut v).unwrap();
+        v
+    });
+    let file = dir.0.join("one.swdump");
+    let file_s = file.to_str().unwrap();
+    let said = ok(
+        &dir.0,
+        &["dump", "--pid", &pid_s, "-o", file_s, "--to", &addr],
+    );
+    assert!(said.contains(&format!("sent to {addr}")), "{said}");
+    let bytes = std::fs::read(&file).unwrap();
+    assert_eq!(
+        received.join().unwrap(),
+        bytes,
+        "the collector got the file's bytes"
+    );
+    assert!(bytes.starts_with(
+        b"SOFTWARP-DUMP 1
+"
+    ));
+
+    // `decode` reads it back: the QP, the levels, the flight recorder records.
+    let text = ok(&dir.0, &["decode", file_s]);
+    for needle in [
+        "== process ==",
+        "== levels ==",
+        "qp=1",
+        "== resources ==",
+        "== snapshots ==",
+        "== flight-recorder ==",
+        "the dump is complete (6 sections)",
+    ] {
+        assert!(text.contains(needle), "{needle} not in the decoded dump");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&format!("{device} qp {qpn} state ERROR"))),
+        "the QP is in the resources section"
+    );
+    assert!(text.contains(&format!("snapshot {id} ")));
+    assert!(
+        text.contains("Terminate received"),
+        "a flight recorder record"
+    );
+    let decoded: Json =
+        serde_json::from_str(ok(&dir.0, &["decode", "--json", file_s]).trim()).unwrap();
+    assert_eq!(decoded["complete"], true);
+    let names: Vec<&str> = decoded["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "process",
+            "levels",
+            "resources",
+            "stats",
+            "snapshots",
+            "flight-recorder"
+        ]
+    );
+    let records = decoded["sections"][5]["body"]["records"]
+        .as_array()
+        .unwrap();
+    assert!(records
+        .iter()
+        .any(|r| r["qpn"].as_u64().map(|q| q.to_string()).as_deref() == Some(qpn)));
+
+    // A truncated copy is reported as truncated (exit status 2), not taken for a dump.
+    let cut = dir.0.join("cut.swdump");
+    std::fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let r = softwarp(&dir.0, &["decode", cut.to_str().unwrap()]);
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("truncated"), "{}", r.stderr);
+    assert!(r.stdout.contains("DUMP INCOMPLETE"), "{}", r.stdout);
+    peer.finish();
 }
 
 #[test]
@@ -740,9 +886,18 @@ mod child {
         }
     }
 
-    /// `terminate`: the client moves its QP to Error, so the server receives a Terminate.
+    /// `terminate`: 3 Sends of 64 bytes, then the client moves its QP to Error, so the
+    /// server receives a Terminate; then idle until stdin closes.
     pub fn terminate() {
-        let p = Pair::new(1, 64);
+        let stop = stop_flag();
+        let p = Pair::new(3, 64);
+        for i in 0..3 {
+            p.send(i, 64);
+        }
+        for _ in 0..3 {
+            wait_one(&p.ccq);
+            wait_one(&p.scq);
+        }
         let peer = p.server.connection().unwrap().peer_addr;
         p.client.modify_to_error().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -755,6 +910,10 @@ mod child {
             p.dev.instance_name(),
             p.server.qp_num()
         ));
+        let until = Instant::now() + LIFETIME;
+        while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// `leak`: closes the device while a QP (and its CQ) are still allocated.

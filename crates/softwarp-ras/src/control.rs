@@ -12,6 +12,8 @@
 //! | `{"op":"trace-get"}` | [`TraceLevels`] |
 //! | `{"op":"trace-set","spec":"qp=5,qpn:7=9"}` | [`TraceLevels`] after the change |
 //! | `{"op":"flight-recorder","tail":100}` (or `"after":<seq>`) | [`FlightRecorderDump`] |
+//! | `{"op":"snapshots"}` (optional `"qpn"`, `"device"`, `"id"`) | [`SnapshotsResult`] |
+//! | `{"op":"dump"}` (optional `"reason"`) | [`DumpResult`]: a [component dump](crate::dump) |
 //!
 //! Every reply is `{"ok":true,"pid":..,"process":..,"result":..}` or
 //! `{"ok":false,"pid":..,"process":..,"error":"..."}`.
@@ -37,6 +39,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::registry::{HostRegistry, ProcessEntry};
+use crate::snapshot::{self, SnapshotFilter, SnapshotsResult};
 use crate::stats::{self, StatsSnapshot};
 use crate::trace::{self, FlightRecorderDump, TraceLevels};
 use crate::tracker::{self, MemoryUsage, ResourceInfo};
@@ -81,6 +84,31 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         after: Option<u64>,
     },
+    /// QP snapshots.
+    Snapshots {
+        /// Only of this QP number.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        qpn: Option<u32>,
+        /// Only of this device instance.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device: Option<String>,
+        /// Only this snapshot.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<u64>,
+    },
+    /// A component dump of the whole process.
+    Dump {
+        /// Why (goes into the dump; default `on demand`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+}
+
+/// The `dump` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DumpResult {
+    /// The dump (its format is text: see [`crate::dump`]).
+    pub dump: String,
 }
 
 /// A reply from a process.
@@ -197,6 +225,11 @@ pub trait ControlHandler: Send + Sync + 'static {
     fn flight_recorder(&self, tail: Option<usize>, after: Option<u64>) -> FlightRecorderDump {
         trace::flight_recorder().dump(tail, after)
     }
+
+    /// QP snapshots. Default: the process-wide [`snapshot::history`].
+    fn snapshots(&self, filter: &SnapshotFilter) -> SnapshotsResult {
+        snapshot::history().list(filter)
+    }
 }
 
 /// A handler that answers everything from the process-wide services.
@@ -239,7 +272,35 @@ pub fn dispatch(handler: &dyn ControlHandler, line: &str) -> Reply {
             );
             to_value(&handler.flight_recorder(tail, after))
         }
+        Request::Snapshots { qpn, device, id } => {
+            to_value(&handler.snapshots(&SnapshotFilter { qpn, device, id }))
+        }
+        Request::Dump { reason } => {
+            let reason = reason.unwrap_or_else(|| "on demand".to_string());
+            let dump = crate::dump::collect(handler, &reason)
+                .map_err(|e| e.to_string())
+                .and_then(|b| String::from_utf8(b).map_err(|e| e.to_string()));
+            match dump {
+                Ok(dump) if escaped_len(&dump) > MAX_REPLY_LINE - 1024 => Reply::err(format!(
+                    "the dump is {} bytes, more than one reply carries ({MAX_REPLY_LINE}); \
+                     a smaller flight recorder (SOFTWARP_FLIGHT_RECORDER) makes it fit",
+                    dump.len()
+                )),
+                Ok(dump) => to_value(&DumpResult { dump }),
+                Err(e) => Reply::err(format!("cannot make the dump: {e}")),
+            }
+        }
     }
+}
+
+/// Bytes `text` takes as a JSON string (a dump holds no control character but newlines:
+/// its JSON bodies escape theirs).
+fn escaped_len(text: &str) -> usize {
+    text.len()
+        + text
+            .bytes()
+            .filter(|b| matches!(b, b'"' | b'\\' | b'\n'))
+            .count()
 }
 
 fn encode(reply: &Reply) -> Vec<u8> {
@@ -597,6 +658,15 @@ mod tests {
                 },
                 r#"{"op":"flight-recorder","tail":10}"#,
             ),
+            (
+                Request::Snapshots {
+                    qpn: Some(3),
+                    device: None,
+                    id: None,
+                },
+                r#"{"op":"snapshots","qpn":3}"#,
+            ),
+            (Request::Dump { reason: None }, r#"{"op":"dump"}"#),
         ];
         for (req, json) in cases {
             assert_eq!(serde_json::to_string(&req).unwrap(), json);
@@ -634,6 +704,18 @@ mod tests {
         assert!(!r.ok);
         assert!(r.error.unwrap().contains("unknown trace key"));
         assert_eq!(trace::control().levels(), before);
+    }
+
+    #[test]
+    fn a_dump_reply_is_measured_as_json_will_carry_it() {
+        let dump = crate::dump::collect(&DefaultHandler, "a \"quoted\" reason\n").unwrap();
+        let dump = String::from_utf8(dump).unwrap();
+        let json = serde_json::to_string(&dump).unwrap();
+        assert_eq!(escaped_len(&dump), json.len() - 2);
+        let r = dispatch(&DefaultHandler, r#"{"op":"dump","reason":"test"}"#);
+        assert!(r.ok, "{:?}", r.error);
+        let d: DumpResult = r.into_result().unwrap();
+        assert!(crate::dump::parse(d.dump.as_bytes()).unwrap().is_complete());
     }
 
     #[test]

@@ -48,8 +48,9 @@ impl CriticalKind {
     pub const fn recommended_action(self) -> &'static str {
         match self {
             CriticalKind::QpFatal => {
-                "Check the detail and the QP's snapshot (softwarp trace --tail, softwarp stat); \
-                 the application must destroy the QP and reconnect. Repeated QP errors on one \
+                "Check the detail and the QP's snapshot (softwarp snapshots --pid <pid> --qp \
+                 <qpn>: state, counters, TCP_INFO and trace records); the application must \
+                 destroy the QP and reconnect. Repeated QP errors on one \
                  path point at the network (softwarp doctor) or a peer bug."
             }
             CriticalKind::TerminateReceived => {
@@ -90,6 +91,9 @@ pub struct CriticalEvent {
     /// not the best.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<String>,
+    /// The id of the QP snapshot taken for it (see [`crate::snapshot`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<u64>,
 }
 
 impl CriticalEvent {
@@ -102,6 +106,7 @@ impl CriticalEvent {
             peer: None,
             detail: detail.into(),
             action: None,
+            snapshot: None,
         }
     }
 
@@ -126,6 +131,29 @@ impl CriticalEvent {
     pub fn with_peer(mut self, peer: impl Into<String>) -> Self {
         self.peer = Some(peer.into());
         self
+    }
+
+    /// With the id of the QP snapshot taken for it: the recommended action then names it.
+    pub fn with_snapshot(mut self, id: u64) -> Self {
+        self.snapshot = Some(id);
+        self
+    }
+
+    /// The recommended action as logged: the specific or the kind's advice, preceded by
+    /// the command that shows the snapshot when there is one.
+    pub fn action_text(&self) -> String {
+        let advice = self
+            .action
+            .clone()
+            .unwrap_or_else(|| self.kind.recommended_action().to_string());
+        match self.snapshot {
+            Some(id) => format!(
+                "Snapshot {id} holds the QP's state, counters, TCP_INFO and trace records: \
+                 softwarp snapshots --pid {} --id {id}. {advice}",
+                sys::pid()
+            ),
+            None => advice,
+        }
     }
 
     /// With a specific recommended action.
@@ -163,6 +191,9 @@ pub struct LogLine {
     pub detail: String,
     /// What to do.
     pub action: String,
+    /// The QP snapshot taken for the event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<u64>,
 }
 
 /// Where the log goes and how big it grows.
@@ -242,10 +273,8 @@ impl ErrorLog {
             qpn: event.qpn,
             peer: event.peer.clone(),
             detail: event.detail.clone(),
-            action: event
-                .action
-                .clone()
-                .unwrap_or_else(|| event.kind.recommended_action().to_string()),
+            action: event.action_text(),
+            snapshot: event.snapshot,
         };
         let mut bytes = serde_json::to_vec(&line).map_err(io::Error::other)?;
         bytes.push(b'\n');
@@ -361,6 +390,21 @@ mod tests {
             );
             assert!(k.recommended_action().len() > 20);
         }
+    }
+
+    #[test]
+    fn an_event_with_a_snapshot_names_it_in_its_action() {
+        let ev = CriticalEvent::new(CriticalKind::TerminateReceived, "x").with_snapshot(12);
+        let action = ev.action_text();
+        assert!(
+            action.contains(&format!("softwarp snapshots --pid {} --id 12", sys::pid())),
+            "{action}"
+        );
+        assert!(action.ends_with(CriticalKind::TerminateReceived.recommended_action()));
+        assert_eq!(
+            CriticalEvent::new(CriticalKind::QpFatal, "x").action_text(),
+            CriticalKind::QpFatal.recommended_action()
+        );
     }
 
     #[test]

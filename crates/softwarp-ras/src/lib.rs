@@ -12,6 +12,8 @@
 //! | [`control`] | control socket (JSON lines over a Unix socket) with a handler trait; the client the CLI uses |
 //! | [`stats`] | counters and gauges as JSON and Prometheus text; TCP_INFO sampling; the opt-in `/metrics` endpoint |
 //! | [`errlog`] | critical events as JSON lines with a recommended action, rotated by size |
+//! | [`snapshot`] | bounded history of QP snapshots (state, counters, TCP_INFO, records) taken when a QP fails |
+//! | [`dump`] | component dump: the whole RAS state in a self-describing file; its parser; automatic dumps |
 //! | [`service`] | starts all of the above for a process in one call |
 //!
 //! Threads: the control socket has one accept thread (plus one per open connection, at
@@ -70,9 +72,11 @@
 
 pub mod clock;
 pub mod control;
+pub mod dump;
 pub mod errlog;
 pub mod registry;
 pub mod service;
+pub mod snapshot;
 pub mod stats;
 pub mod sys;
 pub mod trace;

@@ -465,13 +465,24 @@ impl Device {
 
     /// Simulates a device failure (fault injection): every QP of the device goes to the
     /// Error state (outstanding work requests flush, connections close) and a
-    /// [`AsyncEvent::DeviceFatal`] is reported.
+    /// [`AsyncEvent::DeviceFatal`] is reported. Each QP is snapshotted (`softwarp
+    /// snapshots`), the failure goes to the error log, and an automatic component dump is
+    /// written into the runtime directory (at most one per second; `SOFTWARP_AUTO_DUMPS`).
     pub fn inject_fatal_error(&self) {
         let qps = self.shared.live_qps();
-        crate::ras::device_fault_injected(&self.shared, qps.len());
-        for qp in qps {
+        let mut snapshots = Vec::new();
+        for qp in &qps {
             qp.set_error_and_kick();
+            snapshots.extend(qp.take_snapshot(
+                softwarp_ras::errlog::CriticalKind::DeviceFatal,
+                format!(
+                    "device {} failed (fatal error injected): QP {} moved to Error",
+                    self.shared.ras.instance(),
+                    qp.qp_num()
+                ),
+            ));
         }
         self.shared.events.push(AsyncEvent::DeviceFatal);
+        crate::ras::device_fault_injected(&self.shared, qps.len(), &snapshots);
     }
 }

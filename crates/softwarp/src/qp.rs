@@ -299,7 +299,8 @@ impl QpShared {
             }
         }
         while let Some(ev) = inner.qp.poll_event() {
-            self.ras.on_event(&ev);
+            let fd = inner.conn.as_ref().map(|c| c.stream.as_fd());
+            self.ras.on_event(&ev, &inner.qp, inner.info.as_ref(), fd);
             let link_closed = matches!(
                 ev,
                 AsyncEvent::QpFatal {
@@ -317,6 +318,18 @@ impl QpShared {
             srq.forward_event();
         }
         self.ras.state_seen(inner.qp.state());
+    }
+
+    /// Takes the QP's failure snapshot (`kind`, `reason`) unless one was taken for its
+    /// connection already; returns its id. Takes the QP lock: call with no lock held.
+    pub(crate) fn take_snapshot(
+        &self,
+        kind: softwarp_ras::errlog::CriticalKind,
+        reason: String,
+    ) -> Option<u64> {
+        let g = self.lock();
+        let fd = g.conn.as_ref().map(|c| c.stream.as_fd());
+        self.ras.snapshot(kind, reason, &g.qp, g.info.as_ref(), fd)
     }
 
     /// What RAS reports about the QP (resources, statistics); samples TCP_INFO when due.

@@ -9,6 +9,12 @@
 //!   the last TCP_INFO sample), per-CQ counters and device counters.
 //! - **Critical events**: QP errors with their cause, Terminates received, device faults and
 //!   leaks at close go to the error log (and are level 1 trace records).
+//! - **Snapshots**: a QP that fails (Terminate received or sent, local failure, device
+//!   fault) is copied into the process's snapshot history once per connection, under the
+//!   QP lock the event handler already holds (the history, the flight recorder and the
+//!   QP's own RAS locks are leaves: nothing is called out to while they are held); its
+//!   error log line names the snapshot. A device fault also writes an automatic component dump, on
+//!   the injecting thread with no lock held.
 //! - **Tracing**: QP state changes, connections, Terminates (levels 1-2); the hot path
 //!   (post, poll: 7; FPDU bytes: 8) emits through `sw_event!`, which costs one relaxed load
 //!   while disabled.
@@ -19,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
@@ -27,7 +33,12 @@ use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::fault::Cause;
 use softwarp_engine::qp::{Qp, QpState};
 use softwarp_engine::stats::{Counter, OpCounters, QpStats};
+use softwarp_ras::control::DefaultHandler;
+use softwarp_ras::dump::{self, AutoDumpConfig};
 use softwarp_ras::errlog::{self, CriticalEvent, CriticalKind};
+use softwarp_ras::snapshot::{
+    self, QpSnapshot, TerminateInfo, SNAPSHOT_CONTEXT_RECORDS, SNAPSHOT_QP_RECORDS,
+};
 use softwarp_ras::stats::{StatsBuilder, StatsSource, TcpInfo, TcpInfoSampler};
 use softwarp_ras::sw_event;
 use softwarp_ras::tracker::{
@@ -215,15 +226,30 @@ pub(crate) fn device_closed(dev: &DeviceShared, device: &Tracked) {
     }
 }
 
-/// `Device::inject_fatal_error` was called.
-pub(crate) fn device_fault_injected(dev: &DeviceShared, qps: usize) {
+/// `Device::inject_fatal_error` moved `qps` QPs to Error and snapshotted them (`snapshots`:
+/// the ids): reports the device fatal error, then writes an automatic component dump (file
+/// and network I/O: call it with no lock held).
+pub(crate) fn device_fault_injected(dev: &DeviceShared, qps: usize, snapshots: &[u64]) {
+    let ids: Vec<String> = snapshots.iter().map(u64::to_string).collect();
     errlog::report(
         &CriticalEvent::new(
             CriticalKind::DeviceFatal,
-            format!("fatal error injected: {qps} QP(s) moved to Error"),
+            format!(
+                "fatal error injected: {qps} QP(s) moved to Error (snapshots: {})",
+                if ids.is_empty() {
+                    "none".to_string()
+                } else {
+                    ids.join(", ")
+                }
+            ),
         )
         .with_device(dev.ras.tracker.name()),
     );
+    let reason = format!(
+        "device fatal: {} (fatal error injected)",
+        dev.ras.instance()
+    );
+    dump::auto_dump(&AutoDumpConfig::from_env(), &DefaultHandler, &reason);
 }
 
 impl DescribeResource for DeviceShared {
@@ -334,6 +360,8 @@ pub(crate) struct QpRas {
     addrs: Mutex<Option<(SocketAddr, SocketAddr)>>,
     tcp: Mutex<TcpInfoSampler>,
     attrs: BTreeMap<String, String>,
+    /// The id of the snapshot taken for the current connection's failure (0: none yet).
+    snapshot: AtomicU64,
 }
 
 impl QpRas {
@@ -347,6 +375,7 @@ impl QpRas {
             addrs: Mutex::new(None),
             tcp: Mutex::new(TcpInfoSampler::new(TcpInfoSampler::interval_from_env())),
             attrs,
+            snapshot: AtomicU64::new(0),
         }
     }
 
@@ -408,16 +437,23 @@ impl QpRas {
         }
     }
 
-    /// Called for every asynchronous event of the QP before it goes to the device's event
-    /// queue: errors become trace records and critical events.
-    pub(crate) fn on_event(&self, ev: &AsyncEvent) {
+    /// Called (under the QP lock) for every asynchronous event of the QP before it goes to
+    /// the device's event queue: errors become trace records and critical events, and the
+    /// first failure of a connection a snapshot of `qp` that its error log line names.
+    pub(crate) fn on_event(
+        &self,
+        ev: &AsyncEvent,
+        qp: &Qp,
+        info: Option<&ConnectionInfo>,
+        fd: Option<BorrowedFd<'_>>,
+    ) {
         let (what, cause) = match *ev {
             AsyncEvent::QpFatal { cause, .. } => ("fatal error", cause),
             AsyncEvent::QpRequestError { cause, .. } => ("request error", cause),
             AsyncEvent::QpAccessError { cause, .. } => ("access error", cause),
             _ => return,
         };
-        match cause {
+        let (event, terminate) = match cause {
             Cause::PeerTerminate { layer, etype, code } => {
                 let error = TerminateError::from_fields(layer, etype, code);
                 sw_event!(
@@ -431,14 +467,22 @@ impl QpRas {
                     "Terminate received: {}",
                     error
                 );
-                errlog::report(&self.event(
+                let event = self.event(
                     CriticalKind::TerminateReceived,
                     format!(
                         "QP {} {what}: the peer sent a Terminate: {error} \
                          (layer {layer}, error type {etype}, error code {code:#04x})",
                         self.qpn
                     ),
-                ));
+                );
+                let terminate = TerminateInfo {
+                    direction: "received".into(),
+                    layer: Some(layer),
+                    etype: Some(etype),
+                    code: Some(code),
+                    text: error.to_string(),
+                };
+                (event, Some(terminate))
             }
             Cause::Detected(fault) => {
                 sw_event!(
@@ -449,53 +493,158 @@ impl QpRas {
                     "Terminate sent: {:?} detected in the incoming stream",
                     fault
                 );
-                errlog::report(&self.event(
+                let event = self.event(
                     CriticalKind::QpFatal,
                     format!(
                         "QP {} {what}: {fault:?} detected in the peer's stream; a Terminate \
                          was sent and the QP is in Error",
                         self.qpn
                     ),
-                ));
+                );
+                let terminate = TerminateInfo {
+                    direction: "sent".into(),
+                    layer: None,
+                    etype: None,
+                    code: None,
+                    text: format!("{fault:?} detected in the peer's stream"),
+                };
+                (event, Some(terminate))
             }
             Cause::LocalOperation => {
-                errlog::report(
-                    &self
-                        .event(
-                            CriticalKind::QpFatal,
-                            format!(
-                                "QP {} {what}: a work request failed local validation \
-                                 (lkey, PD, bounds or access rights of an SGE)",
-                                self.qpn
-                            ),
-                        )
-                        .with_action(
-                            "Check the SGEs the application posts (lkey, offsets, lengths, \
-                             LOCAL_WRITE for Read sinks); the QP must be destroyed or reset.",
+                let event = self
+                    .event(
+                        CriticalKind::QpFatal,
+                        format!(
+                            "QP {} {what}: a work request failed local validation \
+                             (lkey, PD, bounds or access rights of an SGE)",
+                            self.qpn
                         ),
-                );
+                    )
+                    .with_action(
+                        "Check the SGEs the application posts (lkey, offsets, lengths, \
+                         LOCAL_WRITE for Read sinks); the QP must be destroyed or reset.",
+                    );
+                (event, None)
             }
             // The transport closed while in RTS: the usual end when the peer disconnects
             // first, so not a critical event.
-            Cause::LlpClosed => sw_event!(
-                Qp,
-                2,
-                qpn = self.qpn,
-                "the TCP connection closed or failed; QP to Error"
-            ),
-            Cause::Application => {
-                sw_event!(Qp, 2, qpn = self.qpn, "QP to Error by the application")
+            Cause::LlpClosed => {
+                sw_event!(
+                    Qp,
+                    2,
+                    qpn = self.qpn,
+                    "the TCP connection closed or failed; QP to Error"
+                );
+                return;
             }
-            other => errlog::report(&self.event(
-                CriticalKind::QpFatal,
-                format!("QP {} {what}: {other:?}", self.qpn),
-            )),
+            Cause::Application => {
+                sw_event!(Qp, 2, qpn = self.qpn, "QP to Error by the application");
+                return;
+            }
+            other => (
+                self.event(
+                    CriticalKind::QpFatal,
+                    format!("QP {} {what}: {other:?}", self.qpn),
+                ),
+                None,
+            ),
+        };
+        let id = self.claim_snapshot();
+        let (kind, reason) = (event.kind, event.detail.clone());
+        errlog::report(&match id {
+            Some(id) => event.with_snapshot(id),
+            None => event,
+        });
+        if let Some(id) = id {
+            self.capture(id, kind, reason, terminate, qp, info, fd);
         }
+    }
+
+    /// The id for this connection's snapshot, unless it has one already (one snapshot per
+    /// failure: a QP reports several events as it fails).
+    /// `None` as well when the history keeps none (`SOFTWARP_SNAPSHOTS=0`).
+    fn claim_snapshot(&self) -> Option<u64> {
+        let history = snapshot::history();
+        if self.snapshot.load(Ordering::Relaxed) != 0 || history.capacity() == 0 {
+            return None;
+        }
+        let id = history.reserve_id();
+        self.snapshot
+            .compare_exchange(0, id, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()
+            .map(|_| id)
+    }
+
+    /// Takes the snapshot of this connection's failure (`kind`, `reason`) unless one was
+    /// taken already; returns its id. Call with the QP locked (`qp` is its engine state).
+    pub(crate) fn snapshot(
+        &self,
+        kind: CriticalKind,
+        reason: String,
+        qp: &Qp,
+        info: Option<&ConnectionInfo>,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Option<u64> {
+        let id = self.claim_snapshot()?;
+        self.capture(id, kind, reason, None, qp, info, fd);
+        Some(id)
+    }
+
+    /// Copies the QP into snapshot `id` of the process's history. Takes only leaf locks
+    /// (this QP's RAS locks, the flight recorder's, the history's).
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    fn capture(
+        &self,
+        id: u64,
+        kind: CriticalKind,
+        reason: String,
+        terminate: Option<TerminateInfo>,
+        qp: &Qp,
+        info: Option<&ConnectionInfo>,
+        fd: Option<BorrowedFd<'_>>,
+    ) {
+        let view = QpView::take(self, qp, info, fd);
+        let mut s = QpSnapshot::new(id, &self.device, self.qpn);
+        s.state = state_name(view.state).to_string();
+        s.event = kind.as_str().to_string();
+        s.reason = reason;
+        s.terminate = terminate;
+        s.local_addr = view.addrs.map(|(l, _)| l);
+        s.peer_addr = view.addrs.map(|(_, p)| p);
+        s.counters = counters_of(&view.stats);
+        s.queues = [
+            ("sq_outstanding", view.sq),
+            ("rq_posted", view.rq),
+            ("reads_outstanding", view.reads),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v as u64))
+        .collect();
+        s.tcp_info = view.tcp;
+        s.attrs = view.details().attrs;
+        s.records = softwarp_ras::trace::flight_recorder().records_of_qp(
+            self.qpn,
+            Some(&self.device),
+            SNAPSHOT_QP_RECORDS,
+            SNAPSHOT_CONTEXT_RECORDS,
+        );
+        snapshot::history().push(s);
+        sw_event!(
+            Ras,
+            2,
+            qpn = self.qpn,
+            device = self.device.as_str(),
+            snapshot = id,
+            "QP snapshot taken"
+        );
     }
 
     /// The QP connected (MPA exchange done, RTS).
     pub(crate) fn connected(&self, info: &ConnectionInfo) {
         *lock(&self.addrs) = Some((info.local_addr, info.peer_addr));
+        // A new connection may fail and be snapshotted again.
+        self.snapshot.store(0, Ordering::Relaxed);
         // A new connection (after a reset) starts without the old one's TCP_INFO.
         let interval = lock(&self.tcp).interval();
         *lock(&self.tcp) = TcpInfoSampler::new(interval);
@@ -730,6 +879,34 @@ impl QpView {
             t.collect_into(out, &labels);
         }
     }
+}
+
+/// The engine's counters of a QP by name (`tx_send_messages`, `rx_write_bytes`,
+/// `terminates_received` ...), as a snapshot keeps them.
+fn counters_of(s: &QpStats) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    for (dir, c) in [("tx", &s.tx), ("rx", &s.rx)] {
+        for (op, counter) in ops(c) {
+            m.insert(format!("{dir}_{op}_messages"), counter.messages);
+            m.insert(format!("{dir}_{op}_bytes"), counter.bytes);
+        }
+    }
+    for (name, v) in [
+        ("tx_fpdus", s.tx_fpdus),
+        ("rx_fpdus", s.rx_fpdus),
+        ("tx_stream_bytes", s.tx_stream_bytes),
+        ("rx_stream_bytes", s.rx_stream_bytes),
+        ("crc_errors", s.crc_errors),
+        ("tx_markers", s.tx_markers),
+        ("rx_markers", s.rx_markers),
+        ("terminates_sent", s.terminates_sent),
+        ("terminates_received", s.terminates_received),
+        ("flushed", s.flushed),
+        ("events_lost", s.events_lost),
+    ] {
+        m.insert(name.to_string(), v);
+    }
+    m
 }
 
 fn ops(c: &OpCounters) -> [(&'static str, Counter); 8] {

@@ -1,6 +1,6 @@
-//! The operator commands: `resources`, `stat`, `trace` and `doctor`.
+//! The operator commands: `resources`, `stat`, `trace`, `snapshots`, `dump` and `doctor`.
 //!
-//! The first three ask running Softwarp processes: every process that opened a device is in
+//! All but `doctor` ask running Softwarp processes: every process that opened a device is in
 //! the host registry (one file per process in the runtime directory, `$SOFTWARP_RUNTIME_DIR`
 //! or its default, see `softwarp_ras::registry`) with its control socket; the commands send
 //! one JSON request per process over that socket and print the answers, one process after
@@ -14,7 +14,9 @@
 //! registry cannot be read, or `--pid` names no registered process).
 
 pub mod doctor;
+pub mod dump;
 pub mod resources;
+pub mod snapshots;
 pub mod stat;
 pub mod table;
 pub mod trace;

@@ -8,6 +8,7 @@
 //! be compared with `iwarp-decode` line by line. It never does I/O: it decodes bytes already
 //! in memory.
 
+pub mod dump;
 pub mod json;
 pub mod record;
 mod segment;

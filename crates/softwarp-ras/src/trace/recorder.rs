@@ -134,6 +134,44 @@ impl FlightRecorder {
         ring.records.iter().skip(skip).take(max).cloned().collect()
     }
 
+    /// What a QP snapshot keeps of the ring: the newest `max_qp` records about QP `qpn`
+    /// (records that name another device in their fields are left out: QP numbers are per
+    /// device), and the newest `context` records about no QP in particular, merged oldest
+    /// first. One pass over the ring under its lock; call it only when a QP fails.
+    pub fn records_of_qp(
+        &self,
+        qpn: u32,
+        device: Option<&str>,
+        max_qp: usize,
+        context: usize,
+    ) -> Vec<Record> {
+        let needle = device.map(|d| format!("device={d:?}"));
+        let other_device = |r: &Record| match &needle {
+            Some(n) => r.fields.contains("device=") && !r.fields.contains(n.as_str()),
+            None => false,
+        };
+        let ring = self.ring();
+        let (mut of_qp, mut around) = (0usize, 0usize);
+        let mut picked: Vec<&Record> = Vec::new();
+        for r in ring.records.iter().rev() {
+            if of_qp >= max_qp && around >= context {
+                break;
+            }
+            match r.qpn {
+                Some(q) if q == qpn && of_qp < max_qp && !other_device(r) => {
+                    of_qp += 1;
+                    picked.push(r);
+                }
+                None if around < context => {
+                    around += 1;
+                    picked.push(r);
+                }
+                _ => {}
+            }
+        }
+        picked.into_iter().rev().cloned().collect()
+    }
+
     /// Everything with bookkeeping; `tail` limits it to the newest records, `after` to those
     /// after a sequence number.
     pub fn dump(&self, tail: Option<usize>, after: Option<u64>) -> FlightRecorderDump {
@@ -244,6 +282,36 @@ mod tests {
             FlightRecorder::new(usize::MAX).capacity(),
             MAX_FLIGHT_RECORDER_CAPACITY
         );
+    }
+
+    #[test]
+    fn records_of_a_qp_keep_its_own_and_a_little_context() {
+        let r = FlightRecorder::new(100);
+        let mk = |qpn: Option<u32>, msg: &str, fields: &str| Record {
+            qpn,
+            message: msg.to_string(),
+            fields: fields.to_string(),
+            ..Record::default()
+        };
+        r.push(mk(None, "old context", ""));
+        r.push(mk(Some(7), "q7 a", ""));
+        r.push(mk(Some(8), "q8", ""));
+        r.push(mk(Some(7), "q7 other device", "device=\"dev/2\""));
+        r.push(mk(Some(7), "q7 b", "device=\"dev/1\""));
+        r.push(mk(None, "context", ""));
+        r.push(mk(Some(7), "q7 c", ""));
+        let msgs: Vec<String> = r
+            .records_of_qp(7, Some("dev/1"), 10, 1)
+            .into_iter()
+            .map(|r| r.message)
+            .collect();
+        assert_eq!(msgs, ["q7 a", "q7 b", "context", "q7 c"]);
+        let newest: Vec<String> = r
+            .records_of_qp(7, None, 2, 0)
+            .into_iter()
+            .map(|r| r.message)
+            .collect();
+        assert_eq!(newest, ["q7 b", "q7 c"]);
     }
 
     #[test]
