@@ -6,6 +6,21 @@ use std::time::{Duration, Instant};
 
 use softwarp::*;
 
+/// Points the RAS runtime directory (host registry, automatic dumps) of this test process at
+/// the target directory, unless the test chose one itself, before the first device opens:
+/// tests that inject device faults write automatic dumps, which belong there and not in
+/// the host's `/run/softwarp`.
+pub fn test_runtime_dir() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("SOFTWARP_RUNTIME_DIR").is_none() {
+            let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("softwarp-runtime");
+            std::fs::create_dir_all(&dir).unwrap();
+            std::env::set_var("SOFTWARP_RUNTIME_DIR", &dir);
+        }
+    });
+}
+
 /// Upper bound of every wait in the tests.
 pub const WAIT: Duration = Duration::from_secs(20);
 
@@ -30,6 +45,7 @@ impl End {
         dev: Option<Device>,
         tweak: impl FnOnce(&mut QpInitAttr<'_>),
     ) -> Self {
+        test_runtime_dir();
         let dev = dev.unwrap_or_else(|| Device::open_default().unwrap());
         let pd = dev.alloc_pd().unwrap();
         let scq = dev.create_cq(1024, channel).unwrap();
