@@ -23,6 +23,8 @@ const RECV: u64 = 2;
 pub enum Variant {
     /// (a) non-blocking send/recv, the receiver spins on recv until its 8 bytes are there.
     Plain,
+    /// (a2) blocking send/recv: the receiver sleeps in recv (the like-for-like of (b)).
+    PlainBlocking,
     /// (b) io_uring SEND/RECV, one submit_and_wait(1) per operation (sleeps in the kernel).
     UringWait,
     /// (c) io_uring WRITE_FIXED/READ_FIXED on a registered file and buffer; send and the
@@ -37,8 +39,9 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 6] = [
         Variant::Plain,
+        Variant::PlainBlocking,
         Variant::UringWait,
         Variant::UringPeek,
         Variant::UringPeekTaskrun,
@@ -48,6 +51,7 @@ impl Variant {
     pub fn label(self) -> &'static str {
         match self {
             Variant::Plain => "(a) plain send/recv, non-blocking, busy poll",
+            Variant::PlainBlocking => "(a2) plain send/recv, blocking (sleeps in recv)",
             Variant::UringWait => "(b) io_uring send/recv, submit_and_wait per op",
             Variant::UringPeek => "(c) io_uring fixed file+buf, submit, spin on CQ",
             Variant::UringPeekTaskrun => "(c2) as (c), COOP_TASKRUN+TASKRUN_FLAG",
@@ -78,6 +82,8 @@ pub fn run(variant: Variant, warmup: usize, iters: usize) -> io::Result<Sample> 
             server.set_nonblocking(true)?;
             (None, None)
         }
+        // Blocking sockets: the same loops never see WouldBlock, they sleep in the kernel.
+        Variant::PlainBlocking => (None, None),
         Variant::UringWait | Variant::UringPeek => {
             let (wait, bufs) = if variant == Variant::UringWait {
                 (Reap::SubmitAndWait, Buffers::Plain)
