@@ -1,7 +1,7 @@
 //! Reading packet captures and rebuilding the TCP byte streams inside them.
 //!
 //! This is the bottom half of `softwarp decode`: it knows nothing about iWARP. It reads pcap
-//! and pcapng files ([`file`]), peels link, IP and TCP headers off each frame ([`packet`]),
+//! and pcapng files ([`mod@file`]), peels link, IP and TCP headers off each frame ([`packet`]),
 //! reassembles each direction of each TCP connection in sequence order ([`reassembly`]) and
 //! hands the in-order bytes, tagged with the pcap frame they arrived in, to a consumer
 //! ([`connection`], [`stream`]). It works on bytes already in memory: it never opens files or

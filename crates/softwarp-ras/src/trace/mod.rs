@@ -689,7 +689,7 @@ pub fn control() -> &'static TraceControl {
     &CONTROL
 }
 
-/// False when the crate is built with the `max_level_off` feature: every [`sw_event!`] is then
+/// False when the crate is built with the `max_level_off` feature: every [`sw_event!`](crate::sw_event) is then
 /// a constant-false branch the compiler removes, and `tracing`'s own macros are compiled out
 /// by its `max_level_off` feature (enabled along with ours). Levels can still be set and read,
 /// but no record is ever produced, neither for subscribers nor for the flight recorder. The
