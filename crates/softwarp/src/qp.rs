@@ -1253,17 +1253,32 @@ impl QueuePair {
     /// Posts a receive work request to the QP's receive queue (not for QPs on an SRQ). Its
     /// SGEs are validated when a Send starts using it.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        self.post_recv_list(std::slice::from_ref(wr))
+            .map_err(|(_, e)| e)
+    }
+
+    /// Posts several receive work requests in order under one lock of the QP; stops at the
+    /// first that fails and returns its index with the error (those before it are posted).
+    pub fn post_recv_list(&self, wrs: &[RecvWr]) -> Result<(), (usize, Error)> {
         let s = &self.shared;
-        softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, "post_recv");
-        if wr.sgl.len() > s.cap.max_recv_sge {
-            return Err(Error::InvalidArgument(
-                "receive work request has more SGEs than the QP's max_recv_sge",
-            ));
-        }
         let mut g = s.lock();
-        g.qp.post_recv(*wr)?;
+        let mut failed = None;
+        for (i, wr) in wrs.iter().enumerate() {
+            softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, "post_recv");
+            let r = if wr.sgl.len() > s.cap.max_recv_sge {
+                Err(Error::InvalidArgument(
+                    "receive work request has more SGEs than the QP's max_recv_sge",
+                ))
+            } else {
+                g.qp.post_recv(*wr).map_err(Error::from)
+            };
+            if let Err(e) = r {
+                failed = Some((i, e));
+                break;
+            }
+        }
         s.drain(&mut g);
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Moves the QP to the Error state: outstanding work requests complete with
