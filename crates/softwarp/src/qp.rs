@@ -475,8 +475,10 @@ impl QpShared {
         }
     }
 
-    /// Hands staged bytes `stage[*fed..staged]` to the engine's next target (a copy).
-    /// Returns how the pass ends when it cannot go on.
+    /// Hands staged bytes `stage[*fed..staged]` to the engine: the whole FPDUs at their
+    /// start in one step each ([`Qp::rx_whole_fpdu`]), all under one lock of the STag
+    /// table; then the next target's worth of the rest (a copy). Returns how the pass ends
+    /// when it cannot go on.
     fn feed(
         &self,
         inner: &mut QpInner,
@@ -484,6 +486,24 @@ impl QpShared {
         fed: &mut usize,
         staged: usize,
     ) -> Option<RxEnd> {
+        let mut mrs = LazyMrs {
+            device: &self.device,
+            guard: None,
+        };
+        while let Some(n) = inner
+            .qp
+            .rx_whole_fpdu(stage.get(*fed..staged).unwrap_or_default(), &mut mrs)
+        {
+            *fed += n;
+            if n < BIG_PAYLOAD {
+                // A whole (small) payload came through the staging buffer.
+                inner.rx_big = false;
+            }
+        }
+        drop(mrs);
+        if *fed >= staged {
+            return None;
+        }
         let bytes = stage.get(*fed..staged).unwrap_or_default();
         let n = match inner.qp.rx_target() {
             RxTarget::Buffer(b) => {

@@ -22,6 +22,10 @@ pub enum Split {
     OneByte,
     /// Random pieces of 1..=max bytes from a seeded generator.
     Random { seed: u64, max: usize },
+    /// As `Random`, and the receiver takes the whole FPDUs at the start of each piece with
+    /// `Qp::rx_whole_fpdu` (as the runtime does with the bytes it read ahead), the rest
+    /// with `handle_rx`.
+    Staged { seed: u64, max: usize },
 }
 
 /// A small deterministic generator (xorshift64*).
@@ -185,10 +189,34 @@ impl Side {
     }
 
     /// Receives `data` in pieces chosen by `piece`. Returns bytes consumed.
-    pub fn receive(&mut self, data: &[u8], mut piece: impl FnMut() -> usize) -> usize {
+    pub fn receive(&mut self, data: &[u8], piece: impl FnMut() -> usize) -> usize {
+        self.receive_with(data, false, piece)
+    }
+
+    /// As `receive`; with `whole`, the whole FPDUs at the start of each piece are taken in
+    /// one step each (`Qp::rx_whole_fpdu`).
+    pub fn receive_with(
+        &mut self,
+        data: &[u8],
+        whole: bool,
+        mut piece: impl FnMut() -> usize,
+    ) -> usize {
         let mut done = 0;
         while done < data.len() {
-            let n = piece().min(data.len() - done);
+            let mut n = piece().min(data.len() - done);
+            while whole && n > 0 {
+                match self.qp.rx_whole_fpdu(&data[done..done + n], &mut self.mrs) {
+                    Some(f) => {
+                        assert!(f <= n, "rx_whole_fpdu took {f} of {n} bytes");
+                        done += f;
+                        n -= f;
+                    }
+                    None => break,
+                }
+            }
+            if n == 0 {
+                continue;
+            }
             let c = self
                 .qp
                 .handle_rx(&data[done..done + n], &mut self.mrs, self.srq.as_mut());
@@ -237,7 +265,7 @@ impl Pair {
 
     pub fn from_sides(a: Side, b: Side, split: Split) -> Self {
         let seed = match split {
-            Split::Random { seed, .. } => seed,
+            Split::Random { seed, .. } | Split::Staged { seed, .. } => seed,
             _ => 1,
         };
         Pair {
@@ -254,7 +282,7 @@ impl Pair {
         move || match split {
             Split::Whole => usize::MAX,
             Split::OneByte => 1,
-            Split::Random { max, .. } => rng.piece(max),
+            Split::Random { max, .. } | Split::Staged { max, .. } => rng.piece(max),
         }
     }
 
@@ -263,6 +291,7 @@ impl Pair {
         for _ in 0..1_000_000 {
             let mut progress = false;
             let split = self.split;
+            let whole = matches!(split, Split::Staged { .. });
             progress |= self
                 .a
                 .transmit(&mut self.a_to_b, Self::piece_fn(split, &mut self.rng))
@@ -273,13 +302,17 @@ impl Pair {
                 > 0;
             if !self.a_to_b.is_empty() {
                 let data = std::mem::take(&mut self.a_to_b);
-                let n = self.b.receive(&data, Self::piece_fn(split, &mut self.rng));
+                let n = self
+                    .b
+                    .receive_with(&data, whole, Self::piece_fn(split, &mut self.rng));
                 self.a_to_b = data[n..].to_vec();
                 progress |= n > 0;
             }
             if !self.b_to_a.is_empty() {
                 let data = std::mem::take(&mut self.b_to_a);
-                let n = self.a.receive(&data, Self::piece_fn(split, &mut self.rng));
+                let n = self
+                    .a
+                    .receive_with(&data, whole, Self::piece_fn(split, &mut self.rng));
                 self.b_to_a = data[n..].to_vec();
                 progress |= n > 0;
             }
