@@ -653,25 +653,18 @@ impl QpShared {
             // alignment MPA asks senders for) expect.
             let coalesce = !inner.qp.stream_config().sends_markers();
             if let Some(batch) = batch.as_deref_mut().filter(|_| coalesce) {
-                batch.clear();
-                while let Some(f) = inner.qp.poll_tx() {
-                    let len = f.len();
-                    if len > COALESCE_MAX || batch.len() + len > BATCH_CAP {
-                        break;
-                    }
-                    let start = batch.len();
-                    batch.resize(start + len, 0);
-                    let copied = f.copy_to(batch.get_mut(start..).unwrap_or_default());
-                    if copied != len {
-                        batch.truncate(start);
-                        break;
-                    }
-                    if let Err(e) = inner.qp.tx_commit(len) {
-                        tracing::error!(qp = self.qp_num, error = %e, "tx_commit refused");
-                        batch.truncate(start);
-                        break;
-                    }
+                if batch.len() < BATCH_CAP {
+                    batch.resize(BATCH_CAP, 0);
                 }
+                // The engine copies (and commits) whole FPDUs of up to COALESCE_MAX bytes.
+                let mut used = 0;
+                while let Some(n) = batch
+                    .get_mut(used..(used + COALESCE_MAX).min(BATCH_CAP))
+                    .and_then(|out| inner.qp.tx_copy_fpdu(out))
+                {
+                    used += n;
+                }
+                let batch = batch.get(..used).unwrap_or_default();
                 if !batch.is_empty() {
                     let r = sys::write_pieces(fd, &[TxPiece::Bytes(batch)]);
                     let n = *r.as_ref().unwrap_or(&0);

@@ -24,7 +24,8 @@ pub enum Split {
     Random { seed: u64, max: usize },
     /// As `Random`, and the receiver takes the whole FPDUs at the start of each piece with
     /// `Qp::rx_whole_fpdu` (as the runtime does with the bytes it read ahead), the rest
-    /// with `handle_rx`.
+    /// with `handle_rx`; the sender copies whole small FPDUs with `Qp::tx_copy_fpdu` (as the
+    /// runtime's batches) when they fit the piece, the rest with `poll_tx`.
     Staged { seed: u64, max: usize },
 }
 
@@ -170,9 +171,33 @@ impl Side {
 
     /// Transmits into `out` with partial writes of at most `max_write` bytes each (exercises
     /// `tx_commit` with partial FPDUs). Returns the bytes written.
-    pub fn transmit(&mut self, out: &mut Vec<u8>, mut max_write: impl FnMut() -> usize) -> usize {
+    pub fn transmit(&mut self, out: &mut Vec<u8>, max_write: impl FnMut() -> usize) -> usize {
+        self.transmit_with(out, false, max_write)
+    }
+
+    /// As `transmit`; with `copy`, whole FPDUs of up to 2 KiB are first taken with
+    /// `Qp::tx_copy_fpdu` (as the runtime batches small FPDUs), the others as `transmit` does.
+    pub fn transmit_with(
+        &mut self,
+        out: &mut Vec<u8>,
+        copy: bool,
+        mut max_write: impl FnMut() -> usize,
+    ) -> usize {
         let mut total = 0;
-        while let Some(fpdu) = self.qp.poll_tx() {
+        let mut buf = [0u8; 2048];
+        loop {
+            if copy {
+                let room = max_write().clamp(1, buf.len());
+                if let Some(n) = self.qp.tx_copy_fpdu(&mut buf[..room]) {
+                    assert!(n <= room);
+                    out.extend_from_slice(&buf[..n]);
+                    total += n;
+                    continue;
+                }
+            }
+            let Some(fpdu) = self.qp.poll_tx() else {
+                break;
+            };
             let want = fpdu.len().min(max_write());
             let start = out.len();
             out.resize(start + want, 0);
@@ -292,14 +317,16 @@ impl Pair {
             let mut progress = false;
             let split = self.split;
             let whole = matches!(split, Split::Staged { .. });
-            progress |= self
-                .a
-                .transmit(&mut self.a_to_b, Self::piece_fn(split, &mut self.rng))
-                > 0;
-            progress |= self
-                .b
-                .transmit(&mut self.b_to_a, Self::piece_fn(split, &mut self.rng))
-                > 0;
+            progress |= self.a.transmit_with(
+                &mut self.a_to_b,
+                whole,
+                Self::piece_fn(split, &mut self.rng),
+            ) > 0;
+            progress |= self.b.transmit_with(
+                &mut self.b_to_a,
+                whole,
+                Self::piece_fn(split, &mut self.rng),
+            ) > 0;
             if !self.a_to_b.is_empty() {
                 let data = std::mem::take(&mut self.a_to_b);
                 let n = self
