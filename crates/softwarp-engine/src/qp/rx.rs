@@ -1261,13 +1261,12 @@ impl Qp {
             return;
         }
         let written = match &e.data {
-            SqData::Sgl { mem, .. } => mem.first().and_then(Option::as_ref).is_some_and(|v| {
-                v.memory
-                    .region()
-                    .write_at(v.region_offset, &original.to_ne_bytes())
-                    .is_ok()
-            }),
-            SqData::Inline { .. } => false,
+            SqData::One { mem: Some(v), .. } => v
+                .memory
+                .region()
+                .write_at(v.region_offset, &original.to_ne_bytes())
+                .is_ok(),
+            _ => false,
         };
         e.status = if written {
             SqStatus::Done(WcStatus::Success, 8)

@@ -28,7 +28,7 @@ use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr, AtomicResponseRepr};
 use crate::fault::Cause;
 use crate::memory::Region;
 use crate::mr::MrMemory;
-use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqData, SqStatus, StreamConfig};
+use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqStatus, StreamConfig};
 use crate::wr::{SendOp, WcStatus, MAX_INLINE, MAX_SGE};
 
 /// Smallest `max_fpdu_len` accepted (room for every header and some payload).
@@ -1018,13 +1018,11 @@ impl Qp {
             if orq_len >= ord || self.orq.is_full() {
                 return;
             }
-            let (sink_stag, sink_to) = match self.sq_entry(seq).map(|e| &e.data) {
-                Some(SqData::Sgl { sgl, .. }) => sgl
-                    .as_slice()
-                    .first()
-                    .map_or((0, 0), |s| (s.lkey.0, s.addr)),
-                _ => (0, 0),
-            };
+            let (sink_stag, sink_to) = self
+                .sq_sges(seq)
+                .0
+                .first()
+                .map_or((0, 0), |s| (s.lkey.0, s.addr));
             let Some(mut b) = self.take_spare() else {
                 return;
             };
@@ -1075,11 +1073,12 @@ impl Qp {
         // Gather the segment's payload.
         let mut seg = 0usize;
         let mut inline_len = 0usize;
-        match self.sq_entry(seq).map(|e| &e.data) {
-            Some(SqData::Sgl { sgl, mem }) => {
+        match self.sq_inline_bytes(seq) {
+            None => {
+                let (sges, mem) = self.sq_sges(seq);
                 let mut i = 0;
                 while seg < max && sent + (seg as u64) < len && i < MAX_SGE {
-                    match sge_piece(sgl, mem, sent + seg as u64, max - seg) {
+                    match sge_piece(sges, mem, sent + seg as u64, max - seg) {
                         Some(p) => {
                             seg += p.2;
                             if let Some(slot) = b.payload.get_mut(i) {
@@ -1091,11 +1090,11 @@ impl Qp {
                     }
                 }
             }
-            Some(SqData::Inline { buf, len: ilen }) => {
+            Some(buf) => {
                 // Inline data fits one FPDU (MAX_INLINE < MIN_FPDU_LEN - headers is not
                 // guaranteed, so it is segmented like any payload).
                 let start = usize::try_from(sent).unwrap_or(usize::MAX);
-                let take = (*ilen).saturating_sub(start).min(max);
+                let take = buf.len().saturating_sub(start).min(max);
                 if let (Some(dst), Some(src)) = (
                     b.hdr.get_mut(2 + hdr_len..2 + hdr_len + take),
                     buf.get(start..start + take),
@@ -1104,10 +1103,6 @@ impl Qp {
                     inline_len = take;
                     seg = take;
                 }
-            }
-            None => {
-                self.tx.spare = Some(b);
-                return;
             }
         }
         let new_sent = sent + seg as u64;
