@@ -382,7 +382,15 @@ impl QpShared {
             // Each arm reads straight into the engine's target while it is borrowed (plus
             // the staging buffer behind it); `None` for an empty target (never offered by
             // a sound engine).
+            let ahead = staging && !small_stage && inner.qp.rx_expects_whole_fpdu();
             let (r, target_len, asked) = match inner.qp.rx_target() {
+                // A new FPDU starts: read it and what follows into the staging buffer only,
+                // from where whole FPDUs go to the engine in one step each.
+                RxTarget::Buffer(_) if ahead => (
+                    Some(sys::read_buf_staged(fd, &mut [], stage)),
+                    0,
+                    stage.len(),
+                ),
                 RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. } => (None, 0, 0),
                 RxTarget::Buffer(b) => {
                     let len = b.len();
@@ -453,7 +461,9 @@ impl QpShared {
                     empty_targets = 0;
                     *budget = budget.saturating_sub(n);
                     let direct = n.min(target_len);
-                    self.rx_commit(inner, direct);
+                    if direct > 0 {
+                        self.rx_commit(inner, direct);
+                    }
                     fed = 0;
                     staged = n - direct;
                     short_read = short_ok && n < asked;

@@ -537,6 +537,16 @@ impl Qp {
         Ok(())
     }
 
+    /// True when the next received byte starts an FPDU that [`Qp::rx_whole_fpdu`] may take
+    /// (no markers, no SRQ): a runtime may read ahead into a buffer of its own only,
+    /// instead of into [`Qp::rx_target`]'s first four bytes of the header.
+    pub fn rx_expects_whole_fpdu(&self) -> bool {
+        self.rx.phase == Phase::Header
+            && self.rx.hdr_have == 0
+            && !self.rx.mk.on
+            && !self.cfg.use_srq
+    }
+
     /// Receives one whole FPDU from the start of `bytes` (bytes the runtime read ahead) in
     /// one step, instead of the four target/commit rounds (length, header, payload,
     /// trailer) of [`Qp::rx_target`] and [`Qp::rx_commit`]: the header is copied into the
