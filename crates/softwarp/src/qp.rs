@@ -658,6 +658,10 @@ impl QpShared {
                     },
                 }
             }
+            // Nothing (more) to send: spare the engine the questions below.
+            if !inner.qp.wants_tx() {
+                return TxEnd::Idle;
+            }
             // 2. Small FPDUs, copied into one batch. Not with markers: then every FPDU
             // starts its own segment, as the marker-aware dissectors (and the FPDU
             // alignment MPA asks senders for) expect.

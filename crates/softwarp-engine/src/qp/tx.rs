@@ -656,6 +656,21 @@ impl Qp {
         Some(len)
     }
 
+    /// False when [`Qp::poll_tx`] would certainly offer nothing: no FPDU in progress or
+    /// built ahead, no message half sent, no Terminate, RTR, Read or Atomic Response, or
+    /// send WR waiting. A cheap check for runtimes that would otherwise ask for nothing
+    /// several times per pass. (True does not promise an FPDU: the ORD, a fence or the
+    /// state may still hold the next one back.)
+    pub fn wants_tx(&self) -> bool {
+        self.tx.build.is_some()
+            || !self.tx.ahead.is_empty()
+            || self.tx.msg != TxMsg::None
+            || self.tx.rtr_pending
+            || self.terminate.wants_tx()
+            || !self.irq.is_empty()
+            || self.sq_tx_seq < self.sq_next_seq
+    }
+
     /// Copies the next FPDU, whole, into the start of `out` and commits it, when it fits and
     /// none of it was offered yet; returns its length. The CRC is computed over the copy in
     /// one pass (the gather list of [`Qp::poll_tx`] is never built). `None` when there is

@@ -187,17 +187,28 @@ impl Side {
         let mut buf = [0u8; 2048];
         loop {
             if copy {
+                let wanted = self.qp.wants_tx();
                 let room = max_write().clamp(1, buf.len());
                 if let Some(n) = self.qp.tx_copy_fpdu(&mut buf[..room]) {
                     assert!(n <= room);
+                    assert!(
+                        wanted,
+                        "wants_tx() said nothing, tx_copy_fpdu copied an FPDU"
+                    );
                     out.extend_from_slice(&buf[..n]);
                     total += n;
                     continue;
                 }
             }
+            // `wants_tx` may say yes for nothing, never no for something.
+            let wanted = self.qp.wants_tx();
             let Some(fpdu) = self.qp.poll_tx() else {
                 break;
             };
+            assert!(
+                wanted,
+                "wants_tx() said nothing to send, poll_tx offered an FPDU"
+            );
             let want = fpdu.len().min(max_write());
             let start = out.len();
             out.resize(start + want, 0);
