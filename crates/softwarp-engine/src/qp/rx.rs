@@ -1072,9 +1072,16 @@ impl Qp {
                 None => return Err((Fault::NoReceiveBuffer, FaultTarget::None)),
             }
         };
-        let mut mem = no_validated();
+        // Built in place: the receive state is a few hundred bytes.
+        let msg = self.rx_msg.insert(RxMsg {
+            capacity: wr.sgl.total_len(),
+            wr,
+            mem: no_validated(),
+            received: 0,
+            msn,
+        });
         let mut ok = true;
-        for (slot, sge) in mem.iter_mut().zip(wr.sgl.as_slice()) {
+        for (slot, sge) in msg.mem.iter_mut().zip(msg.wr.sgl.as_slice()) {
             if sge.length == 0 {
                 continue;
             }
@@ -1089,13 +1096,6 @@ impl Qp {
                 Err(_) => ok = false,
             }
         }
-        self.rx_msg = Some(RxMsg {
-            capacity: wr.sgl.total_len(),
-            wr,
-            mem,
-            received: 0,
-            msn,
-        });
         if ok {
             Ok(())
         } else {
@@ -1292,13 +1292,15 @@ impl Qp {
         mrs: &mut MrTable,
         hdr: OffendingHeader,
     ) {
-        let Some(msg) = self.rx_msg.take() else {
+        // Read in place and dropped there (no move of the receive state).
+        let Some((wr_id, received)) = self.rx_msg.as_ref().map(|m| (m.wr.wr_id, m.received)) else {
             return;
         };
+        self.rx_msg = None;
         self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
         self.rx.last_write = None;
         self.stats.rx.send.messages += 1;
-        let mut wc = self.recv_wc(msg.wr.wr_id, WcStatus::Success, msg.received as u32);
+        let mut wc = self.recv_wc(wr_id, WcStatus::Success, received as u32);
         wc.solicited = solicited;
         if let Some(stag) = invalidate {
             match mrs.invalidate_remote(Stag(stag), self.cfg.pd) {
