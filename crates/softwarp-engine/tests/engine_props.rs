@@ -260,6 +260,9 @@ proptest! {
         let whole = run(&ops, Split::Whole, crc, mss, NO_MARKERS);
         let random = run(&ops, Split::Random { seed, max }, crc, mss, markers);
         prop_assert_eq!(&whole, &random);
+        // Whole FPDUs taken in one step each (as the runtime does with bytes read ahead).
+        let staged = run(&ops, Split::Staged { seed, max: max * 8 }, crc, mss, markers);
+        prop_assert_eq!(&whole, &staged);
         // Completions in posting order, one per signaled WR, byte counts as asked.
         let sends: Vec<u64> = whole
             .2

@@ -23,11 +23,13 @@ fn stream(crc: bool, mss: usize) -> StreamConfig {
     s
 }
 
-const SPLITS: [Split; 4] = [
+const SPLITS: [Split; 5] = [
     Split::Whole,
     Split::OneByte,
     Split::Random { seed: 5, max: 7 },
     Split::Random { seed: 9, max: 700 },
+    // Markers keep the engine on its step-by-step path: the same results.
+    Split::Staged { seed: 9, max: 700 },
 ];
 
 /// Posts an RDMA Write of `len` pattern bytes from a to b and drives the pair; returns the

@@ -126,6 +126,11 @@ impl Victim {
     fn feed(&mut self, bytes: &[u8]) {
         self.side.receive(bytes, || 7);
     }
+    /// Feeds `bytes` in one piece, whole FPDUs in one step each (`Qp::rx_whole_fpdu`, the
+    /// runtime's path for bytes read ahead).
+    fn feed_whole(&mut self, bytes: &[u8]) -> usize {
+        self.side.receive_with(bytes, true, || usize::MAX)
+    }
     fn expect_terminate(&mut self, crc: bool, error: TerminateError) -> TerminateRepr {
         let (t, _) = terminate_of(&mut self.side, crc);
         assert_eq!(t.error, error, "{t}");
@@ -362,6 +367,75 @@ fn crc_error_gets_llp_mpa_crc_terminate_and_no_completion() {
             ..
         }
     )));
+}
+
+#[test]
+fn whole_fpdu_path_checks_the_crc_before_delivering() {
+    for corrupt in [None, Some(30), Some(100), Some(5)] {
+        let mut v = Victim::new(true);
+        let (stag, iova) = v.region(4096, Access::LOCAL_WRITE);
+        v.side
+            .qp
+            .post_recv(RecvWr {
+                wr_id: 1,
+                sgl: SgList::single(sge(stag, iova, 0, 4096)),
+            })
+            .unwrap();
+        let mut bytes = fpdu(&send_seg(1, 0, true, Message::Send, &[7u8; 200]), true);
+        if let Some(at) = corrupt {
+            bytes[at] ^= 0x10;
+        }
+        // The whole FPDU and a partial one behind it (taken step by step).
+        let next = fpdu(&send_seg(2, 0, true, Message::Send, &[8u8; 20]), true);
+        bytes.extend_from_slice(&next[..10]);
+        let consumed = v.feed_whole(&bytes);
+        let wcs = v.side.recv_wcs();
+        assert_eq!(wcs.len(), 1);
+        match corrupt {
+            None => {
+                assert_eq!(wcs[0].status, WcStatus::Success);
+                assert_eq!(wcs[0].byte_len, 200);
+                assert_eq!(v.side.qp.stats().rx_fpdus, 1);
+                assert_eq!(consumed, bytes.len());
+                assert_eq!(v.side.qp.stats().rx_stream_bytes, bytes.len() as u64);
+                assert_eq!(v.side.qp.state(), QpState::Rts);
+            }
+            Some(_) => {
+                assert_eq!(wcs[0].status, WcStatus::WrFlushErr, "never delivered");
+                assert_eq!(v.side.qp.stats().crc_errors, 1);
+                v.expect_terminate(true, TerminateError::Llp(LlpError::Mpa(MpaError::CrcError)));
+            }
+        }
+    }
+}
+
+#[test]
+fn whole_fpdu_path_reports_protection_and_length_errors_like_the_step_path() {
+    // A Write outside the region: nothing placed, tagged base-or-bounds Terminate.
+    let mut v = Victim::new(true);
+    let (stag, iova) = v.region(64, Access::REMOTE_WRITE);
+    v.snapshot();
+    v.feed_whole(&fpdu(&write_seg(stag, iova + 60, &[1u8; 8]), true));
+    v.assert_untouched();
+    v.expect_terminate(true, ddp_tagged(TaggedBufferError::BaseOrBoundsViolation));
+    // A Send longer than its receive: nothing placed past the buffer, LocLenErr.
+    let mut v = Victim::new(true);
+    let (stag, iova) = v.region(64, Access::LOCAL_WRITE);
+    v.side
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 1,
+            sgl: SgList::single(sge(stag, iova, 0, 16)),
+        })
+        .unwrap();
+    v.snapshot();
+    v.feed_whole(&fpdu(
+        &send_seg(1, 0, true, Message::Send, &[1u8; 32]),
+        true,
+    ));
+    v.assert_untouched();
+    v.expect_terminate(true, ddp_untagged(UntaggedBufferError::MessageTooLong));
+    assert_eq!(v.side.recv_wcs()[0].status, WcStatus::LocLenErr);
 }
 
 #[test]

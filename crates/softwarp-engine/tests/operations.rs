@@ -249,6 +249,10 @@ fn splits(len: usize) -> Vec<Split> {
             seed: 42,
             max: 3000,
         },
+        Split::Staged {
+            seed: 42,
+            max: 20_000,
+        },
     ];
     // One-byte pieces through the engine's whole receive path; kept below 1 MiB for time.
     if len <= 4095 {

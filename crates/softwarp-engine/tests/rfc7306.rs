@@ -32,10 +32,11 @@ fn stream(crc: bool) -> StreamConfig {
     s
 }
 
-const SPLITS: [Split; 3] = [
+const SPLITS: [Split; 4] = [
     Split::Whole,
     Split::OneByte,
     Split::Random { seed: 3, max: 11 },
+    Split::Staged { seed: 3, max: 4000 },
 ];
 
 fn wr(wr_id: u64, op: SendOp, sgl: SgList) -> SendWr<'static> {

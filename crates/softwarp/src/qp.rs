@@ -395,7 +395,15 @@ impl QpShared {
             // Each arm reads straight into the engine's target while it is borrowed (plus
             // the staging buffer behind it); `None` for an empty target (never offered by
             // a sound engine).
+            let ahead = staging && !small_stage && inner.qp.rx_expects_whole_fpdu();
             let (r, target_len, asked) = match inner.qp.rx_target() {
+                // A new FPDU starts: read it and what follows into the staging buffer only,
+                // from where whole FPDUs go to the engine in one step each.
+                RxTarget::Buffer(_) if ahead => (
+                    Some(sys::read_buf_staged(fd, &mut [], stage)),
+                    0,
+                    stage.len(),
+                ),
                 RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. } => (None, 0, 0),
                 RxTarget::Buffer(b) => {
                     let len = b.len();
@@ -466,7 +474,9 @@ impl QpShared {
                     empty_targets = 0;
                     *budget = budget.saturating_sub(n);
                     let direct = n.min(target_len);
-                    self.rx_commit(inner, direct);
+                    if direct > 0 {
+                        self.rx_commit(inner, direct);
+                    }
                     fed = 0;
                     staged = n - direct;
                     short_read = short_ok && n < asked;
@@ -488,8 +498,10 @@ impl QpShared {
         }
     }
 
-    /// Hands staged bytes `stage[*fed..staged]` to the engine's next target (a copy).
-    /// Returns how the pass ends when it cannot go on.
+    /// Hands staged bytes `stage[*fed..staged]` to the engine: the whole FPDUs at their
+    /// start in one step each ([`Qp::rx_whole_fpdu`]), all under one lock of the STag
+    /// table; then the next target's worth of the rest (a copy). Returns how the pass ends
+    /// when it cannot go on.
     fn feed(
         &self,
         inner: &mut QpInner,
@@ -497,6 +509,24 @@ impl QpShared {
         fed: &mut usize,
         staged: usize,
     ) -> Option<RxEnd> {
+        let mut mrs = LazyMrs {
+            device: &self.device,
+            guard: None,
+        };
+        while let Some(n) = inner
+            .qp
+            .rx_whole_fpdu(stage.get(*fed..staged).unwrap_or_default(), &mut mrs)
+        {
+            *fed += n;
+            if n < BIG_PAYLOAD {
+                // A whole (small) payload came through the staging buffer.
+                inner.rx_big = false;
+            }
+        }
+        drop(mrs);
+        if *fed >= staged {
+            return None;
+        }
         let bytes = stage.get(*fed..staged).unwrap_or_default();
         let n = match inner.qp.rx_target() {
             RxTarget::Buffer(b) => {
@@ -641,30 +671,27 @@ impl QpShared {
                     },
                 }
             }
+            // Nothing (more) to send: spare the engine the questions below.
+            if !inner.qp.wants_tx() {
+                return TxEnd::Idle;
+            }
             // 2. Small FPDUs, copied into one batch. Not with markers: then every FPDU
             // starts its own segment, as the marker-aware dissectors (and the FPDU
             // alignment MPA asks senders for) expect.
             let coalesce = !inner.qp.stream_config().sends_markers();
             if let Some(batch) = batch.as_deref_mut().filter(|_| coalesce) {
-                batch.clear();
-                while let Some(f) = inner.qp.poll_tx() {
-                    let len = f.len();
-                    if len > COALESCE_MAX || batch.len() + len > BATCH_CAP {
-                        break;
-                    }
-                    let start = batch.len();
-                    batch.resize(start + len, 0);
-                    let copied = f.copy_to(batch.get_mut(start..).unwrap_or_default());
-                    if copied != len {
-                        batch.truncate(start);
-                        break;
-                    }
-                    if let Err(e) = inner.qp.tx_commit(len) {
-                        tracing::error!(qp = self.qp_num, error = %e, "tx_commit refused");
-                        batch.truncate(start);
-                        break;
-                    }
+                if batch.len() < BATCH_CAP {
+                    batch.resize(BATCH_CAP, 0);
                 }
+                // The engine copies (and commits) whole FPDUs of up to COALESCE_MAX bytes.
+                let mut used = 0;
+                while let Some(n) = batch
+                    .get_mut(used..(used + COALESCE_MAX).min(BATCH_CAP))
+                    .and_then(|out| inner.qp.tx_copy_fpdu(out))
+                {
+                    used += n;
+                }
+                let batch = batch.get(..used).unwrap_or_default();
                 if !batch.is_empty() {
                     let r = sys::write_pieces(fd, &[TxPiece::Bytes(batch)]);
                     let n = *r.as_ref().unwrap_or(&0);
@@ -1266,17 +1293,32 @@ impl QueuePair {
     /// Posts a receive work request to the QP's receive queue (not for QPs on an SRQ). Its
     /// SGEs are validated when a Send starts using it.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        self.post_recv_list(std::slice::from_ref(wr))
+            .map_err(|(_, e)| e)
+    }
+
+    /// Posts several receive work requests in order under one lock of the QP; stops at the
+    /// first that fails and returns its index with the error (those before it are posted).
+    pub fn post_recv_list(&self, wrs: &[RecvWr]) -> Result<(), (usize, Error)> {
         let s = &self.shared;
-        softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, "post_recv");
-        if wr.sgl.len() > s.cap.max_recv_sge {
-            return Err(Error::InvalidArgument(
-                "receive work request has more SGEs than the QP's max_recv_sge",
-            ));
-        }
         let mut g = s.lock();
-        g.qp.post_recv(*wr)?;
+        let mut failed = None;
+        for (i, wr) in wrs.iter().enumerate() {
+            softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, "post_recv");
+            let r = if wr.sgl.len() > s.cap.max_recv_sge {
+                Err(Error::InvalidArgument(
+                    "receive work request has more SGEs than the QP's max_recv_sge",
+                ))
+            } else {
+                g.qp.post_recv(*wr).map_err(Error::from)
+            };
+            if let Err(e) = r {
+                failed = Some((i, e));
+                break;
+            }
+        }
         s.drain(&mut g);
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Moves the QP to the Error state: outstanding work requests complete with

@@ -105,3 +105,49 @@ fn a_failing_entry_of_a_list_stops_the_list_and_earlier_ones_still_go_out() {
     };
     assert_eq!((wc.wr_id, wc.byte_len), (9, 2));
 }
+
+#[test]
+fn receives_posted_as_a_list_are_used_in_order_and_a_bad_one_stops_the_list() {
+    let mut a = End::new(None, None);
+    let mut b = End::with(None, None, |attr| attr.cap.max_recv_sge = 2);
+    let (rbuf, _) = b.mr(4 * 64, AccessFlags::LOCAL_WRITE, 0);
+    let good = |i: usize| RecvWr {
+        wr_id: i as u64,
+        sgl: SgList::single(rbuf.sge(i * 64, 64).unwrap()),
+    };
+    let bad = RecvWr {
+        wr_id: 99,
+        sgl: sgl(&rbuf, 0, 192, 3),
+    };
+    let (at, e) =
+        b.qp.post_recv_list(&[good(0), good(1), bad, good(3)])
+            .unwrap_err();
+    assert_eq!(at, 2, "the list stops at the bad work request");
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    connect(&mut a, &mut b, &ConnectOptions::default().crc(true));
+    let payloads: Vec<Vec<u8>> = (0..4).map(|i| pattern(64, 100 + i)).collect();
+    let send = |i: usize| {
+        a.qp.post_send(&send_wr(
+            i as u64,
+            send_op(false, None),
+            Payload::Inline(&payloads[i]),
+        ))
+        .unwrap()
+    };
+    send(0);
+    send(1);
+    let wcs = wait_wcs(&b.rcq, 2);
+    assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [0, 1]);
+    // Only the two before the bad one were posted: the next ones come from a new list.
+    b.qp.post_recv_list(&[good(2), good(3)]).unwrap();
+    send(2);
+    send(3);
+    let wcs = wait_wcs(&b.rcq, 2);
+    assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [2, 3]);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
+    let all = rbuf.to_vec().unwrap();
+    for (i, p) in payloads.iter().enumerate() {
+        assert_eq!(&all[i * 64..(i + 1) * 64], &p[..], "message {i}");
+    }
+    assert_eq!(b.qp.state(), QpState::Rts);
+}

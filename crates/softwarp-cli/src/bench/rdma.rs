@@ -73,7 +73,8 @@ pub struct Ep {
     wcs: Vec<WorkCompletion>,
     wrs: Vec<SendWr<'static>>,
     inline: Vec<u8>,
-    recv_wr: RecvWr,
+    /// Copies of the one receive WR, reposted as a list (up to one per polled completion).
+    recv_wrs: Vec<RecvWr>,
     /// Data WRs posted / completed so far (cumulative over runs).
     posted: u64,
     completed: u64,
@@ -129,7 +130,7 @@ impl Ep {
             wcs: vec![EMPTY_COMPLETION; POLL_BATCH],
             wrs: Vec::with_capacity(spec.post_list),
             inline: vec![0u8; MAX_INLINE],
-            recv_wr,
+            recv_wrs: vec![recv_wr; POLL_BATCH.max(rq)],
             posted: 0,
             completed: 0,
             credit_limit: spec.data_receives() as u64,
@@ -139,9 +140,7 @@ impl Ep {
             stamp: 0,
             samples: Vec::new(),
         };
-        for _ in 0..rq {
-            ep.qp.post_recv(&ep.recv_wr)?;
-        }
+        ep.post_recvs(rq)?;
         Ok(ep)
     }
 
@@ -259,8 +258,24 @@ impl Ep {
         }
     }
 
-    /// Handles the completions in `self.wcs[..n]`.
+    /// Posts `n` receives as one list.
+    fn post_recvs(&self, n: usize) -> Result<()> {
+        let wrs = self.recv_wrs.get(..n).unwrap_or(&self.recv_wrs);
+        self.qp
+            .post_recv_list(wrs)
+            .map_err(|(i, e)| anyhow!("post_recv_list failed at {i}: {e}"))
+    }
+
+    /// Handles the completions in `self.wcs[..n]`. The receives they consumed are posted
+    /// again first, as one list (before any credit goes out for them).
     fn handle(&mut self, n: usize) -> Result<()> {
+        let recvs = self.wcs[..n]
+            .iter()
+            .filter(|wc| matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm))
+            .count();
+        if recvs > 0 {
+            self.post_recvs(recvs)?;
+        }
         for i in 0..n {
             let wc = self.wcs[i];
             if wc.status != WcStatus::Success {
@@ -284,7 +299,6 @@ impl Ep {
     }
 
     fn on_recv(&mut self, wc: &WorkCompletion) -> Result<()> {
-        self.qp.post_recv(&self.recv_wr)?;
         let send_bw = self.spec.shape.op == Op::Send && self.spec.shape.kind == Kind::Bw;
         if send_bw && wc.solicited && wc.byte_len == 0 {
             self.credit_limit += self.spec.credit_batch() as u64;

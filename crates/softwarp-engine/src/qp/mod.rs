@@ -27,7 +27,7 @@ use crate::ring::Ring;
 use crate::srq::Srq;
 use crate::stats::QpStats;
 use crate::wr::{
-    CqTarget, Payload, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion,
+    CqTarget, Payload, RecvWr, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion,
     MAX_INLINE, MAX_SGE,
 };
 
@@ -233,16 +233,28 @@ enum SqStatus {
     Done(WcStatus, u32),
 }
 
-/// Where a send WR's payload lives.
+/// Where a send WR's payload lives. The SQ entry stays small (it is built at post time and
+/// moved into the ring): no SGE or one is kept in it; longer lists and inline bytes go to
+/// the QP's side tables, at the entry's slot (its sequence number modulo the SQ depth).
 #[derive(Debug)]
 enum SqData {
-    /// Registered memory, validated at post time (the references keep the memory alive).
-    Sgl {
-        sgl: SgList,
-        mem: [Option<Validated>; MAX_SGE],
+    /// At most one SGE of registered memory, validated at post time (the reference keeps
+    /// the memory alive).
+    One {
+        sge: Option<Sge>,
+        mem: Option<Validated>,
     },
-    /// Inline bytes copied at post time.
-    Inline { buf: [u8; MAX_INLINE], len: usize },
+    /// Several SGEs, validated at post time, in `Qp::sq_sgls`.
+    Many,
+    /// Inline bytes copied at post time, in `Qp::sq_inline`.
+    Inline { len: usize },
+}
+
+/// A send WR's list of several SGEs and the validated memory behind them.
+#[derive(Debug, Default)]
+struct SqSgl {
+    sgl: SgList,
+    mem: [Option<Validated>; MAX_SGE],
 }
 
 #[derive(Debug)]
@@ -321,6 +333,10 @@ pub struct Qp {
     destroyed: bool,
 
     sq: Ring<SqEntry>,
+    /// Side tables of the SQ, one slot per entry (`seq % sq_depth`), allocated the first
+    /// time a WR needs them: SGE lists longer than one, inline bytes.
+    sq_sgls: Vec<SqSgl>,
+    sq_inline: Vec<[u8; MAX_INLINE]>,
     /// Sequence number of `sq.front()`.
     sq_front_seq: u64,
     /// Sequence number the next posted WR gets.
@@ -362,6 +378,8 @@ impl Qp {
             stream: StreamConfig::for_mss(1448),
             destroyed: false,
             sq: Ring::new(cfg.sq_depth),
+            sq_sgls: Vec::new(),
+            sq_inline: Vec::new(),
             sq_front_seq: 0,
             sq_next_seq: 0,
             sq_tx_seq: 0,
@@ -444,6 +462,33 @@ impl Qp {
     fn sq_entry_mut(&mut self, seq: u64) -> Option<&mut SqEntry> {
         let idx = usize::try_from(seq.checked_sub(self.sq_front_seq)?).ok()?;
         self.sq.get_mut(idx)
+    }
+
+    /// The side-table slot of the SQ entry `seq`: distinct for every entry in the ring,
+    /// which holds at most `sq_depth` consecutive sequence numbers.
+    fn sq_slot(&self, seq: u64) -> usize {
+        let depth = self.cfg.sq_depth.max(1) as u64;
+        usize::try_from(seq % depth).unwrap_or(0)
+    }
+
+    /// The SGEs of the SQ entry `seq` and their validated memory (empty for inline data).
+    fn sq_sges(&self, seq: u64) -> (&[Sge], &[Option<Validated>]) {
+        match self.sq_entry(seq).map(|e| &e.data) {
+            Some(SqData::One { sge, mem }) => (sge.as_slice(), std::slice::from_ref(mem)),
+            Some(SqData::Many) => match self.sq_sgls.get(self.sq_slot(seq)) {
+                Some(s) => (s.sgl.as_slice(), &s.mem),
+                None => (&[], &[]),
+            },
+            Some(SqData::Inline { .. }) | None => (&[], &[]),
+        }
+    }
+
+    /// The inline bytes of the SQ entry `seq` (`None` when it has registered memory).
+    fn sq_inline_bytes(&self, seq: u64) -> Option<&[u8]> {
+        match self.sq_entry(seq).map(|e| &e.data) {
+            Some(SqData::Inline { len }) => self.sq_inline.get(self.sq_slot(seq))?.get(..*len),
+            _ => None,
+        }
     }
 
     // ----- application commands -----
@@ -560,23 +605,24 @@ impl Qp {
         }
         let is_read = wr.op.awaits_response();
         let mut status = SqStatus::Queued;
+        let slot = self.sq_slot(self.sq_next_seq);
         let (data, len) = match wr.payload {
             Payload::Inline(_) if wr.op.is_atomic() => return Err(QpError::AtomicSink),
             Payload::Inline(bytes) => {
                 if bytes.len() > MAX_INLINE || is_read {
                     return Err(QpError::Inline(bytes.len()));
                 }
-                let mut buf = [0u8; MAX_INLINE];
-                if let Some(dst) = buf.get_mut(..bytes.len()) {
+                if self.sq_inline.is_empty() {
+                    self.sq_inline = vec![[0u8; MAX_INLINE]; self.cfg.sq_depth.max(1)];
+                }
+                if let Some(dst) = self
+                    .sq_inline
+                    .get_mut(slot)
+                    .and_then(|b| b.get_mut(..bytes.len()))
+                {
                     dst.copy_from_slice(bytes);
                 }
-                (
-                    SqData::Inline {
-                        buf,
-                        len: bytes.len(),
-                    },
-                    bytes.len() as u64,
-                )
+                (SqData::Inline { len: bytes.len() }, bytes.len() as u64)
             }
             Payload::Sgl(sgl) => {
                 if wr.op.is_atomic() && (sgl.len() != 1 || sgl.total_len() != 8) {
@@ -585,28 +631,50 @@ impl Qp {
                 if is_read && sgl.len() > 1 {
                     return Err(QpError::ReadSinkSgl);
                 }
+                if sgl.total_len() > u64::from(u32::MAX) {
+                    return Err(QpError::MessageTooLong(sgl.total_len()));
+                }
                 let required = if is_read {
                     Access::LOCAL_WRITE
                 } else {
                     Access::NONE
                 };
-                let mut mem = no_validated();
-                for (slot, sge) in mem.iter_mut().zip(sgl.as_slice()) {
+                let pd = self.cfg.pd;
+                let validate = |sge: &Sge, status: &mut SqStatus| {
                     if sge.length == 0 {
-                        continue;
+                        return None;
                     }
-                    match mrs.validate(
-                        sge.lkey,
-                        self.cfg.pd,
-                        required,
-                        sge.addr,
-                        u64::from(sge.length),
-                    ) {
-                        Ok(v) => *slot = Some(v),
-                        Err(_) => status = SqStatus::Done(WcStatus::LocProtErr, 0),
+                    let v = mrs.validate(sge.lkey, pd, required, sge.addr, u64::from(sge.length));
+                    if v.is_err() {
+                        *status = SqStatus::Done(WcStatus::LocProtErr, 0);
                     }
-                }
-                (SqData::Sgl { sgl, mem }, sgl.total_len())
+                    v.ok()
+                };
+                let data = match sgl.as_slice() {
+                    [] => SqData::One {
+                        sge: None,
+                        mem: None,
+                    },
+                    [sge] => SqData::One {
+                        sge: Some(*sge),
+                        mem: validate(sge, &mut status),
+                    },
+                    sges => {
+                        if self.sq_sgls.is_empty() {
+                            self.sq_sgls = std::iter::repeat_with(SqSgl::default)
+                                .take(self.cfg.sq_depth.max(1))
+                                .collect();
+                        }
+                        if let Some(side) = self.sq_sgls.get_mut(slot) {
+                            side.sgl = sgl;
+                            for (m, sge) in side.mem.iter_mut().zip(sges) {
+                                *m = validate(sge, &mut status);
+                            }
+                        }
+                        SqData::Many
+                    }
+                };
+                (data, sgl.total_len())
             }
         };
         if len > u64::from(u32::MAX) {
@@ -632,6 +700,10 @@ impl Qp {
             status,
         };
         if self.sq.push(entry).is_err() {
+            // Unreachable (checked above); the side slot must not keep memory in use.
+            if let Some(side) = self.sq_sgls.get_mut(slot) {
+                side.mem = no_validated();
+            }
             return Err(QpError::QueueFull("send"));
         }
         self.sq_next_seq += 1;
@@ -688,7 +760,15 @@ impl Qp {
                 solicited: false,
                 imm: None,
             };
-            self.sq.pop();
+            if let Some(e) = self.sq.pop() {
+                if matches!(e.data, SqData::Many) {
+                    // Release the memory references of the entry's SGE list.
+                    let slot = self.sq_slot(self.sq_front_seq);
+                    if let Some(side) = self.sq_sgls.get_mut(slot) {
+                        side.mem = no_validated();
+                    }
+                }
+            }
             self.sq_front_seq += 1;
             if signaled {
                 return Some((CqTarget::Send, wc));
@@ -843,6 +923,9 @@ impl Qp {
 
     fn reset(&mut self) {
         self.sq.clear();
+        for side in self.sq_sgls.iter_mut() {
+            side.mem = no_validated();
+        }
         self.sq_front_seq = self.sq_next_seq;
         self.sq_tx_seq = self.sq_next_seq;
         self.rq.clear();
@@ -861,13 +944,13 @@ impl Qp {
 
 /// Shared helpers for payload bookkeeping.
 fn sge_piece(
-    sgl: &SgList,
-    mem: &[Option<Validated>; MAX_SGE],
+    sges: &[Sge],
+    mem: &[Option<Validated>],
     msg_off: u64,
     max: usize,
 ) -> Option<(Arc<MrMemory>, usize, usize)> {
     let mut base = 0u64;
-    for (sge, m) in sgl.as_slice().iter().zip(mem.iter()) {
+    for (sge, m) in sges.iter().zip(mem.iter()) {
         let l = u64::from(sge.length);
         if msg_off < base + l {
             let within = msg_off - base;

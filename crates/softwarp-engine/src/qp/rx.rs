@@ -537,6 +537,123 @@ impl Qp {
         Ok(())
     }
 
+    /// True when the next received byte starts an FPDU that [`Qp::rx_whole_fpdu`] may take
+    /// (no markers, no SRQ): a runtime may read ahead into a buffer of its own only,
+    /// instead of into [`Qp::rx_target`]'s first four bytes of the header.
+    pub fn rx_expects_whole_fpdu(&self) -> bool {
+        self.rx.phase == Phase::Header
+            && self.rx.hdr_have == 0
+            && !self.rx.mk.on
+            && !self.cfg.use_srq
+    }
+
+    /// Receives one whole FPDU from the start of `bytes` (bytes the runtime read ahead) in
+    /// one step, instead of the four target/commit rounds (length, header, payload,
+    /// trailer) of [`Qp::rx_target`] and [`Qp::rx_commit`]: the header is copied into the
+    /// QP and validated as usual, the payload is copied to its destination, and the CRC is
+    /// computed over the FPDU in one pass over `bytes` (the same bytes that were placed).
+    /// Delivery is the same as on the step-by-step path, CRC check first.
+    ///
+    /// Returns the FPDU's length when it did so; `None`, with nothing changed, when this
+    /// path does not apply: `bytes` does not start a new FPDU or does not hold all of it,
+    /// the stream carries markers, the QP receives from an SRQ (which may hold a header
+    /// back), or the header is not a fixed-length one (a Terminate). The caller then uses
+    /// [`Qp::rx_target`] and [`Qp::rx_commit`], which handle every case.
+    pub fn rx_whole_fpdu(&mut self, bytes: &[u8], mrs: &mut impl MrTableAccess) -> Option<usize> {
+        let rx = &self.rx;
+        if rx.phase != Phase::Header || rx.hdr_have != 0 || rx.mk.on || self.cfg.use_srq {
+            return None;
+        }
+        let ulpdu_len = codec::mpa_len(bytes);
+        let total = codec::fpdu_len(ulpdu_len);
+        let (&ddp_ctrl, &rdmap_ctrl) = (bytes.get(2)?, bytes.get(3)?);
+        if bytes.len() < total || ulpdu_len < codec::TAGGED_HEADER_LEN {
+            return None;
+        }
+        let codec::HeaderLen::Fixed(h) = codec::rx_header_len(ddp_ctrl, rdmap_ctrl) else {
+            return None;
+        };
+        let hdr_len = 2 + h.min(ulpdu_len);
+        let pad = codec::pad_len(ulpdu_len);
+        let fpdu = bytes.get(..total)?;
+        let (hdr, rest) = fpdu.split_at_checked(hdr_len)?;
+        let (payload, trailer) = rest.split_at_checked(ulpdu_len + 2 - hdr_len)?;
+        if hdr_len > HDR_CAP || trailer.len() != pad + 4 {
+            return None;
+        }
+        // Header: as `rx_commit` would leave it after the header bytes.
+        self.stats.rx_stream_bytes += total as u64;
+        let rx = &mut self.rx;
+        if let Some(dst) = rx.hdr.get_mut(..hdr_len) {
+            dst.copy_from_slice(hdr);
+        }
+        rx.hdr_have = hdr_len;
+        rx.hdr_need = hdr_len;
+        rx.ulpdu_len = ulpdu_len;
+        rx.mk.wire_pos = total;
+        if ulpdu_len > rx.max_ulpdu {
+            rx.defer(Fault::BadUlpduLength, FaultTarget::None);
+        }
+        rx.payload_len = payload.len();
+        rx.payload_done = 0;
+        self.process_header(mrs.table(), None);
+        // Payload: straight to where the plan says.
+        let placed = match &self.rx.plan {
+            Plan::Write {
+                mem: Some(mem),
+                off,
+                ..
+            }
+            | Plan::ReadResponse {
+                mem: Some(mem),
+                off,
+                ..
+            } => mem.region().write_at(*off, payload).is_ok(),
+            Plan::Send { .. } => {
+                let mut at = 0;
+                while let Some(rest) = payload.get(at..).filter(|r| !r.is_empty()) {
+                    let piece = self
+                        .rx_msg
+                        .as_ref()
+                        .and_then(|m| recv_piece(m, m.received, rest.len()));
+                    let Some((mem, off, len)) = piece else {
+                        break;
+                    };
+                    let src = rest.get(..len).unwrap_or(&[]);
+                    if len == 0 || mem.region().write_at(off, src).is_err() {
+                        break;
+                    }
+                    if let Some(m) = self.rx_msg.as_mut() {
+                        m.received += len as u64;
+                    }
+                    at += len;
+                }
+                at == payload.len()
+            }
+            // Discarded (a header that failed validation) or no payload.
+            _ => true,
+        };
+        if !placed {
+            // The plan named memory it cannot write: an engine bug, not the peer's doing.
+            self.rx.defer(Fault::DdpCatastrophic, FaultTarget::None);
+        }
+        // Trailer: pad and CRC, with the CRC over everything before the CRC field.
+        let rx = &mut self.rx;
+        rx.payload_done = rx.payload_len;
+        rx.phase = Phase::Trailer;
+        rx.tr_need = pad + 4;
+        rx.tr_have = rx.tr_need;
+        if let Some(dst) = rx.trailer.get_mut(..trailer.len()) {
+            dst.copy_from_slice(trailer);
+        }
+        if rx.crc_on {
+            let covered = fpdu.get(..total - 4).unwrap_or(&[]);
+            rx.crc = crate::memory::crc32c_append(0, covered);
+        }
+        self.finish_fpdu(mrs.table());
+        Some(total)
+    }
+
     /// `n` bytes of the marker due were read; a complete marker is checked, fed to the CRC
     /// and dropped.
     fn marker_bytes(&mut self, n: usize) {
@@ -955,9 +1072,16 @@ impl Qp {
                 None => return Err((Fault::NoReceiveBuffer, FaultTarget::None)),
             }
         };
-        let mut mem = no_validated();
+        // Built in place: the receive state is a few hundred bytes.
+        let msg = self.rx_msg.insert(RxMsg {
+            capacity: wr.sgl.total_len(),
+            wr,
+            mem: no_validated(),
+            received: 0,
+            msn,
+        });
         let mut ok = true;
-        for (slot, sge) in mem.iter_mut().zip(wr.sgl.as_slice()) {
+        for (slot, sge) in msg.mem.iter_mut().zip(msg.wr.sgl.as_slice()) {
             if sge.length == 0 {
                 continue;
             }
@@ -972,13 +1096,6 @@ impl Qp {
                 Err(_) => ok = false,
             }
         }
-        self.rx_msg = Some(RxMsg {
-            capacity: wr.sgl.total_len(),
-            wr,
-            mem,
-            received: 0,
-            msn,
-        });
         if ok {
             Ok(())
         } else {
@@ -1154,13 +1271,12 @@ impl Qp {
             return;
         }
         let written = match &e.data {
-            SqData::Sgl { mem, .. } => mem.first().and_then(Option::as_ref).is_some_and(|v| {
-                v.memory
-                    .region()
-                    .write_at(v.region_offset, &original.to_ne_bytes())
-                    .is_ok()
-            }),
-            SqData::Inline { .. } => false,
+            SqData::One { mem: Some(v), .. } => v
+                .memory
+                .region()
+                .write_at(v.region_offset, &original.to_ne_bytes())
+                .is_ok(),
+            _ => false,
         };
         e.status = if written {
             SqStatus::Done(WcStatus::Success, 8)
@@ -1176,13 +1292,15 @@ impl Qp {
         mrs: &mut MrTable,
         hdr: OffendingHeader,
     ) {
-        let Some(msg) = self.rx_msg.take() else {
+        // Read in place and dropped there (no move of the receive state).
+        let Some((wr_id, received)) = self.rx_msg.as_ref().map(|m| (m.wr.wr_id, m.received)) else {
             return;
         };
+        self.rx_msg = None;
         self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
         self.rx.last_write = None;
         self.stats.rx.send.messages += 1;
-        let mut wc = self.recv_wc(msg.wr.wr_id, WcStatus::Success, msg.received as u32);
+        let mut wc = self.recv_wc(wr_id, WcStatus::Success, received as u32);
         wc.solicited = solicited;
         if let Some(stag) = invalidate {
             match mrs.invalidate_remote(Stag(stag), self.cfg.pd) {

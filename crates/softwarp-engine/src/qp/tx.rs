@@ -28,7 +28,7 @@ use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr, AtomicResponseRepr};
 use crate::fault::Cause;
 use crate::memory::Region;
 use crate::mr::MrMemory;
-use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqData, SqStatus, StreamConfig};
+use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqStatus, StreamConfig};
 use crate::wr::{SendOp, WcStatus, MAX_INLINE, MAX_SGE};
 
 /// Smallest `max_fpdu_len` accepted (room for every header and some payload).
@@ -275,6 +275,9 @@ struct FpduBuild {
     /// `sent` plus the bytes the last `poll_tx` offered.
     offered_end: usize,
     done: TxDone,
+    /// The CRC is not in the trailer yet (only between a build and the end of the
+    /// [`Qp::tx_copy_fpdu`] that asked for it).
+    crc_pending: bool,
 }
 
 impl FpduBuild {
@@ -291,7 +294,29 @@ impl FpduBuild {
             sent: 0,
             offered_end: 0,
             done: TxDone::Rtr,
+            crc_pending: false,
         })
+    }
+
+    /// Computes the CRC over the pieces as they go on the wire and puts it in the trailer.
+    fn fill_crc(&mut self) {
+        //= https://www.rfc-editor.org/rfc/rfc5044#section-4.4
+        // (paraphrase) The CRC covers the FPDU as sent, from its first octet up to the
+        // CRC field: ULPDU_Length, ULPDU, pad, and the markers when in use.
+        let crc_len = self.total.saturating_sub(4);
+        let mut crc = 0u32;
+        let mut at = 0usize;
+        self.wire_pieces(|p| {
+            let take = p.len().min(crc_len - at);
+            crc = p.crc_append(crc, take);
+            at += take;
+            at < crc_len
+        });
+        let pad = self.trailer_len.saturating_sub(4);
+        if let Some(slot) = self.trailer.get_mut(pad..pad + 4) {
+            slot.copy_from_slice(&codec::crc_to_wire(crc));
+        }
+        self.crc_pending = false;
     }
 
     /// The marker-free FPDU as pieces: MPA length and header, payload slices, pad and CRC.
@@ -394,6 +419,8 @@ pub(crate) struct TxState {
     markers: bool,
     /// Stream offset of the next FPDU's first octet.
     stream_offset: u64,
+    /// Set by [`Qp::tx_copy_fpdu`] while it builds: leave the CRC to the copy.
+    defer_crc: bool,
 }
 
 impl TxState {
@@ -412,6 +439,7 @@ impl TxState {
             crc: false,
             markers: false,
             stream_offset: 0,
+            defer_crc: false,
         }
     }
 
@@ -628,6 +656,75 @@ impl Qp {
         Some(len)
     }
 
+    /// False when [`Qp::poll_tx`] would certainly offer nothing: no FPDU in progress or
+    /// built ahead, no message half sent, no Terminate, RTR, Read or Atomic Response, or
+    /// send WR waiting. A cheap check for runtimes that would otherwise ask for nothing
+    /// several times per pass. (True does not promise an FPDU: the ORD, a fence or the
+    /// state may still hold the next one back.)
+    pub fn wants_tx(&self) -> bool {
+        self.tx.build.is_some()
+            || !self.tx.ahead.is_empty()
+            || self.tx.msg != TxMsg::None
+            || self.tx.rtr_pending
+            || self.terminate.wants_tx()
+            || !self.irq.is_empty()
+            || self.sq_tx_seq < self.sq_next_seq
+    }
+
+    /// Copies the next FPDU, whole, into the start of `out` and commits it, when it fits and
+    /// none of it was offered yet; returns its length. The CRC is computed over the copy in
+    /// one pass (the gather list of [`Qp::poll_tx`] is never built). `None` when there is
+    /// nothing to send or the next FPDU does not fit `out` (or was partly sent, or carries
+    /// markers): then [`Qp::poll_tx`] or [`Qp::poll_tx_gather`] offers it as usual.
+    ///
+    /// For runtimes that copy small FPDUs into a batch of their own (one system call for
+    /// many) instead of gathering them from their pieces.
+    pub fn tx_copy_fpdu(&mut self, out: &mut [u8]) -> Option<usize> {
+        if self.tx.build.is_none() {
+            self.tx.defer_crc = true;
+            self.build_next();
+            self.tx.defer_crc = false;
+        }
+        let b = self.tx.build.as_deref_mut()?;
+        let total = b.total;
+        let fits = b.sent == 0 && b.layout.is_none() && total <= out.len() && total >= 4;
+        let copied = fits && {
+            let dst = out.get_mut(..total).unwrap_or_default();
+            let mut at = 0;
+            let mut ok = true;
+            for p in b.plain_pieces() {
+                let n = p.len();
+                if dst.get_mut(at..at + n).is_some_and(|d| p.copy_to(d) == n) {
+                    at += n;
+                } else {
+                    ok = false;
+                    break;
+                }
+            }
+            ok && at == total
+        };
+        if !copied {
+            if b.crc_pending {
+                b.fill_crc();
+            }
+            return None;
+        }
+        if b.crc_pending {
+            let (covered, field) = out.get_mut(..total)?.split_at_mut(total - 4);
+            let crc = codec::crc_to_wire(crate::memory::crc32c_append(0, covered));
+            field.copy_from_slice(&crc);
+            let pad = b.trailer_len.saturating_sub(4);
+            if let Some(slot) = b.trailer.get_mut(pad..pad + 4) {
+                slot.copy_from_slice(&crc);
+            }
+            b.crc_pending = false;
+        }
+        b.offered_end = total;
+        self.tx.gather_offered = 0;
+        self.tx_commit(total).ok()?;
+        Some(total)
+    }
+
     /// Convenience for tests and simple runtimes: copies as many bytes to send as fit into
     /// `out` (several FPDUs if they fit) and commits them. Returns the bytes written.
     pub fn handle_tx(&mut self, out: &mut [u8]) -> usize {
@@ -748,21 +845,13 @@ impl Qp {
             b.layout = Some(layout);
             b.total = layout.wire_len();
         }
+        b.crc_pending = false;
         if self.tx.crc {
-            //= https://www.rfc-editor.org/rfc/rfc5044#section-4.4
-            // (paraphrase) The CRC covers the FPDU as sent, from its first octet up to the
-            // CRC field: ULPDU_Length, ULPDU, pad, and the markers when in use.
-            let crc_len = b.total.saturating_sub(4);
-            let mut crc = 0u32;
-            let mut at = 0usize;
-            b.wire_pieces(|p| {
-                let take = p.len().min(crc_len - at);
-                crc = p.crc_append(crc, take);
-                at += take;
-                at < crc_len
-            });
-            if let Some(slot) = b.trailer.get_mut(pad..pad + 4) {
-                slot.copy_from_slice(&codec::crc_to_wire(crc));
+            if self.tx.defer_crc && b.layout.is_none() {
+                // `tx_copy_fpdu` computes it over the copy, in one pass.
+                b.crc_pending = true;
+            } else {
+                b.fill_crc();
             }
         }
         b.sent = 0;
@@ -944,13 +1033,11 @@ impl Qp {
             if orq_len >= ord || self.orq.is_full() {
                 return;
             }
-            let (sink_stag, sink_to) = match self.sq_entry(seq).map(|e| &e.data) {
-                Some(SqData::Sgl { sgl, .. }) => sgl
-                    .as_slice()
-                    .first()
-                    .map_or((0, 0), |s| (s.lkey.0, s.addr)),
-                _ => (0, 0),
-            };
+            let (sink_stag, sink_to) = self
+                .sq_sges(seq)
+                .0
+                .first()
+                .map_or((0, 0), |s| (s.lkey.0, s.addr));
             let Some(mut b) = self.take_spare() else {
                 return;
             };
@@ -1001,11 +1088,12 @@ impl Qp {
         // Gather the segment's payload.
         let mut seg = 0usize;
         let mut inline_len = 0usize;
-        match self.sq_entry(seq).map(|e| &e.data) {
-            Some(SqData::Sgl { sgl, mem }) => {
+        match self.sq_inline_bytes(seq) {
+            None => {
+                let (sges, mem) = self.sq_sges(seq);
                 let mut i = 0;
                 while seg < max && sent + (seg as u64) < len && i < MAX_SGE {
-                    match sge_piece(sgl, mem, sent + seg as u64, max - seg) {
+                    match sge_piece(sges, mem, sent + seg as u64, max - seg) {
                         Some(p) => {
                             seg += p.2;
                             if let Some(slot) = b.payload.get_mut(i) {
@@ -1017,11 +1105,11 @@ impl Qp {
                     }
                 }
             }
-            Some(SqData::Inline { buf, len: ilen }) => {
+            Some(buf) => {
                 // Inline data fits one FPDU (MAX_INLINE < MIN_FPDU_LEN - headers is not
                 // guaranteed, so it is segmented like any payload).
                 let start = usize::try_from(sent).unwrap_or(usize::MAX);
-                let take = (*ilen).saturating_sub(start).min(max);
+                let take = buf.len().saturating_sub(start).min(max);
                 if let (Some(dst), Some(src)) = (
                     b.hdr.get_mut(2 + hdr_len..2 + hdr_len + take),
                     buf.get(start..start + take),
@@ -1030,10 +1118,6 @@ impl Qp {
                     inline_len = take;
                     seg = take;
                 }
-            }
-            None => {
-                self.tx.spare = Some(b);
-                return;
             }
         }
         let new_sent = sent + seg as u64;

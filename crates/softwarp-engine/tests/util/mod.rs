@@ -22,6 +22,11 @@ pub enum Split {
     OneByte,
     /// Random pieces of 1..=max bytes from a seeded generator.
     Random { seed: u64, max: usize },
+    /// As `Random`, and the receiver takes the whole FPDUs at the start of each piece with
+    /// `Qp::rx_whole_fpdu` (as the runtime does with the bytes it read ahead), the rest
+    /// with `handle_rx`; the sender copies whole small FPDUs with `Qp::tx_copy_fpdu` (as the
+    /// runtime's batches) when they fit the piece, the rest with `poll_tx`.
+    Staged { seed: u64, max: usize },
 }
 
 /// A small deterministic generator (xorshift64*).
@@ -166,9 +171,44 @@ impl Side {
 
     /// Transmits into `out` with partial writes of at most `max_write` bytes each (exercises
     /// `tx_commit` with partial FPDUs). Returns the bytes written.
-    pub fn transmit(&mut self, out: &mut Vec<u8>, mut max_write: impl FnMut() -> usize) -> usize {
+    pub fn transmit(&mut self, out: &mut Vec<u8>, max_write: impl FnMut() -> usize) -> usize {
+        self.transmit_with(out, false, max_write)
+    }
+
+    /// As `transmit`; with `copy`, whole FPDUs of up to 2 KiB are first taken with
+    /// `Qp::tx_copy_fpdu` (as the runtime batches small FPDUs), the others as `transmit` does.
+    pub fn transmit_with(
+        &mut self,
+        out: &mut Vec<u8>,
+        copy: bool,
+        mut max_write: impl FnMut() -> usize,
+    ) -> usize {
         let mut total = 0;
-        while let Some(fpdu) = self.qp.poll_tx() {
+        let mut buf = [0u8; 2048];
+        loop {
+            if copy {
+                let wanted = self.qp.wants_tx();
+                let room = max_write().clamp(1, buf.len());
+                if let Some(n) = self.qp.tx_copy_fpdu(&mut buf[..room]) {
+                    assert!(n <= room);
+                    assert!(
+                        wanted,
+                        "wants_tx() said nothing, tx_copy_fpdu copied an FPDU"
+                    );
+                    out.extend_from_slice(&buf[..n]);
+                    total += n;
+                    continue;
+                }
+            }
+            // `wants_tx` may say yes for nothing, never no for something.
+            let wanted = self.qp.wants_tx();
+            let Some(fpdu) = self.qp.poll_tx() else {
+                break;
+            };
+            assert!(
+                wanted,
+                "wants_tx() said nothing to send, poll_tx offered an FPDU"
+            );
             let want = fpdu.len().min(max_write());
             let start = out.len();
             out.resize(start + want, 0);
@@ -185,10 +225,34 @@ impl Side {
     }
 
     /// Receives `data` in pieces chosen by `piece`. Returns bytes consumed.
-    pub fn receive(&mut self, data: &[u8], mut piece: impl FnMut() -> usize) -> usize {
+    pub fn receive(&mut self, data: &[u8], piece: impl FnMut() -> usize) -> usize {
+        self.receive_with(data, false, piece)
+    }
+
+    /// As `receive`; with `whole`, the whole FPDUs at the start of each piece are taken in
+    /// one step each (`Qp::rx_whole_fpdu`).
+    pub fn receive_with(
+        &mut self,
+        data: &[u8],
+        whole: bool,
+        mut piece: impl FnMut() -> usize,
+    ) -> usize {
         let mut done = 0;
         while done < data.len() {
-            let n = piece().min(data.len() - done);
+            let mut n = piece().min(data.len() - done);
+            while whole && n > 0 {
+                match self.qp.rx_whole_fpdu(&data[done..done + n], &mut self.mrs) {
+                    Some(f) => {
+                        assert!(f <= n, "rx_whole_fpdu took {f} of {n} bytes");
+                        done += f;
+                        n -= f;
+                    }
+                    None => break,
+                }
+            }
+            if n == 0 {
+                continue;
+            }
             let c = self
                 .qp
                 .handle_rx(&data[done..done + n], &mut self.mrs, self.srq.as_mut());
@@ -237,7 +301,7 @@ impl Pair {
 
     pub fn from_sides(a: Side, b: Side, split: Split) -> Self {
         let seed = match split {
-            Split::Random { seed, .. } => seed,
+            Split::Random { seed, .. } | Split::Staged { seed, .. } => seed,
             _ => 1,
         };
         Pair {
@@ -254,7 +318,7 @@ impl Pair {
         move || match split {
             Split::Whole => usize::MAX,
             Split::OneByte => 1,
-            Split::Random { max, .. } => rng.piece(max),
+            Split::Random { max, .. } | Split::Staged { max, .. } => rng.piece(max),
         }
     }
 
@@ -263,23 +327,30 @@ impl Pair {
         for _ in 0..1_000_000 {
             let mut progress = false;
             let split = self.split;
-            progress |= self
-                .a
-                .transmit(&mut self.a_to_b, Self::piece_fn(split, &mut self.rng))
-                > 0;
-            progress |= self
-                .b
-                .transmit(&mut self.b_to_a, Self::piece_fn(split, &mut self.rng))
-                > 0;
+            let whole = matches!(split, Split::Staged { .. });
+            progress |= self.a.transmit_with(
+                &mut self.a_to_b,
+                whole,
+                Self::piece_fn(split, &mut self.rng),
+            ) > 0;
+            progress |= self.b.transmit_with(
+                &mut self.b_to_a,
+                whole,
+                Self::piece_fn(split, &mut self.rng),
+            ) > 0;
             if !self.a_to_b.is_empty() {
                 let data = std::mem::take(&mut self.a_to_b);
-                let n = self.b.receive(&data, Self::piece_fn(split, &mut self.rng));
+                let n = self
+                    .b
+                    .receive_with(&data, whole, Self::piece_fn(split, &mut self.rng));
                 self.a_to_b = data[n..].to_vec();
                 progress |= n > 0;
             }
             if !self.b_to_a.is_empty() {
                 let data = std::mem::take(&mut self.b_to_a);
-                let n = self.a.receive(&data, Self::piece_fn(split, &mut self.rng));
+                let n = self
+                    .a
+                    .receive_with(&data, whole, Self::piece_fn(split, &mut self.rng));
                 self.b_to_a = data[n..].to_vec();
                 progress |= n > 0;
             }
