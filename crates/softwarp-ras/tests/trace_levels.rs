@@ -78,6 +78,23 @@ fn qp_internals(qpn: u32, msg: &str) {
 }
 
 #[test]
+fn a_record_without_a_qp_names_its_function_too_and_fields_stay_clean() {
+    let _t = turn();
+    let (records, _) = with_sinks(|| {
+        control().set_level(Component::Cq, Level::RARE);
+        cq_overflow();
+    });
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].function, "trace_levels::cq_overflow");
+    assert_eq!(records[0].fields, "depth=4");
+    assert_eq!(records[0].message, "overflow");
+}
+
+fn cq_overflow() {
+    sw_event!(Cq, 2, depth = 4, "overflow");
+}
+
+#[test]
 fn raising_and_lowering_a_component_level_makes_records_appear_and_disappear() {
     let _t = turn();
     let (records, console) = with_sinks(|| {
@@ -128,7 +145,7 @@ fn the_recorder_level_records_what_the_console_does_not_show() {
 }
 
 #[test]
-fn records_carry_cpu_thread_file_line_module_and_qp() {
+fn records_carry_cpu_thread_file_line_module_function_and_qp() {
     let _t = turn();
     let mut line = 0;
     let (records, _) = with_sinks(|| {
@@ -152,6 +169,14 @@ fn records_carry_cpu_thread_file_line_module_and_qp() {
     assert_eq!(r.file.as_deref(), Some(file!()));
     assert_eq!(r.line, Some(line));
     assert_eq!(r.module.as_deref(), Some(module_path!()));
+    // The emitting function; inside the closure given to with_sinks.
+    assert_eq!(
+        r.function,
+        "trace_levels::records_carry_cpu_thread_file_line_module_function_and_qp::{{closure}}"
+    );
+    assert!(r.to_string().contains(&format!(
+        "trace_levels.rs:{line} trace_levels::records_carry_cpu_thread_file_line_module_function_and_qp::{{{{closure}}}}: reg_mr done"
+    )));
     assert!(r.cpu.is_some());
     assert_ne!(r.tid, 0);
     assert!(r.time_unix_ns > 0);

@@ -696,6 +696,14 @@ pub fn control() -> &'static TraceControl {
 /// build exists to measure what tracing costs (BENCHMARKS.md, "RAS overhead").
 pub const COMPILED_IN: bool = !cfg!(feature = "max_level_off");
 
+/// The path of the function that contains a [`sw_event!`](crate::sw_event): the macro names a
+/// local `fn __sw_here` and passes its type name (`crate::module::function::__sw_here`),
+/// which the compiler spells out; this drops the last segment. Not for other uses.
+#[doc(hidden)]
+pub fn function_path(marker: &'static str) -> &'static str {
+    marker.strip_suffix("::__sw_here").unwrap_or(marker)
+}
+
 /// Applies `SOFTWARP_TRACE` (if set) to [`control()`].
 pub fn init_from_env() -> Result<(), TraceError> {
     match std::env::var(TRACE_ENV) {
@@ -718,8 +726,9 @@ pub fn init_from_env() -> Result<(), TraceError> {
 /// The component is a [`Component`] variant name; the level must be a constant in 1..=9
 /// (checked at compile time). The first check is one relaxed atomic load
 /// ([`TraceControl::gate`]); the QP number expression is evaluated only after it passes.
-/// The record's file, line and module path come from the call site; the layers add cpu,
-/// thread id and time.
+/// The record's file, line, module path and function come from the call site (the function
+/// as the path the compiler gives a local marker item, only once the gate passed); the layers
+/// add cpu, thread id and time.
 #[macro_export]
 macro_rules! sw_event {
     ($comp:ident, $lvl:expr, qpn = $qpn:expr) => {
@@ -737,10 +746,13 @@ macro_rules! sw_event {
             let __sw_qpn: u32 = $qpn;
             let __sw_comp = $crate::trace::Component::$comp;
             if $crate::trace::control().wanted(__sw_comp, __SW_LEVEL, __sw_qpn) {
+                fn __sw_here() {}
+                let __sw_fn = $crate::trace::function_path(::core::any::type_name_of_val(&__sw_here));
                 $crate::__private::tracing::event!(
                     name: $crate::trace::level_name(__SW_LEVEL),
                     target: $crate::trace::Component::$comp.target(),
                     $crate::trace::tracing_level(__SW_LEVEL),
+                    swfn = __sw_fn,
                     qpn = __sw_qpn,
                     $($rest)+
                 );
@@ -756,10 +768,13 @@ macro_rules! sw_event {
         if $crate::trace::COMPILED_IN
             && $crate::trace::control().gate($crate::trace::Component::$comp, __SW_LEVEL)
         {
+            fn __sw_here() {}
+            let __sw_fn = $crate::trace::function_path(::core::any::type_name_of_val(&__sw_here));
             $crate::__private::tracing::event!(
                 name: $crate::trace::level_name(__SW_LEVEL),
                 target: $crate::trace::Component::$comp.target(),
                 $crate::trace::tracing_level(__SW_LEVEL),
+                swfn = __sw_fn,
                 $($rest)+
             );
         }

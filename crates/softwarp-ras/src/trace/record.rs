@@ -1,5 +1,5 @@
 //! One trace record as the flight recorder keeps it and the console prints it: when, where
-//! (cpu, thread, file, line, module), what (component, level, QP, message, fields). Built
+//! (cpu, thread, file, line, module, function), what (component, level, QP, message, fields). Built
 //! from a `tracing` event; no I/O here.
 
 use std::borrow::Cow;
@@ -39,8 +39,13 @@ pub struct Record {
     pub file: Option<Cow<'static, str>>,
     /// Source line of the call site.
     pub line: Option<u32>,
-    /// Module path of the call site (the "function" column of the RAS architecture).
+    /// Module path of the call site.
     pub module: Option<Cow<'static, str>>,
+    /// The function of the call site, as a path (`softwarp::qp::QpShared::drain`; closures
+    /// add `{{closure}}`), for records made by [`sw_event!`](crate::sw_event); empty for
+    /// other crates' events, which `tracing` gives no function for.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub function: String,
     /// The formatted message.
     pub message: String,
     /// The other fields, `name=value` separated by spaces (`Debug` formatting of values).
@@ -61,6 +66,7 @@ impl Default for Record {
             file: None,
             line: None,
             module: None,
+            function: String::new(),
             message: String::new(),
             fields: String::new(),
         }
@@ -76,6 +82,7 @@ impl Record {
         let mut rec = spare.unwrap_or_default();
         rec.message.clear();
         rec.fields.clear();
+        rec.function.clear();
         rec.seq = 0;
         rec.time_unix_ns = clock::now_unix_ns();
         rec.level = level;
@@ -89,6 +96,7 @@ impl Record {
         let mut v = RecordVisitor {
             message: Bounded::new(&mut rec.message),
             fields: Bounded::new(&mut rec.fields),
+            function: Bounded::new(&mut rec.function),
             qpn: None,
         };
         event.record(&mut v);
@@ -105,8 +113,8 @@ impl Record {
 }
 
 impl fmt::Display for Record {
-    /// One line: `time L<level> <component> cpu<n> tid<n> [qpn=<n>] file:line module: message
-    /// fields`.
+    /// One line: `time L<level> <component> cpu<n> tid<n> [qpn=<n>] file:line function: message
+    /// fields` (the module path where the function is not known).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} L{} ", self.time(), self.level)?;
         match self.component {
@@ -124,7 +132,9 @@ impl fmt::Display for Record {
         if let Some(file) = &self.file {
             write!(f, " {file}:{}", self.line.unwrap_or(0))?;
         }
-        if let Some(m) = &self.module {
+        if !self.function.is_empty() {
+            write!(f, " {}", self.function)?;
+        } else if let Some(m) = &self.module {
             write!(f, " {m}")?;
         }
         f.write_str(":")?;
@@ -137,6 +147,9 @@ impl fmt::Display for Record {
         Ok(())
     }
 }
+
+/// The field in which [`sw_event!`](crate::sw_event) passes its call site's function.
+pub(crate) const FUNCTION_FIELD: &str = "swfn";
 
 /// A `fmt::Write` into a `String` that stops at [`MAX_RECORD_TEXT`] bytes.
 struct Bounded<'a> {
@@ -180,6 +193,7 @@ impl fmt::Write for Bounded<'_> {
 struct RecordVisitor<'a> {
     message: Bounded<'a>,
     fields: Bounded<'a>,
+    function: Bounded<'a>,
     qpn: Option<u32>,
 }
 
@@ -208,6 +222,14 @@ impl Visit for RecordVisitor<'_> {
                 self.qpn = Some(q);
                 return;
             }
+        }
+        self.record_debug(field, &value);
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == FUNCTION_FIELD {
+            let _ = self.function.write_str(value);
+            return;
         }
         self.record_debug(field, &value);
     }
@@ -273,12 +295,21 @@ mod tests {
             file: Some(Cow::Borrowed("src/qp.rs")),
             line: Some(120),
             module: Some(Cow::Borrowed("softwarp::qp")),
+            function: String::new(),
             message: "posted".into(),
             fields: "len=4096".into(),
         };
         assert_eq!(
             r.to_string(),
             "1970-01-01T00:00:00.000Z L5 qp cpu1 tid99 qpn=17 src/qp.rs:120 softwarp::qp: posted len=4096"
+        );
+        let with_fn = Record {
+            function: "softwarp::qp::QpShared::drain".into(),
+            ..r
+        };
+        assert_eq!(
+            with_fn.to_string(),
+            "1970-01-01T00:00:00.000Z L5 qp cpu1 tid99 qpn=17 src/qp.rs:120 softwarp::qp::QpShared::drain: posted len=4096"
         );
     }
 }
