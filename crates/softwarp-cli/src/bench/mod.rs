@@ -686,7 +686,14 @@ impl Output {
                 1,
             );
         }
-        self.header = self.header.replacen(", mode busy,", ", mode spin (-R),", 1);
+        // -R always spins on its CQs (the progress thread moves the bytes).
+        let spin = format!("\"mode\":{}", jstr(Mode::Spin.name()));
+        for m in [Mode::Busy, Mode::Spin] {
+            let was = format!("\"mode\":{}", jstr(m.name()));
+            self.config_json = self.config_json.replacen(&was, &spin, 1);
+            let was = format!(", mode {},", m.name());
+            self.header = self.header.replacen(&was, ", mode spin (-R),", 1);
+        }
     }
 
     fn print_header(&mut self) {

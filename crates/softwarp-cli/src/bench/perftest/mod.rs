@@ -35,9 +35,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use softwarp::{
-    AccessFlags, CmEventChannel, CmId, CompletionQueue, ConnectOptions, Device, ListenOptions,
-    MemoryRegion, Payload, ProtectionDomain, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr, SgList,
-    Stag, WcOpcode, WcStatus, WorkCompletion, EMPTY_COMPLETION, MAX_INLINE,
+    AccessFlags, CmEvent, CmEventChannel, CmId, CompletionQueue, ConnectOptions, Device,
+    ListenOptions, MemoryRegion, Payload, ProtectionDomain, QpInitAttr, QueuePair, RecvWr, SendOp,
+    SendWr, SgList, Stag, WcOpcode, WcStatus, WorkCompletion, EMPTY_COMPLETION, MAX_INLINE,
 };
 
 use self::wire::{BwReport, Dest};
@@ -122,6 +122,8 @@ struct Side {
     wcs: Vec<WorkCompletion>,
     /// Bytes of one half of the data region (the peer's window, then our source).
     half: usize,
+    /// When the data QP may send its first FPDU (the initiator's first-FPDU hold-off).
+    data_ready: Instant,
 }
 
 fn check(wc: &WorkCompletion, what: &str) -> Result<()> {
@@ -191,6 +193,7 @@ impl Side {
             p,
             wcs: vec![EMPTY_COMPLETION; 64],
             half: 0,
+            data_ready: Instant::now(),
         };
         Ok(side)
     }
@@ -441,6 +444,7 @@ impl Side {
             }
         };
         self.ids.push(id);
+        self.data_ready = Instant::now() + opts.first_fpdu_delay;
         Ok((version, describe(&info)))
     }
 
@@ -607,7 +611,7 @@ impl Side {
                     self.post_data_recvs(1)?;
                     posted += 1;
                 }
-                if got % every == 0 {
+                if got.is_multiple_of(every) {
                     let word = wire::encode_credit(u32::try_from(got).unwrap_or(u32::MAX));
                     self.data_qp.post_send(&SendWr {
                         wr_id: got,
@@ -693,7 +697,8 @@ impl Side {
         let mut byte = [0u8; 1];
         let mut outstanding = 0u64;
         while scnt < iters || rcnt < iters {
-            if rcnt < iters && !(scnt < 1 && !self.client) {
+            // The server does not wait before its first Write.
+            if rcnt < iters && (self.client || scnt >= 1) {
                 rcnt += 1;
                 let want = rcnt as u8;
                 let mut spins = 0u32;
@@ -780,6 +785,11 @@ impl Side {
     /// The measurement and the closing exchange.
     fn measure(&mut self, peer: &Dest) -> Result<(Option<Timed>, Option<BwReport>)> {
         let p = self.p;
+        // Keep the first-FPDU hold-off of the data connection out of the measurement.
+        let hold = self.data_ready.saturating_duration_since(Instant::now());
+        if !hold.is_zero() {
+            std::thread::sleep(hold);
+        }
         let lat = |mut ns: Vec<u64>| -> Option<Timed> {
             let secs = ns.iter().sum::<u64>() as f64 / 1e9;
             let rtt = Rtt::of(&mut ns)?;
@@ -832,6 +842,42 @@ impl Side {
     }
 }
 
+impl Side {
+    /// Ends the session. perftest tears its QPs down right after its last control message
+    /// completes; closing ours first could flush a Send of the peer that we already
+    /// received but whose completion it has not seen yet (siw then reports a failed
+    /// Send). So the peer closes first: the server waits for the client's disconnect (a
+    /// while), the client for the server's (briefly: the server may be waiting too), then
+    /// each disconnects gracefully.
+    fn close(&mut self) {
+        let wait = if self.client {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(10)
+        };
+        let deadline = Instant::now() + wait;
+        let conns: Vec<_> = self.ids.iter().map(|id| id.conn_id()).collect();
+        let mut left = conns.clone();
+        while !left.is_empty() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            match self.ch.get_event_matching(
+                Some(deadline - now),
+                |e| matches!(e, CmEvent::Disconnected { id, .. } if conns.contains(id)),
+            ) {
+                Ok(CmEvent::Disconnected { id, .. }) => left.retain(|c| *c != id),
+                _ => break,
+            }
+        }
+        for id in &self.ids {
+            // Already disconnected by the peer: nothing to do.
+            let _ = id.disconnect();
+        }
+    }
+}
+
 fn describe(info: &softwarp::ConnectionInfo) -> String {
     format!(
         "MPA rev {}, CRC {}, IRD/ORD {}/{}",
@@ -849,10 +895,7 @@ fn tracing_note(s: &str) {
 fn finish(side: &mut Side, conn: String, peer_version: String) -> Result<Outcome> {
     let peer = side.handshakes_before()?;
     let (timed, report) = side.measure(&peer)?;
-    // Both connections close gracefully (the peer's perftest destroys its side at once).
-    for id in &side.ids {
-        let _ = id.disconnect();
-    }
+    side.close();
     Ok(Outcome {
         timed,
         peer_version,
