@@ -56,6 +56,8 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 const CTRL_RECVS: usize = 2;
 /// Bytes per control receive (perftest's messages are at most 56).
 const CTRL_SLOT: usize = 64;
+/// The initiator's first-FPDU hold-off (siw's Reply race; see `Side::options`).
+const FIRST_FPDU_DELAY: Duration = Duration::from_millis(100);
 /// Attempts at the data connection (perftest's server may listen again a little late).
 const DATA_CONNECT_TRIES: u32 = 20;
 
@@ -200,8 +202,12 @@ impl Side {
 
     fn options(&self, reads: usize) -> ConnectOptions {
         // perftest speaks first from either end (the server of write_lat writes first), and
-        // siw as responder needs the first-FPDU hold-off (see ConnectOptions).
+        // siw as responder needs the first-FPDU hold-off (see ConnectOptions). 20 ms (the
+        // default) left perftest's server over siw with its first control Send stuck in
+        // its send queue once in about 20 control connections under TCG (our version
+        // arrived, its answer never left): a longer hold-off, paid once per connection.
         ConnectOptions::linux_siw()
+            .first_fpdu_delay(FIRST_FPDU_DELAY)
             .crc(self.p.crc)
             .timeout(Duration::from_secs(10))
             .ird(reads)
