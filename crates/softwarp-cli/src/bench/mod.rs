@@ -9,6 +9,9 @@
 //! moves over one iWARP connection and one TCP connection per shape.
 //!
 //! `qp_mem` is a seventh, non-perftest measurement: heap bytes per connected, idle QP.
+//!
+//! With `-R` the tool speaks perftest's own rdma_cm exchange instead ([`perftest`]), so that
+//! the peer can be perftest's `ib_*_bw`/`ib_*_lat -R` (there is no TCP baseline then).
 
 mod cpu;
 mod ctrl;

@@ -552,7 +552,7 @@ impl Side {
         let mut spins = 0u32;
         while done < iters {
             let mut progressed = false;
-            while posted < iters && posted - done < window {
+            while posted < iters && posted.saturating_sub(done) < window {
                 if op == Op::Send {
                     // perftest: post only while scnt + 1 - credit < rx_depth.
                     self.credit.read_at(0, &mut word)?;
@@ -634,7 +634,7 @@ impl Side {
             }
             // Take the credit Writes' completions so the send queue never fills.
             if writes > 0 {
-                writes -= self.poll_data(true)? as u64;
+                writes = writes.saturating_sub(self.poll_data(true)? as u64);
             }
         }
         Ok(first.map_or(Duration::ZERO, |t| t.elapsed()))
@@ -713,7 +713,7 @@ impl Side {
                     if byte[0] == want {
                         break;
                     }
-                    outstanding -= self.poll_data(true)? as u64;
+                    outstanding = outstanding.saturating_sub(self.poll_data(true)? as u64);
                     spins += 1;
                     if spins.is_multiple_of(4096) {
                         ensure!(
@@ -745,13 +745,13 @@ impl Side {
                 last_write = Some(Instant::now());
                 outstanding += 1;
             }
-            outstanding -= self.poll_data(true)? as u64;
+            outstanding = outstanding.saturating_sub(self.poll_data(true)? as u64);
         }
         // The last Write must have left before the connection goes away (every data WR
         // is signalled).
         let mut spins = 0u32;
         while outstanding > 0 {
-            outstanding -= self.poll_data(true)? as u64;
+            outstanding = outstanding.saturating_sub(self.poll_data(true)? as u64);
             spins += 1;
             if spins.is_multiple_of(4096) {
                 ensure!(
