@@ -796,6 +796,7 @@ impl Side {
         if !hold.is_zero() {
             std::thread::sleep(hold);
         }
+        let cpu0 = super::cpu::process_cpu_secs();
         let lat = |mut ns: Vec<u64>| -> Option<Timed> {
             let secs = ns.iter().sum::<u64>() as f64 / 1e9;
             let rtt = Rtt::of(&mut ns)?;
@@ -833,6 +834,10 @@ impl Side {
             (Kind::Lat, Op::Read, true) => (lat(self.read_lat(peer)?), None),
             (Kind::Lat, Op::Read, false) => (None, None),
         };
+        // This process's CPU time over the measurement (both ends on loopback; with a
+        // perftest peer, ours only).
+        let cpu = super::cpu::process_cpu_secs() - cpu0;
+        let timed = timed.map(|t| Timed { cpu, ..t });
         let theirs = self.handshakes_after(mine)?;
         // The passive server of write_bw and read_bw reports the client's figures, as
         // perftest's does.
