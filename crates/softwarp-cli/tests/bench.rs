@@ -335,3 +335,82 @@ fn perftest_exchange_refuses_what_perftest_cannot_express() {
         );
     }
 }
+
+#[test]
+fn a_perftest_server_answers_a_malformed_version_with_a_typed_error() {
+    use softwarp::{
+        AccessFlags, CmEventChannel, ConnectOptions, Device, Payload, QpInitAttr, RecvWr, SendOp,
+        SendWr, SgList,
+    };
+    use std::io::Read;
+    let mut server = softwarp(&[
+        "-R",
+        "-s",
+        "write_bw",
+        "--bind",
+        "127.0.0.1",
+        "-p",
+        "0",
+        "-S",
+        "64",
+        "-n",
+        "5",
+        "--accept-timeout",
+        "20",
+    ]);
+    let mut stderr = std::io::BufReader::new(server.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+    let addr: std::net::SocketAddr = line
+        .split("server listening on ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .parse()
+        .unwrap();
+    // A peer that connects the control QP like perftest and then sends a version message
+    // that is not one.
+    let dev = Device::open_default().unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16, None).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::new(&cq, &cq)).unwrap();
+    // The server answers with its own version before it looks at ours.
+    let buf = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    qp.post_recv(&RecvWr {
+        wr_id: 0,
+        sgl: SgList::single(buf.sge(0, 64).unwrap()),
+    })
+    .unwrap();
+    let ch = CmEventChannel::new().unwrap();
+    let (_id, _) = ch
+        .connect_blocking(&qp, addr, &ConnectOptions::default())
+        .unwrap();
+    qp.post_send(&SendWr {
+        wr_id: 1,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        payload: Payload::Inline(b"6.0six\0\0\0\0\0\0\0\0\0\0"),
+        signaled: true,
+        fence: false,
+    })
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = server.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the server did not give up");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    assert!(!status.success(), "accepted a malformed version: {rest}");
+    assert!(
+        rest.contains("perftest version: not a version string"),
+        "{rest}"
+    );
+    assert!(!rest.contains("panicked"), "{rest}");
+    drop((qp, buf, cq, pd));
+}
