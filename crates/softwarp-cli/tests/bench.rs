@@ -196,3 +196,221 @@ fn the_table_names_every_shape_and_the_ratio_column() {
     assert!(text.lines().any(|l| l.starts_with("write_bw")), "{text}");
     assert!(text.lines().any(|l| l.starts_with("read_lat")), "{text}");
 }
+
+// ---------------------------------------------------------------------------------------
+// -R: perftest's rdma_cm exchange (our client against our server; the interop with Linux
+// siw's perftest is interop/run-siw-perftest.sh)
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn perftest_exchange_runs_every_shape_on_loopback_and_prints_json() {
+    for (shape, size) in [
+        ("write_bw", "4096"),
+        ("read_bw", "4096"),
+        ("send_bw", "2000"),
+        ("write_lat", "8"),
+        ("send_lat", "3000"),
+        ("read_lat", "64"),
+    ] {
+        let v = json(&[
+            "-R",
+            shape,
+            "-S",
+            size,
+            "-n",
+            "50",
+            "-t",
+            "16",
+            "--rx-depth",
+            "12",
+        ]);
+        assert_eq!(v["config"]["role"], "loopback", "{shape}");
+        assert_eq!(v["config"]["mode"], "spin", "{shape}");
+        assert_eq!(shapes(&v), vec![shape]);
+        let r = &results(&v)[0];
+        assert_measured(r, false);
+        assert_eq!(r["iters"], 50);
+        assert_eq!(r["size"].as_u64().unwrap().to_string(), size);
+        let notes: Vec<&str> = v["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap())
+            .collect();
+        assert!(
+            notes.iter().any(|n| n.contains("no raw TCP baseline")),
+            "{notes:?}"
+        );
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("peer perftest version 6.06")),
+            "{notes:?}"
+        );
+        if shape.starts_with("read") {
+            assert!(
+                notes.iter().any(|n| n.contains("IRD/ORD 128/128")),
+                "Read shapes negotiate out_reads: {notes:?}"
+            );
+        }
+        if shape == "write_bw" || shape == "read_bw" {
+            // perftest's report went across: the server printed the client's figures.
+            assert!(
+                notes
+                    .iter()
+                    .any(|n| n.contains("the client's report: 4096 B x 50")),
+                "{notes:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn perftest_exchange_runs_between_a_server_process_and_a_client_process() {
+    // write_lat: perftest's server writes first, so the server process drives the data QP
+    // first; both processes report figures.
+    let mut server = softwarp(&[
+        "-R",
+        "-s",
+        "write_lat",
+        "--bind",
+        "127.0.0.1",
+        "-p",
+        "0",
+        "-S",
+        "1500",
+        "-n",
+        "30",
+        "--json",
+    ]);
+    let mut line = String::new();
+    let stderr = server.stderr.take().unwrap();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stderr), &mut line).unwrap();
+    let port = line
+        .split("server listening on 127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no port in {line:?}"))
+        .to_string();
+    let client = softwarp(&[
+        "-R",
+        "write_lat",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-S",
+        "1500",
+        "-n",
+        "30",
+        "--crc",
+        "off",
+        "--json",
+    ]);
+    let out = finish(client, Duration::from_secs(60));
+    let sout = finish(server, Duration::from_secs(30));
+    for (role, o) in [("client", &out), ("server", &sout)] {
+        let v: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{role}: not JSON ({e})"));
+        assert_eq!(v["config"]["role"], role);
+        assert_eq!(shapes(&v), vec!["write_lat"]);
+        assert_measured(&results(&v)[0], false);
+    }
+}
+
+#[test]
+fn perftest_exchange_refuses_what_perftest_cannot_express() {
+    for args in [
+        &["-R", "-s"][..],
+        &["-R", "-s", "write_bw,read_bw"],
+        &["-R", "write_bw", "127.0.0.1", "-S", "1K,2K"],
+        &["-R", "qp_mem"],
+        &["-R", "send_bw", "-b"],
+        &["-R", "send_bw", "--mode", "event"],
+    ] {
+        let out = softwarp(args).wait_with_output().unwrap();
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains("panicked"),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn a_perftest_server_answers_a_malformed_version_with_a_typed_error() {
+    use softwarp::{
+        AccessFlags, CmEventChannel, ConnectOptions, Device, Payload, QpInitAttr, RecvWr, SendOp,
+        SendWr, SgList,
+    };
+    use std::io::Read;
+    let mut server = softwarp(&[
+        "-R",
+        "-s",
+        "write_bw",
+        "--bind",
+        "127.0.0.1",
+        "-p",
+        "0",
+        "-S",
+        "64",
+        "-n",
+        "5",
+        "--accept-timeout",
+        "20",
+    ]);
+    let mut stderr = std::io::BufReader::new(server.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+    let addr: std::net::SocketAddr = line
+        .split("server listening on ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .parse()
+        .unwrap();
+    // A peer that connects the control QP like perftest and then sends a version message
+    // that is not one.
+    let dev = Device::open_default().unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16, None).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::new(&cq, &cq)).unwrap();
+    // The server answers with its own version before it looks at ours.
+    let buf = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    qp.post_recv(&RecvWr {
+        wr_id: 0,
+        sgl: SgList::single(buf.sge(0, 64).unwrap()),
+    })
+    .unwrap();
+    let ch = CmEventChannel::new().unwrap();
+    let (_id, _) = ch
+        .connect_blocking(&qp, addr, &ConnectOptions::default())
+        .unwrap();
+    qp.post_send(&SendWr {
+        wr_id: 1,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        payload: Payload::Inline(b"6.0six\0\0\0\0\0\0\0\0\0\0"),
+        signaled: true,
+        fence: false,
+    })
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = server.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the server did not give up");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    assert!(!status.success(), "accepted a malformed version: {rest}");
+    assert!(
+        rest.contains("perftest version: not a version string"),
+        "{rest}"
+    );
+    assert!(!rest.contains("panicked"), "{rest}");
+    drop((qp, buf, cq, pd));
+}

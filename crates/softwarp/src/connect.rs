@@ -260,6 +260,7 @@ impl Listener {
             opts,
             observer: None,
             gate: false,
+            hold: Duration::ZERO,
         };
         let stream = match self.wait_accept(timeout) {
             Ok(s) => s,

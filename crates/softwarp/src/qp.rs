@@ -161,6 +161,10 @@ pub(crate) struct Conn {
     linger_until: Option<Instant>,
     /// RFC 5044 responder without peer-to-peer mode: no FPDU goes out before one arrived.
     gated: bool,
+    /// Initiator: no FPDU goes out before this instant ([`ConnectOptions::first_fpdu_delay`]
+    /// on the connection manager's path). Posted work waits in the QP meanwhile; the
+    /// progress thread retries on its timer (nobody sleeps).
+    hold_until: Option<Instant>,
 }
 
 /// What the connection manager hears from a QP's connection (called with the QP locked:
@@ -194,6 +198,8 @@ pub(crate) struct Establish<'a> {
     pub(crate) observer: Option<Arc<dyn ConnObserver>>,
     /// Hold FPDUs back until the initiator's first FPDU (RFC 5044 responder).
     pub(crate) gate: bool,
+    /// Initiator: hold every FPDU back for this long after establishment (zero: none).
+    pub(crate) hold: Duration,
 }
 
 #[derive(Debug)]
@@ -248,6 +254,8 @@ enum TxEnd {
     More,
     /// The connection cannot send (closed, failed, not connected).
     Dead,
+    /// Work is queued but the first-FPDU hold-off has not expired: retry on a timer.
+    Held,
 }
 
 /// The device's STag table, write-locked on first use (see [`MrTableAccess`]).
@@ -639,6 +647,20 @@ impl QpShared {
             if *budget == 0 {
                 return TxEnd::More;
             }
+            if let Some(t) = conn.hold_until {
+                // Linux siw as responder installs its FPDU receive path only after sending
+                // its Reply: see `ConnectOptions::first_fpdu_delay`. Once the QP failed,
+                // the Terminate is let through.
+                if Instant::now() >= t
+                    || !matches!(inner.qp.state(), QpState::Rts | QpState::Closing)
+                {
+                    conn.hold_until = None;
+                } else if inner.qp.is_drained() {
+                    return TxEnd::Idle;
+                } else {
+                    return TxEnd::Held;
+                }
+            }
             if conn.gated {
                 //= https://www.rfc-editor.org/rfc/rfc5044#section-7.1
                 // (paraphrase) Outside peer-to-peer mode the responder sends no FPDU before
@@ -825,7 +847,7 @@ impl QpShared {
         let (closed, lingering) = self.maybe_close(inner, registry, tx);
         Pass {
             more: !closed && (rx == RxEnd::More || tx == TxEnd::More),
-            retry: !closed && rx == RxEnd::Blocked,
+            retry: !closed && (rx == RxEnd::Blocked || tx == TxEnd::Held),
             lingering,
             closed,
         }
@@ -1069,6 +1091,8 @@ impl QpShared {
             shut_wr: false,
             linger_until: None,
             gated: est.gate && neg.role == Role::Responder && neg.rtr.is_none(),
+            hold_until: (neg.role == Role::Initiator && !est.hold.is_zero())
+                .then(|| Instant::now() + est.hold),
         });
         g.info = Some(info.clone());
         g.observer = est.observer;
@@ -1261,7 +1285,8 @@ impl QueuePair {
         let mut budget = usize::MAX;
         let tx = s.tx_pass(inner, &mut budget);
         s.drain(inner);
-        let kick = tx == TxEnd::Dead && inner.conn.is_some();
+        // A held connection (first-FPDU hold-off) is retried by the progress thread.
+        let kick = (tx == TxEnd::Dead && inner.conn.is_some()) || tx == TxEnd::Held;
         drop(g);
         if kick {
             s.device.progress.kick(Arc::clone(s));
@@ -1389,6 +1414,8 @@ impl QueuePair {
                 opts,
                 observer: None,
                 gate: false,
+                // `connect::initiate` already waited `first_fpdu_delay` after the Reply.
+                hold: Duration::ZERO,
             },
         )
     }

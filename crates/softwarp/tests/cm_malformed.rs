@@ -467,3 +467,73 @@ fn a_peer_that_never_closes_its_side_does_not_hold_the_qp() {
     assert_eq!(wc[0].status, WcStatus::WrFlushErr);
     drop(raw);
 }
+
+// ---------------------------------------------------------------------------------------
+// The initiator's first-FPDU hold-off on the connection manager's path
+// ---------------------------------------------------------------------------------------
+
+/// A raw responder that answers the Request with a revision 2 Reply (C = 0, IRD = ORD = 1)
+/// and returns how long after writing the Reply the first byte of an FPDU arrived.
+fn timing_responder() -> (SocketAddr, JoinHandle<Duration>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let h = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut req = Vec::new();
+        loop {
+            let need = MpaFrame::needed(&req).unwrap();
+            if need == 0 {
+                break;
+            }
+            let mut b = vec![0u8; need];
+            s.read_exact(&mut b).unwrap();
+            req.extend_from_slice(&b);
+        }
+        s.write_all(&frame(REP, 0x10, 2, &[0, 1, 0, 1])).unwrap();
+        let replied = Instant::now();
+        let mut first = [0u8; 1];
+        s.read_exact(&mut first).unwrap();
+        replied.elapsed()
+    });
+    (addr, h)
+}
+
+#[test]
+fn the_first_fpdu_delay_holds_a_send_posted_at_establishment_on_the_cm_path() {
+    const DELAY: Duration = Duration::from_millis(400);
+    let (addr, peer) = timing_responder();
+    let opts = ConnectOptions::default()
+        .crc(false)
+        .timeout(WAIT)
+        .first_fpdu_delay(DELAY);
+    let (e, ev) = attempt(addr, &opts);
+    assert!(matches!(ev, CmEvent::Established { .. }), "{ev:?}");
+    // Posted at once: without the hold-off it would leave right away.
+    let (buf, _) = e.mr(64, AccessFlags::LOCAL_WRITE, 1);
+    post_send(&e.qp, &buf, 0, 8, 1);
+    let after_reply = peer.join().unwrap();
+    assert!(
+        after_reply >= DELAY,
+        "the first FPDU left {after_reply:?} after the Reply, before the {DELAY:?} hold-off"
+    );
+    // The held Send still completes.
+    let wc = wait_wcs(&e.scq, 1);
+    assert_eq!(wc[0].status, WcStatus::Success);
+}
+
+#[test]
+fn without_a_first_fpdu_delay_the_send_leaves_and_completes() {
+    let (addr, peer) = timing_responder();
+    let opts = ConnectOptions::default()
+        .crc(false)
+        .timeout(WAIT)
+        .first_fpdu_delay(Duration::ZERO);
+    let (e, ev) = attempt(addr, &opts);
+    assert!(matches!(ev, CmEvent::Established { .. }), "{ev:?}");
+    let (buf, _) = e.mr(64, AccessFlags::LOCAL_WRITE, 1);
+    post_send(&e.qp, &buf, 0, 8, 1);
+    let _ = peer.join().unwrap();
+    let wc = wait_wcs(&e.scq, 1);
+    assert_eq!(wc[0].status, WcStatus::Success);
+}

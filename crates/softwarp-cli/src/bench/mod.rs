@@ -9,9 +9,13 @@
 //! moves over one iWARP connection and one TCP connection per shape.
 //!
 //! `qp_mem` is a seventh, non-perftest measurement: heap bytes per connected, idle QP.
+//!
+//! With `-R` the tool speaks perftest's own rdma_cm exchange instead ([`perftest`]), so that
+//! the peer can be perftest's `ib_*_bw`/`ib_*_lat -R` (there is no TCP baseline then).
 
 mod cpu;
 mod ctrl;
+mod perftest;
 mod progress;
 mod rdma;
 mod report;
@@ -109,9 +113,23 @@ pub struct BenchArgs {
     /// Connected QP pairs created by `qp_mem`.
     #[arg(long, default_value_t = 256)]
     qps: usize,
-    /// perftest's -R (connection setup through rdma_cm): not available yet.
+    /// Speak perftest's own exchange over rdma_cm (perftest -R), to run against
+    /// `ib_send_bw`, `ib_write_bw`, `ib_read_bw` and the `_lat` tools (or another
+    /// `softwarp bench -R`): one shape and one size per session, both connections to
+    /// --port. The server must be given the shape (perftest never sends it).
     #[arg(short = 'R', long = "rdma_cm")]
     rdma_cm: bool,
+    /// With -R: receive queue depth of send_bw's receiver (perftest -r), which is also the
+    /// sender's credit window.
+    #[arg(long = "rx-depth", default_value_t = 512)]
+    rx_depth: usize,
+    /// With -R: outstanding RDMA Reads (perftest -o), the IRD/ORD of the data connection
+    /// of the Read shapes (at most the device's limit).
+    #[arg(long = "out-reads", default_value_t = 128)]
+    out_reads: usize,
+    /// With -R: seconds the server waits for a client.
+    #[arg(long = "accept-timeout", default_value_t = 120)]
+    accept_timeout: u64,
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -273,11 +291,9 @@ fn server_cpu() -> usize {
 
 /// Runs `softwarp bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
-    ensure!(
-        !args.rdma_cm,
-        "-R (perftest's rdma_cm exchange) needs the connection manager, which is not \
-         available yet; run softwarp against softwarp (loopback or -s / PEER)"
-    );
+    if args.rdma_cm {
+        return run_perftest(args);
+    }
     ensure!(args.runs >= 1, "--runs must be at least 1");
     ensure!(
         (1..=4000).contains(&args.depth),
@@ -347,6 +363,162 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     out.finish();
     Ok(())
+}
+
+/// perftest's defaults: 64 KiB for bandwidth, 2 bytes for latency, 1000 iterations.
+fn perftest_size(kind: Kind) -> usize {
+    match kind {
+        Kind::Bw => 65536,
+        Kind::Lat => 2,
+    }
+}
+
+/// `softwarp bench -R`: one perftest session per shape and size (server: exactly one).
+fn run_perftest(args: &BenchArgs) -> Result<()> {
+    ensure!(
+        args.mode != Mode::Event,
+        "-R spins on completions (the progress thread moves the bytes): no event mode"
+    );
+    ensure!(
+        !args.bidirectional && args.post_list == 1 && args.runs == 1 && !args.all,
+        "-R runs perftest's plain tests: no -b, --post-list, --runs or -a"
+    );
+    ensure!(
+        (1..=4000).contains(&args.depth),
+        "--tx-depth must be 1 to 4000"
+    );
+    ensure!(
+        (1..=4000).contains(&args.rx_depth),
+        "--rx-depth must be 1 to 4000"
+    );
+    let plan = plan(&args.positional)?;
+    ensure!(!plan.qp_mem, "qp_mem has no perftest counterpart");
+    spin::set_yield_every(args.yield_every);
+    let params = |shape: Shape, size: usize| perftest::Params {
+        shape,
+        size,
+        iters: args.iters.unwrap_or(1000),
+        tx_depth: args.depth,
+        rx_depth: args.rx_depth,
+        out_reads: args.out_reads.max(1),
+        crc: args.crc,
+        accept_timeout: Duration::from_secs(args.accept_timeout),
+    };
+    let sizes = |shape: Shape| -> Vec<usize> {
+        if args.sizes.is_empty() {
+            vec![perftest_size(shape.kind)]
+        } else {
+            args.sizes.clone()
+        }
+    };
+    let role = if args.server {
+        "server"
+    } else if plan.peer.is_some() {
+        "client"
+    } else {
+        "loopback"
+    };
+    let mut out = Output::new(args, &plan);
+    out.set_role(role);
+    let single = args.server || plan.peer.is_some();
+    if single {
+        ensure!(
+            plan.shapes.len() == 1 && sizes(plan.shapes[0]).len() == 1,
+            "-R with a perftest peer runs one shape and one size per session (as perftest \
+             does): give exactly one shape and at most one -S"
+        );
+    }
+    out.note("perftest exchange (-R): no raw TCP baseline in this run (the peer speaks perftest's protocol, not ours)");
+    for &shape in &plan.shapes {
+        for size in sizes(shape) {
+            let p = params(shape, size);
+            let outcome = if args.server {
+                let bind = SocketAddr::new(args.bind, args.port);
+                let (tx, rx) = std::sync::mpsc::channel();
+                let waiter = std::thread::spawn(move || {
+                    if let Ok(a) = rx.recv() {
+                        eprintln!("softwarp bench -R: {shape} server listening on {a}");
+                    }
+                });
+                let r = perftest::server(bind, &p, Some(tx));
+                let _ = waiter.join();
+                r?
+            } else if let Some(peer) = &plan.peer {
+                perftest::client(resolve(peer, args.port)?, &p)?
+            } else {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let server = std::thread::Builder::new()
+                    .name("bench-perftest-server".into())
+                    .spawn(move || {
+                        perftest::server(
+                            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+                            &p,
+                            Some(tx),
+                        )
+                    })?;
+                let addr = rx
+                    .recv_timeout(Duration::from_secs(30))
+                    .map_err(|_| anyhow!("the loopback perftest server did not start"))?;
+                let c = perftest::client(addr, &p);
+                let s = server
+                    .join()
+                    .map_err(|_| anyhow!("the server thread panicked"))?;
+                let s = s.context("server")?;
+                let c = c?;
+                out.note(&format!(
+                    "{shape} {}: server saw {}",
+                    fmt_size(size),
+                    describe_outcome(&s)
+                ));
+                c
+            };
+            out.note(&format!(
+                "{shape} {}: peer perftest version {}, data connection {}",
+                fmt_size(size),
+                outcome.peer_version,
+                outcome.data_conn
+            ));
+            match outcome.timed {
+                Some(t) => out.row(Row {
+                    spec: Spec {
+                        shape,
+                        max_size: size,
+                        depth: if shape.kind == Kind::Bw {
+                            args.depth
+                        } else {
+                            1
+                        },
+                        bidir: false,
+                        crc: args.crc,
+                        mode: Mode::Spin,
+                        fpdu: 0,
+                        post_list: 1,
+                    },
+                    size,
+                    iters: p.iters,
+                    sw: vec![t],
+                    tcp: Vec::new(),
+                }),
+                None => out.note(&format!(
+                    "{shape} {}: this side is passive in {shape} and has no figures of its own",
+                    fmt_size(size)
+                )),
+            }
+        }
+    }
+    out.finish();
+    Ok(())
+}
+
+fn describe_outcome(o: &perftest::Outcome) -> String {
+    match (&o.timed, &o.report) {
+        (_, Some(r)) => format!(
+            "the client's report: {} B x {}, {:.2} MB/s, {:.4} Mmsg/s",
+            r.size, r.iters, r.bw_avg, r.msg_rate
+        ),
+        (Some(t), None) => format!("{:.6} s", t.secs),
+        (None, None) => "no figures (passive side)".into(),
+    }
 }
 
 fn run_client(args: &BenchArgs, plan: &Plan, mut client: Client, out: &mut Output) -> Result<()> {
@@ -502,6 +674,28 @@ impl Output {
             notes: Vec::new(),
             qp_mem: None,
             printed_header: false,
+        }
+    }
+
+    /// Names this side's role in the header and the JSON config.
+    fn set_role(&mut self, role: &str) {
+        for r in ["client", "loopback"] {
+            self.header = self
+                .header
+                .replacen(&format!(": {r} "), &format!(": {role} "), 1);
+            self.config_json = self.config_json.replacen(
+                &format!("\"role\":{}", jstr(r)),
+                &format!("\"role\":{}", jstr(role)),
+                1,
+            );
+        }
+        // -R always spins on its CQs (the progress thread moves the bytes).
+        let spin = format!("\"mode\":{}", jstr(Mode::Spin.name()));
+        for m in [Mode::Busy, Mode::Spin] {
+            let was = format!("\"mode\":{}", jstr(m.name()));
+            self.config_json = self.config_json.replacen(&was, &spin, 1);
+            let was = format!(", mode {},", m.name());
+            self.header = self.header.replacen(&was, ", mode spin (-R),", 1);
         }
     }
 

@@ -764,6 +764,7 @@ fn establish_active(a: Box<Active>, neg: negotiate::Negotiated) {
             opts: &opts,
             observer: Some(observer),
             gate: opts.responder_waits_for_initiator,
+            hold: opts.first_fpdu_delay,
         },
     ) {
         Ok(info) => id.established(info),

@@ -208,10 +208,11 @@ pub struct ConnectOptions {
     /// callback that receives FPDUs; an FPDU arriving in between stays unread in its socket
     /// until more bytes arrive, so a first Send that the peer must answer (rping's) deadlocks
     /// the connection. Observed with half of rping connections to siw under TCG; a 20 ms
-    /// hold-off avoided it in every run (see `interop/README.md`). Honoured by the blocking
-    /// [`crate::QueuePair::connect`] path; the connection manager's event thread does not
-    /// sleep per connection, so with [`crate::CmEventChannel::connect`] to a siw responder use
-    /// peer-to-peer mode (its RTR exchange removes the race) or wait before the first post.
+    /// hold-off avoided it in every run (see `interop/README.md`). The blocking
+    /// [`crate::QueuePair::connect`] waits that long before it returns; on the connection
+    /// manager's path ([`crate::CmEventChannel::connect`]) the QP is established at once and
+    /// holds its FPDUs back until the delay has passed: work posted meanwhile is queued and
+    /// leaves when it expires (nobody sleeps: the progress thread retries on its timer).
     pub first_fpdu_delay: Duration,
 }
 

@@ -151,6 +151,7 @@ impl ConnectRequest {
                 opts,
                 observer: Some(id.clone()),
                 gate: opts.responder_waits_for_initiator,
+                hold: std::time::Duration::ZERO,
             },
         )?;
         id.established(info);

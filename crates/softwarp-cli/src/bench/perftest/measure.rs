@@ -1,0 +1,380 @@
+//! The measurement of each shape, as perftest runs it (see the module docs of `perftest`),
+//! on the data QP of a [`Side`] whose exchange has reached the data phase. No control
+//! messages here.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Result};
+use softwarp::{Payload, SendOp, SendWr, SgList, Stag, MAX_INLINE};
+
+use super::wire::{self, BwReport, Dest};
+use super::{check, Side, STEP_TIMEOUT};
+use crate::bench::rdma::elapsed_ns;
+use crate::bench::session::{Rtt, Timed};
+use crate::bench::spec::{Kind, Op};
+use crate::bench::{cpu, spin};
+
+impl Side {
+    fn poll_data(&mut self, send: bool) -> Result<usize> {
+        let cq = if send { &self.data_scq } else { &self.data_rcq };
+        let n = cq.poll(&mut self.wcs)?;
+        for wc in &self.wcs[..n] {
+            check(wc, "data QP")?;
+        }
+        Ok(n)
+    }
+
+    fn data_wr(&self, peer: &Dest, op: Op, wr_id: u64) -> Result<SendWr<'static>> {
+        let data = self.data()?;
+        let len = u32::try_from(self.p.size)?;
+        let (op, sge) = match op {
+            Op::Write => (
+                SendOp::Write {
+                    remote_addr: peer.vaddr,
+                    rkey: Stag(peer.rkey),
+                },
+                data.sge(self.half, len)?,
+            ),
+            Op::Read => (
+                SendOp::Read {
+                    remote_addr: peer.vaddr,
+                    rkey: Stag(peer.rkey),
+                },
+                data.sge(0, len)?,
+            ),
+            Op::Send => (
+                SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                data.sge(self.half, len)?,
+            ),
+        };
+        Ok(SendWr {
+            wr_id,
+            op,
+            payload: Payload::Sgl(SgList::single(sge)),
+            signaled: true,
+            fence: false,
+        })
+    }
+
+    /// The active side of a bandwidth shape: `iters` operations, `window` outstanding, and
+    /// for Sends fewer than `rx_window` uncredited. Returns the elapsed time.
+    fn bw_active(&mut self, peer: &Dest) -> Result<Duration> {
+        let op = self.p.shape.op;
+        let iters = self.p.iters;
+        let mut window = self.p.tx_depth.max(1) as u64;
+        if op == Op::Read {
+            window = window
+                .min(peer.out_reads.max(1) as u64)
+                .min(self.p.out_reads as u64);
+        }
+        let rx_window = self.p.rx_window();
+        let (mut posted, mut done) = (0u64, 0u64);
+        let mut word = [0u8; 4];
+        let start = Instant::now();
+        let deadline = start + STEP_TIMEOUT.max(Duration::from_secs(600));
+        let mut spins = 0u32;
+        while done < iters {
+            let mut progressed = false;
+            while posted < iters && posted.saturating_sub(done) < window {
+                if op == Op::Send {
+                    // perftest: post only while scnt + 1 - credit < rx_depth.
+                    self.credit.read_at(0, &mut word)?;
+                    let credit = u64::from(wire::decode_credit(&word)?);
+                    if posted + 1 >= credit + rx_window {
+                        break;
+                    }
+                }
+                let wr = self.data_wr(peer, op, posted)?;
+                self.data_qp.post_send(&wr)?;
+                posted += 1;
+                progressed = true;
+            }
+            let n = self.poll_data(true)?;
+            done += n as u64;
+            if n == 0 && !progressed {
+                spins += 1;
+                if spins.is_multiple_of(4096) {
+                    ensure!(
+                        Instant::now() < deadline,
+                        "{}: {done} of {iters} operations completed, then nothing",
+                        self.p.shape
+                    );
+                }
+                spin::pause(spins);
+            }
+        }
+        Ok(start.elapsed())
+    }
+
+    /// The receiver of send_bw: reposts receives up to `iters` and RDMA Writes the count of
+    /// received messages into the sender's credit word every `rx_window / 3` receives.
+    /// Returns the time from the first to the last receive.
+    fn send_bw_passive(&mut self, peer: &Dest) -> Result<Duration> {
+        let iters = self.p.iters;
+        let rx_window = self.p.rx_window();
+        let every = (rx_window / 3).max(1);
+        let mut posted = rx_window;
+        let mut got = 0u64;
+        let mut first = None;
+        let deadline = Instant::now() + STEP_TIMEOUT.max(Duration::from_secs(600));
+        let mut spins = 0u32;
+        let mut writes = 0u64;
+        while got < iters {
+            let n = self.poll_data(false)?;
+            if n == 0 {
+                self.poll_data(true)?;
+                spins += 1;
+                if spins.is_multiple_of(4096) {
+                    ensure!(
+                        Instant::now() < deadline,
+                        "send_bw: {got} of {iters} messages received, then nothing"
+                    );
+                }
+                spin::pause(spins);
+                continue;
+            }
+            first.get_or_insert_with(Instant::now);
+            for _ in 0..n {
+                got += 1;
+                if posted < iters {
+                    self.post_data_recvs(1)?;
+                    posted += 1;
+                }
+                if got.is_multiple_of(every) {
+                    let word = wire::encode_credit(u32::try_from(got).unwrap_or(u32::MAX));
+                    self.data_qp.post_send(&SendWr {
+                        wr_id: got,
+                        op: SendOp::Write {
+                            remote_addr: peer.vaddr,
+                            rkey: Stag(peer.rkey),
+                        },
+                        payload: Payload::Inline(&word),
+                        signaled: true,
+                        fence: false,
+                    })?;
+                    writes += 1;
+                }
+            }
+            // Take the credit Writes' completions so the send queue never fills.
+            if writes > 0 {
+                writes = writes.saturating_sub(self.poll_data(true)? as u64);
+            }
+        }
+        Ok(first.map_or(Duration::ZERO, |t| t.elapsed()))
+    }
+
+    fn send_one(&mut self, peer: &Dest, i: u64) -> Result<()> {
+        let wr = self.data_wr(peer, Op::Send, i)?;
+        self.data_qp.post_send(&wr)?;
+        Ok(())
+    }
+
+    fn wait_recv(&mut self, deadline: Instant) -> Result<()> {
+        let mut spins = 0u32;
+        loop {
+            let n = self.poll_data(false)?;
+            if n > 0 {
+                ensure!(n == 1, "send_lat: {n} messages at once");
+                return self.post_data_recvs(1);
+            }
+            self.poll_data(true)?;
+            spins += 1;
+            if spins.is_multiple_of(4096) {
+                ensure!(
+                    Instant::now() < deadline,
+                    "send_lat: no message from the peer"
+                );
+            }
+            spin::pause(spins);
+        }
+    }
+
+    /// send_lat: the client sends, the server answers, `iters` times. Round trips (ns) as
+    /// the client sees them (the server: from its answer to the next message).
+    fn send_lat(&mut self, peer: &Dest) -> Result<Vec<u64>> {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        let mut samples = Vec::with_capacity(self.p.iters as usize);
+        let mut t = Instant::now();
+        for i in 0..self.p.iters {
+            if self.client {
+                t = Instant::now();
+                self.send_one(peer, i)?;
+                self.wait_recv(deadline)?;
+                samples.push(elapsed_ns(t));
+            } else {
+                self.wait_recv(deadline)?;
+                if i > 0 {
+                    samples.push(elapsed_ns(t));
+                }
+                t = Instant::now();
+                self.send_one(peer, i)?;
+            }
+        }
+        Ok(samples)
+    }
+
+    /// write_lat as perftest runs it: the server writes first; each side waits for the
+    /// last byte of its buffer to read the count of Writes received (mod 256), then writes
+    /// its own count. Round trips from each Write to the next arrival.
+    fn write_lat(&mut self, peer: &Dest) -> Result<Vec<u64>> {
+        let size = self.p.size;
+        let iters = self.p.iters;
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        let mut samples = Vec::with_capacity(iters as usize);
+        let (mut scnt, mut rcnt) = (0u64, 0u64);
+        let mut last_write: Option<Instant> = None;
+        let mut byte = [0u8; 1];
+        let mut outstanding = 0u64;
+        while scnt < iters || rcnt < iters {
+            // The server does not wait before its first Write.
+            if rcnt < iters && (self.client || scnt >= 1) {
+                rcnt += 1;
+                let want = rcnt as u8;
+                let mut spins = 0u32;
+                loop {
+                    self.data()?.read_at(size - 1, &mut byte)?;
+                    if byte[0] == want {
+                        break;
+                    }
+                    outstanding = outstanding.saturating_sub(self.poll_data(true)? as u64);
+                    spins += 1;
+                    if spins.is_multiple_of(4096) {
+                        ensure!(
+                            Instant::now() < deadline,
+                            "write_lat: Write {rcnt} of {iters} never arrived"
+                        );
+                    }
+                    spin::pause(spins);
+                }
+                if let Some(t) = last_write.take() {
+                    samples.push(elapsed_ns(t));
+                }
+            }
+            if scnt < iters {
+                scnt += 1;
+                let stamp = [scnt as u8];
+                let wr = self.data_wr(peer, Op::Write, scnt)?;
+                if size <= MAX_INLINE {
+                    let mut inline = vec![0u8; size];
+                    inline[size - 1] = stamp[0];
+                    self.data_qp.post_send(&SendWr {
+                        payload: Payload::Inline(&inline),
+                        ..wr
+                    })?;
+                } else {
+                    self.data()?.write_at(self.half + size - 1, &stamp)?;
+                    self.data_qp.post_send(&wr)?;
+                }
+                last_write = Some(Instant::now());
+                outstanding += 1;
+            }
+            outstanding = outstanding.saturating_sub(self.poll_data(true)? as u64);
+        }
+        // The last Write must have left before the connection goes away (every data WR
+        // is signalled).
+        let mut spins = 0u32;
+        while outstanding > 0 {
+            outstanding = outstanding.saturating_sub(self.poll_data(true)? as u64);
+            spins += 1;
+            if spins.is_multiple_of(4096) {
+                ensure!(
+                    Instant::now() < deadline,
+                    "write_lat: Writes never completed"
+                );
+            }
+            spin::pause(spins);
+        }
+        Ok(samples)
+    }
+
+    /// read_lat: the client's Reads, one at a time.
+    fn read_lat(&mut self, peer: &Dest) -> Result<Vec<u64>> {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        let mut samples = Vec::with_capacity(self.p.iters as usize);
+        for i in 0..self.p.iters {
+            let t = Instant::now();
+            let wr = self.data_wr(peer, Op::Read, i)?;
+            self.data_qp.post_send(&wr)?;
+            let mut spins = 0u32;
+            while self.poll_data(true)? == 0 {
+                spins += 1;
+                if spins.is_multiple_of(4096) {
+                    ensure!(
+                        Instant::now() < deadline,
+                        "read_lat: Read {i} never completed"
+                    );
+                }
+                spin::pause(spins);
+            }
+            samples.push(elapsed_ns(t));
+        }
+        Ok(samples)
+    }
+
+    /// The measurement and the closing exchange.
+    pub(super) fn measure(&mut self, peer: &Dest) -> Result<(Option<Timed>, Option<BwReport>)> {
+        let p = self.p;
+        // Keep the first-FPDU hold-off of the data connection out of the measurement.
+        let hold = self.data_ready.saturating_duration_since(Instant::now());
+        if !hold.is_zero() {
+            std::thread::sleep(hold);
+        }
+        let cpu0 = cpu::process_cpu_secs();
+        let lat = |mut ns: Vec<u64>| -> Option<Timed> {
+            let secs = ns.iter().sum::<u64>() as f64 / 1e9;
+            let rtt = Rtt::of(&mut ns)?;
+            // Row's figures divide the time by the iterations: scale to all of them.
+            let scale = p.iters as f64 / ns.len().max(1) as f64;
+            Some(Timed {
+                secs: secs * scale,
+                cpu: 0.0,
+                rtt: Some(rtt),
+            })
+        };
+        let bw = |d: Duration| Timed {
+            secs: d.as_secs_f64(),
+            cpu: 0.0,
+            rtt: None,
+        };
+        let (timed, mine) = match (p.shape.kind, p.shape.op, self.client) {
+            (Kind::Bw, _, true) => {
+                let d = self.bw_active(peer)?;
+                let secs = d.as_secs_f64().max(1e-9);
+                let mb = (p.size as f64 * p.iters as f64) / secs / f64::from(1u32 << 20);
+                let report = BwReport {
+                    size: p.size as u64,
+                    iters: p.iters,
+                    bw_peak: mb,
+                    bw_avg: mb,
+                    msg_rate: p.iters as f64 / secs / 1e6,
+                };
+                (Some(bw(d)), Some(report))
+            }
+            (Kind::Bw, Op::Send, false) => (Some(bw(self.send_bw_passive(peer)?)), None),
+            (Kind::Bw, _, false) => (None, None),
+            (Kind::Lat, Op::Send, _) => (lat(self.send_lat(peer)?), None),
+            (Kind::Lat, Op::Write, _) => (lat(self.write_lat(peer)?), None),
+            (Kind::Lat, Op::Read, true) => (lat(self.read_lat(peer)?), None),
+            (Kind::Lat, Op::Read, false) => (None, None),
+        };
+        // This process's CPU time over the measurement (both ends on loopback; with a
+        // perftest peer, ours only).
+        let cpu = cpu::process_cpu_secs() - cpu0;
+        let timed = timed.map(|t| Timed { cpu, ..t });
+        let theirs = self.handshakes_after(mine)?;
+        // The passive server of write_bw and read_bw reports the client's figures, as
+        // perftest's does.
+        let timed = match (timed, theirs) {
+            (None, Some(r)) if r.bw_avg > 0.0 && r.size > 0 => Some(Timed {
+                secs: (r.size as f64 * r.iters as f64) / (r.bw_avg * f64::from(1u32 << 20)),
+                cpu: 0.0,
+                rtt: None,
+            }),
+            (t, _) => t,
+        };
+        Ok((timed, if self.client { mine } else { theirs }))
+    }
+}

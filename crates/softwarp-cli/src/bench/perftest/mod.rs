@@ -1,0 +1,577 @@
+//! `softwarp bench -R`: perftest's own rdma_cm exchange, so that one side can be
+//! `ib_send_bw`, `ib_write_bw`, `ib_read_bw`, `ib_send_lat`, `ib_write_lat` or
+//! `ib_read_lat -R` (perftest 4.5, version "6.06") over Linux siw, in either role.
+//!
+//! Two MPA connections to the server's one port: first the control QP, whose Sends carry
+//! the exchange ([`wire`]), then the data QP. Every exchange step is "client sends, server
+//! answers with the same message type":
+//!
+//! ```text
+//! control QP connects
+//! version (16 B), cycle buffer (4 B), cache line size (4 B), MTU (2 B), zero destination
+//! data QP connects (IRD = ORD = out_reads for the Read shapes, 0 otherwise)
+//! zero destination, then this side's destination: 3 times (write_bw, read_bw) or 4 times
+//!                                    (send_bw: its rkey/vaddr name the credit word; latency)
+//! the measurement
+//! write_bw, read_bw: destination, report (size, iterations, peak MB/s, average MB/s,
+//!                    Mmsg/s; 8 bytes each), destination
+//! send_bw, send_lat, read_lat: destination         write_lat: nothing
+//! ```
+//!
+//! The measurement follows perftest: the client alone posts in the bandwidth shapes (the
+//! server of write_bw and read_bw is idle; the server of send_bw receives and RDMA Writes
+//! its count of received messages into the client's credit word every `rx_depth / 3`
+//! receives, and the client keeps fewer than `rx_depth` Sends uncredited); send_lat is a
+//! ping-pong that the client starts; in write_lat the server writes first and each side
+//! polls the last byte of its buffer for the count of Writes it received; read_lat is the
+//! client's back-to-back Reads. Completions are spun on; the device's progress thread moves
+//! the bytes.
+
+mod measure;
+pub mod wire;
+
+use std::net::SocketAddr;
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use softwarp::{
+    AccessFlags, CmEvent, CmEventChannel, CmId, CompletionQueue, ConnectOptions, Device,
+    ListenOptions, MemoryRegion, Payload, ProtectionDomain, QpInitAttr, QueuePair, RecvWr, SendOp,
+    SendWr, SgList, WcOpcode, WcStatus, WorkCompletion, EMPTY_COMPLETION,
+};
+
+use self::wire::{BwReport, Dest};
+use super::session::Timed;
+use super::spec::{Kind, Op, Shape};
+
+/// Our cycle buffer (perftest: the page size) and cache line size.
+const CYCLE_BUFFER: u32 = 4096;
+const CACHE_LINE: u32 = 64;
+/// The MTU we announce: `IBV_MTU_1024`, as siw reports.
+const MTU_1024: u8 = 3;
+/// Bound of every wait for one step of the exchange or one completion.
+const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Control receives kept posted.
+const CTRL_RECVS: usize = 2;
+/// Bytes per control receive (perftest's messages are at most 56).
+const CTRL_SLOT: usize = 64;
+/// The initiator's first-FPDU hold-off (siw's Reply race; see `Side::options`).
+const FIRST_FPDU_DELAY: Duration = Duration::from_millis(100);
+/// Attempts at the data connection (perftest's server may listen again a little late).
+const DATA_CONNECT_TRIES: u32 = 20;
+
+/// What one perftest session runs: perftest's own flags.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    /// The test (`ib_<shape>`).
+    pub shape: Shape,
+    /// `-s`: message size.
+    pub size: usize,
+    /// `-n`: iterations.
+    pub iters: u64,
+    /// `-t`: outstanding operations of the bandwidth shapes.
+    pub tx_depth: usize,
+    /// `-r`: receive queue depth of `ib_send_bw`'s receiver (the credit window).
+    pub rx_depth: usize,
+    /// `-o`: outstanding RDMA Reads (IRD/ORD of the data connection).
+    pub out_reads: usize,
+    /// Ask for CRC32c.
+    pub crc: bool,
+    /// How long the server waits for a client.
+    pub accept_timeout: Duration,
+}
+
+impl Params {
+    /// The credit window perftest's `ib_send_bw` uses (`rx_depth`, at most the iterations).
+    fn rx_window(&self) -> u64 {
+        (self.rx_depth as u64).min(self.iters).max(1)
+    }
+}
+
+/// What a session measured and learned.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// This side's measurement (or, for the passive server of write_bw and read_bw, the
+    /// client's report); `None` when this side has no figures (read_lat's server).
+    pub timed: Option<Timed>,
+    /// The peer's perftest version.
+    pub peer_version: String,
+    /// The client's report (write_bw and read_bw).
+    pub report: Option<BwReport>,
+    /// The negotiated data connection: CRC in use, MPA revision, IRD/ORD.
+    pub data_conn: String,
+}
+
+/// One side's verbs objects. Fields drop in declaration order: QPs before regions, regions
+/// before CQs, the device last.
+struct Side {
+    ctrl_qp: QueuePair,
+    data_qp: QueuePair,
+    ctrl_recv: MemoryRegion,
+    data: Option<MemoryRegion>,
+    credit: MemoryRegion,
+    ctrl_scq: CompletionQueue,
+    ctrl_rcq: CompletionQueue,
+    data_scq: CompletionQueue,
+    data_rcq: CompletionQueue,
+    pd: ProtectionDomain,
+    ids: Vec<CmId>,
+    ch: CmEventChannel,
+    _dev: Device,
+    client: bool,
+    p: Params,
+    wcs: Vec<WorkCompletion>,
+    /// Bytes of one half of the data region (the peer's window, then our source).
+    half: usize,
+    /// When the data QP may send its first FPDU (the initiator's first-FPDU hold-off).
+    data_ready: Instant,
+}
+
+fn check(wc: &WorkCompletion, what: &str) -> Result<()> {
+    ensure!(
+        wc.status == WcStatus::Success,
+        "{what}: work request {} ({:?}) completed with {:?}",
+        wc.wr_id,
+        wc.opcode,
+        wc.status
+    );
+    Ok(())
+}
+
+impl Side {
+    fn new(p: Params, client: bool) -> Result<Self> {
+        let dev = Device::open_default()?;
+        let pd = dev.alloc_pd()?;
+        let attr = dev.query();
+        let reads = p
+            .out_reads
+            .clamp(1, attr.max_qp_rd_atom.min(attr.max_qp_init_rd_atom));
+        let rq = match p.shape.op {
+            Op::Send => p.rx_window() as usize + 8,
+            _ => 8,
+        };
+        let sq = p.tx_depth.max(1) + 16;
+        let ctrl_scq = dev.create_cq(64, None)?;
+        let ctrl_rcq = dev.create_cq(64, None)?;
+        let data_scq = dev.create_cq(sq + 64, None)?;
+        let data_rcq = dev.create_cq(rq + 64, None)?;
+        let mut cattr = QpInitAttr::new(&ctrl_scq, &ctrl_rcq);
+        cattr.cap.max_send_wr = 8;
+        cattr.cap.max_recv_wr = 8;
+        let ctrl_qp = pd.create_qp(&cattr)?;
+        let mut dattr = QpInitAttr::new(&data_scq, &data_rcq);
+        dattr.cap.max_send_wr = sq;
+        dattr.cap.max_recv_wr = rq;
+        dattr.max_rd_atomic = reads;
+        dattr.max_dest_rd_atomic = reads;
+        let data_qp = pd.create_qp(&dattr)?;
+        let ctrl_recv = pd.reg_mr(CTRL_SLOT * CTRL_RECVS, AccessFlags::LOCAL_WRITE)?;
+        let credit = pd.reg_mr(8, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+        for i in 0..CTRL_RECVS {
+            ctrl_qp.post_recv(&RecvWr {
+                wr_id: i as u64,
+                sgl: SgList::single(ctrl_recv.sge(i * CTRL_SLOT, CTRL_SLOT as u32)?),
+            })?;
+        }
+        let mut p = p;
+        p.out_reads = reads;
+        // The data region is registered once the cycle buffer is agreed (`Side::preamble`).
+        let side = Self {
+            ctrl_qp,
+            data_qp,
+            ctrl_recv,
+            data: None,
+            credit,
+            ctrl_scq,
+            ctrl_rcq,
+            data_scq,
+            data_rcq,
+            pd,
+            ids: Vec::new(),
+            ch: CmEventChannel::new()?,
+            _dev: dev,
+            client,
+            p,
+            wcs: vec![EMPTY_COMPLETION; 64],
+            half: 0,
+            data_ready: Instant::now(),
+        };
+        Ok(side)
+    }
+
+    fn options(&self, reads: usize) -> ConnectOptions {
+        // perftest speaks first from either end (the server of write_lat writes first), and
+        // siw as responder needs the first-FPDU hold-off (see ConnectOptions). 20 ms (the
+        // default) left perftest's server over siw with its first control Send stuck in
+        // its send queue once in about 20 control connections under TCG (our version
+        // arrived, its answer never left): a longer hold-off, paid once per connection.
+        ConnectOptions::linux_siw()
+            .first_fpdu_delay(FIRST_FPDU_DELAY)
+            .crc(self.p.crc)
+            .timeout(Duration::from_secs(10))
+            .ird(reads)
+            .ord(reads)
+    }
+
+    fn data_reads(&self) -> usize {
+        match self.p.shape.op {
+            Op::Read => self.p.out_reads,
+            _ => 0,
+        }
+    }
+
+    fn data(&self) -> Result<&MemoryRegion> {
+        self.data
+            .as_ref()
+            .ok_or_else(|| anyhow!("the data region is not registered yet"))
+    }
+
+    // ----- control QP -----
+
+    fn wait_wc(&mut self, send: bool, what: &str) -> Result<WorkCompletion> {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        let mut spins = 0u32;
+        loop {
+            let cq = if send { &self.ctrl_scq } else { &self.ctrl_rcq };
+            let n = cq.poll(&mut self.wcs[..1])?;
+            if n == 1 {
+                let wc = self.wcs[0];
+                check(&wc, what)?;
+                return Ok(wc);
+            }
+            spins += 1;
+            if spins.is_multiple_of(1024) {
+                ensure!(
+                    Instant::now() < deadline,
+                    "perftest exchange: no {what} within {STEP_TIMEOUT:?}"
+                );
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            super::spin::pause(spins);
+        }
+    }
+
+    fn send_msg(&mut self, msg: &[u8]) -> Result<()> {
+        ensure!(msg.len() <= wire::DEST_LEN, "control message too long");
+        self.ctrl_qp.post_send(&SendWr {
+            wr_id: 0,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            payload: Payload::Inline(msg),
+            signaled: true,
+            fence: false,
+        })?;
+        let wc = self.wait_wc(true, "control Send completion")?;
+        ensure!(
+            wc.opcode == WcOpcode::Send,
+            "control QP: unexpected {:?}",
+            wc.opcode
+        );
+        Ok(())
+    }
+
+    fn recv_msg(&mut self) -> Result<Vec<u8>> {
+        let wc = self.wait_wc(false, "control message from the peer")?;
+        let slot = usize::try_from(wc.wr_id)?;
+        ensure!(slot < CTRL_RECVS, "control receive with unknown id {slot}");
+        let len = (wc.byte_len as usize).min(CTRL_SLOT);
+        let mut b = vec![0u8; len];
+        self.ctrl_recv.read_at(slot * CTRL_SLOT, &mut b)?;
+        self.ctrl_qp.post_recv(&RecvWr {
+            wr_id: wc.wr_id,
+            sgl: SgList::single(self.ctrl_recv.sge(slot * CTRL_SLOT, CTRL_SLOT as u32)?),
+        })?;
+        Ok(b)
+    }
+
+    /// One step: the client sends first, the server answers.
+    fn xchg(&mut self, mine: &[u8]) -> Result<Vec<u8>> {
+        if self.client {
+            self.send_msg(mine)?;
+            self.recv_msg()
+        } else {
+            let theirs = self.recv_msg()?;
+            self.send_msg(mine)?;
+            Ok(theirs)
+        }
+    }
+
+    fn handshake(&mut self, mine: &Dest) -> Result<Dest> {
+        let b = self.xchg(&mine.encode())?;
+        Ok(Dest::decode(&b)?)
+    }
+
+    /// Version, system data and MTU; then registers the data region for the agreed cycle
+    /// buffer. Returns the peer's version.
+    fn preamble(&mut self) -> Result<String> {
+        let v = wire::decode_version(&self.xchg(&wire::encode_version(wire::OUR_VERSION))?)?;
+        let cycle = wire::decode_size(
+            "cycle buffer",
+            &self.xchg(&wire::encode_size(CYCLE_BUFFER))?,
+            1 << 30,
+        )?;
+        let line = wire::decode_size(
+            "cache line size",
+            &self.xchg(&wire::encode_size(CACHE_LINE))?,
+            1 << 16,
+        )?;
+        let _mtu = wire::decode_mtu(&self.xchg(&wire::encode_mtu(MTU_1024))?)?;
+        // perftest cycles its remote address through `cycle` bytes (messages up to half of
+        // it) or always uses the start: the peer's window is max(size, cycle) rounded up to
+        // cache lines, and our source follows it.
+        let cycle = cycle.max(CYCLE_BUFFER) as usize;
+        let line = line.max(CACHE_LINE) as usize;
+        self.half = self.p.size.max(cycle).div_ceil(line) * line;
+        self.data = Some(self.pd.reg_mr(
+            2 * self.half,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+        )?);
+        Ok(v.text)
+    }
+
+    /// This side's destination: the data QP, and the buffer the peer may use (the credit
+    /// word for send_bw).
+    fn my_dest(&self) -> Result<Dest> {
+        let data = self.data()?;
+        let (rkey, vaddr) = match (self.p.shape.op, self.p.shape.kind) {
+            (Op::Send, Kind::Bw) => (self.credit.rkey().0, self.credit.addr()),
+            _ => (data.rkey().0, data.addr()),
+        };
+        // A PSN means nothing to iWARP; perftest draws a random 24-bit one.
+        let psn = (std::process::id() ^ self.data_qp.qp_num().rotate_left(12)) & 0x00ff_ffff;
+        Ok(Dest {
+            lid: 0,
+            out_reads: match self.p.shape.op {
+                Op::Read => u32::try_from(self.p.out_reads)?,
+                _ => 1,
+            },
+            qpn: self.data_qp.qp_num(),
+            psn,
+            rkey,
+            vaddr,
+            gid: [0; 16],
+            srqn: 0,
+            gid_index: 0,
+        })
+    }
+
+    /// Receives of the data QP: the whole credit window for send_bw, a few for send_lat.
+    fn post_data_recvs(&mut self, n: u64) -> Result<()> {
+        let sge = self.data()?.sge(0, u32::try_from(self.p.size)?)?;
+        let wr = RecvWr {
+            wr_id: 0,
+            sgl: SgList::single(sge),
+        };
+        for _ in 0..n {
+            self.data_qp.post_recv(&wr)?;
+        }
+        Ok(())
+    }
+
+    /// Pre-measurement handshakes after the data connection; returns the peer's
+    /// destination.
+    fn handshakes_before(&mut self) -> Result<Dest> {
+        self.handshake(&Dest::default())?;
+        let mine = self.my_dest()?;
+        let count = match (self.p.shape.op, self.p.shape.kind) {
+            (Op::Write | Op::Read, Kind::Bw) => 3,
+            (Op::Send, Kind::Bw) | (_, Kind::Lat) => 4,
+        };
+        let mut peer = Dest::default();
+        for i in 0..count {
+            let d = self.handshake(&mine)?;
+            if i == 0 {
+                peer = d;
+            } else if (d.rkey, d.vaddr) != (peer.rkey, peer.vaddr) {
+                bail!(
+                    "perftest peer changed its buffer between handshakes ({:#x}@{:#x}, then {:#x}@{:#x})",
+                    peer.rkey,
+                    peer.vaddr,
+                    d.rkey,
+                    d.vaddr
+                );
+            }
+        }
+        Ok(peer)
+    }
+
+    /// After the measurement: the closing handshakes (and the report of write_bw/read_bw).
+    fn handshakes_after(&mut self, mine: Option<BwReport>) -> Result<Option<BwReport>> {
+        let dest = self.my_dest()?;
+        let report = match (self.p.shape.op, self.p.shape.kind) {
+            (Op::Write | Op::Read, Kind::Bw) => {
+                self.handshake(&dest)?;
+                let fields = mine.unwrap_or_default().encode();
+                let mut got: [Vec<u8>; 5] = Default::default();
+                for (slot, f) in got.iter_mut().zip(fields.iter()) {
+                    *slot = self.xchg(f)?;
+                }
+                self.handshake(&dest)?;
+                Some(BwReport::decode(&got)?)
+            }
+            (Op::Write, Kind::Lat) => None,
+            _ => {
+                self.handshake(&dest)?;
+                None
+            }
+        };
+        Ok(report)
+    }
+
+    // ----- connections -----
+
+    fn connect(&mut self, addr: SocketAddr) -> Result<(String, String)> {
+        let opts = self.options(1);
+        let (id, _) = self
+            .ch
+            .connect_blocking(&self.ctrl_qp, addr, &opts)
+            .with_context(|| format!("control connection to {addr}"))?;
+        self.ids.push(id);
+        let version = self.preamble()?;
+        self.handshake(&Dest::default())?;
+        if self.p.shape.op == Op::Send {
+            self.post_data_recvs(self.p.rx_window())?;
+        }
+        let reads = self.data_reads();
+        let opts = self.options(reads);
+        let mut tries = 0;
+        let (id, info) = loop {
+            tries += 1;
+            match self.ch.connect_blocking(&self.data_qp, addr, &opts) {
+                Ok(v) => break v,
+                Err(e) if tries < DATA_CONNECT_TRIES => {
+                    tracing_note(&format!("data connection attempt {tries}: {e}; retrying"));
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e).context("data connection"),
+            }
+        };
+        self.ids.push(id);
+        self.data_ready = Instant::now() + opts.first_fpdu_delay;
+        Ok((version, describe(&info)))
+    }
+
+    fn accept(
+        &mut self,
+        bind: SocketAddr,
+        ready: Option<Sender<SocketAddr>>,
+    ) -> Result<(String, String)> {
+        let opts = self.options(1);
+        let l = self.ch.listen(
+            bind,
+            &ListenOptions::default().backlog(4).options(opts.clone()),
+        )?;
+        if let Some(tx) = ready {
+            // The receiver may be gone (it stopped waiting): nothing to tell then.
+            let _ = tx.send(l.local_addr());
+        }
+        let (id, _) = l
+            .accept(&self.ctrl_qp, &opts, Some(self.p.accept_timeout))
+            .context("waiting for the control connection")?;
+        self.ids.push(id);
+        let version = self.preamble()?;
+        if self.p.shape.op == Op::Send {
+            self.post_data_recvs(self.p.rx_window())?;
+        }
+        // The listener stays up: the client connects the data QP to the same port once the
+        // zero destinations were exchanged.
+        self.handshake(&Dest::default())?;
+        let reads = self.data_reads();
+        let (id, info) = l
+            .accept(&self.data_qp, &self.options(reads), Some(STEP_TIMEOUT))
+            .context("waiting for the data connection")?;
+        self.ids.push(id);
+        Ok((version, describe(&info)))
+    }
+}
+
+impl Side {
+    /// Ends the session. perftest tears its QPs down right after its last control message
+    /// completes; closing ours first could flush a Send of the peer that we already
+    /// received but whose completion it has not seen yet (siw then reports a failed
+    /// Send). So the peer closes first: the server waits for the client's disconnect (a
+    /// while), the client for the server's (briefly: the server may be waiting too), then
+    /// each disconnects gracefully.
+    fn close(&mut self) {
+        let wait = if self.client {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(10)
+        };
+        let deadline = Instant::now() + wait;
+        let conns: Vec<_> = self.ids.iter().map(|id| id.conn_id()).collect();
+        let mut left = conns.clone();
+        while !left.is_empty() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            match self.ch.get_event_matching(
+                Some(deadline - now),
+                |e| matches!(e, CmEvent::Disconnected { id, .. } if conns.contains(id)),
+            ) {
+                Ok(CmEvent::Disconnected { id, .. }) => left.retain(|c| *c != id),
+                _ => break,
+            }
+        }
+        for id in &self.ids {
+            // Already disconnected by the peer: nothing to do.
+            let _ = id.disconnect();
+        }
+    }
+}
+
+fn describe(info: &softwarp::ConnectionInfo) -> String {
+    format!(
+        "MPA rev {}, CRC {}, IRD/ORD {}/{}",
+        info.revision,
+        if info.crc { "on" } else { "off" },
+        info.ird,
+        info.ord
+    )
+}
+
+fn tracing_note(s: &str) {
+    eprintln!("softwarp bench -R: {s}");
+}
+
+fn finish(side: &mut Side, conn: String, peer_version: String) -> Result<Outcome> {
+    let peer = side.handshakes_before()?;
+    let (timed, report) = side.measure(&peer)?;
+    side.close();
+    Ok(Outcome {
+        timed,
+        peer_version,
+        report,
+        data_conn: conn,
+    })
+}
+
+fn validate(p: &Params) -> Result<()> {
+    ensure!(p.size >= 1, "-S must be at least 1 byte");
+    ensure!(p.iters >= 1, "-n must be at least 1");
+    ensure!(
+        p.size <= u32::MAX as usize,
+        "-S must be below 4 GiB (one SGE)"
+    );
+    Ok(())
+}
+
+/// Runs one perftest session as the client of the perftest server at `addr`.
+pub fn client(addr: SocketAddr, p: &Params) -> Result<Outcome> {
+    validate(p)?;
+    let mut side = Side::new(*p, true)?;
+    let (version, conn) = side.connect(addr)?;
+    finish(&mut side, conn, version)
+}
+
+/// Serves one perftest session on `bind`; `ready` learns the bound address.
+pub fn server(bind: SocketAddr, p: &Params, ready: Option<Sender<SocketAddr>>) -> Result<Outcome> {
+    validate(p)?;
+    let mut side = Side::new(*p, false)?;
+    let (version, conn) = side.accept(bind, ready)?;
+    finish(&mut side, conn, version)
+}

@@ -1,0 +1,233 @@
+#!/bin/bash
+# perftest's -R exchange between Softwarp (`softwarp bench -R`, on the host) and Linux siw's
+# perftest tools (ib_send_bw, ib_write_bw, ib_read_bw, ib_send_lat, ib_write_lat,
+# ib_read_lat; in the qemu guest of the interop harness), in both roles, at a small size and
+# one larger than the MSS, with CRC off and on. Every session is captured on the harness's
+# tap and decoded with `softwarp decode` (and tshark's expert info when tshark is there).
+# Ends with "N passed, M failed".
+#
+#   interop/run-siw-perftest.sh [--up] [--harness DIR] [--out DIR] [--only REGEX] [--iters N]
+#
+#   --harness DIR  the harness (default: ../shared/interop next to this repository, or
+#                  $IWARP_HARNESS)
+#   --up           boot the guest with the harness's up.sh when it is not running
+#   --out DIR      where captures and logs go (default: a new directory under /tmp)
+#   --only REGEX   run only the cases whose name matches
+#   --iters N      perftest -n (default 200)
+#
+# Needs root (network namespace), tcpdump and cargo. Not part of CI: the guest runs under
+# TCG; the whole matrix takes several minutes.
+set -uo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+HARNESS=${IWARP_HARNESS:-$REPO/../shared/interop}
+OUT=""
+ONLY=""
+ITERS=200
+UP=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --harness) HARNESS=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --only) ONLY=$2; shift 2 ;;
+    --iters) ITERS=$2; shift 2 ;;
+    --up) UP=1; shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+HARNESS=$(cd "$HARNESS" 2>/dev/null && pwd) || { echo "no harness at $HARNESS" >&2; exit 2; }
+# shellcheck source=/dev/null
+. "$HARNESS/config.sh"      # NETNS, TAP, HOST_IP, GUEST_IP
+G=$HARNESS/guest.sh
+H=$HARNESS/hostns.sh
+
+[ "$(id -u)" = 0 ] || { echo "run as root (network namespace $NETNS)" >&2; exit 2; }
+for t in tcpdump cargo timeout python3; do
+  command -v $t >/dev/null || { echo "missing $t" >&2; exit 2; }
+done
+TSHARK=$(command -v tshark || true)
+if ! "$G" true 2>/dev/null; then
+  if [ $UP = 1 ]; then
+    "$HARNESS/up.sh" || { echo "up.sh failed" >&2; exit 2; }
+  else
+    echo "the guest is not reachable (guest.sh true failed): start it with $HARNESS/up.sh or pass --up" >&2
+    exit 2
+  fi
+fi
+
+OUT=${OUT:-$(mktemp -d /tmp/softwarp-siw-perftest.XXXXXX)}
+mkdir -p "$OUT"
+echo "building softwarp..."
+(cd "$REPO" && cargo build --release -q -p softwarp-cli) || { echo "build failed" >&2; exit 2; }
+SW=$REPO/target/release/softwarp
+echo "captures and logs: $OUT (perftest in the guest: $("$G" 'ib_write_bw --version' 2>/dev/null | tr -d '\r'))"
+
+PASS=0 FAIL=0
+PORT=${IWARP_PERFTEST_PORT:-18600}
+SIW_PARAMS=none
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+
+load_siw() {  # load_siw "params" (empty: stock module)
+  [ "$1" = "$SIW_PARAMS" ] && return 0
+  # shellcheck disable=SC2086
+  if "$HARNESS/siw-load.sh" $1 >"$OUT/siw-load.log" 2>&1; then
+    SIW_PARAMS=$1
+    echo "-- siw reloaded: ${1:-stock module}"
+  else
+    echo "-- siw reload with '${1}' failed:"; tail -3 "$OUT/siw-load.log"; SIW_PARAMS=none; return 1
+  fi
+}
+
+start_capture() {  # start_capture NAME PORT: sets CAP_PID
+  "$H" tcpdump --immediate-mode -B 32768 -i "$TAP" -s 0 -U -w "$OUT/$1.pcap" "tcp port $2" 2>"$OUT/$1.tcpdump" &
+  CAP_PID=$!
+  for _ in $(seq 50); do grep -q "listening on" "$OUT/$1.tcpdump" 2>/dev/null && return 0; sleep 0.1; done
+  echo "tcpdump did not start"; return 1
+}
+
+stop_capture() {
+  sleep 1.5
+  kill -INT "$CAP_PID" 2>/dev/null
+  wait "$CAP_PID" 2>/dev/null
+}
+
+# Decodes a capture; prints problems, returns their number.
+check_capture() {  # check_capture NAME CRC(on|off)
+  local name=$1 crc=$2 dec=$OUT/$1.decode errs=0
+  "$SW" decode "$OUT/$name.pcap" >"$dec" 2>"$OUT/$name.decode.err" || { echo "    softwarp decode failed: $(tail -1 "$OUT/$name.decode.err")"; errs=$((errs+1)); }
+  local dropped reqs reps fpdus bad
+  dropped=$(sed -n 's/^\([0-9]*\) packets dropped by kernel/\1/p' "$OUT/$name.tcpdump")
+  [ "${dropped:-0}" = 0 ] || { echo "    capture incomplete: tcpdump dropped $dropped packets (rerun)"; errs=$((errs+1)); }
+  reqs=$(grep -c " MPA-REQ " "$dec"); reps=$(grep -c " MPA-REP " "$dec")
+  [ "$reqs" = 2 ] && [ "$reps" = 2 ] || { echo "    capture: $reqs MPA Requests and $reps Replies, expected 2 and 2 (control and data QP)"; errs=$((errs+1)); }
+  fpdus=$(grep -cvE " MPA-(REQ|REP) " "$dec")
+  if [ "$crc" = on ]; then bad=$(grep -vE " MPA-(REQ|REP) " "$dec" | grep -vc "crc=good(")
+  else bad=$(grep -vE " MPA-(REQ|REP) " "$dec" | grep -vc "crc=off(0x00000000)"); fi
+  [ "$bad" = 0 ] || { echo "    capture: $bad of $fpdus FPDUs without the expected CRC ($crc):"; \
+    grep -vE " MPA-(REQ|REP) " "$dec" | grep -v "crc=good(" | grep -v "crc=off(0x00000000)" | head -3 | sed 's/^/      /'; errs=$((errs+1)); }
+  grep -q " Terminate " "$dec" && { echo "    capture: a Terminate"; errs=$((errs+1)); }
+  if [ -n "$TSHARK" ]; then
+    "$TSHARK" -n -r "$OUT/$name.pcap" --disable-protocol rpcordma --disable-protocol smb_direct \
+      -q -z expert >"$OUT/$name.expert" 2>/dev/null
+    if grep -qE "^Errors|Malformed" "$OUT/$name.expert"; then
+      echo "    tshark reports errors:"; grep -A4 -E "^Errors|Malformed" "$OUT/$name.expert" | sed 's/^/      /'
+      errs=$((errs+1))
+    fi
+  fi
+  return $errs
+}
+
+report() {  # report NAME OK(0|1) DETAIL [LOGS...]
+  local name=$1 ok=$2 detail=$3; shift 3
+  if [ "$ok" = 0 ]; then
+    PASS=$((PASS+1)); echo "PASS $name: $detail"; echo "PASS $name: $detail" >>"$SUMMARY"
+  else
+    FAIL=$((FAIL+1)); echo "FAIL $name: $detail"; echo "FAIL $name: $detail" >>"$SUMMARY"
+    for l in "$@"; do [ -f "$l" ] && { echo "    --- $(basename "$l"):"; tail -8 "$l" | cut -c1-160 | sed 's/^/    /'; }; done
+  fi
+}
+
+# Our figures from the JSON document (MB/s of 2^20 bytes, or the typical latency).
+ours_figure() {  # ours_figure FILE
+  python3 - "$1" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"no JSON ({e})"); sys.exit(1)
+r = d.get("results") or []
+if not r:
+    print("no result row (passive side)"); sys.exit(0 if any("passive" in n for n in d.get("notes", [])) else 1)
+f = r[0]["softwarp"]
+if r[0]["kind"] == "bw":
+    mbs = f["gbit_per_s"] * 1e9 / 8 / 2**20
+    print(f"{mbs:.2f} MB/s"); sys.exit(0 if mbs > 0 else 1)
+print(f"{f['lat_us']:.1f} us typical"); sys.exit(0 if f["lat_us"] > 0 else 1)
+PY
+}
+
+# perftest's result line: "<size> <iters> <numbers...>"; prints the line, fails without one.
+siw_figure() {  # siw_figure FILE SIZE ITERS
+  grep -E "^ *$2 +$3 +[0-9]" "$1" | head -1 | tr -s ' \t' ' ' | sed 's/^ //'
+  grep -qE "^ *$2 +$3 +[0-9]" "$1"
+}
+
+run_case() {  # run_case TOOL ROLE(client|server) SIZE CRC(on|off) "SIW PARAMS"
+  local tool=$1 role=$2 size=$3 crc=$4 params=$5
+  local name="${tool#ib_}-$role-$size-crc$crc${params:+-req}"
+  if [ -n "$ONLY" ] && ! [[ $name =~ $ONLY ]]; then return; fi
+  load_siw "$params" || { report "$name" 1 "siw could not be loaded with '$params'"; return; }
+  PORT=$((PORT+1))
+  # perftest -F: under TCG its CPU clock estimate (cycles against gettimeofday) sometimes
+  # fails when the guest is busy, and without -F the bandwidth tools then end with "Can't
+  # produce a report" and exit 1 after a good run.
+  local port=$PORT o=$OUT/$name.ours.json e=$OUT/$name.ours.log s=$OUT/$name.siw.log
+  local shape=${tool#ib_} ours_rc siw_rc
+  start_capture "$name" "$port" || { report "$name" 1 "no capture"; return; }
+  if [ "$role" = client ]; then
+    # siw's perftest server in the guest, ours as client.
+    "$G" "rm -f /tmp/swp-$name.*; (timeout 120 $tool -R -F -d siw0 -p $port -s $size -n $ITERS >/tmp/swp-$name.log 2>&1; echo \$? >/tmp/swp-$name.rc) >/dev/null 2>&1 &"
+    for _ in $(seq 50); do "$G" "ss -ltn | grep -q ':$port '" && break; sleep 0.2; done
+    timeout 150 "$H" "$SW" bench -R "$shape" "$GUEST_IP" -p "$port" -S "$size" -n "$ITERS" --crc "$crc" --json >"$o" 2>"$e"
+    ours_rc=$?
+    "$G" "for i in \$(seq 150); do [ -f /tmp/swp-$name.rc ] && break; sleep 0.2; done; cat /tmp/swp-$name.log; echo rc=\$(cat /tmp/swp-$name.rc 2>/dev/null || echo timeout)" >"$s" 2>&1
+  else
+    # Ours as server on the host side of the tap, siw's perftest client in the guest.
+    timeout 150 "$H" "$SW" bench -R -s "$shape" --bind "$HOST_IP" -p "$port" -S "$size" -n "$ITERS" --crc "$crc" --accept-timeout 60 --json >"$o" 2>"$e" &
+    local spid=$!
+    for _ in $(seq 50); do "$H" ss -ltn 2>/dev/null | grep -q ":$port " && break; sleep 0.1; done
+    "$G" "timeout 120 $tool -R -F -d siw0 -p $port -s $size -n $ITERS $HOST_IP; echo rc=\$?" >"$s" 2>&1
+    wait "$spid"; ours_rc=$?
+  fi
+  siw_rc=$(sed -n 's/^rc=//p' "$s" | tail -1)
+  stop_capture
+  local problems checks ours siw want_siw=yes dropped
+  problems=$(check_capture "$name" "$crc"); checks=$?
+  # tcpdump on the tap loses packets when the machine is busy (qemu under TCG takes both
+  # cores): that says nothing about the stacks, so such a case runs again (twice at most).
+  # The same when the capture misses bytes that tcpdump did not count as dropped.
+  dropped=$(sed -n 's/^\([0-9]*\) packets dropped by kernel/\1/p' "$OUT/$name.tcpdump")
+  grep -qE " ERROR +the capture (lost|ends inside)" "$OUT/$name.decode" && dropped=${dropped:-0}+lost
+  if [ "${dropped:-0}" != 0 ] && [ "${RETRY:-0}" -lt 2 ]; then
+    echo "RETRY $name: the capture is incomplete ($dropped packets dropped; ours rc=$ours_rc, siw rc=$siw_rc)"
+    RETRY=$((${RETRY:-0}+1)) run_case "$@"
+    return
+  fi
+  ours=$(ours_figure "$o"); local ours_ok=$?
+  # perftest's read_lat server is passive and prints no result line.
+  [ "$role" = client ] && [ "$tool" = ib_read_lat ] && want_siw=no
+  siw=$(siw_figure "$s" "$size" "$ITERS"); local siw_ok=$?
+  if [ $want_siw = no ]; then siw="(passive, no figures)"; siw_ok=0; fi
+  local detail="ours: $ours; siw: $siw; $(grep -cvE ' MPA-(REQ|REP) ' "$OUT/$name.decode") FPDUs decoded"
+  if [ "$ours_rc" = 0 ] && [ "$siw_rc" = 0 ] && [ $ours_ok = 0 ] && [ $siw_ok = 0 ] && [ $checks = 0 ]; then
+    report "$name" 0 "$detail"
+  else
+    report "$name" 1 "ours rc=$ours_rc, siw rc=$siw_rc; $detail" "$e" "$s"
+    [ -n "$problems" ] && echo "$problems"
+  fi
+}
+
+for tool in ib_send_bw ib_write_bw ib_read_bw; do
+  for role in client server; do
+    run_case $tool $role 4096 off ""
+    run_case $tool $role 65536 off ""
+    run_case $tool $role 65536 on ""
+  done
+done
+for tool in ib_send_lat ib_write_lat ib_read_lat; do
+  for role in client server; do
+    run_case $tool $role 8 off ""
+    run_case $tool $role 4096 off ""
+    run_case $tool $role 4096 on ""
+  done
+done
+# siw asking for CRC itself (interop build, mpa_crc_required=1): as initiator it sets C=1.
+for tool in ib_write_bw ib_send_lat; do
+  run_case $tool server 4096 on "mpa_crc_required=1"
+done
+
+[ "$SIW_PARAMS" = "" ] || load_siw "" >/dev/null
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" = 0 ]
