@@ -457,4 +457,31 @@ mod tests {
             assert_eq!(again, b);
         }
     }
+
+    proptest::proptest! {
+        /// Whatever a peer sends, every decoder answers a value or a typed error (no panic),
+        /// and a decoded destination re-encodes to the bytes it came from, padding aside.
+        #[test]
+        fn no_decoder_panics_on_arbitrary_bytes(
+            b in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80),
+            parts in proptest::collection::vec(
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..12), 5),
+        ) {
+            let _ = decode_version(&b);
+            let _ = decode_size("cycle buffer", &b, u32::MAX);
+            let _ = decode_mtu(&b);
+            let _ = decode_u64("size", &b);
+            let _ = decode_f64("peak", &b);
+            let _ = decode_credit(&b);
+            if let Ok(d) = Dest::decode(&b) {
+                let again = d.encode();
+                proptest::prop_assert_eq!(&again[..20], &b[..20]);
+                proptest::prop_assert_eq!(&again[24..], &b[24..DEST_LEN]);
+            }
+            let report: [Vec<u8>; 5] = [
+                parts[0].clone(), parts[1].clone(), parts[2].clone(), parts[3].clone(), parts[4].clone(),
+            ];
+            let _ = BwReport::decode(&report);
+        }
+    }
 }
