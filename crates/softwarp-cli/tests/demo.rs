@@ -48,4 +48,10 @@ fn demo_runs_every_operation_and_reports_each_one() {
     }
     assert!(stdout.contains("all 24 operations verified"), "{stdout}");
     assert!(stdout.contains("both QPs in Error"), "{stdout}");
+    // Everything the demo created is released before its devices close: no leak report.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("still allocated at close") && !stdout.contains("still allocated"),
+        "the demo leaks:\n{stderr}"
+    );
 }
