@@ -300,7 +300,11 @@ impl QpShared {
 
     /// Moves completions to the CQs and events to the device.
     fn drain(&self, inner: &mut QpInner) {
-        while let Some((target, wc)) = inner.qp.poll_completion() {
+        // Most drains find nothing: ask before the (not inlined) poll.
+        while inner.qp.has_completion() {
+            let Some((target, wc)) = inner.qp.poll_completion() else {
+                break;
+            };
             match target {
                 CqTarget::Send => self.send_cq.push(wc),
                 CqTarget::Recv => self.recv_cq.push(wc),
@@ -404,59 +408,63 @@ impl QpShared {
             // the staging buffer behind it); `None` for an empty target (never offered by
             // a sound engine).
             let ahead = staging && !small_stage && inner.qp.rx_expects_whole_fpdu();
-            let (r, target_len, asked) = match inner.qp.rx_target() {
+            let (r, target_len, asked) = if ahead {
                 // A new FPDU starts: read it and what follows into the staging buffer only,
-                // from where whole FPDUs go to the engine in one step each.
-                RxTarget::Buffer(_) if ahead => (
+                // from where whole FPDUs go to the engine in one step each. (The engine's
+                // target would be the header buffer, unused here: not asked for.)
+                (
                     Some(sys::read_buf_staged(fd, &mut [], stage)),
                     0,
                     stage.len(),
-                ),
-                RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. } => (None, 0, 0),
-                RxTarget::Buffer(b) => {
-                    let len = b.len();
-                    let extra = stage_len(staging, small_stage, stage.len());
-                    let extra = stage.get_mut(..extra).unwrap_or_default();
-                    let asked = len + extra.len();
-                    (Some(sys::read_buf_staged(fd, b, extra)), len, asked)
-                }
-                RxTarget::Region {
-                    region,
-                    offset,
-                    len,
-                } => {
-                    let big = len >= BIG_PAYLOAD;
-                    inner.rx_big |= big;
-                    let extra = stage_len(staging, small_stage || big, stage.len());
-                    let extra = stage.get_mut(..extra).unwrap_or_default();
-                    let asked = len + extra.len();
-                    (
-                        Some(sys::read_region_staged(fd, region, offset, len, extra)),
-                        len,
-                        asked,
-                    )
-                }
-                RxTarget::Blocked => {
-                    self.drain(inner);
-                    self.rx_commit(inner, 0);
-                    if matches!(inner.qp.rx_target(), RxTarget::Blocked) {
-                        return RxEnd::Blocked;
+                )
+            } else {
+                match inner.qp.rx_target() {
+                    RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. } => (None, 0, 0),
+                    RxTarget::Buffer(b) => {
+                        let len = b.len();
+                        let extra = stage_len(staging, small_stage, stage.len());
+                        let extra = stage.get_mut(..extra).unwrap_or_default();
+                        let asked = len + extra.len();
+                        (Some(sys::read_buf_staged(fd, b, extra)), len, asked)
                     }
-                    continue;
-                }
-                RxTarget::Closed => {
-                    let mut stream = &conn.stream;
-                    match stream.read(stage) {
-                        Ok(0) => {
-                            self.drain(inner);
-                            link_down(inner, LinkDown::PeerClosed);
-                            return self.rx_closed(inner, "peer closed the connection");
+                    RxTarget::Region {
+                        region,
+                        offset,
+                        len,
+                    } => {
+                        let big = len >= BIG_PAYLOAD;
+                        inner.rx_big |= big;
+                        let extra = stage_len(staging, small_stage || big, stage.len());
+                        let extra = stage.get_mut(..extra).unwrap_or_default();
+                        let asked = len + extra.len();
+                        (
+                            Some(sys::read_region_staged(fd, region, offset, len, extra)),
+                            len,
+                            asked,
+                        )
+                    }
+                    RxTarget::Blocked => {
+                        self.drain(inner);
+                        self.rx_commit(inner, 0);
+                        if matches!(inner.qp.rx_target(), RxTarget::Blocked) {
+                            return RxEnd::Blocked;
                         }
-                        Ok(n) => {
-                            *budget = budget.saturating_sub(n);
-                            continue;
+                        continue;
+                    }
+                    RxTarget::Closed => {
+                        let mut stream = &conn.stream;
+                        match stream.read(stage) {
+                            Ok(0) => {
+                                self.drain(inner);
+                                link_down(inner, LinkDown::PeerClosed);
+                                return self.rx_closed(inner, "peer closed the connection");
+                            }
+                            Ok(n) => {
+                                *budget = budget.saturating_sub(n);
+                                continue;
+                            }
+                            Err(e) => (Some(Err(e)), 0, 0),
                         }
-                        Err(e) => (Some(Err(e)), 0, 0),
                     }
                 }
             };

@@ -23,6 +23,8 @@ use softwarp_engine::qp::TxPiece;
 /// Most iovecs one `writev` takes here (the engine's largest gather list,
 /// [`softwarp_engine::qp::TxGather`], holds 64 pieces).
 const MAX_IOV: usize = 64;
+/// Iovecs on the stack for short gather lists (see [`write_pieces`]).
+const FEW_IOV: usize = 4;
 
 /// `readv(2)` into `first` (a buffer inside the engine) and then `stage`: the bytes
 /// beyond `first.len()` land in `stage`. Returns the bytes read (0 at end of stream).
@@ -96,10 +98,24 @@ fn readv(fd: BorrowedFd<'_>, iov: &[libc::iovec; 2]) -> io::Result<usize> {
 /// Safe to call: byte pieces are borrowed slices; region pieces are bounds-checked ranges of
 /// regions the `TxPiece` borrows for the call. At most 64 pieces are written per call.
 pub(crate) fn write_pieces(fd: BorrowedFd<'_>, pieces: &[TxPiece<'_>]) -> io::Result<usize> {
+    // Coalesced small FPDUs arrive as one or two pieces: a short iovec array spares
+    // zeroing 1 KiB per `sendmsg` on the small-message path.
+    if pieces.len() <= FEW_IOV {
+        write_pieces_in::<FEW_IOV>(fd, pieces)
+    } else {
+        write_pieces_in::<MAX_IOV>(fd, pieces)
+    }
+}
+
+/// [`write_pieces`] with an iovec array of `N` entries (pieces past `N` are not written).
+fn write_pieces_in<const N: usize>(
+    fd: BorrowedFd<'_>,
+    pieces: &[TxPiece<'_>],
+) -> io::Result<usize> {
     let mut iov = [libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
-    }; MAX_IOV];
+    }; N];
     let mut n = 0;
     for piece in pieces.iter().filter(|p| !p.is_empty()) {
         let (ptr, len) = match piece {
@@ -360,6 +376,23 @@ mod tests {
             "out of bounds is refused"
         );
         assert!(tcp_maxseg(a.as_fd()).unwrap() > 0);
+    }
+
+    #[test]
+    fn write_pieces_takes_short_and_long_gather_lists() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        let words: Vec<[u8; 2]> = (0..70u8).map(|i| [i, i]).collect();
+        let pieces: Vec<TxPiece<'_>> = words.iter().map(|w| TxPiece::Bytes(w)).collect();
+        for n in [1, FEW_IOV, FEW_IOV + 1, MAX_IOV, 70] {
+            let want = 2 * n.min(MAX_IOV);
+            assert_eq!(write_pieces(a.as_fd(), &pieces[..n]).unwrap(), want);
+            let mut got = vec![0u8; want];
+            b.read_exact(&mut got).unwrap();
+            let expect: Vec<u8> = words[..n.min(MAX_IOV)].concat();
+            assert_eq!(got, expect, "{n} pieces");
+        }
     }
 
     #[test]

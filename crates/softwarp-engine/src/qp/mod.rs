@@ -777,6 +777,18 @@ impl Qp {
         self.rx_done.pop().map(|wc| (CqTarget::Recv, wc))
     }
 
+    /// Whether [`Qp::poll_completion`] has anything to look at: a finished send WR at the
+    /// front of the send queue (it may be unsignaled and complete silently) or a receive
+    /// completion. Cheap enough to ask before every drain.
+    #[inline]
+    pub fn has_completion(&self) -> bool {
+        !self.rx_done.is_empty()
+            || self
+                .sq
+                .front()
+                .is_some_and(|e| matches!(e.status, SqStatus::Done(..)))
+    }
+
     /// The next asynchronous event of this QP (errors with their cause).
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
         self.events.pop()

@@ -1074,12 +1074,15 @@ impl Qp {
         };
         // Built in place: the receive state is a few hundred bytes.
         let msg = self.rx_msg.insert(RxMsg {
-            capacity: wr.sgl.total_len(),
+            capacity: 0,
             wr,
             mem: no_validated(),
             received: 0,
             msn,
         });
+        // Summed where the list now lives: reading the WR before the move had it taken
+        // apart field by field on the stack and copied twice.
+        msg.capacity = msg.wr.sgl.total_len();
         let mut ok = true;
         for (slot, sge) in msg.mem.iter_mut().zip(msg.wr.sgl.as_slice()) {
             if sge.length == 0 {

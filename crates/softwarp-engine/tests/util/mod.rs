@@ -131,7 +131,15 @@ impl Side {
 
     /// Moves the QP's completions to the CQs and its events (and the CQs' and SRQ's) here.
     pub fn pump(&mut self) {
-        while let Some((target, wc)) = self.qp.poll_completion() {
+        loop {
+            // The runtime skips `poll_completion` when `has_completion` says no: check on
+            // every pump that the two agree.
+            let had = self.qp.has_completion();
+            let Some((target, wc)) = self.qp.poll_completion() else {
+                assert!(!self.qp.has_completion(), "nothing polled, still pending");
+                break;
+            };
+            assert!(had, "has_completion missed {wc:?}");
             let cq = match target {
                 CqTarget::Send => &mut self.send_cq,
                 CqTarget::Recv => &mut self.recv_cq,
