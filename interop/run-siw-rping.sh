@@ -37,26 +37,11 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-HARNESS=$(cd "$HARNESS" 2>/dev/null && pwd) || { echo "no harness at $HARNESS" >&2; exit 2; }
-# shellcheck source=/dev/null
-. "$HARNESS/config.sh"      # NETNS, TAP, HOST_IP, GUEST_IP
-G=$HARNESS/guest.sh
-H=$HARNESS/hostns.sh
+# shellcheck source=interop/lib.sh
+. "$REPO/interop/lib.sh"
+harness_init tshark tcpdump cargo timeout
 DECODE=$HARNESS/decode.sh
 [ -x "$HARNESS/../tools/iwarp-decode" ] && DECODE=$HARNESS/../tools/iwarp-decode
-
-[ "$(id -u)" = 0 ] || { echo "run as root (network namespace $NETNS)" >&2; exit 2; }
-for t in tshark tcpdump cargo timeout; do
-  command -v $t >/dev/null || { echo "missing $t" >&2; exit 2; }
-done
-if ! "$G" true 2>/dev/null; then
-  if [ $UP = 1 ]; then
-    "$HARNESS/up.sh" || { echo "up.sh failed" >&2; exit 2; }
-  else
-    echo "the guest is not reachable (guest.sh true failed): start it with $HARNESS/up.sh or pass --up" >&2
-    exit 2
-  fi
-fi
 
 OUT=${OUT:-$(mktemp -d /tmp/softwarp-siw-rping.XXXXXX)}
 mkdir -p "$OUT"
@@ -67,31 +52,6 @@ echo "captures and logs: $OUT"
 
 PASS=0 FAIL=0
 PORT=${IWARP_RPING_PORT:-7700}
-SIW_PARAMS=none
-
-load_siw() {  # load_siw "params" (empty: stock module)
-  [ "$1" = "$SIW_PARAMS" ] && return 0
-  # shellcheck disable=SC2086
-  if "$HARNESS/siw-load.sh" $1 >"$OUT/siw-load.log" 2>&1; then
-    SIW_PARAMS=$1
-    echo "-- siw reloaded: ${1:-stock module}"
-  else
-    echo "-- siw reload with '${1}' failed:"; tail -3 "$OUT/siw-load.log"; SIW_PARAMS=none; return 1
-  fi
-}
-
-start_capture() {  # start_capture NAME PORT: sets CAP_PID
-  "$H" tcpdump --immediate-mode -B 32768 -i "$TAP" -s 0 -U -w "$OUT/$1.pcap" "tcp port $2" 2>"$OUT/$1.tcpdump" &
-  CAP_PID=$!
-  for _ in $(seq 50); do grep -q "listening on" "$OUT/$1.tcpdump" 2>/dev/null && return 0; sleep 0.1; done
-  echo "tcpdump did not start"; return 1
-}
-
-stop_capture() {
-  sleep 0.5
-  kill -INT "$CAP_PID" 2>/dev/null
-  wait "$CAP_PID" 2>/dev/null
-}
 
 # Checks of one capture against what was negotiated. Prints problems, returns their number.
 check_capture() {  # check_capture NAME CRC(on|off) REV(1|2) PINGS RTR(yes|no) TERMINATES
