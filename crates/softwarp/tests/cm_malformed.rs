@@ -192,27 +192,33 @@ fn silent_and_vanishing_initiators_are_dropped_without_delaying_others() {
 // The CM's initiator against a raw responder
 // ---------------------------------------------------------------------------------------
 
-/// A raw responder: reads the MPA Request, answers `reply` (or nothing), then returns the
-/// Request and everything the initiator sent after it until it closed.
 /// What a raw responder saw: the Request, and the bytes that followed it.
 type Seen = (Vec<u8>, Vec<u8>);
 
+/// Reads one whole MPA Request from `s` (bounded by [`WAIT`]), byte counts from the wire
+/// crate's incremental `needed`.
+fn read_request(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut req = Vec::new();
+    loop {
+        let need = MpaFrame::needed(&req).unwrap();
+        if need == 0 {
+            return req;
+        }
+        let mut b = vec![0u8; need];
+        s.read_exact(&mut b).unwrap();
+        req.extend_from_slice(&b);
+    }
+}
+
+/// A raw responder: reads the MPA Request, answers `reply` (or nothing), then returns the
+/// Request and everything the initiator sent after it until it closed.
 fn raw_responder(reply: Option<Vec<u8>>) -> (SocketAddr, JoinHandle<Seen>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let h = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
-        s.set_read_timeout(Some(WAIT)).unwrap();
-        let mut req = Vec::new();
-        loop {
-            let need = MpaFrame::needed(&req).unwrap();
-            if need == 0 {
-                break;
-            }
-            let mut b = vec![0u8; need];
-            s.read_exact(&mut b).unwrap();
-            req.extend_from_slice(&b);
-        }
+        let req = read_request(&mut s);
         match reply {
             Some(r) => s.write_all(&r).unwrap(),
             None => std::thread::sleep(Duration::from_millis(800)),
@@ -479,17 +485,7 @@ fn timing_responder() -> (SocketAddr, JoinHandle<Duration>) {
     let addr = l.local_addr().unwrap();
     let h = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
-        s.set_read_timeout(Some(WAIT)).unwrap();
-        let mut req = Vec::new();
-        loop {
-            let need = MpaFrame::needed(&req).unwrap();
-            if need == 0 {
-                break;
-            }
-            let mut b = vec![0u8; need];
-            s.read_exact(&mut b).unwrap();
-            req.extend_from_slice(&b);
-        }
+        read_request(&mut s);
         s.write_all(&frame(REP, 0x10, 2, &[0, 1, 0, 1])).unwrap();
         let replied = Instant::now();
         let mut first = [0u8; 1];
