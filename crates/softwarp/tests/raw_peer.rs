@@ -244,6 +244,20 @@ fn remote_protection(e: RemoteProtectionError) -> TerminateError {
     TerminateError::Rdmap(RdmapError::RemoteProtection(e))
 }
 
+/// The usual ending of a negative case: the next thing from the stack is a Terminate in RFC
+/// 5040's layout carrying `error` and `copied` (checked by [`check_terminate`]), and then the
+/// stack closes the connection.
+fn expect_rfc5040_terminate_and_close(
+    peer: &mut RawPeer,
+    error: TerminateError,
+    copied: Copied<'_>,
+) -> TerminateRepr {
+    let t = peer.expect_terminate();
+    let repr = check_terminate(peer, &t, TerminateLayout::Rfc5040, error, copied);
+    peer.expect_close();
+    repr
+}
+
 /// Checks the stack's Terminate `t` field by field, with the wire crate's view (the raw
 /// bits) and its Repr (the parsed message); returns the Repr.
 fn check_terminate(
@@ -364,15 +378,7 @@ fn refused_write(
 
     let payload = pattern(PAYLOAD, 0x77);
     let sent = peer.send(&write(stag, to, &payload));
-    let t = peer.expect_terminate();
-    check_terminate(
-        &peer,
-        &t,
-        TerminateLayout::Rfc5040,
-        case.error,
-        Copied::Ddp(&sent),
-    );
-    peer.expect_close();
+    expect_rfc5040_terminate_and_close(&mut peer, case.error, Copied::Ddp(&sent));
 
     stack.assert_failed(Kind::Access, case.fault, &[]);
     target.assert_unchanged();
@@ -553,15 +559,11 @@ fn write_to_an_stag_the_peer_invalidated_gets_ddp_invalid_stag() {
     // Then an RDMA Write through it.
     let payload = pattern(PAYLOAD, 3);
     let sent = peer.send(&write(stag.0, target.target.addr(), &payload));
-    let t = peer.expect_terminate();
-    check_terminate(
-        &peer,
-        &t,
-        TerminateLayout::Rfc5040,
+    expect_rfc5040_terminate_and_close(
+        &mut peer,
         ddp_tagged(TaggedBufferError::InvalidStag),
         Copied::Ddp(&sent),
     );
-    peer.expect_close();
 
     // WR 1 completed above; only WR 2 is left to flush.
     let qp_num = stack.end.qp.qp_num();
@@ -601,15 +603,11 @@ fn read_request_with_a_bad_source_stag_gets_remote_protection_invalid_stag_and_n
         64,
     ));
     // The first FPDU back is the Terminate: no Read Response.
-    let t = peer.expect_terminate();
-    check_terminate(
-        &peer,
-        &t,
-        TerminateLayout::Rfc5040,
+    expect_rfc5040_terminate_and_close(
+        &mut peer,
         remote_protection(RemoteProtectionError::InvalidStag),
         Copied::DdpAndReadRequest(&sent),
     );
-    peer.expect_close();
     stack.assert_failed(
         Kind::Access,
         Fault::ReadSource(AccessError::InvalidStag),
@@ -724,15 +722,11 @@ fn fpdu_with_a_bad_crc_gets_llp_crc_error_and_is_never_delivered() {
     // Deliberately corrupted: one payload bit, after the CRC was computed.
     bytes[fpdu::HEADER_LEN + UNTAGGED_HEADER_LEN + 10] ^= 0x10;
     peer.send_bytes(&bytes);
-    let t = peer.expect_terminate();
-    check_terminate(
-        &peer,
-        &t,
-        TerminateLayout::Rfc5040,
+    expect_rfc5040_terminate_and_close(
+        &mut peer,
         TerminateError::Llp(LlpError::Mpa(MpaTerminateError::CrcError)),
         Copied::Nothing,
     );
-    peer.expect_close();
     // Receive WR 1 was being filled when the CRC failed: it is flushed, not delivered.
     stack.assert_failed(Kind::Fatal, Fault::Crc, &[]);
     assert_eq!(stack.end.qp.stats().crc_errors, 1);
@@ -764,15 +758,11 @@ fn tagged_segment_with_ddp_version_2_gets_tagged_invalid_ddp_version() {
         .unwrap()
         .set_version(2);
     peer.send_ulpdu(&sent);
-    let t = peer.expect_terminate();
-    check_terminate(
-        &peer,
-        &t,
-        TerminateLayout::Rfc5040,
+    expect_rfc5040_terminate_and_close(
+        &mut peer,
         ddp_tagged(TaggedBufferError::InvalidDdpVersion),
         Copied::Ddp(&sent),
     );
-    peer.expect_close();
     stack.assert_failed(Kind::Fatal, Fault::DdpVersion { tagged: true }, &[]);
     target.assert_unchanged();
     stack.rbuf.assert_unchanged();
@@ -789,15 +779,11 @@ fn untagged_segment_with_ddp_version_2_gets_untagged_invalid_ddp_version() {
         .unwrap()
         .set_version(2);
     peer.send_ulpdu(&sent);
-    let t = peer.expect_terminate();
-    check_terminate(
-        &peer,
-        &t,
-        TerminateLayout::Rfc5040,
+    expect_rfc5040_terminate_and_close(
+        &mut peer,
         ddp_untagged(UntaggedBufferError::InvalidDdpVersion),
         Copied::Ddp(&sent),
     );
-    peer.expect_close();
     stack.assert_failed(Kind::Fatal, Fault::DdpVersion { tagged: false }, &[]);
     stack.rbuf.assert_unchanged();
     stack.close(peer);
@@ -824,15 +810,11 @@ fn write_with_rdmap_version_2_gets_invalid_rdmap_version_and_writes_nothing() {
         h.set_ulp_control((control & 0x3f) | (2 << 6));
     }
     peer.send_ulpdu(&sent);
-    let t = peer.expect_terminate();
-    check_terminate(
-        &peer,
-        &t,
-        TerminateLayout::Rfc5040,
+    expect_rfc5040_terminate_and_close(
+        &mut peer,
         remote_operation(RemoteOperationError::InvalidRdmapVersion),
         Copied::Ddp(&sent),
     );
-    peer.expect_close();
     stack.assert_failed(Kind::Fatal, Fault::RdmapVersion, &[]);
     target.assert_unchanged();
     stack.rbuf.assert_unchanged();
@@ -852,15 +834,11 @@ fn send_longer_than_the_posted_receive_gets_message_too_long_and_places_nothing(
     let mut peer = stack.connect(Role::Responder);
     let payload = pattern(PAYLOAD, 1); // 100 bytes for a 64-byte receive
     let sent = peer.send(&send(1, 0, true, Message::Send, &payload));
-    let t = peer.expect_terminate();
-    check_terminate(
-        &peer,
-        &t,
-        TerminateLayout::Rfc5040,
+    expect_rfc5040_terminate_and_close(
+        &mut peer,
         ddp_untagged(UntaggedBufferError::MessageTooLong),
         Copied::Ddp(&sent),
     );
-    peer.expect_close();
     stack.assert_failed(
         Kind::Request,
         Fault::MessageTooLong,
@@ -877,15 +855,11 @@ fn send_in_two_segments_longer_than_the_receive_places_only_what_fits() {
     let payload = pattern(96, 2); // 48 + 48 bytes for a 64-byte receive
     peer.send(&send(1, 0, false, Message::Send, &payload[..48]));
     let second = peer.send(&send(1, 48, true, Message::Send, &payload[48..]));
-    let t = peer.expect_terminate();
-    check_terminate(
-        &peer,
-        &t,
-        TerminateLayout::Rfc5040,
+    expect_rfc5040_terminate_and_close(
+        &mut peer,
         ddp_untagged(UntaggedBufferError::MessageTooLong),
         Copied::Ddp(&second),
     );
-    peer.expect_close();
     stack.assert_failed(
         Kind::Request,
         Fault::MessageTooLong,
@@ -904,15 +878,11 @@ fn send_with_no_receive_posted_gets_no_buffer_available() {
     let stack = Stack::new(0);
     let mut peer = stack.connect(Role::Initiator);
     let sent = peer.send(&send(1, 0, true, Message::Send, b"nobody listens"));
-    let t = peer.expect_terminate();
-    check_terminate(
-        &peer,
-        &t,
-        TerminateLayout::Rfc5040,
+    expect_rfc5040_terminate_and_close(
+        &mut peer,
         ddp_untagged(UntaggedBufferError::InvalidMsnNoBuffer),
         Copied::Ddp(&sent),
     );
-    peer.expect_close();
     stack.assert_failed(Kind::Request, Fault::NoReceiveBuffer, &[]);
     stack.rbuf.assert_unchanged();
     stack.close(peer);
@@ -927,15 +897,11 @@ fn send_with_an_msn_out_of_range_gets_invalid_msn_range() {
     let mut peer = stack.connect(Role::Responder);
     // The first Send of the stream must carry MSN 1.
     let sent = peer.send(&send(5, 0, true, Message::Send, b"too early"));
-    let t = peer.expect_terminate();
-    check_terminate(
-        &peer,
-        &t,
-        TerminateLayout::Rfc5040,
+    expect_rfc5040_terminate_and_close(
+        &mut peer,
         ddp_untagged(UntaggedBufferError::InvalidMsnRange),
         Copied::Ddp(&sent),
     );
-    peer.expect_close();
     stack.assert_failed(Kind::Fatal, Fault::MsnRange, &[]);
     stack.rbuf.assert_unchanged();
     stack.close(peer);
