@@ -245,15 +245,26 @@ pub struct MrTable {
     /// Round-robin search start, so freed indices are not reused at once.
     next: usize,
     live: usize,
+    /// State of the seeded key generator of [`MrTable::with_key_seed`] (`None`: the OS's).
+    key_seed: Option<u64>,
 }
 
 /// Largest index an STag can carry (24 bits).
 const MAX_INDEX: usize = 0x00ff_ffff;
 
-fn random_key(avoid: Option<u8>) -> Result<u8, MrError> {
+fn random_key(avoid: Option<u8>, seed: &mut Option<u64>) -> Result<u8, MrError> {
     for _ in 0..16 {
         let mut b = [0u8; 1];
-        getrandom::fill(&mut b).map_err(|_| MrError::Entropy)?;
+        match seed {
+            Some(state) => {
+                // xorshift64*: reproducible, not unpredictable (tests and replays only).
+                *state ^= *state >> 12;
+                *state ^= *state << 25;
+                *state ^= *state >> 27;
+                b[0] = (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8;
+            }
+            None => getrandom::fill(&mut b).map_err(|_| MrError::Entropy)?,
+        }
         if Some(b[0]) != avoid {
             return Ok(b[0]);
         }
@@ -278,7 +289,18 @@ impl MrTable {
             slots,
             next: 0,
             live: 0,
+            key_seed: None,
         }
+    }
+
+    /// As [`MrTable::new`], but the STag keys come from a generator seeded with `seed`, so
+    /// the same registrations get the same STags in every run: for deterministic tests and
+    /// replays only. A table whose STags face a network uses [`MrTable::new`] (keys from the
+    /// operating system's random generator, which a peer cannot predict).
+    pub fn with_key_seed(capacity: usize, seed: u64) -> Self {
+        let mut t = Self::new(capacity);
+        t.key_seed = Some(seed | 1);
+        t
     }
 
     /// Number of current registrations.
@@ -328,7 +350,7 @@ impl MrTable {
             .find(|&i| self.slots.get(i).is_some_and(|s| s.entry.is_none()))
             .ok_or(MrError::TableFull)?;
         let slot = self.slots.get_mut(pos).ok_or(MrError::TableFull)?;
-        let key = random_key(slot.last_key)?;
+        let key = random_key(slot.last_key, &mut self.key_seed)?;
         slot.last_key = Some(key);
         slot.entry = Some(MrEntry {
             key,
@@ -453,7 +475,7 @@ impl MrTable {
     pub fn rekey(&mut self, stag: Stag) -> Result<Stag, MrError> {
         let idx = stag.index();
         let old_key = self.entry_mut(stag)?.key;
-        let key = random_key(Some(old_key))?;
+        let key = random_key(Some(old_key), &mut self.key_seed)?;
         let pos = (idx as usize)
             .checked_sub(1)
             .ok_or(MrError::UnknownStag(stag.0))?;

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use softwarp_engine::mr::{Access, Stag};
 use softwarp_engine::qp::{QpState, StreamConfig};
 use softwarp_engine::wr::{
-    Payload, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion,
+    Payload, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion, MAX_INLINE,
 };
 use softwarp_wire::mpa::{marker, Fpdu};
 use softwarp_wire::rdmap::{
@@ -96,6 +96,18 @@ fn run(
     mss: usize,
     m: MarkerCfg,
 ) -> (Vec<u8>, Vec<u8>, Vec<WorkCompletion>) {
+    let (b_bytes, a_bytes, wcs, _) = run_with_wire(ops, split, crc, mss, m);
+    (b_bytes, a_bytes, wcs)
+}
+
+/// As [`run`], and also returns the two byte streams as sent (a's, then b's).
+fn run_with_wire(
+    ops: &[Op],
+    split: Split,
+    crc: bool,
+    mss: usize,
+    m: MarkerCfg,
+) -> (Vec<u8>, Vec<u8>, Vec<WorkCompletion>, [Vec<u8>; 2]) {
     let mut s = StreamConfig::for_mss(mss);
     s.crc = crc;
     s.tx_stream_offset = m.a_to_b_offset;
@@ -121,13 +133,29 @@ fn run(
                         sgl: SgList::single(sge(dstag, diova, slot, SLOT as u32)),
                     })
                     .unwrap();
+                // One SGE, inline data when it fits, or three SGEs: the forms a post can
+                // take (the small-FPDU copy path reads each of them).
+                let third = len / 3;
+                let inline: Vec<u8> = (0..len).map(|k| (k as u8) ^ (i as u8)).collect();
+                let payload = match i % 3 {
+                    1 if inline.len() <= MAX_INLINE => Payload::Inline(&inline),
+                    2 => Payload::Sgl(
+                        SgList::from_slice(&[
+                            sge(sstag, siova, slot, third),
+                            sge(sstag, siova, slot + u64::from(third), third),
+                            sge(sstag, siova, slot + u64::from(2 * third), len - 2 * third),
+                        ])
+                        .unwrap(),
+                    ),
+                    _ => Payload::Sgl(SgList::single(sge(sstag, siova, slot, len))),
+                };
                 let wr = SendWr {
                     wr_id: i,
                     op: SendOp::Send {
                         solicited: i & 1 == 0,
                         invalidate: None,
                     },
-                    payload: Payload::Sgl(SgList::single(sge(sstag, siova, slot, len))),
+                    payload,
                     signaled: true,
                     fence: false,
                 };
@@ -242,7 +270,8 @@ fn run(
     wcs.extend(p.b.recv_wcs());
     let mut b_bytes = contents(&dst);
     b_bytes.extend(contents(&bmem));
-    (b_bytes, contents(&sink), wcs)
+    let wire = [p.a.sent.clone(), p.b.sent.clone()];
+    (b_bytes, contents(&sink), wcs, wire)
 }
 
 proptest! {
@@ -263,6 +292,22 @@ proptest! {
         // Whole FPDUs taken in one step each (as the runtime does with bytes read ahead).
         let staged = run(&ops, Split::Staged { seed, max: max * 8 }, crc, mss, markers);
         prop_assert_eq!(&whole, &staged);
+        // The FPDUs copied whole (`tx_copy_fpdu`, with its small-message path) are the
+        // bytes the gather path builds: same streams, byte for byte, both directions.
+        let gathered = run_with_wire(&ops, Split::Whole, crc, mss, NO_MARKERS).3;
+        let copied = run_with_wire(&ops, Split::Staged { seed, max: max * 8 }, crc, mss, NO_MARKERS).3;
+        for (g, c) in gathered.iter().zip(&copied) {
+            let first = g.iter().zip(c).position(|(x, y)| x != y);
+            prop_assert!(
+                first.is_none() && g.len() == c.len(),
+                "streams of {} and {} bytes differ first at {:?}: {:?} / {:?}",
+                g.len(),
+                c.len(),
+                first,
+                first.map(|i| &g[i.saturating_sub(8)..(i + 8).min(g.len())]),
+                first.map(|i| &c[i.saturating_sub(8)..(i + 8).min(c.len())]),
+            );
+        }
         // Completions in posting order, one per signaled WR, byte counts as asked.
         let sends: Vec<u64> = whole
             .2

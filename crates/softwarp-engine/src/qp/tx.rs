@@ -680,6 +680,9 @@ impl Qp {
     /// For runtimes that copy small FPDUs into a batch of their own (one system call for
     /// many) instead of gathering them from their pieces.
     pub fn tx_copy_fpdu(&mut self, out: &mut [u8]) -> Option<usize> {
+        if let Some(n) = self.tx_copy_small(out) {
+            return Some(n);
+        }
         if self.tx.build.is_none() {
             self.tx.defer_crc = true;
             self.build_next();
@@ -722,6 +725,118 @@ impl Qp {
         b.offered_end = total;
         self.tx.gather_offered = 0;
         self.tx_commit(total).ok()?;
+        Some(total)
+    }
+
+    /// [`Qp::tx_copy_fpdu`]'s path for the commonest FPDU of small messages: a Send or an
+    /// RDMA Write without Immediate Data whose whole payload fits one FPDU, next in the send
+    /// queue with nothing ahead of it (no FPDU in progress or built ahead, no Terminate, RTR,
+    /// Read or Atomic Response, no markers). The FPDU is written straight from the SQ entry
+    /// into `out` (MPA length, DDP/RDMAP header, payload, pad, CRC over the copy) and
+    /// committed, without the build, its payload references and the gather list of the
+    /// general path; the bytes are the same (`tests/engine_props.rs` compares the two paths'
+    /// streams). `None`, with nothing changed, whenever the general path has to decide.
+    fn tx_copy_small(&mut self, out: &mut [u8]) -> Option<usize> {
+        let tx = &self.tx;
+        if tx.build.is_some()
+            || !tx.ahead.is_empty()
+            || tx.msg != TxMsg::None
+            || tx.rtr_pending
+            || tx.gate_until_rx
+            || tx.markers
+            || self.terminate.wants_tx()
+            || !self.irq.is_empty()
+            || !matches!(self.state, QpState::Rts | QpState::Closing)
+        {
+            return None;
+        }
+        let seq = self.sq_tx_seq;
+        let e = self.sq_entry(seq)?;
+        if e.local_error
+            || !matches!(e.status, SqStatus::Queued)
+            || (e.fence && !self.orq.is_empty())
+        {
+            return None;
+        }
+        let op = e.op;
+        let hdr_len = match op {
+            SendOp::Send { .. } => codec::UNTAGGED_HEADER_LEN,
+            SendOp::Write { .. } => codec::TAGGED_HEADER_LEN,
+            _ => return None,
+        };
+        let len = usize::try_from(e.len).ok()?;
+        if len > self.tx.max_payload(hdr_len) {
+            return None;
+        }
+        let ulpdu_len = hdr_len + len;
+        let total = codec::fpdu_len(ulpdu_len);
+        let fpdu = out.get_mut(..total)?;
+        let (hdr, rest) = fpdu.split_at_mut_checked(2 + hdr_len)?;
+        let (payload, pad) = rest.split_at_mut_checked(len)?;
+        // Payload first: a copy that cannot be made leaves the general path to report it.
+        match self.sq_inline_bytes(seq) {
+            Some(bytes) => payload.copy_from_slice(bytes.get(..len)?),
+            None => {
+                let (sges, mem) = self.sq_sges(seq);
+                let mut at = 0;
+                for (sge, m) in sges.iter().zip(mem) {
+                    let n = sge.length as usize;
+                    if n == 0 {
+                        continue;
+                    }
+                    let v = m.as_ref()?;
+                    let piece = TxPiece::Region {
+                        region: v.memory.region(),
+                        offset: v.region_offset,
+                        len: n,
+                    };
+                    if piece.copy_to(payload.get_mut(at..at + n)?) != n {
+                        return None;
+                    }
+                    at += n;
+                }
+                if at != len {
+                    return None;
+                }
+            }
+        }
+        codec::emit_mpa_len(hdr, ulpdu_len);
+        let ulp_hdr = hdr.get_mut(2..)?;
+        let msn = self.tx_msn[0];
+        match op {
+            SendOp::Send {
+                solicited,
+                invalidate,
+            } => {
+                codec::emit_send(ulp_hdr, true, solicited, invalidate.map(|s| s.0), msn, 0);
+                self.tx_msn[0] = msn.wrapping_add(1);
+            }
+            SendOp::Write { remote_addr, rkey } => {
+                codec::emit_write(ulp_hdr, true, rkey.0, remote_addr);
+            }
+            _ => return None,
+        }
+        pad.fill(0);
+        if self.tx.crc {
+            let (covered, field) = fpdu.split_at_mut(total - 4);
+            field.copy_from_slice(&codec::crc_to_wire(crate::memory::crc32c_append(
+                0, covered,
+            )));
+        }
+        // What building the FPDU and committing all of it would have recorded.
+        if let Some(e) = self.sq_entry_mut(seq) {
+            e.status = SqStatus::Sending { sent: e.len };
+        }
+        self.sq_tx_seq = seq + 1;
+        self.tx.gather_offered = 0;
+        self.tx.stream_offset = self.tx.stream_offset.wrapping_add(total as u64);
+        self.stats.tx_stream_bytes += total as u64;
+        self.stats.tx_fpdus += 1;
+        self.on_fpdu_sent(TxDone::Sq {
+            seq,
+            bytes: len,
+            last: true,
+        });
         Some(total)
     }
 

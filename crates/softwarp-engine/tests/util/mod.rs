@@ -94,7 +94,8 @@ impl Side {
         qp.establish(stream).unwrap();
         Side {
             qp,
-            mrs: MrTable::new(64),
+            // Seeded STag keys: every run of a test puts the same bytes on the wire.
+            mrs: MrTable::with_key_seed(64, u64::from(cfg.qp_num)),
             srq: cfg.use_srq.then(|| Srq::new(SrqId(1), cfg.pd, 64)),
             send_cq: Cq::new(CqId(cfg.qp_num * 2), 256),
             recv_cq: Cq::new(CqId(cfg.qp_num * 2 + 1), 256),
