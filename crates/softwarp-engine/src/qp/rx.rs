@@ -164,6 +164,30 @@ pub(crate) struct RxState {
     /// (Send or Immediate Data) ends: an Immediate Data message then completes a Write with
     /// Immediate.
     last_write: Option<u64>,
+    /// The first bytes (control fields, reserved field, queue number) of the header of a
+    /// whole Send and of a whole Send with Solicited Event, as the codec emits them: what
+    /// [`Qp::rx_small_send`] accepts.
+    send_templates: [[u8; SEND_TEMPLATE_LEN]; 2],
+}
+
+/// Header bytes before the MSN of an untagged segment (control, ULP reserved, QN).
+const SEND_TEMPLATE_LEN: usize = 10;
+/// Offset of the MSN and of the MO in an untagged header.
+const UNTAGGED_MSN: usize = SEND_TEMPLATE_LEN;
+const UNTAGGED_MO: usize = UNTAGGED_MSN + 4;
+
+/// The header prefixes of a whole Send without and with Solicited Event.
+fn send_templates() -> [[u8; SEND_TEMPLATE_LEN]; 2] {
+    [false, true].map(|solicited| {
+        let mut hdr = [0u8; codec::UNTAGGED_HEADER_LEN];
+        codec::emit_send(&mut hdr, true, solicited, None, 0, 0);
+        let mut t = [0u8; SEND_TEMPLATE_LEN];
+        t.copy_from_slice(
+            hdr.get(..SEND_TEMPLATE_LEN)
+                .unwrap_or(&[0; SEND_TEMPLATE_LEN]),
+        );
+        t
+    })
 }
 
 /// Where the received stream's markers are, relative to the FPDU being received.
@@ -257,6 +281,7 @@ impl RxState {
             mk: RxMarkers::new(),
             write_len: 0,
             last_write: None,
+            send_templates: send_templates(),
         }
     }
 
@@ -581,6 +606,9 @@ impl Qp {
         if hdr_len > HDR_CAP || trailer.len() != pad + 4 {
             return None;
         }
+        if self.rx_small_send(fpdu, payload, mrs.table()).is_some() {
+            return Some(total);
+        }
         // Header: as `rx_commit` would leave it after the header bytes.
         self.stats.rx_stream_bytes += total as u64;
         let rx = &mut self.rx;
@@ -652,6 +680,93 @@ impl Qp {
         }
         self.finish_fpdu(mrs.table());
         Some(total)
+    }
+
+    /// [`Qp::rx_whole_fpdu`]'s path for the commonest FPDU of small messages: a whole
+    /// untagged Send (or Send with Solicited Event) that is a message by itself (Last set,
+    /// MO 0) with the next MSN of queue 0, for the receive WR at the head of the RQ whose
+    /// SGEs validate and hold it. The header is accepted only when its bytes are exactly
+    /// those the codec emits for such a Send (so every field the general path checks has
+    /// its one valid value), and the CRC is checked before anything is placed. Anything else
+    /// (another message, any other header byte, a CRC mismatch, a message in progress, no
+    /// receive WR, one too small or whose SGEs do not validate) returns `None` before any
+    /// state changed, and the general path takes the FPDU and reports what is wrong with it
+    /// as before. (A receive WR whose later SGE fails validation may have had its first
+    /// SGEs written; it then completes in error, when its buffer's content is undefined.)
+    fn rx_small_send(&mut self, fpdu: &[u8], payload: &[u8], mrs: &MrTable) -> Option<()> {
+        let rx = &self.rx;
+        if self.rx_msg.is_some()
+            || rx.swallow_rtr_send
+            || rx.deferred.is_some()
+            || codec::UNTAGGED_HEADER_LEN + payload.len() > rx.max_ulpdu
+        {
+            return None;
+        }
+        let msn = self.rx_msn[0];
+        let hdr = fpdu.get(2..2 + codec::UNTAGGED_HEADER_LEN)?;
+        let prefix = hdr.get(..SEND_TEMPLATE_LEN)?;
+        // Template 1 is the Send with Solicited Event.
+        let solicited = rx.send_templates.iter().position(|t| t == prefix)? == 1;
+        if hdr.get(UNTAGGED_MSN..UNTAGGED_MO)? != msn.to_be_bytes()
+            || hdr.get(UNTAGGED_MO..)? != [0u8; 4]
+            || 2 + codec::UNTAGGED_HEADER_LEN + payload.len() > fpdu.len()
+        {
+            return None;
+        }
+        if rx.crc_on {
+            let (covered, field) = fpdu.split_at_checked(fpdu.len().checked_sub(4)?)?;
+            let wire: [u8; 4] = field.try_into().ok()?;
+            if codec::crc_from_wire(wire) != crate::memory::crc32c_append(0, covered) {
+                return None;
+            }
+        }
+        let wr = self.rq.front()?;
+        if (payload.len() as u64) > wr.sgl.total_len() {
+            return None;
+        }
+        let mut at = 0;
+        for sge in wr.sgl.as_slice() {
+            if at == payload.len() {
+                break;
+            }
+            if sge.length == 0 {
+                continue;
+            }
+            let v = mrs
+                .validate(
+                    sge.lkey,
+                    self.cfg.pd,
+                    Access::LOCAL_WRITE,
+                    sge.addr,
+                    u64::from(sge.length),
+                )
+                .ok()?;
+            let n = (sge.length as usize).min(payload.len() - at);
+            v.memory
+                .region()
+                .write_at(v.region_offset, payload.get(at..at + n)?)
+                .ok()?;
+            at += n;
+        }
+        if at != payload.len() {
+            return None;
+        }
+        // Placed: what the general path's header, trailer and delivery steps record.
+        let wr_id = self.rq.pop()?.wr_id;
+        let total = fpdu.len();
+        let len = payload.len() as u64;
+        self.stats.rx_stream_bytes += total as u64;
+        self.stats.rx_fpdus += 1;
+        self.stats.rx.send.bytes += len;
+        self.stats.rx.send.messages += 1;
+        self.rx.mk.fpdu_offset = self.rx.mk.fpdu_offset.wrapping_add(total as u64);
+        self.tx.gate_until_rx = false;
+        self.rx_msn[0] = msn.wrapping_add(1);
+        self.rx.last_write = None;
+        let mut wc = self.recv_wc(wr_id, WcStatus::Success, len as u32);
+        wc.solicited = solicited;
+        let _ = self.rx_done.push(wc);
+        Some(())
     }
 
     /// `n` bytes of the marker due were read; a complete marker is checked, fed to the CRC
