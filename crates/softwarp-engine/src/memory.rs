@@ -82,8 +82,8 @@ unsafe impl Send for Region {}
 // outside the region.
 unsafe impl Sync for Region {}
 
-/// Payloads at least this long go through the carry-less-multiply CRC (below it the
-/// `crc32c` crate's SSE 4.2 loop wins: no set-up cost).
+/// Payloads at least this long go through the carry-less-multiply CRC (below it
+/// `softwarp_wire::crc::crc32c_append`'s plain CRC32-instruction loop wins: no set-up cost).
 const FOLDING_CRC_MIN: usize = 512;
 
 /// Continues a CRC32c (as `crc32c::crc32c_append`): large payloads use `crc_fast`, which
@@ -92,7 +92,7 @@ const FOLDING_CRC_MIN: usize = 512;
 /// sent and placed payload was the largest user-space cost of streaming.
 pub(crate) fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
     if bytes.len() < FOLDING_CRC_MIN {
-        return crc32c::crc32c_append(crc, bytes);
+        return softwarp_wire::crc::crc32c_append(crc, bytes);
     }
     // crc_fast keeps the raw (not yet inverted) register: resume from the inverted value.
     let mut d =

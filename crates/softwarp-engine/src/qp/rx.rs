@@ -523,7 +523,7 @@ impl Qp {
                 let (from, to) = (self.rx.hdr_have, self.rx.hdr_have + n);
                 if self.rx.crc_on {
                     let bytes = self.rx.hdr.get(from..to).unwrap_or(&[]);
-                    self.rx.crc = crc32c::crc32c_append(self.rx.crc, bytes);
+                    self.rx.crc = softwarp_wire::crc::crc32c_append(self.rx.crc, bytes);
                 }
                 self.rx.hdr_have = to;
                 if self.rx.hdr_have == self.rx.hdr_need {
@@ -549,7 +549,7 @@ impl Qp {
                     let (from, to) = (self.rx.tr_have, (self.rx.tr_have + n).min(pad));
                     if from < to {
                         let bytes = self.rx.trailer.get(from..to).unwrap_or(&[]);
-                        self.rx.crc = crc32c::crc32c_append(self.rx.crc, bytes);
+                        self.rx.crc = softwarp_wire::crc::crc32c_append(self.rx.crc, bytes);
                     }
                 }
                 self.rx.tr_have += n;
@@ -790,7 +790,7 @@ impl Qp {
             return;
         }
         if self.rx.crc_on {
-            self.rx.crc = crc32c::crc32c_append(self.rx.crc, &bytes);
+            self.rx.crc = softwarp_wire::crc::crc32c_append(self.rx.crc, &bytes);
         }
     }
 
@@ -825,7 +825,7 @@ impl Qp {
                     .unwrap_or(rx.crc),
                 None => rx.crc,
             },
-            _ => crc32c::crc32c_append(rx.crc, rx.scratch.get(..n).unwrap_or(&[])),
+            _ => softwarp_wire::crc::crc32c_append(rx.crc, rx.scratch.get(..n).unwrap_or(&[])),
         };
         rx.crc = crc;
     }

@@ -113,7 +113,7 @@ impl<'a> TxPiece<'a> {
     /// Continues a CRC32c over the first `len` bytes of the piece.
     fn crc_append(&self, crc: u32, len: usize) -> u32 {
         match *self {
-            TxPiece::Bytes(b) => crc32c::crc32c_append(crc, b.get(..len).unwrap_or(b)),
+            TxPiece::Bytes(b) => softwarp_wire::crc::crc32c_append(crc, b.get(..len).unwrap_or(b)),
             TxPiece::Region { region, offset, .. } => {
                 region.crc32c_append(crc, offset, len).unwrap_or(crc)
             }
