@@ -714,13 +714,8 @@ impl QpShared {
                     batch.resize(BATCH_CAP, 0);
                 }
                 // The engine copies (and commits) whole FPDUs of up to COALESCE_MAX bytes.
-                let mut used = 0;
-                while let Some(n) = batch
-                    .get_mut(used..(used + COALESCE_MAX).min(BATCH_CAP))
-                    .and_then(|out| inner.qp.tx_copy_fpdu(out))
-                {
-                    used += n;
-                }
+                let out = batch.get_mut(..BATCH_CAP).unwrap_or_default();
+                let used = inner.qp.tx_copy_fpdus(out, COALESCE_MAX);
                 let batch = batch.get(..used).unwrap_or_default();
                 if !batch.is_empty() {
                     let r = sys::write_pieces(fd, &[TxPiece::Bytes(batch)]);

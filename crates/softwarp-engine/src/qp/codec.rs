@@ -325,6 +325,39 @@ pub(crate) fn emit_send(
     )
 }
 
+/// Bytes of an untagged header before its MSN (DDP and RDMAP control, the reserved or
+/// Invalidate STag field, the queue number): fixed for a whole Send of one kind.
+pub(crate) const SEND_PREFIX_LEN: usize = 10;
+/// Offset of the MSN in an untagged header (the MO follows it).
+pub(crate) const UNTAGGED_MSN_OFFSET: usize = SEND_PREFIX_LEN;
+/// Bytes of a tagged header before its STag (DDP and RDMAP control).
+pub(crate) const WRITE_PREFIX_LEN: usize = 2;
+
+/// The header prefixes of a whole (Last) Send without and with Solicited Event, as
+/// [`emit_send`] writes them: the small-message paths compare received headers against them
+/// and copy them into sent ones, so their bytes come from the codec, not from constants.
+pub(crate) fn send_prefixes() -> [[u8; SEND_PREFIX_LEN]; 2] {
+    [false, true].map(|solicited| {
+        let mut hdr = [0u8; UNTAGGED_HEADER_LEN];
+        emit_send(&mut hdr, true, solicited, None, 0, 0);
+        let mut p = [0u8; SEND_PREFIX_LEN];
+        p.copy_from_slice(hdr.get(..SEND_PREFIX_LEN).unwrap_or(&[0; SEND_PREFIX_LEN]));
+        p
+    })
+}
+
+/// The header prefix of a whole (Last) RDMA Write, as [`emit_write`] writes it.
+pub(crate) fn write_prefix() -> [u8; WRITE_PREFIX_LEN] {
+    let mut hdr = [0u8; TAGGED_HEADER_LEN];
+    emit_write(&mut hdr, true, 0, 0);
+    let mut p = [0u8; WRITE_PREFIX_LEN];
+    p.copy_from_slice(
+        hdr.get(..WRITE_PREFIX_LEN)
+            .unwrap_or(&[0; WRITE_PREFIX_LEN]),
+    );
+    p
+}
+
 /// Writes an RDMA Write header; returns its length.
 pub(crate) fn emit_write(buf: &mut [u8], last: bool, stag: u32, to: u64) -> usize {
     emit(

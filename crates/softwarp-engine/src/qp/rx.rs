@@ -167,28 +167,12 @@ pub(crate) struct RxState {
     /// The first bytes (control fields, reserved field, queue number) of the header of a
     /// whole Send and of a whole Send with Solicited Event, as the codec emits them: what
     /// [`Qp::rx_small_send`] accepts.
-    send_templates: [[u8; SEND_TEMPLATE_LEN]; 2],
+    send_templates: [[u8; codec::SEND_PREFIX_LEN]; 2],
 }
 
-/// Header bytes before the MSN of an untagged segment (control, ULP reserved, QN).
-const SEND_TEMPLATE_LEN: usize = 10;
 /// Offset of the MSN and of the MO in an untagged header.
-const UNTAGGED_MSN: usize = SEND_TEMPLATE_LEN;
+const UNTAGGED_MSN: usize = codec::UNTAGGED_MSN_OFFSET;
 const UNTAGGED_MO: usize = UNTAGGED_MSN + 4;
-
-/// The header prefixes of a whole Send without and with Solicited Event.
-fn send_templates() -> [[u8; SEND_TEMPLATE_LEN]; 2] {
-    [false, true].map(|solicited| {
-        let mut hdr = [0u8; codec::UNTAGGED_HEADER_LEN];
-        codec::emit_send(&mut hdr, true, solicited, None, 0, 0);
-        let mut t = [0u8; SEND_TEMPLATE_LEN];
-        t.copy_from_slice(
-            hdr.get(..SEND_TEMPLATE_LEN)
-                .unwrap_or(&[0; SEND_TEMPLATE_LEN]),
-        );
-        t
-    })
-}
 
 /// Where the received stream's markers are, relative to the FPDU being received.
 #[derive(Debug)]
@@ -281,7 +265,7 @@ impl RxState {
             mk: RxMarkers::new(),
             write_len: 0,
             last_write: None,
-            send_templates: send_templates(),
+            send_templates: codec::send_prefixes(),
         }
     }
 
@@ -704,7 +688,7 @@ impl Qp {
         }
         let msn = self.rx_msn[0];
         let hdr = fpdu.get(2..2 + codec::UNTAGGED_HEADER_LEN)?;
-        let prefix = hdr.get(..SEND_TEMPLATE_LEN)?;
+        let prefix = hdr.get(..codec::SEND_PREFIX_LEN)?;
         // Template 1 is the Send with Solicited Event.
         let solicited = rx.send_templates.iter().position(|t| t == prefix)? == 1;
         if hdr.get(UNTAGGED_MSN..UNTAGGED_MO)? != msn.to_be_bytes()

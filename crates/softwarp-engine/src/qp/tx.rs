@@ -421,6 +421,10 @@ pub(crate) struct TxState {
     stream_offset: u64,
     /// Set by [`Qp::tx_copy_fpdu`] while it builds: leave the CRC to the copy.
     defer_crc: bool,
+    /// Header prefixes of a whole Send (without, with Solicited Event) and of a whole RDMA
+    /// Write, from the codec: what [`Qp::tx_copy_fpdus`] writes for small messages.
+    send_prefixes: [[u8; codec::SEND_PREFIX_LEN]; 2],
+    write_prefix: [u8; codec::WRITE_PREFIX_LEN],
 }
 
 impl TxState {
@@ -440,6 +444,8 @@ impl TxState {
             markers: false,
             stream_offset: 0,
             defer_crc: false,
+            send_prefixes: codec::send_prefixes(),
+            write_prefix: codec::write_prefix(),
         }
     }
 
@@ -680,7 +686,8 @@ impl Qp {
     /// For runtimes that copy small FPDUs into a batch of their own (one system call for
     /// many) instead of gathering them from their pieces.
     pub fn tx_copy_fpdu(&mut self, out: &mut [u8]) -> Option<usize> {
-        if let Some(n) = self.tx_copy_small(out) {
+        let n = self.tx_copy_small(out, usize::MAX, 1);
+        if n > 0 {
             return Some(n);
         }
         if self.tx.build.is_none() {
@@ -728,15 +735,39 @@ impl Qp {
         Some(total)
     }
 
-    /// [`Qp::tx_copy_fpdu`]'s path for the commonest FPDU of small messages: a Send or an
-    /// RDMA Write without Immediate Data whose whole payload fits one FPDU, next in the send
-    /// queue with nothing ahead of it (no FPDU in progress or built ahead, no Terminate, RTR,
-    /// Read or Atomic Response, no markers). The FPDU is written straight from the SQ entry
-    /// into `out` (MPA length, DDP/RDMAP header, payload, pad, CRC over the copy) and
-    /// committed, without the build, its payload references and the gather list of the
+    /// Copies whole FPDUs of at most `max_each` bytes into `out`, one after the other, as
+    /// many as fit, and commits them; returns the bytes written (0: nothing to send, or the
+    /// next FPDU is larger than `max_each` or than what is left of `out`, or is partly sent;
+    /// [`Qp::poll_tx`] or [`Qp::poll_tx_gather`] then offers it). The same bytes as
+    /// [`Qp::tx_copy_fpdu`] called until it returns `None`, each call given the next
+    /// `max_each` bytes of `out`; runs of small Sends and Writes take a loop that checks the
+    /// QP's state once per run instead of once per FPDU.
+    pub fn tx_copy_fpdus(&mut self, out: &mut [u8], max_each: usize) -> usize {
+        let mut used = 0;
+        loop {
+            let rest = out.get_mut(used..).unwrap_or_default();
+            let run = self.tx_copy_small(rest, max_each, usize::MAX);
+            used += run;
+            let rest = out.get_mut(used..).unwrap_or_default();
+            let window = rest.len().min(max_each);
+            match rest.get_mut(..window).and_then(|w| self.tx_copy_fpdu(w)) {
+                Some(n) => used += n,
+                None => return used,
+            }
+        }
+    }
+
+    /// [`Qp::tx_copy_fpdus`]' path for the commonest FPDUs of small messages: Sends and RDMA
+    /// Writes without Immediate Data whose whole payload fits one FPDU of at most `max_each`
+    /// bytes, next in the send queue with nothing ahead of them (no FPDU in progress or built
+    /// ahead, no Terminate, RTR, Read or Atomic Response, no markers). Up to `max_fpdus` of
+    /// them are written one after the other straight from their SQ entries into `out` (MPA
+    /// length, DDP/RDMAP header from the codec's own prefix, payload, pad, CRC over the copy)
+    /// and committed, without the build, its payload references and the gather list of the
     /// general path; the bytes are the same (`tests/engine_props.rs` compares the two paths'
-    /// streams). `None`, with nothing changed, whenever the general path has to decide.
-    fn tx_copy_small(&mut self, out: &mut [u8]) -> Option<usize> {
+    /// streams). Returns the bytes written; it stops, with that entry untouched, at the first
+    /// one the general path has to decide.
+    fn tx_copy_small(&mut self, out: &mut [u8], max_each: usize, max_fpdus: usize) -> usize {
         let tx = &self.tx;
         if tx.build.is_some()
             || !tx.ahead.is_empty()
@@ -748,96 +779,151 @@ impl Qp {
             || !self.irq.is_empty()
             || !matches!(self.state, QpState::Rts | QpState::Closing)
         {
-            return None;
+            return 0;
         }
-        let seq = self.sq_tx_seq;
-        let e = self.sq_entry(seq)?;
-        if e.local_error
-            || !matches!(e.status, SqStatus::Queued)
-            || (e.fence && !self.orq.is_empty())
-        {
-            return None;
-        }
-        let op = e.op;
-        let hdr_len = match op {
-            SendOp::Send { .. } => codec::UNTAGGED_HEADER_LEN,
-            SendOp::Write { .. } => codec::TAGGED_HEADER_LEN,
-            _ => return None,
-        };
-        let len = usize::try_from(e.len).ok()?;
-        if len > self.tx.max_payload(hdr_len) {
-            return None;
-        }
-        let ulpdu_len = hdr_len + len;
-        let total = codec::fpdu_len(ulpdu_len);
-        let fpdu = out.get_mut(..total)?;
-        let (hdr, rest) = fpdu.split_at_mut_checked(2 + hdr_len)?;
-        let (payload, pad) = rest.split_at_mut_checked(len)?;
-        // Payload first: a copy that cannot be made leaves the general path to report it.
-        match self.sq_inline_bytes(seq) {
-            Some(bytes) => payload.copy_from_slice(bytes.get(..len)?),
-            None => {
-                let (sges, mem) = self.sq_sges(seq);
-                let mut at = 0;
-                for (sge, m) in sges.iter().zip(mem) {
-                    let n = sge.length as usize;
-                    if n == 0 {
-                        continue;
-                    }
-                    let v = m.as_ref()?;
-                    let piece = TxPiece::Region {
-                        region: v.memory.region(),
-                        offset: v.region_offset,
-                        len: n,
-                    };
-                    if piece.copy_to(payload.get_mut(at..at + n)?) != n {
-                        return None;
-                    }
-                    at += n;
+        let (max_send, max_write) = (
+            self.tx.max_payload(codec::UNTAGGED_HEADER_LEN),
+            self.tx.max_payload(codec::TAGGED_HEADER_LEN),
+        );
+        let mut used = 0;
+        let mut fpdus = 0;
+        while fpdus < max_fpdus {
+            let seq = self.sq_tx_seq;
+            let Some(e) = self.sq_entry(seq) else {
+                break;
+            };
+            if e.local_error
+                || !matches!(e.status, SqStatus::Queued)
+                || (e.fence && !self.orq.is_empty())
+            {
+                break;
+            }
+            let op = e.op;
+            let Ok(len) = usize::try_from(e.len) else {
+                break;
+            };
+            let (hdr_len, max_payload) = match op {
+                SendOp::Send { .. } => (codec::UNTAGGED_HEADER_LEN, max_send),
+                SendOp::Write { .. } => (codec::TAGGED_HEADER_LEN, max_write),
+                _ => break,
+            };
+            let ulpdu_len = hdr_len + len;
+            let total = codec::fpdu_len(ulpdu_len);
+            let room = out.len().saturating_sub(used).min(max_each);
+            if len > max_payload || total > room {
+                break;
+            }
+            let Some(fpdu) = out.get_mut(used..used + total) else {
+                break;
+            };
+            let Some((hdr, rest)) = fpdu.split_at_mut_checked(2 + hdr_len) else {
+                break;
+            };
+            let Some((payload, pad)) = rest.split_at_mut_checked(len) else {
+                break;
+            };
+            // Payload first: a copy that cannot be made leaves the general path to report it.
+            if !self.sq_copy_payload(seq, payload) {
+                break;
+            }
+            codec::emit_mpa_len(hdr, ulpdu_len);
+            let ulp_hdr = hdr.get_mut(2..).unwrap_or_default();
+            match op {
+                SendOp::Send {
+                    solicited,
+                    invalidate: None,
+                } => {
+                    let msn = self.tx_msn[0];
+                    let prefix = &self.tx.send_prefixes[usize::from(solicited)];
+                    let (p, tail) = ulp_hdr.split_at_mut(codec::SEND_PREFIX_LEN);
+                    p.copy_from_slice(prefix);
+                    let (m, mo) = tail.split_at_mut(4);
+                    m.copy_from_slice(&msn.to_be_bytes());
+                    mo.fill(0);
+                    self.tx_msn[0] = msn.wrapping_add(1);
                 }
-                if at != len {
-                    return None;
+                SendOp::Send {
+                    solicited,
+                    invalidate,
+                } => {
+                    let msn = self.tx_msn[0];
+                    codec::emit_send(ulp_hdr, true, solicited, invalidate.map(|s| s.0), msn, 0);
+                    self.tx_msn[0] = msn.wrapping_add(1);
                 }
+                SendOp::Write { remote_addr, rkey } => {
+                    let (p, tail) = ulp_hdr.split_at_mut(codec::WRITE_PREFIX_LEN);
+                    p.copy_from_slice(&self.tx.write_prefix);
+                    let (stag, to) = tail.split_at_mut(4);
+                    stag.copy_from_slice(&rkey.0.to_be_bytes());
+                    to.copy_from_slice(&remote_addr.to_be_bytes());
+                }
+                _ => break,
             }
-        }
-        codec::emit_mpa_len(hdr, ulpdu_len);
-        let ulp_hdr = hdr.get_mut(2..)?;
-        let msn = self.tx_msn[0];
-        match op {
-            SendOp::Send {
-                solicited,
-                invalidate,
-            } => {
-                codec::emit_send(ulp_hdr, true, solicited, invalidate.map(|s| s.0), msn, 0);
-                self.tx_msn[0] = msn.wrapping_add(1);
+            pad.fill(0);
+            if self.tx.crc {
+                let (covered, field) = fpdu.split_at_mut(total - 4);
+                field.copy_from_slice(&codec::crc_to_wire(crate::memory::crc32c_append(
+                    0, covered,
+                )));
             }
-            SendOp::Write { remote_addr, rkey } => {
-                codec::emit_write(ulp_hdr, true, rkey.0, remote_addr);
+            // What building the FPDU, committing all of it and `on_fpdu_sent` would have
+            // recorded: the WR is done (it completes when the send queue is polled).
+            if let Some(e) = self.sq_entry_mut(seq) {
+                e.status = SqStatus::Done(WcStatus::Success, len as u32);
             }
-            _ => return None,
+            match op {
+                SendOp::Write { .. } => self.stats.tx.write.add(len as u64),
+                _ => self.stats.tx.send.add(len as u64),
+            }
+            self.sq_tx_seq = seq + 1;
+            self.tx.stream_offset = self.tx.stream_offset.wrapping_add(total as u64);
+            self.stats.tx_stream_bytes += total as u64;
+            self.stats.tx_fpdus += 1;
+            used += total;
+            fpdus += 1;
         }
-        pad.fill(0);
-        if self.tx.crc {
-            let (covered, field) = fpdu.split_at_mut(total - 4);
-            field.copy_from_slice(&codec::crc_to_wire(crate::memory::crc32c_append(
-                0, covered,
-            )));
+        if fpdus > 0 {
+            self.tx.gather_offered = 0;
         }
-        // What building the FPDU and committing all of it would have recorded.
-        if let Some(e) = self.sq_entry_mut(seq) {
-            e.status = SqStatus::Sending { sent: e.len };
+        used
+    }
+
+    /// Copies the payload of SQ entry `seq` (inline bytes or its validated SGEs) into `out`,
+    /// which is exactly as long as the payload; false when it cannot (an SGE not validated).
+    fn sq_copy_payload(&self, seq: u64, out: &mut [u8]) -> bool {
+        if let Some(bytes) = self.sq_inline_bytes(seq) {
+            return match bytes.get(..out.len()) {
+                Some(src) => {
+                    out.copy_from_slice(src);
+                    true
+                }
+                None => false,
+            };
         }
-        self.sq_tx_seq = seq + 1;
-        self.tx.gather_offered = 0;
-        self.tx.stream_offset = self.tx.stream_offset.wrapping_add(total as u64);
-        self.stats.tx_stream_bytes += total as u64;
-        self.stats.tx_fpdus += 1;
-        self.on_fpdu_sent(TxDone::Sq {
-            seq,
-            bytes: len,
-            last: true,
-        });
-        Some(total)
+        let (sges, mem) = self.sq_sges(seq);
+        let mut at = 0;
+        for (sge, m) in sges.iter().zip(mem) {
+            let n = sge.length as usize;
+            if n == 0 {
+                continue;
+            }
+            let Some(v) = m.as_ref() else {
+                return false;
+            };
+            let piece = TxPiece::Region {
+                region: v.memory.region(),
+                offset: v.region_offset,
+                len: n,
+            };
+            let Some(dst) = out.get_mut(at..at + n) else {
+                return false;
+            };
+            if piece.copy_to(dst) != n {
+                return false;
+            }
+            at += n;
+        }
+        at == out.len()
     }
 
     /// Convenience for tests and simple runtimes: copies as many bytes to send as fit into

@@ -24,8 +24,9 @@ pub enum Split {
     Random { seed: u64, max: usize },
     /// As `Random`, and the receiver takes the whole FPDUs at the start of each piece with
     /// `Qp::rx_whole_fpdu` (as the runtime does with the bytes it read ahead), the rest
-    /// with `handle_rx`; the sender copies whole small FPDUs with `Qp::tx_copy_fpdu` (as the
-    /// runtime's batches) when they fit the piece, the rest with `poll_tx`.
+    /// with `handle_rx`; the sender copies whole small FPDUs with `Qp::tx_copy_fpdu` or
+    /// `Qp::tx_copy_fpdus` (as the runtime's batches) when they fit the piece, the rest with
+    /// `poll_tx`.
     Staged { seed: u64, max: usize },
 }
 
@@ -185,7 +186,8 @@ impl Side {
     }
 
     /// As `transmit`; with `copy`, whole FPDUs of up to 2 KiB are first taken with
-    /// `Qp::tx_copy_fpdu` (as the runtime batches small FPDUs), the others as `transmit` does.
+    /// `Qp::tx_copy_fpdu` or, as the runtime batches small FPDUs, runs of them with
+    /// `Qp::tx_copy_fpdus`; the others as `transmit` does.
     pub fn transmit_with(
         &mut self,
         out: &mut Vec<u8>,
@@ -193,16 +195,23 @@ impl Side {
         mut max_write: impl FnMut() -> usize,
     ) -> usize {
         let mut total = 0;
-        let mut buf = [0u8; 2048];
+        let mut buf = [0u8; 8192];
         loop {
             if copy {
                 let wanted = self.qp.wants_tx();
                 let room = max_write().clamp(1, buf.len());
-                if let Some(n) = self.qp.tx_copy_fpdu(&mut buf[..room]) {
+                // Alternately one FPDU per call and runs of FPDUs of at most 2 KiB each.
+                let copied = if room % 2 == 0 {
+                    self.qp.tx_copy_fpdu(&mut buf[..room.min(2048)])
+                } else {
+                    let each = max_write().clamp(1, 2048);
+                    Some(self.qp.tx_copy_fpdus(&mut buf[..room], each)).filter(|&n| n > 0)
+                };
+                if let Some(n) = copied {
                     assert!(n <= room);
                     assert!(
                         wanted,
-                        "wants_tx() said nothing, tx_copy_fpdu copied an FPDU"
+                        "wants_tx() said nothing, tx_copy_fpdu(s) copied an FPDU"
                     );
                     out.extend_from_slice(&buf[..n]);
                     total += n;
