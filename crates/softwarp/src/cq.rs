@@ -73,43 +73,56 @@ impl Drop for CqShared {
 }
 
 impl CqShared {
-    /// Queues a completion (runtime side): notifies the channel when armed; on overflow
-    /// reports the CQ error and has the progress thread move this CQ's QPs to Error.
-    pub(crate) fn push(self: &Arc<Self>, wc: WorkCompletion) {
+    /// Queues the completions `next` yields (runtime side), under one lock of the CQ: notifies
+    /// the channel when armed; on overflow reports the CQ error and has the progress thread
+    /// move this CQ's QPs to Error (both once the lock is released). `next` runs under the
+    /// CQ lock: it must not take another CQ's.
+    pub(crate) fn push_all(self: &Arc<Self>, mut next: impl FnMut() -> Option<WorkCompletion>) {
+        let Some(first) = next() else {
+            return;
+        };
+        let mut notify = false;
+        let mut overflow = None;
         let mut st = lock(&self.state);
-        match st.cq.push(wc) {
-            Ok(()) => {
-                st.completions += 1;
-                if wc.status != WcStatus::Success {
-                    st.error_completions += 1;
-                }
-                if let Some(solicited_only) = st.armed {
-                    let fire = !solicited_only
-                        || wc.status != WcStatus::Success
-                        || (wc.opcode == WcOpcode::Recv && wc.solicited);
-                    if fire {
-                        st.armed = None;
-                        st.notifications += 1;
-                        drop(st);
-                        if let Some(ch) = &self.channel {
-                            ch.notify(self);
+        let mut wc = Some(first);
+        while let Some(c) = wc {
+            match st.cq.push(c) {
+                Ok(()) => {
+                    st.completions += 1;
+                    if c.status != WcStatus::Success {
+                        st.error_completions += 1;
+                    }
+                    if let Some(solicited_only) = st.armed {
+                        let fire = !solicited_only
+                            || c.status != WcStatus::Success
+                            || (c.opcode == WcOpcode::Recv && c.solicited);
+                        if fire {
+                            st.armed = None;
+                            st.notifications += 1;
+                            notify = true;
                         }
                     }
                 }
-            }
-            Err(CqError::Overflow { .. }) => {
-                let ev = st.cq.poll_event();
-                drop(st);
-                tracing::error!(cq = ?self.id(), wr_id = wc.wr_id, "completion queue overflow");
-                if let Some(ev) = ev {
-                    self.device.events.push(ev);
+                Err(CqError::Overflow { .. }) => overflow = Some((c.wr_id, st.cq.poll_event())),
+                Err(_) => {
+                    // Already in error: the overflow was reported once; this completion is
+                    // lost with it (counted by the engine CQ's `refused`).
                 }
-                self.device.progress.cq_overflow(Arc::clone(self));
             }
-            Err(_) => {
-                // Already in error: the overflow was reported once; this completion is lost
-                // with it (counted by the engine CQ's `refused`).
+            wc = next();
+        }
+        drop(st);
+        if notify {
+            if let Some(ch) = &self.channel {
+                ch.notify(self);
             }
+        }
+        if let Some((wr_id, ev)) = overflow {
+            tracing::error!(cq = ?self.id(), wr_id, "completion queue overflow");
+            if let Some(ev) = ev {
+                self.device.events.push(ev);
+            }
+            self.device.progress.cq_overflow(Arc::clone(self));
         }
     }
 

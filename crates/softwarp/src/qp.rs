@@ -31,7 +31,7 @@ use softwarp_engine::qp::{
     MrTableAccess, Qp, QpConfig, QpState, RxTarget, StreamConfig, TxPiece, MAX_GATHER_FPDUS,
 };
 use softwarp_engine::stats::QpStats;
-use softwarp_engine::wr::{CqTarget, Payload, RecvWr, SendWr};
+use softwarp_engine::wr::{Payload, RecvWr, SendWr};
 
 use crate::cm::negotiate::{Local, Negotiated};
 use crate::cm::options::{ConnectOptions, ConnectionInfo, Role};
@@ -300,15 +300,12 @@ impl QpShared {
 
     /// Moves completions to the CQs and events to the device.
     fn drain(&self, inner: &mut QpInner) {
-        // Most drains find nothing: ask before the (not inlined) poll.
-        while inner.qp.has_completion() {
-            let Some((target, wc)) = inner.qp.poll_completion() else {
-                break;
-            };
-            match target {
-                CqTarget::Send => self.send_cq.push(wc),
-                CqTarget::Recv => self.recv_cq.push(wc),
-            }
+        // Most drains find nothing: ask before the (not inlined) polls. Send completions
+        // first, as `Qp::poll_completion` orders them; each CQ locked once for its run.
+        if inner.qp.has_completion() {
+            let qp = &mut inner.qp;
+            self.send_cq.push_all(|| qp.poll_send_completion());
+            self.recv_cq.push_all(|| qp.poll_recv_completion());
         }
         while let Some(ev) = inner.qp.poll_event() {
             let fd = inner.conn.as_ref().map(|c| c.stream.as_fd());
@@ -1277,9 +1274,17 @@ impl QueuePair {
         {
             let mrs = s.device.mrs_read();
             for (i, wr) in wrs.iter().enumerate() {
-                if let Err(e) = Self::check_send(s, wr)
-                    .and_then(|wr| inner.qp.post_send(&wr, &mrs).map_err(Error::from))
-                {
+                let r = match Self::check_send(s, wr) {
+                    // `sq_sig_all` makes an unsignaled WR signaled: only then a copy.
+                    Ok(true) => {
+                        let mut wr = *wr;
+                        wr.signaled = true;
+                        inner.qp.post_send(&wr, &mrs).map_err(Error::from)
+                    }
+                    Ok(false) => inner.qp.post_send(wr, &mrs).map_err(Error::from),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = r {
                     failed = Some((i, e));
                     break;
                 }
@@ -1297,10 +1302,11 @@ impl QueuePair {
         failed.map_or(Ok(()), Err)
     }
 
-    /// Checks a send WR against the QP's capacities; applies `sq_sig_all`.
-    fn check_send<'w>(s: &QpShared, wr: &SendWr<'w>) -> Result<SendWr<'w>> {
+    /// Checks a send WR against the QP's capacities; true when `sq_sig_all` has to make it
+    /// signaled.
+    fn check_send(s: &QpShared, wr: &SendWr<'_>) -> Result<bool> {
         softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, op = ?wr.op, "post_send");
-        match wr.payload {
+        match &wr.payload {
             Payload::Sgl(sgl) if sgl.len() > s.cap.max_send_sge => {
                 return Err(Error::InvalidArgument(
                     "send work request has more SGEs than the QP's max_send_sge",
@@ -1313,9 +1319,7 @@ impl QueuePair {
             }
             _ => {}
         }
-        let mut wr = *wr;
-        wr.signaled |= s.sq_sig_all;
-        Ok(wr)
+        Ok(s.sq_sig_all && !wr.signaled)
     }
 
     /// Posts a receive work request to the QP's receive queue (not for QPs on an SRQ). Its

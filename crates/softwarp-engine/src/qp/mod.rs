@@ -606,7 +606,7 @@ impl Qp {
         let is_read = wr.op.awaits_response();
         let mut status = SqStatus::Queued;
         let slot = self.sq_slot(self.sq_next_seq);
-        let (data, len) = match wr.payload {
+        let (data, len) = match &wr.payload {
             Payload::Inline(_) if wr.op.is_atomic() => return Err(QpError::AtomicSink),
             Payload::Inline(bytes) => {
                 if bytes.len() > MAX_INLINE || is_read {
@@ -666,7 +666,7 @@ impl Qp {
                                 .collect();
                         }
                         if let Some(side) = self.sq_sgls.get_mut(slot) {
-                            side.sgl = sgl;
+                            side.sgl = *sgl;
                             for (m, sge) in side.mem.iter_mut().zip(sges) {
                                 *m = validate(sge, &mut status);
                             }
@@ -741,6 +741,15 @@ impl Qp {
     /// WR did, RFC 5040 section 5.5); unsignaled successful WRs free their slot silently.
     /// Then receive completions, in message order.
     pub fn poll_completion(&mut self) -> Option<(CqTarget, WorkCompletion)> {
+        if let Some(wc) = self.poll_send_completion() {
+            return Some((CqTarget::Send, wc));
+        }
+        self.poll_recv_completion().map(|wc| (CqTarget::Recv, wc))
+    }
+
+    /// The next completion of the send queue ([`Qp::poll_completion`]'s first half): finished
+    /// unsignaled WRs at the front are retired silently on the way.
+    pub fn poll_send_completion(&mut self) -> Option<WorkCompletion> {
         //= https://www.rfc-editor.org/rfc/rfc5040#section-5.5
         // (paraphrase) Completions of the send queue are delivered to the ULP in the order
         // the work requests were submitted, whatever order their operations finish in (an
@@ -750,7 +759,7 @@ impl Qp {
                 break;
             };
             let signaled = front.signaled || status != WcStatus::Success;
-            let wc = WorkCompletion {
+            let wc = signaled.then(|| WorkCompletion {
                 wr_id: front.wr_id,
                 status,
                 opcode: front.wc_opcode(),
@@ -759,22 +768,28 @@ impl Qp {
                 invalidated_stag: None,
                 solicited: false,
                 imm: None,
-            };
-            if let Some(e) = self.sq.pop() {
-                if matches!(e.data, SqData::Many) {
-                    // Release the memory references of the entry's SGE list.
-                    let slot = self.sq_slot(self.sq_front_seq);
-                    if let Some(side) = self.sq_sgls.get_mut(slot) {
-                        side.mem = no_validated();
-                    }
+            });
+            if matches!(front.data, SqData::Many) {
+                // Release the memory references of the entry's SGE list.
+                let slot = self.sq_slot(self.sq_front_seq);
+                if let Some(side) = self.sq_sgls.get_mut(slot) {
+                    side.mem = no_validated();
                 }
             }
+            // Dropped here: an SGE's validated memory reference goes with it.
+            let _ = self.sq.pop();
             self.sq_front_seq += 1;
-            if signaled {
-                return Some((CqTarget::Send, wc));
+            if wc.is_some() {
+                return wc;
             }
         }
-        self.rx_done.pop().map(|wc| (CqTarget::Recv, wc))
+        None
+    }
+
+    /// The next completion of the receive side ([`Qp::poll_completion`]'s second half).
+    #[inline]
+    pub fn poll_recv_completion(&mut self) -> Option<WorkCompletion> {
+        self.rx_done.pop()
     }
 
     /// Whether [`Qp::poll_completion`] has anything to look at: a finished send WR at the
