@@ -1342,7 +1342,7 @@ impl QueuePair {
                     "receive work request has more SGEs than the QP's max_recv_sge",
                 ))
             } else {
-                g.qp.post_recv(*wr).map_err(Error::from)
+                g.qp.post_recv_ref(wr).map_err(Error::from)
             };
             if let Err(e) = r {
                 failed = Some((i, e));

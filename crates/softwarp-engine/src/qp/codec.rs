@@ -333,13 +333,21 @@ pub(crate) const UNTAGGED_MSN_OFFSET: usize = SEND_PREFIX_LEN;
 /// Bytes of a tagged header before its STag (DDP and RDMAP control).
 pub(crate) const WRITE_PREFIX_LEN: usize = 2;
 
-/// The header prefixes of a whole (Last) Send without and with Solicited Event, as
-/// [`emit_send`] writes them: the small-message paths compare received headers against them
-/// and copy them into sent ones, so their bytes come from the codec, not from constants.
-pub(crate) fn send_prefixes() -> [[u8; SEND_PREFIX_LEN]; 2] {
+/// The whole header of a whole (Last) Send without and with Solicited Event, with MSN and MO
+/// 0, as [`emit_send`] writes it: the small-message paths copy it into sent FPDUs (then set
+/// the MSN) and compare received headers' prefixes against it, so these bytes come from the
+/// codec, not from constants.
+pub(crate) fn send_headers() -> [[u8; UNTAGGED_HEADER_LEN]; 2] {
     [false, true].map(|solicited| {
         let mut hdr = [0u8; UNTAGGED_HEADER_LEN];
         emit_send(&mut hdr, true, solicited, None, 0, 0);
+        hdr
+    })
+}
+
+/// The first [`SEND_PREFIX_LEN`] bytes of [`send_headers`].
+pub(crate) fn send_prefixes() -> [[u8; SEND_PREFIX_LEN]; 2] {
+    send_headers().map(|hdr| {
         let mut p = [0u8; SEND_PREFIX_LEN];
         p.copy_from_slice(hdr.get(..SEND_PREFIX_LEN).unwrap_or(&[0; SEND_PREFIX_LEN]));
         p

@@ -605,7 +605,7 @@ impl Qp {
         }
         let is_read = wr.op.awaits_response();
         let mut status = SqStatus::Queued;
-        let slot = self.sq_slot(self.sq_next_seq);
+        // The side-table slot (a division) is computed only for entries that use one.
         let (data, len) = match &wr.payload {
             Payload::Inline(_) if wr.op.is_atomic() => return Err(QpError::AtomicSink),
             Payload::Inline(bytes) => {
@@ -615,6 +615,7 @@ impl Qp {
                 if self.sq_inline.is_empty() {
                     self.sq_inline = vec![[0u8; MAX_INLINE]; self.cfg.sq_depth.max(1)];
                 }
+                let slot = self.sq_slot(self.sq_next_seq);
                 if let Some(dst) = self
                     .sq_inline
                     .get_mut(slot)
@@ -660,6 +661,7 @@ impl Qp {
                         mem: validate(sge, &mut status),
                     },
                     sges => {
+                        let slot = self.sq_slot(self.sq_next_seq);
                         if self.sq_sgls.is_empty() {
                             self.sq_sgls = std::iter::repeat_with(SqSgl::default)
                                 .take(self.cfg.sq_depth.max(1))
@@ -701,6 +703,7 @@ impl Qp {
         };
         if self.sq.push(entry).is_err() {
             // Unreachable (checked above); the side slot must not keep memory in use.
+            let slot = self.sq_slot(self.sq_next_seq);
             if let Some(side) = self.sq_sgls.get_mut(slot) {
                 side.mem = no_validated();
             }
@@ -714,6 +717,11 @@ impl Qp {
     /// bounds) when a Send starts using it. In the Error state the WR completes at once with
     /// `WrFlushErr`.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), QpError> {
+        self.post_recv_ref(&wr)
+    }
+
+    /// As [`Qp::post_recv`], copying the WR from `wr` straight into the receive queue.
+    pub fn post_recv_ref(&mut self, wr: &RecvWr) -> Result<(), QpError> {
         self.check_alive()?;
         if self.cfg.use_srq {
             return Err(QpError::WrongReceiveQueue("receives from an SRQ"));
@@ -730,7 +738,7 @@ impl Qp {
                 .push(wc)
                 .map_err(|_| QpError::QueueFull("receive"));
         }
-        self.rq.push(wr).map_err(|_| QpError::QueueFull("receive"))
+        self.rq.push(*wr).map_err(|_| QpError::QueueFull("receive"))
     }
 
     // ----- outputs -----

@@ -421,9 +421,10 @@ pub(crate) struct TxState {
     stream_offset: u64,
     /// Set by [`Qp::tx_copy_fpdu`] while it builds: leave the CRC to the copy.
     defer_crc: bool,
-    /// Header prefixes of a whole Send (without, with Solicited Event) and of a whole RDMA
-    /// Write, from the codec: what [`Qp::tx_copy_fpdus`] writes for small messages.
-    send_prefixes: [[u8; codec::SEND_PREFIX_LEN]; 2],
+    /// Headers of a whole Send (without, with Solicited Event; MSN and MO 0) and the header
+    /// prefix of a whole RDMA Write, from the codec: what [`Qp::tx_copy_fpdus`] writes for
+    /// small messages.
+    send_headers: [[u8; codec::UNTAGGED_HEADER_LEN]; 2],
     write_prefix: [u8; codec::WRITE_PREFIX_LEN],
 }
 
@@ -444,7 +445,7 @@ impl TxState {
             markers: false,
             stream_offset: 0,
             defer_crc: false,
-            send_prefixes: codec::send_prefixes(),
+            send_headers: codec::send_headers(),
             write_prefix: codec::write_prefix(),
         }
     }
@@ -816,13 +817,19 @@ impl Qp {
             let Some(fpdu) = out.get_mut(used..used + total) else {
                 break;
             };
+            // Pad and CRC field (zeros when CRC is off) first: the last 8 bytes hold both (at
+            // most 3 + 4; an FPDU has at least 20), and the payload and header bytes among
+            // them are written next.
+            if let Some(tail) = fpdu.last_chunk_mut::<8>() {
+                *tail = [0; 8];
+            }
             let Some((hdr, rest)) = fpdu.split_at_mut_checked(2 + hdr_len) else {
                 break;
             };
-            let Some((payload, pad)) = rest.split_at_mut_checked(len) else {
+            let Some(payload) = rest.get_mut(..len) else {
                 break;
             };
-            // Payload first: a copy that cannot be made leaves the general path to report it.
+            // A payload copy that cannot be made leaves the general path to report it.
             if !self.sq_copy_payload(seq, payload) {
                 break;
             }
@@ -834,12 +841,13 @@ impl Qp {
                     invalidate: None,
                 } => {
                     let msn = self.tx_msn[0];
-                    let prefix = &self.tx.send_prefixes[usize::from(solicited)];
-                    let (p, tail) = ulp_hdr.split_at_mut(codec::SEND_PREFIX_LEN);
-                    p.copy_from_slice(prefix);
-                    let (m, mo) = tail.split_at_mut(4);
-                    m.copy_from_slice(&msn.to_be_bytes());
-                    mo.fill(0);
+                    ulp_hdr.copy_from_slice(&self.tx.send_headers[usize::from(solicited)]);
+                    if let Some(m) = ulp_hdr
+                        .get_mut(codec::UNTAGGED_MSN_OFFSET..)
+                        .and_then(|m| m.first_chunk_mut::<4>())
+                    {
+                        *m = msn.to_be_bytes();
+                    }
                     self.tx_msn[0] = msn.wrapping_add(1);
                 }
                 SendOp::Send {
@@ -859,7 +867,6 @@ impl Qp {
                 }
                 _ => break,
             }
-            pad.fill(0);
             if self.tx.crc {
                 let (covered, field) = fpdu.split_at_mut(total - 4);
                 field.copy_from_slice(&codec::crc_to_wire(crate::memory::crc32c_append(
