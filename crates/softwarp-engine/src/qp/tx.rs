@@ -426,6 +426,9 @@ pub(crate) struct TxState {
     /// small messages.
     send_headers: [[u8; codec::UNTAGGED_HEADER_LEN]; 2],
     write_prefix: [u8; codec::WRITE_PREFIX_LEN],
+    /// The largest payload of an untagged and of a tagged FPDU (`max_payload`, fixed once
+    /// the stream is established).
+    max_small: (usize, usize),
 }
 
 impl TxState {
@@ -447,6 +450,7 @@ impl TxState {
             defer_crc: false,
             send_headers: codec::send_headers(),
             write_prefix: codec::write_prefix(),
+            max_small: (0, 0),
         }
     }
 
@@ -460,6 +464,10 @@ impl TxState {
         } else {
             s.max_fpdu_len
         };
+        self.max_small = (
+            self.max_payload(codec::UNTAGGED_HEADER_LEN),
+            self.max_payload(codec::TAGGED_HEADER_LEN),
+        );
         if let Some(rtr) = s.rtr {
             self.rtr_pending = rtr.initiator;
             self.gate_until_rx = !rtr.initiator;
@@ -691,6 +699,12 @@ impl Qp {
         if n > 0 {
             return Some(n);
         }
+        self.tx_copy_built(out)
+    }
+
+    /// [`Qp::tx_copy_fpdu`] by the general path: the next FPDU is built (unless one is) and
+    /// copied whole when it fits.
+    fn tx_copy_built(&mut self, out: &mut [u8]) -> Option<usize> {
         if self.tx.build.is_none() {
             self.tx.defer_crc = true;
             self.build_next();
@@ -747,11 +761,14 @@ impl Qp {
         let mut used = 0;
         loop {
             let rest = out.get_mut(used..).unwrap_or_default();
-            let run = self.tx_copy_small(rest, max_each, usize::MAX);
-            used += run;
+            used += self.tx_copy_small(rest, max_each, usize::MAX);
+            if !self.wants_tx() {
+                return used;
+            }
+            // An FPDU the small path leaves to the general one (or does not fit).
             let rest = out.get_mut(used..).unwrap_or_default();
             let window = rest.len().min(max_each);
-            match rest.get_mut(..window).and_then(|w| self.tx_copy_fpdu(w)) {
+            match rest.get_mut(..window).and_then(|w| self.tx_copy_built(w)) {
                 Some(n) => used += n,
                 None => return used,
             }
@@ -782,10 +799,7 @@ impl Qp {
         {
             return 0;
         }
-        let (max_send, max_write) = (
-            self.tx.max_payload(codec::UNTAGGED_HEADER_LEN),
-            self.tx.max_payload(codec::TAGGED_HEADER_LEN),
-        );
+        let (max_send, max_write) = self.tx.max_small;
         let mut used = 0;
         let mut fpdus = 0;
         while fpdus < max_fpdus {
