@@ -423,6 +423,24 @@ impl MrTable {
         to: u64,
         len: u64,
     ) -> Result<Validated, AccessError> {
+        let (memory, region_offset) = self.validate_borrowed(stag, pd, required, to, len)?;
+        Ok(Validated {
+            memory: Arc::clone(memory),
+            region_offset,
+        })
+    }
+
+    /// As [`MrTable::validate`], for an access made while the table is borrowed: the memory
+    /// is lent, not shared (no reference count changes), with the offset of the range's first
+    /// byte inside its region.
+    pub fn validate_borrowed(
+        &self,
+        stag: Stag,
+        pd: PdId,
+        required: Access,
+        to: u64,
+        len: u64,
+    ) -> Result<(&Arc<MrMemory>, usize), AccessError> {
         let e = self.entry(stag)?;
         if !e.valid {
             return Err(AccessError::Invalidated);
@@ -439,10 +457,7 @@ impl MrTable {
             return Err(AccessError::BaseOrBounds);
         }
         let off = usize::try_from(to - e.iova).map_err(|_| AccessError::BaseOrBounds)?;
-        Ok(Validated {
-            memory: Arc::clone(&e.memory),
-            region_offset: e.memory.base + off,
-        })
+        Ok((&e.memory, e.memory.base + off))
     }
 
     /// Invalidates a registration from the local side (a Local Invalidate work request or an

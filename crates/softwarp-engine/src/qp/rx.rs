@@ -573,6 +573,9 @@ impl Qp {
         if rx.phase != Phase::Header || rx.hdr_have != 0 || rx.mk.on || self.cfg.use_srq {
             return None;
         }
+        if let Some(total) = self.rx_small_send(bytes, mrs.table()) {
+            return Some(total);
+        }
         let ulpdu_len = codec::mpa_len(bytes);
         let total = codec::fpdu_len(ulpdu_len);
         let (&ddp_ctrl, &rdmap_ctrl) = (bytes.get(2)?, bytes.get(3)?);
@@ -589,9 +592,6 @@ impl Qp {
         let (payload, trailer) = rest.split_at_checked(ulpdu_len + 2 - hdr_len)?;
         if hdr_len > HDR_CAP || trailer.len() != pad + 4 {
             return None;
-        }
-        if self.rx_small_send(fpdu, payload, mrs.table()).is_some() {
-            return Some(total);
         }
         // Header: as `rx_commit` would leave it after the header bytes.
         self.stats.rx_stream_bytes += total as u64;
@@ -666,7 +666,8 @@ impl Qp {
         Some(total)
     }
 
-    /// [`Qp::rx_whole_fpdu`]'s path for the commonest FPDU of small messages: a whole
+    /// [`Qp::rx_whole_fpdu`]'s path for the commonest FPDU of small messages, tried first on
+    /// the FPDU at the start of `bytes` (returns its length when it took it): a whole
     /// untagged Send (or Send with Solicited Event) that is a message by itself (Last set,
     /// MO 0) with the next MSN of queue 0, for the receive WR at the head of the RQ whose
     /// SGEs validate and hold it. The header is accepted only when its bytes are exactly
@@ -677,15 +678,16 @@ impl Qp {
     /// state changed, and the general path takes the FPDU and reports what is wrong with it
     /// as before. (A receive WR whose later SGE fails validation may have had its first
     /// SGEs written; it then completes in error, when its buffer's content is undefined.)
-    fn rx_small_send(&mut self, fpdu: &[u8], payload: &[u8], mrs: &MrTable) -> Option<()> {
+    fn rx_small_send(&mut self, bytes: &[u8], mrs: &MrTable) -> Option<usize> {
         let rx = &self.rx;
-        if self.rx_msg.is_some()
-            || rx.swallow_rtr_send
-            || rx.deferred.is_some()
-            || codec::UNTAGGED_HEADER_LEN + payload.len() > rx.max_ulpdu
-        {
+        if self.rx_msg.is_some() || rx.swallow_rtr_send || rx.deferred.is_some() {
             return None;
         }
+        let ulpdu_len = codec::mpa_len(bytes);
+        if ulpdu_len < codec::UNTAGGED_HEADER_LEN || ulpdu_len > rx.max_ulpdu {
+            return None;
+        }
+        let fpdu = bytes.get(..codec::fpdu_len(ulpdu_len))?;
         let msn = self.rx_msn[0];
         let hdr = fpdu.get(2..2 + codec::UNTAGGED_HEADER_LEN)?;
         let prefix = hdr.get(..codec::SEND_PREFIX_LEN)?;
@@ -693,10 +695,10 @@ impl Qp {
         let solicited = rx.send_templates.iter().position(|t| t == prefix)? == 1;
         if hdr.get(UNTAGGED_MSN..UNTAGGED_MO)? != msn.to_be_bytes()
             || hdr.get(UNTAGGED_MO..)? != [0u8; 4]
-            || 2 + codec::UNTAGGED_HEADER_LEN + payload.len() > fpdu.len()
         {
             return None;
         }
+        let payload = fpdu.get(2 + codec::UNTAGGED_HEADER_LEN..2 + ulpdu_len)?;
         if rx.crc_on {
             let (covered, field) = fpdu.split_at_checked(fpdu.len().checked_sub(4)?)?;
             let wire: [u8; 4] = field.try_into().ok()?;
@@ -716,8 +718,8 @@ impl Qp {
             if sge.length == 0 {
                 continue;
             }
-            let v = mrs
-                .validate(
+            let (memory, offset) = mrs
+                .validate_borrowed(
                     sge.lkey,
                     self.cfg.pd,
                     Access::LOCAL_WRITE,
@@ -726,9 +728,9 @@ impl Qp {
                 )
                 .ok()?;
             let n = (sge.length as usize).min(payload.len() - at);
-            v.memory
+            memory
                 .region()
-                .write_at(v.region_offset, payload.get(at..at + n)?)
+                .write_at(offset, payload.get(at..at + n)?)
                 .ok()?;
             at += n;
         }
@@ -750,7 +752,7 @@ impl Qp {
         let mut wc = self.recv_wc(wr_id, WcStatus::Success, len as u32);
         wc.solicited = solicited;
         let _ = self.rx_done.push(wc);
-        Some(())
+        Some(total)
     }
 
     /// `n` bytes of the marker due were read; a complete marker is checked, fed to the CRC
