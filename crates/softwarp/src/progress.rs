@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
 
-use mio::{Events, Poll, Registry, Token, Waker};
+use mio::{Events, Poll, Token, Waker};
 
 use crate::cq::CqShared;
 use crate::device::lock;
@@ -29,6 +29,8 @@ const SCRATCH_LEN: usize = 64 * 1024;
 pub(crate) enum Cmd {
     Register(Arc<QpShared>),
     Kick(Arc<QpShared>),
+    /// Look at a busy-polled QP's write watchdog after a delay (by its token).
+    Watch(Token),
     CqOverflow(Arc<CqShared>),
     Shutdown,
 }
@@ -38,9 +40,6 @@ pub(crate) enum Cmd {
 pub(crate) struct Progress {
     tx: Mutex<Sender<Cmd>>,
     waker: Waker,
-    /// The poller's registry, for threads that register a busy-polled QP's socket when it
-    /// needs the progress thread after all (its socket is full with bytes pending).
-    registry: Registry,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: ThreadId,
 }
@@ -49,10 +48,6 @@ impl Progress {
     pub(crate) fn start(device_name: &str) -> Result<Self> {
         let poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
         let waker = Waker::new(poll.registry(), WAKE).map_err(|e| Error::io("eventfd", e))?;
-        let registry = poll
-            .registry()
-            .try_clone()
-            .map_err(|e| Error::io("epoll registry", e))?;
         let (tx, rx) = mpsc::channel();
         let handle = std::thread::Builder::new()
             .name(format!("{device_name}-progress"))
@@ -61,7 +56,6 @@ impl Progress {
         Ok(Self {
             tx: Mutex::new(tx),
             waker,
-            registry,
             thread_id: handle.thread().id(),
             thread: Mutex::new(Some(handle)),
         })
@@ -74,11 +68,6 @@ impl Progress {
             .map_err(|e| Error::io("wake the progress thread", e))
     }
 
-    /// The poller's registry (usable from any thread).
-    pub(crate) fn registry(&self) -> &Registry {
-        &self.registry
-    }
-
     /// Hands a connected QP to the progress thread.
     pub(crate) fn register(&self, qp: Arc<QpShared>) -> Result<()> {
         self.send(Cmd::Register(qp))
@@ -87,6 +76,14 @@ impl Progress {
     /// Asks for a progress pass of `qp` (its state changed outside the data path).
     pub(crate) fn kick(&self, qp: Arc<QpShared>) {
         if let Err(e) = self.send(Cmd::Kick(qp)) {
+            tracing::error!(error = %e, "cannot reach the progress thread");
+        }
+    }
+
+    /// Has the progress thread look at the write watchdog of the QP registered as `token`
+    /// on its timer (not at once: the application is polling it right now).
+    pub(crate) fn watch(&self, token: Token) {
+        if let Err(e) = self.send(Cmd::Watch(token)) {
             tracing::error!(error = %e, "cannot reach the progress thread");
         }
     }
@@ -161,6 +158,11 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
                 Ok(Cmd::Kick(qp)) => {
                     if let Some(t) = tokens.get(&key(&qp)) {
                         todo.insert(*t);
+                    }
+                }
+                Ok(Cmd::Watch(token)) => {
+                    if qps.contains_key(&token) {
+                        delayed.insert(token);
                     }
                 }
                 Ok(Cmd::CqOverflow(cq)) => {

@@ -109,6 +109,22 @@ impl<'a> QpInitAttr<'a> {
 const LINGER: Duration = Duration::from_secs(2);
 /// Bytes one progress pass reads (or writes) for one QP before letting others run.
 const PASS_BUDGET: usize = 1 << 20;
+/// How often an armed write watchdog looks whether the application still busy-polls.
+const WATCH_PERIOD: Duration = Duration::from_millis(5);
+
+/// What a look at the write watchdog found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WatchLook {
+    /// Not armed: a normal pass.
+    NotArmed,
+    /// The application polled since the last look: leave the pass to it.
+    Polling,
+    /// Nothing was left to send: the watchdog is off again, no pass.
+    Disarmed,
+    /// No poll since the last look: the progress thread takes over (now registered for
+    /// write readiness).
+    TakeOver,
+}
 /// A payload at least this long is read straight into its destination, with only a
 /// header's worth of staging behind it.
 const BIG_PAYLOAD: usize = 16 * 1024;
@@ -150,8 +166,15 @@ pub(crate) struct Conn {
     /// Registered for read readiness (false while a busy-poll CQ's thread reads).
     read_interest: bool,
     /// Registered with the poller at all (a busy-polled QP is not, until its socket fills
-    /// up with bytes pending or it closes: no epoll wait-queue entry on its data path).
+    /// up with bytes pending and the application stops polling, or it closes: no epoll
+    /// wait-queue entry on its data path).
     polled: bool,
+    /// Write watchdog of a busy-polled QP whose socket filled up with bytes pending: the
+    /// application's pass count and the time of the progress thread's last look. Armed, the
+    /// progress thread looks every few milliseconds; while the application keeps polling
+    /// (which writes as the socket drains) it leaves the socket alone, and once it stops,
+    /// the progress thread registers for write readiness and sends the rest itself.
+    watch: Option<(u64, Instant)>,
     /// End of stream or error seen on the read side.
     read_closed: bool,
     /// A write failed (reset, broken pipe): nothing more can be sent.
@@ -165,6 +188,20 @@ pub(crate) struct Conn {
     /// on the connection manager's path). Posted work waits in the QP meanwhile; the
     /// progress thread retries on its timer (nobody sleeps).
     hold_until: Option<Instant>,
+}
+
+impl Conn {
+    /// Who writes the socket when it drains (the `tx_by` detail of `softwarp resources`):
+    /// `progress` (registered with the progress thread's epoll for write readiness), `polls`
+    /// (a busy-polled QP: the application's polls write), `polls+watchdog` (busy-polled with
+    /// bytes pending behind a full socket: the progress thread takes over if the polls stop).
+    fn tx_by(&self) -> &'static str {
+        match (self.polled, self.watch.is_some()) {
+            (true, _) => "progress",
+            (false, false) => "polls",
+            (false, true) => "polls+watchdog",
+        }
+    }
 }
 
 /// What the connection manager hears from a QP's connection (called with the QP locked:
@@ -217,6 +254,10 @@ pub(crate) struct QpInner {
     /// Coalesced FPDU bytes, already committed to the engine, that the socket has not
     /// taken yet (empty unless the socket filled up in the middle of a batch).
     tx_spill: Vec<u8>,
+    /// Passes the application's threads made over this QP so far (busy polls and posts,
+    /// which both write): the write watchdog tells from it whether the application is
+    /// still at work.
+    app_passes: u64,
 }
 
 /// What a progress pass left to do.
@@ -345,7 +386,11 @@ impl QpShared {
     pub(crate) fn ras_view(&self) -> crate::ras::QpView {
         let g = self.lock();
         let fd = g.conn.as_ref().map(|c| c.stream.as_fd());
-        crate::ras::QpView::take(&self.ras, &g.qp, g.info.as_ref(), fd)
+        let view = crate::ras::QpView::take(&self.ras, &g.qp, g.info.as_ref(), fd);
+        match &g.conn {
+            Some(c) => view.with_attr("tx_by", c.tx_by()),
+            None => view,
+        }
     }
 
     /// Reads from the socket into wherever the engine says, until EAGAIN or the budget is
@@ -815,6 +860,25 @@ impl QpShared {
         let mut g = self.lock();
         let inner = &mut *g;
         let state = inner.qp.state();
+        if inner.conn.is_none() {
+            return Pass {
+                closed: true,
+                ..Pass::default()
+            };
+        }
+        if state == QpState::Rts && !inner.close_kicked {
+            match self.watchdog(inner, registry) {
+                // The application polls: its passes move the bytes; look again later.
+                WatchLook::Polling => {
+                    return Pass {
+                        retry: true,
+                        ..Pass::default()
+                    }
+                }
+                WatchLook::Disarmed => return Pass::default(),
+                WatchLook::NotArmed | WatchLook::TakeOver => {}
+            }
+        }
         let Some(conn) = inner.conn.as_mut() else {
             return Pass {
                 closed: true,
@@ -867,6 +931,7 @@ impl QpShared {
         if inner.conn.is_none() || inner.close_kicked {
             return;
         }
+        inner.app_passes = inner.app_passes.wrapping_add(1);
         let mut budget = PASS_BUDGET;
         let rx = STAGE.with(|stage| match stage.try_borrow_mut() {
             Ok(mut stage) => {
@@ -928,20 +993,63 @@ impl QpShared {
         }
     }
 
-    /// A busy-polled QP whose socket is full with bytes pending: from now on the progress
-    /// thread also writes when the socket drains (the application may stop polling).
+    /// A busy-polled QP whose socket is full with bytes pending: the application's polls
+    /// write the rest as the socket drains, as long as it polls. Arms the write watchdog
+    /// (once): the progress thread looks in a few milliseconds and takes over if the
+    /// polls stopped ([`QpShared::watchdog`]). Registering for write readiness at once
+    /// instead would wake the progress thread at every drain of a busy socket, a third
+    /// thread competing with the polling ones for the cores.
     fn watch_writable(&self, inner: &mut QpInner) {
         let Some(conn) = inner.conn.as_mut() else {
             return;
         };
-        let Some(token) = conn.token.filter(|_| !conn.polled) else {
+        let Some(token) = conn.token.filter(|_| !conn.polled && conn.watch.is_none()) else {
             return;
         };
-        let registry = self.device.progress.registry();
-        match registry.register(&mut conn.stream, token, Interest::WRITABLE) {
-            Ok(()) => conn.polled = true,
-            Err(e) => tracing::error!(qp = self.qp_num, error = %e, "epoll registration failed"),
+        conn.watch = Some((inner.app_passes, Instant::now()));
+        self.device.progress.watch(token);
+    }
+
+    /// The progress thread's look at an armed write watchdog (see [`Conn::watch`]): true
+    /// when the application still polls (or the watchdog is not armed) and the pass is left
+    /// to it; after a look that finds no poll since the last one, the socket is registered
+    /// for write readiness and the progress thread does the pass itself.
+    fn watchdog(&self, inner: &mut QpInner, registry: &Registry) -> WatchLook {
+        let polls = inner.app_passes;
+        let idle = inner.tx_spill.is_empty() && !inner.qp.wants_tx();
+        let Some(conn) = inner.conn.as_mut() else {
+            return WatchLook::TakeOver;
+        };
+        let Some((seen, at)) = conn.watch else {
+            return WatchLook::NotArmed;
+        };
+        if idle {
+            // The polls sent everything: nothing to watch until the socket fills again.
+            conn.watch = None;
+            return WatchLook::Disarmed;
         }
+        let now = Instant::now();
+        if now.duration_since(at) < WATCH_PERIOD {
+            return WatchLook::Polling;
+        }
+        if polls != seen {
+            conn.watch = Some((polls, now));
+            return WatchLook::Polling;
+        }
+        conn.watch = None;
+        if let Some(token) = conn.token.filter(|_| !conn.polled) {
+            match registry.register(&mut conn.stream, token, Interest::WRITABLE) {
+                Ok(()) => conn.polled = true,
+                Err(e) => {
+                    tracing::error!(qp = self.qp_num, error = %e, "epoll registration failed")
+                }
+            }
+        }
+        tracing::debug!(
+            qp = self.qp_num,
+            "busy polls stopped: the progress thread writes"
+        );
+        WatchLook::TakeOver
     }
 
     /// Moves the QP to Error (a Terminate is queued when it was in RTS), for device and CQ
@@ -1086,6 +1194,7 @@ impl QpShared {
             token: None,
             read_interest: false,
             polled: false,
+            watch: None,
             read_closed: false,
             write_failed: false,
             shut_wr: false,
@@ -1204,6 +1313,7 @@ impl QueuePair {
                 close_kicked: false,
                 rx_big: false,
                 tx_spill: Vec::new(),
+                app_passes: 0,
             }),
             count: Mutex::new(count),
             ras,
@@ -1290,6 +1400,7 @@ impl QueuePair {
                 }
             }
         }
+        inner.app_passes = inner.app_passes.wrapping_add(1);
         let mut budget = usize::MAX;
         let tx = s.tx_pass(inner, &mut budget);
         s.drain(inner);

@@ -747,6 +747,12 @@ impl QpView {
         }
     }
 
+    /// Adds a runtime fact about the QP to its details (`softwarp resources`).
+    pub(crate) fn with_attr(mut self, key: &str, value: &str) -> Self {
+        self.attrs.insert(key.into(), value.into());
+        self
+    }
+
     fn details(self) -> ResourceDetails {
         let mut attrs = self.attrs;
         attrs.insert("sq_outstanding".into(), self.sq.to_string());

@@ -163,10 +163,21 @@ fn a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out() {
         fence: false,
     };
     // b does not read yet: a's socket fills and the rest of a's batches wait in the QP.
+    // While a's thread is at work, nobody else writes its socket: its write watchdog is
+    // armed, and the socket stays out of the progress thread's epoll (which would wake the
+    // progress thread at every drain). Looked at right after each post: the watchdog takes
+    // over only after a look at least 5 ms after arming finds no pass in between.
+    let mut watched = 0;
     for _ in 0..N / 50 {
         a.qp.post_send_list(&[send; 50]).unwrap();
+        match tx_by(&a) {
+            Some("polls+watchdog") => watched += 1,
+            Some("polls") => {}
+            other => panic!("a's socket is written by {other:?} while a posts"),
+        }
     }
-    // a never polls again; b polls until everything is in.
+    assert!(watched > 0, "a's socket never filled up");
+    // a never polls again; b polls until everything is in: the progress thread took over.
     let deadline = Instant::now() + WAIT;
     let mut got = 0;
     let mut wcs = [EMPTY_COMPLETION; 64];
@@ -178,4 +189,18 @@ fn a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out() {
         }
         assert!(Instant::now() < deadline, "{got} of {N} Sends arrived");
     }
+    assert_eq!(tx_by(&a), Some("progress"));
+}
+
+/// Who writes `e`'s QP's socket when it drains (its `tx_by` detail in the RAS resources).
+fn tx_by(e: &End) -> Option<&'static str> {
+    let found = softwarp_ras::tracker::all_resources()
+        .into_iter()
+        .filter(|r| {
+            r.tracker == e.dev.instance_name() && r.kind == softwarp_ras::tracker::ResourceKind::Qp
+        })
+        .find_map(|r| r.details.and_then(|d| d.attrs.get("tx_by").cloned()))?;
+    ["progress", "polls", "polls+watchdog"]
+        .into_iter()
+        .find(|k| *k == found)
 }
