@@ -909,6 +909,9 @@ impl QpShared {
         self.ras
             .sample_tcp(inner.conn.as_ref().map(|c| c.stream.as_fd()));
         let (closed, lingering) = self.maybe_close(inner, registry, tx);
+        if !closed && tx == TxEnd::Idle {
+            self.return_to_polls(inner, registry);
+        }
         Pass {
             more: !closed && (rx == RxEnd::More || tx == TxEnd::More),
             retry: !closed && (rx == RxEnd::Blocked || tx == TxEnd::Held),
@@ -1050,6 +1053,22 @@ impl QpShared {
             "busy polls stopped: the progress thread writes"
         );
         WatchLook::TakeOver
+    }
+
+    /// A busy-polled QP whose socket the progress thread wrote after the polls had stopped
+    /// (see [`QpShared::watchdog`]) and which has nothing left to send: its socket leaves the
+    /// poller again, so that when the application polls again, the progress thread does not
+    /// wake at every drain; the next full socket arms the watchdog again.
+    fn return_to_polls(&self, inner: &mut QpInner, registry: &Registry) {
+        if inner.qp.state() != QpState::Rts || inner.close_kicked || !inner.tx_spill.is_empty() {
+            return;
+        }
+        let Some(conn) = inner.conn.as_mut() else {
+            return;
+        };
+        if conn.polled && !conn.read_interest && registry.deregister(&mut conn.stream).is_ok() {
+            conn.polled = false;
+        }
     }
 
     /// Moves the QP to Error (a Terminate is queued when it was in RTS), for device and CQ

@@ -177,7 +177,8 @@ fn a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out() {
         }
     }
     assert!(watched > 0, "a's socket never filled up");
-    // a never polls again; b polls until everything is in: the progress thread took over.
+    // a never polls again; b polls until everything is in: the progress thread took over
+    // (nobody else writes a's socket now).
     let deadline = Instant::now() + WAIT;
     let mut got = 0;
     let mut wcs = [EMPTY_COMPLETION; 64];
@@ -189,7 +190,8 @@ fn a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out() {
         }
         assert!(Instant::now() < deadline, "{got} of {N} Sends arrived");
     }
-    assert_eq!(tx_by(&a), Some("progress"));
+    // Everything went out: the progress thread handed the socket back to a's polls.
+    assert_eq!(tx_by(&a), Some("polls"));
 }
 
 /// Who writes `e`'s QP's socket when it drains (its `tx_by` detail in the RAS resources).
