@@ -52,6 +52,10 @@ pub struct QpStats {
     pub tx_stream_bytes: u64,
     /// Bytes consumed from the stream.
     pub rx_stream_bytes: u64,
+    /// Payload bytes the runtime read ahead into a staging buffer of its own and that were
+    /// then copied to their destination (small messages, by design); the rest of the
+    /// received payload was read by the kernel straight into its destination.
+    pub rx_staged_payload_bytes: u64,
     /// FPDUs whose CRC did not match.
     pub crc_errors: u64,
     /// MPA markers sent (RFC 5044 section 4.3).

@@ -576,10 +576,11 @@ impl QpShared {
             .rx_whole_fpdu(stage.get(*fed..staged).unwrap_or_default(), &mut mrs)
         {
             *fed += n;
-            if n < BIG_PAYLOAD {
-                // A whole (small) payload came through the staging buffer.
-                inner.rx_big = false;
-            }
+            // A whole small FPDU came through the staging buffer: keep reading ahead. A
+            // large one was copied out of it: read the following payloads straight into
+            // their destinations (FPDUs that fit the staging buffer exactly, as 32 KiB ones
+            // on a 32 KiB-MSS loopback do in pairs, would otherwise never leave it).
+            inner.rx_big = n >= BIG_PAYLOAD;
         }
         drop(mrs);
         if *fed >= staged {
@@ -611,6 +612,7 @@ impl QpShared {
                     // A whole (small) payload came through the staging buffer.
                     inner.rx_big = false;
                 }
+                inner.qp.rx_note_staged_payload(n);
                 n
             }
             RxTarget::Blocked => {

@@ -796,7 +796,7 @@ impl QpView {
         let s = &self.stats;
         collect_ops(out, "tx", "sent", &s.tx, &labels);
         collect_ops(out, "rx", "received", &s.rx, &labels);
-        let counters: [(&str, &str, u64); 11] = [
+        let counters: [(&str, &str, u64); 12] = [
             ("softwarp_qp_tx_fpdus_total", "FPDUs sent.", s.tx_fpdus),
             ("softwarp_qp_rx_fpdus_total", "FPDUs received.", s.rx_fpdus),
             (
@@ -808,6 +808,11 @@ impl QpView {
                 "softwarp_qp_rx_stream_bytes_total",
                 "Bytes consumed from TCP, all framing included.",
                 s.rx_stream_bytes,
+            ),
+            (
+                "softwarp_qp_rx_staged_payload_bytes_total",
+                "Payload bytes read ahead into a staging buffer and copied to their destination (the rest was read straight into it).",
+                s.rx_staged_payload_bytes,
             ),
             (
                 "softwarp_qp_crc_errors_total",
@@ -902,6 +907,7 @@ fn counters_of(s: &QpStats) -> BTreeMap<String, u64> {
         ("rx_fpdus", s.rx_fpdus),
         ("tx_stream_bytes", s.tx_stream_bytes),
         ("rx_stream_bytes", s.rx_stream_bytes),
+        ("rx_staged_payload_bytes", s.rx_staged_payload_bytes),
         ("crc_errors", s.crc_errors),
         ("tx_markers", s.tx_markers),
         ("rx_markers", s.rx_markers),

@@ -470,6 +470,13 @@ impl Qp {
         }
     }
 
+    /// Statistics: the runtime copied `n` bytes it had read ahead into a staging buffer of
+    /// its own to the payload destination [`Qp::rx_target`] named (before committing them),
+    /// instead of reading them there. Counted in `rx_staged_payload_bytes`.
+    pub fn rx_note_staged_payload(&mut self, n: usize) {
+        self.stats.rx_staged_payload_bytes += n as u64;
+    }
+
     /// Reports that `n` bytes were read into the place the last [`Qp::rx_target`] named.
     /// Processes what became complete (header validation, delivery after the CRC check).
     /// `srq` must be the QP's SRQ when it uses one. `n == 0` retries a blocked header.
@@ -620,7 +627,13 @@ impl Qp {
                 mem: Some(mem),
                 off,
                 ..
-            } => mem.region().write_at(*off, payload).is_ok(),
+            } => {
+                let ok = mem.region().write_at(*off, payload).is_ok();
+                if ok {
+                    self.stats.rx_staged_payload_bytes += payload.len() as u64;
+                }
+                ok
+            }
             Plan::Send { .. } => {
                 let mut at = 0;
                 while let Some(rest) = payload.get(at..).filter(|r| !r.is_empty()) {
@@ -640,6 +653,7 @@ impl Qp {
                     }
                     at += len;
                 }
+                self.stats.rx_staged_payload_bytes += at as u64;
                 at == payload.len()
             }
             // Discarded (a header that failed validation) or no payload.
@@ -742,6 +756,7 @@ impl Qp {
         let total = fpdu.len();
         let len = payload.len() as u64;
         self.stats.rx_stream_bytes += total as u64;
+        self.stats.rx_staged_payload_bytes += len;
         self.stats.rx_fpdus += 1;
         self.stats.rx.send.bytes += len;
         self.stats.rx.send.messages += 1;
