@@ -8,7 +8,7 @@ use anyhow::{ensure, Result};
 use softwarp::{Payload, SendOp, SendWr, SgList, Stag, MAX_INLINE};
 
 use super::wire::{self, BwReport, Dest};
-use super::{check, Side, STEP_TIMEOUT};
+use super::{check, Side, SizeRow, STEP_TIMEOUT};
 use crate::bench::rdma::elapsed_ns;
 use crate::bench::session::{Rtt, Timed};
 use crate::bench::spec::{Kind, Op};
@@ -26,7 +26,7 @@ impl Side {
 
     fn data_wr(&self, peer: &Dest, op: Op, wr_id: u64) -> Result<SendWr<'static>> {
         let data = self.data()?;
-        let len = u32::try_from(self.p.size)?;
+        let len = u32::try_from(self.cur)?;
         let (op, sge) = match op {
             Op::Write => (
                 SendOp::Write {
@@ -63,7 +63,7 @@ impl Side {
     /// for Sends fewer than `rx_window` uncredited. Returns the elapsed time.
     fn bw_active(&mut self, peer: &Dest) -> Result<Duration> {
         let op = self.p.shape.op;
-        let iters = self.p.iters;
+        let iters = self.iters();
         let mut window = self.p.tx_depth.max(1) as u64;
         if op == Op::Read {
             window = window
@@ -113,7 +113,7 @@ impl Side {
     /// received messages into the sender's credit word every `rx_window / 3` receives.
     /// Returns the time from the first to the last receive.
     fn send_bw_passive(&mut self, peer: &Dest) -> Result<Duration> {
-        let iters = self.p.iters;
+        let iters = self.iters();
         let rx_window = self.p.rx_window();
         let every = (rx_window / 3).max(1);
         let mut posted = rx_window;
@@ -163,6 +163,20 @@ impl Side {
                 writes = writes.saturating_sub(self.poll_data(true)? as u64);
             }
         }
+        // Every credit Write has left before the handshake that ends the size (with -a
+        // the sender zeroes its credit word for the next size after that).
+        let mut spins = 0u32;
+        while writes > 0 {
+            writes = writes.saturating_sub(self.poll_data(true)? as u64);
+            spins += 1;
+            if spins.is_multiple_of(4096) {
+                ensure!(
+                    Instant::now() < deadline,
+                    "send_bw: credit Writes never completed"
+                );
+            }
+            spin::pause(spins);
+        }
         Ok(first.map_or(Duration::ZERO, |t| t.elapsed()))
     }
 
@@ -196,9 +210,9 @@ impl Side {
     /// the client sees them (the server: from its answer to the next message).
     fn send_lat(&mut self, peer: &Dest) -> Result<Vec<u64>> {
         let deadline = Instant::now() + STEP_TIMEOUT;
-        let mut samples = Vec::with_capacity(self.p.iters as usize);
+        let mut samples = Vec::with_capacity(self.iters() as usize);
         let mut t = Instant::now();
-        for i in 0..self.p.iters {
+        for i in 0..self.iters() {
             if self.client {
                 t = Instant::now();
                 self.send_one(peer, i)?;
@@ -220,8 +234,8 @@ impl Side {
     /// last byte of its buffer to read the count of Writes received (mod 256), then writes
     /// its own count. Round trips from each Write to the next arrival.
     fn write_lat(&mut self, peer: &Dest) -> Result<Vec<u64>> {
-        let size = self.p.size;
-        let iters = self.p.iters;
+        let size = self.cur;
+        let iters = self.iters();
         let deadline = Instant::now() + STEP_TIMEOUT;
         let mut samples = Vec::with_capacity(iters as usize);
         let (mut scnt, mut rcnt) = (0u64, 0u64);
@@ -293,8 +307,8 @@ impl Side {
     /// read_lat: the client's Reads, one at a time.
     fn read_lat(&mut self, peer: &Dest) -> Result<Vec<u64>> {
         let deadline = Instant::now() + STEP_TIMEOUT;
-        let mut samples = Vec::with_capacity(self.p.iters as usize);
-        for i in 0..self.p.iters {
+        let mut samples = Vec::with_capacity(self.iters() as usize);
+        for i in 0..self.iters() {
             let t = Instant::now();
             let wr = self.data_wr(peer, Op::Read, i)?;
             self.data_qp.post_send(&wr)?;
@@ -314,20 +328,22 @@ impl Side {
         Ok(samples)
     }
 
-    /// The measurement and the closing exchange.
-    pub(super) fn measure(&mut self, peer: &Dest) -> Result<(Option<Timed>, Option<BwReport>)> {
+    /// Iterations at the current size.
+    pub(super) fn iters(&self) -> u64 {
+        self.p.iters_at(self.cur)
+    }
+
+    /// The measurement of one size (`self.cur`): this side's figures, and the client's
+    /// report in write_bw and read_bw.
+    fn measure_size(&mut self, peer: &Dest) -> Result<(Option<Timed>, Option<BwReport>)> {
         let p = self.p;
-        // Keep the first-FPDU hold-off of the data connection out of the measurement.
-        let hold = self.data_ready.saturating_duration_since(Instant::now());
-        if !hold.is_zero() {
-            std::thread::sleep(hold);
-        }
+        let (size, iters) = (self.cur, self.iters());
         let cpu0 = cpu::process_cpu_secs();
         let lat = |mut ns: Vec<u64>| -> Option<Timed> {
             let secs = ns.iter().sum::<u64>() as f64 / 1e9;
             let rtt = Rtt::of(&mut ns)?;
             // Row's figures divide the time by the iterations: scale to all of them.
-            let scale = p.iters as f64 / ns.len().max(1) as f64;
+            let scale = iters as f64 / ns.len().max(1) as f64;
             Some(Timed {
                 secs: secs * scale,
                 cpu: 0.0,
@@ -343,13 +359,13 @@ impl Side {
             (Kind::Bw, _, true) => {
                 let d = self.bw_active(peer)?;
                 let secs = d.as_secs_f64().max(1e-9);
-                let mb = (p.size as f64 * p.iters as f64) / secs / f64::from(1u32 << 20);
+                let mb = (size as f64 * iters as f64) / secs / f64::from(1u32 << 20);
                 let report = BwReport {
-                    size: p.size as u64,
-                    iters: p.iters,
+                    size: size as u64,
+                    iters,
                     bw_peak: mb,
                     bw_avg: mb,
-                    msg_rate: p.iters as f64 / secs / 1e6,
+                    msg_rate: iters as f64 / secs / 1e6,
                 };
                 (Some(bw(d)), Some(report))
             }
@@ -363,18 +379,67 @@ impl Side {
         // This process's CPU time over the measurement (both ends on loopback; with a
         // perftest peer, ours only).
         let cpu = cpu::process_cpu_secs() - cpu0;
-        let timed = timed.map(|t| Timed { cpu, ..t });
-        let theirs = self.handshakes_after(mine)?;
+        Ok((timed.map(|t| Timed { cpu, ..t }), mine))
+    }
+
+    /// The measurement of every size and the closing exchange: one row per size (the
+    /// passive server of write_bw and read_bw: one, from the client's report).
+    pub(super) fn measure(&mut self, peer: &Dest) -> Result<(Vec<SizeRow>, Option<BwReport>)> {
+        // Keep the first-FPDU hold-off of the data connection out of the measurement.
+        let hold = self.data_ready.saturating_duration_since(Instant::now());
+        if !hold.is_zero() {
+            std::thread::sleep(hold);
+        }
+        let sync = self.per_size_sync();
+        let send_bw = (self.p.shape.kind, self.p.shape.op) == (Kind::Bw, Op::Send);
+        let mine_dest = self.my_dest()?;
+        let mut rows = Vec::new();
+        let mut last = None;
+        for (i, size) in self.p.sizes().into_iter().enumerate() {
+            self.cur = size;
+            if sync {
+                // perftest -a, send_bw and send_lat: the receiver posts its receives for
+                // the size, then both handshake (client first). send_bw's sender then
+                // zeroes its credit word: the receiver counts each size from 0.
+                if send_bw && !self.client && i > 0 {
+                    self.post_data_recvs(self.p.rx_window())?;
+                }
+                self.handshake(&mine_dest)?;
+                if send_bw && self.client {
+                    self.credit.write_at(0, &[0u8; 4])?;
+                }
+            }
+            let (timed, mine) = self.measure_size(peer)?;
+            if sync && send_bw {
+                // ... and one more handshake after each size.
+                self.handshake(&mine_dest)?;
+            }
+            if let Some(t) = timed {
+                rows.push(SizeRow {
+                    size,
+                    iters: self.iters(),
+                    timed: t,
+                });
+            }
+            last = mine.or(last);
+        }
+        // write_bw and read_bw exchange one report at the end: the last size's.
+        let theirs = self.handshakes_after(last)?;
         // The passive server of write_bw and read_bw reports the client's figures, as
         // perftest's does.
-        let timed = match (timed, theirs) {
-            (None, Some(r)) if r.bw_avg > 0.0 && r.size > 0 => Some(Timed {
-                secs: (r.size as f64 * r.iters as f64) / (r.bw_avg * f64::from(1u32 << 20)),
-                cpu: 0.0,
-                rtt: None,
-            }),
-            (t, _) => t,
-        };
-        Ok((timed, if self.client { mine } else { theirs }))
+        if let (true, Some(r)) = (rows.is_empty(), theirs) {
+            if r.bw_avg > 0.0 && r.size > 0 {
+                rows.push(SizeRow {
+                    size: usize::try_from(r.size)?,
+                    iters: r.iters,
+                    timed: Timed {
+                        secs: (r.size as f64 * r.iters as f64) / (r.bw_avg * f64::from(1u32 << 20)),
+                        cpu: 0.0,
+                        rtt: None,
+                    },
+                });
+            }
+        }
+        Ok((rows, if self.client { last } else { theirs }))
     }
 }

@@ -66,8 +66,11 @@ const DATA_CONNECT_TRIES: u32 = 20;
 pub struct Params {
     /// The test (`ib_<shape>`).
     pub shape: Shape,
-    /// `-s`: message size.
+    /// `-s`: message size; with `all`, the largest size (perftest: 8 MiB).
     pub size: usize,
+    /// `-a`: every power of two from 2 bytes to `size`, one after the other on the same
+    /// connections (perftest's `-a`, whose largest size is 8 MiB).
+    pub all: bool,
     /// `-n`: iterations.
     pub iters: u64,
     /// `-t`: outstanding operations of the bandwidth shapes.
@@ -83,18 +86,48 @@ pub struct Params {
 }
 
 impl Params {
+    /// The sizes measured, in order: `size`, or with `all` the powers of two from 2 to
+    /// `size`.
+    pub fn sizes(&self) -> Vec<usize> {
+        if self.all {
+            (1..usize::BITS)
+                .map(|k| 1usize << k)
+                .take_while(|&s| s <= self.size)
+                .collect()
+        } else {
+            vec![self.size]
+        }
+    }
+
+    /// Iterations at `size`: `-n` at every size (perftest's `-a` too).
+    pub fn iters_at(&self, _size: usize) -> u64 {
+        self.iters
+    }
+
     /// The credit window perftest's `ib_send_bw` uses (`rx_depth`, at most the iterations).
     fn rx_window(&self) -> u64 {
         (self.rx_depth as u64).min(self.iters).max(1)
     }
 }
 
+/// The figures of one message size.
+#[derive(Debug, Clone)]
+pub struct SizeRow {
+    /// Message size.
+    pub size: usize,
+    /// Iterations at this size.
+    pub iters: u64,
+    /// The measurement.
+    pub timed: Timed,
+}
+
 /// What a session measured and learned.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    /// This side's measurement (or, for the passive server of write_bw and read_bw, the
-    /// client's report); `None` when this side has no figures (read_lat's server).
-    pub timed: Option<Timed>,
+    /// This side's measurements, one per size (or, for the passive server of write_bw and
+    /// read_bw, one from the client's report: perftest exchanges only the last size's);
+    /// empty when this side has no figures (read_lat's server).
+    pub rows: Vec<SizeRow>,
     /// The peer's perftest version.
     pub peer_version: String,
     /// The client's report (write_bw and read_bw).
@@ -124,6 +157,8 @@ struct Side {
     wcs: Vec<WorkCompletion>,
     /// Bytes of one half of the data region (the peer's window, then our source).
     half: usize,
+    /// The message size being measured (one of `p.sizes()`).
+    cur: usize,
     /// When the data QP may send its first FPDU (the initiator's first-FPDU hold-off).
     data_ready: Instant,
 }
@@ -195,6 +230,7 @@ impl Side {
             p,
             wcs: vec![EMPTY_COMPLETION; 64],
             half: 0,
+            cur: p.size,
             data_ready: Instant::now(),
         };
         Ok(side)
@@ -359,6 +395,7 @@ impl Side {
     }
 
     /// Receives of the data QP: the whole credit window for send_bw, a few for send_lat.
+    /// Each takes the largest size (with `-a` they outlive a size).
     fn post_data_recvs(&mut self, n: u64) -> Result<()> {
         let sge = self.data()?.sge(0, u32::try_from(self.p.size)?)?;
         let wr = RecvWr {
@@ -371,6 +408,13 @@ impl Side {
         Ok(())
     }
 
+    /// Whether perftest synchronises each size with handshakes of its own: `-a` in the
+    /// Send shapes (send_bw: one before and one after each size; send_lat: one before).
+    /// In a plain run the one before is the last of the handshakes before the measurement.
+    fn per_size_sync(&self) -> bool {
+        self.p.all && self.p.shape.op == Op::Send
+    }
+
     /// Pre-measurement handshakes after the data connection; returns the peer's
     /// destination.
     fn handshakes_before(&mut self) -> Result<Dest> {
@@ -379,7 +423,7 @@ impl Side {
         let count = match (self.p.shape.op, self.p.shape.kind) {
             (Op::Write | Op::Read, Kind::Bw) => 3,
             (Op::Send, Kind::Bw) | (_, Kind::Lat) => 4,
-        };
+        } - usize::from(self.per_size_sync());
         let mut peer = Dest::default();
         for i in 0..count {
             let d = self.handshake(&mine)?;
@@ -540,10 +584,10 @@ fn tracing_note(s: &str) {
 
 fn finish(side: &mut Side, conn: String, peer_version: String) -> Result<Outcome> {
     let peer = side.handshakes_before()?;
-    let (timed, report) = side.measure(&peer)?;
+    let (rows, report) = side.measure(&peer)?;
     side.close();
     Ok(Outcome {
-        timed,
+        rows,
         peer_version,
         report,
         data_conn: conn,
@@ -556,6 +600,10 @@ fn validate(p: &Params) -> Result<()> {
     ensure!(
         p.size <= u32::MAX as usize,
         "-S must be below 4 GiB (one SGE)"
+    );
+    ensure!(
+        !p.all || (p.size >= 2 && p.size.is_power_of_two()),
+        "with -a the largest size must be a power of two of at least 2 bytes"
     );
     Ok(())
 }
