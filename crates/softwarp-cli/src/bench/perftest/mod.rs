@@ -623,3 +623,38 @@ pub fn server(bind: SocketAddr, p: &Params, ready: Option<Sender<SocketAddr>>) -
     let (version, conn) = side.accept(bind, ready)?;
     finish(&mut side, conn, version)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(size: usize, all: bool) -> Params {
+        Params {
+            shape: Shape::ALL[0],
+            size,
+            all,
+            iters: 5,
+            tx_depth: 1,
+            rx_depth: 512,
+            out_reads: 1,
+            crc: false,
+            accept_timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn all_sizes_are_the_powers_of_two_from_2_bytes_to_the_largest() {
+        assert_eq!(params(3000, false).sizes(), vec![3000]);
+        let a = params(8 << 20, true).sizes();
+        assert_eq!(a.len(), 23, "perftest -a: 2 B .. 8 MiB");
+        assert_eq!((a[0], a[22]), (2, 8 << 20));
+        assert!(a.windows(2).all(|w| w[1] == 2 * w[0]));
+        assert_eq!(params(16, true).sizes(), vec![2, 4, 8, 16]);
+        assert!(validate(&params(3000, true)).is_err());
+        assert!(validate(&params(1, true)).is_err());
+        assert!(validate(&params(4096, true)).is_ok());
+        // -n applies at every size (perftest -a: checked against ib_send_lat -a -n 5).
+        assert_eq!(params(8 << 20, true).iters_at(2), 5);
+        assert_eq!(params(8 << 20, true).iters_at(8 << 20), 5);
+    }
+}
