@@ -385,8 +385,8 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
         "-R spins on completions (the progress thread moves the bytes): no event mode"
     );
     ensure!(
-        !args.bidirectional && args.post_list == 1 && args.runs == 1,
-        "-R runs perftest's plain tests and -a: no -b, --post-list or --runs"
+        args.post_list == 1 && args.runs == 1,
+        "-R runs perftest's plain tests, -a and -b: no --post-list or --runs"
     );
     ensure!(
         (1..=4000).contains(&args.depth),
@@ -411,6 +411,7 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
         shape,
         size,
         all: args.all,
+        bidir: args.bidirectional,
         iters: args.iters.unwrap_or(1000),
         tx_depth: args.depth,
         rx_depth: args.rx_depth,
@@ -504,7 +505,7 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
                 out.note(&format!(
                     "{shape} {label}: this side is passive in {shape} and has no figures of its own"
                 ));
-            } else if args.all && outcome.rows.len() == 1 && outcome.report.is_some() {
+            } else if args.all && !args.bidirectional && outcome.rows.len() == 1 && outcome.report.is_some() {
                 out.note(&format!(
                     "{shape} -a: this side is passive; perftest exchanges only the last size's report, so one row"
                 ));
@@ -519,7 +520,7 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
                         } else {
                             1
                         },
-                        bidir: false,
+                        bidir: args.bidirectional,
                         crc: args.crc,
                         mode: Mode::Spin,
                         fpdu: 0,

@@ -5,10 +5,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
-use softwarp::{Payload, SendOp, SendWr, SgList, Stag, MAX_INLINE};
+use softwarp::{Payload, SendOp, SendWr, SgList, Stag, WcOpcode, MAX_INLINE};
 
 use super::wire::{self, BwReport, Dest};
-use super::{check, Side, SizeRow, STEP_TIMEOUT};
+use super::{check, Side, SizeRow, CREDIT_WRITES_MAX, STEP_TIMEOUT};
 use crate::bench::rdma::elapsed_ns;
 use crate::bench::session::{Rtt, Timed};
 use crate::bench::spec::{Kind, Op};
@@ -101,6 +101,108 @@ impl Side {
                         Instant::now() < deadline,
                         "{}: {done} of {iters} operations completed, then nothing",
                         self.p.shape
+                    );
+                }
+                spin::pause(spins);
+            }
+        }
+        Ok(start.elapsed())
+    }
+
+    /// send_bw, write_bw and read_bw with `-b` (perftest's `run_iter_bi` for Sends,
+    /// `run_iter_bw` on both ends otherwise): this side posts `iters` operations as the
+    /// active side does, and for Sends also receives the peer's `iters`, reposting receives
+    /// and RDMA Writing its count into the peer's credit word every `rx_window / 3`. As in
+    /// perftest, the server's first Send waits for its first receive. Returns the time
+    /// until both directions are done here.
+    fn bw_bidir(&mut self, peer: &Dest) -> Result<Duration> {
+        let op = self.p.shape.op;
+        if op != Op::Send {
+            return self.bw_active(peer);
+        }
+        let iters = self.iters();
+        let window = self.p.tx_depth.max(1) as u64;
+        let rx_window = self.p.rx_window();
+        let every = (rx_window / 3).max(1);
+        let (mut posted, mut done, mut got, mut reposted) = (0u64, 0u64, 0u64, rx_window);
+        let mut writes = 0u64;
+        let mut may_send = self.client;
+        let mut word = [0u8; 4];
+        let start = Instant::now();
+        let deadline = start + STEP_TIMEOUT.max(Duration::from_secs(600));
+        let mut spins = 0u32;
+        while done < iters || got < iters || writes > 0 {
+            let mut progressed = false;
+            while may_send && posted < iters && posted - done < window {
+                self.credit.read_at(0, &mut word)?;
+                let credit = u64::from(wire::decode_credit(&word)?);
+                if posted + 1 >= credit + rx_window {
+                    break;
+                }
+                let wr = self.data_wr(peer, op, posted)?;
+                self.data_qp.post_send(&wr)?;
+                posted += 1;
+                progressed = true;
+            }
+            let n = self.poll_data(true)?;
+            for wc in &self.wcs[..n] {
+                if wc.opcode == WcOpcode::RdmaWrite {
+                    writes = writes.saturating_sub(1);
+                } else {
+                    done += 1;
+                }
+            }
+            let r = self.poll_data(false)?;
+            if r > 0 {
+                may_send = true;
+            }
+            for _ in 0..r {
+                got += 1;
+                if reposted < iters {
+                    self.post_data_recvs(1)?;
+                    reposted += 1;
+                }
+                if got.is_multiple_of(every) {
+                    // Room in the send queue for the credit Write.
+                    let mut waits = 0u32;
+                    while writes >= CREDIT_WRITES_MAX as u64 {
+                        let n = self.poll_data(true)?;
+                        for wc in &self.wcs[..n] {
+                            if wc.opcode == WcOpcode::RdmaWrite {
+                                writes = writes.saturating_sub(1);
+                            } else {
+                                done += 1;
+                            }
+                        }
+                        waits += 1;
+                        if waits.is_multiple_of(4096) {
+                            ensure!(
+                                Instant::now() < deadline,
+                                "send_bw -b: credit Writes never completed"
+                            );
+                        }
+                        spin::pause(waits);
+                    }
+                    let word = wire::encode_credit(u32::try_from(got).unwrap_or(u32::MAX));
+                    self.data_qp.post_send(&SendWr {
+                        wr_id: got,
+                        op: SendOp::Write {
+                            remote_addr: peer.vaddr,
+                            rkey: Stag(peer.rkey),
+                        },
+                        payload: Payload::Inline(&word),
+                        signaled: true,
+                        fence: false,
+                    })?;
+                    writes += 1;
+                }
+            }
+            if n == 0 && r == 0 && !progressed {
+                spins += 1;
+                if spins.is_multiple_of(4096) {
+                    ensure!(
+                        Instant::now() < deadline,
+                        "send_bw -b: {done} of {iters} Sends completed and {got} of {iters} received, then nothing"
                     );
                 }
                 spin::pause(spins);
@@ -355,9 +457,13 @@ impl Side {
             cpu: 0.0,
             rtt: None,
         };
-        let (timed, mine) = match (p.shape.kind, p.shape.op, self.client) {
+        let (timed, mine) = match (p.shape.kind, p.shape.op, self.client || p.bidir) {
             (Kind::Bw, _, true) => {
-                let d = self.bw_active(peer)?;
+                let d = if p.bidir {
+                    self.bw_bidir(peer)?
+                } else {
+                    self.bw_active(peer)?
+                };
                 let secs = d.as_secs_f64().max(1e-9);
                 let mb = (size as f64 * iters as f64) / secs / f64::from(1u32 << 20);
                 let report = BwReport {
@@ -390,38 +496,59 @@ impl Side {
         if !hold.is_zero() {
             std::thread::sleep(hold);
         }
-        let sync = self.per_size_sync();
+        let sync = self.sync_before_run();
         let send_bw = (self.p.shape.kind, self.p.shape.op) == (Kind::Bw, Op::Send);
+        let bidir = self.p.bidir;
         let mine_dest = self.my_dest()?;
         let mut rows = Vec::new();
         let mut last = None;
         for (i, size) in self.p.sizes().into_iter().enumerate() {
             self.cur = size;
+            if send_bw && i > 0 && (bidir || !self.client) {
+                // perftest -a, send_bw: the receiver posts its receives for the size before
+                // the handshake (the first size's were posted at the connection).
+                self.post_data_recvs(self.p.rx_window())?;
+            }
             if sync {
-                // perftest -a, send_bw and send_lat: the receiver posts its receives for
-                // the size, then both handshake (client first). send_bw's sender then
-                // zeroes its credit word: the receiver counts each size from 0.
-                if send_bw && !self.client && i > 0 {
-                    self.post_data_recvs(self.p.rx_window())?;
-                }
                 self.handshake(&mine_dest)?;
-                if send_bw && self.client {
-                    self.credit.write_at(0, &[0u8; 4])?;
-                }
+            }
+            if send_bw {
+                // ... and after the handshake zeroes its credit word: the peer counts each
+                // size's receives from 0.
+                self.credit.write_at(0, &[0u8; 4])?;
             }
             let (timed, mine) = self.measure_size(peer)?;
-            if sync && send_bw {
-                // ... and one more handshake after each size.
+            let mut row_timed = timed;
+            if bidir {
+                // -b: the version handshake of perftest >= 4.6 after each size of -a in
+                // write_bw/read_bw, then both exchange their reports (send_bw: before its
+                // handshake after the size). The row adds both directions up, as perftest's
+                // full report does.
+                if self.p.all && !send_bw {
+                    self.handshake(&mine_dest)?;
+                }
+                let theirs = self.xchg_report(&mine.unwrap_or_default())?;
+                row_timed = timed.map(|t| both_directions(t, mine.as_ref(), &theirs));
+                last = Some(theirs);
+            }
+            if self.p.all && send_bw {
+                // -a, send_bw: one more handshake after each size.
                 self.handshake(&mine_dest)?;
             }
-            if let Some(t) = timed {
+            if let Some(t) = row_timed {
                 rows.push(SizeRow {
                     size,
                     iters: self.iters(),
                     timed: t,
                 });
             }
-            last = mine.or(last);
+            if !bidir {
+                last = mine.or(last);
+            }
+        }
+        if bidir {
+            self.handshakes_after(None)?;
+            return Ok((rows, last));
         }
         // write_bw and read_bw exchange one report at the end: the last size's.
         let theirs = self.handshakes_after(last)?;
@@ -441,5 +568,20 @@ impl Side {
             }
         }
         Ok((rows, if self.client { last } else { theirs }))
+    }
+}
+
+/// A `-b` row: both directions added up, as perftest's full report adds the two sides'
+/// average MB/s; the time is what carries `2 * size * iters` bytes at that rate (the row
+/// counts both directions of a bidirectional shape).
+fn both_directions(t: Timed, mine: Option<&BwReport>, theirs: &BwReport) -> Timed {
+    let mine_avg = mine.map_or(0.0, |r| r.bw_avg);
+    let sum = mine_avg + theirs.bw_avg;
+    match mine {
+        Some(r) if sum.is_finite() && sum > 0.0 && theirs.bw_avg >= 0.0 => Timed {
+            secs: 2.0 * (r.size as f64 * r.iters as f64) / (sum * f64::from(1u32 << 20)),
+            ..t
+        },
+        _ => t,
     }
 }

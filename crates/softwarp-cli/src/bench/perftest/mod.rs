@@ -58,6 +58,8 @@ const CTRL_RECVS: usize = 2;
 const CTRL_SLOT: usize = 64;
 /// The initiator's first-FPDU hold-off (siw's Reply race; see `Side::options`).
 const FIRST_FPDU_DELAY: Duration = Duration::from_millis(100);
+/// Credit Writes of send_bw -b kept outstanding at most (beside the Sends).
+const CREDIT_WRITES_MAX: usize = 16;
 /// Attempts at the data connection (perftest's server may listen again a little late).
 const DATA_CONNECT_TRIES: u32 = 20;
 
@@ -71,6 +73,9 @@ pub struct Params {
     /// `-a`: every power of two from 2 bytes to `size`, one after the other on the same
     /// connections (perftest's `-a`, whose largest size is 8 MiB).
     pub all: bool,
+    /// `-b`: both directions at once (bandwidth shapes; each side sends `iters` and the
+    /// two exchange their reports after each size).
+    pub bidir: bool,
     /// `-n`: iterations.
     pub iters: u64,
     /// `-t`: outstanding operations of the bandwidth shapes.
@@ -186,7 +191,8 @@ impl Side {
             Op::Send => p.rx_window() as usize + 8,
             _ => 8,
         };
-        let sq = p.tx_depth.max(1) + 16;
+        // send_bw -b: the credit Writes share the send queue with the Sends.
+        let sq = p.tx_depth.max(1) + 16 + if p.bidir { CREDIT_WRITES_MAX } else { 0 };
         let ctrl_scq = dev.create_cq(64, None)?;
         let ctrl_rcq = dev.create_cq(64, None)?;
         let data_scq = dev.create_cq(sq + 64, None)?;
@@ -408,22 +414,24 @@ impl Side {
         Ok(())
     }
 
-    /// Whether perftest synchronises each size with handshakes of its own: `-a` in the
-    /// Send shapes (send_bw: one before and one after each size; send_lat: one before).
-    /// In a plain run the one before is the last of the handshakes before the measurement.
-    fn per_size_sync(&self) -> bool {
-        self.p.all && self.p.shape.op == Op::Send
+    /// Whether perftest handshakes right before each measurement: in the Send shapes
+    /// always (in a plain run it is the last handshake before the measurement, with `-a`
+    /// one per size, after the receiver posted its receives), in write_bw and read_bw only
+    /// with `-b`.
+    fn sync_before_run(&self) -> bool {
+        self.p.shape.op == Op::Send || (self.p.bidir && self.p.shape.kind == Kind::Bw)
     }
 
-    /// Pre-measurement handshakes after the data connection; returns the peer's
-    /// destination.
+    /// Pre-measurement handshakes after the data connection (the zero destination, then
+    /// ours: 3 times, or 4 in write_lat and read_lat, which have no handshake right before
+    /// the measurement); returns the peer's destination.
     fn handshakes_before(&mut self) -> Result<Dest> {
         self.handshake(&Dest::default())?;
         let mine = self.my_dest()?;
         let count = match (self.p.shape.op, self.p.shape.kind) {
-            (Op::Write | Op::Read, Kind::Bw) => 3,
-            (Op::Send, Kind::Bw) | (_, Kind::Lat) => 4,
-        } - usize::from(self.per_size_sync());
+            (Op::Send, _) | (_, Kind::Bw) => 3,
+            (Op::Write | Op::Read, Kind::Lat) => 4,
+        };
         let mut peer = Dest::default();
         for i in 0..count {
             let d = self.handshake(&mine)?;
@@ -442,21 +450,28 @@ impl Side {
         Ok(peer)
     }
 
-    /// After the measurement: the closing handshakes (and the report of write_bw/read_bw).
+    /// perftest's `xchg_bw_reports`: the five fields one by one, each a client-first step.
+    fn xchg_report(&mut self, mine: &BwReport) -> Result<BwReport> {
+        let fields = mine.encode();
+        let mut got: [Vec<u8>; 5] = Default::default();
+        for (slot, f) in got.iter_mut().zip(fields.iter()) {
+            *slot = self.xchg(f)?;
+        }
+        Ok(BwReport::decode(&got)?)
+    }
+
+    /// After the measurement: the closing handshakes (and the report of write_bw/read_bw
+    /// without `-b`: the client's, which the server prints).
     fn handshakes_after(&mut self, mine: Option<BwReport>) -> Result<Option<BwReport>> {
         let dest = self.my_dest()?;
-        let report = match (self.p.shape.op, self.p.shape.kind) {
-            (Op::Write | Op::Read, Kind::Bw) => {
+        let report = match (self.p.shape.op, self.p.shape.kind, self.p.bidir) {
+            (Op::Write | Op::Read, Kind::Bw, false) => {
                 self.handshake(&dest)?;
-                let fields = mine.unwrap_or_default().encode();
-                let mut got: [Vec<u8>; 5] = Default::default();
-                for (slot, f) in got.iter_mut().zip(fields.iter()) {
-                    *slot = self.xchg(f)?;
-                }
+                let r = self.xchg_report(&mine.unwrap_or_default())?;
                 self.handshake(&dest)?;
-                Some(BwReport::decode(&got)?)
+                Some(r)
             }
-            (Op::Write, Kind::Lat) => None,
+            (Op::Write, Kind::Lat, _) => None,
             _ => {
                 self.handshake(&dest)?;
                 None
@@ -602,6 +617,10 @@ fn validate(p: &Params) -> Result<()> {
         "-S must be below 4 GiB (one SGE)"
     );
     ensure!(
+        !p.bidir || p.shape.kind == Kind::Bw,
+        "-b: perftest's latency tools have no bidirectional mode"
+    );
+    ensure!(
         !p.all || (p.size >= 2 && p.size.is_power_of_two()),
         "with -a the largest size must be a power of two of at least 2 bytes"
     );
@@ -633,6 +652,7 @@ mod tests {
             shape: Shape::ALL[0],
             size,
             all,
+            bidir: false,
             iters: 5,
             tx_depth: 1,
             rx_depth: 512,
