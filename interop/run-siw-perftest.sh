@@ -2,9 +2,10 @@
 # perftest's -R exchange between Softwarp (`softwarp bench -R`, on the host) and Linux siw's
 # perftest tools (ib_send_bw, ib_write_bw, ib_read_bw, ib_send_lat, ib_write_lat,
 # ib_read_lat; in the qemu guest of the interop harness), in both roles, at a small size and
-# one larger than the MSS, with CRC off and on, and with -a (every power of two from 2 B to
-# 8 MiB on one pair of connections). Every session is captured on the harness's tap and
-# decoded with `softwarp decode` (and tshark's expert info when tshark is there).
+# one larger than the MSS, with CRC off and on, with -a (every power of two from 2 B to 8 MiB
+# on one pair of connections), and the bandwidth tools with -b (both directions). Every
+# session is captured on the harness's tap and decoded with `softwarp decode` (and tshark's
+# expert info when tshark is there).
 # Ends with "N passed, M failed".
 #
 #   interop/run-siw-perftest.sh [--up] [--harness DIR] [--out DIR] [--only REGEX] [--iters N]
@@ -19,7 +20,7 @@
 #   --all-iters N  perftest -n of the -a cases, at every size (default 5)
 #
 # Needs root (network namespace), tcpdump and cargo. Not part of CI: the guest runs under
-# TCG; the whole matrix takes several minutes.
+# TCG; the whole matrix takes about an hour (the -a cases most of it).
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,7 +38,7 @@ while [ $# -gt 0 ]; do
     --iters) ITERS=$2; shift 2 ;;
     --all-iters) ALL_ITERS=$2; shift 2 ;;
     --up) UP=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -157,12 +158,14 @@ siw_figures_all() {  # siw_figures_all FILE ITERS ROWS
   [ "$n" = "$3" ]
 }
 
-run_case() {  # run_case TOOL ROLE(client|server) SIZE CRC(on|off) "SIW PARAMS"
-  local tool=$1 role=$2 size=$3 crc=$4 params=$5
-  local name="${tool#ib_}-$role-$size-crc$crc${params:+-req}"
+run_case() {  # run_case TOOL ROLE(client|server) SIZE CRC(on|off) "SIW PARAMS" [bidir]
+  local tool=$1 role=$2 size=$3 crc=$4 params=$5 bidir=${6:-}
+  local name="${tool#ib_}-$role-$size-crc$crc${params:+-req}${bidir:+-bidir}"
   # SIZE "all": perftest's -a (2 B .. 8 MiB), -n ALL_ITERS at every size.
   local iters=$ITERS sz="-s $size" osz="-S $size" limit=120
   [ "$size" = all ] && { iters=$ALL_ITERS; sz=-a; osz=-a; limit=400; }
+  # bidir: -b on both ends (bandwidth tools).
+  [ -n "$bidir" ] && { sz="$sz -b"; osz="$osz -b"; }
   if [ -n "$ONLY" ] && ! [[ $name =~ $ONLY ]]; then return; fi
   load_siw "$params" || { report "$name" 1 "siw could not be loaded with '$params'"; return; }
   PORT=$((PORT+1))
@@ -216,7 +219,8 @@ run_case() {  # run_case TOOL ROLE(client|server) SIZE CRC(on|off) "SIW PARAMS"
     # -a: a row per size from both, but the passive server of write_bw and read_bw has only
     # the client's report of the last size, and read_lat's server has nothing.
     local our_rows=23 siw_rows=23
-    case "$role-$tool" in
+    # With -b both ends are active and both print every size.
+    case "$role-$tool${bidir:+-bidir}" in
       server-ib_write_bw|server-ib_read_bw) our_rows=1 ;;
       server-ib_read_lat) our_rows=0 ;;
       client-ib_write_bw|client-ib_read_bw) siw_rows=1 ;;
@@ -262,6 +266,13 @@ done
 for tool in ib_send_bw ib_write_lat; do
   for role in client server; do
     run_case $tool $role all on ""
+  done
+done
+# -b: both directions at once (bandwidth tools), one size and -a, both roles.
+for tool in ib_send_bw ib_write_bw ib_read_bw; do
+  for role in client server; do
+    run_case $tool $role 65536 off "" bidir
+    run_case $tool $role all off "" bidir
   done
 done
 # siw asking for CRC itself (interop build, mpa_crc_required=1): as initiator it sets C=1.

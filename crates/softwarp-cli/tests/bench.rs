@@ -327,7 +327,10 @@ fn sizes(v: &serde_json::Value) -> Vec<u64> {
 
 /// 2, 4, ... `max`.
 fn powers_of_two_to(max: u64) -> Vec<u64> {
-    (1..64).map(|k| 1u64 << k).take_while(|&s| s <= max).collect()
+    (1..64)
+        .map(|k| 1u64 << k)
+        .take_while(|&s| s <= max)
+        .collect()
 }
 
 #[test]
@@ -366,10 +369,7 @@ fn perftest_exchange_runs_every_shape_with_all_sizes_on_loopback() {
         let notes = v["notes"].to_string();
         assert!(notes.contains(&format!("{shape} -a up to 4K")), "{notes}");
         if shape == "write_bw" || shape == "read_bw" {
-            assert!(
-                notes.contains("the client's report: 4096 B x 6"),
-                "{notes}"
-            );
+            assert!(notes.contains("the client's report: 4096 B x 6"), "{notes}");
         }
     }
 }
@@ -441,13 +441,46 @@ fn perftest_exchange_runs_all_sizes_between_a_server_process_and_a_client_proces
 }
 
 #[test]
+fn perftest_exchange_runs_the_bandwidth_shapes_bidirectionally() {
+    // -b: both sides post and the two exchange their reports; the row adds both
+    // directions up. Once at one size, once with -a (capped at 8 KiB).
+    for shape in ["send_bw", "write_bw", "read_bw"] {
+        for all in [false, true] {
+            let mut args = vec!["-R", shape, "-b", "-n", "40", "-t", "8", "--rx-depth", "12"];
+            if all {
+                args.extend(["-a", "-S", "8K"]);
+            } else {
+                args.extend(["-S", "3K"]);
+            }
+            let v = json(&args);
+            assert_eq!(v["config"]["bidirectional"], true, "{v}");
+            assert!(
+                results(&v).iter().all(|r| r["bidirectional"] == true),
+                "{v}"
+            );
+            let want = if all {
+                powers_of_two_to(8192)
+            } else {
+                vec![3072]
+            };
+            assert_eq!(sizes(&v), want, "{shape} all={all}");
+            for r in results(&v) {
+                assert_measured(r, false);
+                assert_eq!(r["iters"], 40, "{r}");
+            }
+        }
+    }
+}
+
+#[test]
 fn perftest_exchange_refuses_what_perftest_cannot_express() {
     for args in [
         &["-R", "-s"][..],
         &["-R", "-s", "write_bw,read_bw"],
         &["-R", "write_bw", "127.0.0.1", "-S", "1K,2K"],
         &["-R", "qp_mem"],
-        &["-R", "send_bw", "-b"],
+        &["-R", "send_lat", "-b"],
+        &["-R", "write_lat", "-b", "-a"],
         &["-R", "send_bw", "--mode", "event"],
         &["-R", "send_bw", "-a", "-S", "1K,2K"],
         &["-R", "send_bw", "-a", "-S", "3000"],

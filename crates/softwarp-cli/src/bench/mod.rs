@@ -498,14 +498,17 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
             };
             out.note(&format!(
                 "{shape} {label}: peer perftest version {}, data connection {}",
-                outcome.peer_version,
-                outcome.data_conn
+                outcome.peer_version, outcome.data_conn
             ));
             if outcome.rows.is_empty() {
                 out.note(&format!(
                     "{shape} {label}: this side is passive in {shape} and has no figures of its own"
                 ));
-            } else if args.all && !args.bidirectional && outcome.rows.len() == 1 && outcome.report.is_some() {
+            } else if args.all
+                && !args.bidirectional
+                && outcome.rows.len() == 1
+                && outcome.report.is_some()
+            {
                 out.note(&format!(
                     "{shape} -a: this side is passive; perftest exchanges only the last size's report, so one row"
                 ));
