@@ -20,7 +20,7 @@
 #   --all-iters N  perftest -n of the -a cases, at every size (default 5)
 #
 # Needs root (network namespace), tcpdump and cargo. Not part of CI: the guest runs under
-# TCG; the whole matrix takes about an hour (the -a cases most of it).
+# TCG; the whole matrix takes about 15 minutes (the -a cases half of it).
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -10,12 +10,18 @@
 //! control QP connects
 //! version (16 B), cycle buffer (4 B), cache line size (4 B), MTU (2 B), zero destination
 //! data QP connects (IRD = ORD = out_reads for the Read shapes, 0 otherwise)
-//! zero destination, then this side's destination: 3 times (write_bw, read_bw) or 4 times
-//!                                    (send_bw: its rkey/vaddr name the credit word; latency)
-//! the measurement
-//! write_bw, read_bw: destination, report (size, iterations, peak MB/s, average MB/s,
-//!                    Mmsg/s; 8 bytes each), destination
-//! send_bw, send_lat, read_lat: destination         write_lat: nothing
+//! zero destination, then this side's destination: 3 times, or 4 in write_lat and read_lat
+//!                                    (send_bw: its rkey/vaddr name the credit word)
+//! per size (one, or with -a every power of two from 2 B to 8 MiB):
+//!   send_bw, send_lat (and write_bw, read_bw with -b): destination (the receiver posted its
+//!                     receives before it; send_bw's sender then zeroes its credit word)
+//!   the measurement
+//!   -b: (with -a, write_bw and read_bw: destination) both reports
+//!   -a, send_bw: destination
+//! write_bw, read_bw without -b: destination, report (size, iterations, peak MB/s, average
+//!                    MB/s, Mmsg/s; 8 bytes each; with -a the last size's), destination
+//! write_bw, read_bw with -b, send_bw, send_lat, read_lat: destination
+//! write_lat: nothing
 //! ```
 //!
 //! The measurement follows perftest: the client alone posts in the bandwidth shapes (the
@@ -24,8 +30,9 @@
 //! receives, and the client keeps fewer than `rx_depth` Sends uncredited); send_lat is a
 //! ping-pong that the client starts; in write_lat the server writes first and each side
 //! polls the last byte of its buffer for the count of Writes it received; read_lat is the
-//! client's back-to-back Reads. Completions are spun on; the device's progress thread moves
-//! the bytes.
+//! client's back-to-back Reads. With `-b` (bandwidth shapes) both ends post, and send_bw's
+//! credits flow both ways (perftest's `run_iter_bi`: the server sends after its first
+//! receive). Completions are spun on; the device's progress thread moves the bytes.
 
 mod measure;
 pub mod wire;
