@@ -317,6 +317,161 @@ fn perftest_exchange_runs_between_a_server_process_and_a_client_process() {
     }
 }
 
+/// The sizes of the rows, in order.
+fn sizes(v: &serde_json::Value) -> Vec<u64> {
+    results(v)
+        .iter()
+        .map(|r| r["size"].as_u64().unwrap())
+        .collect()
+}
+
+/// 2, 4, ... `max`.
+fn powers_of_two_to(max: u64) -> Vec<u64> {
+    (1..64)
+        .map(|k| 1u64 << k)
+        .take_while(|&s| s <= max)
+        .collect()
+}
+
+#[test]
+fn perftest_exchange_runs_every_shape_with_all_sizes_on_loopback() {
+    // -a on one pair of connections, capped at 4 KiB (perftest goes to 8 MiB): one row per
+    // size, in order, each with the iterations of -n. The passive server's figures are in
+    // the notes (write_bw/read_bw: the client's report of the last size only).
+    for shape in [
+        "send_bw",
+        "write_bw",
+        "read_bw",
+        "send_lat",
+        "write_lat",
+        "read_lat",
+    ] {
+        let v = json(&[
+            "-R",
+            shape,
+            "-a",
+            "-S",
+            "4K",
+            "-n",
+            "6",
+            "-t",
+            "4",
+            "--rx-depth",
+            "6",
+        ]);
+        assert_eq!(shapes(&v).len(), 12, "{shape}: {v}");
+        assert!(shapes(&v).iter().all(|s| s == shape), "{v}");
+        assert_eq!(sizes(&v), powers_of_two_to(4096), "{shape}");
+        for r in results(&v) {
+            assert_measured(r, false);
+            assert_eq!(r["iters"], 6, "{r}");
+        }
+        let notes = v["notes"].to_string();
+        assert!(notes.contains(&format!("{shape} -a up to 4K")), "{notes}");
+        if shape == "write_bw" || shape == "read_bw" {
+            assert!(notes.contains("the client's report: 4096 B x 6"), "{notes}");
+        }
+    }
+}
+
+#[test]
+fn perftest_exchange_runs_all_sizes_between_a_server_process_and_a_client_process() {
+    // send_bw: a handshake before and after every size, the credit word zeroed per size;
+    // write_bw: no exchange between sizes, and the server reports the client's last size.
+    for (shape, server_rows) in [("send_bw", 14usize), ("write_bw", 1)] {
+        let mut server = softwarp(&[
+            "-R",
+            "-s",
+            shape,
+            "--bind",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "-a",
+            "-S",
+            "16K",
+            "-n",
+            "20",
+            "--rx-depth",
+            "9",
+            "--json",
+        ]);
+        let mut line = String::new();
+        let stderr = server.stderr.take().unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stderr), &mut line).unwrap();
+        let port = line
+            .split("server listening on 127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no port in {line:?}"))
+            .to_string();
+        let client = softwarp(&[
+            "-R",
+            shape,
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-a",
+            "-S",
+            "16K",
+            "-n",
+            "20",
+            "--rx-depth",
+            "9",
+            "--crc",
+            "off",
+            "--json",
+        ]);
+        let out = finish(client, Duration::from_secs(60));
+        let sout = finish(server, Duration::from_secs(30));
+        let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let s: serde_json::Value = serde_json::from_slice(&sout.stdout).unwrap();
+        assert_eq!(sizes(&c), powers_of_two_to(16384), "{shape} client");
+        let want = powers_of_two_to(16384);
+        assert_eq!(
+            sizes(&s),
+            want[want.len() - server_rows..].to_vec(),
+            "{shape} server"
+        );
+        for r in results(&c).iter().chain(results(&s)) {
+            assert_measured(r, false);
+            assert_eq!(r["iters"], 20, "{r}");
+        }
+    }
+}
+
+#[test]
+fn perftest_exchange_runs_the_bandwidth_shapes_bidirectionally() {
+    // -b: both sides post and the two exchange their reports; the row adds both
+    // directions up. Once at one size, once with -a (capped at 8 KiB).
+    for shape in ["send_bw", "write_bw", "read_bw"] {
+        for all in [false, true] {
+            let mut args = vec!["-R", shape, "-b", "-n", "40", "-t", "8", "--rx-depth", "12"];
+            if all {
+                args.extend(["-a", "-S", "8K"]);
+            } else {
+                args.extend(["-S", "3K"]);
+            }
+            let v = json(&args);
+            assert_eq!(v["config"]["bidirectional"], true, "{v}");
+            assert!(
+                results(&v).iter().all(|r| r["bidirectional"] == true),
+                "{v}"
+            );
+            let want = if all {
+                powers_of_two_to(8192)
+            } else {
+                vec![3072]
+            };
+            assert_eq!(sizes(&v), want, "{shape} all={all}");
+            for r in results(&v) {
+                assert_measured(r, false);
+                assert_eq!(r["iters"], 40, "{r}");
+            }
+        }
+    }
+}
+
 #[test]
 fn perftest_exchange_refuses_what_perftest_cannot_express() {
     for args in [
@@ -324,8 +479,12 @@ fn perftest_exchange_refuses_what_perftest_cannot_express() {
         &["-R", "-s", "write_bw,read_bw"],
         &["-R", "write_bw", "127.0.0.1", "-S", "1K,2K"],
         &["-R", "qp_mem"],
-        &["-R", "send_bw", "-b"],
+        &["-R", "send_lat", "-b"],
+        &["-R", "write_lat", "-b", "-a"],
         &["-R", "send_bw", "--mode", "event"],
+        &["-R", "send_bw", "-a", "-S", "1K,2K"],
+        &["-R", "send_bw", "-a", "-S", "3000"],
+        &["-R", "write_bw", "-a", "--runs", "2"],
     ] {
         let out = softwarp(args).wait_with_output().unwrap();
         assert!(!out.status.success(), "{args:?} was accepted");

@@ -62,7 +62,9 @@ pub struct BenchArgs {
     /// 64K for bandwidth shapes, 8 for latency shapes.
     #[arg(short = 'S', long = "size", value_delimiter = ',', value_parser = parse_size)]
     sizes: Vec<usize>,
-    /// Every size from 2 B to 8 MiB (powers of two), as perftest's -a.
+    /// Every size from 2 B to 8 MiB (powers of two), as perftest's -a. With -R: all of them
+    /// on one pair of connections, as perftest does (one -S then caps the sizes, for two
+    /// softwarp ends only).
     #[arg(short = 'a', long)]
     all: bool,
     /// Iterations per size (default: about 1 GiB per size for bandwidth, clamped to
@@ -115,8 +117,8 @@ pub struct BenchArgs {
     qps: usize,
     /// Speak perftest's own exchange over rdma_cm (perftest -R), to run against
     /// `ib_send_bw`, `ib_write_bw`, `ib_read_bw` and the `_lat` tools (or another
-    /// `softwarp bench -R`): one shape and one size per session, both connections to
-    /// --port. The server must be given the shape (perftest never sends it).
+    /// `softwarp bench -R`): one shape and one size (or -a) per session, both connections
+    /// to --port. The server must be given the shape (perftest never sends it).
     #[arg(short = 'R', long = "rdma_cm")]
     rdma_cm: bool,
     /// With -R: receive queue depth of send_bw's receiver (perftest -r), which is also the
@@ -185,6 +187,9 @@ fn plan(positional: &[String]) -> Result<Plan> {
         peer,
     })
 }
+
+/// The largest size of perftest's -a.
+const MAX_ALL_SIZE: usize = 8 << 20;
 
 /// Every power of two from 2 B to 8 MiB (perftest -a).
 fn all_sizes() -> Vec<usize> {
@@ -380,8 +385,8 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
         "-R spins on completions (the progress thread moves the bytes): no event mode"
     );
     ensure!(
-        !args.bidirectional && args.post_list == 1 && args.runs == 1 && !args.all,
-        "-R runs perftest's plain tests: no -b, --post-list, --runs or -a"
+        args.post_list == 1 && args.runs == 1,
+        "-R runs perftest's plain tests, -a and -b: no --post-list or --runs"
     );
     ensure!(
         (1..=4000).contains(&args.depth),
@@ -394,9 +399,19 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
     let plan = plan(&args.positional)?;
     ensure!(!plan.qp_mem, "qp_mem has no perftest counterpart");
     spin::set_yield_every(args.yield_every);
+    // -a: every power of two from 2 B to 8 MiB on one pair of connections (perftest's
+    // -a); one -S caps it (both ends must agree: perftest always goes up to 8 MiB).
+    if args.all {
+        ensure!(
+            args.sizes.len() <= 1,
+            "-R -a takes at most one -S: the largest size"
+        );
+    }
     let params = |shape: Shape, size: usize| perftest::Params {
         shape,
         size,
+        all: args.all,
+        bidir: args.bidirectional,
         iters: args.iters.unwrap_or(1000),
         tx_depth: args.depth,
         rx_depth: args.rx_depth,
@@ -405,7 +420,9 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
         accept_timeout: Duration::from_secs(args.accept_timeout),
     };
     let sizes = |shape: Shape| -> Vec<usize> {
-        if args.sizes.is_empty() {
+        if args.all {
+            vec![args.sizes.first().copied().unwrap_or(MAX_ALL_SIZE)]
+        } else if args.sizes.is_empty() {
             vec![perftest_size(shape.kind)]
         } else {
             args.sizes.clone()
@@ -424,14 +441,22 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
     if single {
         ensure!(
             plan.shapes.len() == 1 && sizes(plan.shapes[0]).len() == 1,
-            "-R with a perftest peer runs one shape and one size per session (as perftest \
-             does): give exactly one shape and at most one -S"
+            "-R with a perftest peer runs one shape and one size (or -a) per session (as \
+             perftest does): give exactly one shape and at most one -S"
         );
     }
     out.note("perftest exchange (-R): no raw TCP baseline in this run (the peer speaks perftest's protocol, not ours)");
+    if args.all && args.sizes.first().is_some_and(|&s| s != MAX_ALL_SIZE) {
+        out.note("-a with -S: sizes up to -S only; a perftest peer's -a always goes up to 8 MiB, so this works only between two softwarp ends");
+    }
     for &shape in &plan.shapes {
         for size in sizes(shape) {
             let p = params(shape, size);
+            let label = if args.all {
+                format!("-a up to {}", fmt_size(size))
+            } else {
+                fmt_size(size)
+            };
             let outcome = if args.server {
                 let bind = SocketAddr::new(args.bind, args.port);
                 let (tx, rx) = std::sync::mpsc::channel();
@@ -466,20 +491,30 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
                 let s = s.context("server")?;
                 let c = c?;
                 out.note(&format!(
-                    "{shape} {}: server saw {}",
-                    fmt_size(size),
+                    "{shape} {label}: server saw {}",
                     describe_outcome(&s)
                 ));
                 c
             };
             out.note(&format!(
-                "{shape} {}: peer perftest version {}, data connection {}",
-                fmt_size(size),
-                outcome.peer_version,
-                outcome.data_conn
+                "{shape} {label}: peer perftest version {}, data connection {}",
+                outcome.peer_version, outcome.data_conn
             ));
-            match outcome.timed {
-                Some(t) => out.row(Row {
+            if outcome.rows.is_empty() {
+                out.note(&format!(
+                    "{shape} {label}: this side is passive in {shape} and has no figures of its own"
+                ));
+            } else if args.all
+                && !args.bidirectional
+                && outcome.rows.len() == 1
+                && outcome.report.is_some()
+            {
+                out.note(&format!(
+                    "{shape} -a: this side is passive; perftest exchanges only the last size's report, so one row"
+                ));
+            }
+            for r in outcome.rows {
+                out.row(Row {
                     spec: Spec {
                         shape,
                         max_size: size,
@@ -488,21 +523,17 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
                         } else {
                             1
                         },
-                        bidir: false,
+                        bidir: args.bidirectional,
                         crc: args.crc,
                         mode: Mode::Spin,
                         fpdu: 0,
                         post_list: 1,
                     },
-                    size,
-                    iters: p.iters,
-                    sw: vec![t],
+                    size: r.size,
+                    iters: r.iters,
+                    sw: vec![r.timed],
                     tcp: Vec::new(),
-                }),
-                None => out.note(&format!(
-                    "{shape} {}: this side is passive in {shape} and has no figures of its own",
-                    fmt_size(size)
-                )),
+                });
             }
         }
     }
@@ -511,13 +542,17 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
 }
 
 fn describe_outcome(o: &perftest::Outcome) -> String {
-    match (&o.timed, &o.report) {
+    match (o.rows.as_slice(), &o.report) {
         (_, Some(r)) => format!(
             "the client's report: {} B x {}, {:.2} MB/s, {:.4} Mmsg/s",
             r.size, r.iters, r.bw_avg, r.msg_rate
         ),
-        (Some(t), None) => format!("{:.6} s", t.secs),
-        (None, None) => "no figures (passive side)".into(),
+        ([], None) => "no figures (passive side)".into(),
+        (rows, None) => rows
+            .iter()
+            .map(|r| format!("{} {:.6} s", fmt_size(r.size), r.timed.secs))
+            .collect::<Vec<_>>()
+            .join(", "),
     }
 }
 

@@ -5,10 +5,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
-use softwarp::{Payload, SendOp, SendWr, SgList, Stag, MAX_INLINE};
+use softwarp::{Payload, SendOp, SendWr, SgList, Stag, WcOpcode, MAX_INLINE};
 
 use super::wire::{self, BwReport, Dest};
-use super::{check, Side, STEP_TIMEOUT};
+use super::{check, Side, SizeRow, CREDIT_WRITES_MAX, STEP_TIMEOUT};
 use crate::bench::rdma::elapsed_ns;
 use crate::bench::session::{Rtt, Timed};
 use crate::bench::spec::{Kind, Op};
@@ -26,7 +26,7 @@ impl Side {
 
     fn data_wr(&self, peer: &Dest, op: Op, wr_id: u64) -> Result<SendWr<'static>> {
         let data = self.data()?;
-        let len = u32::try_from(self.p.size)?;
+        let len = u32::try_from(self.cur)?;
         let (op, sge) = match op {
             Op::Write => (
                 SendOp::Write {
@@ -63,7 +63,7 @@ impl Side {
     /// for Sends fewer than `rx_window` uncredited. Returns the elapsed time.
     fn bw_active(&mut self, peer: &Dest) -> Result<Duration> {
         let op = self.p.shape.op;
-        let iters = self.p.iters;
+        let iters = self.iters();
         let mut window = self.p.tx_depth.max(1) as u64;
         if op == Op::Read {
             window = window
@@ -109,11 +109,113 @@ impl Side {
         Ok(start.elapsed())
     }
 
+    /// send_bw, write_bw and read_bw with `-b` (perftest's `run_iter_bi` for Sends,
+    /// `run_iter_bw` on both ends otherwise): this side posts `iters` operations as the
+    /// active side does, and for Sends also receives the peer's `iters`, reposting receives
+    /// and RDMA Writing its count into the peer's credit word every `rx_window / 3`. As in
+    /// perftest, the server's first Send waits for its first receive. Returns the time
+    /// until both directions are done here.
+    fn bw_bidir(&mut self, peer: &Dest) -> Result<Duration> {
+        let op = self.p.shape.op;
+        if op != Op::Send {
+            return self.bw_active(peer);
+        }
+        let iters = self.iters();
+        let window = self.p.tx_depth.max(1) as u64;
+        let rx_window = self.p.rx_window();
+        let every = (rx_window / 3).max(1);
+        let (mut posted, mut done, mut got, mut reposted) = (0u64, 0u64, 0u64, rx_window);
+        let mut writes = 0u64;
+        let mut may_send = self.client;
+        let mut word = [0u8; 4];
+        let start = Instant::now();
+        let deadline = start + STEP_TIMEOUT.max(Duration::from_secs(600));
+        let mut spins = 0u32;
+        while done < iters || got < iters || writes > 0 {
+            let mut progressed = false;
+            while may_send && posted < iters && posted - done < window {
+                self.credit.read_at(0, &mut word)?;
+                let credit = u64::from(wire::decode_credit(&word)?);
+                if posted + 1 >= credit + rx_window {
+                    break;
+                }
+                let wr = self.data_wr(peer, op, posted)?;
+                self.data_qp.post_send(&wr)?;
+                posted += 1;
+                progressed = true;
+            }
+            let n = self.poll_data(true)?;
+            for wc in &self.wcs[..n] {
+                if wc.opcode == WcOpcode::RdmaWrite {
+                    writes = writes.saturating_sub(1);
+                } else {
+                    done += 1;
+                }
+            }
+            let r = self.poll_data(false)?;
+            if r > 0 {
+                may_send = true;
+            }
+            for _ in 0..r {
+                got += 1;
+                if reposted < iters {
+                    self.post_data_recvs(1)?;
+                    reposted += 1;
+                }
+                if got.is_multiple_of(every) {
+                    // Room in the send queue for the credit Write.
+                    let mut waits = 0u32;
+                    while writes >= CREDIT_WRITES_MAX as u64 {
+                        let n = self.poll_data(true)?;
+                        for wc in &self.wcs[..n] {
+                            if wc.opcode == WcOpcode::RdmaWrite {
+                                writes = writes.saturating_sub(1);
+                            } else {
+                                done += 1;
+                            }
+                        }
+                        waits += 1;
+                        if waits.is_multiple_of(4096) {
+                            ensure!(
+                                Instant::now() < deadline,
+                                "send_bw -b: credit Writes never completed"
+                            );
+                        }
+                        spin::pause(waits);
+                    }
+                    let word = wire::encode_credit(u32::try_from(got).unwrap_or(u32::MAX));
+                    self.data_qp.post_send(&SendWr {
+                        wr_id: got,
+                        op: SendOp::Write {
+                            remote_addr: peer.vaddr,
+                            rkey: Stag(peer.rkey),
+                        },
+                        payload: Payload::Inline(&word),
+                        signaled: true,
+                        fence: false,
+                    })?;
+                    writes += 1;
+                }
+            }
+            if n == 0 && r == 0 && !progressed {
+                spins += 1;
+                if spins.is_multiple_of(4096) {
+                    ensure!(
+                        Instant::now() < deadline,
+                        "send_bw -b: {done} of {iters} Sends completed and {got} of {iters} received, then nothing"
+                    );
+                }
+                spin::pause(spins);
+            }
+        }
+        Ok(start.elapsed())
+    }
+
     /// The receiver of send_bw: reposts receives up to `iters` and RDMA Writes the count of
     /// received messages into the sender's credit word every `rx_window / 3` receives.
     /// Returns the time from the first to the last receive.
     fn send_bw_passive(&mut self, peer: &Dest) -> Result<Duration> {
-        let iters = self.p.iters;
+        let iters = self.iters();
         let rx_window = self.p.rx_window();
         let every = (rx_window / 3).max(1);
         let mut posted = rx_window;
@@ -163,6 +265,20 @@ impl Side {
                 writes = writes.saturating_sub(self.poll_data(true)? as u64);
             }
         }
+        // Every credit Write has left before the handshake that ends the size (with -a
+        // the sender zeroes its credit word for the next size after that).
+        let mut spins = 0u32;
+        while writes > 0 {
+            writes = writes.saturating_sub(self.poll_data(true)? as u64);
+            spins += 1;
+            if spins.is_multiple_of(4096) {
+                ensure!(
+                    Instant::now() < deadline,
+                    "send_bw: credit Writes never completed"
+                );
+            }
+            spin::pause(spins);
+        }
         Ok(first.map_or(Duration::ZERO, |t| t.elapsed()))
     }
 
@@ -196,9 +312,9 @@ impl Side {
     /// the client sees them (the server: from its answer to the next message).
     fn send_lat(&mut self, peer: &Dest) -> Result<Vec<u64>> {
         let deadline = Instant::now() + STEP_TIMEOUT;
-        let mut samples = Vec::with_capacity(self.p.iters as usize);
+        let mut samples = Vec::with_capacity(self.iters() as usize);
         let mut t = Instant::now();
-        for i in 0..self.p.iters {
+        for i in 0..self.iters() {
             if self.client {
                 t = Instant::now();
                 self.send_one(peer, i)?;
@@ -220,8 +336,8 @@ impl Side {
     /// last byte of its buffer to read the count of Writes received (mod 256), then writes
     /// its own count. Round trips from each Write to the next arrival.
     fn write_lat(&mut self, peer: &Dest) -> Result<Vec<u64>> {
-        let size = self.p.size;
-        let iters = self.p.iters;
+        let size = self.cur;
+        let iters = self.iters();
         let deadline = Instant::now() + STEP_TIMEOUT;
         let mut samples = Vec::with_capacity(iters as usize);
         let (mut scnt, mut rcnt) = (0u64, 0u64);
@@ -293,8 +409,8 @@ impl Side {
     /// read_lat: the client's Reads, one at a time.
     fn read_lat(&mut self, peer: &Dest) -> Result<Vec<u64>> {
         let deadline = Instant::now() + STEP_TIMEOUT;
-        let mut samples = Vec::with_capacity(self.p.iters as usize);
-        for i in 0..self.p.iters {
+        let mut samples = Vec::with_capacity(self.iters() as usize);
+        for i in 0..self.iters() {
             let t = Instant::now();
             let wr = self.data_wr(peer, Op::Read, i)?;
             self.data_qp.post_send(&wr)?;
@@ -314,20 +430,22 @@ impl Side {
         Ok(samples)
     }
 
-    /// The measurement and the closing exchange.
-    pub(super) fn measure(&mut self, peer: &Dest) -> Result<(Option<Timed>, Option<BwReport>)> {
+    /// Iterations at the current size.
+    pub(super) fn iters(&self) -> u64 {
+        self.p.iters_at(self.cur)
+    }
+
+    /// The measurement of one size (`self.cur`): this side's figures, and the client's
+    /// report in write_bw and read_bw.
+    fn measure_size(&mut self, peer: &Dest) -> Result<(Option<Timed>, Option<BwReport>)> {
         let p = self.p;
-        // Keep the first-FPDU hold-off of the data connection out of the measurement.
-        let hold = self.data_ready.saturating_duration_since(Instant::now());
-        if !hold.is_zero() {
-            std::thread::sleep(hold);
-        }
+        let (size, iters) = (self.cur, self.iters());
         let cpu0 = cpu::process_cpu_secs();
         let lat = |mut ns: Vec<u64>| -> Option<Timed> {
             let secs = ns.iter().sum::<u64>() as f64 / 1e9;
             let rtt = Rtt::of(&mut ns)?;
             // Row's figures divide the time by the iterations: scale to all of them.
-            let scale = p.iters as f64 / ns.len().max(1) as f64;
+            let scale = iters as f64 / ns.len().max(1) as f64;
             Some(Timed {
                 secs: secs * scale,
                 cpu: 0.0,
@@ -339,17 +457,21 @@ impl Side {
             cpu: 0.0,
             rtt: None,
         };
-        let (timed, mine) = match (p.shape.kind, p.shape.op, self.client) {
+        let (timed, mine) = match (p.shape.kind, p.shape.op, self.client || p.bidir) {
             (Kind::Bw, _, true) => {
-                let d = self.bw_active(peer)?;
+                let d = if p.bidir {
+                    self.bw_bidir(peer)?
+                } else {
+                    self.bw_active(peer)?
+                };
                 let secs = d.as_secs_f64().max(1e-9);
-                let mb = (p.size as f64 * p.iters as f64) / secs / f64::from(1u32 << 20);
+                let mb = (size as f64 * iters as f64) / secs / f64::from(1u32 << 20);
                 let report = BwReport {
-                    size: p.size as u64,
-                    iters: p.iters,
+                    size: size as u64,
+                    iters,
                     bw_peak: mb,
                     bw_avg: mb,
-                    msg_rate: p.iters as f64 / secs / 1e6,
+                    msg_rate: iters as f64 / secs / 1e6,
                 };
                 (Some(bw(d)), Some(report))
             }
@@ -363,18 +485,103 @@ impl Side {
         // This process's CPU time over the measurement (both ends on loopback; with a
         // perftest peer, ours only).
         let cpu = cpu::process_cpu_secs() - cpu0;
-        let timed = timed.map(|t| Timed { cpu, ..t });
-        let theirs = self.handshakes_after(mine)?;
+        Ok((timed.map(|t| Timed { cpu, ..t }), mine))
+    }
+
+    /// The measurement of every size and the closing exchange: one row per size (the
+    /// passive server of write_bw and read_bw: one, from the client's report).
+    pub(super) fn measure(&mut self, peer: &Dest) -> Result<(Vec<SizeRow>, Option<BwReport>)> {
+        // Keep the first-FPDU hold-off of the data connection out of the measurement.
+        let hold = self.data_ready.saturating_duration_since(Instant::now());
+        if !hold.is_zero() {
+            std::thread::sleep(hold);
+        }
+        let sync = self.sync_before_run();
+        let send_bw = (self.p.shape.kind, self.p.shape.op) == (Kind::Bw, Op::Send);
+        let bidir = self.p.bidir;
+        let mine_dest = self.my_dest()?;
+        let mut rows = Vec::new();
+        let mut last = None;
+        for (i, size) in self.p.sizes().into_iter().enumerate() {
+            self.cur = size;
+            if send_bw && i > 0 && (bidir || !self.client) {
+                // perftest -a, send_bw: the receiver posts its receives for the size before
+                // the handshake (the first size's were posted at the connection).
+                self.post_data_recvs(self.p.rx_window())?;
+            }
+            if sync {
+                self.handshake(&mine_dest)?;
+            }
+            if send_bw {
+                // ... and after the handshake zeroes its credit word: the peer counts each
+                // size's receives from 0.
+                self.credit.write_at(0, &[0u8; 4])?;
+            }
+            let (timed, mine) = self.measure_size(peer)?;
+            let mut row_timed = timed;
+            if bidir {
+                // -b: the version handshake of perftest >= 4.6 after each size of -a in
+                // write_bw/read_bw, then both exchange their reports (send_bw: before its
+                // handshake after the size). The row adds both directions up, as perftest's
+                // full report does.
+                if self.p.all && !send_bw {
+                    self.handshake(&mine_dest)?;
+                }
+                let theirs = self.xchg_report(&mine.unwrap_or_default())?;
+                row_timed = timed.map(|t| both_directions(t, mine.as_ref(), &theirs));
+                last = Some(theirs);
+            }
+            if self.p.all && send_bw {
+                // -a, send_bw: one more handshake after each size.
+                self.handshake(&mine_dest)?;
+            }
+            if let Some(t) = row_timed {
+                rows.push(SizeRow {
+                    size,
+                    iters: self.iters(),
+                    timed: t,
+                });
+            }
+            if !bidir {
+                last = mine.or(last);
+            }
+        }
+        if bidir {
+            self.handshakes_after(None)?;
+            return Ok((rows, last));
+        }
+        // write_bw and read_bw exchange one report at the end: the last size's.
+        let theirs = self.handshakes_after(last)?;
         // The passive server of write_bw and read_bw reports the client's figures, as
         // perftest's does.
-        let timed = match (timed, theirs) {
-            (None, Some(r)) if r.bw_avg > 0.0 && r.size > 0 => Some(Timed {
-                secs: (r.size as f64 * r.iters as f64) / (r.bw_avg * f64::from(1u32 << 20)),
-                cpu: 0.0,
-                rtt: None,
-            }),
-            (t, _) => t,
-        };
-        Ok((timed, if self.client { mine } else { theirs }))
+        if let (true, Some(r)) = (rows.is_empty(), theirs) {
+            if r.bw_avg > 0.0 && r.size > 0 {
+                rows.push(SizeRow {
+                    size: usize::try_from(r.size)?,
+                    iters: r.iters,
+                    timed: Timed {
+                        secs: (r.size as f64 * r.iters as f64) / (r.bw_avg * f64::from(1u32 << 20)),
+                        cpu: 0.0,
+                        rtt: None,
+                    },
+                });
+            }
+        }
+        Ok((rows, if self.client { last } else { theirs }))
+    }
+}
+
+/// A `-b` row: both directions added up, as perftest's full report adds the two sides'
+/// average MB/s; the time is what carries `2 * size * iters` bytes at that rate (the row
+/// counts both directions of a bidirectional shape).
+fn both_directions(t: Timed, mine: Option<&BwReport>, theirs: &BwReport) -> Timed {
+    let mine_avg = mine.map_or(0.0, |r| r.bw_avg);
+    let sum = mine_avg + theirs.bw_avg;
+    match mine {
+        Some(r) if sum.is_finite() && sum > 0.0 && theirs.bw_avg >= 0.0 => Timed {
+            secs: 2.0 * (r.size as f64 * r.iters as f64) / (sum * f64::from(1u32 << 20)),
+            ..t
+        },
+        _ => t,
     }
 }

@@ -10,12 +10,18 @@
 //! control QP connects
 //! version (16 B), cycle buffer (4 B), cache line size (4 B), MTU (2 B), zero destination
 //! data QP connects (IRD = ORD = out_reads for the Read shapes, 0 otherwise)
-//! zero destination, then this side's destination: 3 times (write_bw, read_bw) or 4 times
-//!                                    (send_bw: its rkey/vaddr name the credit word; latency)
-//! the measurement
-//! write_bw, read_bw: destination, report (size, iterations, peak MB/s, average MB/s,
-//!                    Mmsg/s; 8 bytes each), destination
-//! send_bw, send_lat, read_lat: destination         write_lat: nothing
+//! zero destination, then this side's destination: 3 times, or 4 in write_lat and read_lat
+//!                                    (send_bw: its rkey/vaddr name the credit word)
+//! per size (one, or with -a every power of two from 2 B to 8 MiB):
+//!   send_bw, send_lat (and write_bw, read_bw with -b): destination (the receiver posted its
+//!                     receives before it; send_bw's sender then zeroes its credit word)
+//!   the measurement
+//!   -b: (with -a, write_bw and read_bw: destination) both reports
+//!   -a, send_bw: destination
+//! write_bw, read_bw without -b: destination, report (size, iterations, peak MB/s, average
+//!                    MB/s, Mmsg/s; 8 bytes each; with -a the last size's), destination
+//! write_bw, read_bw with -b, send_bw, send_lat, read_lat: destination
+//! write_lat: nothing
 //! ```
 //!
 //! The measurement follows perftest: the client alone posts in the bandwidth shapes (the
@@ -24,8 +30,9 @@
 //! receives, and the client keeps fewer than `rx_depth` Sends uncredited); send_lat is a
 //! ping-pong that the client starts; in write_lat the server writes first and each side
 //! polls the last byte of its buffer for the count of Writes it received; read_lat is the
-//! client's back-to-back Reads. Completions are spun on; the device's progress thread moves
-//! the bytes.
+//! client's back-to-back Reads. With `-b` (bandwidth shapes) both ends post, and send_bw's
+//! credits flow both ways (perftest's `run_iter_bi`: the server sends after its first
+//! receive). Completions are spun on; the device's progress thread moves the bytes.
 
 mod measure;
 pub mod wire;
@@ -58,6 +65,8 @@ const CTRL_RECVS: usize = 2;
 const CTRL_SLOT: usize = 64;
 /// The initiator's first-FPDU hold-off (siw's Reply race; see `Side::options`).
 const FIRST_FPDU_DELAY: Duration = Duration::from_millis(100);
+/// Credit Writes of send_bw -b kept outstanding at most (beside the Sends).
+const CREDIT_WRITES_MAX: usize = 16;
 /// Attempts at the data connection (perftest's server may listen again a little late).
 const DATA_CONNECT_TRIES: u32 = 20;
 
@@ -66,8 +75,14 @@ const DATA_CONNECT_TRIES: u32 = 20;
 pub struct Params {
     /// The test (`ib_<shape>`).
     pub shape: Shape,
-    /// `-s`: message size.
+    /// `-s`: message size; with `all`, the largest size (perftest: 8 MiB).
     pub size: usize,
+    /// `-a`: every power of two from 2 bytes to `size`, one after the other on the same
+    /// connections (perftest's `-a`, whose largest size is 8 MiB).
+    pub all: bool,
+    /// `-b`: both directions at once (bandwidth shapes; each side sends `iters` and the
+    /// two exchange their reports after each size).
+    pub bidir: bool,
     /// `-n`: iterations.
     pub iters: u64,
     /// `-t`: outstanding operations of the bandwidth shapes.
@@ -83,18 +98,48 @@ pub struct Params {
 }
 
 impl Params {
+    /// The sizes measured, in order: `size`, or with `all` the powers of two from 2 to
+    /// `size`.
+    pub fn sizes(&self) -> Vec<usize> {
+        if self.all {
+            (1..usize::BITS)
+                .map(|k| 1usize << k)
+                .take_while(|&s| s <= self.size)
+                .collect()
+        } else {
+            vec![self.size]
+        }
+    }
+
+    /// Iterations at `size`: `-n` at every size (perftest's `-a` too).
+    pub fn iters_at(&self, _size: usize) -> u64 {
+        self.iters
+    }
+
     /// The credit window perftest's `ib_send_bw` uses (`rx_depth`, at most the iterations).
     fn rx_window(&self) -> u64 {
         (self.rx_depth as u64).min(self.iters).max(1)
     }
 }
 
+/// The figures of one message size.
+#[derive(Debug, Clone)]
+pub struct SizeRow {
+    /// Message size.
+    pub size: usize,
+    /// Iterations at this size.
+    pub iters: u64,
+    /// The measurement.
+    pub timed: Timed,
+}
+
 /// What a session measured and learned.
 #[derive(Debug, Clone)]
 pub struct Outcome {
-    /// This side's measurement (or, for the passive server of write_bw and read_bw, the
-    /// client's report); `None` when this side has no figures (read_lat's server).
-    pub timed: Option<Timed>,
+    /// This side's measurements, one per size (or, for the passive server of write_bw and
+    /// read_bw, one from the client's report: perftest exchanges only the last size's);
+    /// empty when this side has no figures (read_lat's server).
+    pub rows: Vec<SizeRow>,
     /// The peer's perftest version.
     pub peer_version: String,
     /// The client's report (write_bw and read_bw).
@@ -124,6 +169,8 @@ struct Side {
     wcs: Vec<WorkCompletion>,
     /// Bytes of one half of the data region (the peer's window, then our source).
     half: usize,
+    /// The message size being measured (one of `p.sizes()`).
+    cur: usize,
     /// When the data QP may send its first FPDU (the initiator's first-FPDU hold-off).
     data_ready: Instant,
 }
@@ -151,7 +198,8 @@ impl Side {
             Op::Send => p.rx_window() as usize + 8,
             _ => 8,
         };
-        let sq = p.tx_depth.max(1) + 16;
+        // send_bw -b: the credit Writes share the send queue with the Sends.
+        let sq = p.tx_depth.max(1) + 16 + if p.bidir { CREDIT_WRITES_MAX } else { 0 };
         let ctrl_scq = dev.create_cq(64, None)?;
         let ctrl_rcq = dev.create_cq(64, None)?;
         let data_scq = dev.create_cq(sq + 64, None)?;
@@ -195,6 +243,7 @@ impl Side {
             p,
             wcs: vec![EMPTY_COMPLETION; 64],
             half: 0,
+            cur: p.size,
             data_ready: Instant::now(),
         };
         Ok(side)
@@ -359,6 +408,7 @@ impl Side {
     }
 
     /// Receives of the data QP: the whole credit window for send_bw, a few for send_lat.
+    /// Each takes the largest size (with `-a` they outlive a size).
     fn post_data_recvs(&mut self, n: u64) -> Result<()> {
         let sge = self.data()?.sge(0, u32::try_from(self.p.size)?)?;
         let wr = RecvWr {
@@ -371,14 +421,23 @@ impl Side {
         Ok(())
     }
 
-    /// Pre-measurement handshakes after the data connection; returns the peer's
-    /// destination.
+    /// Whether perftest handshakes right before each measurement: in the Send shapes
+    /// always (in a plain run it is the last handshake before the measurement, with `-a`
+    /// one per size, after the receiver posted its receives), in write_bw and read_bw only
+    /// with `-b`.
+    fn sync_before_run(&self) -> bool {
+        self.p.shape.op == Op::Send || (self.p.bidir && self.p.shape.kind == Kind::Bw)
+    }
+
+    /// Pre-measurement handshakes after the data connection (the zero destination, then
+    /// ours: 3 times, or 4 in write_lat and read_lat, which have no handshake right before
+    /// the measurement); returns the peer's destination.
     fn handshakes_before(&mut self) -> Result<Dest> {
         self.handshake(&Dest::default())?;
         let mine = self.my_dest()?;
         let count = match (self.p.shape.op, self.p.shape.kind) {
-            (Op::Write | Op::Read, Kind::Bw) => 3,
-            (Op::Send, Kind::Bw) | (_, Kind::Lat) => 4,
+            (Op::Send, _) | (_, Kind::Bw) => 3,
+            (Op::Write | Op::Read, Kind::Lat) => 4,
         };
         let mut peer = Dest::default();
         for i in 0..count {
@@ -398,21 +457,28 @@ impl Side {
         Ok(peer)
     }
 
-    /// After the measurement: the closing handshakes (and the report of write_bw/read_bw).
+    /// perftest's `xchg_bw_reports`: the five fields one by one, each a client-first step.
+    fn xchg_report(&mut self, mine: &BwReport) -> Result<BwReport> {
+        let fields = mine.encode();
+        let mut got: [Vec<u8>; 5] = Default::default();
+        for (slot, f) in got.iter_mut().zip(fields.iter()) {
+            *slot = self.xchg(f)?;
+        }
+        Ok(BwReport::decode(&got)?)
+    }
+
+    /// After the measurement: the closing handshakes (and the report of write_bw/read_bw
+    /// without `-b`: the client's, which the server prints).
     fn handshakes_after(&mut self, mine: Option<BwReport>) -> Result<Option<BwReport>> {
         let dest = self.my_dest()?;
-        let report = match (self.p.shape.op, self.p.shape.kind) {
-            (Op::Write | Op::Read, Kind::Bw) => {
+        let report = match (self.p.shape.op, self.p.shape.kind, self.p.bidir) {
+            (Op::Write | Op::Read, Kind::Bw, false) => {
                 self.handshake(&dest)?;
-                let fields = mine.unwrap_or_default().encode();
-                let mut got: [Vec<u8>; 5] = Default::default();
-                for (slot, f) in got.iter_mut().zip(fields.iter()) {
-                    *slot = self.xchg(f)?;
-                }
+                let r = self.xchg_report(&mine.unwrap_or_default())?;
                 self.handshake(&dest)?;
-                Some(BwReport::decode(&got)?)
+                Some(r)
             }
-            (Op::Write, Kind::Lat) => None,
+            (Op::Write, Kind::Lat, _) => None,
             _ => {
                 self.handshake(&dest)?;
                 None
@@ -540,10 +606,10 @@ fn tracing_note(s: &str) {
 
 fn finish(side: &mut Side, conn: String, peer_version: String) -> Result<Outcome> {
     let peer = side.handshakes_before()?;
-    let (timed, report) = side.measure(&peer)?;
+    let (rows, report) = side.measure(&peer)?;
     side.close();
     Ok(Outcome {
-        timed,
+        rows,
         peer_version,
         report,
         data_conn: conn,
@@ -556,6 +622,14 @@ fn validate(p: &Params) -> Result<()> {
     ensure!(
         p.size <= u32::MAX as usize,
         "-S must be below 4 GiB (one SGE)"
+    );
+    ensure!(
+        !p.bidir || p.shape.kind == Kind::Bw,
+        "-b: perftest's latency tools have no bidirectional mode"
+    );
+    ensure!(
+        !p.all || (p.size >= 2 && p.size.is_power_of_two()),
+        "with -a the largest size must be a power of two of at least 2 bytes"
     );
     Ok(())
 }
@@ -574,4 +648,40 @@ pub fn server(bind: SocketAddr, p: &Params, ready: Option<Sender<SocketAddr>>) -
     let mut side = Side::new(*p, false)?;
     let (version, conn) = side.accept(bind, ready)?;
     finish(&mut side, conn, version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(size: usize, all: bool) -> Params {
+        Params {
+            shape: Shape::ALL[0],
+            size,
+            all,
+            bidir: false,
+            iters: 5,
+            tx_depth: 1,
+            rx_depth: 512,
+            out_reads: 1,
+            crc: false,
+            accept_timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn all_sizes_are_the_powers_of_two_from_2_bytes_to_the_largest() {
+        assert_eq!(params(3000, false).sizes(), vec![3000]);
+        let a = params(8 << 20, true).sizes();
+        assert_eq!(a.len(), 23, "perftest -a: 2 B .. 8 MiB");
+        assert_eq!((a[0], a[22]), (2, 8 << 20));
+        assert!(a.windows(2).all(|w| w[1] == 2 * w[0]));
+        assert_eq!(params(16, true).sizes(), vec![2, 4, 8, 16]);
+        assert!(validate(&params(3000, true)).is_err());
+        assert!(validate(&params(1, true)).is_err());
+        assert!(validate(&params(4096, true)).is_ok());
+        // -n applies at every size (perftest -a: checked against ib_send_lat -a -n 5).
+        assert_eq!(params(8 << 20, true).iters_at(2), 5);
+        assert_eq!(params(8 << 20, true).iters_at(8 << 20), 5);
+    }
 }
