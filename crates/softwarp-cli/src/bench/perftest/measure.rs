@@ -14,6 +14,14 @@ use crate::bench::session::{Rtt, Timed};
 use crate::bench::spec::{Kind, Op};
 use crate::bench::{cpu, spin};
 
+/// How far [`Side::post_window`] may post.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    iters: u64,
+    window: u64,
+    rx_window: u64,
+}
+
 impl Side {
     fn poll_data(&mut self, send: bool) -> Result<usize> {
         let cq = if send { &self.data_scq } else { &self.data_rcq };
@@ -22,6 +30,23 @@ impl Side {
             check(wc, "data QP")?;
         }
         Ok(n)
+    }
+
+    /// RDMA Writes `got` (messages received so far) into the peer's credit word, as
+    /// perftest's send_bw receiver does (signaled, `wr_id` = `got`).
+    fn post_credit(&self, peer: &Dest, got: u64) -> Result<()> {
+        let word = wire::encode_credit(u32::try_from(got).unwrap_or(u32::MAX));
+        self.data_qp.post_send(&SendWr {
+            wr_id: got,
+            op: SendOp::Write {
+                remote_addr: peer.vaddr,
+                rkey: Stag(peer.rkey),
+            },
+            payload: Payload::Inline(&word),
+            signaled: true,
+            fence: false,
+        })?;
+        Ok(())
     }
 
     fn data_wr(&self, peer: &Dest, op: Op, wr_id: u64) -> Result<SendWr<'static>> {
@@ -59,6 +84,36 @@ impl Side {
         })
     }
 
+    /// Posts the shape's operations while fewer than `window` are outstanding (`posted -
+    /// done`) and `iters` are not all posted, and for Sends while fewer than `rx_window` are
+    /// uncredited (perftest: post only while scnt + 1 - credit < rx_depth); true when it
+    /// posted any.
+    fn post_window(
+        &mut self,
+        peer: &Dest,
+        posted: &mut u64,
+        done: u64,
+        limits: Limits,
+    ) -> Result<bool> {
+        let op = self.p.shape.op;
+        let mut word = [0u8; 4];
+        let mut progressed = false;
+        while *posted < limits.iters && posted.saturating_sub(done) < limits.window {
+            if op == Op::Send {
+                self.credit.read_at(0, &mut word)?;
+                let credit = u64::from(wire::decode_credit(&word)?);
+                if *posted + 1 >= credit + limits.rx_window {
+                    break;
+                }
+            }
+            let wr = self.data_wr(peer, op, *posted)?;
+            self.data_qp.post_send(&wr)?;
+            *posted += 1;
+            progressed = true;
+        }
+        Ok(progressed)
+    }
+
     /// The active side of a bandwidth shape: `iters` operations, `window` outstanding, and
     /// for Sends fewer than `rx_window` uncredited. Returns the elapsed time.
     fn bw_active(&mut self, peer: &Dest) -> Result<Duration> {
@@ -72,26 +127,20 @@ impl Side {
         }
         let rx_window = self.p.rx_window();
         let (mut posted, mut done) = (0u64, 0u64);
-        let mut word = [0u8; 4];
         let start = Instant::now();
         let deadline = start + STEP_TIMEOUT.max(Duration::from_secs(600));
         let mut spins = 0u32;
         while done < iters {
-            let mut progressed = false;
-            while posted < iters && posted.saturating_sub(done) < window {
-                if op == Op::Send {
-                    // perftest: post only while scnt + 1 - credit < rx_depth.
-                    self.credit.read_at(0, &mut word)?;
-                    let credit = u64::from(wire::decode_credit(&word)?);
-                    if posted + 1 >= credit + rx_window {
-                        break;
-                    }
-                }
-                let wr = self.data_wr(peer, op, posted)?;
-                self.data_qp.post_send(&wr)?;
-                posted += 1;
-                progressed = true;
-            }
+            let progressed = self.post_window(
+                peer,
+                &mut posted,
+                done,
+                Limits {
+                    iters,
+                    window,
+                    rx_window,
+                },
+            )?;
             let n = self.poll_data(true)?;
             done += n as u64;
             if n == 0 && !progressed {
@@ -127,23 +176,21 @@ impl Side {
         let (mut posted, mut done, mut got, mut reposted) = (0u64, 0u64, 0u64, rx_window);
         let mut writes = 0u64;
         let mut may_send = self.client;
-        let mut word = [0u8; 4];
         let start = Instant::now();
         let deadline = start + STEP_TIMEOUT.max(Duration::from_secs(600));
         let mut spins = 0u32;
         while done < iters || got < iters || writes > 0 {
-            let mut progressed = false;
-            while may_send && posted < iters && posted - done < window {
-                self.credit.read_at(0, &mut word)?;
-                let credit = u64::from(wire::decode_credit(&word)?);
-                if posted + 1 >= credit + rx_window {
-                    break;
-                }
-                let wr = self.data_wr(peer, op, posted)?;
-                self.data_qp.post_send(&wr)?;
-                posted += 1;
-                progressed = true;
-            }
+            let progressed = may_send
+                && self.post_window(
+                    peer,
+                    &mut posted,
+                    done,
+                    Limits {
+                        iters,
+                        window,
+                        rx_window,
+                    },
+                )?;
             let n = self.poll_data(true)?;
             for wc in &self.wcs[..n] {
                 if wc.opcode == WcOpcode::RdmaWrite {
@@ -183,17 +230,7 @@ impl Side {
                         }
                         spin::pause(waits);
                     }
-                    let word = wire::encode_credit(u32::try_from(got).unwrap_or(u32::MAX));
-                    self.data_qp.post_send(&SendWr {
-                        wr_id: got,
-                        op: SendOp::Write {
-                            remote_addr: peer.vaddr,
-                            rkey: Stag(peer.rkey),
-                        },
-                        payload: Payload::Inline(&word),
-                        signaled: true,
-                        fence: false,
-                    })?;
+                    self.post_credit(peer, got)?;
                     writes += 1;
                 }
             }
@@ -246,17 +283,7 @@ impl Side {
                     posted += 1;
                 }
                 if got.is_multiple_of(every) {
-                    let word = wire::encode_credit(u32::try_from(got).unwrap_or(u32::MAX));
-                    self.data_qp.post_send(&SendWr {
-                        wr_id: got,
-                        op: SendOp::Write {
-                            remote_addr: peer.vaddr,
-                            rkey: Stag(peer.rkey),
-                        },
-                        payload: Payload::Inline(&word),
-                        signaled: true,
-                        fence: false,
-                    })?;
+                    self.post_credit(peer, got)?;
                     writes += 1;
                 }
             }
