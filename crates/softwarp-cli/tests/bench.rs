@@ -16,6 +16,23 @@ fn softwarp(args: &[&str]) -> Child {
         .unwrap()
 }
 
+/// The port a `-R -s ... -p 0` server prints on its first line of stderr.
+fn listening_port(server: &mut Child) -> String {
+    port_after(server, "server listening on 127.0.0.1:")
+}
+
+/// The port that follows `marker` on a server's first line of stderr.
+fn port_after(server: &mut Child, marker: &str) -> String {
+    let mut line = String::new();
+    let stderr = server.stderr.take().unwrap();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stderr), &mut line).unwrap();
+    line.split(marker)
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no port in {line:?}"))
+        .to_string()
+}
+
 fn finish(mut child: Child, limit: Duration) -> Output {
     let deadline = Instant::now() + limit;
     while child.try_wait().unwrap().is_none() {
@@ -154,15 +171,7 @@ fn qp_mem_counts_heap_bytes_per_connected_qp() {
 fn a_server_process_and_a_client_process_run_a_session() {
     // The server takes three free ports and says which; the client needs the first.
     let mut server = softwarp(&["-s", "--bind", "127.0.0.1", "-p", "0"]);
-    let mut line = String::new();
-    let stderr = server.stderr.take().unwrap();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stderr), &mut line).unwrap();
-    let port = line
-        .split("waiting for a client on 127.0.0.1:")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no control port in {line:?}"))
-        .to_string();
+    let port = port_after(&mut server, "waiting for a client on 127.0.0.1:");
     let client = softwarp(&[
         "write_bw,send_lat",
         "127.0.0.1",
@@ -283,15 +292,7 @@ fn perftest_exchange_runs_between_a_server_process_and_a_client_process() {
         "30",
         "--json",
     ]);
-    let mut line = String::new();
-    let stderr = server.stderr.take().unwrap();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stderr), &mut line).unwrap();
-    let port = line
-        .split("server listening on 127.0.0.1:")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no port in {line:?}"))
-        .to_string();
+    let port = listening_port(&mut server);
     let client = softwarp(&[
         "-R",
         "write_lat",
@@ -396,15 +397,7 @@ fn perftest_exchange_runs_all_sizes_between_a_server_process_and_a_client_proces
             "9",
             "--json",
         ]);
-        let mut line = String::new();
-        let stderr = server.stderr.take().unwrap();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(stderr), &mut line).unwrap();
-        let port = line
-            .split("server listening on 127.0.0.1:")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no port in {line:?}"))
-            .to_string();
+        let port = listening_port(&mut server);
         let client = softwarp(&[
             "-R",
             shape,

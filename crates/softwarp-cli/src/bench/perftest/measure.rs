@@ -32,6 +32,21 @@ impl Side {
         Ok(n)
     }
 
+    /// Polls the send CQ until `outstanding` more completions came (bounded by `deadline`,
+    /// then the error `what`).
+    fn wait_sends(&mut self, mut outstanding: u64, deadline: Instant, what: &str) -> Result<()> {
+        let mut spins = 0u32;
+        while outstanding > 0 {
+            outstanding = outstanding.saturating_sub(self.poll_data(true)? as u64);
+            spins += 1;
+            if spins.is_multiple_of(4096) {
+                ensure!(Instant::now() < deadline, "{what}");
+            }
+            spin::pause(spins);
+        }
+        Ok(())
+    }
+
     /// RDMA Writes `got` (messages received so far) into the peer's credit word, as
     /// perftest's send_bw receiver does (signaled, `wr_id` = `got`).
     fn post_credit(&self, peer: &Dest, got: u64) -> Result<()> {
@@ -294,18 +309,7 @@ impl Side {
         }
         // Every credit Write has left before the handshake that ends the size (with -a
         // the sender zeroes its credit word for the next size after that).
-        let mut spins = 0u32;
-        while writes > 0 {
-            writes = writes.saturating_sub(self.poll_data(true)? as u64);
-            spins += 1;
-            if spins.is_multiple_of(4096) {
-                ensure!(
-                    Instant::now() < deadline,
-                    "send_bw: credit Writes never completed"
-                );
-            }
-            spin::pause(spins);
-        }
+        self.wait_sends(writes, deadline, "send_bw: credit Writes never completed")?;
         Ok(first.map_or(Duration::ZERO, |t| t.elapsed()))
     }
 
@@ -418,18 +422,7 @@ impl Side {
         }
         // The last Write must have left before the connection goes away (every data WR
         // is signalled).
-        let mut spins = 0u32;
-        while outstanding > 0 {
-            outstanding = outstanding.saturating_sub(self.poll_data(true)? as u64);
-            spins += 1;
-            if spins.is_multiple_of(4096) {
-                ensure!(
-                    Instant::now() < deadline,
-                    "write_lat: Writes never completed"
-                );
-            }
-            spin::pause(spins);
-        }
+        self.wait_sends(outstanding, deadline, "write_lat: Writes never completed")?;
         Ok(samples)
     }
 
