@@ -391,6 +391,8 @@ impl Ep {
         let recv_target = self.recv_data + if passive && op == Op::Send { iters } else { 0 };
         let marker_target = self.markers + u64::from(passive && op != Op::Send);
         let mut marker_sent = !active || op == Op::Send;
+        // Built once and reposted with a new id, as perftest prepares its WR list at set-up.
+        let template = self.data_wr(size, 0, false)?;
         loop {
             let mut progressed = false;
             if self.posted < target {
@@ -405,8 +407,11 @@ impl Ep {
                     for _ in 0..want {
                         let id = self.posted;
                         let signaled = (id + 1).is_multiple_of(cq_mod) || id + 1 == target;
-                        let wr = self.data_wr(size, id, signaled)?;
-                        self.wrs.push(wr);
+                        self.wrs.push(SendWr {
+                            wr_id: id,
+                            signaled,
+                            ..template
+                        });
                         self.posted += 1;
                     }
                     self.qp
