@@ -855,8 +855,12 @@ impl Qp {
                     invalidate: None,
                 } => {
                     let msn = self.tx_msn[0];
-                    ulp_hdr.copy_from_slice(&self.tx.send_headers[usize::from(solicited)]);
-                    if let Some(m) = ulp_hdr
+                    let Some(h) = ulp_hdr.first_chunk_mut::<{ codec::UNTAGGED_HEADER_LEN }>()
+                    else {
+                        break;
+                    };
+                    *h = self.tx.send_headers[usize::from(solicited)];
+                    if let Some(m) = h
                         .get_mut(codec::UNTAGGED_MSN_OFFSET..)
                         .and_then(|m| m.first_chunk_mut::<4>())
                     {
@@ -873,7 +877,11 @@ impl Qp {
                     self.tx_msn[0] = msn.wrapping_add(1);
                 }
                 SendOp::Write { remote_addr, rkey } => {
-                    let (p, tail) = ulp_hdr.split_at_mut(codec::WRITE_PREFIX_LEN);
+                    // Control bytes from the template, then STag and TO (big-endian).
+                    let Some(h) = ulp_hdr.first_chunk_mut::<{ codec::TAGGED_HEADER_LEN }>() else {
+                        break;
+                    };
+                    let (p, tail) = h.split_at_mut(codec::WRITE_PREFIX_LEN);
                     p.copy_from_slice(&self.tx.write_prefix);
                     let (stag, to) = tail.split_at_mut(4);
                     stag.copy_from_slice(&rkey.0.to_be_bytes());
@@ -882,7 +890,9 @@ impl Qp {
                 _ => break,
             }
             if self.tx.crc {
-                let (covered, field) = fpdu.split_at_mut(total - 4);
+                let Some((covered, field)) = fpdu.split_at_mut_checked(total - 4) else {
+                    break;
+                };
                 field.copy_from_slice(&codec::crc_to_wire(crate::memory::crc32c_append(
                     0, covered,
                 )));
