@@ -258,6 +258,10 @@ pub(crate) struct QpInner {
     /// which both write): the write watchdog tells from it whether the application is
     /// still at work.
     app_passes: u64,
+    /// Times the write watchdog was armed, and times the progress thread took over from
+    /// it (statistics: the `watchdog` detail of `softwarp resources`).
+    watch_armed: u64,
+    watch_takeovers: u64,
 }
 
 /// What a progress pass left to do.
@@ -387,10 +391,15 @@ impl QpShared {
         let g = self.lock();
         let fd = g.conn.as_ref().map(|c| c.stream.as_fd());
         let view = crate::ras::QpView::take(&self.ras, &g.qp, g.info.as_ref(), fd);
-        match &g.conn {
+        let view = match &g.conn {
             Some(c) => view.with_attr("tx_by", c.tx_by()),
             None => view,
+        };
+        if g.watch_armed == 0 {
+            return view;
         }
+        let watchdog = format!("armed={},took_over={}", g.watch_armed, g.watch_takeovers);
+        view.with_attr("watchdog", &watchdog)
     }
 
     /// Reads from the socket into wherever the engine says, until EAGAIN or the budget is
@@ -1008,11 +1017,16 @@ impl QpShared {
         let Some(conn) = inner.conn.as_mut() else {
             return;
         };
-        let Some(token) = conn.token.filter(|_| !conn.polled && conn.watch.is_none()) else {
+        if conn.polled || conn.watch.is_some() {
             return;
-        };
+        }
         conn.watch = Some((inner.app_passes, Instant::now()));
-        self.device.progress.watch(token);
+        inner.watch_armed += 1;
+        // Not registered with the progress thread yet (it has not taken the QP's Register
+        // command): it services the QP, and so looks at the watchdog, when it does.
+        if let Some(token) = conn.token {
+            self.device.progress.watch(token);
+        }
     }
 
     /// The progress thread's look at an armed write watchdog (see [`Conn::watch`]): true
@@ -1042,6 +1056,7 @@ impl QpShared {
             return WatchLook::Polling;
         }
         conn.watch = None;
+        inner.watch_takeovers += 1;
         if let Some(token) = conn.token.filter(|_| !conn.polled) {
             match registry.register(&mut conn.stream, token, Interest::WRITABLE) {
                 Ok(()) => conn.polled = true,
@@ -1335,6 +1350,8 @@ impl QueuePair {
                 rx_big: false,
                 tx_spill: Vec::new(),
                 app_passes: 0,
+                watch_armed: 0,
+                watch_takeovers: 0,
             }),
             count: Mutex::new(count),
             ras,
