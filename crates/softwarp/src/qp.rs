@@ -687,7 +687,7 @@ impl QpShared {
             Err(_) => self.tx_pass_with(inner, budget, None),
         });
         if end == TxEnd::Full {
-            self.watch_writable(inner);
+            self.arm_watchdog(inner);
         }
         end
     }
@@ -1013,7 +1013,7 @@ impl QpShared {
     /// polls stopped ([`QpShared::watchdog`]). Registering for write readiness at once
     /// instead would wake the progress thread at every drain of a busy socket, a third
     /// thread competing with the polling ones for the cores.
-    fn watch_writable(&self, inner: &mut QpInner) {
+    fn arm_watchdog(&self, inner: &mut QpInner) {
         let Some(conn) = inner.conn.as_mut() else {
             return;
         };
@@ -1029,10 +1029,11 @@ impl QpShared {
         }
     }
 
-    /// The progress thread's look at an armed write watchdog (see [`Conn::watch`]): true
-    /// when the application still polls (or the watchdog is not armed) and the pass is left
-    /// to it; after a look that finds no poll since the last one, the socket is registered
-    /// for write readiness and the progress thread does the pass itself.
+    /// The progress thread's look at the write watchdog (see [`Conn::watch`]): `Polling`
+    /// while the application's passes go on (the pass is left to them), `Disarmed` once
+    /// nothing is left to send, `TakeOver` after a look at least [`WATCH_PERIOD`] after the
+    /// previous one finds no pass in between (the socket is then registered for write
+    /// readiness and the progress thread does the pass itself), `NotArmed` otherwise.
     fn watchdog(&self, inner: &mut QpInner, registry: &Registry) -> WatchLook {
         let polls = inner.app_passes;
         let idle = inner.tx_spill.is_empty() && !inner.qp.wants_tx();
