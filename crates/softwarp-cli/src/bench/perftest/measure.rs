@@ -141,21 +141,17 @@ impl Side {
                 .min(self.p.out_reads as u64);
         }
         let rx_window = self.p.rx_window();
+        let limits = Limits {
+            iters,
+            window,
+            rx_window,
+        };
         let (mut posted, mut done) = (0u64, 0u64);
         let start = Instant::now();
         let deadline = start + STEP_TIMEOUT.max(Duration::from_secs(600));
         let mut spins = 0u32;
         while done < iters {
-            let progressed = self.post_window(
-                peer,
-                &mut posted,
-                done,
-                Limits {
-                    iters,
-                    window,
-                    rx_window,
-                },
-            )?;
+            let progressed = self.post_window(peer, &mut posted, done, limits)?;
             let n = self.poll_data(true)?;
             done += n as u64;
             if n == 0 && !progressed {
@@ -188,6 +184,11 @@ impl Side {
         let window = self.p.tx_depth.max(1) as u64;
         let rx_window = self.p.rx_window();
         let every = (rx_window / 3).max(1);
+        let limits = Limits {
+            iters,
+            window,
+            rx_window,
+        };
         let (mut posted, mut done, mut got, mut reposted) = (0u64, 0u64, 0u64, rx_window);
         let mut writes = 0u64;
         let mut may_send = self.client;
@@ -195,17 +196,7 @@ impl Side {
         let deadline = start + STEP_TIMEOUT.max(Duration::from_secs(600));
         let mut spins = 0u32;
         while done < iters || got < iters || writes > 0 {
-            let progressed = may_send
-                && self.post_window(
-                    peer,
-                    &mut posted,
-                    done,
-                    Limits {
-                        iters,
-                        window,
-                        rx_window,
-                    },
-                )?;
+            let progressed = may_send && self.post_window(peer, &mut posted, done, limits)?;
             let n = self.poll_data(true)?;
             for wc in &self.wcs[..n] {
                 if wc.opcode == WcOpcode::RdmaWrite {
