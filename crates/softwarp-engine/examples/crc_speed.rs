@@ -1,0 +1,50 @@
+//! CRC32c throughput on this CPU, for the numbers BENCHMARKS.md quotes: the payload CRC the
+//! engine uses for 512 bytes and more (`crc_fast`, carry-less multiplication), the short
+//! CRC32-instruction loop it uses below that (`softwarp_wire::crc::crc32c_append`), and the
+//! `crc32c` crate both replace. (The short loop is compiled in for inputs under 512 bytes
+//! only; longer ones go to the `crc32c` crate, so its column repeats the crate's there.)
+//!
+//! ```text
+//! cargo run --release -p softwarp-engine --example crc_speed
+//! ```
+//!
+//! Hot cache (the same buffer again and again): an upper bound for the data path, where the
+//! sender's CRC reads a source region and the receiver's the payload it just placed.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+/// Bytes hashed per measurement.
+const TOTAL: usize = 2 << 30;
+
+fn gb_per_s(size: usize, mut f: impl FnMut(&[u8]) -> u32) -> f64 {
+    let buf: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
+    let iters = (TOTAL / size).max(1);
+    let t = Instant::now();
+    let mut acc = 0u32;
+    for _ in 0..iters {
+        acc ^= f(black_box(&buf));
+    }
+    black_box(acc);
+    (iters * size) as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+fn main() {
+    println!(
+        "{:>8}  {:>12}  {:>12}  {:>12}",
+        "bytes", "crc_fast", "short loop", "crc32c crate"
+    );
+    for size in [88usize, 256, 4096, 65536, 1 << 20] {
+        let fast = gb_per_s(size, |b| {
+            crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
+        });
+        let short = gb_per_s(size, |b| softwarp_wire::crc::crc32c_append(0, b));
+        let krate = gb_per_s(size, crc32c::crc32c);
+        println!("{size:>8}  {fast:>9.1} GB/s  {short:>9.1} GB/s  {krate:>9.1} GB/s");
+    }
+    println!(
+        "crc_fast path: {}; short loop compiled in: {}",
+        crc_fast::get_calculator_target(crc_fast::CrcAlgorithm::Crc32Iscsi),
+        cfg!(all(target_arch = "x86_64", target_feature = "sse4.2"))
+    );
+}
