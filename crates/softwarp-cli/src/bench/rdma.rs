@@ -245,14 +245,9 @@ impl Ep {
                     }
                 }
                 _ => {
-                    spins += 1;
-                    if spins.is_multiple_of(4096) {
-                        ensure!(
-                            Instant::now() < deadline,
-                            "no completion within {RUN_TIMEOUT:?}"
-                        );
-                    }
-                    super::spin::pause(spins);
+                    super::spin::wait_step(&mut spins, deadline, || {
+                        format!("no completion within {RUN_TIMEOUT:?}")
+                    })?;
                 }
             }
         }

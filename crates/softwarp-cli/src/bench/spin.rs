@@ -7,6 +7,7 @@
 //! shares the core, and costs one cheap system call otherwise.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
 
 /// Empty polls between two yields (0: never yield).
 static YIELD_EVERY: AtomicU32 = AtomicU32::new(32);
@@ -24,4 +25,23 @@ pub fn pause(spins: u32) {
     } else {
         std::hint::spin_loop();
     }
+}
+
+/// Empty polls between two looks at the clock in a bounded wait.
+const CLOCK_EVERY: u32 = 4096;
+
+/// One empty poll of a wait bounded by `deadline`: counts it in `spins`, fails with
+/// `what()` once the deadline has passed (the clock is read every few thousand polls only),
+/// then pauses as [`pause`] does.
+pub fn wait_step(
+    spins: &mut u32,
+    deadline: Instant,
+    what: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    *spins = spins.wrapping_add(1);
+    if spins.is_multiple_of(CLOCK_EVERY) && Instant::now() >= deadline {
+        anyhow::bail!(what());
+    }
+    pause(*spins);
+    Ok(())
 }

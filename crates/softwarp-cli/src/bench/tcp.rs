@@ -32,11 +32,7 @@ fn write_all(s: &mut TcpStream, mut buf: &[u8], deadline: Instant) -> Result<()>
             Ok(0) => bail!("TCP: the peer closed the connection"),
             Ok(n) => buf = &buf[n..],
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                spins += 1;
-                if spins.is_multiple_of(4096) {
-                    ensure!(Instant::now() < deadline, "TCP: write stalled");
-                }
-                super::spin::pause(spins);
+                super::spin::wait_step(&mut spins, deadline, || "TCP: write stalled".to_string())?;
             }
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e).context("TCP write"),
@@ -59,11 +55,7 @@ fn read_total(
             Ok(0) => bail!("TCP: the peer closed the connection"),
             Ok(n) => total -= n,
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                spins += 1;
-                if spins.is_multiple_of(4096) {
-                    ensure!(Instant::now() < deadline, "TCP: read stalled");
-                }
-                super::spin::pause(spins);
+                super::spin::wait_step(&mut spins, deadline, || "TCP: read stalled".to_string())?;
             }
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e).context("TCP read"),

@@ -38,11 +38,7 @@ impl Side {
         let mut spins = 0u32;
         while outstanding > 0 {
             outstanding = outstanding.saturating_sub(self.poll_data(true)? as u64);
-            spins += 1;
-            if spins.is_multiple_of(4096) {
-                ensure!(Instant::now() < deadline, "{what}");
-            }
-            spin::pause(spins);
+            spin::wait_step(&mut spins, deadline, || what.to_string())?;
         }
         Ok(())
     }
@@ -155,15 +151,12 @@ impl Side {
             let n = self.poll_data(true)?;
             done += n as u64;
             if n == 0 && !progressed {
-                spins += 1;
-                if spins.is_multiple_of(4096) {
-                    ensure!(
-                        Instant::now() < deadline,
+                spin::wait_step(&mut spins, deadline, || {
+                    format!(
                         "{}: {done} of {iters} operations completed, then nothing",
                         self.p.shape
-                    );
-                }
-                spin::pause(spins);
+                    )
+                })?;
             }
         }
         Ok(start.elapsed())
@@ -227,28 +220,18 @@ impl Side {
                                 done += 1;
                             }
                         }
-                        waits += 1;
-                        if waits.is_multiple_of(4096) {
-                            ensure!(
-                                Instant::now() < deadline,
-                                "send_bw -b: credit Writes never completed"
-                            );
-                        }
-                        spin::pause(waits);
+                        spin::wait_step(&mut waits, deadline, || {
+                            "send_bw -b: credit Writes never completed".to_string()
+                        })?;
                     }
                     self.post_credit(peer, got)?;
                     writes += 1;
                 }
             }
             if n == 0 && r == 0 && !progressed {
-                spins += 1;
-                if spins.is_multiple_of(4096) {
-                    ensure!(
-                        Instant::now() < deadline,
-                        "send_bw -b: {done} of {iters} Sends completed and {got} of {iters} received, then nothing"
-                    );
-                }
-                spin::pause(spins);
+                spin::wait_step(&mut spins, deadline, || {
+                    format!("send_bw -b: {done} of {iters} Sends completed and {got} of {iters} received, then nothing")
+                })?;
             }
         }
         Ok(start.elapsed())
@@ -271,14 +254,9 @@ impl Side {
             let n = self.poll_data(false)?;
             if n == 0 {
                 self.poll_data(true)?;
-                spins += 1;
-                if spins.is_multiple_of(4096) {
-                    ensure!(
-                        Instant::now() < deadline,
-                        "send_bw: {got} of {iters} messages received, then nothing"
-                    );
-                }
-                spin::pause(spins);
+                spin::wait_step(&mut spins, deadline, || {
+                    format!("send_bw: {got} of {iters} messages received, then nothing")
+                })?;
                 continue;
             }
             first.get_or_insert_with(Instant::now);
@@ -319,14 +297,9 @@ impl Side {
                 return self.post_data_recvs(1);
             }
             self.poll_data(true)?;
-            spins += 1;
-            if spins.is_multiple_of(4096) {
-                ensure!(
-                    Instant::now() < deadline,
-                    "send_lat: no message from the peer"
-                );
-            }
-            spin::pause(spins);
+            spin::wait_step(&mut spins, deadline, || {
+                "send_lat: no message from the peer".to_string()
+            })?;
         }
     }
 
@@ -378,14 +351,9 @@ impl Side {
                         break;
                     }
                     outstanding = outstanding.saturating_sub(self.poll_data(true)? as u64);
-                    spins += 1;
-                    if spins.is_multiple_of(4096) {
-                        ensure!(
-                            Instant::now() < deadline,
-                            "write_lat: Write {rcnt} of {iters} never arrived"
-                        );
-                    }
-                    spin::pause(spins);
+                    spin::wait_step(&mut spins, deadline, || {
+                        format!("write_lat: Write {rcnt} of {iters} never arrived")
+                    })?;
                 }
                 if let Some(t) = last_write.take() {
                     samples.push(elapsed_ns(t));
@@ -427,14 +395,9 @@ impl Side {
             self.data_qp.post_send(&wr)?;
             let mut spins = 0u32;
             while self.poll_data(true)? == 0 {
-                spins += 1;
-                if spins.is_multiple_of(4096) {
-                    ensure!(
-                        Instant::now() < deadline,
-                        "read_lat: Read {i} never completed"
-                    );
-                }
-                spin::pause(spins);
+                spin::wait_step(&mut spins, deadline, || {
+                    format!("read_lat: Read {i} never completed")
+                })?;
             }
             samples.push(elapsed_ns(t));
         }
