@@ -70,6 +70,9 @@ pub enum Fault {
     UnexpectedAtomicResponse,
     /// A Read Request with payload, a malformed Terminate, or another stream-level error.
     RdmapCatastrophic,
+    /// The peer stopped in the middle of an FPDU for longer than the runtime's receive stall
+    /// timeout (the partial FPDU held a receive buffer or a registration's memory).
+    RxStall,
 }
 
 /// Which kind of asynchronous event a fault raises.

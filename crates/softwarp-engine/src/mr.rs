@@ -15,9 +15,19 @@
 //! reserved means no STag below 0x100 (in particular neither 0 nor 1) ever names a
 //! registration here, so an RTR's STag cannot alias a real region.
 //!
+//! Deregistration is immediate: [`MrTable::deregister`] removes the registration at once, so
+//! no later access validates (a peer that names the STag gets the Terminate for an invalid
+//! STag), even while in-flight work still holds the memory (a posted work request, a Read
+//! Response being streamed, an FPDU whose payload is being placed). That work finishes with
+//! the reference it took at validation; the index stays *releasing* (not reusable) until the
+//! last reference is gone, and is free for a new registration from then on. The caller learns
+//! when that happens from the [`Weak`] handle [`MrTable::memory`] gives out
+//! (`strong_count() == 0`): only then may memory the application lent to the registration be
+//! freed.
+//!
 //! The table is allocated once with a fixed capacity. No I/O here.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use thiserror::Error;
 
@@ -142,15 +152,6 @@ pub enum MrError {
     /// The STag does not name a current registration.
     #[error("unknown STag {0:#010x}")]
     UnknownStag(u32),
-    /// The registration is referenced by in-flight work (a posted WR, a Read Response being
-    /// streamed, a placement in progress); deregistration is refused.
-    #[error("STag {stag:#010x} is in use by {users} in-flight operation(s)")]
-    InUse {
-        /// The STag.
-        stag: u32,
-        /// How many in-flight references exist.
-        users: usize,
-    },
     /// The registration does not allow remote invalidation.
     #[error("STag {0:#010x} may not be invalidated remotely")]
     RemoteInvalidateNotAllowed(u32),
@@ -164,8 +165,9 @@ pub enum MrError {
 
 /// The memory behind one registration, shared with in-flight operations.
 ///
-/// The QP holds an `Arc<MrMemory>` while an operation uses the registration; this both keeps
-/// the memory alive and lets [`MrTable::deregister`] see that it is in use.
+/// The QP holds an `Arc<MrMemory>` while an operation uses the registration; this keeps the
+/// memory alive after a deregistration and keeps the table index from being reused until the
+/// operation has finished with it.
 #[derive(Debug)]
 pub struct MrMemory {
     region: Arc<Region>,
@@ -235,6 +237,20 @@ struct Slot {
     /// The key used by the last registration at this index (so a reuse picks another).
     last_key: Option<u8>,
     entry: Option<MrEntry>,
+    /// The memory of a deregistered registration that in-flight work may still reference:
+    /// the index is reusable once no strong reference is left.
+    releasing: Option<Weak<MrMemory>>,
+}
+
+impl Slot {
+    /// True when a new registration may take this index.
+    fn is_free(&self) -> bool {
+        self.entry.is_none()
+            && self
+                .releasing
+                .as_ref()
+                .is_none_or(|w| w.strong_count() == 0)
+    }
 }
 
 /// The STag table of one device: every memory registration, by index.
@@ -283,6 +299,7 @@ impl MrTable {
             slots.push(Slot {
                 last_key: None,
                 entry: None,
+                releasing: None,
             });
         }
         Self {
@@ -303,9 +320,20 @@ impl MrTable {
         t
     }
 
-    /// Number of current registrations.
+    /// Number of current registrations (deregistered ones still referenced by in-flight work
+    /// are not counted: see [`MrTable::releasing`]).
     pub fn len(&self) -> usize {
         self.live
+    }
+
+    /// Number of deregistered registrations whose memory in-flight work still references
+    /// (their indices are not reusable yet). Walks the table: for statistics, not the data
+    /// path.
+    pub fn releasing(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.entry.is_none() && !s.is_free())
+            .count()
     }
 
     /// True when nothing is registered.
@@ -347,9 +375,10 @@ impl MrTable {
         let n = self.slots.len();
         let pos = (0..n)
             .map(|i| (self.next + i) % n)
-            .find(|&i| self.slots.get(i).is_some_and(|s| s.entry.is_none()))
+            .find(|&i| self.slots.get(i).is_some_and(Slot::is_free))
             .ok_or(MrError::TableFull)?;
         let slot = self.slots.get_mut(pos).ok_or(MrError::TableFull)?;
+        slot.releasing = None;
         let key = random_key(slot.last_key, &mut self.key_seed)?;
         slot.last_key = Some(key);
         slot.entry = Some(MrEntry {
@@ -393,6 +422,13 @@ impl MrTable {
             return Err(MrError::UnknownStag(stag.0));
         }
         Ok(entry)
+    }
+
+    /// A handle on the memory of a current registration that outlives its deregistration:
+    /// `strong_count()` is the number of holders (the table, while registered, and in-flight
+    /// work); once it is 0, nothing references the memory any more and the index is free.
+    pub fn memory(&self, stag: Stag) -> Option<Weak<MrMemory>> {
+        self.entry(stag).ok().map(|e| Arc::downgrade(&e.memory))
     }
 
     /// A snapshot of a registration.
@@ -505,24 +541,24 @@ impl MrTable {
         Ok(Stag::from_parts(idx, key))
     }
 
-    /// Removes a registration. Refused with [`MrError::InUse`] while in-flight operations
-    /// hold it (their references keep the memory alive and the index is not reused).
-    pub fn deregister(&mut self, stag: Stag) -> Result<(), MrError> {
-        let users = Arc::strong_count(&self.entry_mut(stag)?.memory) - 1;
-        if users > 0 {
-            return Err(MrError::InUse {
-                stag: stag.0,
-                users,
-            });
-        }
+    /// Removes a registration at once: from now on the STag validates for nothing (a tagged
+    /// access gets [`AccessError::InvalidStag`]), whether or not in-flight work still holds
+    /// the memory. Returns how many in-flight references there are; the index becomes free
+    /// for a new registration when the last of them is dropped.
+    pub fn deregister(&mut self, stag: Stag) -> Result<usize, MrError> {
+        self.entry_mut(stag)?;
         let pos = (stag.index() as usize)
             .checked_sub(1)
             .ok_or(MrError::UnknownStag(stag.0))?;
-        if let Some(slot) = self.slots.get_mut(pos) {
-            slot.entry = None;
-        }
+        let slot = self
+            .slots
+            .get_mut(pos)
+            .ok_or(MrError::UnknownStag(stag.0))?;
+        let entry = slot.entry.take().ok_or(MrError::UnknownStag(stag.0))?;
+        let users = Arc::strong_count(&entry.memory) - 1;
+        slot.releasing = (users > 0).then(|| Arc::downgrade(&entry.memory));
         self.live -= 1;
-        Ok(())
+        Ok(users)
     }
 }
 
@@ -664,22 +700,67 @@ mod tests {
     }
 
     #[test]
-    fn deregister_is_refused_while_in_use() {
-        let (mut t, s, _r) = table_with(8, Access::LOCAL_WRITE);
-        let held = t
-            .validate(s, PdId(1), Access::LOCAL_WRITE, 0x1000, 8)
+    fn deregister_invalidates_at_once_and_frees_the_index_after_the_last_user() {
+        let mut t = MrTable::new(1);
+        let r = Arc::new(Region::new_zeroed(8).unwrap());
+        let s = t
+            .register(PdId(1), r.clone(), 0, 8, Some(0x1000), Access::REMOTE_WRITE)
             .unwrap();
+        let held = t
+            .validate(s, PdId(1), Access::REMOTE_WRITE, 0x1000, 8)
+            .unwrap();
+        let memory = t.memory(s).unwrap();
         assert_eq!(
-            t.deregister(s),
-            Err(MrError::InUse {
-                stag: s.0,
-                users: 1
-            })
+            memory.strong_count(),
+            2,
+            "the table and the in-flight access"
         );
-        drop(held);
-        t.deregister(s).unwrap();
-        assert!(t.is_empty());
+        assert_eq!(t.deregister(s), Ok(1), "one in-flight user");
+        // No new access validates, with any right, while the old one still runs.
+        for access in [Access::NONE, Access::REMOTE_WRITE, Access::LOCAL_WRITE] {
+            assert_eq!(
+                t.validate(s, PdId(1), access, 0x1000, 1).err(),
+                Some(AccessError::InvalidStag)
+            );
+        }
+        assert!(t.info(s).is_none());
+        assert!(t.memory(s).is_none());
+        assert_eq!(
+            t.invalidate_local(s, PdId(1)),
+            Err(MrError::UnknownStag(s.0))
+        );
+        assert_eq!(t.rekey(s), Err(MrError::UnknownStag(s.0)));
         assert_eq!(t.deregister(s), Err(MrError::UnknownStag(s.0)));
+        assert_eq!((t.len(), t.releasing()), (0, 1));
+        // The index is not reused while the in-flight access holds the memory.
+        assert_eq!(
+            t.register(PdId(1), r.clone(), 0, 8, None, Access::NONE),
+            Err(MrError::TableFull)
+        );
+        assert_eq!(memory.strong_count(), 1);
+        drop(held);
+        assert_eq!(memory.strong_count(), 0, "nothing references the memory");
+        assert_eq!(t.releasing(), 0);
+        let s2 = t
+            .register(PdId(1), r, 0, 8, Some(0x1000), Access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(s2.index(), s.index());
+        assert_ne!(s2.key(), s.key());
+        assert_eq!(
+            t.validate(s, PdId(1), Access::REMOTE_WRITE, 0x1000, 1)
+                .err(),
+            Some(AccessError::KeyMismatch)
+        );
+    }
+
+    #[test]
+    fn deregister_without_users_frees_the_index_at_once() {
+        let (mut t, s, _r) = table_with(8, Access::LOCAL_WRITE);
+        let memory = t.memory(s).unwrap();
+        assert_eq!(t.deregister(s), Ok(0));
+        assert_eq!(memory.strong_count(), 0);
+        assert!(t.is_empty());
+        assert_eq!(t.releasing(), 0);
     }
 
     #[test]

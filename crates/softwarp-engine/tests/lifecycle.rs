@@ -8,7 +8,7 @@ mod util;
 use softwarp_engine::cq::{Cq, CqId};
 use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::fault::Cause;
-use softwarp_engine::mr::{Access, MrError, Stag};
+use softwarp_engine::mr::{Access, Stag};
 use softwarp_engine::qp::{QpError, QpState, Rtr, RtrKind, RxTarget, StreamConfig};
 use softwarp_engine::srq::SrqId;
 use softwarp_engine::wr::{Payload, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus};
@@ -132,12 +132,12 @@ fn destroy_flushes_everything_and_refuses_later_posts() {
         }),
         Err(QpError::Destroyed)
     );
-    // References held by the flushed WRs are gone: the MR can be deregistered.
-    s.mrs.deregister(stag).unwrap();
+    // References held by the flushed WRs are gone: nothing holds the MR's memory any more.
+    assert_eq!(s.mrs.deregister(stag), Ok(0));
 }
 
 #[test]
-fn deregister_is_refused_while_a_posted_wr_uses_the_mr() {
+fn deregister_while_a_posted_wr_uses_the_mr_invalidates_at_once_and_the_wr_finishes() {
     let mut p = Pair::new(Split::Whole, stream());
     let (_s, stag, iova, _) = p.a.filled_region(64, Access::NONE, 1);
     let (_r, rstag, riova) = p.b.region(64, Access::LOCAL_WRITE);
@@ -148,13 +148,18 @@ fn deregister_is_refused_while_a_posted_wr_uses_the_mr() {
             &p.a.mrs,
         )
         .unwrap();
-    assert!(matches!(
+    let memory = p.a.mrs.memory(stag).unwrap();
+    assert_eq!(
         p.a.mrs.deregister(stag),
-        Err(MrError::InUse { .. })
-    ));
+        Ok(1),
+        "the posted WR holds the memory"
+    );
+    assert!(p.a.mrs.info(stag).is_none(), "the STag is gone at once");
+    assert_eq!(memory.strong_count(), 1);
     p.drive();
     assert_eq!(p.a.send_wcs()[0].status, WcStatus::Success);
-    p.a.mrs.deregister(stag).unwrap();
+    assert_eq!(memory.strong_count(), 0, "released once the WR completed");
+    assert_eq!(p.a.mrs.releasing(), 0);
 }
 
 #[test]

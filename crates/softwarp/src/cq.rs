@@ -58,6 +58,8 @@ pub(crate) struct CqShared {
     /// QPs that complete into this CQ (moved to Error on overflow; driven by busy polls).
     qps: Mutex<Vec<Weak<QpShared>>>,
     count: Mutex<CountGuard>,
+    /// The CQ's number, reserved while it lives.
+    _number: crate::device::IdLease,
     /// The registration, owned by the application's [`CompletionQueue`] handles (the
     /// lingering connection of a destroyed QP keeps this state alive, not them).
     ras: Weak<Tracked>,
@@ -195,7 +197,8 @@ impl CompletionQueue {
             });
         }
         let count = Counts::take(&device.counts.cq, device.attr.max_cq, "completion queues")?;
-        let id = CqId(device.next_id());
+        let number = device.next_id()?;
+        let id = CqId(number.id());
         let bytes = std::mem::size_of::<CqShared>() + cqe * std::mem::size_of::<WorkCompletion>();
         let ras = Arc::new(Tracked::new(
             &device.ras.tracker,
@@ -216,6 +219,7 @@ impl CompletionQueue {
             channel: channel.map(|c| Arc::clone(&c.shared)),
             qps: Mutex::new(Vec::new()),
             count: Mutex::new(count),
+            _number: number,
             ras: Arc::downgrade(&ras),
             busy_poll: AtomicBool::new(false),
         });

@@ -6,12 +6,12 @@
 //! thread), as each `ibv_open_device` gives an own context.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::time::{Duration, Instant};
 
 use softwarp_engine::event::AsyncEvent;
-use softwarp_engine::mr::{MrTable, PdId, Stag};
+use softwarp_engine::mr::{MrTable, Stag};
 use softwarp_engine::wr::{MAX_INLINE, MAX_SGE};
 
 use crate::cq::{CompletionChannel, CompletionQueue};
@@ -205,14 +205,14 @@ pub(crate) struct DeviceShared {
     pub(crate) attr: DeviceAttr,
     /// The STag table. Locked only to register, look up or validate (never across I/O).
     mrs: RwLock<MrTable>,
-    /// STags whose deregistration was refused while in use; retried later.
-    zombies: Mutex<Vec<Stag>>,
     pub(crate) events: EventQueue,
     pub(crate) progress: Progress,
     /// Every QP, for device-wide errors (not on the data path).
     qps: Mutex<Vec<Weak<QpShared>>>,
-    next_qp: AtomicU32,
-    next_id: AtomicU32,
+    /// QP numbers.
+    qp_nums: Arc<IdSpace>,
+    /// Numbers of PDs, CQs and SRQs.
+    ids: Arc<IdSpace>,
     pub(crate) counts: Counts,
     /// Resource tracker, statistics export, leak report (see `crate::ras`).
     pub(crate) ras: DeviceRas,
@@ -270,11 +270,13 @@ impl DeviceShared {
     pub(crate) fn mrs_write(&self) -> RwLockWriteGuard<'_, MrTable> {
         self.mrs.write().unwrap_or_else(|e| e.into_inner())
     }
-    pub(crate) fn next_qp_num(&self) -> u32 {
-        self.next_qp.fetch_add(1, Ordering::Relaxed)
+    /// A number for a new QP, unused by any live one (held until the lease drops).
+    pub(crate) fn next_qp_num(&self) -> Result<IdLease> {
+        IdSpace::lease(&self.qp_nums)
     }
-    pub(crate) fn next_id(&self) -> u32 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+    /// A number for a new PD, CQ or SRQ, unused by any live one (held until the lease drops).
+    pub(crate) fn next_id(&self) -> Result<IdLease> {
+        IdSpace::lease(&self.ids)
     }
     pub(crate) fn add_qp(&self, qp: &Arc<QpShared>) {
         let mut qps = lock(&self.qps);
@@ -285,31 +287,94 @@ impl DeviceShared {
         lock(&self.qps).iter().filter_map(Weak::upgrade).collect()
     }
 
-    /// Deregisters `stag`, or keeps it for a later retry while in-flight work holds it.
+    /// Deregisters `stag` at once (no later access validates); in-flight work that holds its
+    /// memory finishes with it, and the index is reused only after that.
     pub(crate) fn deregister(&self, stag: Stag) {
-        let mut mrs = self.mrs_write();
-        let mut z = lock(&self.zombies);
-        z.retain(|s| mrs.deregister(*s).is_err_and(|e| is_in_use(&e)));
-        if let Err(e) = mrs.deregister(stag) {
-            if is_in_use(&e) {
-                z.push(stag);
+        // The table's guard is a temporary of this statement: released before the logging.
+        let result = self.mrs_write().deregister(stag);
+        match result {
+            Ok(0) => {}
+            Ok(users) => {
+                tracing::debug!(
+                    stag = stag.0,
+                    users,
+                    "deregistered; in-flight work still holds the memory"
+                );
             }
+            Err(e) => tracing::error!(stag = stag.0, error = %e, "deregistration failed"),
         }
-    }
-
-    /// Retries deregistrations that were refused while in use.
-    pub(crate) fn reap_zombies(&self) {
-        let mut z = lock(&self.zombies);
-        if z.is_empty() {
-            return;
-        }
-        let mut mrs = self.mrs_write();
-        z.retain(|s| mrs.deregister(*s).is_err_and(|e| is_in_use(&e)));
     }
 }
 
-fn is_in_use(e: &softwarp_engine::mr::MrError) -> bool {
-    matches!(e, softwarp_engine::mr::MrError::InUse { .. })
+/// The numbers of a device's PDs, CQs and SRQs: handed out in increasing order from 1,
+/// wrapping at the end of the space and skipping those still in use, so that no two live
+/// objects ever share a number however many were created before (a plain counter would wrap
+/// after 2^32 allocations and hand a new PD a live PD's number).
+#[derive(Debug)]
+pub(crate) struct IdSpace {
+    st: Mutex<IdState>,
+}
+
+#[derive(Debug)]
+struct IdState {
+    /// The next number to try.
+    next: u32,
+    /// Largest number handed out.
+    max: u32,
+    live: std::collections::HashSet<u32>,
+}
+
+impl IdSpace {
+    pub(crate) fn new(max: u32) -> Self {
+        Self {
+            st: Mutex::new(IdState {
+                next: 1,
+                max: max.max(1),
+                live: std::collections::HashSet::new(),
+            }),
+        }
+    }
+
+    /// Leases the next free number.
+    pub(crate) fn lease(space: &Arc<IdSpace>) -> Result<IdLease> {
+        let mut st = lock(&space.st);
+        let max = st.max;
+        // At most one full turn: every number in use means none is left.
+        for _ in 0..=u64::from(max) {
+            let id = st.next;
+            st.next = if id >= max { 1 } else { id + 1 };
+            if st.live.insert(id) {
+                return Ok(IdLease {
+                    id,
+                    space: Arc::clone(space),
+                });
+            }
+        }
+        Err(Error::Limit {
+            what: "object numbers",
+            requested: st.live.len().saturating_add(1),
+            limit: max as usize,
+        })
+    }
+}
+
+/// A number from an [`IdSpace`], free again when this is dropped.
+#[derive(Debug)]
+pub(crate) struct IdLease {
+    id: u32,
+    space: Arc<IdSpace>,
+}
+
+impl IdLease {
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+impl Drop for IdLease {
+    fn drop(&mut self) {
+        lock(&self.space.st).live.remove(&self.id);
+    }
 }
 
 /// Held only by [`Device`] handles: when the last one goes, the device is *closed* and
@@ -359,12 +424,11 @@ impl Device {
         let shared = Arc::new(DeviceShared {
             mrs: RwLock::new(MrTable::new(attr.max_mr)),
             attr,
-            zombies: Mutex::new(Vec::new()),
             events: EventQueue::new(),
             progress,
             qps: Mutex::new(Vec::new()),
-            next_qp: AtomicU32::new(1),
-            next_id: AtomicU32::new(1),
+            qp_nums: Arc::new(IdSpace::new(u32::MAX)),
+            ids: Arc::new(IdSpace::new(u32::MAX)),
             counts: Counts::default(),
             ras,
         });
@@ -413,7 +477,7 @@ impl Device {
         )?;
         Ok(ProtectionDomain::new(
             Arc::clone(&self.shared),
-            PdId(self.shared.next_id()),
+            self.shared.next_id()?,
             guard,
         ))
     }
@@ -484,5 +548,43 @@ impl Device {
         }
         self.shared.events.push(AsyncEvent::DeviceFatal);
         crate::ras::device_fault_injected(&self.shared, qps.len(), &snapshots);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_wrap_at_the_end_of_the_space_and_skip_the_live_ones() {
+        let space = Arc::new(IdSpace::new(5));
+        let mut held: Vec<IdLease> = (0..5).map(|_| IdSpace::lease(&space).unwrap()).collect();
+        let ids: Vec<u32> = held.iter().map(IdLease::id).collect();
+        assert_eq!(ids, [1, 2, 3, 4, 5]);
+        // Every number is live: none is handed out twice.
+        assert!(matches!(
+            IdSpace::lease(&space),
+            Err(Error::Limit { limit: 5, .. })
+        ));
+        // 2 and 4 go; the counter wraps and skips the live 1 and 3.
+        held.remove(3);
+        held.remove(1);
+        let a = IdSpace::lease(&space).unwrap();
+        let b = IdSpace::lease(&space).unwrap();
+        assert_eq!((a.id(), b.id()), (2, 4));
+        drop(a);
+        // After 4 comes 5 (live), 1 (live), 2 (free again).
+        assert_eq!(IdSpace::lease(&space).unwrap().id(), 2);
+    }
+
+    #[test]
+    fn a_wrapped_counter_never_hands_out_a_live_number() {
+        // Many more allocations than numbers, with one long-lived holder.
+        let space = Arc::new(IdSpace::new(16));
+        let long_lived = IdSpace::lease(&space).unwrap();
+        for _ in 0..1000 {
+            let l = IdSpace::lease(&space).unwrap();
+            assert_ne!(l.id(), long_lived.id());
+        }
     }
 }

@@ -17,6 +17,30 @@
 //! gather list), and wakes threads. `unsafe` code is confined to the private `sys` module
 //! (system calls on raw iovecs) and [`ProtectionDomain::reg_mr_raw`].
 //!
+//! # Locks
+//!
+//! Every lock of the runtime, in the only order in which a thread may hold several: a
+//! thread that holds a lock takes only locks further down the table. Nothing is held across
+//! a system call that can block (reads and writes are non-blocking; `epoll_wait`,
+//! condition-variable waits and sleeps happen with no lock held).
+//!
+//! | # | lock | taken by | held while taking |
+//! | --- | --- | --- | --- |
+//! | 1 | a CQ's QP list (`CqShared::qps`) | busy polls ([`CompletionQueue::set_busy_poll`]), QP creation | QP locks, only with `try_lock` (a busy QP is skipped) |
+//! | 2 | a QP (`QpShared::inner`) | every verb on the QP, progress passes, busy polls, stall looks (`try_lock`) | 3, 4, 5, 6, 7 and the leaves |
+//! | 3 | an SRQ (`SrqShared::srq`) | `post_srq_recv`, the receive commits of its QPs | 4 |
+//! | 4 | the STag table (`DeviceShared::mrs`, a read-write lock) | `post_send` (read), receive commits that place, validate or invalidate (write, taken lazily by the first that needs it), `reg_mr` and deregistration (write) | nothing: a leaf |
+//! | 5 | a CQ's queue (`CqShared::state`) | completions pushed, `poll`, `req_notify` | nothing (the channel is signalled after it is released) |
+//! | 6 | a completion channel's fired list | CQ notification, `get_cq_event` | nothing |
+//! | 7 | a CM identifier's state (`cm::id`) | the connection's observer (called under the QP lock), CM verbs | the CM event queue |
+//! | - | leaves: the device's event queue, QP list and number spaces, the progress thread's command sender, the CM event queue, RAS state (addresses, `TCP_INFO` sampler, CQ list), object counts | | nothing |
+//!
+//! The STag table being a leaf is what lets deregistration run from any thread, even one
+//! that holds a QP (a drop inside a completion handler): [`MemoryRegion`]'s drop takes the
+//! table alone, once. `tests/raw_peer.rs` stresses the order (two threads registering and
+//! dropping regions while a peer's half-placed Write holds a deregistered one and a
+//! connected pair moves data on the same device).
+//!
 //! ```no_run
 //! use softwarp::*;
 //! # fn main() -> Result<()> {
@@ -65,7 +89,7 @@ pub use connect::Listener;
 pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION};
 pub use device::{list_devices, Device, DeviceAttr, DEVICE_NAME};
 pub use error::{Error, MpaError, Result};
-pub use pd::{AccessFlags, MemoryRegion, ProtectionDomain};
+pub use pd::{AccessFlags, MemoryRegion, MrRelease, ProtectionDomain};
 pub use qp::{QpCap, QpInitAttr, QueuePair};
 pub use srq::{SharedReceiveQueue, SrqInitAttr};
 

@@ -6,15 +6,16 @@
 //! network, so they are reached through copies ([`MemoryRegion::read_at`],
 //! [`MemoryRegion::write_at`]), never through a Rust reference.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use softwarp_engine::memory::Region;
-use softwarp_engine::mr::{Access, PdId, Stag};
+use softwarp_engine::mr::{Access, MrMemory, PdId, Stag};
 use softwarp_engine::wr::Sge;
 use softwarp_ras::tracker::{ResourceDetails, ResourceKind};
 
 use crate::cq::CompletionQueue;
-use crate::device::{CountGuard, Counts, DeviceShared};
+use crate::device::{CountGuard, Counts, DeviceShared, IdLease};
 use crate::error::{Error, Result};
 use crate::qp::{QpInitAttr, QueuePair};
 use crate::ras::{attrs, Tracked};
@@ -28,6 +29,7 @@ pub type AccessFlags = Access;
 struct PdInner {
     device: Arc<DeviceShared>,
     id: PdId,
+    _number: IdLease,
     count: std::sync::Mutex<CountGuard>,
     _ras: Tracked,
 }
@@ -49,7 +51,8 @@ pub struct ProtectionDomain {
 
 impl ProtectionDomain {
     #[track_caller]
-    pub(crate) fn new(device: Arc<DeviceShared>, id: PdId, count: CountGuard) -> Self {
+    pub(crate) fn new(device: Arc<DeviceShared>, number: IdLease, count: CountGuard) -> Self {
+        let id = PdId(number.id());
         let ras = Tracked::new(
             &device.ras.tracker,
             ResourceKind::Pd,
@@ -60,6 +63,7 @@ impl ProtectionDomain {
             inner: Arc::new(PdInner {
                 device,
                 id,
+                _number: number,
                 count: std::sync::Mutex::new(count),
                 _ras: ras,
             }),
@@ -87,10 +91,16 @@ impl ProtectionDomain {
     ///
     /// # Safety
     /// `ptr` must be non-null and valid for reads and writes of `len` bytes until the
-    /// returned [`MemoryRegion`] is dropped **and** every work request that uses it has
-    /// completed (flushed work completes when its QP is destroyed). The peer may write the
-    /// bytes at any time while the registration allows it: the caller must not hold Rust
-    /// references to them that assume otherwise.
+    /// registration is deregistered **and** nothing references the memory any more: call
+    /// [`MemoryRegion::deregister`] and wait with [`MrRelease::wait`] (or see
+    /// [`MrRelease::is_released`]) before freeing or reusing the memory. Dropping the
+    /// [`MemoryRegion`] deregisters too (no new access validates from then on), but work that
+    /// validated the STag before (a posted work request of the application, a peer's RDMA
+    /// Write whose payload is still arriving, a Read Response being sent) finishes with the
+    /// memory; flushed work lets go of it when it completes, a stalled peer's placement when
+    /// the stall timeout ends the stream. The peer may write the bytes at any time while the
+    /// registration allows it: the caller must not hold Rust references to them that assume
+    /// otherwise.
     #[allow(unsafe_code)]
     #[track_caller]
     pub unsafe fn reg_mr_raw(
@@ -120,16 +130,19 @@ impl ProtectionDomain {
                 limit: self.inner.device.attr.max_mr_size as usize,
             });
         }
-        self.inner.device.reap_zombies();
         let iova = region.addr();
-        let stag = self.inner.device.mrs_write().register(
-            self.inner.id,
-            Arc::clone(&region),
-            0,
-            len,
-            Some(iova),
-            access,
-        )?;
+        let (stag, memory) = {
+            let mut mrs = self.inner.device.mrs_write();
+            let stag = mrs.register(
+                self.inner.id,
+                Arc::clone(&region),
+                0,
+                len,
+                Some(iova),
+                access,
+            )?;
+            (stag, mrs.memory(stag).unwrap_or_default())
+        };
         tracing::debug!(stag = stag.0, len, "memory registered");
         let ras = Tracked::with_details(
             &self.inner.device.ras.tracker,
@@ -151,6 +164,7 @@ impl ProtectionDomain {
             device: Arc::clone(&self.inner.device),
             pd: self.inner.id,
             region,
+            memory,
             stag,
             iova,
             access,
@@ -185,13 +199,17 @@ impl ProtectionDomain {
 
 /// A registered memory region.
 ///
-/// Dropping it deregisters the STag; if in-flight work still uses it, the deregistration
-/// completes when that work does (the memory stays alive until then).
+/// Dropping it deregisters the STag at once: from then on no work request validates it and a
+/// peer that names it gets the Terminate for an invalid STag. Work that validated it earlier
+/// finishes with the memory (which stays alive until then); [`MemoryRegion::deregister`]
+/// returns a handle to wait for that.
 #[derive(Debug)]
 pub struct MemoryRegion {
     device: Arc<DeviceShared>,
     pd: PdId,
     region: Arc<Region>,
+    /// The registration's memory as the STag table and in-flight work hold it.
+    memory: Weak<MrMemory>,
     stag: Stag,
     iova: u64,
     access: AccessFlags,
@@ -274,8 +292,76 @@ impl MemoryRegion {
     }
 }
 
+impl MemoryRegion {
+    /// Deregisters the STag now (as dropping does) and returns a handle that tells when no
+    /// in-flight operation references the memory any more: the moment memory lent with
+    /// [`ProtectionDomain::reg_mr_raw`] may be freed.
+    pub fn deregister(self) -> MrRelease {
+        let release = MrRelease {
+            stag: self.stag,
+            memory: Weak::clone(&self.memory),
+        };
+        drop(self);
+        release
+    }
+}
+
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         self.device.deregister(self.stag);
+    }
+}
+
+/// The memory of a deregistered region, until the last in-flight operation lets go of it
+/// (from [`MemoryRegion::deregister`]).
+#[derive(Debug, Clone)]
+pub struct MrRelease {
+    stag: Stag,
+    memory: Weak<MrMemory>,
+}
+
+/// Longest sleep between two looks of [`MrRelease::wait`].
+const RELEASE_POLL_MAX: Duration = Duration::from_millis(2);
+
+impl MrRelease {
+    /// The STag the region had (it validates for nothing now).
+    pub fn stag(&self) -> Stag {
+        self.stag
+    }
+
+    /// How many in-flight operations still reference the memory.
+    pub fn users(&self) -> usize {
+        self.memory.strong_count()
+    }
+
+    /// True once nothing references the memory: it may be freed or reused.
+    pub fn is_released(&self) -> bool {
+        self.users() == 0
+    }
+
+    /// Waits until nothing references the memory, at most `timeout` (`Duration::MAX`: no
+    /// limit). In-flight operations end by themselves: posted work requests complete or
+    /// flush, a placement ends with its FPDU or with the QP's receive stall timeout.
+    /// Returns [`Error::Timeout`] if references remain after `timeout`; the memory must then
+    /// stay valid.
+    ///
+    /// Releases are rare and the last reference can go on any thread, inside any lock, so
+    /// this looks at the reference count with a short, growing sleep (up to 2 ms) instead of
+    /// making every release signal a waiter.
+    pub fn wait(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut nap = Duration::from_micros(50);
+        loop {
+            if self.is_released() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(Error::Timeout(timeout));
+            }
+            let left = deadline.map_or(nap, |d| d - now);
+            std::thread::sleep(nap.min(left));
+            nap = (nap * 2).min(RELEASE_POLL_MAX);
+        }
     }
 }

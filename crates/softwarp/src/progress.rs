@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, ThreadId};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mio::{Events, Poll, Token, Waker};
 
@@ -25,6 +25,48 @@ const WAKE: Token = Token(0);
 const RETRY: Duration = Duration::from_millis(5);
 /// Size of the buffer that swallows bytes arriving after a QP stopped receiving.
 const SCRATCH_LEN: usize = 64 * 1024;
+/// Shortest interval between two receive stall looks.
+const STALL_LOOK_MIN: Duration = Duration::from_millis(5);
+
+/// When the progress thread looks for peers stalled in the middle of an FPDU: every quarter
+/// of the shortest receive stall timeout among its QPs (so a stall is found between the
+/// timeout and 1.5 times it), and not at all while no QP has one.
+#[derive(Debug, Default)]
+struct StallLooks {
+    period: Option<Duration>,
+    next: Option<Instant>,
+}
+
+impl StallLooks {
+    /// Recomputes the period from the QPs' timeouts (at registration and close).
+    fn update<'a>(&mut self, qps: impl Iterator<Item = &'a Arc<QpShared>>) {
+        self.period = qps
+            .filter_map(|qp| qp.rx_stall_timeout())
+            .min()
+            .map(|t| (t / 4).max(STALL_LOOK_MIN));
+        if self.period.is_none() {
+            self.next = None;
+        } else if self.next.is_none() {
+            self.next = self.period.and_then(|p| Instant::now().checked_add(p));
+        }
+    }
+
+    /// How long `epoll_wait` may sleep before the next look.
+    fn wait(&self, now: Instant) -> Option<Duration> {
+        self.next.map(|t| t.saturating_duration_since(now))
+    }
+
+    /// True when a look is due (and schedules the next one).
+    fn due(&mut self, now: Instant) -> bool {
+        match (self.next, self.period) {
+            (Some(t), Some(p)) if now >= t => {
+                self.next = now.checked_add(p);
+                true
+            }
+            _ => false,
+        }
+    }
+}
 
 pub(crate) enum Cmd {
     Register(Arc<QpShared>),
@@ -123,6 +165,7 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
     let mut again: BTreeSet<Token> = BTreeSet::new();
     let mut delayed: BTreeSet<Token> = BTreeSet::new();
     let mut scratch = vec![0u8; SCRATCH_LEN];
+    let mut stall = StallLooks::default();
     loop {
         let timeout = if !again.is_empty() {
             Some(Duration::ZERO)
@@ -130,6 +173,10 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
             Some(RETRY)
         } else {
             None
+        };
+        let timeout = match (timeout, stall.wait(Instant::now())) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
         if let Err(e) = poll.poll(&mut events, timeout) {
             if e.kind() != std::io::ErrorKind::Interrupted {
@@ -153,6 +200,7 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
                         tokens.insert(key(&qp), token);
                         qps.insert(token, qp);
                         todo.insert(token);
+                        stall.update(qps.values());
                     }
                 }
                 Ok(Cmd::Kick(qp)) => {
@@ -181,6 +229,15 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
                 Err(TryRecvError::Empty) => break,
             }
         }
+        if stall.due(Instant::now()) {
+            let now = Instant::now();
+            for (token, qp) in &qps {
+                if qp.check_rx_stall(now) {
+                    todo.insert(*token);
+                }
+            }
+        }
+        let mut closed_any = false;
         for token in todo {
             let Some(qp) = qps.get(&token) else {
                 continue;
@@ -189,6 +246,7 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
             if pass.closed {
                 tokens.remove(&key(qp));
                 qps.remove(&token);
+                closed_any = true;
                 continue;
             }
             if pass.more {
@@ -197,6 +255,9 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
             if pass.retry || pass.lingering {
                 delayed.insert(token);
             }
+        }
+        if closed_any {
+            stall.update(qps.values());
         }
     }
 }

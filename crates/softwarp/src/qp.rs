@@ -13,9 +13,9 @@
 //!
 //! Locks: each QP has its own mutex; the STag table is locked only inside `post_send`
 //! (validation) and those `rx_commit`s that complete a header or an FPDU (placement
-//! decisions, invalidation), never across a system call; an SRQ's lock is taken inside `rx_commit` of the QPs that share it. Lock order:
-//! QP, then STag table, then SRQ, then CQ; nothing takes a QP lock while holding another
-//! lock.
+//! decisions, invalidation), never across a system call; an SRQ's lock is taken inside
+//! `rx_commit` of the QPs that share it. The order of all of them is the table in the crate
+//! docs ("Locks").
 
 use std::io::Read;
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
@@ -188,6 +188,11 @@ pub(crate) struct Conn {
     /// on the connection manager's path). Posted work waits in the QP meanwhile; the
     /// progress thread retries on its timer (nobody sleeps).
     hold_until: Option<Instant>,
+    /// [`ConnectOptions::rx_stall_timeout`] (`None`: no limit).
+    rx_stall: Option<Duration>,
+    /// The progress thread's last stall look that found the peer in the middle of an FPDU:
+    /// the stream bytes received by then, and when.
+    stall_mark: Option<(u64, Instant)>,
 }
 
 impl Conn {
@@ -328,6 +333,8 @@ pub(crate) struct QpShared {
     cap: QpCap,
     inner: Mutex<QpInner>,
     count: Mutex<CountGuard>,
+    /// The QP's number, reserved while it lives.
+    _number: crate::device::IdLease,
     /// Resource registration, state-change tracing, critical events, TCP_INFO.
     ras: crate::ras::QpRas,
 }
@@ -1089,6 +1096,56 @@ impl QpShared {
         }
     }
 
+    /// The receive stall timeout of the connection, if it has one.
+    pub(crate) fn rx_stall_timeout(&self) -> Option<Duration> {
+        self.lock().conn.as_ref().and_then(|c| c.rx_stall)
+    }
+
+    /// The progress thread's receive stall look ([`ConnectOptions::rx_stall_timeout`]): a
+    /// peer found in the middle of an FPDU, with no byte received since a look at least the
+    /// timeout ago, gets its stream terminated. Returns true then (the QP needs a pass to
+    /// close). Skips a QP another thread holds: that thread is moving its bytes.
+    pub(crate) fn check_rx_stall(&self, now: Instant) -> bool {
+        let mut g = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        let inner = &mut *g;
+        let Some(conn) = inner.conn.as_mut() else {
+            return false;
+        };
+        let Some(limit) = conn.rx_stall else {
+            return false;
+        };
+        if !inner.qp.rx_in_fpdu() {
+            conn.stall_mark = None;
+            return false;
+        }
+        let bytes = inner.qp.stats().rx_stream_bytes;
+        match conn.stall_mark {
+            Some((seen, since)) if seen == bytes => {
+                if now.saturating_duration_since(since) < limit {
+                    return false;
+                }
+            }
+            _ => {
+                conn.stall_mark = Some((bytes, now));
+                return false;
+            }
+        }
+        tracing::warn!(
+            qp = self.qp_num,
+            timeout = ?limit,
+            "the peer stopped in the middle of an FPDU: stream terminated"
+        );
+        inner.qp.handle_rx_stall();
+        let mut budget = PASS_BUDGET;
+        let _ = self.tx_pass(inner, &mut budget);
+        self.drain(inner);
+        true
+    }
+
     /// Moves the QP to Error (a Terminate is queued when it was in RTS), for device and CQ
     /// errors.
     pub(crate) fn set_error(&self) {
@@ -1239,6 +1296,9 @@ impl QpShared {
             gated: est.gate && neg.role == Role::Responder && neg.rtr.is_none(),
             hold_until: (neg.role == Role::Initiator && !est.hold.is_zero())
                 .then(|| Instant::now() + est.hold),
+            rx_stall: (est.opts.rx_stall_timeout != Duration::MAX)
+                .then_some(est.opts.rx_stall_timeout),
+            stall_mark: None,
         });
         g.info = Some(info.clone());
         g.observer = est.observer;
@@ -1321,7 +1381,8 @@ impl QueuePair {
             return Err(Error::InvalidArgument("max_recv_wr must be at least 1"));
         }
         let count = pd.take_qp_count()?;
-        let qp_num = device.next_qp_num();
+        let number = device.next_qp_num()?;
+        let qp_num = number.id();
         let cfg = QpConfig {
             qp_num,
             pd: pd.id(),
@@ -1355,6 +1416,7 @@ impl QueuePair {
                 watch_takeovers: 0,
             }),
             count: Mutex::new(count),
+            _number: number,
             ras,
         });
         let tracked = crate::ras::QpRas::track(&shared, qp_bytes(&attr.cap));

@@ -30,6 +30,8 @@ pub(crate) struct SrqShared {
     srq: Mutex<Srq>,
     max_sge: usize,
     count: Mutex<CountGuard>,
+    /// The SRQ's number, reserved while it lives.
+    _number: crate::device::IdLease,
 }
 
 impl Drop for SrqShared {
@@ -111,7 +113,8 @@ impl SharedReceiveQueue {
             device.attr.max_srq,
             "shared receive queues",
         )?;
-        let id = SrqId(device.next_id());
+        let number = device.next_id()?;
+        let id = SrqId(number.id());
         let mut srq = Srq::new(id, pd.id(), attr.max_wr);
         if attr.srq_limit > 0 {
             srq.arm_limit(attr.srq_limit);
@@ -128,6 +131,7 @@ impl SharedReceiveQueue {
             srq: Mutex::new(srq),
             max_sge: attr.max_sge,
             count: Mutex::new(count),
+            _number: number,
         });
         ras.describe_with(Arc::downgrade(&shared) as Weak<dyn DescribeResource>);
         Ok(Self {

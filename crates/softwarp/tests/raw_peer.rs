@@ -35,7 +35,7 @@ use softwarp_wire::rdmap::{
     READ_REQUEST_HEADER_LEN,
 };
 
-use memory::Guarded;
+use memory::{Guarded, Lent};
 use peer::{ulpdu, Offer, RawPeer, Received, Role};
 use util::{pattern, wait_event, wait_state, wait_wcs, End, WAIT};
 
@@ -68,7 +68,16 @@ impl Stack {
     }
 
     fn with(recvs: u64, tweak: impl FnOnce(&mut QpInitAttr<'_>)) -> Self {
-        let end = End::with(None, None, tweak);
+        Self::build(recvs, None, tweak)
+    }
+
+    /// As [`Stack::new`], on `dev`.
+    fn with_device(recvs: u64, dev: Device) -> Self {
+        Self::build(recvs, Some(dev), |_| {})
+    }
+
+    fn build(recvs: u64, dev: Option<Device>, tweak: impl FnOnce(&mut QpInitAttr<'_>)) -> Self {
+        let end = End::with(None, dev, tweak);
         let rbuf = Guarded::new(&end.pd, RBUF_LEN, LW, 0x5eed);
         for id in 1..=recvs {
             let offset = (id as usize - 1) * RECV_LEN as usize;
@@ -984,4 +993,224 @@ fn the_stacks_terminate_reads_in_rfc_5040_layout_and_in_siw_layout_when_configur
         stack.assert_failed(Kind::Request, Fault::NoReceiveBuffer, &[]);
         stack.close(peer);
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Deregistration while a peer's placement holds the memory
+// ---------------------------------------------------------------------------------------
+
+/// Bytes of the Write a peer leaves half-sent, and how many of them it sends first.
+const PINNING_WRITE: usize = 1000;
+const PINNING_PART: usize = 400;
+
+/// The raw peer starts an RDMA Write of `PINNING_WRITE` bytes at the start of `lent`'s target
+/// and stops after `PINNING_PART` bytes of payload; returns the rest of the FPDU once the
+/// stack has placed those bytes (its placement now holds the registration's memory).
+fn pin_with_a_partial_write(peer: &mut RawPeer, lent: &Lent, payload: &[u8]) -> Vec<u8> {
+    let t = lent.target();
+    let fpdu = peer.frame(&ulpdu(&write(t.rkey().0, t.addr(), payload)));
+    // MPA length (2) + tagged DDP/RDMAP header (14), then the payload.
+    let split = 2 + 14 + PINNING_PART;
+    peer.send_bytes(&fpdu[..split]);
+    let deadline = std::time::Instant::now() + WAIT;
+    while lent.target_bytes(0..PINNING_PART) != payload[..PINNING_PART] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first part of the Write was not placed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    fpdu[split..].to_vec()
+}
+
+//= https://www.rfc-editor.org/rfc/rfc5040#section-6.4
+// (paraphrase) An STag that is not valid (here: deregistered) makes a tagged access fail
+// with the Invalid STag error.
+#[test]
+fn a_dropped_mr_validates_for_nothing_at_once_while_a_partial_write_still_holds_it() {
+    let stack = Stack::new(2);
+    let mut lent = Lent::new(
+        &stack.end.pd,
+        TARGET_LEN,
+        LW | AccessFlags::REMOTE_WRITE,
+        41,
+    );
+    let (stag, addr) = (lent.target().rkey(), lent.target().addr());
+    let mut peer = stack.connect(Role::Initiator);
+    let payload = pattern(PINNING_WRITE, 42);
+    let rest = pin_with_a_partial_write(&mut peer, &lent, &payload);
+
+    let release = lent.deregister_target();
+    assert_eq!(release.stag(), stag);
+    assert_eq!(release.users(), 1, "the half-placed Write holds the memory");
+    assert!(matches!(
+        release.wait(std::time::Duration::from_millis(50)),
+        Err(Error::Timeout(_))
+    ));
+
+    // The Write that validated before the drop finishes; then nothing holds the memory.
+    peer.send_bytes(&rest);
+    release.wait(WAIT).unwrap();
+    assert!(release.is_released());
+    lent.assert_changed_only(0..PINNING_WRITE, &payload);
+
+    // A new Write through the old STag is refused as an invalid STag, and places nothing.
+    let more = pattern(PAYLOAD, 43);
+    let sent = peer.send(&write(stag.0, addr + 2000, &more));
+    expect_rfc5040_terminate_and_close(
+        &mut peer,
+        ddp_tagged(TaggedBufferError::InvalidStag),
+        Copied::Ddp(&sent),
+    );
+    stack.assert_failed(Kind::Access, Fault::Tagged(AccessError::InvalidStag), &[]);
+    lent.assert_changed_only(0..PINNING_WRITE, &payload);
+    stack.rbuf.assert_unchanged();
+    stack.close(peer);
+}
+
+#[test]
+fn a_peer_stalled_inside_an_fpdu_is_terminated_after_the_stall_timeout_and_lets_go_of_the_mr() {
+    let stall = std::time::Duration::from_millis(300);
+    let stack = Stack::new(2);
+    let mut lent = Lent::new(
+        &stack.end.pd,
+        TARGET_LEN,
+        LW | AccessFlags::REMOTE_WRITE,
+        51,
+    );
+    let opts = ConnectOptions::default().rx_stall_timeout(stall);
+    let (mut peer, _) = stack.connect_with(Role::Initiator, &opts, Offer::default());
+    let payload = pattern(PINNING_WRITE, 52);
+    let started = std::time::Instant::now();
+    let _rest = pin_with_a_partial_write(&mut peer, &lent, &payload);
+
+    let release = lent.deregister_target();
+    assert_eq!(release.users(), 1);
+    release.wait(WAIT).unwrap();
+    let took = started.elapsed();
+    assert!(took >= stall, "released after {took:?}, before the timeout");
+
+    // RDMAP Remote Operation Error, "Catastrophic error, localized to RDMAP Stream"; the
+    // incomplete segment is not copied back.
+    expect_rfc5040_terminate_and_close(
+        &mut peer,
+        remote_operation(RemoteOperationError::CatastrophicLocalToStream),
+        Copied::Nothing,
+    );
+    stack.assert_failed(Kind::Fatal, Fault::RxStall, &[]);
+    lent.assert_changed_only(0..PINNING_PART, &payload[..PINNING_PART]);
+    stack.close(peer);
+}
+
+#[test]
+fn the_default_stall_timeout_leaves_a_briefly_paused_fpdu_alone() {
+    let stack = Stack::new(2);
+    let mut lent = Lent::new(
+        &stack.end.pd,
+        TARGET_LEN,
+        LW | AccessFlags::REMOTE_WRITE,
+        61,
+    );
+    let mut peer = stack.connect(Role::Responder);
+    let payload = pattern(PINNING_WRITE, 62);
+    let rest = pin_with_a_partial_write(&mut peer, &lent, &payload);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    peer.send_bytes(&rest);
+    let release = lent.deregister_target();
+    release.wait(WAIT).unwrap();
+    lent.assert_changed_only(0..PINNING_WRITE, &payload);
+    assert_eq!(stack.end.qp.state(), QpState::Rts);
+    assert_eq!(stack.end.qp.stats().terminates_sent, 0);
+}
+
+/// Two threads register and drop memory regions 20,000 times each on a device where a
+/// deregistered region is still held by a peer's half-placed Write, while a connected pair
+/// on the same device moves data (its posts validate against the STag table under their QP
+/// lock, its receive commits take the table under theirs). Any lock-order inversion between
+/// these paths hangs; the test fails if the work does not finish in time.
+#[test]
+fn registering_and_dropping_mrs_on_two_threads_with_a_releasing_mr_does_not_deadlock() {
+    const ROUNDS: usize = 20_000;
+    let dev = Device::open_default().unwrap();
+    let stack = Stack::with_device(2, dev.clone());
+    let mut lent = Lent::new(
+        &stack.end.pd,
+        TARGET_LEN,
+        LW | AccessFlags::REMOTE_WRITE,
+        71,
+    );
+    let mut peer = stack.connect(Role::Initiator);
+    let payload = pattern(PINNING_WRITE, 72);
+    let rest = pin_with_a_partial_write(&mut peer, &lent, &payload);
+    let release = lent.deregister_target();
+    assert_eq!(release.users(), 1, "a releasing registration exists");
+
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for seed in 0..2u8 {
+        let pd = stack.end.pd.clone();
+        let done = done_tx.clone();
+        workers.push(std::thread::spawn(move || {
+            for i in 0..ROUNDS {
+                let mr = pd.reg_mr(64, LW | AccessFlags::REMOTE_WRITE).unwrap();
+                mr.write_at(0, &[seed, i as u8]).unwrap();
+                drop(mr);
+            }
+            done.send(()).unwrap();
+        }));
+    }
+    // Data on the same device meanwhile: Sends from a to b, both ends on `dev`.
+    let traffic = {
+        let stop = std::sync::Arc::clone(&stop);
+        let dev = dev.clone();
+        std::thread::spawn(move || {
+            let mut a = util::End::new(None, Some(dev.clone()));
+            let mut b = util::End::new(None, Some(dev));
+            util::connect(&mut a, &mut b, &ConnectOptions::default());
+            let (src, _) = a.mr(256, LW, 5);
+            let (dst, _) = b.mr(256, LW, 6);
+            let mut sent = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && sent < 1_000_000 {
+                b.qp.post_recv(&RecvWr {
+                    wr_id: sent,
+                    sgl: SgList::single(dst.sge(0, 256).unwrap()),
+                })
+                .unwrap();
+                let wr = util::send_wr(
+                    sent,
+                    util::send_op(false, None),
+                    Payload::Sgl(SgList::single(src.sge(0, 256).unwrap())),
+                );
+                a.qp.post_send(&wr).unwrap();
+                util::wait_wcs(&b.rcq, 1);
+                util::wait_wcs(&a.scq, 1);
+                sent += 1;
+            }
+            sent
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    for _ in 0..2 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if done_rx.recv_timeout(left).is_err() {
+            // Deadlocked threads hold the STag table: unwinding would hang in the drops of
+            // this test's objects, so end the test process with the verdict.
+            eprintln!("registering and dropping hung: a lock-order inversion");
+            std::process::abort();
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    let messages = traffic.join().unwrap();
+    assert!(messages > 0, "the pair moved data meanwhile");
+
+    // The pinned Write still completes, and then its memory is let go.
+    assert_eq!(release.users(), 1);
+    peer.send_bytes(&rest);
+    release.wait(WAIT).unwrap();
+    lent.assert_changed_only(0..PINNING_WRITE, &payload);
+    assert_eq!(stack.end.qp.state(), QpState::Rts);
 }

@@ -838,6 +838,23 @@ impl Qp {
         }
     }
 
+    /// True while the peer is in the middle of an FPDU: some of its bytes arrived, the rest
+    /// did not. A runtime that sees this for too long without a byte arriving calls
+    /// [`Qp::handle_rx_stall`].
+    pub fn rx_in_fpdu(&self) -> bool {
+        matches!(self.state, QpState::Rts | QpState::Closing) && self.rx.in_fpdu()
+    }
+
+    /// The runtime's receive stall timer expired while [`Qp::rx_in_fpdu`]: the stream is
+    /// terminated ([`Fault::RxStall`]: RDMAP "Catastrophic error, localized to RDMAP
+    /// Stream"), outstanding work is flushed, and the memory and receive the partial FPDU
+    /// held are let go. Does nothing when the QP is not in the middle of an FPDU.
+    pub fn handle_rx_stall(&mut self) {
+        if self.rx_in_fpdu() {
+            self.fail(Fault::RxStall, terminate::OffendingHeader::none());
+        }
+    }
+
     /// Convenience for tests and simple runtimes: consumes bytes received from the stream by
     /// copying them to where [`Qp::rx_target`] says, committing as it goes. Returns the
     /// number of bytes consumed (less than `data.len()` when the QP stopped receiving or is

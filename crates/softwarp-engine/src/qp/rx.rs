@@ -280,6 +280,17 @@ impl RxState {
         self.start_fpdu();
     }
 
+    /// True while part of an FPDU has arrived and the rest has not (the peer owes bytes).
+    /// An FPDU whose header is complete and that waits for an SRQ receive is not: the wait
+    /// is on this side.
+    pub(crate) fn in_fpdu(&self) -> bool {
+        match self.phase {
+            Phase::Header => self.hdr_have > 0,
+            Phase::Payload | Phase::Trailer => true,
+            Phase::Closed | Phase::HeaderReady => false,
+        }
+    }
+
     pub(crate) fn close(&mut self) {
         self.phase = Phase::Closed;
         self.plan = Plan::Discard;

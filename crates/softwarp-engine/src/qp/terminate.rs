@@ -197,6 +197,14 @@ fn classify(fault: Fault) -> (TerminateError, Include) {
             remote_op(RemoteOperationError::CatastrophicLocalToStream),
             Ddp,
         ),
+        // No RFC names a timer for a peer that stops inside an FPDU; the stream cannot go
+        // on, which RFC 5040 section 7.2 reports as a Remote Operation Error, "Catastrophic
+        // error, localized to RDMAP Stream". Nothing is copied back: the segment is
+        // incomplete (its CRC was never checked, so its header cannot be trusted either).
+        Fault::RxStall => (
+            remote_op(RemoteOperationError::CatastrophicLocalToStream),
+            Nothing,
+        ),
     }
 }
 

@@ -214,6 +214,14 @@ pub struct ConnectOptions {
     /// holds its FPDUs back until the delay has passed: work posted meanwhile is queued and
     /// leaves when it expires (nobody sleeps: the progress thread retries on its timer).
     pub first_fpdu_delay: Duration,
+    /// How long the peer may stop in the middle of an FPDU (some of its bytes arrived, the
+    /// rest did not) before the stream is terminated (default 30 s; `Duration::MAX`: no
+    /// limit). A partial FPDU holds the memory it is placed into and the receive it fills:
+    /// without a bound, a peer could pin a registration that the application deregistered
+    /// ([`crate::MrRelease::wait`]) forever. The Terminate is RDMAP's "Catastrophic error,
+    /// localized to RDMAP Stream"; the QP reports [`crate::Fault::RxStall`]. Checked by the
+    /// progress thread every quarter of the shortest such timeout of its device's QPs.
+    pub rx_stall_timeout: Duration,
 }
 
 impl Default for ConnectOptions {
@@ -232,6 +240,7 @@ impl Default for ConnectOptions {
             terminate_layout: TerminateLayout::Rfc5040,
             responder_waits_for_initiator: true,
             first_fpdu_delay: Duration::from_millis(20),
+            rx_stall_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -264,6 +273,12 @@ impl ConnectOptions {
         self.crc = mode;
         self
     }
+    /// Sets [`ConnectOptions::rx_stall_timeout`].
+    pub fn rx_stall_timeout(mut self, timeout: Duration) -> Self {
+        self.rx_stall_timeout = timeout;
+        self
+    }
+
     /// Sets [`ConnectOptions::first_fpdu_delay`].
     pub fn first_fpdu_delay(mut self, delay: Duration) -> Self {
         self.first_fpdu_delay = delay;

@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use softwarp::{AccessFlags, MemoryRegion, ProtectionDomain};
+use softwarp::{AccessFlags, MemoryRegion, MrRelease, ProtectionDomain};
 
 use crate::util::pattern;
 
@@ -107,6 +107,73 @@ impl Guarded {
         assert!(
             now[range.end..] == before[range.end..],
             "the target changed above {range:?}"
+        );
+    }
+}
+
+/// Memory lent to the stack through [`ProtectionDomain::reg_mr_raw`] that outlives the
+/// target's registration: `GUARD_LEN` bytes, the target's `len` bytes, `GUARD_LEN` bytes,
+/// all seen through `view` (a registration of the whole allocation without remote rights,
+/// which stays when the target is deregistered), filled with a pattern.
+#[derive(Debug)]
+pub struct Lent {
+    /// The whole allocation, to read what happened to it.
+    pub view: MemoryRegion,
+    /// The middle `len` bytes, registered with the test's access rights (until
+    /// [`Lent::deregister_target`]).
+    target: Option<MemoryRegion>,
+    /// Contents of the whole allocation when filled.
+    before: Vec<u8>,
+}
+
+impl Lent {
+    /// Lends `len` bytes with `access` in `pd` (between two guards), filled from `seed`.
+    pub fn new(pd: &ProtectionDomain, len: usize, access: AccessFlags, seed: u64) -> Self {
+        let total = GUARD_LEN + len + GUARD_LEN;
+        let base = leak(total);
+        let view = register(pd, base, 0, total, AccessFlags::NONE);
+        let target = register(pd, base, GUARD_LEN, len, access);
+        let before = pattern(total, seed);
+        view.write_at(0, &before).unwrap();
+        Self {
+            view,
+            target: Some(target),
+            before,
+        }
+    }
+
+    /// The target's registration (panics after [`Lent::deregister_target`]).
+    pub fn target(&self) -> &MemoryRegion {
+        self.target.as_ref().expect("the target is registered")
+    }
+
+    /// Deregisters the target ([`MemoryRegion::deregister`]); the memory stays readable
+    /// through `view`.
+    pub fn deregister_target(&mut self) -> MrRelease {
+        self.target.take().expect("registered once").deregister()
+    }
+
+    /// The target's bytes `range` (offsets inside the target) as they are now.
+    pub fn target_bytes(&self, range: Range<usize>) -> Vec<u8> {
+        let mut out = vec![0u8; range.len()];
+        self.view
+            .read_at(GUARD_LEN + range.start, &mut out)
+            .unwrap();
+        out
+    }
+
+    /// Only the target's bytes `range` changed, and they hold `expected`.
+    pub fn assert_changed_only(&self, range: Range<usize>, expected: &[u8]) {
+        let now = self.view.to_vec().unwrap();
+        let (start, end) = (GUARD_LEN + range.start, GUARD_LEN + range.end);
+        assert!(
+            now[..start] == self.before[..start],
+            "changed below {range:?}"
+        );
+        assert!(now[end..] == self.before[end..], "changed above {range:?}");
+        assert!(
+            now[start..end] == *expected,
+            "{range:?} is not what the peer sent"
         );
     }
 }
