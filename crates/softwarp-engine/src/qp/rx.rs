@@ -890,8 +890,10 @@ impl Qp {
     fn process_header(&mut self, mrs: &mut MrTable, srq: Option<&mut Srq>) {
         self.rx.phase = Phase::Payload;
         if self.rx.deferred.is_none() {
-            let parsed =
-                codec::parse_rx_header(self.rx.hdr.get(2..self.rx.hdr_need).unwrap_or(&[]));
+            let parsed = codec::parse_rx_header(
+                self.rx.hdr.get(2..self.rx.hdr_need).unwrap_or(&[]),
+                self.rx.payload_len,
+            );
             match parsed {
                 Err(fault) => self.rx.defer(fault, FaultTarget::None),
                 Ok(h) => {
@@ -1035,7 +1037,7 @@ impl Qp {
                 if mo != 0 {
                     return Err((Fault::InvalidMo, FaultTarget::None));
                 }
-                if !last || len != 0 {
+                if !last {
                     return Err((Fault::RdmapCatastrophic, FaultTarget::None));
                 }
                 //= https://www.rfc-editor.org/rfc/rfc5040#section-5.2
