@@ -68,7 +68,14 @@ pub enum Fault {
     /// An RFC 7306 Atomic Response arrived with no Atomic Request outstanding at the head of
     /// the ORQ, or for another Request Identifier.
     UnexpectedAtomicResponse,
-    /// A Read Request with payload, a malformed Terminate, or another stream-level error.
+    /// A control message (RDMA Read Request, Terminate, RFC 7306 Immediate Data, Atomic
+    /// Request or Atomic Response) whose ULPDU is not exactly its DDP header and its
+    /// fixed-length RDMAP header: bytes after that header, or fewer bytes than it has (with
+    /// the DDP header whole). `softwarp_wire`'s `Segment::parse` rejects the same ULPDUs
+    /// (`TrailingBytes`, `Truncated`).
+    ControlMessageLength,
+    /// A control message split over segments, a malformed Terminate, or another
+    /// stream-level error.
     RdmapCatastrophic,
     /// The peer stopped in the middle of an FPDU for longer than the runtime's receive stall
     /// timeout (the partial FPDU held a receive buffer or a registration's memory).

@@ -20,6 +20,11 @@ pub enum SrqError {
     /// The SRQ holds as many WRs as its capacity.
     #[error("shared receive queue is full")]
     Full,
+    /// The WR's SGEs add up to more than 2^32 - 1 bytes: the completion's byte length (32
+    /// bits, as in verbs) could not say how much was received, and no Send may be longer
+    /// (`QpError::MessageTooLong` refuses such a post on the sending side).
+    #[error("receive WR of {0} bytes exceeds the 32-bit limit")]
+    MessageTooLong(u64),
 }
 
 /// A shared receive queue.
@@ -59,8 +64,13 @@ impl Srq {
     pub fn is_empty(&self) -> bool {
         self.ring.is_empty()
     }
-    /// Queues a receive WR.
+    /// Queues a receive WR (its SGEs are validated when a Send starts using it). A WR whose
+    /// SGEs add up to more than 2^32 - 1 bytes is refused.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), SrqError> {
+        let total = wr.sgl.total_len();
+        if total > u64::from(u32::MAX) {
+            return Err(SrqError::MessageTooLong(total));
+        }
         self.ring.push(wr).map_err(|_| SrqError::Full)
     }
     /// Arms the limit event: it fires once when fewer than `limit` WRs remain queued.

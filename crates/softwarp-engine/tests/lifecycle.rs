@@ -710,3 +710,43 @@ fn sixteen_mib_write_lands_intact() {
     // 9000-byte FPDUs: 8980 payload bytes each.
     assert_eq!(p.a.qp.stats().tx_fpdus, (len as u64).div_ceil(8980));
 }
+
+#[test]
+fn a_receive_wr_of_more_than_4_gib_is_refused_at_post_time_on_the_rq_and_the_srq() {
+    use softwarp_engine::srq::SrqError;
+    // Two SGEs of 2^32 - 1 bytes: their sum does not fit the completion's 32-bit byte length
+    // (the SGEs are validated only when a Send uses them, so none is registered here).
+    let max = sge(Stag(0x100), 0x1000, 0, u32::MAX);
+    let huge = SgList::from_slice(&[max, max]).unwrap();
+    let total = 2 * u64::from(u32::MAX);
+    let mut side = Side::new(1, stream());
+    assert_eq!(
+        side.qp.post_recv(RecvWr {
+            wr_id: 1,
+            sgl: huge
+        }),
+        Err(QpError::MessageTooLong(total))
+    );
+    // Exactly 2^32 - 1 bytes is a valid receive.
+    side.qp
+        .post_recv(RecvWr {
+            wr_id: 2,
+            sgl: SgList::single(max),
+        })
+        .unwrap();
+    let mut srq_side = Side::with_config(qp_config(2, true), stream());
+    let srq = srq_side.srq.as_mut().unwrap();
+    assert_eq!(
+        srq.post_recv(RecvWr {
+            wr_id: 3,
+            sgl: huge
+        }),
+        Err(SrqError::MessageTooLong(total))
+    );
+    srq.post_recv(RecvWr {
+        wr_id: 4,
+        sgl: SgList::single(max),
+    })
+    .unwrap();
+    assert_eq!(srq.len(), 1);
+}

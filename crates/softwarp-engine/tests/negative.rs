@@ -897,3 +897,60 @@ fn a_siw_layout_terminate_from_the_peer_is_understood() {
         "no Terminate answers a Terminate"
     );
 }
+
+#[test]
+fn a_read_request_with_extra_or_missing_bytes_gets_a_catastrophic_terminate_naming_it() {
+    for delta in [1isize, 4, 1000, -1, -27] {
+        for crc in [false, true] {
+            let mut v = Victim::new(crc);
+            let (stag, iova) = v.region(4096, Access::REMOTE_READ);
+            let seg = read_request(1, stag, iova, 100);
+            let mut ulpdu = vec![0u8; seg.buffer_len()];
+            let n = seg.emit(&mut ulpdu).unwrap();
+            ulpdu.truncate(n);
+            if delta > 0 {
+                ulpdu.extend(std::iter::repeat_n(0xee, delta.unsigned_abs()));
+            } else {
+                ulpdu.truncate(n - delta.unsigned_abs());
+            }
+            v.feed(&frame(&ulpdu, crc));
+            let ulpdus = sent_ulpdus(&mut v.side, crc);
+            assert_eq!(
+                ulpdus.len(),
+                1,
+                "{delta}: no Read Response, only the Terminate"
+            );
+            // The exact Terminate: M and D always (the DDP header is whole), R when the Read
+            // Request header is whole too.
+            let mut t = TerminateRepr::new(TerminateError::Rdmap(RdmapError::RemoteOperation(
+                RemoteOperationError::CatastrophicLocalToStream,
+            )));
+            t.ddp_segment_length = Some(ulpdu.len() as u16);
+            t.ddp_header = Some(seg.ddp_header());
+            if delta > 0 {
+                let Message::RdmaReadRequest(r) = seg.message else {
+                    panic!()
+                };
+                t.rdmap_header = TerminatedRdmapHeader::ReadRequest(r);
+            }
+            let want = Segment {
+                last: true,
+                placement: Placement::Untagged { msn: 1, mo: 0 },
+                message: Message::Terminate(t),
+                payload: &[],
+            };
+            let mut want_bytes = vec![0u8; want.buffer_len()];
+            let n = want.emit(&mut want_bytes).unwrap();
+            want_bytes.truncate(n);
+            assert_eq!(ulpdus[0], want_bytes, "{delta} crc {crc}");
+            assert_eq!(v.side.qp.state(), QpState::Error);
+            assert!(v.side.events.iter().any(|e| matches!(
+                e,
+                AsyncEvent::QpFatal {
+                    cause: Cause::Detected(Fault::ControlMessageLength),
+                    ..
+                }
+            )));
+        }
+    }
+}

@@ -1039,3 +1039,259 @@ fn immediate_data_without_a_receive_wr_or_out_of_order_is_refused() {
         (WcOpcode::Recv, Some(0x0102_0304))
     );
 }
+
+// ----- control messages whose ULPDU is longer or shorter than their header -----
+
+/// The ULPDU lengths tried against each control message: extra bytes after its header (as in
+/// issue 11: 1000 after Immediate Data, 3000 after a FetchAdd), and fewer bytes than it has
+/// with the DDP header whole.
+const LENGTH_CHANGES: [isize; 7] = [1, 3, 8, 1000, 3000, -1, -7];
+
+/// The ULPDU of `seg` with `delta` bytes of 0xee appended, or its last `-delta` bytes cut.
+fn reshaped_ulpdu(seg: &Segment<'_>, delta: isize) -> Vec<u8> {
+    let mut ulpdu = vec![0u8; seg.buffer_len()];
+    let n = seg.emit(&mut ulpdu).unwrap();
+    ulpdu.truncate(n);
+    if delta >= 0 {
+        ulpdu.extend(std::iter::repeat_n(0xee, delta.unsigned_abs()));
+    } else {
+        ulpdu.truncate(n - delta.unsigned_abs());
+    }
+    ulpdu
+}
+
+fn frame_ulpdu(ulpdu: &[u8], crc: bool) -> Vec<u8> {
+    let f = Fpdu { ulpdu };
+    let mut out = vec![0u8; f.buffer_len()];
+    f.emit(&mut out, crc).unwrap();
+    out
+}
+
+/// The exact FPDU of the Terminate a receiver sends for the control message `seg` sent as the
+/// ULPDU of `ulpdu_len` bytes: RDMAP, Remote Operation Error, "Catastrophic error, localized
+/// to RDMAP Stream", with the DDP Segment Length and the DDP header copied back (M, D), in
+/// the RFC 5040 layout, on queue 2 with MSN 1.
+fn length_terminate_fpdu(seg: &Segment<'_>, ulpdu_len: usize, crc: bool) -> Vec<u8> {
+    let mut t = TerminateRepr::new(TerminateError::Rdmap(RdmapError::RemoteOperation(
+        RemoteOperationError::CatastrophicLocalToStream,
+    )));
+    t.ddp_segment_length = Some(u16::try_from(ulpdu_len).unwrap());
+    t.ddp_header = Some(seg.ddp_header());
+    let term = Segment {
+        last: true,
+        placement: Placement::Untagged { msn: 1, mo: 0 },
+        message: Message::Terminate(t),
+        payload: &[],
+    };
+    frame_ulpdu(&reshaped_ulpdu(&term, 0), crc)
+}
+
+/// How a malformed control message is fed: the step-by-step path in one piece, one byte at
+/// a time and in 7-byte pieces, and the whole-FPDU path (`Qp::rx_whole_fpdu`).
+const FEEDS: [(bool, usize); 4] = [
+    (false, usize::MAX),
+    (false, 1),
+    (false, 7),
+    (true, usize::MAX),
+];
+
+/// Feeds `bytes` to `v` as `feed` says, then checks that everything `v` sent after `skip`
+/// bytes ends with exactly the FPDU `want`, that `v` is in Error, and that the event names
+/// [`Fault::ControlMessageLength`].
+fn expect_length_terminate(v: &mut Side, bytes: &[u8], feed: (bool, usize), want: &[u8]) {
+    v.receive_with(bytes, feed.0, || feed.1);
+    let mut out = Vec::new();
+    v.transmit(&mut out, || usize::MAX);
+    assert!(
+        out.ends_with(want),
+        "sent {out:02x?}\nwanted a Terminate {want:02x?}"
+    );
+    assert_eq!(v.qp.state(), QpState::Error);
+    assert_eq!(v.qp.stats().terminates_sent, 1);
+    assert!(
+        v.events.iter().any(|e| matches!(
+            e,
+            AsyncEvent::QpFatal {
+                cause: Cause::Detected(Fault::ControlMessageLength),
+                ..
+            }
+        )),
+        "{:?}",
+        v.events
+    );
+}
+
+#[test]
+fn immediate_data_with_extra_or_missing_bytes_gets_a_catastrophic_terminate_and_completes_nothing()
+{
+    for solicited in [false, true] {
+        let data = ImmediateDataRepr {
+            data: [0, 0, 0, 0, 0xca, 0xfe, 0xf0, 0x0d],
+        };
+        let message = if solicited {
+            Message::ImmediateDataWithSolicitedEvent(data)
+        } else {
+            Message::ImmediateData(data)
+        };
+        let seg = untagged(1, message);
+        for delta in LENGTH_CHANGES.into_iter().chain([-8]) {
+            for crc in [false, true] {
+                for feed in FEEDS {
+                    let mut v = Side::new(2, stream(crc));
+                    let (rb, rstag, riova) = v.region(64, Access::LOCAL_WRITE);
+                    v.qp.post_recv(RecvWr {
+                        wr_id: 9,
+                        sgl: SgList::single(sge(rstag, riova, 0, 64)),
+                    })
+                    .unwrap();
+                    let ulpdu = reshaped_ulpdu(&seg, delta);
+                    let want = length_terminate_fpdu(&seg, ulpdu.len(), crc);
+                    expect_length_terminate(&mut v, &frame_ulpdu(&ulpdu, crc), feed, &want);
+                    // The receive WR is flushed, not completed with the value.
+                    let wcs = v.recv_wcs();
+                    assert_eq!(wcs.len(), 1, "{delta} {feed:?}");
+                    assert_eq!(
+                        (wcs[0].wr_id, wcs[0].status, wcs[0].imm),
+                        (9, WcStatus::WrFlushErr, None),
+                        "{delta} {feed:?}"
+                    );
+                    assert_eq!(contents(&rb), vec![0u8; 64], "nothing placed");
+                    assert_eq!(v.qp.stats().rx.immediate.messages, 0);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn write_with_immediate_whose_immediate_data_has_extra_bytes_completes_no_receive() {
+    for delta in LENGTH_CHANGES {
+        for feed in FEEDS {
+            let mut v = Side::new(2, stream(true));
+            let (dst, dstag, diova) = v.region(64, Access::REMOTE_WRITE);
+            let (_rb, rstag, riova) = v.region(64, Access::LOCAL_WRITE);
+            v.qp.post_recv(RecvWr {
+                wr_id: 9,
+                sgl: SgList::single(sge(rstag, riova, 0, 64)),
+            })
+            .unwrap();
+            // The Write part is well formed and lands; its Immediate Data is not.
+            let mut wire = frame(
+                &Segment {
+                    last: true,
+                    placement: Placement::Tagged {
+                        stag: dstag.0,
+                        tagged_offset: diova,
+                    },
+                    message: Message::RdmaWrite,
+                    payload: &[5u8; 32],
+                },
+                true,
+            );
+            let imm = untagged(
+                1,
+                Message::ImmediateData(ImmediateDataRepr {
+                    data: [0, 0, 0, 0, 1, 2, 3, 4],
+                }),
+            );
+            let ulpdu = reshaped_ulpdu(&imm, delta);
+            wire.extend(frame_ulpdu(&ulpdu, true));
+            let want = length_terminate_fpdu(&imm, ulpdu.len(), true);
+            expect_length_terminate(&mut v, &wire, feed, &want);
+            assert_eq!(&contents(&dst)[..32], &[5u8; 32]);
+            let wcs = v.recv_wcs();
+            assert_eq!(
+                wcs.iter()
+                    .map(|w| (w.status, w.opcode, w.imm))
+                    .collect::<Vec<_>>(),
+                vec![(WcStatus::WrFlushErr, WcOpcode::Recv, None)],
+                "{delta} {feed:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn atomic_requests_with_extra_or_missing_bytes_are_refused_and_not_performed() {
+    for opcode in [AtomicOpcode::FetchAdd, AtomicOpcode::CmpSwap] {
+        for delta in LENGTH_CHANGES.into_iter().chain([-51]) {
+            for crc in [false, true] {
+                for feed in FEEDS {
+                    let mut s = stream(crc);
+                    s.ird = 4;
+                    let mut v = Side::new(2, s);
+                    let (r, stag, iova, before) =
+                        v.filled_region(64, Access::REMOTE_ATOMIC | Access::REMOTE_WRITE, 11);
+                    let seg = untagged(
+                        1,
+                        Message::AtomicRequest(AtomicRequestRepr {
+                            opcode,
+                            request_id: 0x77,
+                            remote_stag: stag.0,
+                            remote_tagged_offset: iova + 8,
+                            add_or_swap_data: 0x1111,
+                            add_or_swap_mask: 0,
+                            // Matches the word for a CmpSwap: it would swap if performed.
+                            compare_data: word(&r, 8),
+                            compare_mask: u64::MAX,
+                        }),
+                    );
+                    let ulpdu = reshaped_ulpdu(&seg, delta);
+                    let want = length_terminate_fpdu(&seg, ulpdu.len(), crc);
+                    expect_length_terminate(&mut v, &frame_ulpdu(&ulpdu, crc), feed, &want);
+                    assert_eq!(contents(&r), before, "{opcode:?} {delta} {feed:?}");
+                    assert_eq!(v.qp.stats().rx.atomic_request.messages, 0);
+                    // No Atomic Response went out: the Terminate is all that was sent.
+                    assert_eq!(v.qp.stats().tx.atomic_response.messages, 0);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn an_atomic_response_with_extra_or_missing_bytes_is_refused_and_writes_no_original_value() {
+    for delta in LENGTH_CHANGES.into_iter().chain([-11]) {
+        for crc in [false, true] {
+            for feed in FEEDS {
+                let mut a = Side::new(1, stream(crc));
+                let (sink, kstag, kiova) = a.region(8, Access::LOCAL_WRITE);
+                a.qp.post_send(
+                    &wr(
+                        5,
+                        SendOp::FetchAdd {
+                            remote_addr: 0x1000,
+                            rkey: Stag(0x4200),
+                            add: 1,
+                        },
+                        SgList::single(sge(kstag, kiova, 0, 8)),
+                    ),
+                    &a.mrs,
+                )
+                .unwrap();
+                let mut request = Vec::new();
+                a.transmit(&mut request, || usize::MAX);
+                let (f, _) = Fpdu::parse(&request, crc).unwrap();
+                let Message::AtomicRequest(req) = Segment::parse(f.ulpdu).unwrap().message else {
+                    panic!("expected the Atomic Request");
+                };
+                let seg = untagged(
+                    1,
+                    Message::AtomicResponse(AtomicResponseRepr {
+                        original_request_id: req.request_id,
+                        original_value: 0x5555,
+                    }),
+                );
+                let ulpdu = reshaped_ulpdu(&seg, delta);
+                let want = length_terminate_fpdu(&seg, ulpdu.len(), crc);
+                expect_length_terminate(&mut a, &frame_ulpdu(&ulpdu, crc), feed, &want);
+                assert_eq!(word(&sink, 0), 0, "{delta} {feed:?}: no original value");
+                let wcs = a.send_wcs();
+                assert_eq!(
+                    (wcs.len(), wcs[0].wr_id, wcs[0].status),
+                    (1, 5, WcStatus::WrFlushErr)
+                );
+            }
+        }
+    }
+}

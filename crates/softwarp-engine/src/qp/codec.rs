@@ -202,16 +202,39 @@ fn fault_of(e: WireError, tagged: bool) -> Fault {
         WireError::RdmapUnknownOpcode(_) | WireError::RdmapOpcodeMismatch { .. } => {
             Fault::UnexpectedOpcode
         }
+        WireError::TrailingBytes { .. } => Fault::ControlMessageLength,
         WireError::Truncated { .. } => Fault::BadUlpduLength,
         _ => Fault::RdmapCatastrophic,
     }
 }
 
 /// Parses the header bytes of a received segment (`hdr` is the start of the ULPDU: the
-/// header, or the whole ULPDU for control messages).
-pub(crate) fn parse_rx_header(hdr: &[u8]) -> Result<RxHeader, Fault> {
+/// header, or the whole ULPDU for a Terminate) followed by `payload_len` more bytes of the
+/// ULPDU (which the engine places, or discards, without copying them here).
+///
+/// Refuses what `Segment::parse` refuses for the whole ULPDU: in particular a control
+/// message (Read Request, Terminate, Immediate Data, Atomic Request, Atomic Response) with
+/// bytes after its header (`payload_len > 0`, the wire crate's `TrailingBytes`) or too
+/// short for it with its DDP header whole (`Truncated`) is
+/// [`Fault::ControlMessageLength`], found before any field of it is acted on.
+pub(crate) fn parse_rx_header(hdr: &[u8], payload_len: usize) -> Result<RxHeader, Fault> {
     let tagged = hdr.first().is_some_and(|c| c & ddp::FLAG_TAGGED != 0);
-    let seg = Segment::parse(hdr).map_err(|e| fault_of(e, tagged))?;
+    let seg = Segment::parse(hdr).map_err(|e| match e {
+        // The DDP header is whole: what is cut short is the RDMAP header of a control
+        // message (data messages have none).
+        WireError::Truncated { .. } if ddp::HeaderRepr::parse_any_version(hdr).is_ok() => {
+            Fault::ControlMessageLength
+        }
+        e => fault_of(e, tagged),
+    })?;
+    // RFC 5040 and RFC 7306 give every control message a fixed-length header after the
+    // DDP header and no ULP payload (the RFC texts could not be retrieved with the team's
+    // lookup tools; paraphrase): the ULPDU ends with that header. The wire crate's rule,
+    // which this applies to a ULPDU whose payload is not in `hdr`: "a control message ... is
+    // one whole segment (MO = 0, L = 1), its header is whole and nothing follows it".
+    if seg.message.is_control() && payload_len != 0 {
+        return Err(Fault::ControlMessageLength);
+    }
     Ok(match (seg.placement, seg.message) {
         (
             Placement::Tagged {

@@ -715,7 +715,9 @@ impl Qp {
 
     /// Posts a receive WR to the QP's own RQ. Its SGEs are validated (local write, PD,
     /// bounds) when a Send starts using it. In the Error state the WR completes at once with
-    /// `WrFlushErr`.
+    /// `WrFlushErr`. A WR whose SGEs add up to more than 2^32 - 1 bytes is refused
+    /// ([`QpError::MessageTooLong`], as for a send WR): no Send may be that long, and the
+    /// completion's byte length (32 bits, as in verbs) could not say how much was received.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), QpError> {
         self.post_recv_ref(&wr)
     }
@@ -725,6 +727,10 @@ impl Qp {
         self.check_alive()?;
         if self.cfg.use_srq {
             return Err(QpError::WrongReceiveQueue("receives from an SRQ"));
+        }
+        let total = wr.sgl.total_len();
+        if total > u64::from(u32::MAX) {
+            return Err(QpError::MessageTooLong(total));
         }
         let used = self.rq.len() + self.rx_done.len() + usize::from(self.rx_msg.is_some());
         if used >= self.cfg.rq_depth {

@@ -362,6 +362,14 @@ fn masked_add(a: u64, b: u64, boundaries: u64) -> u64 {
     sum
 }
 
+/// A completion's byte length (32 bits, as in verbs) for `n` bytes received. A receive WR
+/// holds at most 2^32 - 1 bytes (`post_recv` refuses longer ones), so a Send's length always
+/// fits; the length of an RDMA Write message completed by Immediate Data is not bounded by a
+/// receive WR and is reported as 2^32 - 1 when it is longer.
+fn wc_byte_len(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
 /// The first `room` bytes of `b` (the part before the next marker) as a target.
 fn cut(b: &mut [u8], room: usize) -> RxTarget<'_> {
     let n = b.len().min(room);
@@ -901,8 +909,10 @@ impl Qp {
     fn process_header(&mut self, mrs: &mut MrTable, srq: Option<&mut Srq>) {
         self.rx.phase = Phase::Payload;
         if self.rx.deferred.is_none() {
-            let parsed =
-                codec::parse_rx_header(self.rx.hdr.get(2..self.rx.hdr_need).unwrap_or(&[]));
+            let parsed = codec::parse_rx_header(
+                self.rx.hdr.get(2..self.rx.hdr_need).unwrap_or(&[]),
+                self.rx.payload_len,
+            );
             match parsed {
                 Err(fault) => self.rx.defer(fault, FaultTarget::None),
                 Ok(h) => {
@@ -1046,7 +1056,7 @@ impl Qp {
                 if mo != 0 {
                     return Err((Fault::InvalidMo, FaultTarget::None));
                 }
-                if !last || len != 0 {
+                if !last {
                     return Err((Fault::RdmapCatastrophic, FaultTarget::None));
                 }
                 //= https://www.rfc-editor.org/rfc/rfc5040#section-5.2
@@ -1378,10 +1388,7 @@ impl Qp {
         };
         // Right after an RDMA Write (no Send in between) this is Write with Immediate.
         let (opcode, byte_len) = match self.rx.last_write.take() {
-            Some(len) => (
-                WcOpcode::RecvRdmaWithImm,
-                u32::try_from(len).unwrap_or(u32::MAX),
-            ),
+            Some(len) => (WcOpcode::RecvRdmaWithImm, wc_byte_len(len)),
             None => (WcOpcode::Recv, 0),
         };
         let mut wc = self.recv_wc(msg.wr.wr_id, WcStatus::Success, byte_len);
@@ -1430,7 +1437,7 @@ impl Qp {
         self.rx_msn[0] = self.rx_msn[0].wrapping_add(1);
         self.rx.last_write = None;
         self.stats.rx.send.messages += 1;
-        let mut wc = self.recv_wc(wr_id, WcStatus::Success, received as u32);
+        let mut wc = self.recv_wc(wr_id, WcStatus::Success, wc_byte_len(received));
         wc.solicited = solicited;
         if let Some(stag) = invalidate {
             match mrs.invalidate_remote(Stag(stag), self.cfg.pd) {
@@ -1456,7 +1463,7 @@ impl Qp {
             FaultTarget::None => {}
             FaultTarget::Recv(status) => {
                 if let Some(msg) = self.rx_msg.take() {
-                    let wc = self.recv_wc(msg.wr.wr_id, status, msg.received as u32);
+                    let wc = self.recv_wc(msg.wr.wr_id, status, wc_byte_len(msg.received));
                     let _ = self.rx_done.push(wc);
                 }
             }

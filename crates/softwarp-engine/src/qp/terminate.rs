@@ -193,6 +193,20 @@ fn classify(fault: Fault) -> (TerminateError, Include) {
             remote_op(RemoteOperationError::CatastrophicLocalToStream),
             DdpAndReadRequest,
         ),
+        // A control message whose ULPDU is longer or shorter than its fixed header. The DDP
+        // layer framed it correctly (its header is whole and valid), so this is an RDMAP
+        // error, and the one RDMAP code that fits: RFC 7306 registers no error codes (the
+        // IANA RDMAP Errors registry, updated in the month RFC 7306 was published, cites only
+        // RFC 5040) and RFC 5040 has no "invalid length" code. The same Terminate as for an
+        // RDMA Read Request carrying payload before this variant existed, and as for a control
+        // message split over segments (`RdmapCatastrophic`); the DDP header and, for a Read
+        // Request whose header is whole, the Read Request header are copied back.
+        //= https://www.iana.org/assignments/rddp/
+        //# 0x0/0x2/0x07 Remote Operation Error / Catastrophic error, localized to RDMAP Stream [RFC5040]
+        Fault::ControlMessageLength => (
+            remote_op(RemoteOperationError::CatastrophicLocalToStream),
+            DdpAndReadRequest,
+        ),
         Fault::RdmapCatastrophic => (
             remote_op(RemoteOperationError::CatastrophicLocalToStream),
             Ddp,
