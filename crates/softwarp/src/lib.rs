@@ -42,6 +42,9 @@
     warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+// `Instant + Duration` panics on a large duration: deadlines go through
+// `softwarp_ras::deadline` (the workspace's clippy.toml exempts the primitive number types).
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 
 pub mod cm;
 mod connect;

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener as MioListener, TcpStream as MioStream};
 use mio::{Events, Interest, Poll, Token, Waker};
+use softwarp_ras::deadline::Deadline;
 
 use super::event::{CmEvent, ConnId, EventQueue, ListenerId};
 use super::frame_io::{self, FrameReader, Progress, ReadError};
@@ -231,7 +232,7 @@ impl CmEventChannel {
             phase: Phase::Connecting,
             written: 0,
             reader: FrameReader::new(),
-            deadline: Instant::now() + opts.timeout,
+            deadline: Deadline::after(opts.timeout),
             last_err: None,
         };
         if let Err(e) = self.shared.send(Cmd::Connect(Box::new(job))) {
@@ -253,8 +254,8 @@ impl CmEventChannel {
         let id = self.connect(qp, addr, opts)?;
         let conn = id.conn_id();
         // The thread reports within `opts.timeout`; the margin only guards against a stuck
-        // thread.
-        let wait = opts.timeout + Duration::from_secs(5);
+        // thread (saturating: `Duration::MAX` means no limit).
+        let wait = opts.timeout.saturating_add(Duration::from_secs(5));
         let ev = self
             .shared
             .events
@@ -346,7 +347,7 @@ struct Active {
     phase: Phase,
     written: usize,
     reader: FrameReader,
-    deadline: Instant,
+    deadline: Deadline,
     last_err: Option<io::Error>,
 }
 
@@ -358,7 +359,7 @@ struct Passive {
     stream: MioStream,
     peer: SocketAddr,
     reader: FrameReader,
-    deadline: Instant,
+    deadline: Deadline,
 }
 
 enum Job {
@@ -383,9 +384,10 @@ impl Worker {
     fn run(mut self) {
         let mut events = Events::with_capacity(1024);
         loop {
-            let timeout = self
-                .next_deadline()
-                .map(|d| d.saturating_duration_since(Instant::now()) + Duration::from_millis(1));
+            let timeout = self.next_deadline().map(|d| {
+                d.saturating_duration_since(Instant::now())
+                    .saturating_add(Duration::from_millis(1))
+            });
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     tracing::error!(error = %e, "epoll_wait failed; the connection manager stops");
@@ -418,8 +420,8 @@ impl Worker {
         self.jobs
             .values()
             .filter_map(|j| match j {
-                Job::Active(a) => Some(a.deadline),
-                Job::Passive(p) => Some(p.deadline),
+                Job::Active(a) => a.deadline.instant(),
+                Job::Passive(p) => p.deadline.instant(),
                 Job::Listener { .. } => None,
             })
             .min()
@@ -612,7 +614,7 @@ impl Worker {
                 Job::Passive(Box::new(Passive {
                     conn_id: ConnId(self.shared.next_id()),
                     listener: id,
-                    deadline: Instant::now() + opts.timeout,
+                    deadline: Deadline::after(opts.timeout),
                     opts,
                     stream,
                     peer,
@@ -630,8 +632,8 @@ impl Worker {
             .jobs
             .iter()
             .filter(|(_, j)| match j {
-                Job::Active(a) => a.deadline <= now,
-                Job::Passive(p) => p.deadline <= now,
+                Job::Active(a) => a.deadline.expired_at(now),
+                Job::Passive(p) => p.deadline.expired_at(now),
                 Job::Listener { .. } => false,
             })
             .map(|(t, _)| *t)

@@ -5,7 +5,9 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use softwarp_ras::deadline::Deadline;
 
 use super::options::ConnectionInfo;
 use super::request::ConnectRequest;
@@ -203,7 +205,7 @@ impl EventQueue {
         timeout: Option<Duration>,
         mut pred: impl FnMut(&CmEvent) -> bool,
     ) -> Option<CmEvent> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = Deadline::from_timeout(timeout);
         let mut q = lock(&self.q);
         loop {
             if let Some(i) = q.iter().position(&mut pred) {
@@ -215,16 +217,13 @@ impl EventQueue {
                 }
                 return ev;
             }
-            match deadline {
+            match deadline.remaining() {
                 None => q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner()),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return None;
-                    }
+                Some(left) if left.is_zero() => return None,
+                Some(left) => {
                     q = self
                         .cv
-                        .wait_timeout(q, d - now)
+                        .wait_timeout(q, left)
                         .unwrap_or_else(|e| e.into_inner())
                         .0;
                 }
