@@ -61,8 +61,8 @@ mod sys;
 
 pub use cm::{
     CmEvent, CmEventChannel, CmId, CmListener, CmState, ConnId, ConnectOptions, ConnectRequest,
-    ConnectionInfo, CrcMode, DisconnectReason, ListenOptions, ListenerId, MarkerMode, Role,
-    RtrTypes,
+    ConnectionInfo, CrcMode, DisconnectReason, ListenOptions, ListenerId, ListenerStats,
+    MarkerMode, Role, RtrTypes, MAX_QUEUED_REQUEST_ERRORS,
 };
 pub use connect::Listener;
 pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION};

@@ -41,6 +41,7 @@
 //! | Terminate layout | RFC 5040 | siw's own | received Terminates are understood in either |
 //! | timeout | 5 s for TCP connect and MPA exchange | | [`ConnectOptions::timeout`]; a listener's is the time a peer has to send its Request |
 
+mod admission;
 mod channel;
 mod event;
 pub(crate) mod frame_io;
@@ -50,8 +51,9 @@ pub(crate) mod negotiate;
 pub(crate) mod options;
 mod request;
 
+pub use admission::ListenerStats;
 pub use channel::{resolve, CmEventChannel};
-pub use event::{CmEvent, ConnId, DisconnectReason, ListenerId};
+pub use event::{CmEvent, ConnId, DisconnectReason, ListenerId, MAX_QUEUED_REQUEST_ERRORS};
 pub use id::{CmId, CmState};
 pub use listener::{CmListener, ListenOptions};
 pub use options::{ConnectOptions, ConnectionInfo, CrcMode, MarkerMode, Role, RtrTypes};
