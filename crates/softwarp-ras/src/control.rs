@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::deadline::Deadline;
 use crate::registry::{HostRegistry, ProcessEntry};
 use crate::snapshot::{self, SnapshotFilter, SnapshotsResult};
 use crate::stats::{self, StatsSnapshot};
@@ -557,7 +558,7 @@ impl ControlClient {
     pub fn request(&mut self, req: &Request) -> Result<Reply, ClientError> {
         let mut line = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
         line.push(b'\n');
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Deadline::after(self.timeout);
         self.stream
             .set_write_timeout(Some(self.timeout.max(Duration::from_millis(1))))
             .map_err(self.io("configure"))?;
@@ -574,12 +575,13 @@ impl ControlClient {
                     "reply longer than {MAX_REPLY_LINE} bytes"
                 )));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            // `None`: no limit (a timeout the clock cannot represent, e.g. `Duration::MAX`).
+            let left = deadline.remaining();
+            if left.is_some_and(|l| l.is_zero()) {
                 return Err(ClientError::Timeout(self.timeout));
             }
             self.stream
-                .set_read_timeout(Some(left))
+                .set_read_timeout(left)
                 .map_err(self.io("configure"))?;
             match self.stream.read(&mut buf) {
                 Ok(0) => {

@@ -1,6 +1,7 @@
 //! The error log: critical events (QP fatal, Terminate received, device fatal, leak at
-//! close) as structured JSON lines, each with a recommended action, in a file rotated by
-//! size (`errors.jsonl`, `errors.jsonl.1`, ... `errors.jsonl.<keep>`).
+//! close, connection manager overload) as structured JSON lines, each with a recommended
+//! action, in a file rotated by size (`errors.jsonl`, `errors.jsonl.1`, ...
+//! `errors.jsonl.<keep>`).
 //!
 //! Several processes may share one log file: lines are appended with `O_APPEND` (one
 //! `write` per line), and a writer that finds the file rotated by someone else reopens it.
@@ -31,6 +32,9 @@ pub enum CriticalKind {
     DeviceFatal,
     /// A device closed with resources still allocated.
     LeakAtClose,
+    /// The connection manager shed load: a listener stopped accepting at its backlog of
+    /// unanswered connections, or an event channel dropped request errors.
+    CmOverload,
 }
 
 impl CriticalKind {
@@ -41,6 +45,7 @@ impl CriticalKind {
             CriticalKind::TerminateReceived => "terminate_received",
             CriticalKind::DeviceFatal => "device_fatal",
             CriticalKind::LeakAtClose => "leak_at_close",
+            CriticalKind::CmOverload => "cm_overload",
         }
     }
 
@@ -66,6 +71,12 @@ impl CriticalKind {
             CriticalKind::LeakAtClose => {
                 "Fix the application to destroy every listed resource before closing the \
                  device; the file:line of each shows where it was created."
+            }
+            CriticalKind::CmOverload => {
+                "Connection requests arrive faster than the application answers them, or \
+                 peers open connections that send no valid MPA Request: read the CM events \
+                 and answer requests sooner, raise the listener's backlog if the load is \
+                 legitimate, or filter the peers (softwarp stat: softwarp_cm_*)."
             }
         }
     }

@@ -15,6 +15,7 @@
 //! | [`snapshot`] | bounded history of QP snapshots (state, counters, TCP_INFO, records) taken when a QP fails |
 //! | [`dump`] | component dump: the whole RAS state in a self-describing file; its parser; automatic dumps |
 //! | [`service`] | starts all of the above for a process in one call |
+//! | [`deadline`] | a caller's timeout as a point in time, `Duration::MAX` meaning none (used by `softwarp` too) |
 //!
 //! Threads: the control socket has one accept thread (plus one per open connection, at
 //! most 8), the metrics endpoint one; nothing else runs in the background. Every loop is
@@ -69,9 +70,13 @@
     warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+// `Instant + Duration` panics on a large duration: deadlines go through `deadline` (the
+// workspace's clippy.toml exempts the primitive number types from this lint).
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 
 pub mod clock;
 pub mod control;
+pub mod deadline;
 pub mod dump;
 pub mod errlog;
 pub mod registry;

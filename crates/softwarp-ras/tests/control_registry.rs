@@ -342,3 +342,14 @@ fn a_panicking_handler_gets_an_error_reply_and_the_socket_keeps_serving() {
         "new connections too"
     );
 }
+
+#[test]
+fn a_client_timeout_of_duration_max_means_no_limit() {
+    // `Instant::now() + Duration::MAX` panicked in `ControlClient::request`.
+    let dir = common::TempDir::new("max");
+    let path = dir.path().join("ctl.sock");
+    let _server = ControlServer::start(&path, Arc::new(DefaultHandler)).unwrap();
+    let mut c = ControlClient::connect(&path, Duration::MAX).unwrap();
+    let info: ProcessInfo = c.request(&Request::Info).unwrap().into_result().unwrap();
+    assert_eq!(info.pid, std::process::id());
+}

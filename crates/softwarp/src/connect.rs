@@ -16,7 +16,9 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use softwarp_ras::deadline::Deadline;
 
 use crate::cm::frame_io::{FrameReader, Progress, ReadError};
 use crate::cm::negotiate::{self, FrameOut, Local, Negotiated, Screened};
@@ -30,12 +32,12 @@ pub(crate) fn fpdu_len_for(requested: usize) -> usize {
     requested.clamp(128, softwarp_wire::mpa::fpdu::MAX_FPDU_LEN)
 }
 
-fn remaining(deadline: Instant, total: Duration) -> Result<Duration> {
-    let now = Instant::now();
-    if now >= deadline {
-        return Err(MpaError::Timeout(total).into());
+/// Time left before `deadline` (`None`: no limit), or the timeout error once it passed.
+fn remaining(deadline: Deadline, total: Duration) -> Result<Option<Duration>> {
+    match deadline.remaining() {
+        Some(left) if left.is_zero() => Err(MpaError::Timeout(total).into()),
+        left => Ok(left),
     }
-    Ok(deadline - now)
 }
 
 pub(crate) fn map_io(op: &'static str, e: std::io::Error, total: Duration) -> Error {
@@ -54,13 +56,13 @@ pub(crate) fn map_io(op: &'static str, e: std::io::Error, total: Duration) -> Er
 fn read_frame(
     stream: &mut TcpStream,
     reader: &mut FrameReader,
-    deadline: Instant,
+    deadline: Deadline,
     total: Duration,
 ) -> Result<(), ReadError> {
     loop {
         let left = remaining(deadline, total)
             .map_err(|_| ReadError::Io(std::io::Error::from(std::io::ErrorKind::TimedOut)))?;
-        stream.set_read_timeout(Some(left)).map_err(ReadError::Io)?;
+        stream.set_read_timeout(left).map_err(ReadError::Io)?;
         if reader.fill(stream)? == Progress::Complete {
             return Ok(());
         }
@@ -78,11 +80,11 @@ fn read_error(e: ReadError, total: Duration) -> Error {
 fn write_bytes(
     stream: &mut TcpStream,
     bytes: &[u8],
-    deadline: Instant,
+    deadline: Deadline,
     total: Duration,
 ) -> Result<()> {
     stream
-        .set_write_timeout(Some(remaining(deadline, total)?))
+        .set_write_timeout(remaining(deadline, total)?)
         .map_err(|e| Error::io("set socket timeout", e))?;
     stream
         .write_all(bytes)
@@ -92,7 +94,7 @@ fn write_bytes(
 fn write_frame(
     stream: &mut TcpStream,
     frame: &FrameOut,
-    deadline: Instant,
+    deadline: Deadline,
     total: Duration,
 ) -> Result<()> {
     write_bytes(stream, &frame.encode()?, deadline, total)
@@ -106,11 +108,13 @@ pub(crate) fn initiate(
 ) -> Result<(TcpStream, Negotiated)> {
     let request = negotiate::request(opts, local)?;
     let total = opts.timeout;
-    let deadline = Instant::now() + total;
+    let deadline = Deadline::after(total);
     let mut last_err = None;
     let mut stream = None;
     for a in addrs {
-        match TcpStream::connect_timeout(a, remaining(deadline, total)?) {
+        // No deadline: the kernel's own SYN retries bound the attempt.
+        let left = remaining(deadline, total)?.unwrap_or(Duration::MAX);
+        match TcpStream::connect_timeout(a, left) {
             Ok(s) => {
                 stream = Some(s);
                 break;
@@ -139,9 +143,9 @@ pub(crate) fn initiate(
         Ok(neg) => {
             // The peer may not be listening for FPDUs yet (siw): see `first_fpdu_delay`.
             // Nothing of ours can be sent before this returns (the QP enters RTS afterwards).
-            let hold = opts
-                .first_fpdu_delay
-                .min(deadline.saturating_duration_since(Instant::now()));
+            let hold = deadline.remaining().map_or(opts.first_fpdu_delay, |left| {
+                opts.first_fpdu_delay.min(left)
+            });
             if !hold.is_zero() {
                 std::thread::sleep(hold);
             }
@@ -166,7 +170,7 @@ pub(crate) fn respond(
 ) -> Result<(TcpStream, Negotiated)> {
     negotiate::check_private_data(&opts.private_data, opts.revision)?;
     let total = opts.timeout;
-    let deadline = Instant::now() + total;
+    let deadline = Deadline::after(total);
     stream
         .set_nonblocking(false)
         .map_err(|e| Error::io("clear O_NONBLOCK", e))?;
@@ -271,7 +275,7 @@ impl Listener {
     }
 
     fn wait_accept(&self, timeout: Option<Duration>) -> Result<TcpStream> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = Deadline::from_timeout(timeout);
         loop {
             match self.inner.accept() {
                 Ok((s, peer)) => {
@@ -282,16 +286,10 @@ impl Listener {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(Error::io("accept", e)),
             }
-            let left = match deadline {
-                None => None,
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Err(Error::Timeout(timeout.unwrap_or_default()));
-                    }
-                    Some(d - now)
-                }
-            };
+            let left = deadline.remaining();
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(Error::Timeout(timeout.unwrap_or_default()));
+            }
             sys::poll_readable(self.inner.as_fd(), left)
                 .map_err(|e| Error::io("poll on listener", e))?;
         }

@@ -12,10 +12,11 @@ use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use softwarp_engine::cq::{Cq, CqError, CqId};
 use softwarp_engine::wr::{WcOpcode, WcStatus, WorkCompletion};
+use softwarp_ras::deadline::Deadline;
 use softwarp_ras::sw_event;
 use softwarp_ras::tracker::{DescribeResource, ResourceKind};
 
@@ -415,21 +416,15 @@ impl CompletionChannel {
     /// Waits until an armed CQ of this channel fires and returns it (`None`: no time limit).
     /// The CQ is disarmed: call [`CompletionQueue::req_notify`] again for the next event.
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<CompletionQueue> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = Deadline::from_timeout(timeout);
         loop {
             if let Some(cq) = self.shared.take() {
                 return Ok(CompletionQueue::from_shared(cq));
             }
-            let left = match deadline {
-                None => None,
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Err(Error::Timeout(timeout.unwrap_or_default()));
-                    }
-                    Some(d - now)
-                }
-            };
+            let left = deadline.remaining();
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(Error::Timeout(timeout.unwrap_or_default()));
+            }
             sys::poll_readable(self.shared.fd.as_fd(), left)
                 .map_err(|e| Error::io("poll on completion channel", e))?;
         }

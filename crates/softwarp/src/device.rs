@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::mr::{MrTable, Stag};
@@ -168,22 +168,19 @@ impl EventQueue {
     }
 
     fn take(&self, timeout: Option<Duration>) -> Option<AsyncEvent> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = softwarp_ras::deadline::Deadline::from_timeout(timeout);
         let mut q = lock(&self.q);
         loop {
             if let Some(ev) = q.pop_front() {
                 return Some(ev);
             }
-            match deadline {
+            match deadline.remaining() {
                 None => q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner()),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return None;
-                    }
+                Some(left) if left.is_zero() => return None,
+                Some(left) => {
                     q = self
                         .cv
-                        .wait_timeout(q, d - now)
+                        .wait_timeout(q, left)
                         .unwrap_or_else(|e| e.into_inner())
                         .0;
                 }

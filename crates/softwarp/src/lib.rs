@@ -66,6 +66,9 @@
     warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+// `Instant + Duration` panics on a large duration: deadlines go through
+// `softwarp_ras::deadline` (the workspace's clippy.toml exempts the primitive number types).
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 
 pub mod cm;
 mod connect;
@@ -82,8 +85,8 @@ mod sys;
 
 pub use cm::{
     CmEvent, CmEventChannel, CmId, CmListener, CmState, ConnId, ConnectOptions, ConnectRequest,
-    ConnectionInfo, CrcMode, DisconnectReason, ListenOptions, ListenerId, MarkerMode, Role,
-    RtrTypes,
+    ConnectionInfo, CrcMode, DisconnectReason, ListenOptions, ListenerId, ListenerStats,
+    MarkerMode, Role, RtrTypes, MAX_QUEUED_REQUEST_ERRORS,
 };
 pub use connect::Listener;
 pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION};

@@ -7,11 +7,12 @@
 //! [`MemoryRegion::write_at`]), never through a Rust reference.
 
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use softwarp_engine::memory::Region;
 use softwarp_engine::mr::{Access, MrMemory, PdId, Stag};
 use softwarp_engine::wr::Sge;
+use softwarp_ras::deadline::Deadline;
 use softwarp_ras::tracker::{ResourceDetails, ResourceKind};
 
 use crate::cq::CompletionQueue;
@@ -349,19 +350,18 @@ impl MrRelease {
     /// this looks at the reference count with a short, growing sleep (up to 2 ms) instead of
     /// making every release signal a waiter.
     pub fn wait(&self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now().checked_add(timeout);
+        let deadline = Deadline::after(timeout);
         let mut nap = Duration::from_micros(50);
         loop {
             if self.is_released() {
                 return Ok(());
             }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
+            let left = deadline.remaining().unwrap_or(nap);
+            if left.is_zero() {
                 return Err(Error::Timeout(timeout));
             }
-            let left = deadline.map_or(nap, |d| d - now);
             std::thread::sleep(nap.min(left));
-            nap = (nap * 2).min(RELEASE_POLL_MAX);
+            nap = nap.saturating_mul(2).min(RELEASE_POLL_MAX);
         }
     }
 }

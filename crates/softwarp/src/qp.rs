@@ -32,6 +32,7 @@ use softwarp_engine::qp::{
 };
 use softwarp_engine::stats::QpStats;
 use softwarp_engine::wr::{Payload, RecvWr, SendWr};
+use softwarp_ras::deadline::Deadline;
 
 use crate::cm::negotiate::{Local, Negotiated};
 use crate::cm::options::{ConnectOptions, ConnectionInfo, Role};
@@ -184,10 +185,11 @@ pub(crate) struct Conn {
     linger_until: Option<Instant>,
     /// RFC 5044 responder without peer-to-peer mode: no FPDU goes out before one arrived.
     gated: bool,
-    /// Initiator: no FPDU goes out before this instant ([`ConnectOptions::first_fpdu_delay`]
-    /// on the connection manager's path). Posted work waits in the QP meanwhile; the
-    /// progress thread retries on its timer (nobody sleeps).
-    hold_until: Option<Instant>,
+    /// Initiator: no FPDU goes out before this deadline ([`ConnectOptions::first_fpdu_delay`]
+    /// on the connection manager's path; a delay the clock cannot represent holds until
+    /// the QP fails). Posted work waits in the QP meanwhile; the progress thread retries on
+    /// its timer (nobody sleeps).
+    hold_until: Option<Deadline>,
     /// [`ConnectOptions::rx_stall_timeout`] (`None`: no limit).
     rx_stall: Option<Duration>,
     /// The progress thread's last stall look that found the peer in the middle of an FPDU:
@@ -719,9 +721,7 @@ impl QpShared {
                 // Linux siw as responder installs its FPDU receive path only after sending
                 // its Reply: see `ConnectOptions::first_fpdu_delay`. Once the QP failed,
                 // the Terminate is let through.
-                if Instant::now() >= t
-                    || !matches!(inner.qp.state(), QpState::Rts | QpState::Closing)
-                {
+                if t.expired() || !matches!(inner.qp.state(), QpState::Rts | QpState::Closing) {
                     conn.hold_until = None;
                 } else if inner.qp.is_drained() {
                     return TxEnd::Idle;
@@ -859,7 +859,7 @@ impl QpShared {
         if !conn.shut_wr && (tx == TxEnd::Idle || conn.write_failed || tx == TxEnd::Dead) {
             let _ = conn.stream.shutdown(Shutdown::Write);
             conn.shut_wr = true;
-            conn.linger_until = Some(now + LINGER);
+            conn.linger_until = Deadline::after_from(now, LINGER).instant();
             tracing::debug!(qp = self.qp_num, ?state, "connection: FIN sent");
         }
         let expired = conn.linger_until.is_some_and(|t| now >= t);
@@ -1295,7 +1295,7 @@ impl QpShared {
             linger_until: None,
             gated: est.gate && neg.role == Role::Responder && neg.rtr.is_none(),
             hold_until: (neg.role == Role::Initiator && !est.hold.is_zero())
-                .then(|| Instant::now() + est.hold),
+                .then(|| Deadline::after(est.hold)),
             rx_stall: (est.opts.rx_stall_timeout != Duration::MAX)
                 .then_some(est.opts.rx_stall_timeout),
             stall_mark: None,
@@ -1594,7 +1594,7 @@ impl QueuePair {
     /// Waits (at most `timeout`) until the connection is closed and the QP is no longer
     /// in RTS, Closing or Terminate.
     pub fn wait_closed(&self, timeout: Duration) -> Result<QpState> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         loop {
             {
                 let g = self.shared.lock();
@@ -1603,7 +1603,7 @@ impl QueuePair {
                     return Ok(st);
                 }
             }
-            if Instant::now() >= deadline {
+            if deadline.expired() {
                 return Err(Error::Timeout(timeout));
             }
             std::thread::sleep(Duration::from_millis(2));

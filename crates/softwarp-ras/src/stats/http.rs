@@ -13,8 +13,9 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::deadline::Deadline;
 use crate::sys;
 
 /// The `Content-Type` of the Prometheus text format.
@@ -153,11 +154,11 @@ fn route(head: &[u8]) -> Route {
 /// Reads the request head: up to the blank line, at most [`MAX_REQUEST_HEAD`] bytes, within
 /// [`REQUEST_TIMEOUT`]. `None` when the client sent too much or too little in time.
 fn read_head(stream: &mut TcpStream) -> io::Result<Option<Vec<u8>>> {
-    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let deadline = Deadline::after(REQUEST_TIMEOUT);
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.remaining().unwrap_or(REQUEST_TIMEOUT);
         if left.is_zero() {
             return Ok(None);
         }

@@ -14,13 +14,16 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpListener as MioListener, TcpStream as MioStream};
 use mio::{Events, Interest, Poll, Token, Waker};
+use softwarp_ras::deadline::Deadline;
+use softwarp_ras::stats::{StatsBuilder, StatsSource};
 
+use super::admission::{ListenerState, Slot};
 use super::event::{CmEvent, ConnId, EventQueue, ListenerId};
 use super::frame_io::{self, FrameReader, Progress, ReadError};
 use super::id::{CmId, IdShared};
@@ -37,7 +40,7 @@ const WAKE: Token = Token(0);
 
 enum Cmd {
     Listen {
-        id: ListenerId,
+        state: Arc<ListenerState>,
         listener: MioListener,
         opts: Arc<ConnectOptions>,
     },
@@ -54,6 +57,8 @@ pub(crate) struct ChannelShared {
     cmd: Mutex<Sender<Cmd>>,
     waker: Waker,
     next_id: AtomicU64,
+    /// The channel's listeners, for statistics.
+    listeners: Mutex<Vec<Weak<ListenerState>>>,
 }
 
 impl std::fmt::Debug for Cmd {
@@ -93,6 +98,83 @@ impl ChannelShared {
     pub(crate) fn unlisten(&self, id: ListenerId) {
         let _ = self.send(Cmd::Unlisten(id));
     }
+
+    /// Wakes the channel's thread (a listener's place was given back).
+    pub(crate) fn wake_worker(&self) {
+        if let Err(e) = self.waker.wake() {
+            tracing::error!(error = %e, "cannot wake the connection manager");
+        }
+    }
+
+    fn live_listeners(&self) -> Vec<Arc<ListenerState>> {
+        let mut all = lock(&self.listeners);
+        all.retain(|w| w.strong_count() > 0);
+        all.iter().filter_map(Weak::upgrade).collect()
+    }
+}
+
+/// Exported with the devices' statistics (`softwarp stat`, the metrics endpoint): per
+/// listener the connections held and what was shed, per channel the events dropped.
+impl StatsSource for ChannelShared {
+    fn collect(&self, out: &mut StatsBuilder) {
+        let channel = format!("{:p}", self as *const Self);
+        out.counter(
+            "softwarp_cm_events_shed_total",
+            "Request error events dropped because the channel held the maximum unread.",
+            &[("channel", &channel)],
+            self.events.shed(),
+        );
+        for l in self.live_listeners() {
+            let s = l.stats();
+            let (id, addr) = (l.id.to_string(), l.local_addr.to_string());
+            let labels = [("listener", id.as_str()), ("local", addr.as_str())];
+            let gauges = [
+                (
+                    "softwarp_cm_listener_backlog",
+                    "Connections a listener holds at most.",
+                    s.backlog,
+                ),
+                (
+                    "softwarp_cm_listener_negotiating",
+                    "Connections whose MPA Request is being read.",
+                    s.negotiating,
+                ),
+                (
+                    "softwarp_cm_listener_unanswered",
+                    "Connection requests delivered and not answered.",
+                    s.unanswered,
+                ),
+            ];
+            for (name, help, v) in gauges {
+                out.gauge_int(name, help, &labels, u64::try_from(v).unwrap_or(u64::MAX));
+            }
+            let counters = [
+                (
+                    "softwarp_cm_listener_accepted_total",
+                    "TCP connections accepted.",
+                    s.accepted,
+                ),
+                (
+                    "softwarp_cm_listener_requests_total",
+                    "Connection requests delivered.",
+                    s.requests,
+                ),
+                (
+                    "softwarp_cm_listener_refused_total",
+                    "Connections closed before a request was delivered.",
+                    s.refused,
+                ),
+                (
+                    "softwarp_cm_listener_backlog_full_total",
+                    "Times the listener stopped accepting at its backlog.",
+                    s.backlog_full,
+                ),
+            ];
+            for (name, help, v) in counters {
+                out.counter(name, help, &labels, v);
+            }
+        }
+    }
 }
 
 /// The connection manager's event channel (after `rdma_event_channel`): listeners,
@@ -124,7 +206,9 @@ impl CmEventChannel {
             cmd: Mutex::new(tx),
             waker,
             next_id: AtomicU64::new(1),
+            listeners: Mutex::new(Vec::new()),
         });
+        softwarp_ras::stats::register_source(Arc::downgrade(&shared) as Weak<dyn StatsSource>);
         let worker = Worker {
             poll,
             rx,
@@ -170,10 +254,23 @@ impl CmEventChannel {
         self.shared.events.len()
     }
 
+    /// Request error events dropped because [`crate::MAX_QUEUED_REQUEST_ERRORS`] were unread (also
+    /// the statistic `softwarp_cm_events_shed_total`).
+    pub fn events_shed(&self) -> u64 {
+        self.shared.events.shed()
+    }
+
     /// Listens on `addr` (IPv4 or IPv6; port 0 picks a free port, see
     /// [`CmListener::local_addr`]). Requests arrive as [`CmEvent::ConnectRequest`]s after
     /// they passed the listener's policy (`opts.options`: markers, revision) and within its
     /// timeout.
+    ///
+    /// The listener holds at most `opts.backlog` connections, from `accept` until the
+    /// application answers the request (accept, reject or drop): those whose Request is
+    /// still being read and the requests delivered but unanswered. At that bound it stops
+    /// accepting; further connections wait in the kernel's accept queue (`backlog` long,
+    /// then the kernel drops SYNs and peers retry) until a place is given back. See
+    /// [`CmListener::stats`].
     pub fn listen<A: ToSocketAddrs>(&self, addr: A, opts: &ListenOptions) -> Result<CmListener> {
         let std_listener =
             std::net::TcpListener::bind(addr).map_err(|e| Error::io("bind listener", e))?;
@@ -186,13 +283,15 @@ impl CmEventChannel {
             .local_addr()
             .map_err(|e| Error::io("getsockname", e))?;
         let id = ListenerId(self.shared.next_id());
+        let state = Arc::new(ListenerState::new(id, local_addr, opts.backlog));
+        lock(&self.shared.listeners).push(Arc::downgrade(&state));
         self.shared.send(Cmd::Listen {
-            id,
+            state: Arc::clone(&state),
             listener: MioListener::from_std(std_listener),
             opts: Arc::new(opts.options.clone()),
         })?;
-        tracing::debug!(listener = %id, %local_addr, "listening");
-        Ok(CmListener::new(id, local_addr, Arc::clone(&self.shared)))
+        tracing::debug!(listener = %id, %local_addr, backlog = opts.backlog, "listening");
+        Ok(CmListener::new(state, Arc::clone(&self.shared)))
     }
 
     /// Starts connecting `qp` (Idle, receives posted) to `addr`: TCP connect, MPA Request
@@ -231,7 +330,7 @@ impl CmEventChannel {
             phase: Phase::Connecting,
             written: 0,
             reader: FrameReader::new(),
-            deadline: Instant::now() + opts.timeout,
+            deadline: Deadline::after(opts.timeout),
             last_err: None,
         };
         if let Err(e) = self.shared.send(Cmd::Connect(Box::new(job))) {
@@ -253,8 +352,8 @@ impl CmEventChannel {
         let id = self.connect(qp, addr, opts)?;
         let conn = id.conn_id();
         // The thread reports within `opts.timeout`; the margin only guards against a stuck
-        // thread.
-        let wait = opts.timeout + Duration::from_secs(5);
+        // thread (saturating: `Duration::MAX` means no limit).
+        let wait = opts.timeout.saturating_add(Duration::from_secs(5));
         let ev = self
             .shared
             .events
@@ -346,7 +445,7 @@ struct Active {
     phase: Phase,
     written: usize,
     reader: FrameReader,
-    deadline: Instant,
+    deadline: Deadline,
     last_err: Option<io::Error>,
 }
 
@@ -358,14 +457,18 @@ struct Passive {
     stream: MioStream,
     peer: SocketAddr,
     reader: FrameReader,
-    deadline: Instant,
+    deadline: Deadline,
+    /// Its place at the listener.
+    slot: Slot,
 }
 
 enum Job {
     Listener {
-        id: ListenerId,
+        state: Arc<ListenerState>,
         listener: MioListener,
         opts: Arc<ConnectOptions>,
+        /// Stopped accepting at the bound; resumed when a place is given back.
+        paused: bool,
     },
     Active(Box<Active>),
     Passive(Box<Passive>),
@@ -383,9 +486,10 @@ impl Worker {
     fn run(mut self) {
         let mut events = Events::with_capacity(1024);
         loop {
-            let timeout = self
-                .next_deadline()
-                .map(|d| d.saturating_duration_since(Instant::now()) + Duration::from_millis(1));
+            let timeout = self.next_deadline().map(|d| {
+                d.saturating_duration_since(Instant::now())
+                    .saturating_add(Duration::from_millis(1))
+            });
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     tracing::error!(error = %e, "epoll_wait failed; the connection manager stops");
@@ -405,6 +509,23 @@ impl Worker {
                 self.step(token);
             }
             self.expire();
+            self.resume_listeners();
+        }
+    }
+
+    /// Listeners that stopped at their bound and have room again accept what waits in the
+    /// kernel's queue (epoll reports a listener only when a new connection arrives).
+    fn resume_listeners(&mut self) {
+        let ready: Vec<Token> = self
+            .jobs
+            .iter()
+            .filter(
+                |(_, j)| matches!(j, Job::Listener { state, paused: true, .. } if state.has_room()),
+            )
+            .map(|(t, _)| *t)
+            .collect();
+        for t in ready {
+            self.accept_all(t);
         }
     }
 
@@ -418,8 +539,8 @@ impl Worker {
         self.jobs
             .values()
             .filter_map(|j| match j {
-                Job::Active(a) => Some(a.deadline),
-                Job::Passive(p) => Some(p.deadline),
+                Job::Active(a) => a.deadline.instant(),
+                Job::Passive(p) => p.deadline.instant(),
                 Job::Listener { .. } => None,
             })
             .min()
@@ -430,10 +551,11 @@ impl Worker {
         loop {
             match self.rx.try_recv() {
                 Ok(Cmd::Listen {
-                    id,
+                    state,
                     mut listener,
                     opts,
                 }) => {
+                    let id = state.id;
                     let token = self.token();
                     match self
                         .poll
@@ -441,8 +563,15 @@ impl Worker {
                         .register(&mut listener, token, Interest::READABLE)
                     {
                         Ok(()) => {
-                            self.jobs
-                                .insert(token, Job::Listener { id, listener, opts });
+                            self.jobs.insert(
+                                token,
+                                Job::Listener {
+                                    state,
+                                    listener,
+                                    opts,
+                                    paused: false,
+                                },
+                            );
                             // Connections queued before the registration are taken now.
                             self.step(token);
                         }
@@ -456,7 +585,7 @@ impl Worker {
                         .jobs
                         .iter()
                         .filter(|(_, j)| match j {
-                            Job::Listener { id: l, .. } => *l == id,
+                            Job::Listener { state, .. } => state.id == id,
                             Job::Passive(p) => p.listener == id,
                             Job::Active(_) => false,
                         })
@@ -574,13 +703,29 @@ impl Worker {
         }
     }
 
-    /// Accepts every connection waiting at a listener.
+    /// Accepts the connections waiting at a listener, as long as it has room for them
+    /// (see [`CmEventChannel::listen`]); at the bound the rest stay in the kernel's queue.
     fn accept_all(&mut self, token: Token) {
         loop {
-            let Some(Job::Listener { id, listener, opts }) = self.jobs.get(&token) else {
+            let Some(Job::Listener {
+                state,
+                listener,
+                opts,
+                paused,
+            }) = self.jobs.get_mut(&token)
+            else {
                 return;
             };
-            let (id, opts) = (*id, Arc::clone(opts));
+            if !state.has_room() {
+                if !*paused {
+                    *paused = true;
+                    state.backlog_reached();
+                }
+                return;
+            }
+            *paused = false;
+            let (state, opts) = (Arc::clone(state), Arc::clone(opts));
+            let id = state.id;
             let (mut stream, peer) = match listener.accept() {
                 Ok(v) => v,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -596,6 +741,7 @@ impl Worker {
                     return;
                 }
             };
+            let slot = state.take_slot(Arc::downgrade(&self.shared));
             let _ = stream.set_nodelay(true);
             let t = self.token();
             if let Err(e) = self
@@ -612,11 +758,12 @@ impl Worker {
                 Job::Passive(Box::new(Passive {
                     conn_id: ConnId(self.shared.next_id()),
                     listener: id,
-                    deadline: Instant::now() + opts.timeout,
+                    deadline: Deadline::after(opts.timeout),
                     opts,
                     stream,
                     peer,
                     reader: FrameReader::new(),
+                    slot,
                 })),
             );
             self.step(t);
@@ -630,8 +777,8 @@ impl Worker {
             .jobs
             .iter()
             .filter(|(_, j)| match j {
-                Job::Active(a) => a.deadline <= now,
-                Job::Passive(p) => p.deadline <= now,
+                Job::Active(a) => a.deadline.expired_at(now),
+                Job::Passive(p) => p.deadline.expired_at(now),
                 Job::Listener { .. } => false,
             })
             .map(|(t, _)| *t)
@@ -674,18 +821,12 @@ impl Worker {
                     opts,
                     stream,
                     peer,
+                    mut slot,
                     ..
                 } = *p;
                 let std_stream: std::net::TcpStream = stream.into();
-                match ConnectRequest::new(
-                    conn_id,
-                    listener,
-                    std_stream,
-                    peer,
-                    req,
-                    opts,
-                    Arc::downgrade(&self.shared),
-                ) {
+                slot.delivered();
+                match ConnectRequest::new(conn_id, std_stream, peer, req, opts, slot) {
                     Ok(r) => self.shared.push(CmEvent::ConnectRequest(r)),
                     Err(error) => self.shared.push(CmEvent::RequestError {
                         listener,

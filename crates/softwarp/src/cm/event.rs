@@ -4,8 +4,12 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+use softwarp_ras::deadline::Deadline;
+use softwarp_ras::errlog::{self, CriticalEvent, CriticalKind};
 
 use super::options::ConnectionInfo;
 use super::request::ConnectRequest;
@@ -162,21 +166,38 @@ impl CmEvent {
     }
 }
 
+/// Request errors (garbage or refused connections at a listener) kept on a channel at most;
+/// more are dropped and counted ([`crate::CmEventChannel::events_shed`]). The other events
+/// are bounded by what they are about: connection requests by the listeners' backlogs,
+/// connection events by the application's own connections.
+pub const MAX_QUEUED_REQUEST_ERRORS: usize = 128;
+
 /// The events of one channel: a queue with a blocking take, and an eventfd that is readable
 /// exactly while the queue is not empty.
 #[derive(Debug)]
 pub(crate) struct EventQueue {
-    q: Mutex<VecDeque<CmEvent>>,
+    q: Mutex<Queue>,
     cv: Condvar,
     fd: EventFd,
+    shed: AtomicU64,
+    last_report: Mutex<Option<Instant>>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    events: VecDeque<CmEvent>,
+    /// `RequestError`s among `events`.
+    request_errors: usize,
 }
 
 impl EventQueue {
     pub(crate) fn new() -> std::io::Result<Self> {
         Ok(Self {
-            q: Mutex::new(VecDeque::new()),
+            q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
             fd: EventFd::new()?,
+            shed: AtomicU64::new(0),
+            last_report: Mutex::new(None),
         })
     }
 
@@ -187,14 +208,43 @@ impl EventQueue {
     pub(crate) fn push(&self, ev: CmEvent) {
         tracing::debug!(event = ev.name(), conn = ?ev.conn_id(), "CM event");
         let mut q = lock(&self.q);
-        if q.is_empty() {
+        if let CmEvent::RequestError { listener, peer, .. } = &ev {
+            if q.request_errors >= MAX_QUEUED_REQUEST_ERRORS {
+                drop(q);
+                self.shed_one(*listener, *peer);
+                return;
+            }
+            q.request_errors = q.request_errors.saturating_add(1);
+        }
+        if q.events.is_empty() {
             if let Err(e) = self.fd.signal() {
                 tracing::error!(error = %e, "cannot signal the CM event channel");
             }
         }
-        q.push_back(ev);
+        q.events.push_back(ev);
         drop(q);
         self.cv.notify_all();
+    }
+
+    /// A request error found [`MAX_QUEUED_REQUEST_ERRORS`] queued: dropped, counted, traced,
+    /// and reported to the error log (at most every few seconds).
+    fn shed_one(&self, listener: ListenerId, peer: SocketAddr) {
+        let n = self.shed.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        tracing::warn!(%listener, %peer, shed = n, "CM event queue full: request error dropped");
+        if super::admission::due(&self.last_report) {
+            errlog::report(&CriticalEvent::new(
+                CriticalKind::CmOverload,
+                format!(
+                    "CM event channel: {MAX_QUEUED_REQUEST_ERRORS} request errors unread, \
+                     {n} more dropped so far (last from {peer} at {listener})"
+                ),
+            ));
+        }
+    }
+
+    /// Events dropped because the queue held [`MAX_QUEUED_REQUEST_ERRORS`] request errors.
+    pub(crate) fn shed(&self) -> u64 {
+        self.shed.load(Ordering::Relaxed)
     }
 
     /// The oldest event matching `pred`, waiting at most `timeout` (`None`: no limit).
@@ -203,28 +253,28 @@ impl EventQueue {
         timeout: Option<Duration>,
         mut pred: impl FnMut(&CmEvent) -> bool,
     ) -> Option<CmEvent> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = Deadline::from_timeout(timeout);
         let mut q = lock(&self.q);
         loop {
-            if let Some(i) = q.iter().position(&mut pred) {
-                let ev = q.remove(i);
-                if q.is_empty() {
+            if let Some(i) = q.events.iter().position(&mut pred) {
+                let ev = q.events.remove(i);
+                if matches!(ev, Some(CmEvent::RequestError { .. })) {
+                    q.request_errors = q.request_errors.saturating_sub(1);
+                }
+                if q.events.is_empty() {
                     if let Err(e) = self.fd.drain() {
                         tracing::error!(error = %e, "cannot reset the CM event channel");
                     }
                 }
                 return ev;
             }
-            match deadline {
+            match deadline.remaining() {
                 None => q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner()),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return None;
-                    }
+                Some(left) if left.is_zero() => return None,
+                Some(left) => {
                     q = self
                         .cv
-                        .wait_timeout(q, d - now)
+                        .wait_timeout(q, left)
                         .unwrap_or_else(|e| e.into_inner())
                         .0;
                 }
@@ -234,7 +284,7 @@ impl EventQueue {
 
     /// Events waiting.
     pub(crate) fn len(&self) -> usize {
-        lock(&self.q).len()
+        lock(&self.q).events.len()
     }
 }
 

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::admission::{ListenerState, ListenerStats};
 use super::channel::ChannelShared;
 use super::event::{CmEvent, ListenerId};
 use super::id::CmId;
@@ -17,7 +18,9 @@ use crate::qp::QueuePair;
 #[non_exhaustive]
 pub struct ListenOptions {
     /// Length of the kernel's queue of TCP connections not yet accepted (`listen(2)`; the
-    /// kernel caps it at `net.core.somaxconn`). 1024 by default.
+    /// kernel caps it at `net.core.somaxconn`), and the most connections the listener holds
+    /// itself: those whose MPA Request is being read plus the requests not answered yet
+    /// (see [`crate::CmEventChannel::listen`]). 1024 by default; 0 counts as 1.
     pub backlog: u32,
     /// The policy requests are screened with before they are delivered (markers, highest
     /// revision) and the time a peer has to send its Request after the TCP connection;
@@ -54,16 +57,24 @@ impl ListenOptions {
 pub struct CmListener {
     id: ListenerId,
     local_addr: SocketAddr,
+    state: Arc<ListenerState>,
     channel: Arc<ChannelShared>,
 }
 
 impl CmListener {
-    pub(crate) fn new(id: ListenerId, local_addr: SocketAddr, channel: Arc<ChannelShared>) -> Self {
+    pub(crate) fn new(state: Arc<ListenerState>, channel: Arc<ChannelShared>) -> Self {
         Self {
-            id,
-            local_addr,
+            id: state.id,
+            local_addr: state.local_addr,
+            state,
             channel,
         }
+    }
+
+    /// Connections held (negotiating, unanswered) and what was accepted, delivered and
+    /// shed; also exported as the `softwarp_cm_listener_*` statistics.
+    pub fn stats(&self) -> ListenerStats {
+        self.state.stats()
     }
 
     /// The identifier its events carry.

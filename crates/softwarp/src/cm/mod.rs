@@ -39,8 +39,10 @@
 //! | private data | up to 508 bytes (rev 2) or 512 (rev 1) each way | same limit | longer is refused with [`crate::MpaError::PrivateDataTooLong`] |
 //! | first FPDU | a responder without peer-to-peer mode waits for the initiator's (RFC 5044) | sends at once | [`ConnectOptions::responder_waits_for_initiator`] |
 //! | Terminate layout | RFC 5040 | siw's own | received Terminates are understood in either |
-//! | timeout | 5 s for TCP connect and MPA exchange | | [`ConnectOptions::timeout`]; a listener's is the time a peer has to send its Request |
+//! | timeout | 5 s for TCP connect and MPA exchange | | [`ConnectOptions::timeout`]; a listener's is the time a peer has to send its Request; `Duration::MAX`: no limit |
+//! | listener bound | `backlog` (1024) connections negotiating or unanswered | | [`ListenOptions::backlog`]; beyond it peers wait in the kernel's accept queue ([`CmListener::stats`]) |
 
+mod admission;
 mod channel;
 mod event;
 pub(crate) mod frame_io;
@@ -50,8 +52,9 @@ pub(crate) mod negotiate;
 pub(crate) mod options;
 mod request;
 
+pub use admission::ListenerStats;
 pub use channel::{resolve, CmEventChannel};
-pub use event::{CmEvent, ConnId, DisconnectReason, ListenerId};
+pub use event::{CmEvent, ConnId, DisconnectReason, ListenerId, MAX_QUEUED_REQUEST_ERRORS};
 pub use id::{CmId, CmState};
 pub use listener::{CmListener, ListenOptions};
 pub use options::{ConnectOptions, ConnectionInfo, CrcMode, MarkerMode, Role, RtrTypes};

@@ -189,7 +189,8 @@ pub struct ConnectOptions {
     /// `max_rd_atomic`. At most that.
     pub ord: Option<usize>,
     /// Deadline for the TCP connect and the whole MPA exchange (initiator), or for the
-    /// Request to arrive after the TCP connection was accepted (responder).
+    /// Request to arrive after the TCP connection was accepted (responder). `Duration::MAX`
+    /// (or any time the clock cannot reach): no limit.
     pub timeout: Duration,
     /// Largest FPDU to send; `None`: the TCP maximum segment size (`TCP_MAXSEG`).
     pub max_fpdu_len: Option<usize>,

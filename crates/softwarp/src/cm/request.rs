@@ -6,6 +6,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use super::admission::Slot;
 use super::channel::ChannelShared;
 use super::event::{ConnId, ListenerId};
 use super::id::{CmId, IdShared};
@@ -34,18 +35,20 @@ pub struct ConnectRequest {
     opts: Arc<ConnectOptions>,
     stream: Mutex<Option<TcpStream>>,
     channel: Weak<ChannelShared>,
+    /// Its place at the listener (bounded by the backlog), given back when answered.
+    slot: Mutex<Option<Slot>>,
 }
 
 impl ConnectRequest {
     pub(crate) fn new(
         conn_id: ConnId,
-        listener: ListenerId,
         stream: TcpStream,
         peer_addr: SocketAddr,
         req: PeerRequest,
         opts: Arc<ConnectOptions>,
-        channel: Weak<ChannelShared>,
+        slot: Slot,
     ) -> Result<Self> {
+        let (listener, channel) = (slot.listener_id(), slot.channel());
         let local_addr = stream
             .local_addr()
             .map_err(|e| Error::io("getsockname", e))?;
@@ -58,6 +61,7 @@ impl ConnectRequest {
             opts,
             stream: Mutex::new(Some(stream)),
             channel,
+            slot: Mutex::new(Some(slot)),
         })
     }
 
@@ -135,6 +139,7 @@ impl ConnectRequest {
             return Err(Error::AlreadyAnswered);
         };
         drop(slot);
+        self.answered();
         if let Err(e) = write_blocking(&mut stream, &bytes, opts.timeout) {
             shared.abandon_connect();
             return Err(e);
@@ -158,6 +163,11 @@ impl ConnectRequest {
         Ok(CmId { shared: id })
     }
 
+    /// Gives the request's place at the listener back (it may accept another connection).
+    fn answered(&self) {
+        drop(lock(&self.slot).take());
+    }
+
     /// Rejects the request: an MPA Reply with the R bit carrying `private_data` (the
     /// reason, for the initiator's application; at most [`Self::max_reply_private_data`]),
     /// then the connection is closed.
@@ -169,6 +179,7 @@ impl ConnectRequest {
             return Err(Error::AlreadyAnswered);
         };
         drop(slot);
+        self.answered();
         let reply = negotiate::reject_reply(Some(&self.req), self.opts.revision, private_data);
         send_and_close(&mut stream, &reply, self.opts.timeout)
     }
