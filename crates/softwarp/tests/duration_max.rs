@@ -170,3 +170,35 @@ fn completion_and_async_event_waits_take_duration_max() {
     let ev = dev.get_async_event_timeout(NO_LIMIT).unwrap();
     assert!(matches!(ev, AsyncEvent::DeviceFatal), "{ev:?}");
 }
+
+#[test]
+fn a_release_wait_and_a_stall_timeout_of_duration_max_mean_no_limit() {
+    // An MR nothing else holds is released at once; the wait returns without computing an
+    // end that the clock cannot represent.
+    let end = End::new(None, None);
+    let (mr, _) = end.mr(64, AccessFlags::LOCAL_WRITE, 1);
+    let release = mr.deregister();
+    bounded("MrRelease::wait(Duration::MAX)", move || {
+        release.wait(NO_LIMIT).unwrap()
+    });
+
+    // A connection without a receive stall bound still moves data, and the progress thread's
+    // stall looks (a period derived from the timeout) do not overflow.
+    let opts = ConnectOptions::default().rx_stall_timeout(NO_LIMIT);
+    let (a, b) = pair(&opts);
+    let (src, data) = a.mr(128, AccessFlags::LOCAL_WRITE, 2);
+    let (dst, _) = b.mr(128, AccessFlags::LOCAL_WRITE, 3);
+    b.qp.post_recv(&RecvWr {
+        wr_id: 7,
+        sgl: SgList::single(dst.sge(0, 128).unwrap()),
+    })
+    .unwrap();
+    a.qp.post_send(&send_wr(
+        1,
+        send_op(false, None),
+        Payload::Sgl(SgList::single(src.sge(0, 128).unwrap())),
+    ))
+    .unwrap();
+    assert_eq!(wait_wcs(&b.rcq, 1)[0].status, WcStatus::Success);
+    assert_eq!(dst.to_vec().unwrap(), data);
+}
