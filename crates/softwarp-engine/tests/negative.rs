@@ -954,3 +954,61 @@ fn a_read_request_with_extra_or_missing_bytes_gets_a_catastrophic_terminate_nami
         }
     }
 }
+
+/// A peer that stops inside an FPDU: the runtime's stall timer calls `handle_rx_stall`. At
+/// every split point of a Write's FPDU (inside the header, the payload and the CRC) the QP
+/// reports that it is inside an FPDU, and the stall ends the stream with RDMAP "Catastrophic
+/// error, localized to RDMAP Stream" with nothing copied back, lets go of the registration
+/// (deregistered meanwhile) and completes nothing. At an FPDU boundary the QP is not inside
+/// one and the call does nothing.
+#[test]
+fn a_stall_inside_an_fpdu_terminates_the_stream_and_releases_the_registration() {
+    for crc in [false, true] {
+        let whole = fpdu(&write_seg(Stag(0x100), 0, &[0x55u8; 100]), crc);
+        for split in 1..whole.len() {
+            let mut v = Victim::new(crc);
+            let (stag, to) = v.region(256, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+            let bytes = fpdu(&write_seg(stag, to, &[0x55u8; 100]), crc);
+            assert_eq!(bytes.len(), whole.len());
+            assert!(!v.side.qp.rx_in_fpdu(), "nothing received yet");
+            v.side.qp.handle_rx_stall();
+            assert_eq!(
+                v.side.qp.state(),
+                QpState::Rts,
+                "a stall between FPDUs is none"
+            );
+
+            v.feed(&bytes[..split]);
+            assert!(v.side.qp.rx_in_fpdu(), "split {split}: inside the FPDU");
+            let memory = v.side.mrs.memory(stag).unwrap();
+            v.side.mrs.deregister(stag).unwrap();
+            v.side.qp.handle_rx_stall();
+            let t = v.expect_terminate(
+                crc,
+                TerminateError::Rdmap(RdmapError::RemoteOperation(
+                    RemoteOperationError::CatastrophicLocalToStream,
+                )),
+            );
+            assert_eq!(t.ddp_segment_length, None, "nothing copied back");
+            assert_eq!(t.ddp_header, None);
+            assert!(!v.side.qp.rx_in_fpdu());
+            assert_eq!(
+                memory.strong_count(),
+                0,
+                "split {split}: the memory is let go"
+            );
+            let wcs = v.side.recv_wcs();
+            assert!(
+                wcs.iter().all(|wc| wc.status == WcStatus::WrFlushErr),
+                "{wcs:?}"
+            );
+            assert!(v.side.events.iter().any(|e| matches!(
+                e,
+                AsyncEvent::QpFatal {
+                    cause: Cause::Detected(Fault::RxStall),
+                    ..
+                }
+            )));
+        }
+    }
+}
