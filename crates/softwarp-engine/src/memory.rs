@@ -335,7 +335,9 @@ impl Region {
     #[inline(always)]
     fn word(&self, at: usize) -> &AtomicU64 {
         debug_assert!(
-            at >= self.words.0 && at + WORD <= self.words.1 && (at - self.words.0) % WORD == 0
+            at >= self.words.0
+                && at + WORD <= self.words.1
+                && (at - self.words.0).is_multiple_of(WORD)
         );
         // SAFETY: `at` names a word of the word range (caller), which lies inside memory the
         // region owns and keeps valid for its lifetime, and whose address is a multiple of 8
@@ -507,7 +509,8 @@ impl Region {
     #[inline(always)]
     fn starts_a_word_in_words(&self, offset: usize, len: usize) -> bool {
         let (w0, w1) = self.words;
-        offset >= w0 && (offset - w0) % WORD == 0 && len <= w1 - offset
+        // `offset + len` cannot overflow: the caller checked it against the region's length.
+        offset >= w0 && (offset - w0).is_multiple_of(WORD) && offset + len <= w1
     }
 
     /// [`Region::read_at`] of any range, bounds already checked: kept out of line, off the
@@ -530,7 +533,7 @@ impl Region {
     #[inline(always)]
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<(), MemoryError> {
         self.check(offset, src.len())?;
-        if self.starts_a_word_in_words(offset, src.len()) && src.len() % WORD == 0 {
+        if self.starts_a_word_in_words(offset, src.len()) && src.len().is_multiple_of(WORD) {
             // The common case (aligned buffers and lengths): whole words only.
             let mut at = offset;
             for w in src.as_chunks::<WORD>().0 {
@@ -785,7 +788,10 @@ mod tests {
         let (misaligns, lens): (&[usize], &[usize]) = if cfg!(miri) {
             (&[0, 3], &[1, 7, 9, 17])
         } else {
-            (&[0, 1, 2, 3, 4, 5, 6, 7], &[0, 1, 5, 7, 8, 9, 15, 16, 17, 24, 31])
+            (
+                &[0, 1, 2, 3, 4, 5, 6, 7],
+                &[0, 1, 5, 7, 8, 9, 15, 16, 17, 24, 31],
+            )
         };
         for &misalign in misaligns {
             for &len in lens {
@@ -834,8 +840,12 @@ mod tests {
             let region = std::sync::Arc::clone(&region);
             std::thread::spawn(move || {
                 for i in 0..rounds {
-                    region.write_at(8, if i % 2 == 0 { &b } else { &a }).unwrap();
-                    region.fill(8, LEN, if i % 2 == 0 { 0x11 } else { 0xee }).unwrap();
+                    region
+                        .write_at(8, if i % 2 == 0 { &b } else { &a })
+                        .unwrap();
+                    region
+                        .fill(8, LEN, if i % 2 == 0 { 0x11 } else { 0xee })
+                        .unwrap();
                 }
             })
         };
