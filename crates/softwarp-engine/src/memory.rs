@@ -158,9 +158,6 @@ unsafe impl Sync for Region {}
 /// CRC32-instruction loop wins: no set-up cost).
 const FOLDING_CRC_MIN: usize = 512;
 
-/// Bytes of region memory copied (atomically) into a stack buffer per step of the folding CRC.
-const CRC_CHUNK: usize = 2048;
-
 /// Continues a CRC32c (as `crc32c::crc32c_append`) over bytes this process owns (never over
 /// region memory: [`Region::crc32c_append`] does that): large inputs use `crc_fast`, which
 /// folds with (V)PCLMULQDQ and runs about three times faster than the `crc32c` crate on the
@@ -583,34 +580,125 @@ impl Region {
     /// Continues a CRC32c computation over `len` bytes at `offset` (the engine's on-the-fly
     /// MPA CRC over placed or transmitted payload), from the standard CRC32c value `crc`.
     ///
-    /// The bytes are read by atomic loads (module docs), never through a slice: under
-    /// [`FOLDING_CRC_MIN`] bytes each loaded word goes straight into the CRC32 instruction;
-    /// longer ranges are copied [`CRC_CHUNK`] bytes at a time into a stack buffer that the
-    /// folding CRC then runs over.
+    /// The bytes are read by atomic loads (module docs), never through a slice, and each
+    /// loaded word goes straight into the CRC32 instruction: the aligned middle of the range
+    /// through [`Region::crc_words`] (three interleaved streams from [`CRC_ROUND`] bytes on),
+    /// the unaligned ends and a raw region's byte units through [`Region::load_each`].
+    #[inline]
     pub fn crc32c_append(&self, crc: u32, offset: usize, len: usize) -> Result<u32, MemoryError> {
         self.check(offset, len)?;
-        if len < FOLDING_CRC_MIN {
-            let mut c = !crc;
-            self.load_each(offset, len, |piece| {
-                c = match piece {
-                    Piece::Word(w) => crc_register::word(c, w),
-                    Piece::Part(b, n) => crc_register::bytes(c, &b[..n]),
-                }
-            });
-            return Ok(!c);
+        let end = offset + len;
+        let (w0, w1) = self.words;
+        // The aligned words of the range: [first, last).
+        let first = if offset <= w0 {
+            w0
+        } else {
+            w0 + (offset - w0).next_multiple_of(WORD)
+        };
+        let limit = end.min(w1);
+        let last = if first < limit {
+            first + (limit - first) / WORD * WORD
+        } else {
+            first
+        };
+        let mut c = !crc;
+        if first >= last {
+            return Ok(!self.crc_pieces(c, offset, len));
         }
-        let mut buf = [0u8; CRC_CHUNK];
-        let mut crc = crc;
-        let mut at = offset;
-        while at < offset + len {
-            let n = (offset + len - at).min(CRC_CHUNK);
-            let chunk = &mut buf[..n];
-            self.read_at(at, chunk)?;
-            crc = crc32c_append(crc, chunk);
-            at += n;
+        if first > offset {
+            c = self.crc_pieces(c, offset, first - offset);
         }
-        Ok(crc)
+        c = self.crc_words(c, first, last);
+        if end > last {
+            if end <= w1 {
+                // The start of one more word (the common tail).
+                let b = self.word(last).load(Relaxed).to_ne_bytes();
+                c = crc_register::bytes(c, &b[..end - last]);
+            } else {
+                c = self.crc_pieces(c, last, end - last);
+            }
+        }
+        Ok(!c)
     }
+
+    /// The raw CRC register `c` continued over `len` bytes at `offset` through
+    /// [`Region::load_each`] (unaligned ends, byte units): off the common path.
+    #[inline(never)]
+    fn crc_pieces(&self, mut c: u32, offset: usize, len: usize) -> u32 {
+        self.load_each(offset, len, |piece| {
+            c = match piece {
+                Piece::Word(w) => crc_register::word(c, w),
+                Piece::Part(b, n) => crc_register::bytes(c, &b[..n]),
+            }
+        });
+        c
+    }
+
+    /// The raw CRC register `c` continued over the words at offsets `[at, end)` (both word
+    /// boundaries of the word range). Runs of [`CRC_ROUND`] bytes go through three
+    /// independent CRC streams (the CRC32 instruction's latency is three times its
+    /// throughput), joined by [`crc_shift`]; the rest one word at a time.
+    #[inline(always)]
+    fn crc_words(&self, mut c: u32, mut at: usize, end: usize) -> u32 {
+        if end - at >= CRC_ROUND {
+            let shift = crc_shift_table();
+            while end - at >= CRC_ROUND {
+                let (mut x, mut y, mut z) = (c, 0u32, 0u32);
+                let mut i = at;
+                while i < at + CRC_STREAM {
+                    x = crc_register::word(x, self.word(i).load(Relaxed));
+                    y = crc_register::word(y, self.word(i + CRC_STREAM).load(Relaxed));
+                    z = crc_register::word(z, self.word(i + 2 * CRC_STREAM).load(Relaxed));
+                    i += WORD;
+                }
+                c = crc_shift(shift, crc_shift(shift, x) ^ y) ^ z;
+                at += CRC_ROUND;
+            }
+        }
+        while at < end {
+            c = crc_register::word(c, self.word(at).load(Relaxed));
+            at += WORD;
+        }
+        c
+    }
+}
+
+/// Bytes per stream of one round of [`Region::crc_words`].
+const CRC_STREAM: usize = 256;
+/// Bytes per round of [`Region::crc_words`]: three streams.
+const CRC_ROUND: usize = 3 * CRC_STREAM;
+
+/// `SHIFT[i][b]` is the raw CRC register `b << 8i` continued over [`CRC_STREAM`] zero bytes.
+type ShiftTable = [[u32; 256]; 4];
+
+/// The table of [`crc_shift`], computed once.
+fn crc_shift_table() -> &'static ShiftTable {
+    static TABLE: std::sync::OnceLock<Box<ShiftTable>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = Box::new([[0u32; 256]; 4]);
+        for (i, row) in t.iter_mut().enumerate() {
+            for (b, entry) in row.iter_mut().enumerate() {
+                let mut r = (b as u32) << (8 * i);
+                for _ in 0..CRC_STREAM / WORD {
+                    r = crc_register::word(r, 0);
+                }
+                *entry = r;
+            }
+        }
+        t
+    })
+}
+
+/// The raw CRC register `r` continued over [`CRC_STREAM`] zero bytes (`r · x^(8·256) mod P`).
+/// The register update is linear, so this is the XOR of the four bytes' table entries; and
+/// the register after `A ‖ B` is `shift(register after A) ^ (register of B from 0)` when `B`
+/// is [`CRC_STREAM`] bytes long.
+#[inline(always)]
+fn crc_shift(t: &ShiftTable, r: u32) -> u32 {
+    t[0][(r & 0xff) as usize]
+        ^ t[1][((r >> 8) & 0xff) as usize]
+        ^ t[2][((r >> 16) & 0xff) as usize]
+        ^ t[3][(r >> 24) as usize]
 }
 
 impl Drop for Region {
@@ -724,19 +812,29 @@ mod tests {
         unsafe { Region::from_raw(ptr, len) }.unwrap()
     }
 
-    /// Lengths the CRC tests cover: all of 0..600 natively, a sample under Miri (slow).
+    /// Lengths the CRC tests cover: all of 0..600 natively, a sample under Miri (slow), and
+    /// lengths around the three-stream rounds (`CRC_ROUND`).
     fn crc_lengths() -> Vec<usize> {
-        if cfg!(miri) {
+        let mut v: Vec<usize> = if cfg!(miri) {
             vec![0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 511, 512, 513, 600]
         } else {
             (0..=600).collect()
-        }
+        };
+        v.extend([
+            CRC_ROUND - 1,
+            CRC_ROUND,
+            CRC_ROUND + 1,
+            CRC_ROUND + 8,
+            2 * CRC_ROUND + 13,
+            3000,
+        ]);
+        v
     }
 
     #[test]
-    fn crc_over_region_equals_crc_over_copy_for_unaligned_offsets_and_lengths_0_to_600() {
-        let data = pattern(700, 1);
-        let owned = Region::new_zeroed(700).unwrap();
+    fn crc_over_region_equals_crc_over_copy_for_unaligned_offsets_and_lengths_0_to_600_and_more() {
+        let data = pattern(3100, 1);
+        let owned = Region::new_zeroed(3100).unwrap();
         owned.write_at(0, &data).unwrap();
         for offset in [0, 1, 3, 7, 8, 9, 13, 64, 95] {
             for &len in &crc_lengths() {
@@ -761,8 +859,8 @@ mod tests {
         // Raw regions at every misalignment of their base: bytes at the ends are accessed as
         // `AtomicU8`, the rest as words.
         for misalign in 0..8 {
-            let mut backing = vec![0u64; 700 / 8 + 2];
-            let raw = raw_at(&mut backing, misalign, 700);
+            let mut backing = vec![0u64; 3100 / 8 + 2];
+            let raw = raw_at(&mut backing, misalign, 3100);
             raw.write_at(0, &data).unwrap();
             for offset in [0, 1, 5, 8, 11] {
                 for &len in &crc_lengths() {
@@ -776,9 +874,9 @@ mod tests {
                     );
                 }
             }
-            assert!(raw.crc32c_append(0, 1, 700).is_err());
+            assert!(raw.crc32c_append(0, 1, 3100).is_err());
         }
-        assert!(owned.crc32c_append(0, 0, 701).is_err());
+        assert!(owned.crc32c_append(0, 0, 3101).is_err());
         assert!(owned.crc32c_append(0, usize::MAX, 2).is_err());
     }
 
