@@ -582,8 +582,8 @@ impl Region {
     ///
     /// The bytes are read by atomic loads (module docs), never through a slice, and each
     /// loaded word goes straight into the CRC32 instruction: the aligned middle of the range
-    /// through [`Region::crc_words`] (three interleaved streams from [`CRC_ROUND`] bytes on),
-    /// the unaligned ends and a raw region's byte units through [`Region::load_each`].
+    /// in three interleaved streams from 768 bytes on, the unaligned ends and a raw region's
+    /// byte units one piece at a time.
     #[inline]
     pub fn crc32c_append(&self, crc: u32, offset: usize, len: usize) -> Result<u32, MemoryError> {
         self.check(offset, len)?;
