@@ -90,7 +90,10 @@ impl ProtectionDomain {
     /// returned [`MemoryRegion`] is dropped **and** every work request that uses it has
     /// completed (flushed work completes when its QP is destroyed). The peer may write the
     /// bytes at any time while the registration allows it: the caller must not hold Rust
-    /// references to them that assume otherwise.
+    /// references to them that assume otherwise, and its own accesses that may race with
+    /// the stack's must be atomic (the rest of [`Region::from_raw`]'s contract, including
+    /// overlapping registrations with different ends; the memory model is in
+    /// `softwarp_engine::memory`).
     #[allow(unsafe_code)]
     #[track_caller]
     pub unsafe fn reg_mr_raw(
