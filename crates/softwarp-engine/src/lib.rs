@@ -11,7 +11,8 @@
 //!
 //! - [`memory::Region`]: memory shared with the network. Owned regions are zeroed and
 //!   page-aligned; raw regions wrap FFI memory (`unsafe fn from_raw`). Access goes through
-//!   bounds-checked raw-pointer copies; the runtime gets raw pointers for `readv`/`writev`.
+//!   bounds-checked relaxed atomic loads and stores (never a slice over the bytes: the
+//!   module docs state the memory model); the runtime gets raw pointers for `readv`/`writev`.
 //!   This is the only module with `unsafe` code.
 //! - [`mr::MrTable`]: registrations by STag (`index << 8 | key`, unpredictable key rotated on
 //!   every reuse, never STag 0 or 1), VA-based tagged offsets, [`mr::MrTable::validate`]

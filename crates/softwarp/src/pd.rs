@@ -101,7 +101,9 @@ impl ProtectionDomain {
     /// memory; flushed work lets go of it when it completes, a stalled peer's placement when
     /// the stall timeout ends the stream. The peer may write the bytes at any time while the
     /// registration allows it: the caller must not hold Rust references to them that assume
-    /// otherwise.
+    /// otherwise, and its own accesses that may race with the stack's must be atomic (the
+    /// rest of [`Region::from_raw`]'s contract, including overlapping registrations with
+    /// different ends; the memory model is in `softwarp_engine::memory`).
     #[allow(unsafe_code)]
     #[track_caller]
     pub unsafe fn reg_mr_raw(
