@@ -1023,22 +1023,54 @@ fn pin_with_a_partial_write(peer: &mut RawPeer, lent: &Lent, payload: &[u8]) -> 
     fpdu[split..].to_vec()
 }
 
+/// A stack whose lent, remote-writable target a raw peer in `role` has pinned with a
+/// half-sent Write ([`pin_with_a_partial_write`]): the stack, the target, the peer, the
+/// Write's payload and the rest of its FPDU.
+struct Pinned {
+    stack: Stack,
+    lent: Lent,
+    peer: RawPeer,
+    payload: Vec<u8>,
+    rest: Vec<u8>,
+}
+
+fn pinned(stack: Stack, role: Role, opts: &ConnectOptions, seed: u64) -> Pinned {
+    let lent = Lent::new(
+        &stack.end.pd,
+        TARGET_LEN,
+        LW | AccessFlags::REMOTE_WRITE,
+        seed,
+    );
+    let (mut peer, _) = stack.connect_with(role, opts, Offer::default());
+    let payload = pattern(PINNING_WRITE, seed + 1);
+    let rest = pin_with_a_partial_write(&mut peer, &lent, &payload);
+    Pinned {
+        stack,
+        lent,
+        peer,
+        payload,
+        rest,
+    }
+}
+
 //= https://www.rfc-editor.org/rfc/rfc5040#section-6.4
 // (paraphrase) An STag that is not valid (here: deregistered) makes a tagged access fail
 // with the Invalid STag error.
 #[test]
 fn a_dropped_mr_validates_for_nothing_at_once_while_a_partial_write_still_holds_it() {
-    let stack = Stack::new(2);
-    let mut lent = Lent::new(
-        &stack.end.pd,
-        TARGET_LEN,
-        LW | AccessFlags::REMOTE_WRITE,
+    let Pinned {
+        stack,
+        mut lent,
+        mut peer,
+        payload,
+        rest,
+    } = pinned(
+        Stack::new(2),
+        Role::Initiator,
+        &ConnectOptions::default(),
         41,
     );
     let (stag, addr) = (lent.target().rkey(), lent.target().addr());
-    let mut peer = stack.connect(Role::Initiator);
-    let payload = pattern(PINNING_WRITE, 42);
-    let rest = pin_with_a_partial_write(&mut peer, &lent, &payload);
 
     let release = lent.deregister_target();
     assert_eq!(release.stag(), stag);
@@ -1071,18 +1103,15 @@ fn a_dropped_mr_validates_for_nothing_at_once_while_a_partial_write_still_holds_
 #[test]
 fn a_peer_stalled_inside_an_fpdu_is_terminated_after_the_stall_timeout_and_lets_go_of_the_mr() {
     let stall = std::time::Duration::from_millis(300);
-    let stack = Stack::new(2);
-    let mut lent = Lent::new(
-        &stack.end.pd,
-        TARGET_LEN,
-        LW | AccessFlags::REMOTE_WRITE,
-        51,
-    );
-    let opts = ConnectOptions::default().rx_stall_timeout(stall);
-    let (mut peer, _) = stack.connect_with(Role::Initiator, &opts, Offer::default());
-    let payload = pattern(PINNING_WRITE, 52);
     let started = std::time::Instant::now();
-    let _rest = pin_with_a_partial_write(&mut peer, &lent, &payload);
+    let opts = ConnectOptions::default().rx_stall_timeout(stall);
+    let Pinned {
+        stack,
+        mut lent,
+        mut peer,
+        payload,
+        ..
+    } = pinned(Stack::new(2), Role::Initiator, &opts, 51);
 
     let release = lent.deregister_target();
     assert_eq!(release.users(), 1);
@@ -1104,16 +1133,18 @@ fn a_peer_stalled_inside_an_fpdu_is_terminated_after_the_stall_timeout_and_lets_
 
 #[test]
 fn the_default_stall_timeout_leaves_a_briefly_paused_fpdu_alone() {
-    let stack = Stack::new(2);
-    let mut lent = Lent::new(
-        &stack.end.pd,
-        TARGET_LEN,
-        LW | AccessFlags::REMOTE_WRITE,
+    let Pinned {
+        stack,
+        mut lent,
+        mut peer,
+        payload,
+        rest,
+    } = pinned(
+        Stack::new(2),
+        Role::Responder,
+        &ConnectOptions::default(),
         61,
     );
-    let mut peer = stack.connect(Role::Responder);
-    let payload = pattern(PINNING_WRITE, 62);
-    let rest = pin_with_a_partial_write(&mut peer, &lent, &payload);
     std::thread::sleep(std::time::Duration::from_millis(300));
     peer.send_bytes(&rest);
     let release = lent.deregister_target();
@@ -1132,16 +1163,18 @@ fn the_default_stall_timeout_leaves_a_briefly_paused_fpdu_alone() {
 fn registering_and_dropping_mrs_on_two_threads_with_a_releasing_mr_does_not_deadlock() {
     const ROUNDS: usize = 20_000;
     let dev = Device::open_default().unwrap();
-    let stack = Stack::with_device(2, dev.clone());
-    let mut lent = Lent::new(
-        &stack.end.pd,
-        TARGET_LEN,
-        LW | AccessFlags::REMOTE_WRITE,
+    let Pinned {
+        stack,
+        mut lent,
+        mut peer,
+        payload,
+        rest,
+    } = pinned(
+        Stack::with_device(2, dev.clone()),
+        Role::Initiator,
+        &ConnectOptions::default(),
         71,
     );
-    let mut peer = stack.connect(Role::Initiator);
-    let payload = pattern(PINNING_WRITE, 72);
-    let rest = pin_with_a_partial_write(&mut peer, &lent, &payload);
     let release = lent.deregister_target();
     assert_eq!(release.users(), 1, "a releasing registration exists");
 
