@@ -9,10 +9,10 @@ use softwarp::{Payload, SendOp, SendWr, SgList, Stag, WcOpcode, MAX_INLINE};
 
 use super::wire::{self, BwReport, Dest};
 use super::{check, Side, SizeRow, CREDIT_WRITES_MAX, STEP_TIMEOUT};
-use crate::bench::rdma::elapsed_ns;
-use crate::bench::session::{Rtt, Timed};
-use crate::bench::spec::{Kind, Op};
-use crate::bench::{cpu, spin};
+use crate::rdma::elapsed_ns;
+use crate::session::{Rtt, Timed};
+use crate::spec::{Kind, Op};
+use crate::{cpu, spin};
 
 /// How far [`Side::post_window`] may post.
 #[derive(Debug, Clone, Copy)]

@@ -326,7 +326,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let plan = plan(&args.positional)?;
     if plan.qp_mem {
         ensure!(plan.peer.is_none(), "qp_mem runs in this process only");
-        cpu::start_counting();
+        ensure!(
+            cpu::counting_installed(),
+            "qp_mem counts heap bytes with a counting global allocator, which only the \
+             softwarp-bench program installs (so that no other softwarp command runs on it): \
+             run `softwarp-bench qp_mem`"
+        );
     }
     spin::set_yield_every(args.yield_every);
     if args.pin {
