@@ -1,20 +1,37 @@
 //! Results of `softwarp bench`: the numbers derived from timed runs (median of the runs),
-//! the ratio to the raw TCP baseline, and their text and JSON forms.
+//! the ratio to the raw TCP baseline, and their text and JSON forms. The JSON document is
+//! [`Document`] (serde): what `--json` prints and what a program reads back.
 
-use std::fmt::Write as _;
+use serde::{Deserialize, Serialize};
 
 use super::session::Timed;
-use super::spec::{fmt_size, Kind, Op, Spec};
+use super::spec::{fmt_size, Kind, Mode, Op, Spec};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// perftest's MB: 2^20 bytes (`format_factor` of its bandwidth report).
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// The unit of bandwidth in the text table: perftest's MB/s (2^20 bytes per second), or
+/// Gbit/s (10^9 bits per second) with `--report_gbits`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BwUnit {
+    /// MB/s, perftest's default.
+    #[default]
+    MiBps,
+    /// Gbit/s (`--report_gbits`).
+    Gbps,
+}
+
 /// What one stack achieved at one size (from the median run).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Figures {
     /// Seconds of the median run.
     pub secs: f64,
     /// Bandwidth in Gbit/s (bandwidth shapes; both directions added when bidirectional).
     pub gbit_per_s: f64,
+    /// The same in perftest's MB/s (2^20 bytes per second).
+    pub mb_per_s: f64,
     /// Messages per second (bandwidth shapes).
     pub msg_per_s: f64,
     /// Latency in microseconds: half a round trip for Send and Write, a whole Read
@@ -27,6 +44,13 @@ pub struct Figures {
     pub lat_min_us: f64,
     /// The same from the 99th percentile iteration.
     pub lat_p99_us: f64,
+    /// The same from the 99.9th percentile iteration (`None` when the iterations were
+    /// not timed one by one: bandwidth shapes).
+    pub lat_p99_9_us: Option<f64>,
+    /// The same from the slowest iteration (`None` as above).
+    pub lat_max_us: Option<f64>,
+    /// Standard deviation of the iterations, same scale (`None` as above).
+    pub lat_stdev_us: Option<f64>,
     /// CPU seconds (user + system, both ends) per GiB moved.
     pub cpu_s_per_gib: f64,
     /// CPU microseconds (both ends) per operation.
@@ -79,11 +103,15 @@ impl Row {
         Some(Figures {
             secs: t.secs,
             gbit_per_s: bytes * 8.0 / secs / 1e9,
+            mb_per_s: bytes / secs / MIB,
             msg_per_s: ops / secs,
             lat_us: t.rtt.map_or(avg, |r| per_iter(r.median)),
             lat_avg_us: avg,
             lat_min_us: t.rtt.map_or(avg, |r| per_iter(r.min)),
             lat_p99_us: t.rtt.map_or(avg, |r| per_iter(r.p99)),
+            lat_p99_9_us: t.rtt.map(|r| per_iter(r.p99_9)),
+            lat_max_us: t.rtt.map(|r| per_iter(r.max)),
+            lat_stdev_us: t.rtt.map(|r| per_iter(r.stdev)),
             cpu_s_per_gib: t.cpu / (bytes / GIB).max(1e-12),
             cpu_us_per_op: t.cpu / ops.max(1.0) * 1e6,
         })
@@ -117,19 +145,24 @@ impl Row {
         )
     }
 
-    /// One line of the text table.
-    pub fn text(&self) -> String {
+    /// One line of the text table (bandwidth in `unit`), and for a latency row whose
+    /// iterations were timed one by one, one more line per stack with the distribution
+    /// (perftest's t_min, t_typical, t_avg, t_stdev, 99%, 99.9%, t_max).
+    pub fn text(&self, unit: BwUnit) -> String {
         let fig = |f: Option<Figures>| -> String {
-            match (f, self.spec.shape.kind) {
-                (None, _) => "-".into(),
-                (Some(f), Kind::Bw) => {
+            match (f, self.spec.shape.kind, unit) {
+                (None, _, _) => "-".into(),
+                (Some(f), Kind::Bw, BwUnit::Gbps) => {
                     format!(
                         "{:>7.2} Gbit/s {:>7.3} Mmsg/s",
                         f.gbit_per_s,
                         f.msg_per_s / 1e6
                     )
                 }
-                (Some(f), Kind::Lat) => format!("{:>8.2} us", f.lat_us),
+                (Some(f), Kind::Bw, BwUnit::MiBps) => {
+                    format!("{:>9.2} MB/s {:>7.3} Mmsg/s", f.mb_per_s, f.msg_per_s / 1e6)
+                }
+                (Some(f), Kind::Lat, _) => format!("{:>8.2} us", f.lat_us),
             }
         };
         let ratio = match (self.ratio(), self.spec.shape.kind) {
@@ -148,7 +181,7 @@ impl Row {
                 (Some(f), Kind::Lat) => format!("{:.1} us/op", f.cpu_us_per_op),
             }
         };
-        format!(
+        let mut line = format!(
             "{:<10} {:>6} {:>8}  {:<27} {:<27} {:>15}  {} / {}",
             self.spec.shape.name(),
             fmt_size(self.size),
@@ -158,101 +191,169 @@ impl Row {
             ratio,
             cpu(self.softwarp()),
             cpu(self.baseline()),
-        )
+        );
+        for (stack, f) in [("softwarp", self.softwarp()), ("raw TCP", self.baseline())] {
+            let Some(f) = f else { continue };
+            let (Some(p99_9), Some(max), Some(stdev)) =
+                (f.lat_p99_9_us, f.lat_max_us, f.lat_stdev_us)
+            else {
+                continue;
+            };
+            line.push_str(&format!(
+                "\n{:>26}{stack:<9} min {:.2} typical {:.2} avg {:.2} stdev {:.2} p99 {:.2} p99.9 {:.2} max {:.2} us",
+                "", f.lat_min_us, f.lat_us, f.lat_avg_us, stdev, f.lat_p99_us, p99_9, max
+            ));
+        }
+        line
     }
 
-    /// The row as a JSON object.
-    pub fn json(&self) -> String {
-        let mut s = String::from("{");
-        let _ = write!(
-            s,
-            "\"shape\":{},\"op\":{},\"kind\":{},\"size\":{},\"iters\":{},\"runs\":{},\
-             \"mode\":{},\"bidirectional\":{},\"crc\":{},\"depth\":{},\"post_list\":{},\
-             \"max_fpdu\":{}",
-            jstr(self.spec.shape.name()),
-            jstr(match self.spec.shape.op {
+    /// The row as its JSON object.
+    pub fn result(&self) -> ResultRow {
+        let stack = |f: Option<Figures>, runs: &[Timed]| {
+            f.map(|figures| StackResult {
+                figures,
+                run_secs: runs.iter().map(|t| t.secs).collect(),
+            })
+        };
+        ResultRow {
+            shape: self.spec.shape.name().to_string(),
+            op: match self.spec.shape.op {
                 Op::Send => "send",
                 Op::Write => "write",
                 Op::Read => "read",
-            }),
-            jstr(match self.spec.shape.kind {
+            }
+            .to_string(),
+            kind: match self.spec.shape.kind {
                 Kind::Bw => "bw",
                 Kind::Lat => "lat",
-            }),
-            self.size,
-            self.iters,
-            self.sw.len(),
-            jstr(self.spec.mode.name()),
-            self.spec.bidir,
-            self.spec.crc,
-            self.spec.depth,
-            self.spec.post_list,
-            self.spec.fpdu,
-        );
-        let _ = write!(
-            s,
-            ",\"softwarp\":{}",
-            figures_json(self.softwarp(), &self.sw)
-        );
-        let _ = write!(s, ",\"tcp\":{}", figures_json(self.baseline(), &self.tcp));
-        let _ = write!(s, ",\"ratio\":{}", jnum(self.ratio()));
-        s.push('}');
-        s
-    }
-}
-
-fn figures_json(f: Option<Figures>, runs: &[Timed]) -> String {
-    let Some(f) = f else {
-        return "null".into();
-    };
-    let secs: Vec<String> = runs.iter().map(|t| jnum(Some(t.secs))).collect();
-    format!(
-        "{{\"secs\":{},\"gbit_per_s\":{},\"msg_per_s\":{},\"lat_us\":{},\"lat_avg_us\":{},\
-         \"lat_min_us\":{},\"lat_p99_us\":{},\"cpu_s_per_gib\":{},\
-         \"cpu_us_per_op\":{},\"run_secs\":[{}]}}",
-        jnum(Some(f.secs)),
-        jnum(Some(f.gbit_per_s)),
-        jnum(Some(f.msg_per_s)),
-        jnum(Some(f.lat_us)),
-        jnum(Some(f.lat_avg_us)),
-        jnum(Some(f.lat_min_us)),
-        jnum(Some(f.lat_p99_us)),
-        jnum(Some(f.cpu_s_per_gib)),
-        jnum(Some(f.cpu_us_per_op)),
-        secs.join(",")
-    )
-}
-
-/// A JSON string literal.
-pub fn jstr(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
             }
-            c => out.push(c),
+            .to_string(),
+            size: self.size,
+            iters: self.iters,
+            runs: self.sw.len(),
+            mode: self.spec.mode,
+            bidirectional: self.spec.bidir,
+            crc: self.spec.crc,
+            depth: self.spec.depth,
+            post_list: self.spec.post_list,
+            max_fpdu: self.spec.fpdu,
+            softwarp: stack(self.softwarp(), &self.sw),
+            tcp: stack(self.baseline(), &self.tcp),
+            ratio: self.ratio().filter(|r| r.is_finite()),
         }
     }
-    out.push('"');
-    out
 }
 
-/// A JSON number (`null` when absent or not finite).
-pub fn jnum(v: Option<f64>) -> String {
-    match v {
-        Some(x) if x.is_finite() => format!("{x}"),
-        _ => "null".into(),
-    }
+/// The JSON document `--json` prints: the configuration, one entry per row, `qp_mem`'s
+/// figures and the notes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Document {
+    /// Always `softwarp bench`.
+    pub tool: String,
+    /// The version of the softwarp-bench crate.
+    pub version: String,
+    /// How the run was configured.
+    pub config: Config,
+    /// One entry per shape and size.
+    pub results: Vec<ResultRow>,
+    /// `qp_mem`'s figures, when it ran.
+    pub qp_memory: Option<QpMemoryResult>,
+    /// Notes printed with `#` in the table (skipped shapes, the peer's version, ...).
+    pub notes: Vec<String>,
+}
+
+/// The configuration of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    /// `client`, `server` or `loopback`.
+    pub role: String,
+    /// The peer's address (`127.0.0.1` on loopback and for a server).
+    pub peer: String,
+    /// The Softwarp device both ends opened (`-d`).
+    pub device: String,
+    /// How completions are waited for (`spin` with `-R`).
+    pub mode: Mode,
+    /// CRC32c on every FPDU.
+    pub crc: bool,
+    /// Outstanding work requests of bandwidth shapes (`-t`).
+    pub depth: usize,
+    /// Work requests per post (`-l`).
+    pub post_list: usize,
+    /// Both directions at once (`-b`).
+    pub bidirectional: bool,
+    /// Runs per figure (`--runs`), the median reported.
+    pub runs: usize,
+    /// Seconds each run lasts (`-D`), when the iterations come from a duration.
+    pub duration_secs: Option<u64>,
+    /// Largest FPDU (0: the TCP MSS).
+    pub max_fpdu: usize,
+    /// Threads pinned (`--pin`).
+    pub pinned: bool,
+    /// CPUs of the machine.
+    pub cpus: usize,
+    /// The 1-minute load average at the start (`None` when unknown).
+    pub load_1m: Option<f64>,
+}
+
+/// One row: a shape at one size, both stacks' figures and their ratio.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultRow {
+    /// perftest's name without `ib_`, e.g. `write_bw`.
+    pub shape: String,
+    /// `send`, `write` or `read`.
+    pub op: String,
+    /// `bw` or `lat`.
+    pub kind: String,
+    /// Message size in bytes.
+    pub size: usize,
+    /// Operations per run (per direction).
+    pub iters: u64,
+    /// Runs measured per stack.
+    pub runs: usize,
+    /// Waiting mode.
+    pub mode: Mode,
+    /// Both directions at once.
+    pub bidirectional: bool,
+    /// CRC32c on the FPDUs.
+    pub crc: bool,
+    /// Outstanding operations.
+    pub depth: usize,
+    /// Work requests per post.
+    pub post_list: usize,
+    /// Largest FPDU (0: the TCP MSS).
+    pub max_fpdu: usize,
+    /// Softwarp's figures.
+    pub softwarp: Option<StackResult>,
+    /// The raw TCP baseline's figures (`None` with `--no-tcp` and `-R`).
+    pub tcp: Option<StackResult>,
+    /// Softwarp relative to TCP (bandwidth: higher is better; latency: lower is better).
+    pub ratio: Option<f64>,
+}
+
+/// One stack's figures (from the median run) and every run's seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StackResult {
+    /// The figures.
+    #[serde(flatten)]
+    pub figures: Figures,
+    /// Seconds of every run, in order.
+    pub run_secs: Vec<f64>,
+}
+
+/// `qp_mem`'s figures.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct QpMemoryResult {
+    /// Connected QP pairs created.
+    pub qps: usize,
+    /// Heap bytes per connected, idle QP.
+    pub heap_bytes_per_qp: f64,
+    /// Heap bytes per QP right after creation.
+    pub heap_bytes_per_qp_created: f64,
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::spec::{Mode, Shape};
+    use super::super::spec::Shape;
     use super::*;
 
     fn spec(shape: Shape) -> Spec {
@@ -291,7 +392,18 @@ mod tests {
         assert!((s.gbit_per_s - 8.0 * GIB / 2.0 / 1e9).abs() < 1e-9);
         assert!((s.cpu_s_per_gib - 1.0).abs() < 1e-9);
         assert!((row.ratio().unwrap() - 0.5).abs() < 1e-9);
-        assert!(row.text().contains("0.500"), "{}", row.text());
+        assert!(
+            row.text(BwUnit::Gbps).contains("0.500"),
+            "{}",
+            row.text(BwUnit::Gbps)
+        );
+        // perftest's MB/s by default: 1 GiB in 2 s is 512 MB/s.
+        assert!((s.mb_per_s - 512.0).abs() < 1e-9);
+        assert!(
+            row.text(BwUnit::MiBps).contains("512.00 MB/s"),
+            "{}",
+            row.text(BwUnit::MiBps)
+        );
     }
 
     #[test]
@@ -310,33 +422,42 @@ mod tests {
     }
 
     #[test]
-    fn latency_comes_from_the_typical_iteration_when_iterations_were_timed() {
-        let mut ns: Vec<u64> = (1..=100).map(|i| i * 1000).collect();
+    fn latency_comes_from_the_typical_iteration_and_reports_the_tail() {
+        let mut ns: Vec<u64> = (1..=1000).map(|i| i * 1000).collect();
         ns.push(10_000_000); // one preempted iteration
-        let rtt = super::super::session::Rtt::of(&mut ns).unwrap();
-        assert_eq!(rtt.min, 1e-6);
-        assert_eq!(rtt.median, 51e-6);
+        let rtt = super::super::session::Rtt::of(&ns).unwrap();
+        let near = |a: f64, b: f64| (a - b).abs() <= b * 1e-3;
+        assert!(near(rtt.min, 1e-6), "{rtt:?}");
+        assert!(near(rtt.median, 501e-6), "{rtt:?}");
+        assert!(near(rtt.p99, 991e-6), "{rtt:?}");
+        assert!(near(rtt.p99_9, 1000e-6), "{rtt:?}");
+        assert!(near(rtt.max, 10e-3), "{rtt:?}");
+        assert!(rtt.stdev > 300e-6, "{rtt:?}");
         let row = Row {
             spec: spec(Shape::ALL[4]),
             size: 8,
-            iters: 101,
+            iters: 1001,
             sw: vec![Timed {
                 rtt: Some(rtt),
-                ..t(0.015)
+                ..t(0.51)
             }],
             tcp: vec![],
         };
         let f = row.softwarp().unwrap();
-        assert!((f.lat_us - 25.5).abs() < 1e-9, "{f:?}");
-        assert!(f.lat_avg_us > 70.0, "{f:?}");
+        // Half a round trip for Send.
+        assert!(near(f.lat_us, 250.5), "{f:?}");
+        assert!(near(f.lat_max_us.unwrap(), 5000.0), "{f:?}");
+        assert!(near(f.lat_p99_9_us.unwrap(), 500.0), "{f:?}");
+        assert!(f.lat_avg_us > 250.0, "{f:?}");
+        let text = row.text(BwUnit::MiBps);
+        assert!(
+            text.contains("p99 495.") && text.contains("p99.9 500.") && text.contains("max 50"),
+            "{text}"
+        );
     }
 
     #[test]
-    fn json_strings_are_escaped_and_missing_numbers_are_null() {
-        assert_eq!(jstr("a\"b\\c\n\u{1}"), "\"a\\\"b\\\\c\\n\\u0001\"");
-        assert_eq!(jnum(None), "null");
-        assert_eq!(jnum(Some(f64::NAN)), "null");
-        assert_eq!(jnum(Some(1.5)), "1.5");
+    fn a_row_without_a_baseline_has_null_tcp_and_ratio_and_reads_back() {
         let row = Row {
             spec: spec(Shape::ALL[1]),
             size: 64,
@@ -344,6 +465,10 @@ mod tests {
             sw: vec![t(1.0)],
             tcp: vec![],
         };
-        assert!(row.json().contains("\"tcp\":null,\"ratio\":null"));
+        let json = serde_json::to_string(&row.result()).unwrap();
+        assert!(json.contains("\"tcp\":null,\"ratio\":null"), "{json}");
+        let back: ResultRow = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, row.result());
+        assert_eq!(back.softwarp.unwrap().run_secs, vec![1.0]);
     }
 }

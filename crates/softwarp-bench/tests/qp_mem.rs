@@ -7,7 +7,7 @@ use std::process::Command;
 #[test]
 fn softwarp_bench_program_counts_heap_bytes_per_connected_qp() {
     let out = Command::new(env!("CARGO_BIN_EXE_softwarp-bench"))
-        .args(["qp_mem", "--qps", "4", "--json"])
+        .args(["qp_mem", "-q", "4", "--json"])
         .output()
         .unwrap();
     assert!(
@@ -16,8 +16,8 @@ fn softwarp_bench_program_counts_heap_bytes_per_connected_qp() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let m = &v["qp_memory"];
-    assert_eq!(m["qps"], 4);
-    assert!(m["heap_bytes_per_qp"].as_f64().unwrap() > 0.0, "{v}");
+    let v: softwarp_bench::report::Document = serde_json::from_slice(&out.stdout).unwrap();
+    let m = v.qp_memory.unwrap();
+    assert_eq!(m.qps, 4);
+    assert!(m.heap_bytes_per_qp > 0.0, "{v:?}");
 }
