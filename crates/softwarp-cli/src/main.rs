@@ -58,11 +58,12 @@ enum Command {
     /// Run a server and a client on loopback (two threads) and exercise every iWARP
     /// operation: one line per operation with its size and timing.
     Demo(demo::DemoArgs),
-    /// Benchmark Softwarp with perftest's shapes (send/write/read, bandwidth/latency),
-    /// each next to a raw TCP baseline, printed as ratios.
+    /// Benchmark Softwarp with perftest's shapes (send/write/read, bandwidth/latency) and
+    /// flags, each next to a raw TCP baseline, printed as ratios.
     ///
-    /// Loopback (server and client in this process) by default; `-s` is the server and
-    /// `softwarp bench SHAPES PEER` the client of a two-process run.
+    /// As perftest: with no PEER this is the server, `softwarp bench SHAPES PEER` the client
+    /// of a two-process run; `--loopback` runs both in this process. `qp_mem` runs in the
+    /// `softwarp-bench` program (the one with a counting allocator).
     Bench(softwarp_bench::BenchArgs),
     /// List the devices, PDs, MRs, CQs, SRQs, QPs and listeners of every Softwarp process on
     /// the host (like `rdma resource show`): owner, state, addresses, creating source line.
