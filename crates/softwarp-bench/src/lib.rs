@@ -20,6 +20,7 @@
 //! the peer can be perftest's `ib_*_bw`/`ib_*_lat -R` (there is no TCP baseline then).
 //!
 //! Results: a text table as they come, or with `--json` one [`report::Document`].
+#![warn(missing_docs)]
 
 mod cpu;
 mod ctrl;
