@@ -104,7 +104,7 @@ report() {  # report NAME OK(0|1) DETAIL [LOGS...]
   fi
 }
 
-# Our figures from the JSON document (MB/s of 2^20 bytes, or the typical latency). With
+# Our figures from the JSON document (perftest's MB/s of 2^20 bytes, or the typical latency). With
 # ROWS (the -a cases), the document must hold that many rows, one per size, each positive.
 ours_figure() {  # ours_figure FILE [ROWS]
   python3 - "$1" "${2:-}" <<'PY'
@@ -121,7 +121,7 @@ if not r:
 def fig(row):
     f = row["softwarp"]
     if row["kind"] == "bw":
-        v = f["gbit_per_s"] * 1e9 / 8 / 2**20
+        v = f["mb_per_s"]
         return v, f"{v:.2f} MB/s"
     return f["lat_us"], f"{f['lat_us']:.1f} us typical"
 if want is None:
@@ -162,7 +162,7 @@ run_case() {  # run_case TOOL ROLE(client|server) SIZE CRC(on|off) "SIW PARAMS" 
   local tool=$1 role=$2 size=$3 crc=$4 params=$5 bidir=${6:-}
   local name="${tool#ib_}-$role-$size-crc$crc${params:+-req}${bidir:+-bidir}"
   # SIZE "all": perftest's -a (2 B .. 8 MiB), -n ALL_ITERS at every size.
-  local iters=$ITERS sz="-s $size" osz="-S $size" limit=120
+  local iters=$ITERS sz="-s $size" osz="-s $size" limit=120
   [ "$size" = all ] && { iters=$ALL_ITERS; sz=-a; osz=-a; limit=400; }
   # bidir: -b on both ends (bandwidth tools).
   [ -n "$bidir" ] && { sz="$sz -b"; osz="$osz -b"; }
@@ -184,9 +184,10 @@ run_case() {  # run_case TOOL ROLE(client|server) SIZE CRC(on|off) "SIW PARAMS" 
     ours_rc=$?
     "$G" "for i in \$(seq 150); do [ -f /tmp/swp-$name.rc ] && break; sleep 0.2; done; cat /tmp/swp-$name.log; echo rc=\$(cat /tmp/swp-$name.rc 2>/dev/null || echo timeout)" >"$s" 2>&1
   else
-    # Ours as server on the host side of the tap, siw's perftest client in the guest.
+    # Ours as server (no peer, as perftest) on the host side of the tap, siw's perftest
+    # client in the guest.
     # shellcheck disable=SC2086
-    timeout $((limit + 30)) "$H" "$SW" bench -R -s "$shape" --bind "$HOST_IP" -p "$port" $osz -n "$iters" --crc "$crc" --accept-timeout 60 --json >"$o" 2>"$e" &
+    timeout $((limit + 30)) "$H" "$SW" bench -R "$shape" --bind "$HOST_IP" -p "$port" $osz -n "$iters" --crc "$crc" --accept-timeout 60 --json >"$o" 2>"$e" &
     local spid=$!
     for _ in $(seq 50); do "$H" ss -ltn 2>/dev/null | grep -q ":$port " && break; sleep 0.1; done
     "$G" "timeout $limit $tool -R -F -d siw0 -p $port $sz -n $iters $HOST_IP; echo rc=\$?" >"$s" 2>&1

@@ -16,11 +16,11 @@ cargo build --release --locked -q -p softwarp-cli --features max_level_off --tar
 on=target/release/softwarp off=target/notrace/release/softwarp
 out=$(mktemp -d)
 shapes=(
-  "send_lat -S 8 -r 3 --mode busy"
-  "write_lat -S 8 -r 3 --mode busy"
-  "send_bw -S 64 -t 64 -l 64 -n 1000000 -r 3 --mode busy"
-  "write_bw -S 1M -n 2000 -r 3 --mode busy"
-  "write_bw -S 64K -n 20000 -r 3 --mode event"
+  "send_lat --loopback -s 8 --runs 3 --mode busy"
+  "write_lat --loopback -s 8 --runs 3 --mode busy"
+  "send_bw --loopback -s 64 -t 64 -l 64 -n 1000000 --runs 3 --mode busy"
+  "write_bw --loopback -s 1M -n 2000 --runs 3 --mode busy"
+  "write_bw --loopback -s 64K -n 20000 --runs 3 --mode event"
 )
 for r in $(seq 1 "$rounds"); do
   for i in "${!shapes[@]}"; do

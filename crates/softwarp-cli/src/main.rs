@@ -5,7 +5,8 @@
 //! file could not be read as a capture, 2 when it was decoded but something in it was
 //! malformed (a bad CRC, a segment the codecs refuse, a cut capture).
 //!
-//! `bench` measures Softwarp against raw TCP with perftest's shapes (see `bench/mod.rs`).
+//! `bench` measures Softwarp against raw TCP with perftest's shapes and flags (the
+//! `softwarp-bench` crate; this is its front end).
 //!
 //! `demo` runs a server and a client on loopback and exercises every iWARP operation (exit
 //! status 0 when every byte and completion checked out, 1 otherwise).
@@ -25,12 +26,7 @@ use clap::{Parser, Subcommand};
 use softwarp_cli::admin;
 use softwarp_cli::decode::{decode_capture, output_to_json, Output};
 
-mod bench;
 mod demo;
-
-/// Counts heap bytes for `softwarp bench qp_mem` (off, and nearly free, otherwise).
-#[global_allocator]
-static ALLOC: bench::CountingAlloc = bench::CountingAlloc;
 
 #[derive(Debug, Parser)]
 #[command(name = "softwarp", version, about = "Softwarp iWARP stack tools")]
@@ -62,12 +58,13 @@ enum Command {
     /// Run a server and a client on loopback (two threads) and exercise every iWARP
     /// operation: one line per operation with its size and timing.
     Demo(demo::DemoArgs),
-    /// Benchmark Softwarp with perftest's shapes (send/write/read, bandwidth/latency),
-    /// each next to a raw TCP baseline, printed as ratios.
+    /// Benchmark Softwarp with perftest's shapes (send/write/read, bandwidth/latency) and
+    /// flags, each next to a raw TCP baseline, printed as ratios.
     ///
-    /// Loopback (server and client in this process) by default; `-s` is the server and
-    /// `softwarp bench SHAPES PEER` the client of a two-process run.
-    Bench(bench::BenchArgs),
+    /// As perftest: with no PEER this is the server, `softwarp bench SHAPES PEER` the client
+    /// of a two-process run; `--loopback` runs both in this process. `qp_mem` runs in the
+    /// `softwarp-bench` program (the one with a counting allocator).
+    Bench(softwarp_bench::BenchArgs),
     /// List the devices, PDs, MRs, CQs, SRQs, QPs and listeners of every Softwarp process on
     /// the host (like `rdma resource show`): owner, state, addresses, creating source line.
     Resources(admin::resources::ResourcesArgs),
@@ -197,7 +194,7 @@ fn main() -> ExitCode {
             summary,
         } => decode(file, *json, *summary),
         Command::Demo(args) => demo::run(args).map(|()| ExitCode::SUCCESS),
-        Command::Bench(args) => bench::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Bench(args) => softwarp_bench::run(args).map(|()| ExitCode::SUCCESS),
         Command::Resources(args) => admin_run(|o, e| admin::resources::run(args, o, e)),
         Command::Stat(args) => admin_run(|o, e| admin::stat::run(args, o, e)),
         Command::Trace(args) => admin_run(|o, e| admin::trace::run(args, o, e)),

@@ -1,10 +1,13 @@
-//! `softwarp bench` runs every shape for a few iterations, in every mode and role, and its
-//! JSON output parses and holds the expected results. No timing is asserted: these runs
-//! prove the tool works, not how fast anything is.
+//! `softwarp bench` runs every shape for a few iterations, in every mode and role, with
+//! perftest's flags, and its JSON output reads back (serde, into softwarp-bench's
+//! `Document`) with the expected results. No timing is asserted: these runs prove the tool
+//! works, not how fast anything is.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use softwarp_bench::report::{Document, ResultRow};
 
 fn softwarp(args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_softwarp"))
@@ -16,7 +19,7 @@ fn softwarp(args: &[&str]) -> Child {
         .unwrap()
 }
 
-/// The port a `-R -s ... -p 0` server prints on its first line of stderr.
+/// The port a `-R SHAPE -p 0` server (no peer) prints on its first line of stderr.
 fn listening_port(server: &mut Child) -> String {
     port_after(server, "server listening on 127.0.0.1:")
 }
@@ -58,43 +61,65 @@ fn finish(mut child: Child, limit: Duration) -> Output {
     out
 }
 
-fn json(args: &[&str]) -> serde_json::Value {
+fn json(args: &[&str]) -> Document {
     let mut all = args.to_vec();
     all.push("--json");
     let out = finish(softwarp(&all), Duration::from_secs(120));
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    parse(&out.stdout)
 }
 
-fn results(v: &serde_json::Value) -> &Vec<serde_json::Value> {
-    v["results"].as_array().unwrap()
+/// The JSON document, read back into softwarp-bench's own types.
+fn parse(stdout: &[u8]) -> Document {
+    serde_json::from_slice(stdout).unwrap_or_else(|e| {
+        panic!(
+            "not a bench document ({e}): {}",
+            String::from_utf8_lossy(stdout)
+        )
+    })
 }
 
-fn shapes(v: &serde_json::Value) -> Vec<String> {
-    results(v)
-        .iter()
-        .map(|r| r["shape"].as_str().unwrap().to_string())
-        .collect()
+fn results(v: &Document) -> &Vec<ResultRow> {
+    &v.results
 }
 
-/// Every figure a row should have is a positive number, for both stacks.
-fn assert_measured(r: &serde_json::Value, with_tcp: bool) {
-    let kind = r["kind"].as_str().unwrap();
-    let key = if kind == "bw" { "gbit_per_s" } else { "lat_us" };
-    assert!(r["softwarp"][key].as_f64().unwrap() > 0.0, "{r}");
-    if with_tcp {
-        assert!(r["tcp"][key].as_f64().unwrap() > 0.0, "{r}");
-        assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r}");
+fn shapes(v: &Document) -> Vec<String> {
+    v.results.iter().map(|r| r.shape.clone()).collect()
+}
+
+/// Every figure a row should have is a positive number, for both stacks, and a latency
+/// row has its distribution in order: min <= typical <= p99 <= p99.9 <= max.
+fn assert_measured(r: &ResultRow, with_tcp: bool) {
+    let stacks: Vec<_> = if with_tcp {
+        assert!(r.ratio.unwrap() > 0.0, "{r:?}");
+        vec![r.softwarp.as_ref().unwrap(), r.tcp.as_ref().unwrap()]
     } else {
-        assert!(r["tcp"].is_null() && r["ratio"].is_null(), "{r}");
+        assert!(r.tcp.is_none() && r.ratio.is_none(), "{r:?}");
+        vec![r.softwarp.as_ref().unwrap()]
+    };
+    for s in stacks {
+        let f = &s.figures;
+        if r.kind == "bw" {
+            assert!(f.gbit_per_s > 0.0 && f.mb_per_s > 0.0, "{r:?}");
+        } else {
+            assert!(f.lat_us > 0.0, "{r:?}");
+            let (p99_9, max) = (f.lat_p99_9_us.unwrap(), f.lat_max_us.unwrap());
+            assert!(f.lat_stdev_us.unwrap() >= 0.0, "{r:?}");
+            assert!(
+                f.lat_min_us <= f.lat_us
+                    && f.lat_us <= f.lat_p99_us
+                    && f.lat_p99_us <= p99_9
+                    && p99_9 <= max,
+                "{r:?}"
+            );
+        }
     }
 }
 
 #[test]
 fn every_shape_runs_in_busy_mode_with_the_tcp_baseline_and_prints_json() {
-    let v = json(&["all", "-S", "64,5000", "-n", "20", "-t", "8"]);
-    assert_eq!(v["tool"], "softwarp bench");
-    assert_eq!(v["config"]["mode"], "busy");
+    let v = json(&["all", "--loopback", "-s", "64,5000", "-n", "20", "-t", "8"]);
+    assert_eq!(v.tool, "softwarp bench");
+    assert_eq!(v.config.mode, softwarp_bench::Mode::Busy);
     let names = shapes(&v);
     for s in [
         "write_bw",
@@ -112,7 +137,7 @@ fn every_shape_runs_in_busy_mode_with_the_tcp_baseline_and_prints_json() {
     }
     for r in results(&v) {
         assert_measured(r, true);
-        assert_eq!(r["iters"], 20);
+        assert_eq!(r.iters, 20);
     }
 }
 
@@ -121,7 +146,8 @@ fn spin_and_event_modes_run_bidirectional_bandwidth_without_crc() {
     for mode in ["spin", "event"] {
         let v = json(&[
             "write_bw,send_bw,read_bw,send_lat,read_lat",
-            "-S",
+            "--loopback",
+            "-s",
             "4K",
             "-n",
             "30",
@@ -134,50 +160,66 @@ fn spin_and_event_modes_run_bidirectional_bandwidth_without_crc() {
             "-l",
             "4",
         ]);
-        assert_eq!(shapes(&v).len(), 5, "{v}");
+        assert_eq!(shapes(&v).len(), 5, "{v:?}");
         for r in results(&v) {
             assert_measured(r, false);
-            assert_eq!(r["crc"], false);
-            assert_eq!(r["mode"], mode);
+            assert!(!r.crc);
+            assert_eq!(r.mode.name(), mode);
         }
     }
 }
 
 #[test]
 fn write_lat_is_skipped_in_event_mode_with_a_note() {
-    let v = json(&["write_lat", "-n", "5", "--mode", "event"]);
+    // -e is perftest's spelling of the event mode.
+    let v = json(&["write_lat", "--loopback", "-n", "5", "-e"]);
     assert!(results(&v).is_empty());
-    assert!(v["notes"][0].as_str().unwrap().contains("write_lat"));
+    assert_eq!(v.config.mode, softwarp_bench::Mode::Event);
+    assert!(v.notes[0].contains("write_lat"));
 }
 
 #[test]
 fn repeated_runs_report_every_run_and_the_median() {
-    let v = json(&["send_bw", "-S", "1K", "-n", "50", "-r", "3", "-t", "4"]);
+    let v = json(&[
+        "send_bw",
+        "--loopback",
+        "-s",
+        "1K",
+        "-n",
+        "50",
+        "--runs",
+        "3",
+        "-t",
+        "4",
+    ]);
     let r = &results(&v)[0];
-    assert_eq!(r["runs"], 3);
-    assert_eq!(r["softwarp"]["run_secs"].as_array().unwrap().len(), 3);
-    assert_eq!(r["tcp"]["run_secs"].as_array().unwrap().len(), 3);
+    assert_eq!(r.runs, 3);
+    assert_eq!(r.softwarp.as_ref().unwrap().run_secs.len(), 3);
+    assert_eq!(r.tcp.as_ref().unwrap().run_secs.len(), 3);
 }
 
 #[test]
-fn qp_mem_counts_heap_bytes_per_connected_qp() {
-    let v = json(&["qp_mem", "--qps", "4"]);
-    let m = &v["qp_memory"];
-    assert_eq!(m["qps"], 4);
-    assert!(m["heap_bytes_per_qp"].as_f64().unwrap() > 0.0, "{v}");
+fn qp_mem_is_refused_by_softwarp_bench_which_has_no_counting_allocator() {
+    // The counting allocator lives only in the softwarp-bench program (its tests run
+    // qp_mem); the softwarp command runs on the system allocator and says where to go.
+    let out = softwarp(&["qp_mem", "-q", "4"]).wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("run `softwarp-bench qp_mem`"), "{err}");
 }
 
 #[test]
 fn a_server_process_and_a_client_process_run_a_session() {
-    // The server takes three free ports and says which; the client needs the first.
-    let mut server = softwarp(&["-s", "--bind", "127.0.0.1", "-p", "0"]);
+    // No peer: the server (as perftest). It takes three free ports and says which; the
+    // client needs the first.
+    let mut server = softwarp(&["--bind", "127.0.0.1", "-p", "0"]);
     let port = port_after(&mut server, "waiting for a client on 127.0.0.1:");
     let client = softwarp(&[
         "write_bw,send_lat",
         "127.0.0.1",
         "-p",
         &port,
-        "-S",
+        "-s",
         "2K",
         "-n",
         "10",
@@ -185,8 +227,8 @@ fn a_server_process_and_a_client_process_run_a_session() {
     ]);
     let out = finish(client, Duration::from_secs(120));
     finish(server, Duration::from_secs(30));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["config"]["role"], "client");
+    let v = parse(&out.stdout);
+    assert_eq!(v.config.role, "client");
     assert_eq!(shapes(&v), vec!["write_bw", "send_lat"]);
     for r in results(&v) {
         assert_measured(r, true);
@@ -196,14 +238,105 @@ fn a_server_process_and_a_client_process_run_a_session() {
 #[test]
 fn the_table_names_every_shape_and_the_ratio_column() {
     let out = finish(
-        softwarp(&["write_bw,read_lat", "-S", "128", "-n", "10"]),
+        softwarp(&["write_bw,read_lat", "--loopback", "-s", "128", "-n", "10"]),
         Duration::from_secs(120),
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("softwarp bench: loopback"), "{text}");
     assert!(text.contains("ratio"), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("write_bw")), "{text}");
+    // perftest's MB/s unless --report_gbits.
+    let bw = text.lines().find(|l| l.starts_with("write_bw")).unwrap();
+    assert!(bw.contains(" MB/s") && !bw.contains("Gbit/s"), "{text}");
     assert!(text.lines().any(|l| l.starts_with("read_lat")), "{text}");
+    // The latency distribution of both stacks, under the row.
+    for stack in ["softwarp", "raw TCP"] {
+        let l = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(stack) && l.contains("p99.9"))
+            .unwrap_or_else(|| panic!("no {stack} distribution: {text}"));
+        for w in ["min ", "typical ", "stdev ", "p99 ", "p99.9 ", "max "] {
+            assert!(l.contains(w), "{w}: {l}");
+        }
+    }
+}
+
+#[test]
+fn perftest_flags_size_duration_qp_device_gbits_and_cpu_freq_are_taken() {
+    let out = finish(
+        softwarp(&[
+            "write_bw,send_lat",
+            "--loopback",
+            "-s",
+            "4K",
+            "-D",
+            "1",
+            "-q",
+            "1",
+            "-d",
+            "softwarp0",
+            "--report_gbits",
+            "-F",
+            "--no-tcp",
+        ]),
+        Duration::from_secs(120),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let bw = text.lines().find(|l| l.starts_with("write_bw")).unwrap();
+    assert!(bw.contains("Gbit/s") && bw.contains("4K"), "{text}");
+    assert!(
+        text.contains("of about 1 s") && text.contains("device softwarp0"),
+        "{text}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("CPU frequency"));
+    let v = json(&["send_lat", "--loopback", "-s", "8", "-D", "1", "--no-tcp"]);
+    assert_eq!(v.config.duration_secs, Some(1));
+    // The calibration run alone is 250 iterations; a second's worth is more.
+    assert!(v.results[0].iters > 250, "{v:?}");
+    assert_measured(&v.results[0], false);
+}
+
+#[test]
+fn old_spellings_are_refused_with_the_new_spelling() {
+    for (args, says) in [
+        // -s was the server; the server is the side given no peer.
+        (&["-s"][..], "-s is the message size now"),
+        (&["-s", "-p", "0"], "the side given no peer"),
+        (
+            &["-R", "-s", "write_lat", "-p", "0"],
+            "-s is the message size now",
+        ),
+        // -S was the size.
+        (
+            &["write_bw", "--loopback", "-S", "64K"],
+            "the size is -s now",
+        ),
+        // -r was --runs; it is perftest's receive queue depth.
+        (
+            &["send_bw", "--loopback", "-r", "3"],
+            "use --runs (it was -r)",
+        ),
+        // Shapes and no peer was the loopback; it is the server now.
+        (&["write_bw", "-n", "5"], "or --loopback"),
+        // Several QPs per shape are not built.
+        (&["send_bw", "--loopback", "-q", "4"], "-q 4"),
+        (
+            &["--loopback", "-d", "mlx5_0"],
+            "no Softwarp device \"mlx5_0\"",
+        ),
+    ] {
+        let child = softwarp(args);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut child = child;
+        while child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "{args:?} did not give up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -224,7 +357,8 @@ fn perftest_exchange_runs_every_shape_on_loopback_and_prints_json() {
         let v = json(&[
             "-R",
             shape,
-            "-S",
+            "--loopback",
+            "-s",
             size,
             "-n",
             "50",
@@ -233,19 +367,14 @@ fn perftest_exchange_runs_every_shape_on_loopback_and_prints_json() {
             "--rx-depth",
             "12",
         ]);
-        assert_eq!(v["config"]["role"], "loopback", "{shape}");
-        assert_eq!(v["config"]["mode"], "spin", "{shape}");
+        assert_eq!(v.config.role, "loopback", "{shape}");
+        assert_eq!(v.config.mode, softwarp_bench::Mode::Spin, "{shape}");
         assert_eq!(shapes(&v), vec![shape]);
         let r = &results(&v)[0];
         assert_measured(r, false);
-        assert_eq!(r["iters"], 50);
-        assert_eq!(r["size"].as_u64().unwrap().to_string(), size);
-        let notes: Vec<&str> = v["notes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|n| n.as_str().unwrap())
-            .collect();
+        assert_eq!(r.iters, 50);
+        assert_eq!(r.size.to_string(), size);
+        let notes: Vec<&str> = v.notes.iter().map(String::as_str).collect();
         assert!(
             notes.iter().any(|n| n.contains("no raw TCP baseline")),
             "{notes:?}"
@@ -278,15 +407,15 @@ fn perftest_exchange_runs_every_shape_on_loopback_and_prints_json() {
 fn perftest_exchange_runs_between_a_server_process_and_a_client_process() {
     // write_lat: perftest's server writes first, so the server process drives the data QP
     // first; both processes report figures.
+    // No peer: the server (perftest's `ib_write_lat -R`).
     let mut server = softwarp(&[
         "-R",
-        "-s",
         "write_lat",
         "--bind",
         "127.0.0.1",
         "-p",
         "0",
-        "-S",
+        "-s",
         "1500",
         "-n",
         "30",
@@ -299,7 +428,7 @@ fn perftest_exchange_runs_between_a_server_process_and_a_client_process() {
         "127.0.0.1",
         "-p",
         &port,
-        "-S",
+        "-s",
         "1500",
         "-n",
         "30",
@@ -310,20 +439,16 @@ fn perftest_exchange_runs_between_a_server_process_and_a_client_process() {
     let out = finish(client, Duration::from_secs(60));
     let sout = finish(server, Duration::from_secs(30));
     for (role, o) in [("client", &out), ("server", &sout)] {
-        let v: serde_json::Value =
-            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{role}: not JSON ({e})"));
-        assert_eq!(v["config"]["role"], role);
+        let v = parse(&o.stdout);
+        assert_eq!(v.config.role, role);
         assert_eq!(shapes(&v), vec!["write_lat"]);
         assert_measured(&results(&v)[0], false);
     }
 }
 
 /// The sizes of the rows, in order.
-fn sizes(v: &serde_json::Value) -> Vec<u64> {
-    results(v)
-        .iter()
-        .map(|r| r["size"].as_u64().unwrap())
-        .collect()
+fn sizes(v: &Document) -> Vec<u64> {
+    results(v).iter().map(|r| r.size as u64).collect()
 }
 
 /// 2, 4, ... `max`.
@@ -350,8 +475,9 @@ fn perftest_exchange_runs_every_shape_with_all_sizes_on_loopback() {
         let v = json(&[
             "-R",
             shape,
+            "--loopback",
             "-a",
-            "-S",
+            "-s",
             "4K",
             "-n",
             "6",
@@ -360,14 +486,14 @@ fn perftest_exchange_runs_every_shape_with_all_sizes_on_loopback() {
             "--rx-depth",
             "6",
         ]);
-        assert_eq!(shapes(&v).len(), 12, "{shape}: {v}");
-        assert!(shapes(&v).iter().all(|s| s == shape), "{v}");
+        assert_eq!(shapes(&v).len(), 12, "{shape}: {v:?}");
+        assert!(shapes(&v).iter().all(|s| s == shape), "{v:?}");
         assert_eq!(sizes(&v), powers_of_two_to(4096), "{shape}");
         for r in results(&v) {
             assert_measured(r, false);
-            assert_eq!(r["iters"], 6, "{r}");
+            assert_eq!(r.iters, 6, "{r:?}");
         }
-        let notes = v["notes"].to_string();
+        let notes = v.notes.join("\n");
         assert!(notes.contains(&format!("{shape} -a up to 4K")), "{notes}");
         if shape == "write_bw" || shape == "read_bw" {
             assert!(notes.contains("the client's report: 4096 B x 6"), "{notes}");
@@ -382,14 +508,13 @@ fn perftest_exchange_runs_all_sizes_between_a_server_process_and_a_client_proces
     for (shape, server_rows) in [("send_bw", 14usize), ("write_bw", 1)] {
         let mut server = softwarp(&[
             "-R",
-            "-s",
             shape,
             "--bind",
             "127.0.0.1",
             "-p",
             "0",
             "-a",
-            "-S",
+            "-s",
             "16K",
             "-n",
             "20",
@@ -405,7 +530,7 @@ fn perftest_exchange_runs_all_sizes_between_a_server_process_and_a_client_proces
             "-p",
             &port,
             "-a",
-            "-S",
+            "-s",
             "16K",
             "-n",
             "20",
@@ -417,8 +542,7 @@ fn perftest_exchange_runs_all_sizes_between_a_server_process_and_a_client_proces
         ]);
         let out = finish(client, Duration::from_secs(60));
         let sout = finish(server, Duration::from_secs(30));
-        let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let s: serde_json::Value = serde_json::from_slice(&sout.stdout).unwrap();
+        let (c, s) = (parse(&out.stdout), parse(&sout.stdout));
         assert_eq!(sizes(&c), powers_of_two_to(16384), "{shape} client");
         let want = powers_of_two_to(16384);
         assert_eq!(
@@ -428,7 +552,7 @@ fn perftest_exchange_runs_all_sizes_between_a_server_process_and_a_client_proces
         );
         for r in results(&c).iter().chain(results(&s)) {
             assert_measured(r, false);
-            assert_eq!(r["iters"], 20, "{r}");
+            assert_eq!(r.iters, 20, "{r:?}");
         }
     }
 }
@@ -439,18 +563,26 @@ fn perftest_exchange_runs_the_bandwidth_shapes_bidirectionally() {
     // directions up. Once at one size, once with -a (capped at 8 KiB).
     for shape in ["send_bw", "write_bw", "read_bw"] {
         for all in [false, true] {
-            let mut args = vec!["-R", shape, "-b", "-n", "40", "-t", "8", "--rx-depth", "12"];
+            let mut args = vec![
+                "-R",
+                shape,
+                "--loopback",
+                "-b",
+                "-n",
+                "40",
+                "-t",
+                "8",
+                "-r",
+                "12",
+            ];
             if all {
-                args.extend(["-a", "-S", "8K"]);
+                args.extend(["-a", "-s", "8K"]);
             } else {
-                args.extend(["-S", "3K"]);
+                args.extend(["-s", "3K"]);
             }
             let v = json(&args);
-            assert_eq!(v["config"]["bidirectional"], true, "{v}");
-            assert!(
-                results(&v).iter().all(|r| r["bidirectional"] == true),
-                "{v}"
-            );
+            assert!(v.config.bidirectional, "{v:?}");
+            assert!(results(&v).iter().all(|r| r.bidirectional), "{v:?}");
             let want = if all {
                 powers_of_two_to(8192)
             } else {
@@ -459,7 +591,7 @@ fn perftest_exchange_runs_the_bandwidth_shapes_bidirectionally() {
             assert_eq!(sizes(&v), want, "{shape} all={all}");
             for r in results(&v) {
                 assert_measured(r, false);
-                assert_eq!(r["iters"], 40, "{r}");
+                assert_eq!(r.iters, 40, "{r:?}");
             }
         }
     }
@@ -468,16 +600,17 @@ fn perftest_exchange_runs_the_bandwidth_shapes_bidirectionally() {
 #[test]
 fn perftest_exchange_refuses_what_perftest_cannot_express() {
     for args in [
-        &["-R", "-s"][..],
-        &["-R", "-s", "write_bw,read_bw"],
-        &["-R", "write_bw", "127.0.0.1", "-S", "1K,2K"],
+        &["-R"][..],
+        &["-R", "write_bw,read_bw"],
+        &["-R", "write_bw", "127.0.0.1", "-s", "1K,2K"],
         &["-R", "qp_mem"],
-        &["-R", "send_lat", "-b"],
-        &["-R", "write_lat", "-b", "-a"],
-        &["-R", "send_bw", "--mode", "event"],
-        &["-R", "send_bw", "-a", "-S", "1K,2K"],
-        &["-R", "send_bw", "-a", "-S", "3000"],
-        &["-R", "write_bw", "-a", "--runs", "2"],
+        &["-R", "send_lat", "--loopback", "-b"],
+        &["-R", "write_lat", "--loopback", "-b", "-a"],
+        &["-R", "send_bw", "--loopback", "--mode", "event"],
+        &["-R", "send_bw", "--loopback", "-a", "-s", "1K,2K"],
+        &["-R", "send_bw", "--loopback", "-a", "-s", "3000"],
+        &["-R", "write_bw", "--loopback", "-a", "--runs", "2"],
+        &["-R", "write_bw", "--loopback", "-D", "2"],
     ] {
         let out = softwarp(args).wait_with_output().unwrap();
         assert!(!out.status.success(), "{args:?} was accepted");
@@ -497,13 +630,12 @@ fn a_perftest_server_answers_a_malformed_version_with_a_typed_error() {
     use std::io::Read;
     let mut server = softwarp(&[
         "-R",
-        "-s",
         "write_bw",
         "--bind",
         "127.0.0.1",
         "-p",
         "0",
-        "-S",
+        "-s",
         "64",
         "-n",
         "5",

@@ -1,208 +1,304 @@
 //! JSON Lines form of decode records: one object per MPA frame, FPDU or error.
 //!
 //! STags, tagged offsets and CRC fields are hex strings (a tagged offset does not fit the
-//! 53-bit integers JSON readers assume); lengths and counters are numbers. Written by hand to
-//! keep the dependency list short; only strings we produce or error messages are escaped.
+//! 53-bit integers JSON readers assume); lengths and counters are numbers. The objects are
+//! serde views that borrow the records (serde_json writes them and escapes the strings);
+//! the views fix the field names and their order, which the tests pin.
 
-use std::fmt::Write as _;
+use std::fmt;
 
-use super::record::{CrcRecord, FpduRecord, Item, MpaFrameRecord, Placement, Record};
+use serde::{Serialize, Serializer};
+
+use super::record::{
+    CrcRecord, EnhancedRecord, FpduRecord, Item, MpaFrameRecord, Placement, ReadRequestRecord,
+    Record, SegmentRecord, TerminateRecord,
+};
 use super::Output;
 
-/// Appends `s` as a JSON string literal.
-fn string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
+/// Bytes as lower-case hex digits, written straight into the JSON string.
+struct Hex<'a>(&'a [u8]);
+
+impl fmt::Display for Hex<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
     }
-    out.push('"');
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
+fn hex_bytes<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&Hex(v))
+}
+
+fn hex32<S: Serializer>(v: &u32, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("0x{v:08x}"))
+}
+
+fn hex64<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("0x{v:016x}"))
+}
+
+/// An optional hex field (the field is skipped when absent).
+fn opt_hex32<S: Serializer>(v: &Option<u32>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => hex32(v, s),
+        None => s.serialize_none(),
+    }
+}
+
+fn opt_hex64<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => hex64(v, s),
+        None => s.serialize_none(),
+    }
+}
+
+#[derive(Serialize)]
+struct RecordJson<'a> {
+    frame: u64,
+    first_frame: u64,
+    connection: usize,
+    src: String,
+    dst: String,
+    stream_offset: u64,
+    wire_len: usize,
+    #[serde(flatten)]
+    item: ItemJson<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum ItemJson<'a> {
+    MpaRequest(MpaJson<'a>),
+    MpaReply(MpaJson<'a>),
+    Fpdu(FpduJson<'a>),
+    Error { message: &'a str, fatal: bool },
+    CaptureError { message: String },
+}
+
+#[derive(Serialize)]
+struct MpaJson<'a> {
+    revision: u8,
+    markers: bool,
+    crc: bool,
+    reject: bool,
+    res: u8,
+    #[serde(serialize_with = "hex_bytes")]
+    private_data: &'a [u8],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    enhanced: Option<EnhancedJson>,
+}
+
+/// RFC 6581's fields of an MPA frame.
+#[derive(Serialize)]
+struct EnhancedJson {
+    ird: u16,
+    ord: u16,
+    p2p: bool,
+    rtr_send: bool,
+    rtr_write: bool,
+    rtr_read: bool,
+}
+
+#[derive(Serialize)]
+struct FpduJson<'a> {
+    ulpdu_len: u16,
+    #[serde(serialize_with = "hex_bytes")]
+    pad: &'a [u8],
+    markers: usize,
+    crc: CrcJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    segment_error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    segment: Option<SegmentJson<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "state", rename_all = "lowercase")]
+enum CrcJson {
+    Off {
+        #[serde(serialize_with = "hex32")]
+        field: u32,
+    },
+    Good {
+        #[serde(serialize_with = "hex32")]
+        field: u32,
+    },
+    Bad {
+        #[serde(serialize_with = "hex32")]
+        field: u32,
+        #[serde(serialize_with = "hex32")]
+        expected: u32,
+    },
+}
+
+#[derive(Serialize)]
+struct SegmentJson<'a> {
+    opcode: &'a str,
+    last: bool,
+    tagged: bool,
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "opt_hex32")]
+    stag: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "opt_hex64")]
+    to: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    qn: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    msn: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mo: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    read_request: Option<ReadRequestJson>,
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "opt_hex32")]
+    invalidate_stag: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    terminate: Option<TerminateJson<'a>>,
+    payload_len: usize,
+}
+
+#[derive(Serialize)]
+struct ReadRequestJson {
+    #[serde(serialize_with = "hex32")]
+    sink_stag: u32,
+    #[serde(serialize_with = "hex64")]
+    sink_to: u64,
+    size: u32,
+    #[serde(serialize_with = "hex32")]
+    src_stag: u32,
+    #[serde(serialize_with = "hex64")]
+    src_to: u64,
+}
+
+#[derive(Serialize)]
+struct TerminateJson<'a> {
+    layer: u8,
+    etype: u8,
+    code: u8,
+    m: bool,
+    d: bool,
+    r: bool,
+    reserved: u16,
+    layout: &'static str,
+    description: &'a str,
+}
+
+fn mpa_frame(m: &MpaFrameRecord) -> ItemJson<'_> {
+    let j = MpaJson {
+        revision: m.revision,
+        markers: m.markers,
+        crc: m.crc,
+        reject: m.reject,
+        res: m.res,
+        private_data: &m.private_data,
+        enhanced: m.enhanced.as_ref().map(enhanced),
+    };
+    if m.request {
+        ItemJson::MpaRequest(j)
+    } else {
+        ItemJson::MpaReply(j)
+    }
+}
+
+fn enhanced(e: &EnhancedRecord) -> EnhancedJson {
+    EnhancedJson {
+        ird: e.ird,
+        ord: e.ord,
+        p2p: e.p2p,
+        rtr_send: e.rtr_send,
+        rtr_write: e.rtr_write,
+        rtr_read: e.rtr_read,
+    }
+}
+
+fn crc(c: CrcRecord) -> CrcJson {
+    match c {
+        CrcRecord::Off { field } => CrcJson::Off { field },
+        CrcRecord::Good { field } => CrcJson::Good { field },
+        CrcRecord::Bad { field, expected } => CrcJson::Bad { field, expected },
+    }
+}
+
+fn read_request(r: &ReadRequestRecord) -> ReadRequestJson {
+    ReadRequestJson {
+        sink_stag: r.sink_stag,
+        sink_to: r.sink_to,
+        size: r.size,
+        src_stag: r.src_stag,
+        src_to: r.src_to,
+    }
+}
+
+fn terminate(t: &TerminateRecord) -> TerminateJson<'_> {
+    TerminateJson {
+        layer: t.layer,
+        etype: t.etype,
+        code: t.code,
+        m: t.m,
+        d: t.d,
+        r: t.r,
+        reserved: t.reserved,
+        layout: if t.siw_layout { "linux_siw" } else { "rfc5040" },
+        description: &t.description,
+    }
+}
+
+fn segment(s: &SegmentRecord) -> SegmentJson<'_> {
+    let (tagged, stag, to, qn, msn, mo) = match s.placement {
+        Placement::Tagged { stag, to } => (true, Some(stag), Some(to), None, None, None),
+        Placement::Untagged { qn, msn, mo } => (false, None, None, Some(qn), Some(msn), Some(mo)),
+    };
+    SegmentJson {
+        opcode: &s.opcode,
+        last: s.last,
+        tagged,
+        stag,
+        to,
+        qn,
+        msn,
+        mo,
+        read_request: s.read_request.as_ref().map(read_request),
+        invalidate_stag: s.invalidate_stag,
+        terminate: s.terminate.as_ref().map(terminate),
+        payload_len: s.payload_len,
+    }
+}
+
+fn fpdu(p: &FpduRecord) -> ItemJson<'_> {
+    ItemJson::Fpdu(FpduJson {
+        ulpdu_len: p.ulpdu_len,
+        pad: &p.pad,
+        markers: p.markers,
+        crc: crc(p.crc),
+        segment_error: p.segment.as_ref().err().map(String::as_str),
+        segment: p.segment.as_ref().ok().map(segment),
     })
 }
 
-/// Builds one JSON object field by field.
-struct Object<'a> {
-    out: &'a mut String,
-    first: bool,
-}
-
-impl<'a> Object<'a> {
-    fn new(out: &'a mut String) -> Self {
-        out.push('{');
-        Self { out, first: true }
-    }
-    fn key(&mut self, key: &str) -> &mut String {
-        if !self.first {
-            self.out.push(',');
-        }
-        self.first = false;
-        string(self.out, key);
-        self.out.push(':');
-        self.out
-    }
-    fn num(&mut self, key: &str, value: impl std::fmt::Display) -> &mut Self {
-        let out = self.key(key);
-        let _ = write!(out, "{value}");
-        self
-    }
-    fn str(&mut self, key: &str, value: &str) -> &mut Self {
-        let out = self.key(key);
-        string(out, value);
-        self
-    }
-    fn bool(&mut self, key: &str, value: bool) -> &mut Self {
-        self.key(key).push_str(if value { "true" } else { "false" });
-        self
-    }
-    fn hex32(&mut self, key: &str, value: u32) -> &mut Self {
-        self.str(key, &format!("0x{value:08x}"))
-    }
-    fn hex64(&mut self, key: &str, value: u64) -> &mut Self {
-        self.str(key, &format!("0x{value:016x}"))
-    }
-    fn object(&mut self, key: &str, fill: impl FnOnce(&mut Object<'_>)) -> &mut Self {
-        let out = self.key(key);
-        let mut inner = Object::new(out);
-        fill(&mut inner);
-        inner.close();
-        self
-    }
-    fn close(&mut self) {
-        self.out.push('}');
-    }
-}
-
-fn mpa_frame(o: &mut Object<'_>, m: &MpaFrameRecord) {
-    o.str(
-        "kind",
-        if m.request {
-            "mpa_request"
-        } else {
-            "mpa_reply"
-        },
-    )
-    .num("revision", m.revision)
-    .bool("markers", m.markers)
-    .bool("crc", m.crc)
-    .bool("reject", m.reject)
-    .num("res", m.res)
-    .str("private_data", &hex(&m.private_data));
-    if let Some(e) = &m.enhanced {
-        o.object("enhanced", |o| {
-            o.num("ird", e.ird)
-                .num("ord", e.ord)
-                .bool("p2p", e.p2p)
-                .bool("rtr_send", e.rtr_send)
-                .bool("rtr_write", e.rtr_write)
-                .bool("rtr_read", e.rtr_read);
-        });
-    }
-}
-
-fn fpdu(o: &mut Object<'_>, p: &FpduRecord) {
-    o.str("kind", "fpdu")
-        .num("ulpdu_len", p.ulpdu_len)
-        .str("pad", &hex(&p.pad))
-        .num("markers", p.markers);
-    o.object("crc", |o| match p.crc {
-        CrcRecord::Off { field } => {
-            o.str("state", "off").hex32("field", field);
-        }
-        CrcRecord::Good { field } => {
-            o.str("state", "good").hex32("field", field);
-        }
-        CrcRecord::Bad { field, expected } => {
-            o.str("state", "bad")
-                .hex32("field", field)
-                .hex32("expected", expected);
-        }
-    });
-    match &p.segment {
-        Err(e) => {
-            o.str("segment_error", e);
-        }
-        Ok(s) => {
-            o.object("segment", |o| {
-                o.str("opcode", &s.opcode).bool("last", s.last);
-                match s.placement {
-                    Placement::Tagged { stag, to } => {
-                        o.bool("tagged", true).hex32("stag", stag).hex64("to", to);
-                    }
-                    Placement::Untagged { qn, msn, mo } => {
-                        o.bool("tagged", false)
-                            .num("qn", qn)
-                            .num("msn", msn)
-                            .num("mo", mo);
-                    }
-                }
-                if let Some(r) = &s.read_request {
-                    o.object("read_request", |o| {
-                        o.hex32("sink_stag", r.sink_stag)
-                            .hex64("sink_to", r.sink_to)
-                            .num("size", r.size)
-                            .hex32("src_stag", r.src_stag)
-                            .hex64("src_to", r.src_to);
-                    });
-                }
-                if let Some(inv) = s.invalidate_stag {
-                    o.hex32("invalidate_stag", inv);
-                }
-                if let Some(t) = &s.terminate {
-                    o.object("terminate", |o| {
-                        o.num("layer", t.layer)
-                            .num("etype", t.etype)
-                            .num("code", t.code)
-                            .bool("m", t.m)
-                            .bool("d", t.d)
-                            .bool("r", t.r)
-                            .num("reserved", t.reserved)
-                            .str("layout", if t.siw_layout { "linux_siw" } else { "rfc5040" })
-                            .str("description", &t.description);
-                    });
-                }
-                o.num("payload_len", s.payload_len);
-            });
-        }
-    }
+/// One JSON line. serde_json fails only on a map with keys that are not strings or a
+/// `Serialize` impl that reports an error; these views have neither, so the empty string of
+/// the error branch is never returned.
+fn line(v: &impl Serialize) -> String {
+    serde_json::to_string(v).unwrap_or_default()
 }
 
 /// The record as one line of JSON (no trailing newline).
 pub fn to_json(r: &Record) -> String {
-    let mut out = String::new();
-    let mut o = Object::new(&mut out);
-    o.num("frame", r.frame)
-        .num("first_frame", r.first_frame)
-        .num("connection", r.connection)
-        .str("src", &r.src.to_string())
-        .str("dst", &r.dst.to_string())
-        .num("stream_offset", r.stream_offset)
-        .num("wire_len", r.wire_len);
-    match &r.item {
-        Item::MpaFrame(m) => mpa_frame(&mut o, m),
-        Item::Fpdu(p) => fpdu(&mut o, p),
-        Item::Error(e) => {
-            o.str("kind", "error")
-                .str("message", &e.message)
-                .bool("fatal", e.fatal);
-        }
-    }
-    o.close();
-    out
+    let item = match &r.item {
+        Item::MpaFrame(m) => mpa_frame(m),
+        Item::Fpdu(p) => fpdu(p),
+        Item::Error(e) => ItemJson::Error {
+            message: &e.message,
+            fatal: e.fatal,
+        },
+    };
+    line(&RecordJson {
+        frame: r.frame,
+        first_frame: r.first_frame,
+        connection: r.connection,
+        src: r.src.to_string(),
+        dst: r.dst.to_string(),
+        stream_offset: r.stream_offset,
+        wire_len: r.wire_len,
+        item,
+    })
 }
 
 /// Any decode output as one line of JSON: a [`Record`] as [`to_json`] writes it, a capture
@@ -210,14 +306,9 @@ pub fn to_json(r: &Record) -> String {
 pub fn output_to_json(output: &Output) -> String {
     match output {
         Output::Record(r) => to_json(r),
-        Output::CaptureError(e) => {
-            let mut out = String::new();
-            let mut o = Object::new(&mut out);
-            o.str("kind", "capture_error")
-                .str("message", &e.to_string());
-            o.close();
-            out
-        }
+        Output::CaptureError(e) => line(&ItemJson::CaptureError {
+            message: e.to_string(),
+        }),
     }
 }
 
@@ -238,9 +329,14 @@ mod tests {
 
     #[test]
     fn strings_are_escaped() {
-        let mut s = String::new();
-        string(&mut s, "a\"b\\c\nd\u{1}");
-        assert_eq!(s, r#""a\"b\\c\nd\u0001""#);
+        let e = ItemJson::Error {
+            message: "a\"b\\c\nd\u{1}",
+            fatal: false,
+        };
+        assert_eq!(
+            line(&e),
+            r#"{"kind":"error","message":"a\"b\\c\nd\u0001","fatal":false}"#
+        );
     }
 
     #[test]
@@ -322,5 +418,87 @@ mod tests {
         let j = to_json(&r);
         assert!(j.contains(r#""kind":"mpa_reply","revision":2"#));
         assert!(j.contains(r#""private_data":"00010001","enhanced":{"ird":1,"ord":1"#));
+    }
+
+    #[test]
+    fn an_untagged_segment_keeps_every_field_in_the_order_of_the_hand_written_form() {
+        let segment = SegmentRecord {
+            opcode: "Read Request".into(),
+            last: true,
+            placement: Placement::Untagged {
+                qn: 1,
+                msn: 2,
+                mo: 0,
+            },
+            read_request: Some(ReadRequestRecord {
+                sink_stag: 0x10,
+                sink_to: 0x20,
+                size: 64,
+                src_stag: 0x30,
+                src_to: 0x40,
+            }),
+            invalidate_stag: Some(0xab),
+            terminate: Some(TerminateRecord {
+                layer: 1,
+                etype: 2,
+                code: 3,
+                m: true,
+                d: false,
+                r: true,
+                reserved: 0,
+                siw_layout: true,
+                description: "x".into(),
+            }),
+            payload_len: 28,
+        };
+        let mut r = Record {
+            frame: 2,
+            first_frame: 2,
+            connection: 0,
+            src: "10.0.0.1:1".parse().unwrap(),
+            dst: "10.0.0.2:2".parse().unwrap(),
+            stream_offset: 0,
+            wire_len: 40,
+            bytes: vec![],
+            item: Item::Fpdu(FpduRecord {
+                ulpdu_len: 28,
+                pad: vec![0, 0xff],
+                markers: 1,
+                crc: CrcRecord::Good { field: 0xdeadbeef },
+                segment: Ok(segment),
+            }),
+        };
+        assert_eq!(
+            to_json(&r),
+            concat!(
+                r#"{"frame":2,"first_frame":2,"connection":0,"src":"10.0.0.1:1","dst":"10.0.0.2:2","#,
+                r#""stream_offset":0,"wire_len":40,"kind":"fpdu","ulpdu_len":28,"pad":"00ff","markers":1,"#,
+                r#""crc":{"state":"good","field":"0xdeadbeef"},"segment":{"opcode":"Read Request","#,
+                r#""last":true,"tagged":false,"qn":1,"msn":2,"mo":0,"read_request":{"sink_stag":"0x00000010","#,
+                r#""sink_to":"0x0000000000000020","size":64,"src_stag":"0x00000030","#,
+                r#""src_to":"0x0000000000000040"},"invalidate_stag":"0x000000ab","terminate":{"layer":1,"#,
+                r#""etype":2,"code":3,"m":true,"d":false,"r":true,"reserved":0,"layout":"linux_siw","#,
+                r#""description":"x"},"payload_len":28}}"#
+            )
+        );
+        if let Item::Fpdu(p) = &mut r.item {
+            p.segment = Err("short".into());
+            p.crc = CrcRecord::Off { field: 0 };
+        }
+        assert!(to_json(&r)
+            .ends_with(r#""crc":{"state":"off","field":"0x00000000"},"segment_error":"short"}"#));
+        r.item = Item::MpaFrame(MpaFrameRecord {
+            request: true,
+            revision: 1,
+            markers: true,
+            crc: false,
+            reject: false,
+            res: 0,
+            private_data: vec![],
+            enhanced: None,
+        });
+        assert!(to_json(&r).ends_with(
+            r#""kind":"mpa_request","revision":1,"markers":true,"crc":false,"reject":false,"res":0,"private_data":""}"#
+        ));
     }
 }

@@ -9,10 +9,10 @@ use softwarp::{Payload, SendOp, SendWr, SgList, Stag, WcOpcode, MAX_INLINE};
 
 use super::wire::{self, BwReport, Dest};
 use super::{check, Side, SizeRow, CREDIT_WRITES_MAX, STEP_TIMEOUT};
-use crate::bench::rdma::elapsed_ns;
-use crate::bench::session::{Rtt, Timed};
-use crate::bench::spec::{Kind, Op};
-use crate::bench::{cpu, spin};
+use crate::rdma::elapsed_ns;
+use crate::session::{Rtt, Timed};
+use crate::spec::{Kind, Op};
+use crate::{cpu, spin};
 
 /// How far [`Side::post_window`] may post.
 #[derive(Debug, Clone, Copy)]
@@ -415,9 +415,9 @@ impl Side {
         let p = self.p;
         let (size, iters) = (self.cur, self.iters());
         let cpu0 = cpu::process_cpu_secs();
-        let lat = |mut ns: Vec<u64>| -> Option<Timed> {
+        let lat = |ns: Vec<u64>| -> Option<Timed> {
             let secs = ns.iter().sum::<u64>() as f64 / 1e9;
-            let rtt = Rtt::of(&mut ns)?;
+            let rtt = Rtt::of(&ns)?;
             // Row's figures divide the time by the iterations: scale to all of them.
             let scale = iters as f64 / ns.len().max(1) as f64;
             Some(Timed {

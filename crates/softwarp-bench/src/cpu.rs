@@ -8,7 +8,9 @@
 //! ping-pong sit on different cores run after run.
 //!
 //! Heap: a counting global allocator (bytes live), switched on only for the `qp_mem`
-//! measurement so the other runs pay nothing but one relaxed load per allocation.
+//! measurement so the other runs pay nothing but one relaxed load per allocation. Only the
+//! `softwarp-bench` program installs it (`src/main.rs`); [`counting_installed`] tells
+//! whether the running program did.
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -107,9 +109,25 @@ pub fn live_bytes() -> isize {
     LIVE.load(Ordering::Relaxed)
 }
 
+/// Starts counting (from zero) and tells whether [`CountingAlloc`] is the running program's
+/// global allocator, by counting one allocation of its own.
+pub fn counting_installed() -> bool {
+    start_counting();
+    let probe = std::hint::black_box(Box::new([0u8; 64]));
+    let seen = live_bytes() >= 64;
+    drop(probe);
+    seen
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counting_is_not_installed_in_a_program_that_did_not_ask_for_it() {
+        // The test harness runs on the system allocator: nothing can be counted.
+        assert!(!counting_installed());
+    }
 
     #[test]
     fn cpu_time_grows_while_the_process_works() {

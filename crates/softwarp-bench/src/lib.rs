@@ -3,22 +3,31 @@
 //! baseline measured in the same invocation (same sizes, same threads, `TCP_NODELAY`), so
 //! that results read as ratios that survive a noisy machine.
 //!
-//! Roles: `-s` serves one client session; with a peer address it is the client; with
-//! neither, server and client run in this process (two threads, loopback). The client and
-//! the server agree on everything over a TCP control channel ([`session`]); the data
-//! moves over one iWARP connection and one TCP connection per shape.
+//! The flags mean what perftest's mean where perftest has them (`-s` size, `-n` iterations,
+//! `-D` duration, `-t`, `-r`, `-o`, `-l`, `-a`, `-b`, `-e`, `-q`, `-d`, `-p`, `-R`, `-F`,
+//! `--report_gbits`); a few spellings of earlier versions are refused with the new one
+//! ([`BenchArgs`]). Roles as in perftest: with a peer address this is the client, with none
+//! the server (one client session, then exit); `--loopback` runs both in this process (two
+//! threads). The client and the server agree on everything over a TCP control channel
+//! ([`session`]); the data moves over one iWARP connection and one TCP connection per
+//! shape.
 //!
-//! `qp_mem` is a seventh, non-perftest measurement: heap bytes per connected, idle QP.
+//! `qp_mem` is a seventh, non-perftest measurement: heap bytes per connected, idle QP. It
+//! needs the counting allocator ([`CountingAlloc`]), which only the `softwarp-bench`
+//! program installs.
 //!
 //! With `-R` the tool speaks perftest's own rdma_cm exchange instead ([`perftest`]), so that
 //! the peer can be perftest's `ib_*_bw`/`ib_*_lat -R` (there is no TCP baseline then).
+//!
+//! Results: a text table as they come, or with `--json` one [`report::Document`].
+#![warn(missing_docs)]
 
 mod cpu;
 mod ctrl;
 mod perftest;
 mod progress;
 mod rdma;
-mod report;
+pub mod report;
 mod session;
 mod spec;
 mod spin;
@@ -29,8 +38,8 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 
-use self::report::{jnum, jstr, Row};
-use self::session::{Client, Listeners, Which};
+use self::report::{BwUnit, Config, Document, QpMemoryResult, Row};
+use self::session::{Client, Listeners, Timed, Which};
 pub use self::spec::Mode;
 use self::spec::{fmt_size, parse_size, Kind, Shape, Spec};
 
@@ -39,44 +48,66 @@ pub use self::cpu::CountingAlloc;
 /// perftest's default port; the iWARP and TCP baseline listeners use the next two.
 const DEFAULT_PORT: u16 = 18515;
 
-/// Options of `softwarp bench`.
+/// The old meaning of `-s` and where it went (as a hint in errors).
+const OLD_SERVER_FLAG: &str = "-s is the message size now, as perftest's -s; it was the \
+    server role, which is now the side given no peer, as in perftest (`softwarp bench`, \
+    `softwarp bench -R write_bw`)";
+
+/// Options of `softwarp bench`, with perftest's letters and meanings where perftest has
+/// them.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// What to run, then (client role) the server's address: `[SHAPES] [PEER]`. SHAPES is
     /// a comma-separated list of send_bw, write_bw, read_bw, send_lat, write_lat,
     /// read_lat (an `ib_` prefix is fine), `all` (the six), or `qp_mem` (heap bytes per
-    /// connected idle QP). Default: all. PEER is a host or host:port.
+    /// connected idle QP; `softwarp-bench` only). Default: all. PEER is a host or
+    /// host:port. As in perftest, with no PEER this is the server, which serves one client
+    /// session and exits (the client chooses the shapes, except with -R).
     #[arg(value_name = "SHAPES|PEER", num_args = 0..=2)]
     positional: Vec<String>,
-    /// Be the server: wait for one client session on --port, then exit.
-    #[arg(short = 's', long)]
-    server: bool,
+    /// Run the server and the client in this process (two threads, loopback).
+    #[arg(long)]
+    loopback: bool,
     /// Control port (the server also listens on PORT+1 for iWARP and PORT+2 for TCP; 0:
-    /// three free ports, printed when the server starts).
+    /// three free ports, printed when the server starts). With -R: the one port.
     #[arg(short = 'p', long, default_value_t = DEFAULT_PORT)]
     port: u16,
     /// Address the server binds (default: all addresses).
     #[arg(long, default_value = "0.0.0.0")]
     bind: IpAddr,
-    /// Message sizes (comma-separated; K and M suffixes are powers of 1024). Default:
-    /// 64K for bandwidth shapes, 8 for latency shapes.
-    #[arg(short = 'S', long = "size", value_delimiter = ',', value_parser = parse_size)]
+    /// Message sizes (perftest -s; comma-separated; K and M suffixes are powers of 1024).
+    /// Default: 64K for bandwidth shapes, 8 for latency shapes (-R: 2, as perftest).
+    #[arg(short = 's', long = "size", value_delimiter = ',', value_parser = parse_size_arg,
+          num_args = 0..=1, default_missing_value = "")]
     sizes: Vec<usize>,
+    /// The old spelling of the size: refused with the new one (perftest's -S is the
+    /// InfiniBand service level, which iWARP has not).
+    #[arg(short = 'S', hide = true, value_parser = old_size_flag)]
+    old_size: Option<String>,
     /// Every size from 2 B to 8 MiB (powers of two), as perftest's -a. With -R: all of them
-    /// on one pair of connections, as perftest does (one -S then caps the sizes, for two
+    /// on one pair of connections, as perftest does (one -s then caps the sizes, for two
     /// softwarp ends only).
     #[arg(short = 'a', long)]
     all: bool,
     /// Iterations per size (default: about 1 GiB per size for bandwidth, clamped to
-    /// 100..200000; 5000 for latency, fewer for sizes above 64 KiB).
-    #[arg(short = 'n', long)]
+    /// 100..200000; 5000 for latency, fewer for sizes above 64 KiB; -R: 1000).
+    #[arg(short = 'n', long, conflicts_with = "duration")]
     iters: Option<u64>,
+    /// Seconds each run lasts (perftest -D): a short calibration run of Softwarp gives
+    /// the iterations that fill it, and the raw TCP baseline runs the same number.
+    #[arg(short = 'D', long, value_parser = clap::value_parser!(u64).range(1..))]
+    duration: Option<u64>,
     /// Outstanding work requests of bandwidth shapes (perftest -t).
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     depth: usize,
     /// Post work requests in lists of this many (perftest --post_list); the TCP baseline
     /// writes the same number of records per system call.
-    #[arg(short = 'l', long = "post-list", default_value_t = 1)]
+    #[arg(
+        short = 'l',
+        long = "post_list",
+        alias = "post-list",
+        default_value_t = 1
+    )]
     post_list: usize,
     /// Both directions at once (bandwidth shapes: both directions added up).
     #[arg(short = 'b', long)]
@@ -89,11 +120,14 @@ pub struct BenchArgs {
     /// (completion channel).
     #[arg(long, value_enum, default_value = "busy")]
     mode: Mode,
+    /// Sleep on completion events (perftest -e): the same as --mode event.
+    #[arg(short = 'e', long, conflicts_with = "mode")]
+    events: bool,
     /// Largest FPDU to send (default: the TCP MSS).
     #[arg(long)]
     fpdu: Option<usize>,
     /// Repeat every measurement this many times and report the median.
-    #[arg(short = 'r', long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1)]
     runs: usize,
     /// Skip the raw TCP baseline.
     #[arg(long)]
@@ -101,6 +135,13 @@ pub struct BenchArgs {
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
+    /// Bandwidth in Gbit/s (10^9 bits per second) in the table instead of perftest's MB/s
+    /// (2^20 bytes per second), as perftest's --report_gbits. The JSON has both.
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    /// Do not warn when the CPU frequency may change during the run (perftest -F).
+    #[arg(short = 'F', long = "CPU-freq")]
+    cpu_freq: bool,
     /// Pin the benchmark threads: the client to CPU 0 and the server to CPU 1 (the last
     /// CPU on a one-CPU machine); each device's progress thread inherits its side's CPU.
     /// Same placement for Softwarp and TCP, run after run. Off by default: on a machine
@@ -112,26 +153,56 @@ pub struct BenchArgs {
     /// polls (0: never), so that a ping-pong survives sharing a core with other work.
     #[arg(long, default_value_t = 32)]
     yield_every: u32,
-    /// Connected QP pairs created by `qp_mem`.
-    #[arg(long, default_value_t = 256)]
-    qps: usize,
+    /// Number of QPs (perftest -q). The shapes run on one QP each; `qp_mem` creates this
+    /// many connected QP pairs (default 256).
+    #[arg(short = 'q', long = "qp", alias = "qps")]
+    qps: Option<usize>,
+    /// The Softwarp device to use (perftest -d; Softwarp has one, softwarp0).
+    #[arg(short = 'd', long = "ib-dev", default_value = softwarp::DEVICE_NAME)]
+    device: String,
     /// Speak perftest's own exchange over rdma_cm (perftest -R), to run against
     /// `ib_send_bw`, `ib_write_bw`, `ib_read_bw` and the `_lat` tools (or another
     /// `softwarp bench -R`): one shape and one size (or -a) per session, both connections
     /// to --port. The server must be given the shape (perftest never sends it).
     #[arg(short = 'R', long = "rdma_cm")]
     rdma_cm: bool,
-    /// With -R: receive queue depth of send_bw's receiver (perftest -r), which is also the
-    /// sender's credit window.
-    #[arg(long = "rx-depth", default_value_t = 512)]
-    rx_depth: usize,
+    /// With -R: receive queue depth of send_bw's receiver (perftest -r, default 512),
+    /// which is also the sender's credit window.
+    #[arg(short = 'r', long = "rx-depth")]
+    rx_depth: Option<usize>,
     /// With -R: outstanding RDMA Reads (perftest -o), the IRD/ORD of the data connection
     /// of the Read shapes (at most the device's limit).
-    #[arg(long = "out-reads", default_value_t = 128)]
+    #[arg(short = 'o', long = "outs", alias = "out-reads", default_value_t = 128)]
     out_reads: usize,
     /// With -R: seconds the server waits for a client.
     #[arg(long = "accept-timeout", default_value_t = 120)]
     accept_timeout: u64,
+}
+
+/// perftest's default receive queue depth (-r).
+const DEFAULT_RX_DEPTH: usize = 512;
+
+/// `-s`: a size list element, with the old meaning of `-s` named when it is not a size.
+fn parse_size_arg(s: &str) -> Result<usize, String> {
+    if s.is_empty() {
+        return Err(format!("-s needs a size: {OLD_SERVER_FLAG}"));
+    }
+    parse_size(s).map_err(|e| {
+        if s.starts_with(|c: char| c.is_ascii_digit()) {
+            e
+        } else {
+            format!("{e}: {OLD_SERVER_FLAG}")
+        }
+    })
+}
+
+/// `-S`: the old spelling of the size.
+fn old_size_flag(_: &str) -> Result<String, String> {
+    Err(
+        "-S was the message size: the size is -s now, as perftest's -s (perftest's -S, \
+         the InfiniBand service level, has no iWARP meaning)"
+            .into(),
+    )
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -242,10 +313,10 @@ struct QpMemory {
 
 /// Creates `n` QP pairs between two devices of this process, connects them, and counts the
 /// heap bytes they hold while idle (no receives posted, no regions).
-fn qp_memory(n: usize) -> Result<QpMemory> {
+fn qp_memory(device: &str, n: usize) -> Result<QpMemory> {
     use softwarp::{ConnectOptions, Device, Listener, QpInitAttr};
-    ensure!(n > 0, "--qps must be at least 1");
-    let (da, db) = (Device::open_default()?, Device::open_default()?);
+    ensure!(n > 0, "-q must be at least 1");
+    let (da, db) = (Device::open(device)?, Device::open(device)?);
     let (pa, pb) = (da.alloc_pd()?, db.alloc_pd()?);
     let (ca, cb) = (da.create_cq(4096, None)?, db.create_cq(4096, None)?);
     let listener = Listener::bind("127.0.0.1:0")?;
@@ -288,28 +359,129 @@ fn qp_memory(n: usize) -> Result<QpMemory> {
     Ok(m)
 }
 
+/// Which end(s) of a session this process is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Role {
+    /// No peer given (as perftest): serve one client session.
+    Server,
+    /// A peer given: the client of a two-process run.
+    Client(String),
+    /// `--loopback` (or `qp_mem` alone): both ends in this process.
+    Loopback,
+}
+
+impl Role {
+    fn name(&self) -> &'static str {
+        match self {
+            Role::Server => "server",
+            Role::Client(_) => "client",
+            Role::Loopback => "loopback",
+        }
+    }
+}
+
+/// The role, as perftest decides it (a peer: the client; none: the server), with
+/// `--loopback` for both ends in this process.
+fn role(args: &BenchArgs, plan: &Plan) -> Result<Role> {
+    match (&plan.peer, args.loopback) {
+        (Some(_), true) => bail!("--loopback runs both ends in this process: give no peer"),
+        (Some(peer), false) => Ok(Role::Client(peer.clone())),
+        (None, true) => Ok(Role::Loopback),
+        // qp_mem alone measures this process.
+        (None, false) if plan.qp_mem && plan.shapes.is_empty() => Ok(Role::Loopback),
+        (None, false) if args.rdma_cm || args.positional.is_empty() => Ok(Role::Server),
+        (None, false) => bail!(
+            "no peer given, so this is the server (as perftest's `ib_write_bw` alone), and \
+             the client chooses the shapes: give the server's address (`softwarp bench {} \
+             HOST`), or --loopback to run both ends in this process",
+            args.positional.join(" ")
+        ),
+    }
+}
+
+/// perftest's CPU frequency warning (`-F` hides it): a scaling governor other than
+/// `performance` under `cpus` (`/sys/devices/system/cpu`) may change the clock during the
+/// run. `None` when every CPU's governor is `performance` or there is no cpufreq.
+fn cpufreq_warning(cpus: &std::path::Path) -> Option<String> {
+    let mut governors: Vec<String> = std::fs::read_dir(cpus)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("cpu"))
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("cpufreq/scaling_governor")).ok())
+        .map(|g| g.trim().to_string())
+        .filter(|g| g != "performance")
+        .collect();
+    governors.sort();
+    governors.dedup();
+    (!governors.is_empty()).then(|| {
+        format!(
+            "CPU frequency scaling governor {} (not performance): the clock may change \
+             during the run and skew the figures (-F hides this warning)",
+            governors.join(", ")
+        )
+    })
+}
+
 /// The CPU of the server side: 1, or 0 on a one-CPU machine.
 fn server_cpu() -> usize {
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());
     usize::from(n > 1)
 }
 
+impl BenchArgs {
+    /// The waiting mode (`-e` is `--mode event`).
+    fn wait_mode(&self) -> Mode {
+        if self.events {
+            Mode::Event
+        } else {
+            self.mode
+        }
+    }
+}
+
 /// Runs `softwarp bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
-    if args.rdma_cm {
-        return run_perftest(args);
+    let devices = softwarp::list_devices();
+    ensure!(
+        devices.contains(&args.device),
+        "no Softwarp device {:?} (-d): the devices are {}",
+        args.device,
+        devices.join(", ")
+    );
+    if !args.cpu_freq {
+        if let Some(w) = cpufreq_warning(std::path::Path::new("/sys/devices/system/cpu")) {
+            eprintln!("softwarp bench: warning: {w}");
+        }
     }
+    let plan = plan(&args.positional)?;
+    let role = role(args, &plan)?;
+    if args.rdma_cm {
+        return run_perftest(args, &plan, &role);
+    }
+    ensure!(
+        args.rx_depth.is_none(),
+        "-r is perftest's receive queue depth, used with -R; to repeat every measurement \
+         use --runs (it was -r)"
+    );
     ensure!(args.runs >= 1, "--runs must be at least 1");
     ensure!(
         (1..=4000).contains(&args.depth),
         "--tx-depth must be 1 to 4000"
     );
-    ensure!(args.post_list >= 1, "--post-list must be at least 1");
-    if args.server {
+    ensure!(args.post_list >= 1, "--post_list must be at least 1");
+    if let Some(q) = args.qps {
         ensure!(
-            args.positional.is_empty(),
-            "the server takes no shapes or peer: the client chooses"
+            q == 1 || plan.shapes.is_empty(),
+            "-q {q}: the shapes run on one QP each (several QPs per shape are not built); \
+             -q is the QP count of qp_mem"
         );
+    }
+    if role == Role::Server {
         spin::set_yield_every(args.yield_every);
         if args.pin {
             cpu::pin_current_thread(server_cpu());
@@ -323,28 +495,33 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
         return session::serve(&l, None);
     }
-    let plan = plan(&args.positional)?;
     if plan.qp_mem {
         ensure!(plan.peer.is_none(), "qp_mem runs in this process only");
-        cpu::start_counting();
+        ensure!(
+            cpu::counting_installed(),
+            "qp_mem counts heap bytes with a counting global allocator, which only the \
+             softwarp-bench program installs (so that no other softwarp command runs on it): \
+             run `softwarp-bench qp_mem`"
+        );
     }
     spin::set_yield_every(args.yield_every);
     if args.pin {
         cpu::pin_current_thread(0);
     }
-    let mut out = Output::new(args, &plan);
+    let mut out = Output::new(args, &role);
     if plan.qp_mem {
-        let m = qp_memory(args.qps)?;
+        let m = qp_memory(&args.device, args.qps.unwrap_or(DEFAULT_QP_MEM_QPS))?;
         out.qp_memory(m);
     }
     if !plan.shapes.is_empty() {
-        match &plan.peer {
-            Some(peer) => {
+        match &role {
+            Role::Client(peer) => {
                 let addr = resolve(peer, args.port)?;
                 let client = Client::connect(addr, false)?;
                 run_client(args, &plan, client, &mut out)?;
             }
-            None => {
+            // (The server returned above.)
+            Role::Loopback | Role::Server => {
                 let l = Listeners::bind(IpAddr::V4(Ipv4Addr::LOCALHOST), 0)?;
                 let addr = l.ctrl_addr()?;
                 let pin = args.pin;
@@ -366,9 +543,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
         }
     }
-    out.finish();
-    Ok(())
+    out.finish()
 }
+
+/// QP pairs `qp_mem` creates without -q.
+const DEFAULT_QP_MEM_QPS: usize = 256;
 
 /// perftest's defaults: 64 KiB for bandwidth, 2 bytes for latency, 1000 iterations.
 fn perftest_size(kind: Kind) -> usize {
@@ -379,32 +558,40 @@ fn perftest_size(kind: Kind) -> usize {
 }
 
 /// `softwarp bench -R`: one perftest session per shape and size (server: exactly one).
-fn run_perftest(args: &BenchArgs) -> Result<()> {
+fn run_perftest(args: &BenchArgs, plan: &Plan, role: &Role) -> Result<()> {
     ensure!(
-        args.mode != Mode::Event,
+        args.wait_mode() != Mode::Event,
         "-R spins on completions (the progress thread moves the bytes): no event mode"
     );
     ensure!(
         args.post_list == 1 && args.runs == 1,
-        "-R runs perftest's plain tests, -a and -b: no --post-list or --runs"
+        "-R runs perftest's plain tests, -a and -b: no --post_list or --runs"
     );
+    ensure!(
+        args.duration.is_none(),
+        "-R with -D is not built: perftest's duration mode runs another exchange; give -n"
+    );
+    ensure!(
+        args.qps.unwrap_or(1) == 1,
+        "-R with -q above 1 is not built: one data QP per session"
+    );
+    let rx_depth = args.rx_depth.unwrap_or(DEFAULT_RX_DEPTH);
     ensure!(
         (1..=4000).contains(&args.depth),
         "--tx-depth must be 1 to 4000"
     );
     ensure!(
-        (1..=4000).contains(&args.rx_depth),
+        (1..=4000).contains(&rx_depth),
         "--rx-depth must be 1 to 4000"
     );
-    let plan = plan(&args.positional)?;
     ensure!(!plan.qp_mem, "qp_mem has no perftest counterpart");
     spin::set_yield_every(args.yield_every);
     // -a: every power of two from 2 B to 8 MiB on one pair of connections (perftest's
-    // -a); one -S caps it (both ends must agree: perftest always goes up to 8 MiB).
+    // -a); one -s caps it (both ends must agree: perftest always goes up to 8 MiB).
     if args.all {
         ensure!(
             args.sizes.len() <= 1,
-            "-R -a takes at most one -S: the largest size"
+            "-R -a takes at most one -s: the largest size"
         );
     }
     let params = |shape: Shape, size: usize| perftest::Params {
@@ -414,7 +601,7 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
         bidir: args.bidirectional,
         iters: args.iters.unwrap_or(1000),
         tx_depth: args.depth,
-        rx_depth: args.rx_depth,
+        rx_depth,
         out_reads: args.out_reads.max(1),
         crc: args.crc,
         accept_timeout: Duration::from_secs(args.accept_timeout),
@@ -428,26 +615,18 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
             args.sizes.clone()
         }
     };
-    let role = if args.server {
-        "server"
-    } else if plan.peer.is_some() {
-        "client"
-    } else {
-        "loopback"
-    };
-    let mut out = Output::new(args, &plan);
-    out.set_role(role);
-    let single = args.server || plan.peer.is_some();
+    let mut out = Output::new(args, role);
+    let single = *role != Role::Loopback;
     if single {
         ensure!(
             plan.shapes.len() == 1 && sizes(plan.shapes[0]).len() == 1,
             "-R with a perftest peer runs one shape and one size (or -a) per session (as \
-             perftest does): give exactly one shape and at most one -S"
+             perftest does): give exactly one shape and at most one -s"
         );
     }
     out.note("perftest exchange (-R): no raw TCP baseline in this run (the peer speaks perftest's protocol, not ours)");
     if args.all && args.sizes.first().is_some_and(|&s| s != MAX_ALL_SIZE) {
-        out.note("-a with -S: sizes up to -S only; a perftest peer's -a always goes up to 8 MiB, so this works only between two softwarp ends");
+        out.note("-a with -s: sizes up to -s only; a perftest peer's -a always goes up to 8 MiB, so this works only between two softwarp ends");
     }
     for &shape in &plan.shapes {
         for size in sizes(shape) {
@@ -457,7 +636,7 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
             } else {
                 fmt_size(size)
             };
-            let outcome = if args.server {
+            let outcome = if *role == Role::Server {
                 let bind = SocketAddr::new(args.bind, args.port);
                 let (tx, rx) = std::sync::mpsc::channel();
                 let waiter = std::thread::spawn(move || {
@@ -468,7 +647,7 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
                 let r = perftest::server(bind, &p, Some(tx));
                 let _ = waiter.join();
                 r?
-            } else if let Some(peer) = &plan.peer {
+            } else if let Role::Client(peer) = role {
                 perftest::client(resolve(peer, args.port)?, &p)?
             } else {
                 let (tx, rx) = std::sync::mpsc::channel();
@@ -537,8 +716,7 @@ fn run_perftest(args: &BenchArgs) -> Result<()> {
             }
         }
     }
-    out.finish();
-    Ok(())
+    out.finish()
 }
 
 fn describe_outcome(o: &perftest::Outcome) -> String {
@@ -556,11 +734,20 @@ fn describe_outcome(o: &perftest::Outcome) -> String {
     }
 }
 
+/// `-D`: the iterations that make a run last about `secs` seconds, from one calibration
+/// run of a twentieth of the default iterations (at least 10).
+fn iters_for(secs: u64, default: u64, mut run: impl FnMut(u64) -> Result<Timed>) -> Result<u64> {
+    let probe = (default / 20).max(10);
+    let t = run(probe)?;
+    let per_iter = t.secs.max(1e-9) / probe as f64;
+    Ok(((secs as f64 / per_iter).ceil() as u64).clamp(probe, u64::from(u32::MAX)))
+}
+
 fn run_client(args: &BenchArgs, plan: &Plan, mut client: Client, out: &mut Output) -> Result<()> {
     let tcp = !args.no_tcp;
     let mut todo = Vec::new();
     for &shape in &plan.shapes {
-        if shape == Shape::ALL[3] && args.mode == Mode::Event {
+        if shape == Shape::ALL[3] && args.wait_mode() == Mode::Event {
             out.note(&format!(
                 "{shape}: skipped in event mode (it polls memory, as perftest's ib_write_lat)"
             ));
@@ -598,7 +785,7 @@ fn run_client(args: &BenchArgs, plan: &Plan, mut client: Client, out: &mut Outpu
             },
             bidir: args.bidirectional,
             crc: args.crc,
-            mode: args.mode,
+            mode: args.wait_mode(),
             fpdu: args.fpdu.unwrap_or(0),
             post_list: if shape.kind == Kind::Bw {
                 args.post_list
@@ -608,9 +795,16 @@ fn run_client(args: &BenchArgs, plan: &Plan, mut client: Client, out: &mut Outpu
         };
         client.shape(spec, tcp, |conn| {
             for &size in &sizes {
-                let iters = args
-                    .iters
-                    .unwrap_or_else(|| default_iters(shape.kind, size));
+                let iters = match (args.iters, args.duration) {
+                    (Some(n), _) => n,
+                    (None, Some(secs)) => {
+                        bar.label(format!("{shape} {} calibrating -D", fmt_size(size)));
+                        iters_for(secs, default_iters(shape.kind, size), |n| {
+                            conn.run(Which::Softwarp, size, n)
+                        })?
+                    }
+                    (None, None) => default_iters(shape.kind, size),
+                };
                 let mut row = Row {
                     spec,
                     size,
@@ -652,8 +846,9 @@ fn run_client(args: &BenchArgs, plan: &Plan, mut client: Client, out: &mut Outpu
 /// Collects and prints results (a table as they come, or one JSON document at the end).
 struct Output {
     json: bool,
-    header: String,
-    config_json: String,
+    unit: BwUnit,
+    rdma_cm: bool,
+    config: Config,
     rows: Vec<Row>,
     notes: Vec<String>,
     qp_mem: Option<QpMemory>,
@@ -661,50 +856,41 @@ struct Output {
 }
 
 impl Output {
-    fn new(args: &BenchArgs, plan: &Plan) -> Self {
-        let role = if plan.peer.is_some() {
-            "client"
-        } else {
-            "loopback"
+    fn new(args: &BenchArgs, role: &Role) -> Self {
+        let peer = match role {
+            Role::Client(peer) => peer.clone(),
+            Role::Server | Role::Loopback => "127.0.0.1".into(),
         };
-        let peer = plan.peer.clone().unwrap_or_else(|| "127.0.0.1".into());
-        let load = loadavg();
-        let header = format!(
-            "softwarp bench: {role} {peer}, mode {}, CRC {}, depth {}, post list {}, {}{} run(s) per number (median), FPDU {}, threads {}, load {}",
-            args.mode.name(),
-            if args.crc { "on" } else { "off" },
-            args.depth,
-            args.post_list,
-            if args.bidirectional { "bidirectional, " } else { "" },
-            args.runs,
-            args.fpdu.map_or("up to the MSS".into(), |f| format!("up to {f} B")),
-            if args.pin {
-                "pinned (client CPU 0, server CPU 1)"
+        let config = Config {
+            role: role.name().into(),
+            peer,
+            device: args.device.clone(),
+            // -R always spins on its CQs (the progress thread moves the bytes).
+            mode: if args.rdma_cm {
+                Mode::Spin
             } else {
-                "not pinned"
+                args.wait_mode()
             },
-            load.map_or("?".into(), |l| format!("{l:.2}")),
-        );
-        let config_json = format!(
-            "{{\"role\":{},\"peer\":{},\"mode\":{},\"crc\":{},\"depth\":{},\"post_list\":{},\
-             \"bidirectional\":{},\"runs\":{},\"max_fpdu\":{},\"pinned\":{},\"cpus\":{},\"load_1m\":{}}}",
-            jstr(role),
-            jstr(&peer),
-            jstr(args.mode.name()),
-            args.crc,
-            args.depth,
-            args.post_list,
-            args.bidirectional,
-            args.runs,
-            args.fpdu.unwrap_or(0),
-            args.pin,
-            std::thread::available_parallelism().map_or(0, |n| n.get()),
-            jnum(load),
-        );
+            crc: args.crc,
+            depth: args.depth,
+            post_list: args.post_list,
+            bidirectional: args.bidirectional,
+            runs: args.runs,
+            duration_secs: args.duration,
+            max_fpdu: args.fpdu.unwrap_or(0),
+            pinned: args.pin,
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            load_1m: loadavg(),
+        };
         Self {
             json: args.json,
-            header,
-            config_json,
+            unit: if args.report_gbits {
+                BwUnit::Gbps
+            } else {
+                BwUnit::MiBps
+            },
+            rdma_cm: args.rdma_cm,
+            config,
             rows: Vec::new(),
             notes: Vec::new(),
             qp_mem: None,
@@ -712,31 +898,39 @@ impl Output {
         }
     }
 
-    /// Names this side's role in the header and the JSON config.
-    fn set_role(&mut self, role: &str) {
-        for r in ["client", "loopback"] {
-            self.header = self
-                .header
-                .replacen(&format!(": {r} "), &format!(": {role} "), 1);
-            self.config_json = self.config_json.replacen(
-                &format!("\"role\":{}", jstr(r)),
-                &format!("\"role\":{}", jstr(role)),
-                1,
-            );
-        }
-        // -R always spins on its CQs (the progress thread moves the bytes).
-        let spin = format!("\"mode\":{}", jstr(Mode::Spin.name()));
-        for m in [Mode::Busy, Mode::Spin] {
-            let was = format!("\"mode\":{}", jstr(m.name()));
-            self.config_json = self.config_json.replacen(&was, &spin, 1);
-            let was = format!(", mode {},", m.name());
-            self.header = self.header.replacen(&was, ", mode spin (-R),", 1);
-        }
+    fn header(&self) -> String {
+        let c = &self.config;
+        format!(
+            "softwarp bench: {} {}, device {}, mode {}{}, CRC {}, depth {}, post list {}, {}{} run(s) per number (median){}, FPDU {}, threads {}, load {}",
+            c.role,
+            c.peer,
+            c.device,
+            c.mode.name(),
+            if self.rdma_cm { " (-R)" } else { "" },
+            if c.crc { "on" } else { "off" },
+            c.depth,
+            c.post_list,
+            if c.bidirectional { "bidirectional, " } else { "" },
+            c.runs,
+            c.duration_secs
+                .map_or(String::new(), |d| format!(" of about {d} s")),
+            if c.max_fpdu == 0 {
+                "up to the MSS".into()
+            } else {
+                format!("up to {} B", c.max_fpdu)
+            },
+            if c.pinned {
+                "pinned (client CPU 0, server CPU 1)"
+            } else {
+                "not pinned"
+            },
+            c.load_1m.map_or("?".into(), |l| format!("{l:.2}")),
+        )
     }
 
     fn print_header(&mut self) {
         if !self.json && !self.printed_header {
-            println!("{}", self.header);
+            println!("{}", self.header());
             println!("{}", Row::text_header());
             self.printed_header = true;
         }
@@ -753,7 +947,7 @@ impl Output {
     fn row(&mut self, row: Row) {
         if !self.json {
             self.print_header();
-            println!("{}", row.text());
+            println!("{}", row.text(self.unit));
         }
         self.rows.push(row);
     }
@@ -772,34 +966,192 @@ impl Output {
         self.qp_mem = Some(m);
     }
 
-    fn finish(&mut self) {
-        if !self.json {
-            return;
+    /// The JSON document of everything collected.
+    fn document(&self) -> Document {
+        Document {
+            tool: "softwarp bench".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            config: self.config.clone(),
+            results: self.rows.iter().map(Row::result).collect(),
+            qp_memory: self.qp_mem.map(|m| QpMemoryResult {
+                qps: m.qps,
+                heap_bytes_per_qp: m.connected,
+                heap_bytes_per_qp_created: m.created,
+            }),
+            notes: self.notes.clone(),
         }
-        let rows: Vec<String> = self.rows.iter().map(Row::json).collect();
-        let notes: Vec<String> = self.notes.iter().map(|n| jstr(n)).collect();
-        let qp = self.qp_mem.map_or("null".to_string(), |m| {
-            format!(
-                "{{\"qps\":{},\"heap_bytes_per_qp\":{},\"heap_bytes_per_qp_created\":{}}}",
-                m.qps,
-                jnum(Some(m.connected)),
-                jnum(Some(m.created))
-            )
-        });
-        println!(
-            "{{\"tool\":\"softwarp bench\",\"version\":{},\"config\":{},\"results\":[{}],\"qp_memory\":{},\"notes\":[{}]}}",
-            jstr(env!("CARGO_PKG_VERSION")),
-            self.config_json,
-            rows.join(","),
-            qp,
-            notes.join(",")
-        );
+    }
+
+    /// Prints the JSON document (with `--json`; the table is already out otherwise).
+    fn finish(&self) -> Result<()> {
+        if self.json {
+            println!("{}", serde_json::to_string(&self.document())?);
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    fn args(v: &[&str]) -> Result<BenchArgs, clap::Error> {
+        Cmd::try_parse_from(std::iter::once("bench").chain(v.iter().copied())).map(|c| c.args)
+    }
+
+    fn role_of(v: &[&str]) -> Result<Role> {
+        let a = args(v)?;
+        role(&a, &plan(&a.positional)?)
+    }
+
+    #[test]
+    fn perftest_flags_keep_perftest_meanings() {
+        let a = args(&[
+            "-s",
+            "64K,1M",
+            "-D",
+            "3",
+            "-q",
+            "1",
+            "-d",
+            "softwarp0",
+            "--report_gbits",
+            "-F",
+            "-t",
+            "32",
+            "-l",
+            "4",
+            "-e",
+            "-r",
+            "64",
+            "-o",
+            "8",
+            "-R",
+            "write_bw",
+        ])
+        .unwrap();
+        assert_eq!(a.sizes, vec![65536, 1 << 20]);
+        assert_eq!(a.duration, Some(3));
+        assert_eq!(a.qps, Some(1));
+        assert_eq!(a.device, "softwarp0");
+        assert!(a.report_gbits && a.cpu_freq && a.rdma_cm);
+        assert_eq!(
+            (a.depth, a.post_list, a.rx_depth, a.out_reads),
+            (32, 4, Some(64), 8)
+        );
+        assert_eq!(a.wait_mode(), Mode::Event);
+        // perftest's long spellings too.
+        let a = args(&[
+            "--size",
+            "8",
+            "--duration",
+            "2",
+            "--qp",
+            "3",
+            "--ib-dev",
+            "x",
+            "--post_list",
+            "2",
+            "--CPU-freq",
+            "--rx-depth",
+            "5",
+            "--outs",
+            "4",
+        ])
+        .unwrap();
+        assert_eq!(
+            (a.sizes[0], a.duration, a.qps, a.post_list),
+            (8, Some(2), Some(3), 2)
+        );
+        assert!(args(&["-n", "5", "-D", "1"]).is_err(), "-n and -D together");
+    }
+
+    #[test]
+    fn no_peer_is_the_server_a_peer_the_client_and_loopback_is_asked_for() {
+        assert_eq!(role_of(&[]).unwrap(), Role::Server);
+        assert_eq!(role_of(&["-R", "write_lat"]).unwrap(), Role::Server);
+        assert_eq!(
+            role_of(&["write_bw", "10.0.0.2"]).unwrap(),
+            Role::Client("10.0.0.2".into())
+        );
+        assert_eq!(
+            role_of(&["10.0.0.2"]).unwrap(),
+            Role::Client("10.0.0.2".into())
+        );
+        assert_eq!(role_of(&["--loopback"]).unwrap(), Role::Loopback);
+        assert_eq!(
+            role_of(&["-R", "send_bw", "--loopback"]).unwrap(),
+            Role::Loopback
+        );
+        assert_eq!(role_of(&["qp_mem"]).unwrap(), Role::Loopback);
+        // Shapes and no peer: the old loopback spelling, refused with the new one.
+        let e = role_of(&["write_bw"]).unwrap_err().to_string();
+        assert!(
+            e.contains("this is the server") && e.contains("--loopback"),
+            "{e}"
+        );
+        assert!(role_of(&["write_bw", "h:1", "--loopback"]).is_err());
+    }
+
+    #[test]
+    fn old_spellings_are_refused_with_the_new_one() {
+        // -s was the server.
+        for v in [&["-s"][..], &["-s", "-p", "0"], &["-R", "-s", "write_lat"]] {
+            let e = args(v).unwrap_err().to_string();
+            assert!(e.contains("-s is the message size now"), "{v:?}: {e}");
+            assert!(e.contains("the side given no peer"), "{v:?}: {e}");
+        }
+        // -S was the size.
+        let e = args(&["--loopback", "-S", "64K"]).unwrap_err().to_string();
+        assert!(e.contains("the size is -s now"), "{e}");
+        // A bad number is an ordinary size error.
+        let e = args(&["-s", "9G"]).unwrap_err().to_string();
+        assert!(e.contains("too large") && !e.contains("server"), "{e}");
+    }
+
+    #[test]
+    fn the_cpu_frequency_warning_names_governors_other_than_performance() {
+        let dir =
+            std::env::temp_dir().join(format!("softwarp-bench-cpufreq-{}", std::process::id()));
+        let governor = |cpu: &str, g: &str| {
+            let d = dir.join(cpu).join("cpufreq");
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("scaling_governor"), format!("{g}\n")).unwrap();
+        };
+        governor("cpu0", "performance");
+        assert_eq!(cpufreq_warning(&dir), None);
+        governor("cpu1", "ondemand");
+        governor("cpu2", "ondemand");
+        governor("cpufreq", "powersave"); // not a CPU
+        let w = cpufreq_warning(&dir).unwrap();
+        assert!(w.contains("governor ondemand (") && w.contains("-F"), "{w}");
+        assert_eq!(cpufreq_warning(&dir.join("none")), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn duration_iterations_come_from_a_calibration_run() {
+        let mut probes = Vec::new();
+        // 1 ms per iteration: 3 s is 3000 iterations.
+        let n = iters_for(3, 5000, |n| {
+            probes.push(n);
+            Ok(Timed {
+                secs: n as f64 * 1e-3,
+                cpu: 0.0,
+                rtt: None,
+            })
+        })
+        .unwrap();
+        assert_eq!(probes, vec![250]);
+        assert_eq!(n, 3000);
+    }
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()

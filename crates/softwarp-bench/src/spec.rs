@@ -87,7 +87,10 @@ impl FromStr for Shape {
 }
 
 /// How a waiting side learns about completions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Busy polling: the application thread spins on its CQ, and polling the CQ also moves
     /// the QP's received bytes (no thread wake-up on the data path). Raw TCP: non-blocking

@@ -617,11 +617,11 @@ fn finish(side: &mut Side, conn: String, peer_version: String) -> Result<Outcome
 }
 
 fn validate(p: &Params) -> Result<()> {
-    ensure!(p.size >= 1, "-S must be at least 1 byte");
+    ensure!(p.size >= 1, "-s must be at least 1 byte");
     ensure!(p.iters >= 1, "-n must be at least 1");
     ensure!(
         p.size <= u32::MAX as usize,
-        "-S must be below 4 GiB (one SGE)"
+        "-s must be below 4 GiB (one SGE)"
     );
     ensure!(
         !p.bidir || p.shape.kind == Kind::Bw,

@@ -18,6 +18,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
 
 use super::ctrl::{Ctrl, Msg, CTRL_TIMEOUT};
 use super::rdma::{Ep, Role};
@@ -35,30 +36,54 @@ pub struct Timed {
     pub rtt: Option<Rtt>,
 }
 
-/// Round trips of the iterations of a latency run, in seconds (perftest's t_min,
-/// t_typical, t_99%).
+/// Round trips of the iterations of a latency run, in seconds (perftest's t_min, t_max,
+/// t_typical, t_avg, t_stdev, 99% and 99.9% percentiles).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Rtt {
     /// Fastest iteration.
     pub min: f64,
     /// Median iteration ("typical": robust against the odd preempted iteration).
     pub median: f64,
+    /// Mean of the iterations.
+    pub mean: f64,
+    /// Standard deviation of the iterations.
+    pub stdev: f64,
     /// 99th percentile.
     pub p99: f64,
+    /// 99.9th percentile.
+    pub p99_9: f64,
+    /// Slowest iteration.
+    pub max: f64,
 }
 
 impl Rtt {
-    /// The distribution of `ns` (sorted in place); `None` when empty.
-    pub fn of(ns: &mut [u64]) -> Option<Self> {
-        ns.sort_unstable();
-        let at = |q: f64| {
-            let i = ((ns.len() as f64 - 1.0) * q).round() as usize;
-            ns.get(i).map_or(0.0, |&v| v as f64 / 1e9)
-        };
-        (!ns.is_empty()).then(|| Self {
-            min: at(0.0),
-            median: at(0.5),
-            p99: at(0.99),
+    /// Significant decimal digits the histogram keeps: every figure is within 0.1% of the
+    /// exact one.
+    const SIGNIFICANT_DIGITS: u8 = 3;
+
+    /// The distribution of the round trips `ns` (nanoseconds), from an HDR histogram;
+    /// `None` when there are none.
+    pub fn of(ns: &[u64]) -> Option<Self> {
+        if ns.is_empty() {
+            return None;
+        }
+        // Auto-resizing: `record` grows it to any value (`saturating_record` would clamp
+        // to the current top instead, so it is only the fallback should growing fail).
+        let mut h = Histogram::<u64>::new(Self::SIGNIFICANT_DIGITS).ok()?;
+        for &v in ns {
+            if h.record(v).is_err() {
+                h.saturating_record(v);
+            }
+        }
+        let secs = |v: u64| v as f64 / 1e9;
+        Some(Self {
+            min: secs(h.min()),
+            median: secs(h.value_at_quantile(0.5)),
+            mean: h.mean() / 1e9,
+            stdev: h.stdev() / 1e9,
+            p99: secs(h.value_at_quantile(0.99)),
+            p99_9: secs(h.value_at_quantile(0.999)),
+            max: secs(h.max()),
         })
     }
 }
@@ -318,8 +343,8 @@ impl ShapeConn<'_> {
         }
         let rtt = match (self.spec.shape.kind, which, self.side.as_mut()) {
             (Kind::Bw, _, _) => None,
-            (Kind::Lat, Which::Softwarp, _) => Rtt::of(&mut self.ep.samples),
-            (Kind::Lat, Which::Tcp, Some(s)) => Rtt::of(&mut s.samples),
+            (Kind::Lat, Which::Softwarp, _) => Rtt::of(&self.ep.samples),
+            (Kind::Lat, Which::Tcp, Some(s)) => Rtt::of(&s.samples),
             (Kind::Lat, Which::Tcp, None) => None,
         };
         Ok(Timed { secs, cpu, rtt })
