@@ -37,18 +37,14 @@ pub fn process_cpu_secs() -> f64 {
 /// Pins the calling thread to CPU `cpu` (threads it creates afterwards inherit the
 /// placement). Returns false when the system refused (or there is no such CPU).
 pub fn pin_current_thread(cpu: usize) -> bool {
-    if cpu >= libc::CPU_SETSIZE as usize {
+    use rustix::thread::{sched_setaffinity, CpuSet};
+    if cpu >= CpuSet::MAX_CPU {
         return false;
     }
-    // SAFETY: `set` is a plain bit mask that CPU_ZERO/CPU_SET initialise in place (the
-    // index is below CPU_SETSIZE, checked above); sched_setaffinity reads
-    // `size_of::<cpu_set_t>()` bytes of it, and pid 0 names the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_ZERO(&mut set);
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    }
+    let mut set = CpuSet::new();
+    set.set(cpu);
+    // No pid: the calling thread.
+    sched_setaffinity(None, &set).is_ok()
 }
 
 static COUNTING: AtomicBool = AtomicBool::new(false);

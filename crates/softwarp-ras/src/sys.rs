@@ -1,16 +1,16 @@
-//! The few facts about the process, its threads and its sockets that need the C library
-//! (`libc`), in one place: the only module of the crate with `unsafe` code, each call with a
-//! `// SAFETY:` note. Everything else in the crate is safe Rust.
+//! The few facts about the process, its threads and its sockets that need system calls, in
+//! one place. They go through `rustix` (safe wrappers) wherever it has the call; only
+//! `TCP_INFO`, which `rustix` does not offer, is a raw `getsockopt` through `libc`: the only
+//! `unsafe` code of the crate, with its `// SAFETY:` note. Everything else in the crate is
+//! safe Rust.
 //!
 //! Also the pure helpers around them (process name, `/proc/<pid>/stat` start time), so that
 //! callers never parse `/proc` themselves.
 
 #![allow(unsafe_code)]
 
-use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -26,27 +26,19 @@ pub fn tid() -> u32 {
         // A thread's id never changes: one system call per thread, not per record. (A child
         // of fork() keeps its parent's cached value for the forking thread; records of such a
         // child show the parent's tid.)
-        static TID: u32 = {
-            // SAFETY: gettid takes no arguments, cannot fail and touches no memory of ours.
-            let tid = unsafe { libc::gettid() };
-            u32::try_from(tid).unwrap_or(0)
-        };
+        static TID: u32 = u32::try_from(rustix::thread::gettid().as_raw_pid()).unwrap_or(0);
     }
     TID.try_with(|t| *t).unwrap_or(0)
 }
 
 /// The CPU the calling thread runs on right now (`sched_getcpu`), if the kernel says.
 pub fn current_cpu() -> Option<u32> {
-    // SAFETY: sched_getcpu takes no arguments and touches no memory of ours; it returns -1
-    // on failure, which the conversion below turns into None.
-    let cpu = unsafe { libc::sched_getcpu() };
-    u32::try_from(cpu).ok()
+    u32::try_from(rustix::thread::sched_getcpu()).ok()
 }
 
 /// The real user id of this process.
 pub fn uid() -> u32 {
-    // SAFETY: getuid takes no arguments, always succeeds and touches no memory of ours.
-    unsafe { libc::getuid() }
+    rustix::process::getuid().as_raw()
 }
 
 /// The process's name: the kernel's `comm` (what `ps` and `top` show), else the file name of
@@ -74,21 +66,22 @@ pub fn thread_name() -> String {
 
 /// What `kill(pid, 0)` says about a process id.
 pub fn pid_exists(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
+    // 0 and negative values address process groups, never one process.
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
         return false;
     };
-    if pid <= 0 {
-        // 0 and negative values address process groups, never one process.
+    if pid.as_raw_pid() <= 0 {
         return false;
     }
-    // SAFETY: signal 0 performs the existence and permission checks only; no signal is
-    // sent, and no memory of ours is touched.
-    let rc = unsafe { libc::kill(pid, 0) };
-    if rc == 0 {
-        return true;
+    // Signal 0: the existence and permission checks only, no signal is sent.
+    match rustix::process::test_kill_process(pid) {
+        Ok(()) => true,
+        // EPERM: the process exists but belongs to someone else.
+        Err(e) => e == rustix::io::Errno::PERM,
     }
-    // EPERM: the process exists but belongs to someone else.
-    io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// The start time of process `pid` in clock ticks since boot (field 22 of
@@ -109,35 +102,22 @@ pub(crate) fn parse_stat_start_ticks(stat: &str) -> Option<u64> {
 
 /// Whether this process may create files in `path` (`access(path, W_OK)`).
 pub fn is_writable_dir(path: &Path) -> bool {
-    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `c` is a valid NUL-terminated string that outlives the call; access only reads
-    // it.
-    let rc = unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) };
-    rc == 0 && path.is_dir()
+    let access = rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK;
+    rustix::fs::access(path, access).is_ok() && path.is_dir()
 }
 
 /// Waits at most `timeout` until `fd` is readable (for a listening socket: a connection is
 /// waiting). `Ok(false)` when the time ran out. An interrupted wait counts as a timeout.
 pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `pfd` is one valid pollfd that lives across the call, and nfds is 1; `fd` is
-    // borrowed, so it stays open during the call.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(false);
-        }
-        return Err(e);
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    // A timeout too long for a timespec waits without a bound.
+    let ts = Timespec::try_from(timeout).ok();
+    match rustix::event::poll(&mut fds, ts.as_ref()) {
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(e.into()),
     }
-    Ok(rc > 0)
 }
 
 /// `getsockopt(fd, IPPROTO_TCP, TCP_INFO)` into `buf`; returns how many bytes the kernel

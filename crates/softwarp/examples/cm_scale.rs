@@ -60,20 +60,23 @@ fn parse_args() -> Result<Args, String> {
 
 /// Raises the soft limit of open files to the hard limit (each connection is a socket).
 fn raise_fd_limit() -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let r = getrlimit(Resource::Nofile);
+    // `None` is "unlimited".
+    let below = match (r.current, r.maximum) {
+        (Some(cur), Some(max)) => cur < max,
+        (Some(_), None) => true,
+        (None, _) => false,
     };
-    // SAFETY: `r` is a valid rlimit that lives across both calls, as getrlimit(2) and
-    // setrlimit(2) require.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
-            r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-            libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-        }
+    if below {
+        let raised = Rlimit {
+            current: r.maximum,
+            maximum: r.maximum,
+        };
+        // Refused: the soft limit stays as it was.
+        let _ = setrlimit(Resource::Nofile, raised);
     }
-    r.rlim_cur
+    getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
 }
 
 /// Resident set size in bytes (`VmRSS` of /proc/self/status).
