@@ -70,11 +70,14 @@
 // `softwarp_ras::deadline` (the workspace's clippy.toml exempts the primitive number types).
 #![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 
+#[cfg(feature = "tokio")]
+pub mod aio;
 pub mod cm;
 mod connect;
 mod cq;
 mod device;
 mod error;
+pub mod owned;
 mod pd;
 mod progress;
 mod qp;
@@ -83,6 +86,8 @@ mod srq;
 #[allow(unsafe_code)]
 mod sys;
 
+#[cfg(feature = "tokio")]
+pub use aio::{AsyncCompletionChannel, AsyncCq, AsyncEvents, CmEvents};
 pub use cm::{
     CmEvent, CmEventChannel, CmId, CmListener, CmState, ConnId, ConnectOptions, ConnectRequest,
     ConnectionInfo, CrcMode, DisconnectReason, ListenOptions, ListenerId, ListenerStats,
@@ -92,6 +97,7 @@ pub use connect::Listener;
 pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION};
 pub use device::{list_devices, Device, DeviceAttr, DEVICE_NAME};
 pub use error::{Error, MpaError, Result};
+pub use owned::{EditGuard, OwnedBuf, OwnedMr, OwnedRelease};
 pub use pd::{AccessFlags, MemoryRegion, MrRelease, ProtectionDomain};
 pub use qp::{QpCap, QpInitAttr, QueuePair};
 pub use srq::{SharedReceiveQueue, SrqInitAttr};
