@@ -32,7 +32,7 @@
 //! Views that would break the rule do not compile. No `&mut` view of a registration that
 //! grants write or remote rights:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0599
 //! # fn f(pd: &softwarp::ProtectionDomain) -> softwarp::Result<()> {
 //! use softwarp::AccessFlags;
 //! let mut mr = pd.reg_owned_writable(vec![0u8; 64], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
@@ -42,7 +42,7 @@
 //!
 //! Nor a shared view of it (the peer may write while it lives):
 //!
-//! ```compile_fail
+//! ```compile_fail,E0599
 //! # fn f(pd: &softwarp::ProtectionDomain) -> softwarp::Result<()> {
 //! use softwarp::AccessFlags;
 //! let mr = pd.reg_owned_writable(vec![0u8; 64], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
@@ -52,7 +52,7 @@
 //!
 //! Nor a `&mut` view of a remotely readable one (the peer may read while it lives):
 //!
-//! ```compile_fail
+//! ```compile_fail,E0599
 //! # fn f(pd: &softwarp::ProtectionDomain) -> softwarp::Result<()> {
 //! let mut mr = pd.reg_owned_remote_read(vec![0u8; 64])?;
 //! let bytes = mr.edit()?; // no `edit` on `OwnedMr<_, RemoteRead>`
@@ -61,7 +61,7 @@
 //!
 //! A shared view cannot outlive an edit, nor a view the registration (borrow rules):
 //!
-//! ```compile_fail
+//! ```compile_fail,E0502
 //! # fn f(pd: &softwarp::ProtectionDomain) -> softwarp::Result<()> {
 //! let mut mr = pd.reg_owned(vec![0u8; 64])?;
 //! let view = mr.as_slice();
@@ -70,7 +70,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0505
 //! # fn f(pd: &softwarp::ProtectionDomain) -> softwarp::Result<()> {
 //! let mr = pd.reg_owned(vec![0u8; 64])?;
 //! let view = mr.as_slice();
