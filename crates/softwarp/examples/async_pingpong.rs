@@ -118,7 +118,10 @@ async fn server(
     let (_id, info) = listener
         .accept_async(&end.qp, &ConnectOptions::default())
         .await?;
-    println!("server: connected to {} (MPA rev {}, CRC {})", info.peer_addr, info.revision, info.crc);
+    println!(
+        "server: connected to {} (MPA rev {}, CRC {})",
+        info.peer_addr, info.revision, info.crc
+    );
     for _ in 0..count {
         let n = end.recv().await?;
         // Copy the ping out of the receive buffer, then receive the next one.
@@ -140,7 +143,10 @@ async fn client(peer: SocketAddr, count: usize, size: usize) -> Result<()> {
     let (_id, info) = channel
         .connect_async(&end.qp, peer, &ConnectOptions::default())
         .await?;
-    println!("client: connected to {} (MPA rev {}, CRC {})", info.peer_addr, info.revision, info.crc);
+    println!(
+        "client: connected to {} (MPA rev {}, CRC {})",
+        info.peer_addr, info.revision, info.crc
+    );
     let t0 = Instant::now();
     for i in 0..count {
         {

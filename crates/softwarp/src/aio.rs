@@ -301,8 +301,7 @@ impl CmEventChannel {
     ) -> Result<CmEvent> {
         let ready = Readiness::new(self.as_fd())?;
         let events = &self.shared().events;
-        poll_fn(|cx| ready.poll_take(cx, || Ok(events.take(Some(Duration::ZERO), &mut pred))))
-            .await
+        poll_fn(|cx| ready.poll_take(cx, || Ok(events.take(Some(Duration::ZERO), &mut pred)))).await
     }
 
     /// The channel's events as a [`Stream`].

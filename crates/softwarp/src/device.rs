@@ -583,9 +583,8 @@ mod tests {
     #[test]
     fn the_event_fd_is_readable_exactly_while_events_are_queued() {
         let q = EventQueue::new().unwrap();
-        let readable = |q: &EventQueue| {
-            sys::poll_readable(q.fd().as_fd(), Some(Duration::ZERO)).unwrap()
-        };
+        let readable =
+            |q: &EventQueue| sys::poll_readable(q.fd().as_fd(), Some(Duration::ZERO)).unwrap();
         assert!(!readable(&q));
         q.push(AsyncEvent::DeviceFatal);
         q.push(AsyncEvent::DeviceFatal);

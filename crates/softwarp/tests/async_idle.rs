@@ -44,8 +44,12 @@ async fn idle_awaits_use_no_cpu_and_wake_at_the_first_message() {
     let sscq = sdev.create_async_cq(64).unwrap();
     let crcq = cdev.create_async_cq(64).unwrap();
     let cscq = Arc::new(cdev.create_async_cq(64).unwrap());
-    let sqp = spd.create_qp(&QpInitAttr::new(sscq.cq(), srcq.cq())).unwrap();
-    let cqp = cpd.create_qp(&QpInitAttr::new(cscq.cq(), crcq.cq())).unwrap();
+    let sqp = spd
+        .create_qp(&QpInitAttr::new(sscq.cq(), srcq.cq()))
+        .unwrap();
+    let cqp = cpd
+        .create_qp(&QpInitAttr::new(cscq.cq(), crcq.cq()))
+        .unwrap();
     let recv = spd
         .reg_owned_writable(vec![0u8; 64], AccessFlags::LOCAL_WRITE)
         .unwrap();
@@ -85,7 +89,9 @@ async fn idle_awaits_use_no_cpu_and_wake_at_the_first_message() {
     };
     // A wait for one kind of event while another stays queued: the channel's descriptor
     // stays readable all along, and the waiter must still sleep.
-    let spare = cpd.create_qp(&QpInitAttr::new(cscq.cq(), crcq.cq())).unwrap();
+    let spare = cpd
+        .create_qp(&QpInitAttr::new(cscq.cq(), crcq.cq()))
+        .unwrap();
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let closed_addr = closed.local_addr().unwrap();
     drop(closed);
@@ -124,7 +130,11 @@ async fn idle_awaits_use_no_cpu_and_wake_at_the_first_message() {
     );
     assert!(!recv_waiter.is_finished() && !send_waiter.is_finished());
     assert!(!cm_waiter.is_finished() && !picky_waiter.is_finished());
-    assert_eq!(cchan.pending_events(), 1, "the unreachable attempt's event stays queued");
+    assert_eq!(
+        cchan.pending_events(),
+        1,
+        "the unreachable attempt's event stays queued"
+    );
 
     // The first message wakes both completion waiters.
     let msg = cpd.reg_owned(b"wake up".to_vec()).unwrap();

@@ -41,7 +41,7 @@ struct ServerSide {
 /// ones Sends into the next receive slot (`(i / 2) * MSG` of `recv`). The last is a Send,
 /// so its receive completion comes after every Write before it was placed.
 fn is_write(i: usize) -> bool {
-    i % 2 == 0
+    i.is_multiple_of(2)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -103,7 +103,10 @@ async fn thousands_of_sends_and_writes_over_16_qps_are_awaited() {
             for _ in 0..QPS {
                 let req = listener.get_request_async().await.unwrap();
                 let q = usize::from(req.private_data()[0]);
-                ids.push(req.accept(&servers[q].qp, &ConnectOptions::default()).unwrap());
+                ids.push(
+                    req.accept(&servers[q].qp, &ConnectOptions::default())
+                        .unwrap(),
+                );
             }
             (listener, ids)
         })

@@ -22,10 +22,9 @@ fn send_from(qp: &QueuePair, wr_id: u64, sge: Sge) {
 #[test]
 fn a_message_built_in_place_is_sent_from_a_range_and_the_vec_comes_back() {
     let (a, b) = pair(&ConnectOptions::default());
-    let recv = b
-        .pd
-        .reg_owned_writable(vec![0u8; 100].into_boxed_slice(), AccessFlags::LOCAL_WRITE)
-        .unwrap();
+    let recv =
+        b.pd.reg_owned_writable(vec![0u8; 100].into_boxed_slice(), AccessFlags::LOCAL_WRITE)
+            .unwrap();
     b.qp.post_recv(&RecvWr {
         wr_id: 1,
         sgl: SgList::single(recv.sge(0, 100).unwrap()),
@@ -85,10 +84,9 @@ const BIG: usize = 32 << 20;
 #[test]
 fn no_view_and_no_buffer_while_a_posted_send_reads_it() {
     let (a, b) = stalled_pair();
-    let sink = b
-        .pd
-        .reg_owned_writable(vec![0u8; BIG], AccessFlags::LOCAL_WRITE)
-        .unwrap();
+    let sink =
+        b.pd.reg_owned_writable(vec![0u8; BIG], AccessFlags::LOCAL_WRITE)
+            .unwrap();
     for wr_id in [1, 2] {
         b.qp.post_recv(&RecvWr {
             wr_id,
@@ -103,7 +101,10 @@ fn no_view_and_no_buffer_while_a_posted_send_reads_it() {
     // The Send is in flight (the peer does not read): no `&mut` view.
     match mr.edit() {
         Err(Error::InUse { users }) => assert!(users >= 1),
-        other => panic!("edit while a Send reads the buffer: {:?}", other.map(|_| ())),
+        other => panic!(
+            "edit while a Send reads the buffer: {:?}",
+            other.map(|_| ())
+        ),
     }
     // Shared views are fine: the Send only reads.
     assert_eq!(mr.as_slice()[..64], data[..64]);
@@ -159,13 +160,11 @@ fn bytes_mut_remote_read_and_remote_write_registrations() {
     let (a, b) = pair(&ConnectOptions::default());
     let src = pattern(8192, 9);
     // b lends a BytesMut for the peer to read, and a Vec for it to write.
-    let readable = b
-        .pd
-        .reg_owned_remote_read(bytes::BytesMut::from(&src[..]))
-        .unwrap();
-    let writable = b
-        .pd
-        .reg_owned_writable(
+    let readable =
+        b.pd.reg_owned_remote_read(bytes::BytesMut::from(&src[..]))
+            .unwrap();
+    let writable =
+        b.pd.reg_owned_writable(
             vec![0u8; 8192],
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         )
@@ -173,10 +172,9 @@ fn bytes_mut_remote_read_and_remote_write_registrations() {
     assert_eq!(readable.as_slice(), &src[..]);
 
     // a reads b's bytes into a writable Box, then writes them back into b's Vec.
-    let sink = a
-        .pd
-        .reg_owned_writable(vec![0u8; 8192].into_boxed_slice(), AccessFlags::LOCAL_WRITE)
-        .unwrap();
+    let sink =
+        a.pd.reg_owned_writable(vec![0u8; 8192].into_boxed_slice(), AccessFlags::LOCAL_WRITE)
+            .unwrap();
     a.qp.post_send(&send_wr(
         1,
         SendOp::Read {
