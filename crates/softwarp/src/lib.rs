@@ -15,7 +15,18 @@
 //! (`softwarp-engine`); the runtime only moves bytes between sockets and the places the
 //! engine names (zero copy: `readv` straight into the destination region, `writev` of the
 //! gather list), and wakes threads. `unsafe` code is confined to the private `sys` module
-//! (system calls on raw iovecs) and [`ProtectionDomain::reg_mr_raw`].
+//! (system calls on raw iovecs), [`ProtectionDomain::reg_mr_raw`], its one caller in
+//! [`owned`] and the registration of an eventfd with tokio in `aio`.
+//!
+//! - **Owned buffers** ([`owned`]): `Vec<u8>`, `Box<[u8]>` and (feature `bytes`)
+//!   `bytes::BytesMut` registered by value ([`ProtectionDomain::reg_owned`]), with slice
+//!   views only where nobody else may write the bytes, and given back by
+//!   [`OwnedMr::into_inner`] once released.
+//! - **Async** (feature `tokio`, module `aio`): completions (`Device::create_async_cq`),
+//!   completion channels, CM events (`CmEventChannel::connect_async`,
+//!   `CmListener::accept_async`, `CmEventChannel::events`) and device events
+//!   (`Device::next_async_event`) as futures and `futures_core::Stream`s over tokio's
+//!   `AsyncFd`.
 //!
 //! # Locks
 //!
