@@ -107,6 +107,9 @@ impl Readiness {
 /// A wait polls the CQ, arms it ([`CompletionQueue::req_notify`]), polls once more and
 /// only then parks on the channel's eventfd, so no completion is missed and none is waited
 /// for twice.
+///
+/// Leave the CQ in event mode (not [`CompletionQueue::set_busy_poll`]): a busy-polled CQ's
+/// QPs move their bytes only when the CQ is polled, and a parked task polls nothing.
 #[derive(Debug)]
 pub struct AsyncCq {
     cq: CompletionQueue,

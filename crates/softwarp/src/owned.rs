@@ -448,3 +448,31 @@ impl<B: OwnedBuf> OwnedRelease<B> {
         }
     }
 }
+
+#[cfg(feature = "tokio")]
+impl<B: OwnedBuf> OwnedRelease<B> {
+    /// Awaits the release without blocking a thread and returns the buffer (feature `tokio`).
+    /// Like [`MrRelease::wait`] it looks at the reference count with short, growing naps (up
+    /// to 2 ms), here as tokio sleeps. Bound it with `tokio::time::timeout`; a future dropped
+    /// before the release drops this handle, which leaks the buffer if it is still in use.
+    pub async fn into_inner_async(mut self) -> B {
+        let mut nap = Duration::from_micros(50);
+        loop {
+            match self.try_into_inner() {
+                Ok(buf) => return buf,
+                Err(again) => self = again,
+            }
+            tokio::time::sleep(nap).await;
+            nap = nap.saturating_mul(2).min(Duration::from_millis(2));
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl<B: OwnedBuf, R: Rights> OwnedMr<B, R> {
+    /// [`OwnedMr::into_inner`] without blocking a thread (feature `tokio`): deregisters and
+    /// awaits the release ([`OwnedRelease::into_inner_async`]).
+    pub async fn into_inner_async(self) -> B {
+        self.deregister().into_inner_async().await
+    }
+}

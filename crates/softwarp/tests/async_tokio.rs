@@ -182,7 +182,9 @@ async fn thousands_of_sends_and_writes_over_16_qps_are_awaited() {
             }
             // Nothing uses the buffer any more: it comes back, the same allocation.
             let addr_before = buf.addr();
-            let v = buf.into_inner(WAIT).unwrap();
+            let v = tokio::time::timeout(WAIT, buf.into_inner_async())
+                .await
+                .unwrap();
             assert_eq!(v.as_ptr() as u64, addr_before);
             assert_eq!(v, pattern(MSGS * MSG, q as u64));
             (qp, id, scq, rcq)
