@@ -359,7 +359,9 @@ impl CmListener {
 
     /// Awaits the next request and accepts it into `qp` with `opts`: the async form of
     /// [`CmListener::accept`] (it takes the connection's [`CmEvent::Established`] off the
-    /// channel as well).
+    /// channel as well). The MPA Reply is written on the calling thread by
+    /// [`ConnectRequest::accept`]: one small write to a fresh connection, which blocks only if
+    /// the peer's receive window is closed (bounded by `opts.timeout`).
     pub async fn accept_async(
         &self,
         qp: &QueuePair,

@@ -378,6 +378,7 @@ pub(crate) fn attempt_outcome(id: CmId, ev: CmEvent) -> Result<(CmId, Connection
 }
 
 impl CmEventChannel {
+    #[cfg(any(test, feature = "tokio"))]
     pub(crate) fn shared(&self) -> &Arc<ChannelShared> {
         &self.shared
     }
