@@ -160,9 +160,10 @@ fn bytes_mut_remote_read_and_remote_write_registrations() {
     let (a, b) = pair(&ConnectOptions::default());
     let src = pattern(8192, 9);
     // b lends a BytesMut for the peer to read, and a Vec for it to write.
-    let readable =
-        b.pd.reg_owned_remote_read(bytes::BytesMut::from(&src[..]))
-            .unwrap();
+    let lent = bytes::BytesMut::from(&src[..]);
+    let heap = lent.as_ptr() as u64;
+    let readable = b.pd.reg_owned_remote_read(lent).unwrap();
+    assert_eq!(readable.addr(), heap, "registered where it is: no copy");
     let writable =
         b.pd.reg_owned_writable(
             vec![0u8; 8192],
@@ -210,6 +211,7 @@ fn bytes_mut_remote_read_and_remote_write_registrations() {
 
     let back: bytes::BytesMut = readable.into_inner(WAIT).unwrap();
     assert_eq!(&back[..], &src[..]);
+    assert_eq!(back.as_ptr() as u64, heap, "the same allocation comes back");
     let written = writable.into_inner(WAIT).unwrap();
     assert_eq!(&written[100..4100], &src[..4000]);
     assert!(written[..100].iter().all(|&x| x == 0));
