@@ -396,7 +396,9 @@ impl ChannelShared {
 
 /// A completion channel: a file descriptor that becomes readable when an armed CQ attached
 /// to it gets a completion. Put it in your own `poll`/`epoll` set, or wait with
-/// [`CompletionChannel::get_cq_event`].
+/// [`CompletionChannel::get_cq_event`] (with the `tokio` feature also
+/// `get_cq_event_async`, `AsyncCompletionChannel` and, for a CQ with a channel of its own,
+/// `AsyncCq`).
 #[derive(Debug, Clone)]
 pub struct CompletionChannel {
     shared: Arc<ChannelShared>,

@@ -6,6 +6,7 @@
 //! thread), as each `ibv_open_device` gives an own context.
 
 use std::collections::VecDeque;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::time::Duration;
@@ -20,6 +21,7 @@ use crate::pd::ProtectionDomain;
 use crate::progress::Progress;
 use crate::qp::QpShared;
 use crate::ras::{DeviceRas, Tracked};
+use crate::sys;
 
 /// The name of Softwarp's device.
 pub const DEVICE_NAME: &str = "softwarp0";
@@ -93,11 +95,14 @@ impl DeviceAttr {
     }
 }
 
-/// Bounded queue of asynchronous events with a blocking take.
+/// Bounded queue of asynchronous events with a blocking take, and an eventfd that is
+/// readable exactly while events are queued (written at every event, drained when the last
+/// one is taken; both under the queue's lock), for `poll`/`epoll` loops and async runtimes.
 #[derive(Debug)]
 pub(crate) struct EventQueue {
     q: Mutex<VecDeque<AsyncEvent>>,
     cv: Condvar,
+    fd: sys::EventFd,
     lost: AtomicUsize,
     /// Events reported, per [`EVENT_KINDS`] entry (statistics).
     reported: [AtomicU64; EVENT_KINDS.len()],
@@ -129,13 +134,18 @@ fn event_kind(ev: &AsyncEvent) -> usize {
 const EVENT_QUEUE_CAP: usize = 4096;
 
 impl EventQueue {
-    fn new() -> Self {
-        Self {
+    fn new() -> std::io::Result<Self> {
+        Ok(Self {
             q: Mutex::new(VecDeque::new()),
             cv: Condvar::new(),
+            fd: sys::EventFd::new()?,
             lost: AtomicUsize::new(0),
             reported: Default::default(),
-        }
+        })
+    }
+
+    pub(crate) fn fd(&self) -> &sys::EventFd {
+        &self.fd
     }
 
     /// Events reported so far, per kind (for statistics).
@@ -163,15 +173,25 @@ impl EventQueue {
             self.lost.fetch_add(1, Ordering::Relaxed);
         }
         q.push_back(ev);
+        // Every event writes the eventfd (not only the first of a run): an edge-triggered
+        // waiter (tokio's `AsyncFd`) that found nothing for it wakes again at the next one.
+        if let Err(e) = self.fd.signal() {
+            tracing::error!(error = %e, "device events: eventfd write failed");
+        }
         drop(q);
         self.cv.notify_all();
     }
 
-    fn take(&self, timeout: Option<Duration>) -> Option<AsyncEvent> {
+    pub(crate) fn take(&self, timeout: Option<Duration>) -> Option<AsyncEvent> {
         let deadline = softwarp_ras::deadline::Deadline::from_timeout(timeout);
         let mut q = lock(&self.q);
         loop {
             if let Some(ev) = q.pop_front() {
+                if q.is_empty() {
+                    if let Err(e) = self.fd.drain() {
+                        tracing::error!(error = %e, "device events: eventfd read failed");
+                    }
+                }
                 return Some(ev);
             }
             match deadline.remaining() {
@@ -421,7 +441,7 @@ impl Device {
         let shared = Arc::new(DeviceShared {
             mrs: RwLock::new(MrTable::new(attr.max_mr)),
             attr,
-            events: EventQueue::new(),
+            events: EventQueue::new().map_err(|e| Error::io("eventfd", e))?,
             progress,
             qps: Mutex::new(Vec::new()),
             qp_nums: Arc::new(IdSpace::new(u32::MAX)),
@@ -518,6 +538,14 @@ impl Device {
         self.shared.events.take(Some(Duration::ZERO))
     }
 
+    /// A file descriptor (an eventfd) that is readable exactly while asynchronous events are
+    /// queued (after `ibv_context.async_fd`): put it in your own `poll`/`epoll` set and call
+    /// [`Device::try_get_async_event`] when it is readable. With the `tokio` feature,
+    /// `Device::next_async_event` awaits it.
+    pub fn async_event_fd(&self) -> BorrowedFd<'_> {
+        self.shared.events.fd().as_fd()
+    }
+
     /// Asynchronous events dropped because nobody read the queue (it keeps the newest
     /// 4096).
     pub fn async_events_lost(&self) -> usize {
@@ -551,6 +579,22 @@ impl Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_event_fd_is_readable_exactly_while_events_are_queued() {
+        let q = EventQueue::new().unwrap();
+        let readable =
+            |q: &EventQueue| sys::poll_readable(q.fd().as_fd(), Some(Duration::ZERO)).unwrap();
+        assert!(!readable(&q));
+        q.push(AsyncEvent::DeviceFatal);
+        q.push(AsyncEvent::DeviceFatal);
+        assert!(readable(&q));
+        assert!(q.take(Some(Duration::ZERO)).is_some());
+        assert!(readable(&q), "one event is still queued");
+        assert!(q.take(Some(Duration::ZERO)).is_some());
+        assert!(!readable(&q));
+        assert!(q.take(Some(Duration::ZERO)).is_none());
+    }
 
     #[test]
     fn numbers_wrap_at_the_end_of_the_space_and_skip_the_live_ones() {

@@ -89,6 +89,13 @@ pub enum Error {
     /// A connection request was already accepted or rejected.
     #[error("the connection request was already answered")]
     AlreadyAnswered,
+    /// Work requests still use a registered buffer (posted and not completed): wait for
+    /// their completions, then try again.
+    #[error("{users} in-flight work request(s) still use the buffer")]
+    InUse {
+        /// How many in-flight operations hold the registration's memory.
+        users: usize,
+    },
 }
 
 impl Error {

@@ -15,7 +15,18 @@
 //! (`softwarp-engine`); the runtime only moves bytes between sockets and the places the
 //! engine names (zero copy: `readv` straight into the destination region, `writev` of the
 //! gather list), and wakes threads. `unsafe` code is confined to the private `sys` module
-//! (system calls on raw iovecs) and [`ProtectionDomain::reg_mr_raw`].
+//! (system calls on raw iovecs), [`ProtectionDomain::reg_mr_raw`], its one caller in
+//! [`owned`] and the registration of an eventfd with tokio in `aio`.
+//!
+//! - **Owned buffers** ([`owned`]): `Vec<u8>`, `Box<[u8]>` and (feature `bytes`)
+//!   `bytes::BytesMut` registered by value ([`ProtectionDomain::reg_owned`]), with slice
+//!   views only where nobody else may write the bytes, and given back by
+//!   [`OwnedMr::into_inner`] once released.
+//! - **Async** (feature `tokio`, module `aio`): completions (`Device::create_async_cq`),
+//!   completion channels, CM events (`CmEventChannel::connect_async`,
+//!   `CmListener::accept_async`, `CmEventChannel::events`) and device events
+//!   (`Device::next_async_event`) as futures and `futures_core::Stream`s over tokio's
+//!   `AsyncFd`.
 //!
 //! # Locks
 //!
@@ -70,11 +81,14 @@
 // `softwarp_ras::deadline` (the workspace's clippy.toml exempts the primitive number types).
 #![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 
+#[cfg(feature = "tokio")]
+pub mod aio;
 pub mod cm;
 mod connect;
 mod cq;
 mod device;
 mod error;
+pub mod owned;
 mod pd;
 mod progress;
 mod qp;
@@ -83,6 +97,8 @@ mod srq;
 #[allow(unsafe_code)]
 mod sys;
 
+#[cfg(feature = "tokio")]
+pub use aio::{AsyncCompletionChannel, AsyncCq, AsyncEvents, CmEvents};
 pub use cm::{
     CmEvent, CmEventChannel, CmId, CmListener, CmState, ConnId, ConnectOptions, ConnectRequest,
     ConnectionInfo, CrcMode, DisconnectReason, ListenOptions, ListenerId, ListenerStats,
@@ -92,6 +108,7 @@ pub use connect::Listener;
 pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION};
 pub use device::{list_devices, Device, DeviceAttr, DEVICE_NAME};
 pub use error::{Error, MpaError, Result};
+pub use owned::{EditGuard, OwnedBuf, OwnedMr, OwnedRelease};
 pub use pd::{AccessFlags, MemoryRegion, MrRelease, ProtectionDomain};
 pub use qp::{QpCap, QpInitAttr, QueuePair};
 pub use srq::{SharedReceiveQueue, SrqInitAttr};

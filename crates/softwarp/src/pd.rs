@@ -296,14 +296,43 @@ impl MemoryRegion {
 }
 
 impl MemoryRegion {
+    /// Invalidates the STag if no in-flight operation holds the memory (under the STag
+    /// table's write lock, so that no work request validates it in between): from then on
+    /// nothing reaches the memory through the stack until [`MemoryRegion::revalidate`].
+    /// [`Error::InUse`] if something holds it (nothing changed then).
+    pub(crate) fn suspend_if_unused(&self) -> Result<()> {
+        let mut mrs = self.device.mrs_write();
+        // The table holds one reference while the region is registered.
+        let users = self.memory.strong_count().saturating_sub(1);
+        if users > 0 {
+            return Err(Error::InUse { users });
+        }
+        mrs.invalidate_local(self.stag, self.pd)?;
+        Ok(())
+    }
+
+    /// Makes a region invalidated by [`MemoryRegion::suspend_if_unused`] valid again under
+    /// a fresh STag key (the old STag validates for nothing).
+    pub(crate) fn revalidate(&mut self) -> Result<()> {
+        let stag = self.device.mrs_write().rekey(self.stag)?;
+        self.stag = stag;
+        Ok(())
+    }
+
+    /// A handle on the registration's memory that outlives it (as
+    /// [`MemoryRegion::deregister`] returns).
+    pub(crate) fn release_handle(&self) -> MrRelease {
+        MrRelease {
+            stag: self.stag,
+            memory: Weak::clone(&self.memory),
+        }
+    }
+
     /// Deregisters the STag now (as dropping does) and returns a handle that tells when no
     /// in-flight operation references the memory any more: the moment memory lent with
     /// [`ProtectionDomain::reg_mr_raw`] may be freed.
     pub fn deregister(self) -> MrRelease {
-        let release = MrRelease {
-            stag: self.stag,
-            memory: Weak::clone(&self.memory),
-        };
+        let release = self.release_handle();
         drop(self);
         release
     }

@@ -361,21 +361,24 @@ impl CmEventChannel {
                 e.conn_id() == Some(conn) && e.ends_attempt()
             })
             .ok_or(Error::Timeout(wait))?;
-        match ev {
-            CmEvent::Established { info, .. } => Ok((id, info)),
-            CmEvent::Rejected { private_data, .. } => {
-                Err(MpaError::Rejected { private_data }.into())
-            }
-            CmEvent::Unreachable { error, .. } | CmEvent::ConnectError { error, .. } => Err(error),
-            _ => Err(Error::InvalidArgument(
-                "unexpected connection manager event",
-            )),
-        }
+        attempt_outcome(id, ev)
+    }
+}
+
+/// The outcome of a connection attempt from the event that ended it.
+pub(crate) fn attempt_outcome(id: CmId, ev: CmEvent) -> Result<(CmId, ConnectionInfo)> {
+    match ev {
+        CmEvent::Established { info, .. } => Ok((id, info)),
+        CmEvent::Rejected { private_data, .. } => Err(MpaError::Rejected { private_data }.into()),
+        CmEvent::Unreachable { error, .. } | CmEvent::ConnectError { error, .. } => Err(error),
+        _ => Err(Error::InvalidArgument(
+            "unexpected connection manager event",
+        )),
     }
 }
 
 impl CmEventChannel {
-    #[cfg(test)]
+    #[cfg(any(test, feature = "tokio"))]
     pub(crate) fn shared(&self) -> &Arc<ChannelShared> {
         &self.shared
     }

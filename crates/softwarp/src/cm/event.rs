@@ -216,10 +216,11 @@ impl EventQueue {
             }
             q.request_errors = q.request_errors.saturating_add(1);
         }
-        if q.events.is_empty() {
-            if let Err(e) = self.fd.signal() {
-                tracing::error!(error = %e, "cannot signal the CM event channel");
-            }
+        // Every event writes the eventfd (not only the first of a run): an edge-triggered
+        // waiter (tokio's `AsyncFd`) waiting for one connection's event while others stay
+        // queued wakes again at the next event.
+        if let Err(e) = self.fd.signal() {
+            tracing::error!(error = %e, "cannot signal the CM event channel");
         }
         q.events.push_back(ev);
         drop(q);

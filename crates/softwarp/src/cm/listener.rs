@@ -58,7 +58,7 @@ pub struct CmListener {
     id: ListenerId,
     local_addr: SocketAddr,
     state: Arc<ListenerState>,
-    channel: Arc<ChannelShared>,
+    pub(crate) channel: Arc<ChannelShared>,
 }
 
 impl CmListener {

@@ -53,6 +53,8 @@ pub(crate) mod options;
 mod request;
 
 pub use admission::ListenerStats;
+#[cfg(feature = "tokio")]
+pub(crate) use channel::attempt_outcome;
 pub use channel::{resolve, CmEventChannel};
 pub use event::{CmEvent, ConnId, DisconnectReason, ListenerId, MAX_QUEUED_REQUEST_ERRORS};
 pub use id::{CmId, CmState};
