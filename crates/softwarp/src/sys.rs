@@ -1,10 +1,14 @@
-//! The only module of this crate with `unsafe` code: thin wrappers over the system calls the
-//! runtime needs and the standard library does not offer.
+//! Thin wrappers over the system calls the runtime needs and the standard library does not
+//! offer: through `rustix` and `socket2` where they have the call, and raw `libc` only for
+//! `readv`/`sendmsg` (the only `unsafe` code of this module; the crate's others are the
+//! tokio registration in `aio` and `reg_mr_raw`).
 //!
 //! - [`read_region_staged`] / [`read_buf_staged`] (`readv`) and [`write_pieces`] (`writev`): iovecs built from the raw
 //!   pointers of the engine's receive target and transmit gather list (ranges of registered
 //!   regions, or buffers inside the QP), so no Rust reference to memory the network shares
 //!   is ever created: the kernel copies straight between the socket and that memory.
+//!   `rustix` and `socket2` take `IoSlice`/`IoSliceMut`, which are Rust references: they
+//!   cannot be used here (see the memory model in `softwarp_engine::memory`).
 //! - An [`EventFd`] (Linux `eventfd(2)`) for completion channels: a pollable counter.
 //! - [`poll_readable`]: wait with a timeout until a file descriptor is readable.
 //! - [`tcp_maxseg`]: the TCP maximum segment size of a connected socket (`TCP_MAXSEG`).
@@ -14,7 +18,7 @@
 //! Every `unsafe` block states why it is sound in a `// SAFETY:` comment.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use softwarp_engine::memory::Region;
@@ -162,88 +166,39 @@ fn write_pieces_in<const N: usize>(
 
 /// `TCP_MAXSEG` of a connected TCP socket: the maximum segment size in force.
 pub(crate) fn tcp_maxseg(fd: BorrowedFd<'_>) -> io::Result<usize> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are valid for writes and `len` holds the size of `v`, as
-    // getsockopt(2) requires; `fd` is a live descriptor.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_MAXSEG,
-            (&mut v as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    usize::try_from(v).map_err(|_| io::Error::other("negative TCP_MAXSEG"))
+    let mss = socket2::SockRef::from(&fd).tcp_mss()?;
+    usize::try_from(mss).map_err(|_| io::Error::other("TCP_MAXSEG out of range"))
 }
 
 /// Sets `SO_LINGER` to on with a zero timeout: closing the socket then resets the
 /// connection (RST) instead of the orderly FIN exchange.
 pub(crate) fn set_linger_zero(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let v = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: `v` is a valid `linger` that lives across the call and the length given is its
-    // size, as setsockopt(2) requires; `fd` is a live descriptor.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&v as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(rustix::net::sockopt::set_socket_linger(
+        fd,
+        Some(Duration::ZERO),
+    )?)
 }
 
 /// `listen(2)` again on a listening socket: on Linux this changes its backlog (the standard
 /// library always uses 128).
 pub(crate) fn set_listen_backlog(fd: BorrowedFd<'_>, backlog: u32) -> io::Result<()> {
-    let backlog = libc::c_int::try_from(backlog).unwrap_or(libc::c_int::MAX);
-    // SAFETY: listen(2) takes no pointers; `fd` is a live descriptor.
-    let r = unsafe { libc::listen(fd.as_raw_fd(), backlog) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    let backlog = i32::try_from(backlog).unwrap_or(i32::MAX);
+    Ok(rustix::net::listen(fd, backlog)?)
 }
 
 /// Waits until `fd` is readable or `timeout` passes (`None`: no limit). Returns true when
 /// readable (or in error/hang-up: a read will then not block).
 pub(crate) fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<bool> {
-    let ms: libc::c_int = match timeout {
-        None => -1,
-        Some(d) => {
-            // Round up so a sub-millisecond timeout still waits.
-            let ms = d.as_micros().div_ceil(1000);
-            libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
-        }
-    };
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    // A timeout too long for a timespec waits without a bound.
+    let ts = timeout.and_then(|d| Timespec::try_from(d).ok());
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
     loop {
-        // SAFETY: `p` is one valid pollfd that lives across the call.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+        match rustix::event::poll(&mut fds, ts.as_ref()) {
+            Ok(n) => return Ok(n > 0),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
-        return Ok(r > 0);
     }
 }
 
@@ -256,58 +211,29 @@ pub(crate) struct EventFd {
 impl EventFd {
     /// Creates a non-blocking, close-on-exec eventfd with counter 0.
     pub(crate) fn new() -> io::Result<Self> {
-        // SAFETY: eventfd(2) takes no pointers; the flags are valid.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a new descriptor that nothing else owns.
-        Ok(Self {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        use rustix::event::{eventfd, EventfdFlags};
+        let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        Ok(Self { fd })
     }
 
     /// Adds 1 to the counter (makes the descriptor readable).
     pub(crate) fn signal(&self) -> io::Result<()> {
-        let one: u64 = 1;
-        // SAFETY: writes the 8 bytes of `one`, which live across the call, to a descriptor we
-        // own.
-        let r = unsafe {
-            libc::write(
-                self.fd.as_raw_fd(),
-                (&one as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
+        match rustix::io::write(&self.fd, &1u64.to_ne_bytes()) {
             // EAGAIN: the counter is at its maximum, so the fd is readable anyway.
-            if e.kind() != io::ErrorKind::WouldBlock {
-                return Err(e);
-            }
+            Ok(_) | Err(rustix::io::Errno::AGAIN) => Ok(()),
+            Err(e) => Err(e.into()),
         }
-        Ok(())
     }
 
     /// Resets the counter to 0 (the descriptor stops being readable). Returns the old value.
     pub(crate) fn drain(&self) -> io::Result<u64> {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into `v`, which is valid for writes across the call.
-        let r = unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                (&mut v as *mut u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::WouldBlock {
-                return Ok(0);
-            }
-            return Err(e);
+        let mut v = [0u8; 8];
+        match rustix::io::read(&self.fd, &mut v) {
+            Ok(8) => Ok(u64::from_ne_bytes(v)),
+            Ok(_) => Err(io::Error::other("short read of an eventfd")),
+            Err(rustix::io::Errno::AGAIN) => Ok(0),
+            Err(e) => Err(e.into()),
         }
-        Ok(v)
     }
 }
 
