@@ -692,6 +692,13 @@ impl fmt::Display for DumpProcess {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn automatic_dumps_are_off_while_no_service_runs() {
+        // No unit test of this crate starts the process-wide services.
+        assert!(crate::service::global().is_none());
+        assert_eq!(AutoDumpConfig::from_env().keep, 0);
+    }
     use crate::control::DefaultHandler;
 
     fn small() -> Vec<u8> {

@@ -110,7 +110,8 @@ impl core::fmt::Display for Backend {
 }
 
 /// The implementation [`crc32c_append`] uses for short inputs on this CPU. The CPU is asked
-/// once (the answer is cached by `std`'s feature detection); a build with
+/// once (`std::arch::is_x86_feature_detected!`) and the answer cached in a static atomic; a
+/// build with
 /// `-C target-feature=+sse4.2` (the workspace's `.cargo/config.toml`) needs no question.
 pub fn backend() -> Backend {
     if sse42::available() {
@@ -148,13 +149,37 @@ pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
 #[allow(unsafe_code)]
 mod sse42 {
     use std::arch::x86_64::{_mm_crc32_u32, _mm_crc32_u64, _mm_crc32_u8};
+    use std::sync::atomic::{AtomicU8, Ordering};
 
-    /// Whether the CPU has SSE 4.2: a constant when the build enables it, otherwise `std`'s
-    /// run-time detection (one CPUID at first use, then a cached relaxed load and a bit
-    /// test).
+    /// [`DETECTED`] before the first question.
+    const UNKNOWN: u8 = 0;
+    const YES: u8 = 1;
+    const NO: u8 = 2;
+    /// The CPU's answer, asked once ([`detect`]).
+    static DETECTED: AtomicU8 = AtomicU8::new(UNKNOWN);
+
+    /// Whether the CPU has SSE 4.2: a constant when the build enables it, otherwise one
+    /// relaxed load of the cached answer (about half the instructions of asking `std`'s
+    /// detection each time, which matters twice per small message).
     #[inline]
     pub(super) fn available() -> bool {
-        cfg!(target_feature = "sse4.2") || std::arch::is_x86_feature_detected!("sse4.2")
+        if cfg!(target_feature = "sse4.2") {
+            return true;
+        }
+        match DETECTED.load(Ordering::Relaxed) {
+            YES => true,
+            NO => false,
+            _ => detect(),
+        }
+    }
+
+    /// Asks the CPU and caches the answer (threads racing here store the same value).
+    #[cold]
+    #[inline(never)]
+    fn detect() -> bool {
+        let yes = std::arch::is_x86_feature_detected!("sse4.2");
+        DETECTED.store(if yes { YES } else { NO }, Ordering::Relaxed);
+        yes
     }
 
     /// CRC32c of `data` continuing from the standard value `crc`, or `None` when the CPU

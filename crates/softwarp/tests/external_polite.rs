@@ -41,7 +41,13 @@ fn a_program_outside_the_workspace_finds_softwarp_polite_and_fast() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests-external/polite");
     let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("external-polite");
     let build = Command::new(&cargo)
-        .args(["build", "--offline", "--locked", "--bins", "--manifest-path"])
+        .args([
+            "build",
+            "--offline",
+            "--locked",
+            "--bins",
+            "--manifest-path",
+        ])
         .arg(root.join("Cargo.toml"))
         .current_dir(&root)
         .env("CARGO_TARGET_DIR", &target)
