@@ -90,10 +90,22 @@ const FOLDING_CRC_MIN: usize = 512;
 /// folds with (V)PCLMULQDQ and runs about three times faster here than the `crc32c` crate
 /// (41 vs 15 GB/s on the benchmark machine, a 64 KiB buffer). With CRC on, the CRC over
 /// sent and placed payload was the largest user-space cost of streaming.
+///
+/// The short path is inlined into the callers (the small-message paths call it once per
+/// FPDU each way) and the folding one is a function of its own, so that its large digest
+/// state costs the short path nothing: with SSE 4.2 detected at run time rather than enabled
+/// by the build, the whole out of line cost `examples/msgrate` about 6 instructions per call
+/// (BENCHMARKS.md, item 24a).
+#[inline(always)]
 pub(crate) fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
     if bytes.len() < FOLDING_CRC_MIN {
         return softwarp_wire::crc::crc32c_append(crc, bytes);
     }
+    crc32c_append_folding(crc, bytes)
+}
+
+#[inline(never)]
+fn crc32c_append_folding(crc: u32, bytes: &[u8]) -> u32 {
     // crc_fast keeps the raw (not yet inverted) register: resume from the inverted value.
     let mut d =
         crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));

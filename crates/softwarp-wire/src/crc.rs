@@ -132,13 +132,21 @@ pub fn backend() -> Backend {
 /// step, then 4, then single bytes. Other CPUs and longer inputs use the crate, which
 /// interleaves three streams and wins there. Both give the same value (unit-tested and
 /// proptested against the crate).
-#[inline]
+///
+/// Inlined into its callers (a length test, a relaxed load and a call); the other path is a
+/// function of its own.
+#[inline(always)]
 pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     if data.len() < SHORT_INPUT {
         if let Some(v) = sse42::append(crc, data) {
             return v;
         }
     }
+    crate_append(crc, data)
+}
+
+#[inline(never)]
+fn crate_append(crc: u32, data: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, data)
 }
 
@@ -153,15 +161,17 @@ mod sse42 {
 
     /// [`DETECTED`] before the first question.
     const UNKNOWN: u8 = 0;
+    /// The CPU has SSE 4.2.
     const YES: u8 = 1;
+    /// It has not.
     const NO: u8 = 2;
     /// The CPU's answer, asked once ([`detect`]).
     static DETECTED: AtomicU8 = AtomicU8::new(UNKNOWN);
 
     /// Whether the CPU has SSE 4.2: a constant when the build enables it, otherwise one
-    /// relaxed load of the cached answer (about half the instructions of asking `std`'s
-    /// detection each time, which matters twice per small message).
-    #[inline]
+    /// relaxed load of the cached answer (the first call asks the CPU). Inlined: it runs
+    /// twice per small message.
+    #[inline(always)]
     pub(super) fn available() -> bool {
         if cfg!(target_feature = "sse4.2") {
             return true;
@@ -184,7 +194,7 @@ mod sse42 {
 
     /// CRC32c of `data` continuing from the standard value `crc`, or `None` when the CPU
     /// lacks the instruction.
-    #[inline]
+    #[inline(always)]
     pub(super) fn append(crc: u32, data: &[u8]) -> Option<u32> {
         if !available() {
             return None;

@@ -189,5 +189,15 @@ pub fn check_crc() {
         assert_eq!(softwarp_wire::crc::backend(), expected);
     }
     assert_eq!(softwarp_wire::crc::crc32c(b"123456789"), 0xe306_9283);
+    // The short path chosen at run time agrees with the long one (the `crc32c` crate, for
+    // inputs of SHORT_INPUT bytes and more) over every piece size and alignment.
+    let data: Vec<u8> = (0..1100u32).map(|i| (i * 131 + 7) as u8).collect();
+    let whole = softwarp_wire::crc::crc32c(&data);
+    for piece in 1..softwarp_wire::crc::SHORT_INPUT {
+        let pieces = data
+            .chunks(piece)
+            .fold(0, |crc, c| softwarp_wire::crc::crc32c_append(crc, c));
+        assert_eq!(pieces, whole, "pieces of {piece} bytes");
+    }
     println!("crc backend: {}", softwarp_wire::crc::backend());
 }
