@@ -17,6 +17,17 @@
 //! gather list), and wakes threads. `unsafe` code is confined to the private `sys` module
 //! (system calls on raw iovecs) and [`ProtectionDomain::reg_mr_raw`].
 //!
+//! # Tracing and RAS: nothing unless asked
+//!
+//! Opening a device starts its progress thread and nothing else: no RAS thread, no file, no
+//! global `tracing` subscriber. Softwarp's records go through the `tracing` facade (targets
+//! `softwarp::<component>`) to whatever subscriber the program installs, before or after
+//! the first open; [`flight_recorder_layer`] adds the flight recorder to it. The RAS services
+//! (control socket and host registry entry, error log, metrics endpoint, automatic dumps)
+//! start when the program asks ([`Device::builder`]`().ras(..)`, [`enable_ras`]) or the
+//! operator sets `SOFTWARP_RAS=on`; `SOFTWARP_RAS=off` keeps them off. `SOFTWARP_TRACE`
+//! sets the initial levels at the first open either way.
+//!
 //! # Locks
 //!
 //! Every lock of the runtime, in the only order in which a thread may hold several: a
