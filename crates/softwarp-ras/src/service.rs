@@ -181,16 +181,14 @@ pub fn start(config: &ServiceConfig, handler: Arc<dyn ControlHandler>) -> RasSer
     if let Err(e) = trace::init_from_env() {
         problems.push(format!("{}: {e}", trace::TRACE_ENV));
     }
-    if config.install_tracing {
-        if trace::install_global().is_err() {
-            // The application's own subscriber stays; records reach the flight recorder only
-            // if it adds our layer.
-            problems.push(
-                "a global tracing subscriber is already installed: add \
-                 softwarp_ras::trace::recorder_layer() to it"
-                    .to_string(),
-            );
-        }
+    if config.install_tracing && trace::install_global().is_err() {
+        // The application's own subscriber stays; records reach the flight recorder only if
+        // it adds our layer.
+        problems.push(
+            "a global tracing subscriber is already installed: add \
+             softwarp_ras::trace::recorder_layer() to it"
+                .to_string(),
+        );
     }
     if let Some(c) = &config.errlog {
         match ErrorLog::open(c.clone()) {
