@@ -4,7 +4,10 @@ use softwarp_polite_check::*;
 
 fn main() {
     let ras = ras_requested();
-    assert!(runtime_files().is_empty(), "the runtime directory must start empty");
+    assert!(
+        runtime_files().is_empty(),
+        "the runtime directory must start empty"
+    );
     let first = open(ras);
     let out = Captured::default();
     install_own_subscriber(&out, ras);

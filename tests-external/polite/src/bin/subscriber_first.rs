@@ -3,7 +3,10 @@ use softwarp_polite_check::*;
 
 fn main() {
     let ras = ras_requested();
-    assert!(runtime_files().is_empty(), "the runtime directory must start empty");
+    assert!(
+        runtime_files().is_empty(),
+        "the runtime directory must start empty"
+    );
     let out = Captured::default();
     install_own_subscriber(&out, ras);
     tracing::info!(target: "polite", "application record before the device opens");
