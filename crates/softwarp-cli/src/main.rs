@@ -185,8 +185,26 @@ fn admin_run(
     }
 }
 
+/// The commands that open devices (`demo`, `bench`) are Softwarp applications that want to
+/// be seen by the operator: they opt in to the RAS services as the environment configures
+/// them (control socket, host registry entry, error log, metrics), and install Softwarp's
+/// console + flight recorder subscriber unless `SOFTWARP_TRACE_CONSOLE=0`. The library does
+/// neither by itself.
+fn opt_in_ras() {
+    let console_off = std::env::var("SOFTWARP_TRACE_CONSOLE")
+        .is_ok_and(|v| matches!(v.trim(), "0" | "off" | "no" | "false"));
+    if !console_off {
+        // Fails only if a subscriber is installed already, which this program does not do.
+        let _ = softwarp::install_ras_subscriber();
+    }
+    let _ = softwarp::enable_ras(&softwarp::RasConfig::from_env());
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Demo(_) | Command::Bench(_)) {
+        opt_in_ras();
+    }
     let result = match &cli.command {
         Command::Decode {
             file,

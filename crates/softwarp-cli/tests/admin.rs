@@ -19,7 +19,8 @@ use serde_json::Value as Json;
 const WAIT: Duration = Duration::from_secs(30);
 
 /// Environment variables of the RAS services a test must not inherit.
-const RAS_ENV: [&str; 7] = [
+const RAS_ENV: [&str; 8] = [
+    "SOFTWARP_RAS",
     "SOFTWARP_TRACE",
     "SOFTWARP_METRICS",
     "SOFTWARP_ERRLOG",
@@ -81,6 +82,11 @@ impl Peer {
         for v in RAS_ENV {
             cmd.env_remove(v);
         }
+        // The child is an application that did not ask for RAS: the operator turns the
+        // services on (and Softwarp's own subscriber, which feeds the flight recorder) with
+        // the environment.
+        cmd.env("SOFTWARP_RAS", "on")
+            .env("SOFTWARP_TRACE_CONSOLE", "1");
         let mut child = cmd.spawn().unwrap();
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().unwrap();

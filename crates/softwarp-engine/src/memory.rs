@@ -162,10 +162,22 @@ const FOLDING_CRC_MIN: usize = 512;
 /// region memory: [`Region::crc32c_append`] does that): large inputs use `crc_fast`, which
 /// folds with (V)PCLMULQDQ and runs about three times faster than the `crc32c` crate on the
 /// machine BENCHMARKS.md was first measured on (41 vs 15 GB/s, a 64 KiB buffer).
+///
+/// The short path is inlined into the callers (the small-message paths call it once per
+/// FPDU each way) and the folding one is a function of its own, so that its large digest
+/// state costs the short path nothing: with SSE 4.2 detected at run time rather than enabled
+/// by the build, the whole out of line cost `examples/msgrate` about 6 instructions per call
+/// (BENCHMARKS.md, item 24a).
+#[inline(always)]
 pub(crate) fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
     if bytes.len() < FOLDING_CRC_MIN {
         return softwarp_wire::crc::crc32c_append(crc, bytes);
     }
+    crc32c_append_folding(crc, bytes)
+}
+
+#[inline(never)]
+fn crc32c_append_folding(crc: u32, bytes: &[u8]) -> u32 {
     // crc_fast keeps the raw (not yet inverted) register: resume from the inverted value.
     let mut d =
         crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
@@ -182,42 +194,55 @@ enum Piece {
     Part([u8; WORD], usize),
 }
 
-/// The CRC32c register update for region pieces, with the CPU's CRC32 instruction when the
-/// build has it.
-#[cfg(all(target_arch = "x86_64", target_feature = "sse4.2"))]
-mod crc_register {
-    use safe_arch::{crc32_u64, crc32_u8};
-
+/// The CRC32c register update for region pieces: the CPU's CRC32 instruction ([`Hw`]) when
+/// the CPU has it (asked at run time, `softwarp_wire::crc::backend`, whatever flags the
+/// program was built with), else the `crc32c` crate ([`Sw`]).
+trait CrcRegister {
     /// Feeds an aligned word (its bytes in memory order) into the raw register `c`.
-    #[inline(always)]
-    pub(super) fn word(c: u32, w: u64) -> u32 {
-        // The word's bytes in memory order are its little-endian bytes.
-        crc32_u64(u64::from(c), u64::from_le_bytes(w.to_ne_bytes())) as u32
-    }
-
+    fn word(c: u32, w: u64) -> u32;
     /// Feeds bytes into the raw register `c`.
-    #[inline(always)]
-    pub(super) fn bytes(mut c: u32, b: &[u8]) -> u32 {
-        for &x in b {
-            c = crc32_u8(c, x);
-        }
-        c
-    }
+    fn bytes(c: u32, b: &[u8]) -> u32;
 }
 
-/// The CRC32c register update for region pieces, through the `crc32c` crate (no SSE 4.2).
-#[cfg(not(all(target_arch = "x86_64", target_feature = "sse4.2")))]
-mod crc_register {
-    /// Feeds an aligned word (its bytes in memory order) into the raw register `c`.
+/// The `crc32c` crate (CPUs without SSE 4.2, other architectures, and the shift table).
+struct Sw;
+
+impl CrcRegister for Sw {
     #[inline(always)]
-    pub(super) fn word(c: u32, w: u64) -> u32 {
+    fn word(c: u32, w: u64) -> u32 {
         !crc32c::crc32c_append(!c, &w.to_ne_bytes())
     }
 
-    /// Feeds bytes into the raw register `c`.
     #[inline(always)]
-    pub(super) fn bytes(c: u32, b: &[u8]) -> u32 {
+    fn bytes(c: u32, b: &[u8]) -> u32 {
         !crc32c::crc32c_append(!c, b)
+    }
+}
+
+/// The CRC32 instruction. Only used inside [`Region::crc_hw`], which runs only after the CPU
+/// was found to have SSE 4.2, and whose `#[target_feature]` lets these inline.
+#[cfg(target_arch = "x86_64")]
+struct Hw;
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+impl CrcRegister for Hw {
+    #[inline(always)]
+    fn word(c: u32, w: u64) -> u32 {
+        // The word's bytes in memory order are its little-endian bytes.
+        let w = u64::from_le_bytes(w.to_ne_bytes());
+        // SAFETY: the instruction needs SSE 4.2, which the CPU has: `Hw` is used only by
+        // `Region::crc_hw`, called after `softwarp_wire::crc::backend()` found it.
+        unsafe { std::arch::x86_64::_mm_crc32_u64(u64::from(c), w) as u32 }
+    }
+
+    #[inline(always)]
+    fn bytes(mut c: u32, b: &[u8]) -> u32 {
+        for &x in b {
+            // SAFETY: as in `word`.
+            c = unsafe { std::arch::x86_64::_mm_crc32_u8(c, x) };
+        }
+        c
     }
 }
 
@@ -587,6 +612,30 @@ impl Region {
     #[inline]
     pub fn crc32c_append(&self, crc: u32, offset: usize, len: usize) -> Result<u32, MemoryError> {
         self.check(offset, len)?;
+        #[cfg(target_arch = "x86_64")]
+        if softwarp_wire::crc::backend() == softwarp_wire::crc::Backend::Sse42 {
+            // SAFETY: `crc_hw` needs SSE 4.2, which the CPU was just found to have.
+            #[allow(unsafe_code)]
+            return Ok(unsafe { self.crc_hw(crc, offset, len) });
+        }
+        Ok(self.crc_with::<Sw>(crc, offset, len))
+    }
+
+    /// [`Region::crc_with`] with the CRC32 instruction, compiled for SSE 4.2.
+    ///
+    /// # Safety
+    /// The CPU must support SSE 4.2.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    #[target_feature(enable = "sse4.2")]
+    unsafe fn crc_hw(&self, crc: u32, offset: usize, len: usize) -> u32 {
+        self.crc_with::<Hw>(crc, offset, len)
+    }
+
+    /// The CRC32c value `crc` continued over the (checked) range: aligned words through
+    /// [`Region::crc_words`], the unaligned ends through [`Region::crc_pieces`].
+    #[inline(always)]
+    fn crc_with<R: CrcRegister>(&self, crc: u32, offset: usize, len: usize) -> u32 {
         let end = offset + len;
         let (w0, w1) = self.words;
         // The aligned words of the range: [first, last).
@@ -603,32 +652,32 @@ impl Region {
         };
         let mut c = !crc;
         if first >= last {
-            return Ok(!self.crc_pieces(c, offset, len));
+            return !self.crc_pieces::<R>(c, offset, len);
         }
         if first > offset {
-            c = self.crc_pieces(c, offset, first - offset);
+            c = self.crc_pieces::<R>(c, offset, first - offset);
         }
-        c = self.crc_words(c, first, last);
+        c = self.crc_words::<R>(c, first, last);
         if end > last {
             if end <= w1 {
                 // The start of one more word (the common tail).
                 let b = self.word(last).load(Relaxed).to_ne_bytes();
-                c = crc_register::bytes(c, &b[..end - last]);
+                c = R::bytes(c, &b[..end - last]);
             } else {
-                c = self.crc_pieces(c, last, end - last);
+                c = self.crc_pieces::<R>(c, last, end - last);
             }
         }
-        Ok(!c)
+        !c
     }
 
     /// The raw CRC register `c` continued over `len` bytes at `offset` through
     /// [`Region::load_each`] (unaligned ends, byte units): off the common path.
     #[inline(never)]
-    fn crc_pieces(&self, mut c: u32, offset: usize, len: usize) -> u32 {
+    fn crc_pieces<R: CrcRegister>(&self, mut c: u32, offset: usize, len: usize) -> u32 {
         self.load_each(offset, len, |piece| {
             c = match piece {
-                Piece::Word(w) => crc_register::word(c, w),
-                Piece::Part(b, n) => crc_register::bytes(c, &b[..n]),
+                Piece::Word(w) => R::word(c, w),
+                Piece::Part(b, n) => R::bytes(c, &b[..n]),
             }
         });
         c
@@ -639,16 +688,16 @@ impl Region {
     /// independent CRC streams (the CRC32 instruction's latency is three times its
     /// throughput), joined by [`crc_shift`]; the rest one word at a time.
     #[inline(always)]
-    fn crc_words(&self, mut c: u32, mut at: usize, end: usize) -> u32 {
+    fn crc_words<R: CrcRegister>(&self, mut c: u32, mut at: usize, end: usize) -> u32 {
         if end - at >= CRC_ROUND {
             let shift = crc_shift_table();
             while end - at >= CRC_ROUND {
                 let (mut x, mut y, mut z) = (c, 0u32, 0u32);
                 let mut i = at;
                 while i < at + CRC_STREAM {
-                    x = crc_register::word(x, self.word(i).load(Relaxed));
-                    y = crc_register::word(y, self.word(i + CRC_STREAM).load(Relaxed));
-                    z = crc_register::word(z, self.word(i + 2 * CRC_STREAM).load(Relaxed));
+                    x = R::word(x, self.word(i).load(Relaxed));
+                    y = R::word(y, self.word(i + CRC_STREAM).load(Relaxed));
+                    z = R::word(z, self.word(i + 2 * CRC_STREAM).load(Relaxed));
                     i += WORD;
                 }
                 c = crc_shift(shift, crc_shift(shift, x) ^ y) ^ z;
@@ -656,7 +705,7 @@ impl Region {
             }
         }
         while at < end {
-            c = crc_register::word(c, self.word(at).load(Relaxed));
+            c = R::word(c, self.word(at).load(Relaxed));
             at += WORD;
         }
         c
@@ -680,7 +729,7 @@ fn crc_shift_table() -> &'static ShiftTable {
             for (b, entry) in row.iter_mut().enumerate() {
                 let mut r = (b as u32) << (8 * i);
                 for _ in 0..CRC_STREAM / WORD {
-                    r = crc_register::word(r, 0);
+                    r = Sw::word(r, 0);
                 }
                 *entry = r;
             }
@@ -829,6 +878,31 @@ mod tests {
             3000,
         ]);
         v
+    }
+
+    #[test]
+    fn both_crc_registers_give_the_copys_crc_whichever_the_cpu_chooses() {
+        // `crc32c_append` takes the CRC32 instruction on this CPU; the crate's path is what a
+        // CPU without SSE 4.2 takes. Both over the same ranges, against a copy.
+        let data = pattern(2000, 3);
+        let r = Region::new_zeroed(2000).unwrap();
+        r.write_at(0, &data).unwrap();
+        for offset in [0, 1, 7, 8, 13] {
+            for len in [0, 1, 7, 8, 9, 100, 767, 768, 769, 1600] {
+                if offset + len > data.len() {
+                    continue;
+                }
+                let want = crc32c::crc32c_append(7, &data[offset..offset + len]);
+                assert_eq!(r.crc_with::<Sw>(7, offset, len), want, "{offset} {len}");
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("sse4.2") {
+                    // SAFETY: the CPU has SSE 4.2 (just checked).
+                    #[allow(unsafe_code)]
+                    let hw = unsafe { r.crc_hw(7, offset, len) };
+                    assert_eq!(hw, want, "{offset} {len}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -553,14 +553,18 @@ pub struct AutoDumpConfig {
 }
 
 impl AutoDumpConfig {
-    /// From the environment: the runtime directory of the running services (or of the
-    /// environment), `SOFTWARP_AUTO_DUMPS`, `SOFTWARP_DUMP_COLLECTOR`.
+    /// From the environment: the runtime directory of the running process-wide services
+    /// (or of the environment), `SOFTWARP_AUTO_DUMPS`, `SOFTWARP_DUMP_COLLECTOR`. While the
+    /// process-wide services do not run ([`service::global`](crate::service::global) is
+    /// `None`: nobody asked for RAS), `keep` is 0: no automatic dump, no file.
     pub fn from_env() -> Self {
-        let dir = crate::service::start_global()
-            .registry()
+        let service = crate::service::global();
+        let dir = service
+            .and_then(|s| s.registry())
             .map(|r| r.dir().to_path_buf())
             .unwrap_or_else(crate::registry::runtime_dir);
         let keep = match std::env::var(AUTO_DUMPS_ENV) {
+            _ if service.is_none() => 0,
             Ok(v) if matches!(v.trim(), "off" | "no" | "false") => 0,
             Ok(v) => v.trim().parse().unwrap_or(DEFAULT_AUTO_DUMPS),
             Err(_) => DEFAULT_AUTO_DUMPS,
@@ -688,6 +692,13 @@ impl fmt::Display for DumpProcess {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn automatic_dumps_are_off_while_no_service_runs() {
+        // No unit test of this crate starts the process-wide services.
+        assert!(crate::service::global().is_none());
+        assert_eq!(AutoDumpConfig::from_env().keep, 0);
+    }
     use crate::control::DefaultHandler;
 
     fn small() -> Vec<u8> {

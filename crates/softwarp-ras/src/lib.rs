@@ -17,8 +17,12 @@
 //! | [`service`] | starts all of the above for a process in one call |
 //! | [`deadline`] | a caller's timeout as a point in time, `Duration::MAX` meaning none (used by `softwarp` too) |
 //!
-//! Threads: the control socket has one accept thread (plus one per open connection, at
-//! most 8), the metrics endpoint one; nothing else runs in the background. Every loop is
+//! Nothing starts by itself: no thread, no file and no global `tracing` subscriber until a
+//! caller starts a [`service`] (the `softwarp` crate does only when the application or the
+//! operator's `SOFTWARP_RAS=on` asks). Records always go through the `tracing` facade; the
+//! flight recorder is fed by [`trace::recorder_layer`] in whatever subscriber the process
+//! has. Threads, once started: the control socket has one accept thread (plus one per open
+//! connection, at most 8), the metrics endpoint one; nothing else runs in the background. Every loop is
 //! bounded and every wait has a timeout. `unsafe` is confined to [`sys`] (libc calls).
 //!
 //! # Wiring (what the `softwarp` crate does)
@@ -43,7 +47,7 @@
 //!     }
 //! }
 //!
-//! // Device::open (once per process: softwarp_ras::service::start_global())
+//! // Device::open (when the application asked for RAS: service::start_global(&config))
 //! let tracker = Tracker::new("softwarp0");
 //! let handle = tracker.register(ResourceKind::Device, 0, 0);
 //! let dev = Arc::new(DeviceShared { tracker: tracker.clone(), handle: Some(handle) });

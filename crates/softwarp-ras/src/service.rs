@@ -1,21 +1,25 @@
-//! Starting every RAS service of a process in one call: trace levels from the environment,
-//! the `tracing` subscriber (console + flight recorder), the error log, the control socket,
-//! the host registry entry, and (opt-in) the metrics endpoint.
+//! Starting every RAS service of a process in one call: the error log, the control socket,
+//! the host registry entry, (opt-in) the metrics endpoint and (opt-in) Softwarp's own
+//! `tracing` subscriber (console + flight recorder).
 //!
-//! The `softwarp` crate calls [`start_global`] once (at the first `Device::open`); a process
-//! that wants different settings calls [`start`] itself with a [`ServiceConfig`].
+//! Nothing here starts by itself. The `softwarp` crate starts the process-wide services
+//! ([`start_global`]) only when the application asks (`Device::builder().ras(..)`,
+//! `softwarp::enable_ras`) or the operator does (`SOFTWARP_RAS=on`, see [`env_switch`]);
+//! a process that drives the services itself calls [`start`] with a [`ServiceConfig`].
 //!
-//! Environment ([`ServiceConfig::from_env`]):
+//! Environment ([`ServiceConfig::from_env`]: what an operator chooses when the services
+//! start; [`env_switch`]: whether they start without the application asking):
 //!
 //! | variable | effect |
 //! | --- | --- |
-//! | `SOFTWARP_TRACE` | initial trace levels (`qp=5,cq=2,default=1`) |
+//! | `SOFTWARP_RAS` | `on`: start the services (as the variables below say) at the first `Device::open` even if the application did not ask; `off`: never start them, even if it did; unset: the application decides |
+//! | `SOFTWARP_TRACE` | initial trace levels (`qp=5,cq=2,default=1`); applied at the first `Device::open` whether or not the services run (it only sets levels) |
 //! | `SOFTWARP_FLIGHT_RECORDER` | flight recorder capacity in records (default 4096) |
 //! | `SOFTWARP_RUNTIME_DIR` | the runtime directory (see [`registry`](crate::registry)) |
 //! | `SOFTWARP_CONTROL=0` | no control socket and no registry entry |
 //! | `SOFTWARP_METRICS` | serve `/metrics`: a port (on 127.0.0.1) or an address; unset: off |
 //! | `SOFTWARP_ERRLOG` | error log path, or `off`; default `<runtime dir>/errors-<uid>.jsonl` |
-//! | `SOFTWARP_TRACE_CONSOLE=0` | do not install the `tracing` subscriber (the application has its own) |
+//! | `SOFTWARP_TRACE_CONSOLE=1` | also install Softwarp's own global `tracing` subscriber (console on stderr + flight recorder) if the application has none |
 //! | `SOFTWARP_TCP_INFO_INTERVAL_MS` | TCP_INFO sampling interval for the runtime's samplers (default 1000) |
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -40,21 +44,46 @@ pub struct ServiceConfig {
     /// Write the error log; `None`: no error log. [`ServiceConfig::from_env`] fills the
     /// default path in the runtime directory.
     pub errlog: Option<ErrorLogConfig>,
-    /// Apply `SOFTWARP_TRACE` and install the `tracing` subscriber.
+    /// Install Softwarp's own process-wide `tracing` subscriber (console on stderr filtered
+    /// by the trace levels, plus the flight recorder; [`trace::install_global`]). Off by
+    /// default: Softwarp's records go through the `tracing` facade to the application's
+    /// subscriber, which feeds the flight recorder by adding
+    /// [`trace::recorder_layer`]. When a subscriber is installed already, this is reported
+    /// in [`RasService::problems`] and changes nothing.
     pub install_tracing: bool,
 }
 
 impl Default for ServiceConfig {
-    /// Control socket and tracing on, no metrics endpoint, error log in the runtime
-    /// directory.
+    /// Control socket and host registry entry in the default runtime directory; no error
+    /// log, no metrics endpoint, no subscriber.
     fn default() -> Self {
         Self {
             runtime_dir: None,
             control: true,
             metrics_addr: None,
             errlog: None,
-            install_tracing: true,
+            install_tracing: false,
         }
+    }
+}
+
+/// The environment variable with which an operator turns the RAS services on or off
+/// ([`env_switch`]).
+pub const RAS_ENV: &str = "SOFTWARP_RAS";
+
+/// What `SOFTWARP_RAS` says: `Some(true)` for `on`/`1`/`yes`/`true` (start the services
+/// even if the application did not ask), `Some(false)` for `off`/`0`/`no`/`false` (never
+/// start them), `None` when unset or empty (the application decides). Other values count as
+/// unset.
+pub fn env_switch() -> Option<bool> {
+    switch_of(std::env::var(RAS_ENV).ok().as_deref())
+}
+
+fn switch_of(v: Option<&str>) -> Option<bool> {
+    match v.map(str::trim) {
+        Some(v) if is_off(v) => Some(false),
+        Some("1" | "on" | "yes" | "true") => Some(true),
+        _ => None,
     }
 }
 
@@ -104,7 +133,8 @@ impl ServiceConfig {
             control: !env("SOFTWARP_CONTROL").is_some_and(|v| is_off(&v)),
             metrics_addr: env("SOFTWARP_METRICS").and_then(|v| parse_metrics(&v)),
             errlog,
-            install_tracing: !env("SOFTWARP_TRACE_CONSOLE").is_some_and(|v| is_off(&v)),
+            install_tracing: env("SOFTWARP_TRACE_CONSOLE")
+                .is_some_and(|v| matches!(v.trim(), "1" | "on" | "yes" | "true")),
         }
     }
 }
@@ -148,19 +178,17 @@ impl RasService {
 /// the data path from working).
 pub fn start(config: &ServiceConfig, handler: Arc<dyn ControlHandler>) -> RasService {
     let mut problems = Vec::new();
-    if config.install_tracing {
-        if let Err(e) = trace::init_from_env() {
-            problems.push(format!("{}: {e}", trace::TRACE_ENV));
-        }
-        if trace::install_global().is_err() {
-            // The application's own subscriber stays; records reach the flight recorder only
-            // if it adds our layer.
-            problems.push(
-                "a global tracing subscriber is already installed: add \
-                 FlightRecorderLayer::global().with_filter(RecorderFilter::global()) to it"
-                    .to_string(),
-            );
-        }
+    if let Err(e) = trace::init_from_env() {
+        problems.push(format!("{}: {e}", trace::TRACE_ENV));
+    }
+    if config.install_tracing && trace::install_global().is_err() {
+        // The application's own subscriber stays; records reach the flight recorder only if
+        // it adds our layer.
+        problems.push(
+            "a global tracing subscriber is already installed: add \
+             softwarp_ras::trace::recorder_layer() to it"
+                .to_string(),
+        );
     }
     if let Some(c) = &config.errlog {
         match ErrorLog::open(c.clone()) {
@@ -218,13 +246,19 @@ pub fn start(config: &ServiceConfig, handler: Arc<dyn ControlHandler>) -> RasSer
     service
 }
 
-/// Starts the process-wide services once, from the environment, with [`DefaultHandler`]
-/// (resources from every tracker, statistics from every registered source); later calls
-/// return the same services. They run until the process exits (its registry entry is then
-/// cleaned by the next reader).
-pub fn start_global() -> &'static RasService {
-    static SERVICE: OnceLock<RasService> = OnceLock::new();
-    SERVICE.get_or_init(|| start(&ServiceConfig::from_env(), Arc::new(DefaultHandler)))
+static GLOBAL: OnceLock<RasService> = OnceLock::new();
+
+/// Starts the process-wide services with `config` and [`DefaultHandler`] (resources from
+/// every tracker, statistics from every registered source), once: later calls return the
+/// services already running, whatever their `config`. They run until the process exits
+/// (its registry entry is then cleaned by the next reader).
+pub fn start_global(config: &ServiceConfig) -> &'static RasService {
+    GLOBAL.get_or_init(|| start(config, Arc::new(DefaultHandler)))
+}
+
+/// The process-wide services, if [`start_global`] started them.
+pub fn global() -> Option<&'static RasService> {
+    GLOBAL.get()
 }
 
 #[cfg(test)]
@@ -238,6 +272,20 @@ mod tests {
         assert_eq!(parse_metrics("off"), None);
         assert_eq!(parse_metrics("0"), None);
         assert_eq!(parse_metrics("nonsense"), None);
+    }
+
+    #[test]
+    fn softwarp_ras_turns_the_services_on_or_off_or_leaves_it_to_the_application() {
+        assert_eq!(switch_of(None), None);
+        assert_eq!(switch_of(Some("")), None);
+        assert_eq!(switch_of(Some("maybe")), None);
+        for on in ["1", "on", "yes", "true", " on "] {
+            assert_eq!(switch_of(Some(on)), Some(true), "{on:?}");
+        }
+        for off in ["0", "off", "no", "false"] {
+            assert_eq!(switch_of(Some(off)), Some(false), "{off:?}");
+        }
+        assert!(!ServiceConfig::default().install_tracing);
     }
 
     #[test]
@@ -259,8 +307,12 @@ mod tests {
         assert!(!c.control);
         assert_eq!(c.metrics_addr, "127.0.0.1:9100".parse().ok());
         assert_eq!(c.errlog, None);
-        assert!(c.install_tracing);
-        let d = ServiceConfig::from_lookup(env(&[("SOFTWARP_RUNTIME_DIR", "/tmp/rt")]));
+        assert!(!c.install_tracing);
+        let d = ServiceConfig::from_lookup(env(&[
+            ("SOFTWARP_RUNTIME_DIR", "/tmp/rt"),
+            ("SOFTWARP_TRACE_CONSOLE", "1"),
+        ]));
+        assert!(d.install_tracing);
         assert!(d.control);
         assert_eq!(d.metrics_addr, None);
         assert_eq!(

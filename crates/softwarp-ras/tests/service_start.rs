@@ -28,6 +28,7 @@ fn a_started_service_is_found_and_driven_over_its_control_socket() {
         runtime_dir: Some(dir.path().to_path_buf()),
         metrics_addr: "127.0.0.1:0".parse().ok(),
         errlog: None,
+        install_tracing: true,
         ..ServiceConfig::default()
     };
     let service = start(&config, Arc::new(DefaultHandler));

@@ -2,7 +2,8 @@
 //!
 //! MPA protects each FPDU with the same CRC as iSCSI: CRC32c (Castagnoli polynomial
 //! 0x1EDC6F41, reflected, initial value and final XOR all ones). This module computes it with
-//! the `crc32c` crate, which uses the CPU's CRC32 instructions (SSE 4.2, ARMv8) when present, and
+//! the `crc32c` crate, which uses the CPU's CRC32 instructions (SSE 4.2, ARMv8) when present, or
+//! for short inputs its own loop of the CRC32 instruction (chosen at run time, [`backend`]), and
 //! it can do so over gathered slices (length field, ULPDU slices, pad) without copying them
 //! together first.
 //!
@@ -76,51 +77,166 @@ pub fn crc32c(data: &[u8]) -> u32 {
     crc32c_append(0, data)
 }
 
-/// Inputs shorter than this take [`crc32c_append`]'s short loop when the build has SSE 4.2.
+/// Inputs shorter than this take [`crc32c_append`]'s short loop when the CPU has SSE 4.2.
 pub const SHORT_INPUT: usize = 512;
+
+/// Which implementation [`crc32c_append`] uses for inputs under [`SHORT_INPUT`] bytes, as
+/// chosen at run time for this CPU ([`backend`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Backend {
+    /// A plain loop of the CRC32 instruction (x86-64 with SSE 4.2, detected at run time or
+    /// enabled by the build).
+    Sse42,
+    /// The `crc32c` crate (which itself uses the CPU's CRC instructions when it detects
+    /// them, after a longer set-up).
+    Crate,
+}
+
+impl Backend {
+    /// The backend's name: `sse4.2` or `crc32c-crate`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Backend::Sse42 => "sse4.2",
+            Backend::Crate => "crc32c-crate",
+        }
+    }
+}
+
+impl core::fmt::Display for Backend {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The implementation [`crc32c_append`] uses for short inputs on this CPU. The CPU is asked
+/// once (`std::arch::is_x86_feature_detected!`) and the answer cached in a static atomic; a
+/// build with
+/// `-C target-feature=+sse4.2` (the workspace's `.cargo/config.toml`) needs no question.
+pub fn backend() -> Backend {
+    if sse42::available() {
+        Backend::Sse42
+    } else {
+        Backend::Crate
+    }
+}
 
 /// The standard CRC32c value of the data whose value is `crc` followed by `data`.
 ///
 /// Small FPDUs (a 64-byte Send is 88 bytes on the wire) are the common case of message-rate
 /// work, and at that size the `crc32c` crate's set-up costs more than the CRC itself: a CPU
 /// feature check, byte-wise alignment of both ends and its three-way interleaving scaffold,
-/// about 150 instructions for 84 bytes. When the build enables SSE 4.2 (the workspace's
-/// `.cargo/config.toml` does, for x86-64), inputs under [`SHORT_INPUT`] bytes go through a
-/// plain loop of the CRC32 instruction instead: 8 bytes a step, then 4, then single bytes.
-/// Other builds and longer inputs use the crate, which interleaves three streams and wins
-/// there. Both give the same value (unit-tested and proptested against the crate).
+/// about 150 instructions for 84 bytes. When the CPU has SSE 4.2 (found at run time, so
+/// whatever flags the program was built with; see [`backend`]), inputs under
+/// [`SHORT_INPUT`] bytes go through a plain loop of the CRC32 instruction instead: 8 bytes a
+/// step, then 4, then single bytes. Other CPUs and longer inputs use the crate, which
+/// interleaves three streams and wins there. Both give the same value (unit-tested and
+/// proptested against the crate).
+///
+/// Inlined into its callers (a length test, a relaxed load and a call); the other path is a
+/// function of its own.
+#[inline(always)]
 pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
-    #[cfg(all(target_arch = "x86_64", target_feature = "sse4.2"))]
     if data.len() < SHORT_INPUT {
-        return sse42::append(crc, data);
+        if let Some(v) = sse42::append(crc, data) {
+            return v;
+        }
     }
+    crate_append(crc, data)
+}
+
+#[inline(never)]
+fn crate_append(crc: u32, data: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, data)
 }
 
-/// The CRC32 instruction, enabled at compile time (no run-time check), through `safe_arch`'s
-/// safe wrappers (this crate has no `unsafe`).
-#[cfg(all(target_arch = "x86_64", target_feature = "sse4.2"))]
+/// The CRC32 instruction behind a run-time CPU check: the one `unsafe` block of this crate,
+/// calling a `#[target_feature(enable = "sse4.2")]` function after the CPU was found to have
+/// the feature.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
 mod sse42 {
-    use safe_arch::{crc32_u32, crc32_u64, crc32_u8};
+    use std::arch::x86_64::{_mm_crc32_u32, _mm_crc32_u64, _mm_crc32_u8};
+    use std::sync::atomic::{AtomicU8, Ordering};
 
-    /// CRC32c of `data` continuing from the standard value `crc`.
-    #[inline]
-    pub(super) fn append(crc: u32, data: &[u8]) -> u32 {
+    /// [`DETECTED`] before the first question.
+    const UNKNOWN: u8 = 0;
+    /// The CPU has SSE 4.2.
+    const YES: u8 = 1;
+    /// It has not.
+    const NO: u8 = 2;
+    /// The CPU's answer, asked once ([`detect`]).
+    static DETECTED: AtomicU8 = AtomicU8::new(UNKNOWN);
+
+    /// Whether the CPU has SSE 4.2: a constant when the build enables it, otherwise one
+    /// relaxed load of the cached answer (the first call asks the CPU). Inlined: it runs
+    /// twice per small message.
+    #[inline(always)]
+    pub(super) fn available() -> bool {
+        if cfg!(target_feature = "sse4.2") {
+            return true;
+        }
+        match DETECTED.load(Ordering::Relaxed) {
+            YES => true,
+            NO => false,
+            _ => detect(),
+        }
+    }
+
+    /// Asks the CPU and caches the answer (threads racing here store the same value).
+    #[cold]
+    #[inline(never)]
+    fn detect() -> bool {
+        let yes = std::arch::is_x86_feature_detected!("sse4.2");
+        DETECTED.store(if yes { YES } else { NO }, Ordering::Relaxed);
+        yes
+    }
+
+    /// CRC32c of `data` continuing from the standard value `crc`, or `None` when the CPU
+    /// lacks the instruction.
+    #[inline(always)]
+    pub(super) fn append(crc: u32, data: &[u8]) -> Option<u32> {
+        if !available() {
+            return None;
+        }
+        // SAFETY: `append_sse42` only needs the CPU to support SSE 4.2 (it touches no
+        // memory but `data`'s, through safe slice code), and `available()` just found that
+        // it does.
+        Some(unsafe { append_sse42(crc, data) })
+    }
+
+    #[target_feature(enable = "sse4.2")]
+    fn append_sse42(crc: u32, data: &[u8]) -> u32 {
         let (words, rest) = data.as_chunks::<8>();
         let mut c = u64::from(!crc);
         for w in words {
-            c = crc32_u64(c, u64::from_le_bytes(*w));
+            c = _mm_crc32_u64(c, u64::from_le_bytes(*w));
         }
         // The instruction leaves the 32-bit register zero-extended.
         let mut c = c as u32;
         let (quads, bytes) = rest.as_chunks::<4>();
         for q in quads {
-            c = crc32_u32(c, u32::from_le_bytes(*q));
+            c = _mm_crc32_u32(c, u32::from_le_bytes(*q));
         }
         for &b in bytes {
-            c = crc32_u8(c, b);
+            c = _mm_crc32_u8(c, b);
         }
         !c
+    }
+}
+
+/// Other architectures: the `crc32c` crate always (it uses ARMv8's CRC instructions when it
+/// detects them).
+#[cfg(not(target_arch = "x86_64"))]
+mod sse42 {
+    #[inline]
+    pub(super) fn available() -> bool {
+        false
+    }
+
+    #[inline]
+    pub(super) fn append(_crc: u32, _data: &[u8]) -> Option<u32> {
+        None
     }
 }
 
@@ -247,15 +363,19 @@ mod tests {
         }
     }
 
-    /// The workspace's `.cargo/config.toml` enables SSE 4.2 on x86-64 so that the short loop is
-    /// what runs (and what the test above checks); a build that lost the flag is slower.
+    /// On an x86-64 CPU with SSE 4.2 the short loop is chosen whatever the build flags (the
+    /// external test crate `tests-external/polite` checks it in a build without the
+    /// workspace's flag).
     #[test]
     #[cfg(target_arch = "x86_64")]
-    fn the_workspace_build_has_the_crc32_instruction() {
-        assert!(
-            std::hint::black_box(cfg!(target_feature = "sse4.2")),
-            "built without SSE 4.2: .cargo/config.toml's rustflags were replaced (RUSTFLAGS?)"
-        );
+    fn the_crc32_instruction_is_chosen_when_the_cpu_has_it() {
+        let expected = if std::arch::is_x86_feature_detected!("sse4.2") {
+            Backend::Sse42
+        } else {
+            Backend::Crate
+        };
+        assert_eq!(backend(), expected);
+        assert_eq!(backend().to_string(), expected.as_str());
     }
 
     #[test]

@@ -114,7 +114,7 @@ fn report(who: &str, n: usize, setup: Duration, rss0: u64, rss1: u64) {
 }
 
 fn client(addr: &str, args: &Args) -> Res {
-    let dev = Device::open_default()?;
+    let dev = Device::builder().ras(RasConfig::from_env()).open()?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(args.count * 2 + 16, None)?;
     let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE)?;
@@ -171,7 +171,7 @@ fn client(addr: &str, args: &Args) -> Res {
 }
 
 fn server(args: &Args) -> Res {
-    let dev = Device::open_default()?;
+    let dev = Device::builder().ras(RasConfig::from_env()).open()?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(args.count * 2 + 16, None)?;
     let inbox = pd.reg_mr(64 * args.count.max(1), AccessFlags::LOCAL_WRITE)?;
@@ -250,6 +250,9 @@ fn server(args: &Args) -> Res {
 }
 
 fn main() {
+    // Opt in to what an operator sees: Softwarp's console + flight recorder subscriber, and
+    // (at the device open below) the RAS services the environment configures.
+    install_ras_subscriber();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

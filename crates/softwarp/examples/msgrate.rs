@@ -17,8 +17,9 @@
 use std::time::{Duration, Instant};
 
 use softwarp::{
-    AccessFlags, CompletionQueue, ConnectOptions, Device, Listener, Payload, QpInitAttr, RecvWr,
-    SendOp, SendWr, SgList, WcStatus, WorkCompletion, EMPTY_COMPLETION,
+    install_ras_subscriber, AccessFlags, CompletionQueue, ConnectOptions, Device, Listener,
+    Payload, QpInitAttr, RasConfig, RecvWr, SendOp, SendWr, SgList, WcStatus, WorkCompletion,
+    EMPTY_COMPLETION,
 };
 
 const SIGNAL_EVERY: u64 = 16;
@@ -51,6 +52,9 @@ fn take(cq: &CompletionQueue, wcs: &mut [WorkCompletion], want: usize) -> usize 
 }
 
 fn main() {
+    // Opt in to what an operator sees: Softwarp's console + flight recorder subscriber, and
+    // (at the device open below) the RAS services the environment configures.
+    install_ras_subscriber();
     let args: Vec<String> = std::env::args().collect();
     let messages = args
         .get(1)
@@ -61,7 +65,7 @@ fn main() {
     // Repost receives one `post_recv` at a time instead of one list.
     let recv_each = args.iter().any(|a| a == "--recv-each");
 
-    let dev = Device::open_default().unwrap();
+    let dev = Device::builder().ras(RasConfig::from_env()).open().unwrap();
     let pd = dev.alloc_pd().unwrap();
     let depth = list * 2;
     let (scq, rcq) = (

@@ -15,8 +15,9 @@
 use std::time::{Duration, Instant};
 
 use softwarp::{
-    AccessFlags, CompletionQueue, ConnectOptions, Device, Listener, MemoryRegion, Payload,
-    QpInitAttr, QueuePair, RecvWr, Result, SendOp, SendWr, SgList, Stag, WcStatus, WorkCompletion,
+    install_ras_subscriber, AccessFlags, CompletionQueue, ConnectOptions, Device, Listener,
+    MemoryRegion, Payload, QpInitAttr, QueuePair, RasConfig, RecvWr, Result, SendOp, SendWr,
+    SgList, Stag, WcStatus, WorkCompletion,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -77,7 +78,7 @@ fn line(op: &str, bytes: usize, t0: Instant, note: &str) {
 }
 
 fn server(addr: &str, size: usize, opts: &ConnectOptions) -> Result<()> {
-    let dev = Device::open_default()?;
+    let dev = Device::builder().ras(RasConfig::from_env()).open()?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(64, None)?;
     let qp = pd.create_qp(&QpInitAttr::new(&cq, &cq))?;
@@ -160,7 +161,7 @@ fn server(addr: &str, size: usize, opts: &ConnectOptions) -> Result<()> {
 }
 
 fn client(addr: &str, opts: &ConnectOptions) -> Result<()> {
-    let dev = Device::open_default()?;
+    let dev = Device::builder().ras(RasConfig::from_env()).open()?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(64, None)?;
     let qp = pd.create_qp(&QpInitAttr::new(&cq, &cq))?;
@@ -248,6 +249,9 @@ fn client(addr: &str, opts: &ConnectOptions) -> Result<()> {
 }
 
 fn main() {
+    // Opt in to what an operator sees: Softwarp's console + flight recorder subscriber, and
+    // (at the device open below) the RAS services the environment configures.
+    install_ras_subscriber();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut role = None;
     let mut size = 1 << 20;

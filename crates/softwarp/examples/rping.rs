@@ -36,10 +36,10 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use softwarp::{
-    AccessFlags, AsyncEvent, Cause, CompletionChannel, CompletionQueue, ConnectOptions,
-    ConnectionInfo, Device, Listener, MemoryRegion, MpaRevision, Payload, ProtectionDomain, QpCap,
-    QpInitAttr, QueuePair, RecvWr, SendOp, SendWr, SgList, Stag, TerminateLayout, WcOpcode,
-    WcStatus,
+    install_ras_subscriber, AccessFlags, AsyncEvent, Cause, CompletionChannel, CompletionQueue,
+    ConnectOptions, ConnectionInfo, Device, Listener, MemoryRegion, MpaRevision, Payload,
+    ProtectionDomain, QpCap, QpInitAttr, QueuePair, RasConfig, RecvWr, SendOp, SendWr, SgList,
+    Stag, TerminateLayout, WcOpcode, WcStatus,
 };
 
 /// `sizeof(struct rping_rdma_info)`.
@@ -285,7 +285,10 @@ impl Cb {
             let what = what.to_string();
             move |err: softwarp::Error| format!("{what}: {err}")
         };
-        let dev = Device::open_default().map_err(e("open device"))?;
+        let dev = Device::builder()
+            .ras(RasConfig::from_env())
+            .open()
+            .map_err(e("open device"))?;
         let pd = dev.alloc_pd().map_err(e("ibv_alloc_pd"))?;
         let channel = dev
             .create_comp_channel()
@@ -813,6 +816,9 @@ mod trace {
 }
 
 fn main() {
+    // Opt in to what an operator sees: Softwarp's console + flight recorder subscriber, and
+    // (at the device open below) the RAS services the environment configures.
+    install_ras_subscriber();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let args = match parse_args(&argv) {
         Ok(a) => a,

@@ -22,6 +22,7 @@ use crate::progress::Progress;
 use crate::qp::QpShared;
 use crate::ras::{DeviceRas, Tracked};
 use crate::sys;
+use crate::RasConfig;
 
 /// The name of Softwarp's device.
 pub const DEVICE_NAME: &str = "softwarp0";
@@ -424,17 +425,71 @@ pub struct Device {
     _owner: Arc<DeviceOwner>,
 }
 
+/// Opens a device with options: [`Device::builder`].
+///
+/// ```no_run
+/// use softwarp::{Device, RasConfig};
+/// # fn main() -> softwarp::Result<()> {
+/// // The RAS services as the operator's environment configures them (control socket and
+/// // host registry entry in SOFTWARP_RUNTIME_DIR, error log, SOFTWARP_METRICS ...).
+/// let dev = Device::builder().ras(RasConfig::from_env()).open()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `open` is called"]
+pub struct DeviceBuilder {
+    name: String,
+    ras: Option<RasConfig>,
+}
+
+impl DeviceBuilder {
+    /// The device to open (default [`DEVICE_NAME`]).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Starts the process's RAS services with `config` when the device opens, unless they
+    /// run already (the first configuration wins) or the operator set `SOFTWARP_RAS=off`.
+    /// See [`enable_ras`](crate::enable_ras).
+    pub fn ras(mut self, config: RasConfig) -> Self {
+        self.ras = Some(config);
+        self
+    }
+
+    /// Opens the device.
+    #[track_caller]
+    pub fn open(self) -> Result<Device> {
+        Device::open_with(&self.name, self.ras.as_ref())
+    }
+}
+
 impl Device {
+    /// A builder to open a device with options (the RAS services).
+    pub fn builder() -> DeviceBuilder {
+        DeviceBuilder {
+            name: DEVICE_NAME.to_string(),
+            ras: None,
+        }
+    }
+
     /// Opens the device called `name` ([`DEVICE_NAME`]).
     ///
-    /// The first open of a process starts its RAS services (trace levels from
-    /// `SOFTWARP_TRACE`, flight recorder, error log, control socket and host registry entry
-    /// in `SOFTWARP_RUNTIME_DIR`, metrics endpoint when `SOFTWARP_METRICS` is set).
+    /// The first open of a process applies `SOFTWARP_TRACE` to the trace levels. It starts
+    /// no RAS service (no thread besides the device's progress thread, no file, no global
+    /// `tracing` subscriber) unless the operator set `SOFTWARP_RAS=on`; an application asks
+    /// for them with [`Device::builder`]`().ras(..)` or [`enable_ras`](crate::enable_ras).
     #[track_caller]
     pub fn open(name: &str) -> Result<Self> {
+        Self::open_with(name, None)
+    }
+
+    #[track_caller]
+    fn open_with(name: &str, ras: Option<&RasConfig>) -> Result<Self> {
         if name != DEVICE_NAME {
             return Err(Error::DeviceNotFound(name.to_string()));
         }
+        crate::ras::init(ras);
         let attr = DeviceAttr::softwarp();
         let progress = Progress::start(name)?;
         let ras = DeviceRas::new(name);
@@ -555,8 +610,9 @@ impl Device {
     /// Simulates a device failure (fault injection): every QP of the device goes to the
     /// Error state (outstanding work requests flush, connections close) and a
     /// [`AsyncEvent::DeviceFatal`] is reported. Each QP is snapshotted (`softwarp
-    /// snapshots`), the failure goes to the error log, and an automatic component dump is
-    /// written into the runtime directory (at most one per second; `SOFTWARP_AUTO_DUMPS`).
+    /// snapshots`), the failure goes to the error log, and, while the RAS services run, an
+    /// automatic component dump is written into the runtime directory (at most one per
+    /// second; `SOFTWARP_AUTO_DUMPS`).
     pub fn inject_fatal_error(&self) {
         let qps = self.shared.live_qps();
         let mut snapshots = Vec::new();

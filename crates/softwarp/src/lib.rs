@@ -28,6 +28,17 @@
 //!   (`Device::next_async_event`) as futures and `futures_core::Stream`s over tokio's
 //!   `AsyncFd`.
 //!
+//! # Tracing and RAS: nothing unless asked
+//!
+//! Opening a device starts its progress thread and nothing else: no RAS thread, no file, no
+//! global `tracing` subscriber. Softwarp's records go through the `tracing` facade (targets
+//! `softwarp::<component>`) to whatever subscriber the program installs, before or after
+//! the first open; [`flight_recorder_layer`] adds the flight recorder to it. The RAS services
+//! (control socket and host registry entry, error log, metrics endpoint, automatic dumps)
+//! start when the program asks ([`Device::builder`]`().ras(..)`, [`enable_ras`]) or the
+//! operator sets `SOFTWARP_RAS=on`; `SOFTWARP_RAS=off` keeps them off. `SOFTWARP_TRACE`
+//! sets the initial levels at the first open either way.
+//!
 //! # Locks
 //!
 //! Every lock of the runtime, in the only order in which a thread may hold several: a
@@ -106,7 +117,7 @@ pub use cm::{
 };
 pub use connect::Listener;
 pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION};
-pub use device::{list_devices, Device, DeviceAttr, DEVICE_NAME};
+pub use device::{list_devices, Device, DeviceAttr, DeviceBuilder, DEVICE_NAME};
 pub use error::{Error, MpaError, Result};
 pub use owned::{EditGuard, OwnedBuf, OwnedMr, OwnedRelease};
 pub use pd::{AccessFlags, MemoryRegion, MrRelease, ProtectionDomain};
@@ -125,3 +136,33 @@ pub use softwarp_engine::wr::{
     MAX_SGE,
 };
 pub use softwarp_wire::mpa::frame::MpaRevision;
+
+pub use softwarp_ras::service::RasService;
+/// What the RAS services of the process run: control socket and host registry entry,
+/// error log, metrics endpoint, Softwarp's own `tracing` subscriber (see
+/// [`softwarp_ras::service`]). [`RasConfig::from_env`] is what the operator's environment
+/// says.
+pub use softwarp_ras::service::ServiceConfig as RasConfig;
+/// The flight recorder as a `tracing_subscriber` layer for the application's subscriber.
+pub use softwarp_ras::trace::recorder_layer as flight_recorder_layer;
+
+/// Starts the process's RAS services with `config` (control socket and host registry entry,
+/// error log, metrics endpoint, as `config` says), or returns the ones already running (the
+/// first configuration wins). `None` when the operator set `SOFTWARP_RAS=off`.
+///
+/// Without this (or [`Device::builder`]`().ras(..)`, or `SOFTWARP_RAS=on`), Softwarp starts
+/// no thread besides each device's progress thread, writes no file and installs no global
+/// `tracing` subscriber: its records go through the `tracing` facade to the application's
+/// subscriber, and reach the flight recorder when that subscriber has
+/// [`flight_recorder_layer`].
+pub fn enable_ras(config: &RasConfig) -> Option<&'static RasService> {
+    ras::enable(Some(config))
+}
+
+/// Installs Softwarp's own process-wide `tracing` subscriber: records within the trace
+/// levels printed on stderr, and the flight recorder. For programs that have no subscriber
+/// of their own (the `softwarp` CLI, the examples); `false` if the process has one already
+/// (add [`flight_recorder_layer`] to it instead).
+pub fn install_ras_subscriber() -> bool {
+    softwarp_ras::trace::install_global().is_ok()
+}

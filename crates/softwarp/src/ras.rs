@@ -13,20 +13,22 @@
 //!   fault) is copied into the process's snapshot history once per connection, under the
 //!   QP lock the event handler already holds (the history, the flight recorder and the
 //!   QP's own RAS locks are leaves: nothing is called out to while they are held); its
-//!   error log line names the snapshot. A device fault also writes an automatic component dump, on
+//!   error log line names the snapshot. A device fault also writes an automatic component dump (while the
+//!   RAS services run), on
 //!   the injecting thread with no lock held.
 //! - **Tracing**: QP state changes, connections, Terminates (levels 1-2); the hot path
 //!   (post, poll: 7; FPDU bytes: 8) emits through `sw_event!`, which costs one relaxed load
 //!   while disabled.
 //!
 //! No I/O here except reading TCP_INFO of a QP's socket (`getsockopt`, at most once per
-//! sampling interval) and starting the process-wide services ([`start`]).
+//! sampling interval) and starting the process-wide services ([`init`]) when the
+//! application or the operator asked for them.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
 use std::time::Instant;
 
 use softwarp_engine::event::AsyncEvent;
@@ -36,6 +38,7 @@ use softwarp_engine::stats::{Counter, OpCounters, QpStats};
 use softwarp_ras::control::DefaultHandler;
 use softwarp_ras::dump::{self, AutoDumpConfig};
 use softwarp_ras::errlog::{self, CriticalEvent, CriticalKind};
+use softwarp_ras::service::{self, RasService, ServiceConfig};
 use softwarp_ras::snapshot::{
     self, QpSnapshot, TerminateInfo, SNAPSHOT_CONTEXT_RECORDS, SNAPSHOT_QP_RECORDS,
 };
@@ -51,12 +54,32 @@ use crate::device::{lock, DeviceShared};
 use crate::qp::QpShared;
 use crate::ConnectionInfo;
 
-/// Starts the process-wide RAS services (trace levels from `SOFTWARP_TRACE`, the flight
-/// recorder, the error log, the control socket and host registry entry, the opt-in metrics
-/// endpoint) the first time it is called; later calls cost one atomic load. What cannot
-/// start is reported by the services themselves and never stops the caller.
-pub(crate) fn start() {
-    let _ = softwarp_ras::service::start_global();
+/// Called by every `Device::open` and listener bind: applies `SOFTWARP_TRACE` to the trace
+/// levels the first time (levels only: no thread, no file, no subscriber), then starts the
+/// process-wide RAS services if `requested` (the application's [`RasConfig`](crate::RasConfig))
+/// or `SOFTWARP_RAS=on` (with [`ServiceConfig::from_env`]) asks, unless `SOFTWARP_RAS=off`.
+/// Once started they stay; later calls cost an atomic load or two. What cannot start is
+/// reported by the services themselves and never stops the caller.
+pub(crate) fn init(requested: Option<&ServiceConfig>) {
+    static LEVELS: Once = Once::new();
+    LEVELS.call_once(|| {
+        if let Err(e) = softwarp_ras::trace::init_from_env() {
+            sw_event!(Ras, 1, "{}: {}", softwarp_ras::trace::TRACE_ENV, e);
+        }
+    });
+    let _ = enable(requested);
+}
+
+/// Starts the process-wide services as [`init`] decides; the running services, if any.
+pub(crate) fn enable(requested: Option<&ServiceConfig>) -> Option<&'static RasService> {
+    if let Some(running) = service::global() {
+        return Some(running);
+    }
+    match (service::env_switch(), requested) {
+        (Some(false), _) | (None, None) => None,
+        (_, Some(config)) => Some(service::start_global(config)),
+        (Some(true), None) => Some(service::start_global(&ServiceConfig::from_env())),
+    }
 }
 
 /// The tracker of objects that belong to no device (listeners), named `cm`.
@@ -168,12 +191,10 @@ pub(crate) struct DeviceRas {
 }
 
 impl DeviceRas {
-    /// Starts the services and makes the device's tracker, named after the device and the
-    /// open instance (`softwarp0/3` for the third `Device::open` of the process), so that
+    /// Makes the device's tracker, named after the device and the open instance (`softwarp0/3` for the third `Device::open` of the process), so that
     /// the QPs, CQs and statistics of two open instances never share labels.
     pub(crate) fn new(name: &str) -> Self {
         static OPENED: AtomicU32 = AtomicU32::new(0);
-        start();
         let n = OPENED.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         Self {
             tracker: Tracker::new(format!("{name}/{n}")),
@@ -227,7 +248,8 @@ pub(crate) fn device_closed(dev: &DeviceShared, device: &Tracked) {
 }
 
 /// `Device::inject_fatal_error` moved `qps` QPs to Error and snapshotted them (`snapshots`:
-/// the ids): reports the device fatal error, then writes an automatic component dump (file
+/// the ids): reports the device fatal error, then writes an automatic component dump if the
+/// RAS services run (file
 /// and network I/O: call it with no lock held).
 pub(crate) fn device_fault_injected(dev: &DeviceShared, qps: usize, snapshots: &[u64]) {
     let ids: Vec<String> = snapshots.iter().map(u64::to_string).collect();
@@ -1058,7 +1080,7 @@ impl DescribeResource for CqShared {
 /// Registers a listener bound to `local` (`#[track_caller]`: the application's `bind` line).
 #[track_caller]
 pub(crate) fn listener(local: Option<SocketAddr>) -> Tracked {
-    start();
+    init(None);
     let port = local.map_or(0, |a| a.port());
     sw_event!(Cm, 4, port, "listener bound");
     Tracked::with_details(

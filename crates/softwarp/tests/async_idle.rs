@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use softwarp::*;
-use util::test_runtime_dir;
 
 const WAIT: Duration = Duration::from_secs(20);
 const IDLE: Duration = Duration::from_millis(500);
@@ -35,7 +34,6 @@ fn process_cpu() -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_awaits_use_no_cpu_and_wake_at_the_first_message() {
-    test_runtime_dir();
     let sdev = Device::open_default().unwrap();
     let cdev = Device::open_default().unwrap();
     let spd = sdev.alloc_pd().unwrap();

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures_core::Stream;
 use softwarp::*;
-use util::{pattern, test_runtime_dir};
+use util::pattern;
 
 const QPS: usize = 16;
 const MSGS: usize = 256;
@@ -46,7 +46,6 @@ fn is_write(i: usize) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thousands_of_sends_and_writes_over_16_qps_are_awaited() {
-    test_runtime_dir();
     let sdev = Device::open_default().unwrap();
     let cdev = Device::open_default().unwrap();
     let spd = sdev.alloc_pd().unwrap();
@@ -222,7 +221,6 @@ async fn thousands_of_sends_and_writes_over_16_qps_are_awaited() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_for_one_connection_wakes_while_other_events_stay_queued() {
-    test_runtime_dir();
     let sdev = Device::open_default().unwrap();
     let cdev = Device::open_default().unwrap();
     let spd = sdev.alloc_pd().unwrap();
@@ -293,7 +291,6 @@ async fn a_wait_for_one_connection_wakes_while_other_events_stay_queued() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_events_are_awaited_and_streamed() {
-    test_runtime_dir();
     let dev = Device::open_default().unwrap();
     let waiter = {
         let dev = dev.clone();
@@ -321,7 +318,6 @@ async fn device_events_are_awaited_and_streamed() {
 
 #[test]
 fn async_calls_outside_a_runtime_are_refused() {
-    test_runtime_dir();
     let dev = Device::open_default().unwrap();
     assert!(matches!(
         dev.create_async_cq(4),

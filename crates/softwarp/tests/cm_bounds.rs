@@ -173,7 +173,7 @@ fn good_client_is_served(l: &CmListener) {
 #[test]
 fn a_flood_of_raw_peers_is_held_to_the_backlog_and_a_good_client_is_served_after() {
     let _serial = serial();
-    test_runtime_dir();
+    opt_in_ras();
     let ch = CmEventChannel::new().unwrap();
     let l = ch
         .listen("127.0.0.1:0", &ListenOptions::default().backlog(BACKLOG))
@@ -221,7 +221,7 @@ fn a_flood_of_raw_peers_is_held_to_the_backlog_and_a_good_client_is_served_after
 #[test]
 fn request_errors_beyond_the_queue_bound_are_shed_and_counted() {
     let _serial = serial();
-    test_runtime_dir();
+    opt_in_ras();
     let ch = CmEventChannel::new().unwrap();
     // A backlog large enough for the kernel to queue every peer at once (a small one makes
     // the dropped SYNs retry for seconds): here the channel's bound is the one tested.

@@ -37,7 +37,7 @@ fn recv(e: &End, mr: &MemoryRegion, id: u64) {
 
 #[test]
 fn completion_channel_fd_becomes_readable_on_an_armed_completion() {
-    test_runtime_dir();
+    opt_in_ras();
     let ch = Device::open_default()
         .unwrap()
         .create_comp_channel()
@@ -84,7 +84,7 @@ fn completion_channel_fd_becomes_readable_on_an_armed_completion() {
 
 #[test]
 fn solicited_only_notification_waits_for_a_send_with_solicited_event() {
-    test_runtime_dir();
+    opt_in_ras();
     let ch = Device::open_default()
         .unwrap()
         .create_comp_channel()
@@ -113,7 +113,7 @@ fn solicited_only_notification_waits_for_a_send_with_solicited_event() {
 
 #[test]
 fn event_mode_loop_receives_many_messages_without_polling_idle() {
-    test_runtime_dir();
+    opt_in_ras();
     let ch = Device::open_default()
         .unwrap()
         .create_comp_channel()
@@ -155,7 +155,7 @@ fn event_mode_loop_receives_many_messages_without_polling_idle() {
 
 #[test]
 fn srq_feeds_two_qps_and_reports_the_limit_event() {
-    test_runtime_dir();
+    opt_in_ras();
     let dev = Device::open_default().unwrap();
     let pd = dev.alloc_pd().unwrap();
     let srq = pd
@@ -233,7 +233,7 @@ fn srq_feeds_two_qps_and_reports_the_limit_event() {
 
 #[test]
 fn cq_overflow_is_an_async_error_and_moves_its_qps_to_error() {
-    test_runtime_dir();
+    opt_in_ras();
     let dev = Device::open_default().unwrap();
     let mut a = End::new(None, None);
     let pd = dev.alloc_pd().unwrap();

@@ -137,7 +137,7 @@ fn counters_match_the_traffic_sent_exactly() {
 
 #[test]
 fn every_object_is_listed_with_the_line_that_created_it() {
-    test_runtime_dir();
+    opt_in_ras();
     let dev = Device::open_default().unwrap();
     let dev_line = line!() - 1;
     let pd = dev.alloc_pd().unwrap();
@@ -250,7 +250,7 @@ fn a_connected_qp_shows_its_state_and_peer_and_a_listener_its_address() {
 
 #[test]
 fn a_leaked_qp_is_reported_at_device_close_with_its_file_and_line() {
-    test_runtime_dir();
+    opt_in_ras();
     let dev = Device::open_default().unwrap();
     let instance = dev.instance_name().to_string();
     let pd = dev.alloc_pd().unwrap();

@@ -11,8 +11,10 @@ use std::sync::{Arc, Mutex};
 
 use tracing::subscriber::Interest;
 use tracing::{Event, Metadata, Subscriber};
+use tracing_subscriber::filter::Filtered;
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::{Context, Filter, Layer, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Registry;
 
 use super::record::event_qpn;
@@ -142,6 +144,25 @@ impl<S: Subscriber> Layer<S> for FlightRecorderLayer {
     }
 }
 
+/// The process-wide flight recorder as a layer for the application's own subscriber:
+/// [`FlightRecorderLayer::global`] filtered by [`RecorderFilter::global`], so it keeps what
+/// the trace levels and the recorder's level say, whatever the application's other layers
+/// filter.
+///
+/// ```
+/// use tracing_subscriber::layer::SubscriberExt;
+/// let subscriber = tracing_subscriber::registry().with(softwarp_ras::trace::recorder_layer());
+/// tracing::subscriber::with_default(subscriber, || {
+///     softwarp_ras::sw_event!(Ras, 1, "kept by the flight recorder");
+/// });
+/// ```
+pub fn recorder_layer<S>() -> Filtered<FlightRecorderLayer, RecorderFilter, S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    FlightRecorderLayer::global().with_filter(RecorderFilter::global())
+}
+
 /// Prints every event it sees as one [`Record`] line. Use it with a [`TraceFilter`].
 pub struct ConsoleLayer {
     out: Mutex<Box<dyn Write + Send>>,
@@ -180,9 +201,11 @@ impl<S: Subscriber> Layer<S> for ConsoleLayer {
 /// trace levels, and the process-wide flight recorder filtered by its level. Call
 /// [`init_from_env`](super::init_from_env) first to apply `SOFTWARP_TRACE`.
 ///
+/// Nothing calls it implicitly: the `softwarp` CLI does, and a service started with
+/// [`ServiceConfig::install_tracing`](crate::service::ServiceConfig::install_tracing).
 /// Fails with [`TraceError::AlreadyInstalled`] when the application installed its own
-/// subscriber; it can add `FlightRecorderLayer::global().with_filter(RecorderFilter::global())`
-/// and its own layer `.with_filter(TraceFilter::global())` to it instead.
+/// subscriber; it can add [`recorder_layer`] (and its own layer
+/// `.with_filter(TraceFilter::global())`, if it wants Softwarp's levels there) to it instead.
 pub fn install_global() -> Result<(), TraceError> {
     let subscriber = Registry::default()
         .with(ConsoleLayer::stderr().with_filter(TraceFilter::global()))

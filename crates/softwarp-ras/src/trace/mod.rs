@@ -60,7 +60,9 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-pub use layer::{install_global, ConsoleLayer, FlightRecorderLayer, RecorderFilter, TraceFilter};
+pub use layer::{
+    install_global, recorder_layer, ConsoleLayer, FlightRecorderLayer, RecorderFilter, TraceFilter,
+};
 pub use record::{Record, MAX_RECORD_TEXT};
 pub use recorder::{
     flight_recorder, init_flight_recorder, FlightRecorder, FlightRecorderDump,

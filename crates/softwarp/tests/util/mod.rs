@@ -6,11 +6,13 @@ use std::time::{Duration, Instant};
 
 use softwarp::*;
 
-/// Points the RAS runtime directory (host registry, automatic dumps) of this test process at
-/// the target directory, unless the test chose one itself, before the first device opens:
-/// tests that inject device faults write automatic dumps, which belong there and not in
-/// the host's `/run/softwarp`.
-pub fn test_runtime_dir() {
+/// Opts this test process in to the RAS services, as an application does, before the
+/// first device opens: Softwarp's own `tracing` subscriber (console + flight recorder) and
+/// the process-wide services as the environment configures them, with the runtime
+/// directory (host registry, error log, automatic dumps) under the target directory unless
+/// the test chose one itself: tests that inject device faults write automatic dumps, which
+/// belong there and not in the host's `/run/softwarp`.
+pub fn opt_in_ras() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         if std::env::var_os("SOFTWARP_RUNTIME_DIR").is_none() {
@@ -18,6 +20,8 @@ pub fn test_runtime_dir() {
             std::fs::create_dir_all(&dir).unwrap();
             std::env::set_var("SOFTWARP_RUNTIME_DIR", &dir);
         }
+        let _ = softwarp_ras::trace::install_global();
+        enable_ras(&RasConfig::from_env()).expect("SOFTWARP_RAS=off in the environment");
     });
 }
 
@@ -45,7 +49,7 @@ impl End {
         dev: Option<Device>,
         tweak: impl FnOnce(&mut QpInitAttr<'_>),
     ) -> Self {
-        test_runtime_dir();
+        opt_in_ras();
         let dev = dev.unwrap_or_else(|| Device::open_default().unwrap());
         let pd = dev.alloc_pd().unwrap();
         let scq = dev.create_cq(1024, channel).unwrap();
