@@ -462,3 +462,47 @@ impl ShapeConn<'_> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::spec::{Mode, Shape};
+    use super::*;
+
+    #[test]
+    fn a_server_from_before_qps_is_named_when_the_client_asks_for_several() {
+        // An old server: its OK carries no qps (it would serve one QP).
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let old = std::thread::spawn(move || -> Result<Msg> {
+            let mut c = Ctrl::new(l.accept()?.0)?;
+            c.send(&Msg::new("HELLO").with("rdma", 1).with("tcp", 2))?;
+            let shape = c.recv()?.expect("SHAPE")?;
+            assert_eq!(shape.num::<usize>("qps")?, 4);
+            c.send(&Msg::new("OK"))?;
+            // The client tells it why it goes away.
+            c.recv()
+        });
+        let mut client = Client::connect(addr, false).unwrap();
+        let spec = Spec {
+            shape: Shape::ALL[0],
+            max_size: 4096,
+            depth: 16,
+            bidir: false,
+            crc: true,
+            mode: Mode::Busy,
+            fpdu: 0,
+            post_list: 1,
+            qps: 4,
+        };
+        let e = client
+            .shape(spec, true, |_| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("serves 1 QP(s) per shape where -q asks for 4") && e.contains("before -q"),
+            "{e}"
+        );
+        let err = old.join().unwrap().unwrap();
+        assert_eq!(err.word, "ERR");
+    }
+}
