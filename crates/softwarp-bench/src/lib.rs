@@ -10,7 +10,8 @@
 //! the server (one client session, then exit); `--loopback` runs both in this process (two
 //! threads). The client and the server agree on everything over a TCP control channel
 //! ([`session`]); the data moves over one iWARP connection and one TCP connection per
-//! shape.
+//! shape, or with `-q N` (bandwidth shapes, as perftest) over N of each at once, reported
+//! as their aggregate.
 //!
 //! `qp_mem` is a seventh, non-perftest measurement: heap bytes per connected, idle QP. It
 //! needs the counting allocator ([`CountingAlloc`]), which only the `softwarp-bench`

@@ -2,12 +2,12 @@
 //!
 //! ```text
 //! server -> client  HELLO rdma=PORT tcp=PORT
-//! client -> server  SHAPE <spec> tcp=0|1       (one per shape)
-//! server -> client  OK                          then accepts the iWARP connection
-//! both              MR src= srck= dst= dstk=    (server first)
-//!                                               then the TCP baseline connection, if asked
+//! client -> server  SHAPE <spec> qps=N tcp=0|1 (one per shape)
+//! server -> client  OK qps=N                    then, N times: accepts an iWARP connection
+//! both              MR src= srck= dst= dstk=    (server first; for that QP)
+//!                                               then N TCP baseline connections, if asked
 //! client -> server  RUN which=sw|tcp size= iters=
-//! server -> client  GO                          both run their part
+//! server -> client  GO                          both run their part (on every QP at once)
 //! server -> client  DONE cpu=SECONDS            the server saw everything
 //! client -> server  FIN / BYE
 //! ```
