@@ -317,8 +317,8 @@ fn old_spellings_are_refused_with_the_new_spelling() {
         ),
         // Shapes and no peer was the loopback; it is the server now.
         (&["write_bw", "-n", "5"], "or --loopback"),
-        // Several QPs per shape are not built.
-        (&["send_bw", "--loopback", "-q", "4"], "-q 4"),
+        // Several QPs per latency shape: perftest has none either.
+        (&["send_lat", "--loopback", "-q", "4"], "-q 4"),
         (
             &["--loopback", "-d", "mlx5_0"],
             "no Softwarp device \"mlx5_0\"",
