@@ -10,7 +10,8 @@
 //! the server (one client session, then exit); `--loopback` runs both in this process (two
 //! threads). The client and the server agree on everything over a TCP control channel
 //! ([`session`]); the data moves over one iWARP connection and one TCP connection per
-//! shape.
+//! shape, or with `-q N` (bandwidth shapes, as perftest) over N of each at once, reported
+//! as their aggregate.
 //!
 //! `qp_mem` is a seventh, non-perftest measurement: heap bytes per connected, idle QP. It
 //! needs the counting allocator ([`CountingAlloc`]), which only the `softwarp-bench`
@@ -153,8 +154,11 @@ pub struct BenchArgs {
     /// polls (0: never), so that a ping-pong survives sharing a core with other work.
     #[arg(long, default_value_t = 32)]
     yield_every: u32,
-    /// Number of QPs (perftest -q). The shapes run on one QP each; `qp_mem` creates this
-    /// many connected QP pairs (default 256).
+    /// Number of QPs (perftest -q). Bandwidth shapes run on this many QPs between the same
+    /// two ends at once (and the raw TCP baseline on as many connections), each with the
+    /// same iterations; bandwidth and message rate are the aggregate. Latency shapes and
+    /// -R take no -q above 1, as in perftest. `qp_mem`: how many connected QP pairs it
+    /// creates (default 256).
     #[arg(short = 'q', long = "qp", alias = "qps")]
     qps: Option<usize>,
     /// The Softwarp device to use (perftest -d; Softwarp has one, softwarp0).
@@ -474,12 +478,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "--tx-depth must be 1 to 4000"
     );
     ensure!(args.post_list >= 1, "--post_list must be at least 1");
-    if let Some(q) = args.qps {
-        ensure!(
-            q == 1 || plan.shapes.is_empty(),
-            "-q {q}: the shapes run on one QP each (several QPs per shape are not built); \
-             -q is the QP count of qp_mem"
-        );
+    // The server takes the QP count from the client (its -q, if given, must match).
+    if let (Some(q), false) = (args.qps, role == Role::Server) {
+        check_qps(q, &plan.shapes)?;
     }
     if role == Role::Server {
         spin::set_yield_every(args.yield_every);
@@ -493,7 +494,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             l.rdma_port()?,
             l.tcp_port()?
         );
-        return session::serve(&l, None);
+        return session::serve(&l, None, args.qps);
     }
     if plan.qp_mem {
         ensure!(plan.peer.is_none(), "qp_mem runs in this process only");
@@ -531,7 +532,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                         if pin {
                             cpu::pin_current_thread(server_cpu());
                         }
-                        session::serve(&l, Some(Duration::from_secs(60)))
+                        session::serve(&l, Some(Duration::from_secs(60)), None)
                     })?;
                 let client = Client::connect(addr, true)?;
                 let r = run_client(args, &plan, client, &mut out);
@@ -544,6 +545,35 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     out.finish()
+}
+
+/// `-q` with the shapes: perftest's bandwidth tests take it (N QPs between the same two
+/// ends); its latency tests do not.
+fn check_qps(q: usize, shapes: &[Shape]) -> Result<()> {
+    if shapes.is_empty() {
+        // qp_mem alone: -q is its QP count.
+        return Ok(());
+    }
+    ensure!(
+        (1..=session::MAX_QPS).contains(&q),
+        "-q {q}: the shapes run on 1 to {} QPs",
+        session::MAX_QPS
+    );
+    if q > 1 {
+        let lat: Vec<&str> = shapes
+            .iter()
+            .filter(|s| s.kind == Kind::Lat)
+            .map(|s| s.name())
+            .collect();
+        ensure!(
+            lat.is_empty(),
+            "-q {q} with {}: as in perftest, -q is for the bandwidth tests only (ib_*_lat \
+             measure the round trip of one QP and take no -q); run the latency shapes \
+             without -q (`all` includes them: list the _bw shapes)",
+            lat.join(", ")
+        );
+    }
+    Ok(())
 }
 
 /// QP pairs `qp_mem` creates without -q.
@@ -573,7 +603,9 @@ fn run_perftest(args: &BenchArgs, plan: &Plan, role: &Role) -> Result<()> {
     );
     ensure!(
         args.qps.unwrap_or(1) == 1,
-        "-R with -q above 1 is not built: one data QP per session"
+        "-R with -q above 1 is not built: this side of perftest's exchange sets up one \
+         data connection per session (perftest's -q with -R opens one rdma_cm connection \
+         and exchange per QP); without -R, -q runs N QPs between two softwarp ends"
     );
     let rx_depth = args.rx_depth.unwrap_or(DEFAULT_RX_DEPTH);
     ensure!(
@@ -707,6 +739,7 @@ fn run_perftest(args: &BenchArgs, plan: &Plan, role: &Role) -> Result<()> {
                         mode: Mode::Spin,
                         fpdu: 0,
                         post_list: 1,
+                        qps: 1,
                     },
                     size: r.size,
                     iters: r.iters,
@@ -792,6 +825,7 @@ fn run_client(args: &BenchArgs, plan: &Plan, mut client: Client, out: &mut Outpu
             } else {
                 1
             },
+            qps: args.qps.unwrap_or(1),
         };
         client.shape(spec, tcp, |conn| {
             for &size in &sizes {
@@ -875,6 +909,11 @@ impl Output {
             depth: args.depth,
             post_list: args.post_list,
             bidirectional: args.bidirectional,
+            qps: if args.rdma_cm {
+                1
+            } else {
+                args.qps.unwrap_or(1)
+            },
             runs: args.runs,
             duration_secs: args.duration,
             max_fpdu: args.fpdu.unwrap_or(0),
@@ -901,7 +940,7 @@ impl Output {
     fn header(&self) -> String {
         let c = &self.config;
         format!(
-            "softwarp bench: {} {}, device {}, mode {}{}, CRC {}, depth {}, post list {}, {}{} run(s) per number (median){}, FPDU {}, threads {}, load {}",
+            "softwarp bench: {} {}, device {}, mode {}{}, CRC {}, depth {}, post list {}, {}{}{} run(s) per number (median){}, FPDU {}, threads {}, load {}",
             c.role,
             c.peer,
             c.device,
@@ -911,6 +950,11 @@ impl Output {
             c.depth,
             c.post_list,
             if c.bidirectional { "bidirectional, " } else { "" },
+            if c.qps > 1 {
+                format!("{} QPs per bandwidth shape (aggregate figures, iters per QP), ", c.qps)
+            } else {
+                String::new()
+            },
             c.runs,
             c.duration_secs
                 .map_or(String::new(), |d| format!(" of about {d} s")),
@@ -1146,6 +1190,7 @@ mod tests {
                 secs: n as f64 * 1e-3,
                 cpu: 0.0,
                 rtt: None,
+                bytes: 0,
             })
         })
         .unwrap();

@@ -92,9 +92,11 @@ pub struct Ep {
 }
 
 impl Ep {
-    /// Creates the endpoint of `spec` and posts its receives.
-    pub fn new(spec: Spec) -> Result<Self> {
-        let dev = Device::open_default()?;
+    /// Creates the endpoint of `spec` on `dev` and posts its receives. The QPs of one side
+    /// (`-q`) share that side's device (and so its progress thread), as perftest's QPs
+    /// share one device context.
+    pub fn new(spec: Spec, dev: &Device) -> Result<Self> {
+        let dev = dev.clone();
         let pd = dev.alloc_pd()?;
         let channel = match spec.mode {
             Mode::Event => Some(dev.create_comp_channel()?),
@@ -196,6 +198,12 @@ impl Ep {
             self.dst.fill(0, size, 0)?;
         }
         Ok(())
+    }
+
+    /// Data work requests this side has completed so far (cumulative over runs): the
+    /// operations the active side of a bandwidth run moved.
+    pub fn completed(&self) -> u64 {
+        self.completed
     }
 
     /// Runs one measurement of `iters` operations of `size` bytes in `role`.

@@ -64,7 +64,7 @@ pub struct Row {
     pub spec: Spec,
     /// Message size.
     pub size: usize,
-    /// Operations per run (per direction).
+    /// Operations per run (per direction and per QP).
     pub iters: u64,
     /// Softwarp's runs.
     pub sw: Vec<Timed>,
@@ -88,7 +88,9 @@ impl Row {
         } else {
             1.0
         };
-        let ops = self.iters as f64 * dirs;
+        // perftest -q: every QP runs the iterations; bandwidth and message rate are the
+        // aggregate (all QPs' bytes over the time from the common start to the last end).
+        let ops = self.iters as f64 * dirs * self.spec.qps.max(1) as f64;
         let bytes = ops * self.size as f64;
         let secs = t.secs.max(1e-9);
         // A Read is a whole round trip; a ping-pong iteration is two messages. The TCP
@@ -213,6 +215,7 @@ impl Row {
             f.map(|figures| StackResult {
                 figures,
                 run_secs: runs.iter().map(|t| t.secs).collect(),
+                run_bytes: runs.iter().map(|t| t.bytes).collect(),
             })
         };
         ResultRow {
@@ -237,6 +240,7 @@ impl Row {
             depth: self.spec.depth,
             post_list: self.spec.post_list,
             max_fpdu: self.spec.fpdu,
+            qps: self.spec.qps,
             softwarp: stack(self.softwarp(), &self.sw),
             tcp: stack(self.baseline(), &self.tcp),
             ratio: self.ratio().filter(|r| r.is_finite()),
@@ -281,6 +285,10 @@ pub struct Config {
     pub post_list: usize,
     /// Both directions at once (`-b`).
     pub bidirectional: bool,
+    /// QPs per bandwidth shape (`-q`; latency shapes and `-R` always run one). 1 in older
+    /// documents.
+    #[serde(default = "one")]
+    pub qps: usize,
     /// Runs per figure (`--runs`), the median reported.
     pub runs: usize,
     /// Seconds each run lasts (`-D`), when the iterations come from a duration.
@@ -293,6 +301,10 @@ pub struct Config {
     pub cpus: usize,
     /// The 1-minute load average at the start (`None` when unknown).
     pub load_1m: Option<f64>,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// One row: a shape at one size, both stacks' figures and their ratio.
@@ -322,6 +334,10 @@ pub struct ResultRow {
     pub post_list: usize,
     /// Largest FPDU (0: the TCP MSS).
     pub max_fpdu: usize,
+    /// QPs (and raw TCP connections) that ran the shape at once (perftest `-q`); the
+    /// figures are their aggregate and `iters` is per QP. 1 in older documents.
+    #[serde(default = "one")]
+    pub qps: usize,
     /// Softwarp's figures.
     pub softwarp: Option<StackResult>,
     /// The raw TCP baseline's figures (`None` with `--no-tcp` and `-R`).
@@ -338,6 +354,11 @@ pub struct StackResult {
     pub figures: Figures,
     /// Seconds of every run, in order.
     pub run_secs: Vec<f64>,
+    /// Bandwidth shapes: payload bytes of every run, in order, as the client's active
+    /// side counted them completing, added up over its QPs (TCP: its connections); one
+    /// direction even with `-b`. 0 for latency shapes. Missing in older documents.
+    #[serde(default)]
+    pub run_bytes: Vec<u64>,
 }
 
 /// `qp_mem`'s figures.
@@ -366,6 +387,7 @@ mod tests {
             mode: Mode::Busy,
             fpdu: 0,
             post_list: 1,
+            qps: 1,
         }
     }
 
@@ -374,6 +396,7 @@ mod tests {
             secs,
             cpu: secs / 2.0,
             rtt: None,
+            bytes: 0,
         }
     }
 

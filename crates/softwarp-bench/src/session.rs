@@ -2,12 +2,12 @@
 //!
 //! ```text
 //! server -> client  HELLO rdma=PORT tcp=PORT
-//! client -> server  SHAPE <spec> tcp=0|1       (one per shape)
-//! server -> client  OK                          then accepts the iWARP connection
-//! both              MR src= srck= dst= dstk=    (server first)
-//!                                               then the TCP baseline connection, if asked
+//! client -> server  SHAPE <spec> qps=N tcp=0|1 (one per shape)
+//! server -> client  OK qps=N                    then, N times: accepts an iWARP connection
+//! both              MR src= srck= dst= dstk=    (server first; for that QP)
+//!                                               then N TCP baseline connections, if asked
 //! client -> server  RUN which=sw|tcp size= iters=
-//! server -> client  GO                          both run their part
+//! server -> client  GO                          both run their part (on every QP at once)
 //! server -> client  DONE cpu=SECONDS            the server saw everything
 //! client -> server  FIN / BYE
 //! ```
@@ -17,7 +17,7 @@
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use hdrhistogram::Histogram;
 
 use super::ctrl::{Ctrl, Msg, CTRL_TIMEOUT};
@@ -34,6 +34,10 @@ pub struct Timed {
     pub cpu: f64,
     /// Latency runs: the distribution of the iterations' round trips.
     pub rtt: Option<Rtt>,
+    /// Bandwidth runs: payload bytes the client's side moved as the active side, counted
+    /// as they completed, added up over its QPs or TCP connections (0 for latency runs
+    /// and for runs not timed by this crate's client).
+    pub bytes: u64,
 }
 
 /// Round trips of the iterations of a latency run, in seconds (perftest's t_min, t_max,
@@ -143,8 +147,14 @@ impl Listeners {
 }
 
 /// Serves one client session (every shape it asks for), then returns. `accept_timeout`
-/// bounds the wait for the client (`None`: wait forever).
-pub fn serve(l: &Listeners, accept_timeout_ctrl: Option<Duration>) -> Result<()> {
+/// bounds the wait for the client (`None`: wait forever). `qps`: the server's own `-q`,
+/// if it was given; a client asking for another QP count for a bandwidth shape is then
+/// refused (otherwise the client's count is served).
+pub fn serve(
+    l: &Listeners,
+    accept_timeout_ctrl: Option<Duration>,
+    qps: Option<usize>,
+) -> Result<()> {
     let stream = match accept_timeout_ctrl {
         Some(t) => accept_timeout(&l.ctrl, t)?,
         None => {
@@ -164,7 +174,7 @@ pub fn serve(l: &Listeners, accept_timeout_ctrl: Option<Duration>) -> Result<()>
         let m = ctrl.recv()?;
         match m.word.as_str() {
             "SHAPE" => {
-                if let Err(e) = serve_shape(&mut ctrl, &m, l) {
+                if let Err(e) = serve_shape(&mut ctrl, &m, l, qps) {
                     ctrl.send_err(&e);
                     return Err(e);
                 }
@@ -175,21 +185,79 @@ pub fn serve(l: &Listeners, accept_timeout_ctrl: Option<Duration>) -> Result<()>
     }
 }
 
-fn serve_shape(ctrl: &mut Ctrl, m: &Msg, l: &Listeners) -> Result<()> {
+/// Runs `f` on every item, concurrently (one scoped thread each) when there are several
+/// (`-q`), and adds up what they return. The first error wins.
+fn each<T: Send>(items: &mut [T], f: impl Fn(&mut T) -> Result<u64> + Sync) -> Result<u64> {
+    if let [one] = items {
+        return f(one);
+    }
+    std::thread::scope(|s| {
+        let f = &f;
+        let threads: Vec<_> = items
+            .iter_mut()
+            .enumerate()
+            .map(|(i, item)| {
+                std::thread::Builder::new()
+                    .name(format!("bench-qp{i}"))
+                    .spawn_scoped(s, move || f(item))
+            })
+            .collect::<std::io::Result<_>>()?;
+        let mut total = 0;
+        let mut first_err = None;
+        for t in threads {
+            match t.join() {
+                Ok(Ok(n)) => total += n,
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(anyhow!("a benchmark QP thread panicked"));
+                }
+            }
+        }
+        first_err.map_or(Ok(total), Err)
+    })
+}
+
+fn serve_shape(ctrl: &mut Ctrl, m: &Msg, l: &Listeners, qps: Option<usize>) -> Result<()> {
     let spec = Spec::from_msg(m)?;
     let want_tcp = m.num::<u8>("tcp")? != 0;
-    let mut ep = Ep::new(spec)?;
-    ctrl.send(&Msg::new("OK"))?;
-    ep.accept(&l.rdma)
-        .context("accepting the benchmark connection")?;
-    ctrl.send(&ep.advert())?;
-    let peer = ctrl.recv()?.expect("MR")?;
-    ep.set_peer(&peer)?;
-    let mut side = if want_tcp {
-        Some(Side::new(spec, accept_timeout(&l.tcp, CTRL_TIMEOUT)?)?)
-    } else {
-        None
-    };
+    if let (Some(q), Kind::Bw) = (qps, spec.shape.kind) {
+        ensure!(
+            q == spec.qps,
+            "mismatched -q: the client asks for {} QP(s) per shape ({}), this server was \
+             started with -q {q} (give both ends the same -q, or none to the server)",
+            spec.qps,
+            spec.shape
+        );
+    }
+    ensure!(
+        (1..=MAX_QPS).contains(&spec.qps),
+        "qps={} outside 1..={MAX_QPS}",
+        spec.qps
+    );
+    let dev = softwarp::Device::open_default()?;
+    let mut eps = (0..spec.qps)
+        .map(|_| Ep::new(spec, &dev))
+        .collect::<Result<Vec<_>>>()?;
+    // OK carries the QP count back, so that a client asking for several QPs can tell
+    // this server from one that predates -q (whose OK has no qps).
+    ctrl.send(&Msg::new("OK").with("qps", spec.qps))?;
+    // One QP at a time: the client connects the next only once this one is up, so the
+    // i-th accepted connection is the client's i-th QP and the adverts pair up.
+    for ep in &mut eps {
+        ep.accept(&l.rdma)
+            .context("accepting the benchmark connection")?;
+        ctrl.send(&ep.advert())?;
+        let peer = ctrl.recv()?.expect("MR")?;
+        ep.set_peer(&peer)?;
+    }
+    let mut sides = Vec::new();
+    if want_tcp {
+        for _ in 0..spec.qps {
+            sides.push(Side::new(spec, accept_timeout(&l.tcp, CTRL_TIMEOUT)?)?);
+        }
+    }
     loop {
         let m = ctrl.recv()?;
         match m.word.as_str() {
@@ -198,15 +266,17 @@ fn serve_shape(ctrl: &mut Ctrl, m: &Msg, l: &Listeners) -> Result<()> {
                 let iters: u64 = m.num("iters")?;
                 let which = m.get("which")?;
                 if which == "sw" {
-                    ep.prepare(size)?;
+                    for ep in &mut eps {
+                        ep.prepare(size)?;
+                    }
                 }
                 ctrl.send(&Msg::new("GO"))?;
                 let cpu0 = super::cpu::process_cpu_secs();
-                match (which, side.as_mut()) {
-                    ("sw", _) => ep.run(Role::Server, size, iters)?,
-                    ("tcp", Some(s)) => s.run(false, size, iters)?,
+                match which {
+                    "sw" => each(&mut eps, |ep| ep.run(Role::Server, size, iters).map(|()| 0))?,
+                    "tcp" if want_tcp => each(&mut sides, |s| s.run(false, size, iters))?,
                     _ => bail!("RUN which={which} is not available"),
-                }
+                };
                 let cpu = super::cpu::process_cpu_secs() - cpu0;
                 ctrl.send(&Msg::new("DONE").with("cpu", format!("{cpu:.4}")))?;
             }
@@ -214,10 +284,13 @@ fn serve_shape(ctrl: &mut Ctrl, m: &Msg, l: &Listeners) -> Result<()> {
             other => bail!("unexpected control message {other}"),
         }
     }
-    drop(side);
-    drop(ep);
+    drop(sides);
+    drop(eps);
     ctrl.send(&Msg::new("OK"))
 }
+
+/// The most QPs per shape (`-q`).
+pub const MAX_QPS: usize = 64;
 
 /// The client end of a session.
 #[derive(Debug)]
@@ -255,7 +328,8 @@ impl Client {
         })
     }
 
-    /// Opens the connections of one shape and hands them to `f`.
+    /// Opens the connections of one shape (`spec.qps` QPs, and as many TCP connections
+    /// with `tcp`) and hands them to `f`.
     pub fn shape(
         &mut self,
         spec: Spec,
@@ -263,25 +337,46 @@ impl Client {
         f: impl FnOnce(&mut ShapeConn<'_>) -> Result<()>,
     ) -> Result<()> {
         let msg = spec.to_msg("SHAPE").with("tcp", u8::from(tcp));
-        self.ctrl.call(&msg, "OK")?;
-        let mut ep = Ep::new(spec)?;
-        ep.connect(self.rdma_addr)
-            .context("connecting to the benchmark server")?;
-        let peer = self.ctrl.recv()?.expect("MR")?;
-        ep.set_peer(&peer)?;
-        self.ctrl.send(&ep.advert())?;
-        let side = if tcp {
-            let s = TcpStream::connect_timeout(&self.tcp_addr, CTRL_TIMEOUT)
-                .context("connecting the TCP baseline")?;
-            Some(Side::new(spec, s)?)
+        let ok = self.ctrl.call(&msg, "OK")?;
+        // A server from before -q answers OK without qps and would serve one QP.
+        let served: usize = if ok.get("qps").is_ok() {
+            ok.num("qps")?
         } else {
-            None
+            1
         };
+        if served != spec.qps {
+            let e = anyhow!(
+                "the server serves {served} QP(s) per shape where -q asks for {}: it is a \
+                 softwarp bench from before -q (upgrade it, or run without -q)",
+                spec.qps
+            );
+            self.ctrl.send_err(&e);
+            return Err(e);
+        }
+        let dev = softwarp::Device::open_default()?;
+        let mut eps = Vec::with_capacity(spec.qps);
+        for _ in 0..spec.qps {
+            let mut ep = Ep::new(spec, &dev)?;
+            ep.connect(self.rdma_addr)
+                .context("connecting to the benchmark server")?;
+            let peer = self.ctrl.recv()?.expect("MR")?;
+            ep.set_peer(&peer)?;
+            self.ctrl.send(&ep.advert())?;
+            eps.push(ep);
+        }
+        let mut sides = Vec::new();
+        if tcp {
+            for _ in 0..spec.qps {
+                let s = TcpStream::connect_timeout(&self.tcp_addr, CTRL_TIMEOUT)
+                    .context("connecting the TCP baseline")?;
+                sides.push(Side::new(spec, s)?);
+            }
+        }
         let mut conn = ShapeConn {
             ctrl: &mut self.ctrl,
             spec,
-            ep,
-            side,
+            eps,
+            sides,
             same_process: self.same_process,
         };
         let r = f(&mut conn);
@@ -289,7 +384,7 @@ impl Client {
             conn.ctrl.send_err(e);
             return r;
         }
-        drop(conn.side.take());
+        conn.sides.clear();
         self.ctrl.call(&Msg::new("FIN"), "OK")?;
         Ok(())
     }
@@ -304,16 +399,25 @@ impl Client {
 pub struct ShapeConn<'a> {
     ctrl: &'a mut Ctrl,
     spec: Spec,
-    ep: Ep,
-    side: Option<Side>,
+    /// One endpoint per QP (`-q`).
+    eps: Vec<Ep>,
+    /// One raw TCP connection per QP (empty without the baseline).
+    sides: Vec<Side>,
     same_process: bool,
 }
 
 impl ShapeConn<'_> {
-    /// Times one run of `iters` operations of `size` bytes on `which`.
+    /// Times one run of `iters` operations of `size` bytes on `which`, on every QP (or
+    /// TCP connection) at once: from the common start until the last one finished (for
+    /// bandwidth: until the server saw every byte of every QP).
     pub fn run(&mut self, which: Which, size: usize, iters: u64) -> Result<Timed> {
         if which == Which::Softwarp {
-            self.ep.prepare(size)?;
+            for ep in &mut self.eps {
+                ep.prepare(size)?;
+            }
+        }
+        if which == Which::Tcp && self.sides.is_empty() {
+            bail!("no TCP baseline connection");
         }
         self.ctrl.call(
             &Msg::new("RUN")
@@ -324,11 +428,14 @@ impl ShapeConn<'_> {
         )?;
         let cpu0 = super::cpu::process_cpu_secs();
         let t0 = Instant::now();
-        match (which, self.side.as_mut()) {
-            (Which::Softwarp, _) => self.ep.run(Role::Client, size, iters)?,
-            (Which::Tcp, Some(s)) => s.run(true, size, iters)?,
-            (Which::Tcp, None) => bail!("no TCP baseline connection"),
-        }
+        let bytes = match which {
+            Which::Softwarp => each(&mut self.eps, |ep| {
+                let before = ep.completed();
+                ep.run(Role::Client, size, iters)?;
+                Ok((ep.completed() - before) * size as u64)
+            })?,
+            Which::Tcp => each(&mut self.sides, |s| s.run(true, size, iters))?,
+        };
         let t_local = t0.elapsed();
         let done = self.ctrl.recv()?.expect("DONE")?;
         // Bandwidth ends when the server saw every byte; latency loops end here.
@@ -341,12 +448,61 @@ impl ShapeConn<'_> {
         if !self.same_process {
             cpu += done.num::<f64>("cpu")?;
         }
-        let rtt = match (self.spec.shape.kind, which, self.side.as_mut()) {
-            (Kind::Bw, _, _) => None,
-            (Kind::Lat, Which::Softwarp, _) => Rtt::of(&self.ep.samples),
-            (Kind::Lat, Which::Tcp, Some(s)) => Rtt::of(&s.samples),
-            (Kind::Lat, Which::Tcp, None) => None,
+        let rtt = match (self.spec.shape.kind, which) {
+            (Kind::Bw, _) => None,
+            // Latency shapes run on one QP (perftest has no -q for them).
+            (Kind::Lat, Which::Softwarp) => self.eps.first().and_then(|e| Rtt::of(&e.samples)),
+            (Kind::Lat, Which::Tcp) => self.sides.first().and_then(|s| Rtt::of(&s.samples)),
         };
-        Ok(Timed { secs, cpu, rtt })
+        Ok(Timed {
+            secs,
+            cpu,
+            rtt,
+            bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::spec::{Mode, Shape};
+    use super::*;
+
+    #[test]
+    fn a_server_from_before_qps_is_named_when_the_client_asks_for_several() {
+        // An old server: its OK carries no qps (it would serve one QP).
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let old = std::thread::spawn(move || -> Result<Msg> {
+            let mut c = Ctrl::new(l.accept()?.0)?;
+            c.send(&Msg::new("HELLO").with("rdma", 1).with("tcp", 2))?;
+            let shape = c.recv()?.expect("SHAPE")?;
+            assert_eq!(shape.num::<usize>("qps")?, 4);
+            c.send(&Msg::new("OK"))?;
+            // The client tells it why it goes away.
+            c.recv()
+        });
+        let mut client = Client::connect(addr, false).unwrap();
+        let spec = Spec {
+            shape: Shape::ALL[0],
+            max_size: 4096,
+            depth: 16,
+            bidir: false,
+            crc: true,
+            mode: Mode::Busy,
+            fpdu: 0,
+            post_list: 1,
+            qps: 4,
+        };
+        let e = client
+            .shape(spec, true, |_| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("serves 1 QP(s) per shape where -q asks for 4") && e.contains("before -q"),
+            "{e}"
+        );
+        let err = old.join().unwrap().unwrap();
+        assert_eq!(err.word, "ERR");
     }
 }

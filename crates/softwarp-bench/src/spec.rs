@@ -150,6 +150,9 @@ pub struct Spec {
     pub fpdu: usize,
     /// Work requests posted per list (perftest `--post_list`).
     pub post_list: usize,
+    /// QPs (and raw TCP connections) between the two ends, each running the shape's
+    /// loop concurrently (perftest `-q`; bandwidth shapes only).
+    pub qps: usize,
 }
 
 impl Spec {
@@ -164,6 +167,7 @@ impl Spec {
             .with("mode", self.mode.name())
             .with("fpdu", self.fpdu)
             .with("list", self.post_list)
+            .with("qps", self.qps)
     }
 
     /// Reads a spec back from its control message.
@@ -177,6 +181,12 @@ impl Spec {
             mode: m.get("mode")?.parse()?,
             fpdu: m.num("fpdu")?,
             post_list: m.num::<usize>("list")?.max(1),
+            // A client from before -q sends no qps: one QP.
+            qps: if m.get("qps").is_ok() {
+                m.num::<usize>("qps")?.max(1)
+            } else {
+                1
+            },
         })
     }
 
@@ -245,8 +255,15 @@ mod tests {
             mode: Mode::Event,
             fpdu: 1448,
             post_list: 16,
+            qps: 4,
         };
         assert_eq!(Spec::from_msg(&s.to_msg("RDMA")).unwrap(), s);
+        // A SHAPE of a client from before -q: one QP.
+        let old = Msg::parse(
+            "SHAPE bidir=0 crc=1 depth=128 fpdu=0 list=1 max=65536 mode=busy shape=write_bw",
+        )
+        .unwrap();
+        assert_eq!(Spec::from_msg(&old).unwrap().qps, 1);
     }
 
     #[test]

@@ -97,8 +97,9 @@ impl Side {
             .max(1)
     }
 
-    /// Runs one measurement in the client (`client`) or server role.
-    pub fn run(&mut self, client: bool, size: usize, iters: u64) -> Result<()> {
+    /// Runs one measurement in the client (`client`) or server role; returns the bytes
+    /// this side wrote as the active side of a bandwidth run (0 for latency).
+    pub fn run(&mut self, client: bool, size: usize, iters: u64) -> Result<u64> {
         let deadline = Instant::now() + RUN_TIMEOUT;
         match self.spec.shape.kind {
             Kind::Lat => {
@@ -115,13 +116,14 @@ impl Side {
                         write_all(&mut self.stream, &self.out[..size], deadline)?;
                     }
                 }
-                Ok(())
+                Ok(0)
             }
             Kind::Bw => {
                 let active = client || self.spec.bidir;
                 let passive = !client || self.spec.bidir;
                 let total = size as u64 * iters;
                 let batch = Self::batch(&self.spec, size);
+                let mut sent = 0;
                 let writer = if active && passive {
                     // The second direction runs in its own thread.
                     let mut s = self.stream.try_clone()?;
@@ -131,7 +133,14 @@ impl Side {
                     }))
                 } else {
                     if active {
-                        send_records(&mut self.stream, &self.out, size, batch, total, deadline)?;
+                        sent = send_records(
+                            &mut self.stream,
+                            &self.out,
+                            size,
+                            batch,
+                            total,
+                            deadline,
+                        )?;
                     }
                     None
                 };
@@ -140,10 +149,11 @@ impl Side {
                     read_total(&mut self.stream, &mut self.inbuf, total, deadline)?;
                 }
                 if let Some(w) = writer {
-                    w.join()
+                    sent = w
+                        .join()
                         .map_err(|_| anyhow::anyhow!("TCP writer thread panicked"))??;
                 }
-                Ok(())
+                Ok(sent)
             }
         }
     }
@@ -156,15 +166,17 @@ fn send_records(
     batch: usize,
     total: u64,
     deadline: Instant,
-) -> Result<()> {
+) -> Result<u64> {
     let mut left = usize::try_from(total)?;
     let chunk = size * batch;
+    let mut sent = 0u64;
     while left > 0 {
         let n = chunk.min(left);
         write_all(s, &out[..n], deadline)?;
         left -= n;
+        sent += n as u64;
     }
-    Ok(())
+    Ok(sent)
 }
 
 /// Accepts one connection, waiting at most `timeout`.

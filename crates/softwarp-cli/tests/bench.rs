@@ -317,8 +317,8 @@ fn old_spellings_are_refused_with_the_new_spelling() {
         ),
         // Shapes and no peer was the loopback; it is the server now.
         (&["write_bw", "-n", "5"], "or --loopback"),
-        // Several QPs per shape are not built.
-        (&["send_bw", "--loopback", "-q", "4"], "-q 4"),
+        // Several QPs per latency shape: perftest has none either.
+        (&["send_lat", "--loopback", "-q", "4"], "-q 4"),
         (
             &["--loopback", "-d", "mlx5_0"],
             "no Softwarp device \"mlx5_0\"",
@@ -697,4 +697,128 @@ fn a_perftest_server_answers_a_malformed_version_with_a_typed_error() {
     );
     assert!(!rest.contains("panicked"), "{rest}");
     drop((qp, buf, cq, pd));
+}
+
+/// The bandwidth shapes' rows of a `-q` run: every row ran on `qps` QPs, and every run of
+/// both stacks moved `qps` times one QP's bytes (counted by the client as they completed).
+fn assert_qps_rows(v: &Document, qps: usize, size: u64, iters: u64) {
+    assert_eq!(v.config.qps, qps, "{v:?}");
+    assert_eq!(shapes(v), vec!["write_bw", "send_bw", "read_bw"]);
+    for r in results(v) {
+        assert_measured(r, true);
+        assert_eq!((r.qps, r.size as u64, r.iters), (qps, size, iters), "{r:?}");
+        for s in [r.softwarp.as_ref().unwrap(), r.tcp.as_ref().unwrap()] {
+            assert_eq!(s.run_bytes, vec![qps as u64 * iters * size], "{r:?}");
+            // Aggregate message rate: every QP's messages over the one elapsed time.
+            let rate = (qps as u64 * iters) as f64 / s.run_secs[0];
+            assert!((s.figures.msg_per_s / rate - 1.0).abs() < 1e-6, "{r:?}");
+        }
+    }
+}
+
+#[test]
+fn several_qps_per_bandwidth_shape_on_loopback_move_that_many_times_the_bytes() {
+    let args = |q: &'static str| {
+        vec![
+            "write_bw,send_bw,read_bw",
+            "--loopback",
+            "-s",
+            "4K",
+            "-n",
+            "50",
+            "-t",
+            "16",
+            "-q",
+            q,
+        ]
+    };
+    let one = json(&args("1"));
+    assert_qps_rows(&one, 1, 4096, 50);
+    let four = json(&args("4"));
+    assert_qps_rows(&four, 4, 4096, 50);
+    for (a, b) in results(&one).iter().zip(results(&four)) {
+        for (x, y) in [(&a.softwarp, &b.softwarp), (&a.tcp, &b.tcp)] {
+            let (x, y) = (x.as_ref().unwrap(), y.as_ref().unwrap());
+            assert_eq!(y.run_bytes[0], 4 * x.run_bytes[0], "{a:?} {b:?}");
+        }
+    }
+    // The table says so too.
+    let out = finish(
+        softwarp(&["write_bw", "--loopback", "-s", "4K", "-n", "20", "-q", "3"]),
+        Duration::from_secs(120),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("3 QPs per bandwidth shape"), "{text}");
+}
+
+#[test]
+fn several_qps_per_bandwidth_shape_between_a_server_and_a_client_process() {
+    let mut server = softwarp(&["--bind", "127.0.0.1", "-p", "0"]);
+    let port = port_after(&mut server, "waiting for a client on 127.0.0.1:");
+    let client = softwarp(&[
+        "write_bw,send_bw,read_bw",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-s",
+        "4K",
+        "-n",
+        "50",
+        "-t",
+        "16",
+        "-q",
+        "4",
+        "--json",
+    ]);
+    let out = finish(client, Duration::from_secs(120));
+    finish(server, Duration::from_secs(30));
+    let v = parse(&out.stdout);
+    assert_eq!(v.config.role, "client");
+    assert_qps_rows(&v, 4, 4096, 50);
+}
+
+#[test]
+fn a_server_given_another_qp_count_refuses_the_client_with_both_counts() {
+    let mut server = softwarp(&["--bind", "127.0.0.1", "-p", "0", "-q", "2"]);
+    let port = port_after(&mut server, "waiting for a client on 127.0.0.1:");
+    let client = softwarp(&["write_bw", "127.0.0.1", "-p", &port, "-q", "4", "-n", "10"]);
+    let c = client.wait_with_output().unwrap();
+    let s = server.wait_with_output().unwrap();
+    assert!(!c.status.success() && !s.status.success());
+    // (The server's stderr went to port_after; the client prints the server's reason.)
+    let err = String::from_utf8_lossy(&c.stderr);
+    assert!(
+        err.contains("mismatched -q") && err.contains("4 QP(s)") && err.contains("-q 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn several_qps_are_refused_for_latency_shapes_and_with_rdma_cm() {
+    for (args, says) in [
+        (
+            &["write_lat", "--loopback", "-q", "4"][..],
+            "bandwidth tests only",
+        ),
+        (
+            &["send_lat", "--loopback", "-q", "2"],
+            "bandwidth tests only",
+        ),
+        (&["write_bw,read_lat", "--loopback", "-q", "2"], "read_lat"),
+        (&["all", "--loopback", "-q", "2"], "bandwidth tests only"),
+        (&["write_bw", "--loopback", "-q", "0"], "1 to 64 QPs"),
+        (&["write_bw", "--loopback", "-q", "65"], "1 to 64 QPs"),
+        (
+            &["-R", "write_bw", "--loopback", "-q", "2"],
+            "-R with -q above 1",
+        ),
+    ] {
+        let out = softwarp(args).wait_with_output().unwrap();
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    // -q 1 with a latency shape is perftest's default, and fine.
+    let v = json(&["write_lat", "--loopback", "-q", "1", "-n", "20", "--no-tcp"]);
+    assert_eq!(v.results[0].qps, 1);
 }

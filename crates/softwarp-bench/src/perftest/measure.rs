@@ -424,12 +424,14 @@ impl Side {
                 secs: secs * scale,
                 cpu: 0.0,
                 rtt: Some(rtt),
+                bytes: 0,
             })
         };
         let bw = |d: Duration| Timed {
             secs: d.as_secs_f64(),
             cpu: 0.0,
             rtt: None,
+            bytes: size as u64 * iters,
         };
         let (timed, mine) = match (p.shape.kind, p.shape.op, self.client || p.bidir) {
             (Kind::Bw, _, true) => {
@@ -537,6 +539,7 @@ impl Side {
                         secs: (r.size as f64 * r.iters as f64) / (r.bw_avg * f64::from(1u32 << 20)),
                         cpu: 0.0,
                         rtt: None,
+                        bytes: 0,
                     },
                 });
             }
