@@ -1,7 +1,8 @@
 //! The few facts about the process, its threads and its sockets that need system calls, in
-//! one place. They go through `rustix` (safe wrappers) wherever it has the call; only
-//! `TCP_INFO`, which `rustix` does not offer, is a raw `getsockopt` through `libc`: the only
-//! `unsafe` code of the crate, with its `// SAFETY:` note. Everything else in the crate is
+//! one place. They go through `rustix` (safe wrappers) wherever it has the call, except
+//! `TCP_INFO`, which `rustix` does not offer, and `sched_getcpu`, whose `rustix` version
+//! cannot run under valgrind: those two are raw `libc` calls, the only `unsafe` code of the
+//! crate, each with its `// SAFETY:` note. Everything else in the crate is
 //! safe Rust.
 //!
 //! Also the pure helpers around them (process name, `/proc/<pid>/stat` start time), so that
@@ -33,7 +34,13 @@ pub fn tid() -> u32 {
 
 /// The CPU the calling thread runs on right now (`sched_getcpu`), if the kernel says.
 pub fn current_cpu() -> Option<u32> {
-    u32::try_from(rustix::thread::sched_getcpu()).ok()
+    // libc, not rustix: rustix's `sched_getcpu` goes through the vDSO, whose set-up (an
+    // auxiliary-vector check) crashes under valgrind, which BENCHMARKS.md's instruction
+    // counts run on (callgrind).
+    // SAFETY: sched_getcpu takes no arguments and touches no memory of ours; it returns -1
+    // on failure, which the conversion below turns into None.
+    let cpu = unsafe { libc::sched_getcpu() };
+    u32::try_from(cpu).ok()
 }
 
 /// The real user id of this process.
