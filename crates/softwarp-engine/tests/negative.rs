@@ -1012,3 +1012,48 @@ fn a_stall_inside_an_fpdu_terminates_the_stream_and_releases_the_registration() 
         }
     }
 }
+
+//= https://www.rfc-editor.org/rfc/rfc5040#section-4.8
+// (paraphrase) A received Terminate ends the RDMAP stream; it is never answered with a
+// Terminate, whatever Layer, EType and Error Code it carries.
+#[test]
+fn a_terminate_with_undefined_error_values_is_reported_and_not_answered() {
+    // The Terminate control word (Layer/EType, Error Code, Hdrct, reserved) and what follows
+    // it; the cause the QP reports.
+    let cases: [(&[u8], (u8, u8, u8)); 5] = [
+        // Layer 0xF, EType 0xE, Error Code 0xEE: no RFC defines them.
+        (&[0xfe, 0xee, 0x00, 0x00], (0xf, 0xe, 0xee)),
+        // Layer 3, EType 0xF, Error Code 0xFF, reserved bits set.
+        (&[0x3f, 0xff, 0x1f, 0xff], (3, 0xf, 0xff)),
+        // M and D set but no DDP Segment Length or header copied.
+        (&[0xfe, 0xee, 0xc0, 0x00], (0xf, 0xe, 0xee)),
+        // Octets after the control word that no Hdrct bit announces.
+        (&[0x3f, 0xff, 0x00, 0x00, 1, 2, 3, 4], (3, 0xf, 0xff)),
+        // Only half a control word: Layer, EType and Error Code as far as they came.
+        (&[0x25, 0x10], (2, 5, 0x10)),
+    ];
+    for (body, (layer, etype, code)) in cases {
+        let mut v = Victim::new(false);
+        // DDP untagged header (L = 1, queue 2, MSN 1, MO 0), RDMAP Terminate opcode.
+        let mut ulpdu = vec![0x41, 0x47, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0];
+        ulpdu.extend_from_slice(body);
+        v.feed(&frame(&ulpdu, false));
+        assert_eq!(v.side.qp.state(), QpState::Error, "{body:02x?}");
+        let want = Cause::PeerTerminate { layer, etype, code };
+        assert!(
+            v.side.events.iter().any(|e| matches!(
+                e,
+                AsyncEvent::QpFatal { cause, .. } if *cause == want
+            )),
+            "{body:02x?}: {:?}",
+            v.side.events
+        );
+        assert_eq!(v.side.qp.stats().terminates_received, 1, "{body:02x?}");
+        assert!(
+            sent_ulpdus(&mut v.side, false).is_empty(),
+            "{body:02x?}: nothing is sent back"
+        );
+        assert!(!v.side.qp.terminate_sent());
+        assert_eq!(v.side.qp.stats().terminates_sent, 0);
+    }
+}

@@ -1247,3 +1247,62 @@ fn registering_and_dropping_mrs_on_two_threads_with_a_releasing_mr_does_not_dead
     lent.assert_changed_only(0..PINNING_WRITE, &payload);
     assert_eq!(stack.end.qp.state(), QpState::Rts);
 }
+
+// ---------------------------------------------------------------------------------------
+// A Terminate from the peer
+// ---------------------------------------------------------------------------------------
+
+/// The raw peer's Terminate: a DDP untagged header (L = 1, queue 2, MSN 1, MO 0) with the
+/// RDMAP Terminate opcode, then `body` (the control word and whatever follows it), framed
+/// by hand (the wire crate emits only Terminates with defined error values).
+fn raw_terminate(body: &[u8]) -> Vec<u8> {
+    let mut ulpdu = vec![0x41, 0x47, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0];
+    ulpdu.extend_from_slice(body);
+    ulpdu
+}
+
+//= https://www.rfc-editor.org/rfc/rfc5040#section-4.8
+// (paraphrase) A Terminate ends the RDMAP stream; its receiver sends nothing back (no
+// Terminate answers a Terminate) and closes the stream.
+#[test]
+fn a_terminate_with_undefined_values_gets_no_answer_and_the_stream_is_closed() {
+    let cases: [(&[u8], Role, (u8, u8, u8)); 4] = [
+        // Layer 0xF, EType 0xE, Error Code 0xEE.
+        (&[0xfe, 0xee, 0x00, 0x00], Role::Initiator, (0xf, 0xe, 0xee)),
+        // Reserved bits set.
+        (&[0x3f, 0xff, 0x1f, 0xff], Role::Responder, (3, 0xf, 0xff)),
+        // M and D set, nothing copied.
+        (&[0xfe, 0xee, 0xc0, 0x00], Role::Initiator, (0xf, 0xe, 0xee)),
+        // Octets no Hdrct bit announces.
+        (
+            &[0x3f, 0xff, 0, 0, 1, 2, 3, 4],
+            Role::Responder,
+            (3, 0xf, 0xff),
+        ),
+    ];
+    for (body, role, (layer, etype, code)) in cases {
+        let stack = Stack::new(2);
+        let mut peer = stack.connect(role);
+        peer.send_ulpdu(&raw_terminate(body));
+        // Not a byte comes back: the next thing is the stack's FIN.
+        peer.expect_close();
+        let qp_num = stack.end.qp.qp_num();
+        let (ev, _) = wait_event(&stack.end.dev, |e| is_qp_event(e, qp_num));
+        assert_eq!(
+            ev,
+            AsyncEvent::QpFatal {
+                qp_num,
+                cause: Cause::PeerTerminate { layer, etype, code }
+            },
+            "{body:02x?}"
+        );
+        wait_state(&stack.end.qp, QpState::Error);
+        let stats = stack.end.qp.stats();
+        assert_eq!(stats.terminates_received, 1, "{body:02x?}");
+        assert_eq!(stats.terminates_sent, 0, "{body:02x?}");
+        let wcs = wait_wcs(&stack.end.rcq, 2);
+        assert!(wcs.iter().all(|w| w.status == WcStatus::WrFlushErr));
+        stack.rbuf.assert_unchanged();
+        stack.close(peer);
+    }
+}

@@ -219,6 +219,15 @@ fn fault_of(e: WireError, tagged: bool) -> Fault {
 /// [`Fault::ControlMessageLength`], found before any field of it is acted on.
 pub(crate) fn parse_rx_header(hdr: &[u8], payload_len: usize) -> Result<RxHeader, Fault> {
     let tagged = hdr.first().is_some_and(|c| c & ddp::FLAG_TAGGED != 0);
+    if is_terminate(hdr) && payload_len == 0 {
+        //= https://www.rfc-editor.org/rfc/rfc5040#section-4.8
+        // (paraphrase) The Terminate message ends the RDMAP stream: its receiver does not
+        // answer it with a Terminate of its own. Whatever Layer, EType and Error Code it
+        // carries (values no RFC defines included), a whole untagged segment on queue 2
+        // with the Terminate opcode is the peer's Terminate; its cause is read leniently
+        // by `parse_terminate_cause`.
+        return Ok(RxHeader::Terminate);
+    }
     let seg = Segment::parse(hdr).map_err(|e| match e {
         // The DDP header is whole: what is cut short is the RDMAP header of a control
         // message (data messages have none).
@@ -298,6 +307,19 @@ pub(crate) fn parse_rx_header(hdr: &[u8], payload_len: usize) -> Result<RxHeader
         },
         _ => return Err(Fault::UnexpectedOpcode),
     })
+}
+
+/// True when `hdr` starts with a well-formed DDP untagged header (DDP and RDMAP version 1)
+/// of a single-segment message (L = 1, MO = 0) on queue 2 whose RDMAP opcode is Terminate,
+/// whatever follows it.
+fn is_terminate(hdr: &[u8]) -> bool {
+    let Ok((ddp::HeaderRepr::Untagged(u), _)) = ddp::HeaderRepr::parse(hdr) else {
+        return false;
+    };
+    u.last
+        && u.mo == 0
+        && u.queue_number == softwarp_wire::rdmap::queue::TERMINATE
+        && ControlRepr::from_byte(u.ulp_control).is_ok_and(|c| c.opcode == Opcode::Terminate)
 }
 
 /// The DDP header (any version) and, for a Read Request, its RDMAP header, of the segment
@@ -519,13 +541,18 @@ pub(crate) fn parse_terminate_cause(ulpdu: &[u8], layout: TerminateLayout) -> (u
             ..
         }) => t.error.fields(),
         _ => {
-            // The control word alone, if the rest is malformed.
-            match ulpdu
-                .get(UNTAGGED_HEADER_LEN..)
-                .and_then(|b| TerminateRepr::parse(b).ok())
-            {
+            // The control word alone, if the rest is malformed; its raw fields if they name
+            // no error the RFCs define (a peer's Terminate is reported as it was sent).
+            let body = ulpdu.get(UNTAGGED_HEADER_LEN..);
+            match body.and_then(|b| TerminateRepr::parse(b).ok()) {
                 Some((t, _)) => t.error.fields(),
-                None => (0, 2, 0xff),
+                None => match body.and_then(|b| b.get(..2)) {
+                    Some(&[first, code]) => match layout {
+                        TerminateLayout::LinuxSiw => (first & 0xf, first >> 4, code),
+                        TerminateLayout::Rfc5040 => (first >> 4, first & 0xf, code),
+                    },
+                    _ => (0, 2, 0xff),
+                },
             }
         }
     }
