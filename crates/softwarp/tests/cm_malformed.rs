@@ -92,24 +92,15 @@ fn garbage_instead_of_a_request_is_closed_without_an_answer() {
 }
 
 #[test]
-fn unsupported_revision_oversized_private_data_and_markers_get_a_reject_reply() {
+fn unsupported_revision_short_prefix_and_markers_get_a_reject_reply() {
     let ch = CmEventChannel::new().unwrap();
     let l = cm_listener(&ch, ConnectOptions::default());
-    let cases: [(Vec<u8>, &[u8]); 5] = [
+    let cases: [(Vec<u8>, &[u8]); 4] = [
         // Revision 3: reject with our revision 2 (no enhanced prefix: the Request is
         // unreadable).
         (frame(REQ, 0, 3, b""), &[0x20, 2, 0, 0]),
         // Revision 0 (pre-RFC drafts).
         (frame(REQ, 0, 0, b""), &[0x20, 2, 0, 0]),
-        // PD_Length 600: refused as soon as the header is read.
-        (
-            {
-                let mut v = frame(REQ, 0, 1, b"");
-                v[18..20].copy_from_slice(&600u16.to_be_bytes());
-                v
-            },
-            &[0x20, 2, 0, 0],
-        ),
         // Revision 2 with the enhanced flag and only 2 octets of private data.
         (frame(REQ, 0x10, 2, b"ab"), &[0x20, 2, 0, 0]),
         // Markers asked for, refused like siw does: R, and the RFC 6581 prefix kept.
@@ -132,6 +123,138 @@ fn unsupported_revision_oversized_private_data_and_markers_get_a_reject_reply() 
             ),
             "{e}"
         );
+    }
+}
+
+/// Requests whose PD_Length is above 512: 513 and 600 with no private data, and 513 and
+/// 65535 followed by that many (or 600) octets.
+fn oversized_requests() -> Vec<Vec<u8>> {
+    let with_len = |len: u16, data: usize| {
+        let mut v = frame(REQ, 0, 1, &vec![0x5a; data]);
+        v[18..20].copy_from_slice(&len.to_be_bytes());
+        v
+    };
+    vec![
+        with_len(513, 0),
+        with_len(600, 0),
+        with_len(513, 513),
+        with_len(65535, 600),
+    ]
+}
+
+//= https://www.rfc-editor.org/rfc/rfc5044#section-7.1
+// (paraphrase) PD_Length: the length of the private data, at most 512 octets; if it is
+// larger than 512, the receiver closes the connection (it sends no Reply, and so no reject
+// Reply either).
+#[test]
+fn a_request_with_pd_length_over_512_is_closed_without_a_reply_on_the_cm_path() {
+    let ch = CmEventChannel::new().unwrap();
+    let l = cm_listener(&ch, ConnectOptions::default());
+    for req in oversized_requests() {
+        let got = raw_initiator(l.local_addr(), &req);
+        assert!(got.is_empty(), "nothing is sent back: {got:02x?}");
+        let e = request_error(&ch);
+        assert!(
+            matches!(
+                e,
+                Error::Mpa(MpaError::BadFrame(
+                    softwarp_wire::WireError::MpaPrivateDataTooLong(_)
+                ))
+            ),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn a_request_with_pd_length_over_512_is_closed_without_a_reply_by_the_blocking_listener() {
+    let server = End::new(None, None);
+    let listener = Listener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    for req in oversized_requests() {
+        std::thread::scope(|s| {
+            let stack = s.spawn(|| listener.accept_timeout(&server.qp, &quick(), WAIT));
+            let got = raw_initiator(addr, &req);
+            assert!(got.is_empty(), "nothing is sent back: {got:02x?}");
+            let e = stack.join().unwrap().unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Mpa(MpaError::BadFrame(
+                        softwarp_wire::WireError::MpaPrivateDataTooLong(_)
+                    ))
+                ),
+                "{e}"
+            );
+        });
+        assert_eq!(server.qp.state(), QpState::Idle);
+    }
+}
+
+/// Connects, sends `bytes` (nothing, or part of a Request), and returns what the stack sent
+/// and how long it took the stack to close the connection.
+fn stalled_initiator(addr: SocketAddr, bytes: &[u8]) -> (Vec<u8>, Duration) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let t0 = Instant::now();
+    s.write_all(bytes).unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    (got, t0.elapsed())
+}
+
+/// The bound on the wait for the Request in the tests below, and the slack allowed.
+const REQUEST_WAIT: Duration = Duration::from_millis(400);
+const SLACK: Duration = Duration::from_millis(1500);
+
+/// Nothing, a few octets of the key, and a whole header announcing private data that never
+/// comes.
+fn stalled_requests() -> Vec<Vec<u8>> {
+    let mut header_only = frame(REQ, 0x10, 2, b"");
+    header_only[18..20].copy_from_slice(&4u16.to_be_bytes());
+    vec![Vec::new(), b"MPA ID R".to_vec(), header_only]
+}
+
+//= https://www.rfc-editor.org/rfc/rfc5044#section-7.1
+// (paraphrase) The responder bounds its wait for the MPA Request with a timer; when it
+// expires the responder closes the connection (without a Reply).
+#[test]
+fn silent_and_partial_requests_are_closed_after_the_request_timeout_on_the_cm_path() {
+    let ch = CmEventChannel::new().unwrap();
+    let l = cm_listener(&ch, ConnectOptions::default());
+    for req in stalled_requests() {
+        let (got, took) = stalled_initiator(l.local_addr(), &req);
+        assert!(got.is_empty(), "nothing is sent back: {got:02x?}");
+        assert!(
+            took >= REQUEST_WAIT - Duration::from_millis(50) && took < REQUEST_WAIT + SLACK,
+            "closed after {took:?} ({} octets sent)",
+            req.len()
+        );
+        let e = request_error(&ch);
+        assert!(matches!(e, Error::Mpa(MpaError::Timeout(_))), "{e}");
+    }
+}
+
+#[test]
+fn silent_and_partial_requests_are_closed_after_the_request_timeout_by_the_blocking_listener() {
+    let server = End::new(None, None);
+    let listener = Listener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let opts = ConnectOptions::default().timeout(REQUEST_WAIT);
+    for req in stalled_requests() {
+        std::thread::scope(|s| {
+            let stack = s.spawn(|| listener.accept_timeout(&server.qp, &opts, WAIT));
+            let (got, took) = stalled_initiator(addr, &req);
+            assert!(got.is_empty(), "nothing is sent back: {got:02x?}");
+            assert!(
+                took >= REQUEST_WAIT - Duration::from_millis(50) && took < REQUEST_WAIT + SLACK,
+                "closed after {took:?} ({} octets sent)",
+                req.len()
+            );
+            let e = stack.join().unwrap().unwrap_err();
+            assert!(matches!(e, Error::Mpa(MpaError::Timeout(_))), "{e}");
+        });
+        assert_eq!(server.qp.state(), QpState::Idle);
     }
 }
 

@@ -478,20 +478,22 @@ pub(crate) fn screen_request(
     read: std::result::Result<&[u8], WireError>,
     opts: &ConnectOptions,
 ) -> Screened {
+    //= https://www.rfc-editor.org/rfc/rfc5044#section-7.1
+    // (paraphrase) What does not start with the Request key is not an MPA Request: the
+    // responder closes the connection without an answer. PD_Length: if it is larger than
+    // 512, the receiver closes the connection (no Reply, rejecting or not).
+    let close_unanswered = |e: WireError| Screened::Refuse {
+        reply: None,
+        error: MpaError::BadFrame(e),
+    };
     let reject = |error: MpaError| Screened::Refuse {
         reply: Some(reject_reply(None, opts.revision, &[])),
         error,
     };
     let bytes = match read {
         Ok(b) => b,
-        //= https://www.rfc-editor.org/rfc/rfc5044#section-7.1
-        // (paraphrase) What does not start with the Request key is not an MPA Request: the
-        // responder closes the connection without an answer.
-        Err(WireError::MpaBadKey) => {
-            return Screened::Refuse {
-                reply: None,
-                error: MpaError::BadFrame(WireError::MpaBadKey),
-            }
+        Err(e @ (WireError::MpaBadKey | WireError::MpaPrivateDataTooLong(_))) => {
+            return close_unanswered(e)
         }
         //= https://www.rfc-editor.org/rfc/rfc5044#section-7.1
         // (paraphrase) A responder that does not support the requested revision answers with
@@ -500,11 +502,8 @@ pub(crate) fn screen_request(
     };
     let frame = match MpaFrame::parse(bytes) {
         Ok((f, _)) => f,
-        Err(WireError::MpaBadKey) => {
-            return Screened::Refuse {
-                reply: None,
-                error: MpaError::BadFrame(WireError::MpaBadKey),
-            }
+        Err(e @ (WireError::MpaBadKey | WireError::MpaPrivateDataTooLong(_))) => {
+            return close_unanswered(e)
         }
         Err(e) => return reject(MpaError::BadFrame(e)),
     };
@@ -1040,7 +1039,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match screen_request(Err(WireError::MpaPrivateDataTooLong(600)), &opts) {
-            Screened::Refuse { reply: Some(r), .. } => assert!(r.reject),
+            Screened::Refuse {
+                reply: None,
+                error: MpaError::BadFrame(WireError::MpaPrivateDataTooLong(600)),
+            } => {}
             other => panic!("{other:?}"),
         }
         let mut markers = b"MPA ID Req Frame".to_vec();
