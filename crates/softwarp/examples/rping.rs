@@ -27,7 +27,9 @@
 //! 65535), `-v`, `-V`, `-d` (`-dd`: also the stack's own debug trace). Softwarp's: `--crc
 //! off|on` (default off, like siw: CRC is then used only if the peer asks for it),
 //! `--mpa-rev 1|2` (2), `--p2p` (offer RFC 6581 peer-to-peer RTR as initiator), `--timeout
-//! SECS` (30: every wait is bounded, including the server's wait for a connection),
+//! SECS` (30: every wait is bounded, including the server's wait for a connection), `--mpa-timeout
+//! SECS` (5, `ConnectOptions::timeout`'s default: the bound on the MPA exchange; a server
+//! closes a connection whose MPA Request is not complete by then, RFC 5044's timer),
 //! `--terminate-layout rfc|siw` (how our Terminates are laid out). A server given `-C N` also
 //! checks that N pings happened before the client disconnected. Exit status 0 on success.
 #![allow(clippy::unwrap_used)]
@@ -70,6 +72,7 @@ struct Args {
     revision: MpaRevision,
     p2p: bool,
     timeout: Duration,
+    mpa_timeout: Duration,
     terminate_layout: TerminateLayout,
     advertise_size: Option<u32>,
     first_fpdu_delay: Option<Duration>,
@@ -86,6 +89,7 @@ fn usage() -> String {
      \t--mpa-rev 1|2\tMPA revision to offer/accept (default 2)\n\
      \t--p2p\t\toffer RFC 6581 peer-to-peer mode (RTR) as client\n\
      \t--timeout SECS\tbound on every wait (default 30)\n\
+     \t--mpa-timeout SECS\tbound on the MPA exchange; a server closes a connection\n\t\t\twhose MPA Request is not complete by then (default 5)\n\
      \t--terminate-layout rfc|siw\tlayout of the Terminates we send (default rfc)\n\
      \t--first-fpdu-delay MS\tclient: wait after the MPA Reply (default: the library's)\n\
      \t--advertise-size BYTES\tclient: advertise this buffer size instead of -S (fault\n\
@@ -107,6 +111,7 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
         revision: MpaRevision::Rev2,
         p2p: false,
         timeout: Duration::from_secs(30),
+        mpa_timeout: ConnectOptions::default().timeout,
         terminate_layout: TerminateLayout::Rfc5040,
         advertise_size: None,
         first_fpdu_delay: None,
@@ -150,6 +155,15 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
                         .filter(|s: &f64| s.is_finite() && *s > 0.0)
                         .ok_or_else(|| format!("--timeout takes seconds, not {v:?}"))?;
                     a.timeout = Duration::from_secs_f64(secs);
+                }
+                "mpa-timeout" => {
+                    let v = value(&mut i, inline, "--mpa-timeout")?;
+                    let secs: f64 = v
+                        .parse()
+                        .ok()
+                        .filter(|s: &f64| s.is_finite() && *s > 0.0)
+                        .ok_or_else(|| format!("--mpa-timeout takes seconds, not {v:?}"))?;
+                    a.mpa_timeout = Duration::from_secs_f64(secs);
                 }
                 "terminate-layout" => {
                     a.terminate_layout = match value(&mut i, inline, "--terminate-layout")?.as_str()
@@ -341,7 +355,7 @@ impl Cb {
             .crc(self.args.crc)
             .revision(self.args.revision)
             .peer_to_peer(self.args.p2p)
-            .timeout(self.args.timeout)
+            .timeout(self.args.mpa_timeout)
             .terminate_layout(self.args.terminate_layout);
         match self.args.first_fpdu_delay {
             Some(d) => opts.first_fpdu_delay(d),

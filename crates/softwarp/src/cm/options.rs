@@ -190,7 +190,16 @@ pub struct ConnectOptions {
     pub ord: Option<usize>,
     /// Deadline for the TCP connect and the whole MPA exchange (initiator), or for the
     /// Request to arrive after the TCP connection was accepted (responder). `Duration::MAX`
-    /// (or any time the clock cannot reach): no limit.
+    /// (or any time the clock cannot reach): no limit. Default 5 s.
+    ///
+    /// As responder this is RFC 5044's timer on the MPA Request (section 7.1, paraphrase:
+    /// the responder bounds its wait for the Request and closes the connection when it
+    /// expires): a peer that sends nothing, or only part of a Request, is closed when it
+    /// expires, without a Reply, and the connection attempt fails with
+    /// [`crate::MpaError::Timeout`] (a [`crate::CmEvent::RequestError`] on a CM listener,
+    /// whose `ListenOptions::options` carry it). Linux siw waits 10 s
+    /// (`MPAREQ_TIMEOUT`). The same bound applies on the CM path and on the blocking
+    /// [`crate::Listener::accept`] path.
     pub timeout: Duration,
     /// Largest FPDU to send; `None`: the TCP maximum segment size (`TCP_MAXSEG`).
     pub max_fpdu_len: Option<usize>,
