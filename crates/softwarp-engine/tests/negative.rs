@@ -1057,3 +1057,42 @@ fn a_terminate_with_undefined_error_values_is_reported_and_not_answered() {
         assert_eq!(v.side.qp.stats().terminates_sent, 0);
     }
 }
+
+/// Without RFC 7306 on the stream, its opcodes are unexpected (RDMAP 0/2/0x06) and its
+/// queue 3 is no queue (DDP 1/2/0x01); with it, a Send on queue 3 is an opcode on the
+/// wrong queue.
+#[test]
+fn rfc7306_opcodes_and_queue_3_follow_the_streams_rfc7306_setting() {
+    let unexpected = TerminateError::Rdmap(RdmapError::RemoteOperation(
+        RemoteOperationError::UnexpectedOpcode,
+    ));
+    let invalid_qn = ddp_untagged(UntaggedBufferError::InvalidQueueNumber);
+    // (RDMAP control byte, queue, RFC 7306 on, expected error)
+    let cases = [
+        (0x48u8, 0u32, false, unexpected), // Immediate Data
+        (0x49, 0, false, unexpected),      // Immediate Data with SE
+        (0x4a, 1, false, unexpected),      // Atomic Request
+        (0x4b, 3, false, invalid_qn),      // Atomic Response
+        (0x43, 3, false, invalid_qn),      // Send on queue 3
+        (0x43, 3, true, unexpected),       // Send on queue 3
+        (0x43, 4, true, invalid_qn),       // Send on queue 4
+    ];
+    for (ctrl, qn, rfc7306, error) in cases {
+        let mut s = stream(false);
+        s.rfc7306 = rfc7306;
+        let mut v = Victim::with_stream(s);
+        let seg = send_seg(1, 0, true, Message::Send, &[1u8; 8]);
+        let mut ulpdu = vec![0u8; seg.buffer_len()];
+        seg.emit(&mut ulpdu).unwrap();
+        let mut h = UntaggedHeader::new_unchecked(&mut ulpdu[..]);
+        h.set_ulp_control(ctrl);
+        h.set_queue_number(qn);
+        v.feed(&frame(&ulpdu, false));
+        let t = v.expect_terminate(false, error);
+        assert_eq!(
+            t.ddp_segment_length,
+            Some(ulpdu.len() as u16),
+            "{ctrl:#x} {qn}"
+        );
+    }
+}

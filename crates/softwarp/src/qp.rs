@@ -1720,6 +1720,7 @@ fn prepare_stream(
         ord: neg.ord,
         terminate_layout: opts.terminate_layout,
         rtr: neg.rtr,
+        rfc7306: opts.rfc7306,
     };
     let info = ConnectionInfo {
         local_addr,

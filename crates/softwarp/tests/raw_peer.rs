@@ -29,9 +29,10 @@ use softwarp::*;
 use softwarp_wire::ddp::{self, HeaderRepr, TaggedHeader, UntaggedHeader, UNTAGGED_HEADER_LEN};
 use softwarp_wire::mpa::fpdu;
 use softwarp_wire::rdmap::{
-    queue, DdpError, LlpError, Message, MpaError as MpaTerminateError, Placement, RdmapError,
-    ReadRequestRepr, RemoteOperationError, RemoteProtectionError, Segment, TaggedBufferError,
-    TerminateError, TerminateHeader, TerminateRepr, TerminatedRdmapHeader, UntaggedBufferError,
+    queue, AtomicOpcode, AtomicRequestRepr, AtomicResponseRepr, DdpError, ImmediateDataRepr,
+    LlpError, Message, MpaError as MpaTerminateError, Placement, RdmapError, ReadRequestRepr,
+    RemoteOperationError, RemoteProtectionError, Segment, TaggedBufferError, TerminateError,
+    TerminateHeader, TerminateRepr, TerminatedRdmapHeader, UntaggedBufferError,
     READ_REQUEST_HEADER_LEN,
 };
 
@@ -1305,4 +1306,143 @@ fn a_terminate_with_undefined_values_gets_no_answer_and_the_stream_is_closed() {
         stack.rbuf.assert_unchanged();
         stack.close(peer);
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// RFC 7306 opcodes and queue 3, with and without RFC 7306
+// ---------------------------------------------------------------------------------------
+
+/// An untagged ULPDU emitted by the wire crate for `message` (MSN 1, MO 0, L = 1), moved
+/// to queue `qn` when given.
+fn untagged_on(message: Message, payload: &[u8], qn: Option<u32>) -> Vec<u8> {
+    let mut u = ulpdu(&send(1, 0, true, message, payload));
+    if let Some(qn) = qn {
+        UntaggedHeader::new_unchecked(&mut u[..]).set_queue_number(qn);
+    }
+    u
+}
+
+fn atomic_request() -> Message {
+    Message::AtomicRequest(AtomicRequestRepr {
+        opcode: AtomicOpcode::FetchAdd,
+        request_id: 7,
+        remote_stag: 0x1234_5600,
+        remote_tagged_offset: 0x1000,
+        add_or_swap_data: 1,
+        add_or_swap_mask: 0,
+        compare_data: 0,
+        compare_mask: 0,
+    })
+}
+
+fn atomic_response() -> Message {
+    Message::AtomicResponse(AtomicResponseRepr {
+        original_request_id: 7,
+        original_value: 42,
+    })
+}
+
+/// The raw peer sends `u` on a connection whose options are `opts`; the stack answers with
+/// the Terminate for `error` (the offending DDP header copied back), reports `fault` as a
+/// request error, flushes both receives and closes.
+fn refused_untagged(
+    role: Role,
+    opts: &ConnectOptions,
+    u: &[u8],
+    error: TerminateError,
+    fault: Fault,
+) {
+    let stack = Stack::new(2);
+    let (mut peer, _) = stack.connect_with(role, opts, Offer::default());
+    peer.send_ulpdu(u);
+    expect_rfc5040_terminate_and_close(&mut peer, error, Copied::Ddp(u));
+    stack.assert_failed(Kind::Request, fault, &[]);
+    stack.rbuf.assert_unchanged();
+    stack.close(peer);
+}
+
+fn without_rfc7306() -> ConnectOptions {
+    ConnectOptions::default().rfc7306(false)
+}
+
+//= https://www.rfc-editor.org/rfc/rfc5040#section-4.8
+// (paraphrase) A message whose opcode the RDMAP stream does not implement is a Remote
+// Operation Error (Layer 0, EType 2), "Unexpected OpCode" (code 0x06). Without RFC 7306 the
+// opcodes 0x8 to 0xB are not RDMAP opcodes.
+#[test]
+fn rfc7306_opcodes_without_rfc7306_get_unexpected_opcode() {
+    let imm = ImmediateDataRepr {
+        data: [0, 0, 0, 0, 1, 2, 3, 4],
+    };
+    let cases = [
+        (
+            Role::Initiator,
+            untagged_on(Message::ImmediateData(imm), &[], None),
+        ),
+        (
+            Role::Responder,
+            untagged_on(Message::ImmediateDataWithSolicitedEvent(imm), &[], None),
+        ),
+        (Role::Initiator, untagged_on(atomic_request(), &[], None)),
+        // Opcode 0x8 with a Send's payload behind its header.
+        (Role::Responder, {
+            let mut u = untagged_on(Message::Send, &pattern(PAYLOAD, 0x31), None);
+            u[1] = (u[1] & 0xf0) | 0x8;
+            u
+        }),
+    ];
+    for (role, u) in cases {
+        refused_untagged(
+            role,
+            &without_rfc7306(),
+            &u,
+            remote_operation(RemoteOperationError::UnexpectedOpcode),
+            Fault::UnexpectedOpcode,
+        );
+    }
+}
+
+//= https://www.rfc-editor.org/rfc/rfc5041#section-7.2
+// (paraphrase) An untagged segment for a queue the stream does not have is an Untagged
+// Buffer Error (Layer 1, EType 2), "Invalid QN" (code 0x01). RDMAP (RFC 5040 section 4.2)
+// uses queues 0 to 2; RFC 7306 adds queue 3 for Atomic Responses.
+#[test]
+fn queue_3_without_rfc7306_gets_ddp_invalid_qn() {
+    let cases = [
+        (
+            Role::Initiator,
+            untagged_on(Message::Send, b"on queue three", Some(3)),
+        ),
+        (Role::Responder, untagged_on(atomic_response(), &[], None)),
+    ];
+    for (role, u) in cases {
+        refused_untagged(
+            role,
+            &without_rfc7306(),
+            &u,
+            ddp_untagged(UntaggedBufferError::InvalidQueueNumber),
+            Fault::InvalidQn,
+        );
+    }
+}
+
+/// With RFC 7306 (the default) queue 3 exists: a Send there is an opcode on the wrong queue
+/// (RDMAP "Unexpected OpCode"), and queue 4 is no queue (DDP "Invalid QN").
+#[test]
+fn with_rfc7306_a_send_on_queue_3_is_an_unexpected_opcode_and_queue_4_an_invalid_qn() {
+    let opts = ConnectOptions::default();
+    refused_untagged(
+        Role::Initiator,
+        &opts,
+        &untagged_on(Message::Send, b"on queue three", Some(3)),
+        remote_operation(RemoteOperationError::UnexpectedOpcode),
+        Fault::UnexpectedOpcode,
+    );
+    refused_untagged(
+        Role::Responder,
+        &opts,
+        &untagged_on(Message::Send, b"on queue four", Some(4)),
+        ddp_untagged(UntaggedBufferError::InvalidQueueNumber),
+        Fault::InvalidQn,
+    );
 }

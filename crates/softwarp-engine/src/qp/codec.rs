@@ -217,7 +217,17 @@ fn fault_of(e: WireError, tagged: bool) -> Fault {
 /// bytes after its header (`payload_len > 0`, the wire crate's `TrailingBytes`) or too
 /// short for it with its DDP header whole (`Truncated`) is
 /// [`Fault::ControlMessageLength`], found before any field of it is acted on.
-pub(crate) fn parse_rx_header(hdr: &[u8], payload_len: usize) -> Result<RxHeader, Fault> {
+///
+/// Without RFC 7306 (`rfc7306` false), queue 3 is no queue of the stream and the RFC 7306
+/// opcodes are no opcodes of RDMAP: see [`without_rfc7306`].
+pub(crate) fn parse_rx_header(
+    hdr: &[u8],
+    payload_len: usize,
+    rfc7306: bool,
+) -> Result<RxHeader, Fault> {
+    if !rfc7306 {
+        without_rfc7306(hdr)?;
+    }
     let tagged = hdr.first().is_some_and(|c| c & ddp::FLAG_TAGGED != 0);
     if is_terminate(hdr) && payload_len == 0 {
         //= https://www.rfc-editor.org/rfc/rfc5040#section-4.8
@@ -307,6 +317,41 @@ pub(crate) fn parse_rx_header(hdr: &[u8], payload_len: usize) -> Result<RxHeader
         },
         _ => return Err(Fault::UnexpectedOpcode),
     })
+}
+
+/// The checks a stream without RFC 7306 adds for an untagged header, in layer order (DDP's
+/// queue number before RDMAP's opcode). A header that does not parse is left to
+/// `Segment::parse`, which reports it as before.
+fn without_rfc7306(hdr: &[u8]) -> Result<(), Fault> {
+    let Ok((ddp::HeaderRepr::Untagged(u), _)) = ddp::HeaderRepr::parse(hdr) else {
+        return Ok(());
+    };
+    //= https://www.rfc-editor.org/rfc/rfc5040#section-4.2
+    // (paraphrase) RDMAP uses three untagged queues: 0 for the Send variants, 1 for RDMA
+    // Read Requests, 2 for Terminate. Queue 3 (Atomic Responses) is RFC 7306's addition.
+    //= https://www.rfc-editor.org/rfc/rfc5041#section-7.2
+    // (paraphrase) An untagged segment whose QN the stream does not use is an Untagged
+    // Buffer Error, "Invalid QN" (code 0x01), reported by DDP.
+    if u.queue_number == softwarp_wire::rdmap::queue::ATOMIC_RESPONSE {
+        return Err(Fault::InvalidQn);
+    }
+    //= https://www.rfc-editor.org/rfc/rfc5040#section-4.8
+    // (paraphrase) An opcode this RDMAP stream does not implement is a Remote Operation
+    // Error, "Unexpected OpCode" (0x0/0x2/0x06); without RFC 7306, 0x8 (Immediate Data),
+    // 0x9 (Immediate Data with SE), 0xA (Atomic Request) and 0xB (Atomic Response) are such
+    // opcodes, as 0xC to 0xF are for every stream.
+    if let Ok(c) = ControlRepr::from_byte(u.ulp_control) {
+        if matches!(
+            c.opcode,
+            Opcode::ImmediateData
+                | Opcode::ImmediateDataWithSolicitedEvent
+                | Opcode::AtomicRequest
+                | Opcode::AtomicResponse
+        ) {
+            return Err(Fault::UnexpectedOpcode);
+        }
+    }
+    Ok(())
 }
 
 /// True when `hdr` starts with a well-formed DDP untagged header (DDP and RDMAP version 1)

@@ -107,11 +107,19 @@ pub struct StreamConfig {
     pub tx_stream_offset: u64,
     /// Stream offset of the first FPDU we receive (as `tx_stream_offset`, other direction).
     pub rx_stream_offset: u64,
+    /// The RFC 7306 extensions (Immediate Data, Atomic Request and Response, and DDP queue 3
+    /// for Atomic Responses) are in use on this stream (default true). MPA has no bit for
+    /// them: both ends are configured. When false, a received untagged segment on queue 3
+    /// gets DDP's Untagged Buffer Error "Invalid QN" and one with an RFC 7306 opcode (0x8 to
+    /// 0xB) on queues 0 to 2 gets RDMAP's Remote Operation Error "Unexpected OpCode", as
+    /// for any opcode RFC 5040 does not define.
+    pub rfc7306: bool,
 }
 
 impl StreamConfig {
     /// Defaults for a TCP MSS: no CRC, no markers, FPDUs of `mss` bytes, IRD = ORD = 16,
-    /// RFC 5040 Terminate layout, no RTR, both streams starting at offset 0.
+    /// RFC 5040 Terminate layout, no RTR, both streams starting at offset 0, RFC 7306 in
+    /// use.
     pub fn for_mss(mss: usize) -> Self {
         Self {
             crc: false,
@@ -126,6 +134,7 @@ impl StreamConfig {
             markers_rx: false,
             tx_stream_offset: 0,
             rx_stream_offset: 0,
+            rfc7306: true,
         }
     }
 

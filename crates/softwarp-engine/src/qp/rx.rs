@@ -912,6 +912,7 @@ impl Qp {
             let parsed = codec::parse_rx_header(
                 self.rx.hdr.get(2..self.rx.hdr_need).unwrap_or(&[]),
                 self.rx.payload_len,
+                self.stream.rfc7306,
             );
             match parsed {
                 Err(fault) => self.rx.defer(fault, FaultTarget::None),

@@ -232,6 +232,13 @@ pub struct ConnectOptions {
     /// localized to RDMAP Stream"; the QP reports [`crate::Fault::RxStall`]. Checked by the
     /// progress thread every quarter of the shortest such timeout of its device's QPs.
     pub rx_stall_timeout: Duration,
+    /// Use the RFC 7306 extensions on the connection (default true): Immediate Data,
+    /// Atomic Requests and Responses, DDP queue 3. MPA negotiates nothing for them, so both
+    /// ends must be configured alike. When false, a peer's untagged segment on queue 3 gets
+    /// the DDP Terminate "Invalid QN", and one with an RFC 7306 opcode (0x8 to 0xB) the RDMAP
+    /// Terminate "Unexpected OpCode" (DESIGN.md, engine section). Posting those operations
+    /// is not refused locally: the application decides what it sends.
+    pub rfc7306: bool,
 }
 
 impl Default for ConnectOptions {
@@ -251,6 +258,7 @@ impl Default for ConnectOptions {
             responder_waits_for_initiator: true,
             first_fpdu_delay: Duration::from_millis(20),
             rx_stall_timeout: Duration::from_secs(30),
+            rfc7306: true,
         }
     }
 }
@@ -286,6 +294,12 @@ impl ConnectOptions {
     /// Sets [`ConnectOptions::rx_stall_timeout`].
     pub fn rx_stall_timeout(mut self, timeout: Duration) -> Self {
         self.rx_stall_timeout = timeout;
+        self
+    }
+
+    /// Sets [`ConnectOptions::rfc7306`].
+    pub fn rfc7306(mut self, on: bool) -> Self {
+        self.rfc7306 = on;
         self
     }
 
