@@ -1020,7 +1020,8 @@ fn a_stall_inside_an_fpdu_terminates_the_stream_and_releases_the_registration() 
 fn a_terminate_with_undefined_error_values_is_reported_and_not_answered() {
     // The Terminate control word (Layer/EType, Error Code, Hdrct, reserved) and what follows
     // it; the cause the QP reports.
-    let cases: [(&[u8], (u8, u8, u8)); 5] = [
+    type Case<'a> = (&'a [u8], (u8, u8, u8));
+    let cases: [Case<'_>; 5] = [
         // Layer 0xF, EType 0xE, Error Code 0xEE: no RFC defines them.
         (&[0xfe, 0xee, 0x00, 0x00], (0xf, 0xe, 0xee)),
         // Layer 3, EType 0xF, Error Code 0xFF, reserved bits set.

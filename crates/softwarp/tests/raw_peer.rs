@@ -1267,7 +1267,9 @@ fn raw_terminate(body: &[u8]) -> Vec<u8> {
 // Terminate answers a Terminate) and closes the stream.
 #[test]
 fn a_terminate_with_undefined_values_gets_no_answer_and_the_stream_is_closed() {
-    let cases: [(&[u8], Role, (u8, u8, u8)); 4] = [
+    /// (Terminate body, raw peer's role, Layer/EType/Error Code reported)
+    type Case<'a> = (&'a [u8], Role, (u8, u8, u8));
+    let cases: [Case<'_>; 4] = [
         // Layer 0xF, EType 0xE, Error Code 0xEE.
         (&[0xfe, 0xee, 0x00, 0x00], Role::Initiator, (0xf, 0xe, 0xee)),
         // Reserved bits set.
