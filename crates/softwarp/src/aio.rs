@@ -368,16 +368,6 @@ impl CmListener {
         opts: &ConnectOptions,
     ) -> Result<(CmId, ConnectionInfo)> {
         let req = self.get_request_async().await?;
-        let id = req.accept(qp, opts)?;
-        let conn = id.conn_id();
-        // Reported before accept returned: no wait.
-        let _ = self.channel.events.take(
-            Some(Duration::ZERO),
-            |e| matches!(e, CmEvent::Established { id, .. } if *id == conn),
-        );
-        let info = id.connection().ok_or(Error::InvalidArgument(
-            "accepted connection has no information",
-        ))?;
-        Ok((id, info))
+        self.accept_request(req, qp, opts)
     }
 }

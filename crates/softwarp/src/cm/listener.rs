@@ -117,6 +117,17 @@ impl CmListener {
         timeout: Option<Duration>,
     ) -> Result<(CmId, ConnectionInfo)> {
         let req = self.get_request(timeout)?;
+        self.accept_request(req, qp, opts)
+    }
+
+    /// Accepts `req` into `qp` and takes its `Established` event off the channel (it is
+    /// queued before `accept` returns), for [`CmListener::accept`] and its async twin.
+    pub(crate) fn accept_request(
+        &self,
+        req: ConnectRequest,
+        qp: &QueuePair,
+        opts: &ConnectOptions,
+    ) -> Result<(CmId, ConnectionInfo)> {
         let id = req.accept(qp, opts)?;
         let conn = id.conn_id();
         // Reported before accept returned: no wait.
