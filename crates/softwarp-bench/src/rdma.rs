@@ -508,22 +508,7 @@ impl Ep {
 
     fn write_stamped(&mut self, size: usize, stamp: u8, i: u64) -> Result<()> {
         self.src.write_at(size - 1, &[stamp])?;
-        let wr_id = self.posted;
-        self.posted += 1;
-        let signaled = i % 16 == 15;
-        let wr = self.data_wr(size, wr_id, signaled)?;
-        if size <= MAX_INLINE {
-            self.inline.resize(size, 0);
-            self.inline[size - 1] = stamp;
-            let wr_inline = SendWr {
-                payload: Payload::Inline(&self.inline),
-                ..wr
-            };
-            self.qp.post_send(&wr_inline)?;
-        } else {
-            self.qp.post_send(&wr)?;
-        }
-        Ok(())
+        self.post_data(size, i, Some(stamp))
     }
 
     fn send_lat(&mut self, size: usize, iters: u64, client: bool, deadline: Instant) -> Result<()> {
@@ -548,12 +533,21 @@ impl Ep {
     }
 
     fn send_one(&mut self, size: usize, i: u64) -> Result<()> {
+        self.post_data(size, i, None)
+    }
+
+    /// Posts data WR `i` of `size` bytes (one in 16 signalled), inline when it fits; `stamp`
+    /// goes into the last inline byte, as `write_stamped` put it into the source region.
+    fn post_data(&mut self, size: usize, i: u64, stamp: Option<u8>) -> Result<()> {
         let wr_id = self.posted;
         self.posted += 1;
         let signaled = i % 16 == 15;
         let wr = self.data_wr(size, wr_id, signaled)?;
         if size <= MAX_INLINE {
             self.inline.resize(size, 0);
+            if let (Some(stamp), Some(last)) = (stamp, self.inline.last_mut()) {
+                *last = stamp;
+            }
             let wr_inline = SendWr {
                 payload: Payload::Inline(&self.inline),
                 ..wr
