@@ -122,13 +122,29 @@ pub(crate) fn initiate(
             Err(e) => last_err = Some(e),
         }
     }
-    let Some(mut stream) = stream else {
+    let Some(stream) = stream else {
         return Err(match last_err {
             Some(e) if e.kind() == std::io::ErrorKind::TimedOut => MpaError::Timeout(total).into(),
             Some(e) => Error::io("TCP connect", e),
             None => Error::InvalidArgument("the address resolved to nothing"),
         });
     };
+    initiate_on(stream, request, opts, local, deadline)
+}
+
+/// Initiator side on a connected TCP stream: send the MPA Request, read and check the Reply
+/// before `deadline`.
+pub(crate) fn initiate_on(
+    mut stream: TcpStream,
+    request: FrameOut,
+    opts: &ConnectOptions,
+    local: &Local,
+    deadline: Deadline,
+) -> Result<(TcpStream, Negotiated)> {
+    let total = opts.timeout;
+    stream
+        .set_nonblocking(false)
+        .map_err(|e| Error::io("clear O_NONBLOCK", e))?;
     stream
         .set_nodelay(true)
         .map_err(|e| Error::io("set TCP_NODELAY", e))?;

@@ -1639,6 +1639,57 @@ impl QueuePair {
         )
     }
 
+    /// Like [`QueuePair::connect`], over a TCP connection the caller already established
+    /// (the stream handover of the OpenRDMA design: a connection that spoke plain TCP moves
+    /// to iWARP). Sends the MPA Request on `stream` and checks the Reply (bounded by
+    /// [`ConnectOptions::timeout`]); the peer must run the responder side on its end
+    /// ([`QueuePair::accept_stream`]) and nothing else may be in flight on the connection.
+    /// The QP owns the stream from then on; on failure the stream is closed and the QP
+    /// stays Idle.
+    pub fn connect_stream(
+        &self,
+        stream: std::net::TcpStream,
+        opts: &ConnectOptions,
+    ) -> Result<ConnectionInfo> {
+        let local = self.shared.local_params(opts)?;
+        let request = crate::cm::negotiate::request(opts, &local)?;
+        self.shared.begin_connect()?;
+        let deadline = softwarp_ras::deadline::Deadline::after(opts.timeout);
+        let result = connect::initiate_on(stream, request, opts, &local, deadline);
+        self.shared.finish_connect(
+            result,
+            Establish {
+                opts,
+                observer: None,
+                gate: false,
+                hold: Duration::ZERO,
+            },
+        )
+    }
+
+    /// The responder side of [`QueuePair::connect_stream`] (and of a [`QueuePair::connect`]
+    /// whose TCP connection the caller accepted itself): reads and checks the MPA Request on
+    /// `stream`, sends the Reply (or a reject) and moves the QP to RTS. Bounded by
+    /// [`ConnectOptions::timeout`]; on failure the stream is closed and the QP stays Idle.
+    pub fn accept_stream(
+        &self,
+        stream: std::net::TcpStream,
+        opts: &ConnectOptions,
+    ) -> Result<ConnectionInfo> {
+        let local = self.shared.local_params(opts)?;
+        self.shared.begin_connect()?;
+        let result = connect::respond(stream, opts, &local);
+        self.shared.finish_connect(
+            result,
+            Establish {
+                opts,
+                observer: None,
+                gate: false,
+                hold: Duration::ZERO,
+            },
+        )
+    }
+
     pub(crate) fn shared(&self) -> &Arc<QpShared> {
         &self.shared
     }

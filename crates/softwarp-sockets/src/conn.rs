@@ -1,0 +1,1001 @@
+//! The iWARP side of a stream: one QP, its CQs and completion channel, a ring of registered
+//! receive slots and one of send slots, and the credit state ([`crate::credits`]).
+//!
+//! Bytes written are copied into a free send slot behind an 8-byte header
+//! ([`crate::wire`]) and posted as one iWARP Send; the peer's Sends land (zero copy: the
+//! runtime reads them from the socket straight into the registered slot) in this end's
+//! receive slots and are copied out by `read`, which posts a slot again once the application
+//! has consumed all of it. No thread of its own: the device's progress thread moves the
+//! bytes and every call here polls the CQs ([`Conn::progress`]).
+//!
+//! Memory per connection: `(recv_slots + send_slots) * slot_size` of registered buffers
+//! (1 MiB with the defaults of [`crate::IwarpOptions`]) plus the windows the application
+//! exposes.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use softwarp::{
+    AccessFlags, CompletionChannel, CompletionQueue, ConnectOptions, ConnectionInfo,
+    MemoryRegion, Payload, ProtectionDomain, QpCap, QpInitAttr, QueuePair, RecvWr, SendOp,
+    SendWr, SgList, Stag, WcStatus, WorkCompletion,
+};
+
+use crate::credits::Credits;
+use crate::options::IwarpOptions;
+use crate::wire::{self, Header, Hello, Kind, WindowAd, HEADER_LEN};
+
+/// The longest a blocked call sleeps before looking again. Several threads may wait on one
+/// stream (a reader and a writer); the one that drains the completion channel makes the
+/// progress for all, and a sleeper notices it within this time at the latest.
+const WAIT_SLICE: Duration = Duration::from_millis(20);
+
+/// Send work request ids: kind in the top byte, slot (and operation number) below.
+const WR_SLOT: u64 = 1 << 56;
+const WR_ONE_SIDED: u64 = 2 << 56;
+const WR_KIND_MASK: u64 = 0xff << 56;
+
+/// Most windows one end may expose.
+pub const MAX_WINDOWS: usize = 16;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn io_err(e: softwarp::Error) -> io::Error {
+    match e {
+        softwarp::Error::Timeout(_) | softwarp::Error::Mpa(softwarp::MpaError::Timeout(_)) => {
+            io::Error::new(io::ErrorKind::TimedOut, e)
+        }
+        softwarp::Error::Mpa(softwarp::MpaError::Closed) => {
+            io::Error::new(io::ErrorKind::ConnectionReset, e)
+        }
+        softwarp::Error::Mpa(_) => io::Error::new(io::ErrorKind::ConnectionRefused, e),
+        other => io::Error::other(other),
+    }
+}
+
+/// Where the end of this side's sending stream is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EofOut {
+    Open,
+    /// Asked for (shutdown) and waiting for a credit.
+    Pending,
+    Sent,
+}
+
+/// A received DATA message not yet read to its end.
+#[derive(Debug)]
+struct RxMsg {
+    slot: u32,
+    /// Next byte to read, relative to the slot.
+    at: usize,
+    /// End of the message, relative to the slot.
+    end: usize,
+}
+
+#[derive(Debug)]
+struct State {
+    credits: Credits,
+    rx_ready: VecDeque<RxMsg>,
+    free_tx: Vec<u32>,
+    eof_in: bool,
+    eof_out: EofOut,
+    /// Control messages waiting for a credit (WINDOW, WROTE), in order.
+    ctrl_out: VecDeque<(Kind, Vec<u8>)>,
+    /// The connection failed: every later call returns this.
+    error: Option<(io::ErrorKind, String)>,
+    /// The peer's windows.
+    peer_windows: Vec<WindowAd>,
+    /// WROTE notices from the peer, oldest first.
+    wrote: VecDeque<(u64, u64)>,
+    /// One-sided operations completed: (slot, status).
+    one_sided_done: Vec<(u32, WcStatus)>,
+    /// Send slots of one-sided operations whose caller stopped waiting.
+    orphans: Vec<u32>,
+    /// Local windows (kept registered while the stream lives).
+    windows: Vec<Arc<MemoryRegion>>,
+    closed: bool,
+}
+
+/// The iWARP connection of a stream.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    // Field order is drop order: the QP goes first, then its buffers and queues.
+    qp: QueuePair,
+    rx: MemoryRegion,
+    tx: MemoryRegion,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    channel: CompletionChannel,
+    pd: ProtectionDomain,
+    state: Mutex<State>,
+    info: ConnectionInfo,
+    slot_size: usize,
+    /// Most payload bytes of one DATA message (the peer's slot less the header).
+    max_data: usize,
+    recv_slots: u32,
+    send_slots: u32,
+    linger: Duration,
+}
+
+/// How a connection is established over its TCP stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// Sends the MPA Request.
+    Initiator,
+    /// Answers it.
+    Responder,
+}
+
+impl Conn {
+    /// Runs the MPA exchange over `tcp` (already connected; nothing else in flight) and
+    /// sets the connection up.
+    pub(crate) fn establish(
+        tcp: std::net::TcpStream,
+        side: Side,
+        opts: &IwarpOptions,
+    ) -> io::Result<Arc<Conn>> {
+        opts.check()?;
+        let dev = match &opts.device {
+            Some(d) => d.clone(),
+            None => crate::options::default_device()?,
+        };
+        let slot_size = opts.slot_size as usize;
+        let recv_slots = opts.recv_slots;
+        let send_slots = opts.send_slots;
+        let pd = dev.alloc_pd().map_err(io_err)?;
+        let channel = dev.create_comp_channel().map_err(io_err)?;
+        let recv_cq = dev
+            .create_cq(recv_slots as usize, Some(&channel))
+            .map_err(io_err)?;
+        let send_cq = dev
+            .create_cq(send_slots as usize, Some(&channel))
+            .map_err(io_err)?;
+        let mut attr = QpInitAttr::new(&send_cq, &recv_cq);
+        attr.cap = QpCap {
+            max_send_wr: send_slots as usize,
+            max_recv_wr: recv_slots as usize,
+            ..QpCap::default()
+        };
+        let qp = pd.create_qp(&attr).map_err(io_err)?;
+        let rx_len = slot_size.saturating_mul(recv_slots as usize);
+        let tx_len = slot_size.saturating_mul(send_slots as usize);
+        let rx = pd
+            .reg_mr(rx_len, AccessFlags::LOCAL_WRITE)
+            .map_err(io_err)?;
+        // LOCAL_WRITE: send slots are also the sinks of RDMA Reads.
+        let tx = pd
+            .reg_mr(tx_len, AccessFlags::LOCAL_WRITE)
+            .map_err(io_err)?;
+        for slot in 0..recv_slots {
+            post_slot(&qp, &rx, slot, slot_size).map_err(io_err)?;
+        }
+        let hello = Hello {
+            slots: recv_slots,
+            slot_size: opts.slot_size,
+        };
+        let copts = ConnectOptions::default()
+            .crc_mode(opts.crc)
+            .timeout(opts.connect_timeout)
+            .first_fpdu_delay(Duration::ZERO)
+            .private_data(&hello.encode());
+        tcp.set_nodelay(true)?;
+        let info = match side {
+            Side::Initiator => qp.connect_stream(tcp, &copts),
+            Side::Responder => qp.accept_stream(tcp, &copts),
+        }
+        .map_err(io_err)?;
+        let peer = match Hello::decode(&info.peer_private_data) {
+            Ok(p) => p,
+            Err(wire::Malformed(why)) => {
+                let _ = qp.modify_to_error();
+                return Err(io::Error::new(io::ErrorKind::InvalidData, why));
+            }
+        };
+        let max_data = (peer.slot_size as usize)
+            .min(slot_size)
+            .saturating_sub(HEADER_LEN);
+        tracing::debug!(
+            target: "softwarp::sockets",
+            local = %info.local_addr, peer = %info.peer_addr, qpn = qp.qp_num(),
+            peer_slots = peer.slots, peer_slot_size = peer.slot_size,
+            "iWARP stream established"
+        );
+        let state = State {
+            credits: Credits::new(recv_slots, peer.slots),
+            rx_ready: VecDeque::new(),
+            free_tx: (0..send_slots).rev().collect(),
+            eof_in: false,
+            eof_out: EofOut::Open,
+            ctrl_out: VecDeque::new(),
+            error: None,
+            peer_windows: Vec::new(),
+            wrote: VecDeque::new(),
+            one_sided_done: Vec::new(),
+            orphans: Vec::new(),
+            windows: Vec::new(),
+            closed: false,
+        };
+        Ok(Arc::new(Conn {
+            qp,
+            rx,
+            tx,
+            send_cq,
+            recv_cq,
+            channel,
+            pd,
+            state: Mutex::new(state),
+            info,
+            slot_size,
+            max_data,
+            recv_slots,
+            send_slots,
+            linger: opts.linger,
+        }))
+    }
+
+    /// What MPA negotiation settled (addresses included).
+    pub(crate) fn info(&self) -> &ConnectionInfo {
+        &self.info
+    }
+
+    /// The QP number (as `softwarp resources` shows it).
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
+    /// The QP's statistics.
+    pub(crate) fn stats(&self) -> softwarp::QpStats {
+        self.qp.stats()
+    }
+
+    /// Registered bytes of this connection's rings.
+    pub(crate) fn ring_bytes(&self) -> usize {
+        self.rx.len().saturating_add(self.tx.len())
+    }
+
+    // ---- progress -------------------------------------------------------------------
+
+    /// Takes every completion and acts on it, sends what waited for credits, and grants.
+    fn progress(&self, st: &mut State) {
+        while self.channel.try_get_cq_event().is_some() {}
+        let mut wcs = [softwarp::EMPTY_COMPLETION; 32];
+        loop {
+            let n = match self.recv_cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    fail(st, io::ErrorKind::Other, e.to_string());
+                    0
+                }
+            };
+            for wc in wcs.iter().take(n) {
+                self.on_recv(st, wc);
+            }
+            if n < wcs.len() {
+                break;
+            }
+        }
+        loop {
+            let n = match self.send_cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    fail(st, io::ErrorKind::Other, e.to_string());
+                    0
+                }
+            };
+            for wc in wcs.iter().take(n) {
+                self.on_send(st, wc);
+            }
+            if n < wcs.len() {
+                break;
+            }
+        }
+        self.flush_control(st);
+    }
+
+    fn on_recv(&self, st: &mut State, wc: &WorkCompletion) {
+        let Ok(slot) = u32::try_from(wc.wr_id) else {
+            return;
+        };
+        if wc.status != WcStatus::Success {
+            if !st.closed {
+                let kind = if st.eof_in {
+                    io::ErrorKind::BrokenPipe
+                } else {
+                    io::ErrorKind::ConnectionReset
+                };
+                fail(st, kind, format!("receive completed with {:?}", wc.status));
+            }
+            return;
+        }
+        let base = self.slot_off(slot);
+        let len = (wc.byte_len as usize).min(self.slot_size);
+        let mut msg = [0u8; HEADER_LEN + wire::WINDOW_LEN];
+        let head = len.min(msg.len());
+        if let Err(e) = self.rx.read_at(base, &mut msg[..head]) {
+            fail(st, io::ErrorKind::Other, e.to_string());
+            return;
+        }
+        // Control bodies are short and fully in `msg`; DATA bodies stay in the slot.
+        let parsed = if len > head {
+            Header::decode(&msg[..HEADER_LEN]).and_then(|(h, _)| {
+                if h.kind == Kind::Data {
+                    Ok((h, &msg[HEADER_LEN..HEADER_LEN]))
+                } else {
+                    Err(wire::Malformed("control message too long"))
+                }
+            })
+        } else {
+            Header::decode(&msg[..head])
+        };
+        let (h, body) = match parsed {
+            Ok(v) => v,
+            Err(wire::Malformed(why)) => {
+                fail(st, io::ErrorKind::InvalidData, format!("peer sent {why}"));
+                let _ = self.qp.modify_to_error();
+                return;
+            }
+        };
+        st.credits.on_receive(u32::from(h.grant));
+        match h.kind {
+            Kind::Data if len > HEADER_LEN => st.rx_ready.push_back(RxMsg {
+                slot,
+                at: HEADER_LEN,
+                end: len,
+            }),
+            Kind::Data | Kind::Grant => self.repost(st, slot),
+            Kind::Eof => {
+                st.eof_in = true;
+                self.repost(st, slot);
+            }
+            Kind::Window => {
+                match WindowAd::decode(body) {
+                    Ok(ad) => {
+                        st.peer_windows.retain(|w| w.offset != ad.offset);
+                        if st.peer_windows.len() < MAX_WINDOWS {
+                            st.peer_windows.push(ad);
+                        }
+                    }
+                    Err(wire::Malformed(why)) => {
+                        fail(st, io::ErrorKind::InvalidData, format!("peer sent {why}"));
+                    }
+                }
+                self.repost(st, slot);
+            }
+            Kind::Wrote => {
+                if let Ok(n) = wire::decode_wrote(body) {
+                    st.wrote.push_back(n);
+                }
+                self.repost(st, slot);
+            }
+        }
+    }
+
+    fn on_send(&self, st: &mut State, wc: &WorkCompletion) {
+        let slot = (wc.wr_id & 0xffff_ffff) as u32;
+        match wc.wr_id & WR_KIND_MASK {
+            WR_SLOT => st.free_tx.push(slot),
+            WR_ONE_SIDED => {
+                // The caller copies a Read's bytes out before the slot is free again; one
+                // whose caller gave up (timeout) is freed here.
+                if let Some(i) = st.orphans.iter().position(|o| *o == slot) {
+                    st.orphans.swap_remove(i);
+                    st.free_tx.push(slot);
+                } else {
+                    st.one_sided_done.push((slot, wc.status));
+                }
+            }
+            _ => {}
+        }
+        if wc.status != WcStatus::Success && !st.closed {
+            fail(
+                st,
+                io::ErrorKind::BrokenPipe,
+                format!("send completed with {:?}", wc.status),
+            );
+        }
+    }
+
+    fn slot_off(&self, slot: u32) -> usize {
+        (slot as usize).saturating_mul(self.slot_size)
+    }
+
+    fn repost(&self, st: &mut State, slot: u32) {
+        if st.error.is_some() {
+            return;
+        }
+        match post_slot(&self.qp, &self.rx, slot, self.slot_size) {
+            Ok(()) => st.credits.on_repost(),
+            Err(e) => fail(st, io::ErrorKind::BrokenPipe, e.to_string()),
+        }
+    }
+
+    /// Sends the EOF and control messages that waited, and a grant if one is due.
+    fn flush_control(&self, st: &mut State) {
+        if st.error.is_some() {
+            return;
+        }
+        while !st.ctrl_out.is_empty() && st.credits.can_send_message() && !st.free_tx.is_empty()
+        {
+            if let Some((kind, body)) = st.ctrl_out.pop_front() {
+                self.send_message(st, kind, &body);
+            }
+        }
+        if st.ctrl_out.is_empty()
+            && st.eof_out == EofOut::Pending
+            && st.credits.can_send_message()
+            && !st.free_tx.is_empty()
+        {
+            self.send_message(st, Kind::Eof, &[]);
+            st.eof_out = EofOut::Sent;
+        }
+        if st.credits.wants_grant_message() && !st.free_tx.is_empty() {
+            if let (Some(slot), Some(grant)) = (st.free_tx.pop(), st.credits.take_grant_message())
+            {
+                self.post_message(st, slot, Kind::Grant, grant, &[]);
+            }
+        }
+    }
+
+    /// Sends one message of `kind` (a credit and a free slot must be there).
+    fn send_message(&self, st: &mut State, kind: Kind, body: &[u8]) {
+        let Some(slot) = st.free_tx.pop() else {
+            return;
+        };
+        let Some(grant) = st.credits.take_message() else {
+            st.free_tx.push(slot);
+            return;
+        };
+        self.post_message(st, slot, kind, grant, body);
+    }
+
+    fn post_message(&self, st: &mut State, slot: u32, kind: Kind, grant: u32, body: &[u8]) {
+        let base = self.slot_off(slot);
+        let header = Header {
+            kind,
+            grant: u16::try_from(grant).unwrap_or(u16::MAX),
+        }
+        .encode();
+        let len = HEADER_LEN.saturating_add(body.len());
+        let result = self
+            .tx
+            .write_at(base, &header)
+            .and_then(|()| self.tx.write_at(base.saturating_add(HEADER_LEN), body))
+            .and_then(|()| self.tx.sge(base, len as u32))
+            .and_then(|sge| {
+                self.qp.post_send(&SendWr {
+                    wr_id: WR_SLOT | u64::from(slot),
+                    op: SendOp::Send {
+                        solicited: false,
+                        invalidate: None,
+                    },
+                    payload: Payload::Sgl(SgList::single(sge)),
+                    signaled: true,
+                    fence: false,
+                })
+            });
+        if let Err(e) = result {
+            st.free_tx.push(slot);
+            fail(st, io::ErrorKind::BrokenPipe, e.to_string());
+        }
+    }
+
+    // ---- readiness and waiting -------------------------------------------------------
+
+    /// Polls the CQs and says whether a read and a write would make progress now (data,
+    /// EOF or an error to report; room to send or an error to report).
+    pub(crate) fn poll_ready(&self) -> (bool, bool) {
+        let mut st = lock(&self.state);
+        self.progress(&mut st);
+        (self.readable(&st), self.writable(&st))
+    }
+
+    fn readable(&self, st: &State) -> bool {
+        !st.rx_ready.is_empty() || st.eof_in || st.error.is_some()
+    }
+
+    fn writable(&self, st: &State) -> bool {
+        st.error.is_some()
+            || st.eof_out != EofOut::Open
+            || (st.credits.can_send_message() && !st.free_tx.is_empty())
+    }
+
+    /// The completion channel's descriptor: readable when a completion arrived since the
+    /// CQs were last armed (see [`Conn::arm`]).
+    pub(crate) fn event_fd(&self) -> RawFd {
+        self.channel.as_raw_fd()
+    }
+
+    /// Arms both CQs, then polls them once more: afterwards, either something is ready or
+    /// the next completion makes [`Conn::event_fd`] readable. Returns the readiness.
+    pub(crate) fn arm(&self) -> (bool, bool) {
+        let mut st = lock(&self.state);
+        self.progress(&mut st);
+        let _ = self.recv_cq.req_notify(false);
+        let _ = self.send_cq.req_notify(false);
+        self.progress(&mut st);
+        (self.readable(&st), self.writable(&st))
+    }
+
+    /// Runs `attempt` until it returns `Some`, waiting for completions in between (at most
+    /// until `timeout`, or not at all when `nonblocking`).
+    fn run<T>(
+        &self,
+        nonblocking: bool,
+        timeout: Option<Duration>,
+        mut attempt: impl FnMut(&Conn, &mut State) -> Option<io::Result<T>>,
+    ) -> io::Result<T> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        loop {
+            {
+                let mut st = lock(&self.state);
+                self.progress(&mut st);
+                if let Some(r) = attempt(self, &mut st) {
+                    return r;
+                }
+                if nonblocking {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                let _ = self.recv_cq.req_notify(false);
+                let _ = self.send_cq.req_notify(false);
+                self.progress(&mut st);
+                if let Some(r) = attempt(self, &mut st) {
+                    return r;
+                }
+            }
+            let mut slice = WAIT_SLICE;
+            if let Some(d) = deadline {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                slice = slice.min(left);
+            }
+            wait_readable(&self.channel, slice)?;
+        }
+    }
+
+    // ---- the stream --------------------------------------------------------------------
+
+    /// Reads stream bytes: 0 at the end of the stream.
+    pub(crate) fn read(
+        &self,
+        buf: &mut [u8],
+        nonblocking: bool,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        self.run(nonblocking, timeout, |c, st| c.try_read(st, buf))
+    }
+
+    fn try_read(&self, st: &mut State, buf: &mut [u8]) -> Option<io::Result<usize>> {
+        let mut n = 0;
+        while n < buf.len() {
+            let Some(m) = st.rx_ready.front_mut() else {
+                break;
+            };
+            let take = (m.end.saturating_sub(m.at)).min(buf.len().saturating_sub(n));
+            let from = self.slot_off(m.slot).saturating_add(m.at);
+            let to = n.saturating_add(take);
+            if let Err(e) = self.rx.read_at(from, &mut buf[n..to]) {
+                return Some(Err(io::Error::other(e)));
+            }
+            n = to;
+            m.at = m.at.saturating_add(take);
+            if m.at >= m.end {
+                let slot = m.slot;
+                st.rx_ready.pop_front();
+                self.repost(st, slot);
+            }
+        }
+        if n > 0 {
+            self.flush_control(st);
+            return Some(Ok(n));
+        }
+        if st.eof_in {
+            return Some(Ok(0));
+        }
+        st.error
+            .as_ref()
+            .map(|(kind, why)| Err(io::Error::new(*kind, why.clone())))
+    }
+
+    /// Bytes that a read would return now without waiting (`FIONREAD`).
+    pub(crate) fn bytes_readable(&self) -> usize {
+        let mut st = lock(&self.state);
+        self.progress(&mut st);
+        st.rx_ready
+            .iter()
+            .map(|m| m.end.saturating_sub(m.at))
+            .sum()
+    }
+
+    /// Writes stream bytes: as many as credits and free send slots allow at once (at least
+    /// one, waiting for room unless `nonblocking`).
+    pub(crate) fn write(
+        &self,
+        buf: &[u8],
+        nonblocking: bool,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        self.run(nonblocking, timeout, |c, st| c.try_write(st, buf))
+    }
+
+    fn try_write(&self, st: &mut State, buf: &[u8]) -> Option<io::Result<usize>> {
+        if let Some((kind, why)) = &st.error {
+            return Some(Err(io::Error::new(*kind, why.clone())));
+        }
+        if st.eof_out != EofOut::Open || st.closed {
+            return Some(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the stream was shut down for writing",
+            )));
+        }
+        let mut n = 0;
+        while n < buf.len() && st.credits.can_send_message() && !st.free_tx.is_empty() {
+            let take = buf.len().saturating_sub(n).min(self.max_data);
+            let to = n.saturating_add(take);
+            self.send_message(st, Kind::Data, &buf[n..to]);
+            if st.error.is_some() {
+                break;
+            }
+            n = to;
+        }
+        if n > 0 {
+            return Some(Ok(n));
+        }
+        st.error
+            .as_ref()
+            .map(|(kind, why)| Err(io::Error::new(*kind, why.clone())))
+    }
+
+    /// Ends this side's sending stream: the peer reads EOF after the bytes already written.
+    /// Never blocks: the EOF leaves as soon as a credit allows.
+    pub(crate) fn shutdown_write(&self) {
+        let mut st = lock(&self.state);
+        if st.eof_out == EofOut::Open {
+            st.eof_out = EofOut::Pending;
+        }
+        self.progress(&mut st);
+    }
+
+    /// Ends the reading side: later reads return EOF (bytes still arriving are dropped).
+    pub(crate) fn shutdown_read(&self) {
+        let mut st = lock(&self.state);
+        self.progress(&mut st);
+        st.eof_in = true;
+        while let Some(m) = st.rx_ready.pop_front() {
+            self.repost(&mut st, m.slot);
+        }
+    }
+
+    /// Closes the connection: sends the EOF, waits (at most the linger time) until every
+    /// Send was handed to TCP, then disconnects the QP gracefully.
+    pub(crate) fn close(&self) {
+        self.shutdown_write();
+        let deadline = Instant::now().checked_add(self.linger);
+        let drained = self.run(false, Some(self.linger), |c, st| {
+            let done = st.error.is_some()
+                || (st.eof_out == EofOut::Sent && st.free_tx.len() == c.send_slots as usize);
+            done.then_some(Ok(()))
+        });
+        if drained.is_err() {
+            tracing::debug!(
+                target: "softwarp::sockets",
+                qpn = self.qp.qp_num(), linger = ?self.linger,
+                reached = deadline.is_some_and(|d| Instant::now() >= d),
+                "close: bytes still queued after the linger time"
+            );
+        }
+        lock(&self.state).closed = true;
+        let _ = self.qp.disconnect();
+    }
+
+    // ---- one-sided extensions ------------------------------------------------------------
+
+    /// Registers `len` bytes the peer may RDMA Write and Read at `offset .. offset + len`
+    /// of its view, and tells the peer (in order with the stream).
+    pub(crate) fn expose(&self, len: usize, offset: u64) -> io::Result<Arc<MemoryRegion>> {
+        let mr = self
+            .pd
+            .reg_mr(
+                len,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            )
+            .map_err(io_err)?;
+        let ad = WindowAd {
+            offset,
+            addr: mr.addr(),
+            stag: mr.rkey().0,
+            len: len as u64,
+        };
+        if offset.checked_add(len as u64).is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "window past the end of the offset space",
+            ));
+        }
+        let mr = Arc::new(mr);
+        let mut st = lock(&self.state);
+        if st.windows.len() >= MAX_WINDOWS {
+            return Err(io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "too many windows on this stream",
+            ));
+        }
+        if let Some((kind, why)) = &st.error {
+            return Err(io::Error::new(*kind, why.clone()));
+        }
+        st.windows.push(Arc::clone(&mr));
+        st.ctrl_out.push_back((Kind::Window, ad.encode().to_vec()));
+        self.progress(&mut st);
+        Ok(mr)
+    }
+
+    /// Waits until the peer's windows cover `offset .. offset + len`; returns the window.
+    fn peer_window(&self, offset: u64, len: u64, timeout: Duration) -> io::Result<WindowAd> {
+        self.run(false, Some(timeout), |_, st| {
+            if let Some(w) = st.peer_windows.iter().find(|w| w.locate(offset, len).is_some()) {
+                return Some(Ok(*w));
+            }
+            st.error
+                .as_ref()
+                .map(|(kind, why)| Err(io::Error::new(*kind, why.clone())))
+        })
+        .map_err(|e| {
+            if e.kind() == io::ErrorKind::WouldBlock {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "the peer exposed no window covering that range",
+                )
+            } else {
+                e
+            }
+        })
+    }
+
+    /// Waits until the peer's windows cover `offset .. offset + len`.
+    pub(crate) fn wait_peer_window(
+        &self,
+        offset: u64,
+        len: u64,
+        timeout: Duration,
+    ) -> io::Result<()> {
+        self.peer_window(offset, len, timeout).map(|_| ())
+    }
+
+    /// RDMA Writes `data` into the peer's window at `offset` (through the send slots: one
+    /// copy here, none at the peer) and waits until every byte was handed to TCP. With
+    /// `notify`, a WROTE notice follows, in order after the Write's bytes.
+    pub(crate) fn write_remote(
+        &self,
+        offset: u64,
+        data: &[u8],
+        notify: bool,
+        timeout: Duration,
+    ) -> io::Result<()> {
+        let w = self.peer_window(offset, data.len() as u64, timeout)?;
+        self.one_sided(timeout, data.len(), |c, st, slot, at, take| {
+            let base = c.slot_off(slot);
+            let remote = w.locate(offset.wrapping_add(at as u64), take as u64)?;
+            let r = c
+                .tx
+                .write_at(base, &data[at..at.saturating_add(take)])
+                .and_then(|()| c.tx.sge(base, take as u32))
+                .and_then(|sge| {
+                    c.qp.post_send(&SendWr {
+                        wr_id: WR_ONE_SIDED | u64::from(slot),
+                        op: SendOp::Write {
+                            remote_addr: remote,
+                            rkey: Stag(w.stag),
+                        },
+                        payload: Payload::Sgl(SgList::single(sge)),
+                        signaled: true,
+                        fence: false,
+                    })
+                });
+            if let Err(e) = r {
+                fail(st, io::ErrorKind::BrokenPipe, e.to_string());
+                return None;
+            }
+            Some(())
+        }, |_, _, _, _| Ok(()))?;
+        if notify {
+            let mut st = lock(&self.state);
+            st.ctrl_out.push_back((
+                Kind::Wrote,
+                wire::encode_wrote(offset, data.len() as u64).to_vec(),
+            ));
+            self.progress(&mut st);
+        }
+        Ok(())
+    }
+
+    /// RDMA Reads `buf.len()` bytes of the peer's window at `offset` into `buf`.
+    pub(crate) fn read_remote(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> io::Result<()> {
+        let len = buf.len();
+        let w = self.peer_window(offset, len as u64, timeout)?;
+        self.one_sided(timeout, len, |c, st, slot, at, take| {
+            let base = c.slot_off(slot);
+            let remote = w.locate(offset.wrapping_add(at as u64), take as u64)?;
+            let r = c.tx.sge(base, take as u32).and_then(|sge| {
+                c.qp.post_send(&SendWr {
+                    wr_id: WR_ONE_SIDED | u64::from(slot),
+                    op: SendOp::Read {
+                        remote_addr: remote,
+                        rkey: Stag(w.stag),
+                    },
+                    payload: Payload::Sgl(SgList::single(sge)),
+                    signaled: true,
+                    fence: false,
+                })
+            });
+            if let Err(e) = r {
+                fail(st, io::ErrorKind::BrokenPipe, e.to_string());
+                return None;
+            }
+            Some(())
+        }, |c, slot, at, take| {
+            c.tx
+                .read_at(c.slot_off(slot), &mut buf[at..at.saturating_add(take)])
+                .map_err(io::Error::other)
+        })
+    }
+
+    /// Posts one-sided operations over `len` bytes in slot-sized pieces (as many at once as
+    /// free slots allow) and waits for all of them. `post` posts one piece (`None`: failed,
+    /// the error is in the state); `finish` sees each completion, under the state lock.
+    fn one_sided(
+        &self,
+        timeout: Duration,
+        len: usize,
+        mut post: impl FnMut(&Conn, &mut State, u32, usize, usize) -> Option<()>,
+        mut finish: impl FnMut(&Conn, u32, usize, usize) -> io::Result<()>,
+    ) -> io::Result<()> {
+        // Reads are bounded by the ORD: keep fewer than 16 outstanding.
+        let max_outstanding = (self.send_slots as usize).min(8);
+        let mut at = 0usize;
+        // (slot, offset in the operation, length) of each piece in flight.
+        let mut outstanding: Vec<(u32, usize, usize)> = Vec::new();
+        let result = self.run(false, Some(timeout), |c, st| {
+            let done: Vec<(u32, WcStatus)> = st
+                .one_sided_done
+                .iter()
+                .filter(|(s, _)| outstanding.iter().any(|o| o.0 == *s))
+                .copied()
+                .collect();
+            st.one_sided_done
+                .retain(|(s, _)| !outstanding.iter().any(|o| o.0 == *s));
+            for (slot, status) in done {
+                let Some(i) = outstanding.iter().position(|o| o.0 == slot) else {
+                    continue;
+                };
+                let (_, piece_at, piece_len) = outstanding.swap_remove(i);
+                st.free_tx.push(slot);
+                if status != WcStatus::Success {
+                    return Some(Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!("one-sided operation completed with {status:?}"),
+                    )));
+                }
+                if let Err(e) = finish(c, slot, piece_at, piece_len) {
+                    return Some(Err(e));
+                }
+            }
+            if let Some((kind, why)) = &st.error {
+                return Some(Err(io::Error::new(*kind, why.clone())));
+            }
+            while at < len && outstanding.len() < max_outstanding {
+                let Some(slot) = st.free_tx.pop() else {
+                    break;
+                };
+                let take = len.saturating_sub(at).min(c.slot_size);
+                if post(c, st, slot, at, take).is_none() {
+                    st.free_tx.push(slot);
+                    return Some(Err(st.error.as_ref().map_or_else(
+                        || io::Error::new(io::ErrorKind::InvalidInput, "outside the peer's window"),
+                        |(kind, why)| io::Error::new(*kind, why.clone()),
+                    )));
+                }
+                outstanding.push((slot, at, take));
+                at = at.saturating_add(take);
+            }
+            (at >= len && outstanding.is_empty()).then_some(Ok(()))
+        });
+        if !outstanding.is_empty() {
+            let mut st = lock(&self.state);
+            for (slot, _, _) in outstanding {
+                if let Some(i) = st.one_sided_done.iter().position(|d| d.0 == slot) {
+                    st.one_sided_done.swap_remove(i);
+                    st.free_tx.push(slot);
+                } else {
+                    st.orphans.push(slot);
+                }
+            }
+        }
+        result.map_err(|e| {
+            if e.kind() == io::ErrorKind::WouldBlock {
+                io::Error::new(io::ErrorKind::TimedOut, "one-sided operation timed out")
+            } else {
+                e
+            }
+        })
+    }
+
+    /// The oldest WROTE notice from the peer, waiting at most `timeout`.
+    pub(crate) fn wrote_notice(
+        &self,
+        nonblocking: bool,
+        timeout: Duration,
+    ) -> io::Result<(u64, u64)> {
+        self.run(nonblocking, Some(timeout), |_, st| {
+            if let Some(n) = st.wrote.pop_front() {
+                return Some(Ok(n));
+            }
+            st.error
+                .as_ref()
+                .map(|(kind, why)| Err(io::Error::new(*kind, why.clone())))
+        })
+    }
+
+    /// Receive slots of this end.
+    pub(crate) fn recv_slots(&self) -> u32 {
+        self.recv_slots
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let closed = lock(&self.state).closed;
+        if !closed {
+            self.close();
+        }
+    }
+}
+
+fn fail(st: &mut State, kind: io::ErrorKind, why: String) {
+    if st.error.is_none() {
+        tracing::debug!(target: "softwarp::sockets", %why, "iWARP stream failed");
+        st.error = Some((kind, why));
+    }
+}
+
+fn post_slot(
+    qp: &QueuePair,
+    rx: &MemoryRegion,
+    slot: u32,
+    slot_size: usize,
+) -> softwarp::Result<()> {
+    let base = (slot as usize).saturating_mul(slot_size);
+    qp.post_recv(&RecvWr {
+        wr_id: u64::from(slot),
+        sgl: SgList::single(rx.sge(base, slot_size as u32)?),
+    })
+}
+
+/// Waits until `fd` is readable or `timeout` passes.
+fn wait_readable(fd: impl std::os::fd::AsFd, timeout: Duration) -> io::Result<()> {
+    let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+    let ts = rustix::event::Timespec {
+        tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(timeout.subsec_nanos()),
+    };
+    match rustix::event::poll(&mut fds, Some(&ts)) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

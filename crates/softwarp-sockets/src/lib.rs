@@ -1,0 +1,50 @@
+//! Extended sockets over Softwarp: streams shaped like [`std::net::TcpStream`] and
+//! [`std::net::TcpListener`] that behave as plain TCP until switched into iWARP mode, after
+//! which their bytes travel as iWARP Sends over a queue pair (RDMAP/DDP/MPA on the same TCP
+//! port), with one-sided extensions in the style of rsocket's `riomap`/`riowrite`.
+//!
+//! - [`Socket`]: a TCP socket before `connect`/`listen`, where iWARP mode is switched on
+//!   ([`Socket::set_iwarp_mode`], or [`Socket::set_option`] with [`SOL_SOFTWARP`] /
+//!   [`SO_IWARP_MODE`], the numbers of `include/softwarp_sockets.h`).
+//! - [`IwarpStream`]: `Read`/`Write` (also on `&IwarpStream`), `shutdown`, non-blocking mode,
+//!   timeouts, `AsRawFd`, addresses; [`IwarpStream::connect_iwarp`],
+//!   [`IwarpStream::handover`] (adopt an established `TcpStream` when both ends agree).
+//! - [`IwarpListener`]: `bind`, `accept`, `incoming`; [`IwarpListener::bind_iwarp`].
+//! - One-sided: [`IwarpStream::expose`] → [`Window`] (zero-copy receive),
+//!   [`IwarpStream::write_remote`], [`IwarpStream::read_remote`],
+//!   [`IwarpStream::write_remote_notify`] / [`IwarpStream::recv_write_notice`].
+//!
+//! # The protocol in iWARP mode
+//!
+//! Both ends are softwarp-sockets ends: the MPA private data carries a hello (receive slots
+//! and their size, [`wire`]), every Send an 8-byte header. Flow control is by credits
+//! ([`credits`]): a sender holds one credit per receive slot the peer posted; the receiver
+//! returns slots when the application has read them, in the header of its next message or in
+//! a small grant message. Stream semantics: partial reads, bytes never lost or reordered
+//! (Sends are delivered in order), EOF after `shutdown(Write)` or close, errors after a reset.
+//!
+//! Memory per connection: `(recv_slots + send_slots) * slot_size` registered bytes, 1 MiB
+//! by default ([`IwarpOptions`]). Copies: one on send (into a registered send slot), none
+//! from the socket into the receive slot (the runtime reads straight into it), one on read;
+//! none at all for one-sided Writes into a [`Window`] at the receiving end.
+//!
+//! No thread of its own: a process-wide device's progress thread moves the bytes
+//! ([`default_device`]), and calls on a stream poll its completion queues.
+#![warn(missing_docs)]
+#![cfg_attr(
+    not(test),
+    warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
+
+mod conn;
+pub mod credits;
+mod options;
+mod stream;
+pub mod wire;
+
+pub use options::{
+    default_device, IwarpOptions, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE,
+};
+pub use stream::{IwarpListener, IwarpStream, Readiness, Socket, Window};

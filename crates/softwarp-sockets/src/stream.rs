@@ -1,0 +1,637 @@
+//! `std::net`-shaped types: [`Socket`] (options before connect/listen), [`IwarpStream`],
+//! [`IwarpListener`], and the one-sided [`Window`].
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, SockAddr, Type};
+
+use crate::conn::{Conn, Side};
+use crate::options::{IwarpOptions, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE};
+
+/// Time a one-sided call waits for the peer's window and for its completions.
+const ONE_SIDED_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn invalid(why: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, why)
+}
+
+fn not_iwarp() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        "the stream is plain TCP: one-sided operations need iWARP mode",
+    )
+}
+
+/// A TCP socket before `connect` or `listen`: where iWARP mode is switched on, like
+/// `setsockopt(fd, SOL_SOFTWARP, SO_IWARP_MODE, 1)` in C.
+#[derive(Debug)]
+pub struct Socket {
+    inner: socket2::Socket,
+    iwarp: Option<IwarpOptions>,
+}
+
+impl Socket {
+    /// A TCP socket of `domain` (IPv4 or IPv6), plain TCP until switched.
+    pub fn new(domain: Domain) -> io::Result<Self> {
+        Ok(Self {
+            inner: socket2::Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?,
+            iwarp: None,
+        })
+    }
+
+    /// A TCP socket of the family of `addr`.
+    pub fn for_addr(addr: &SocketAddr) -> io::Result<Self> {
+        Self::new(Domain::for_address(*addr))
+    }
+
+    /// Switches iWARP mode on (default settings) or off.
+    pub fn set_iwarp_mode(&mut self, on: bool) {
+        self.iwarp = on.then(IwarpOptions::default);
+    }
+
+    /// Switches iWARP mode on with `opts`.
+    pub fn set_iwarp_options(&mut self, opts: IwarpOptions) {
+        self.iwarp = Some(opts);
+    }
+
+    /// True when iWARP mode is on.
+    pub fn iwarp_mode(&self) -> bool {
+        self.iwarp.is_some()
+    }
+
+    /// `setsockopt` of an `int` option at level [`SOL_SOFTWARP`] (other levels: use
+    /// [`Socket::as_socket2`]).
+    pub fn set_option(&mut self, level: i32, name: i32, value: i32) -> io::Result<()> {
+        match (level, name) {
+            (SOL_SOFTWARP, SO_IWARP_MODE) => {
+                self.set_iwarp_mode(value != 0);
+                Ok(())
+            }
+            (SOL_SOFTWARP, _) => Err(io::Error::from_raw_os_error(libc_enoprotoopt())),
+            _ => Err(invalid("only SOL_SOFTWARP options here")),
+        }
+    }
+
+    /// `getsockopt` of an `int` option at level [`SOL_SOFTWARP`].
+    pub fn option(&self, level: i32, name: i32) -> io::Result<i32> {
+        match (level, name) {
+            (SOL_SOFTWARP, SO_IWARP_MODE) => Ok(i32::from(self.iwarp_mode())),
+            (SOL_SOFTWARP, SO_IWARP_ACTIVE) => Ok(0),
+            (SOL_SOFTWARP, _) => Err(io::Error::from_raw_os_error(libc_enoprotoopt())),
+            _ => Err(invalid("only SOL_SOFTWARP options here")),
+        }
+    }
+
+    /// The underlying socket, for TCP and IP options.
+    pub fn as_socket2(&self) -> &socket2::Socket {
+        &self.inner
+    }
+
+    /// Binds to `addr`.
+    pub fn bind(&self, addr: &SocketAddr) -> io::Result<()> {
+        self.inner.bind(&SockAddr::from(*addr))
+    }
+
+    /// Listens: in iWARP mode every accepted connection runs the MPA exchange as responder.
+    pub fn listen(self, backlog: i32) -> io::Result<IwarpListener> {
+        self.inner.listen(backlog)?;
+        Ok(IwarpListener {
+            tcp: self.inner.into(),
+            iwarp: self.iwarp,
+        })
+    }
+
+    /// Connects (without a time limit other than the kernel's); in iWARP mode then runs the
+    /// MPA exchange as initiator.
+    pub fn connect(self, addr: &SocketAddr) -> io::Result<IwarpStream> {
+        self.inner.connect(&SockAddr::from(*addr))?;
+        self.finish_connect()
+    }
+
+    /// Connects within `timeout`.
+    pub fn connect_timeout(self, addr: &SocketAddr, timeout: Duration) -> io::Result<IwarpStream> {
+        self.inner.connect_timeout(&SockAddr::from(*addr), timeout)?;
+        self.finish_connect()
+    }
+
+    fn finish_connect(self) -> io::Result<IwarpStream> {
+        let tcp: TcpStream = self.inner.into();
+        match self.iwarp {
+            None => Ok(IwarpStream::from_tcp(tcp)),
+            Some(opts) => IwarpStream::establish(tcp, Side::Initiator, &opts),
+        }
+    }
+}
+
+impl AsRawFd for Socket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.as_raw_fd()
+    }
+}
+
+fn libc_enoprotoopt() -> i32 {
+    rustix::io::Errno::NOPROTOOPT.raw_os_error()
+}
+
+/// A listener shaped like [`TcpListener`]; in iWARP mode, accepted streams are iWARP.
+#[derive(Debug)]
+pub struct IwarpListener {
+    tcp: TcpListener,
+    iwarp: Option<IwarpOptions>,
+}
+
+impl IwarpListener {
+    /// A plain TCP listener on `addr`.
+    pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<Self> {
+        Ok(Self {
+            tcp: TcpListener::bind(addr)?,
+            iwarp: None,
+        })
+    }
+
+    /// An iWARP-mode listener on `addr` with default settings.
+    pub fn bind_iwarp<A: ToSocketAddrs>(addr: A) -> io::Result<Self> {
+        Self::bind_with(addr, IwarpOptions::default())
+    }
+
+    /// An iWARP-mode listener on `addr` with `opts`.
+    pub fn bind_with<A: ToSocketAddrs>(addr: A, opts: IwarpOptions) -> io::Result<Self> {
+        opts.check()?;
+        Ok(Self {
+            tcp: TcpListener::bind(addr)?,
+            iwarp: Some(opts),
+        })
+    }
+
+    /// True in iWARP mode.
+    pub fn is_iwarp(&self) -> bool {
+        self.iwarp.is_some()
+    }
+
+    /// Accepts a connection; in iWARP mode runs the MPA exchange as responder (bounded by
+    /// [`IwarpOptions::connect_timeout`]), so a peer that is not an iWARP-mode
+    /// softwarp-sockets peer is refused with an error (and the next accept goes on).
+    pub fn accept(&self) -> io::Result<(IwarpStream, SocketAddr)> {
+        let (tcp, peer) = self.tcp.accept()?;
+        let stream = match &self.iwarp {
+            None => IwarpStream::from_tcp(tcp),
+            Some(opts) => IwarpStream::establish(tcp, Side::Responder, opts)?,
+        };
+        Ok((stream, peer))
+    }
+
+    /// Accepted connections, as [`TcpListener::incoming`].
+    pub fn incoming(&self) -> impl Iterator<Item = io::Result<IwarpStream>> + '_ {
+        std::iter::repeat_with(move || self.accept().map(|(s, _)| s))
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// Non-blocking `accept` (the MPA exchange of an accepted connection still blocks, at
+    /// most [`IwarpOptions::connect_timeout`]).
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.tcp.set_nonblocking(on)
+    }
+}
+
+impl AsRawFd for IwarpListener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.tcp.as_raw_fd()
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Inner {
+    Tcp(Arc<TcpStream>),
+    Iwarp(Arc<Conn>),
+}
+
+#[derive(Debug, Default)]
+struct Modes {
+    nonblocking: AtomicBool,
+    read_timeout: Mutex<Option<Duration>>,
+    write_timeout: Mutex<Option<Duration>>,
+}
+
+/// A connected stream shaped like [`TcpStream`]: plain TCP, or iWARP Sends over a QP.
+///
+/// In iWARP mode [`AsRawFd`] gives the descriptor of the connection's completion channel:
+/// it becomes readable when a completion arrives, so a `poll`/`epoll` loop wakes when the
+/// stream may read or write; the wake-up may be early (call [`IwarpStream::poll_ready`], or
+/// read and write in non-blocking mode and expect `WouldBlock`).
+#[derive(Debug, Clone)]
+pub struct IwarpStream {
+    inner: Inner,
+    modes: Arc<Modes>,
+}
+
+/// What a stream can do without waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readiness {
+    /// A read returns bytes, EOF or an error.
+    pub readable: bool,
+    /// A write accepts bytes or returns an error.
+    pub writable: bool,
+}
+
+impl IwarpStream {
+    fn from_tcp(tcp: TcpStream) -> Self {
+        Self {
+            inner: Inner::Tcp(Arc::new(tcp)),
+            modes: Arc::default(),
+        }
+    }
+
+    fn establish(tcp: TcpStream, side: Side, opts: &IwarpOptions) -> io::Result<Self> {
+        Ok(Self {
+            inner: Inner::Iwarp(Conn::establish(tcp, side, opts)?),
+            modes: Arc::default(),
+        })
+    }
+
+    /// A plain TCP connection to `addr`, as [`TcpStream::connect`].
+    pub fn connect<A: ToSocketAddrs>(addr: A) -> io::Result<Self> {
+        Ok(Self::from_tcp(TcpStream::connect(addr)?))
+    }
+
+    /// An iWARP-mode connection to `addr` (an iWARP-mode [`IwarpListener`] or preloaded
+    /// program) with default settings.
+    pub fn connect_iwarp<A: ToSocketAddrs>(addr: A) -> io::Result<Self> {
+        Self::connect_with(addr, &IwarpOptions::default())
+    }
+
+    /// An iWARP-mode connection to `addr` with `opts` (the TCP connect is bounded by
+    /// [`IwarpOptions::connect_timeout`] too).
+    pub fn connect_with<A: ToSocketAddrs>(addr: A, opts: &IwarpOptions) -> io::Result<Self> {
+        let mut last = None;
+        for a in addr.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&a, opts.connect_timeout) {
+                Ok(tcp) => return Self::establish(tcp, Side::Initiator, opts),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| invalid("the address resolved to nothing")))
+    }
+
+    /// Adopts an established TCP connection into iWARP mode (the stream handover): both
+    /// ends call this on their end of the same connection once their own protocol agreed
+    /// to switch (as with STARTTLS), with nothing in flight. The end with the lower
+    /// `(address, port)` sends the MPA Request, the other answers; the MPA exchange is
+    /// bounded by [`IwarpOptions::connect_timeout`].
+    pub fn handover(tcp: TcpStream, opts: &IwarpOptions) -> io::Result<Self> {
+        let local = tcp.local_addr()?;
+        let peer = tcp.peer_addr()?;
+        let side = match (local.ip(), local.port()).cmp(&(peer.ip(), peer.port())) {
+            std::cmp::Ordering::Less => Side::Initiator,
+            std::cmp::Ordering::Greater => Side::Responder,
+            std::cmp::Ordering::Equal => return Err(invalid("a connection to itself")),
+        };
+        tcp.set_nonblocking(false)?;
+        tcp.set_read_timeout(None)?;
+        tcp.set_write_timeout(None)?;
+        Self::establish(tcp, side, opts)
+    }
+
+    /// [`IwarpStream::handover`] of a plain stream (the only handle to it); an iWARP
+    /// stream is returned as it is.
+    pub fn into_iwarp(self, opts: &IwarpOptions) -> io::Result<Self> {
+        match self.inner {
+            Inner::Iwarp(_) => Ok(self),
+            Inner::Tcp(tcp) => {
+                let tcp = Arc::try_unwrap(tcp)
+                    .map_err(|_| invalid("another clone of the stream is alive"))?;
+                Self::handover(tcp, opts)
+            }
+        }
+    }
+
+    /// True when the bytes travel as iWARP Sends.
+    pub fn is_iwarp(&self) -> bool {
+        matches!(self.inner, Inner::Iwarp(_))
+    }
+
+    /// `getsockopt(SOL_SOFTWARP, SO_IWARP_ACTIVE)` and `SO_IWARP_MODE`.
+    pub fn option(&self, level: i32, name: i32) -> io::Result<i32> {
+        match (level, name) {
+            (SOL_SOFTWARP, SO_IWARP_MODE | SO_IWARP_ACTIVE) => Ok(i32::from(self.is_iwarp())),
+            (SOL_SOFTWARP, _) => Err(io::Error::from_raw_os_error(libc_enoprotoopt())),
+            _ => Err(invalid("only SOL_SOFTWARP options here")),
+        }
+    }
+
+    /// Another handle to the same stream (as [`TcpStream::try_clone`], sharing the
+    /// non-blocking mode and timeouts).
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(self.clone())
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        match &self.inner {
+            Inner::Tcp(t) => t.peer_addr(),
+            Inner::Iwarp(c) => Ok(c.info().peer_addr),
+        }
+    }
+
+    /// This end's address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match &self.inner {
+            Inner::Tcp(t) => t.local_addr(),
+            Inner::Iwarp(c) => Ok(c.info().local_addr),
+        }
+    }
+
+    /// Shuts down reading, writing or both. Writing: the peer reads EOF after every byte
+    /// written before (in iWARP mode an EOF message, sent as soon as a credit allows).
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match &self.inner {
+            Inner::Tcp(t) => t.shutdown(how),
+            Inner::Iwarp(c) => {
+                if matches!(how, Shutdown::Write | Shutdown::Both) {
+                    c.shutdown_write();
+                }
+                if matches!(how, Shutdown::Read | Shutdown::Both) {
+                    c.shutdown_read();
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Non-blocking mode: reads and writes that would wait return `WouldBlock`.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        if let Inner::Tcp(t) = &self.inner {
+            t.set_nonblocking(on)?;
+        }
+        self.modes.nonblocking.store(on, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Read timeout (`None`: none; zero is refused, as by [`TcpStream`]). A read that
+    /// times out returns `WouldBlock`.
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(invalid("a zero timeout"));
+        }
+        if let Inner::Tcp(s) = &self.inner {
+            s.set_read_timeout(t)?;
+        }
+        *self
+            .modes
+            .read_timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = t;
+        Ok(())
+    }
+
+    /// Write timeout, as [`IwarpStream::set_read_timeout`].
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(invalid("a zero timeout"));
+        }
+        if let Inner::Tcp(s) = &self.inner {
+            s.set_write_timeout(t)?;
+        }
+        *self
+            .modes
+            .write_timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = t;
+        Ok(())
+    }
+
+    /// The read timeout.
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(*self
+            .modes
+            .read_timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The write timeout.
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(*self
+            .modes
+            .write_timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// `TCP_NODELAY` (iWARP mode: always on, a no-op).
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        match &self.inner {
+            Inner::Tcp(t) => t.set_nodelay(on),
+            Inner::Iwarp(_) => Ok(()),
+        }
+    }
+
+    /// Bytes a read returns now without waiting (`FIONREAD`; plain TCP: 0 is not known
+    /// here, use `ioctl` on the descriptor).
+    pub fn bytes_readable(&self) -> usize {
+        match &self.inner {
+            Inner::Tcp(_) => 0,
+            Inner::Iwarp(c) => c.bytes_readable(),
+        }
+    }
+
+    /// What a read and a write would do now without waiting (plain TCP: both true; use
+    /// `poll` on the descriptor).
+    pub fn poll_ready(&self) -> Readiness {
+        match &self.inner {
+            Inner::Tcp(_) => Readiness {
+                readable: true,
+                writable: true,
+            },
+            Inner::Iwarp(c) => {
+                let (readable, writable) = c.poll_ready();
+                Readiness { readable, writable }
+            }
+        }
+    }
+
+    /// The QP number of the connection (as `softwarp resources` lists it), in iWARP mode.
+    pub fn qp_num(&self) -> Option<u32> {
+        self.conn().ok().map(|c| c.qp_num())
+    }
+
+    /// The QP's counters (bytes and messages per opcode), in iWARP mode.
+    pub fn qp_stats(&self) -> Option<softwarp::QpStats> {
+        self.conn().ok().map(|c| c.stats())
+    }
+
+    /// Registered bytes of the connection's rings (iWARP mode; windows not included).
+    pub fn ring_memory(&self) -> usize {
+        self.conn().map_or(0, |c| c.ring_bytes())
+    }
+
+    /// Receive slots this end posted (iWARP mode).
+    pub fn recv_slots(&self) -> Option<u32> {
+        self.conn().ok().map(|c| c.recv_slots())
+    }
+
+    fn conn(&self) -> io::Result<&Arc<Conn>> {
+        match &self.inner {
+            Inner::Iwarp(c) => Ok(c),
+            Inner::Tcp(_) => Err(not_iwarp()),
+        }
+    }
+
+    fn nonblocking(&self) -> bool {
+        self.modes.nonblocking.load(Ordering::Relaxed)
+    }
+
+    // ---- one-sided extensions --------------------------------------------------------
+
+    /// Registers `len` bytes that the peer may RDMA Write and Read as `offset .. offset +
+    /// len` (like rsocket's `riomap`), and advertises them in order with the stream. The
+    /// peer's [`IwarpStream::write_remote`] lands in the returned [`Window`] with no copy on
+    /// this side (zero-copy receive). The window stays registered while the stream lives.
+    pub fn expose(&self, len: usize, offset: u64) -> io::Result<Window> {
+        if len == 0 {
+            return Err(invalid("an empty window"));
+        }
+        let mr = self.conn()?.expose(len, offset)?;
+        Ok(Window { mr, offset })
+    }
+
+    /// Waits (at most `timeout`) until the peer has exposed windows covering
+    /// `offset .. offset + len`.
+    pub fn wait_peer_window(&self, offset: u64, len: u64, timeout: Duration) -> io::Result<()> {
+        self.conn()?.wait_peer_window(offset, len, timeout)
+    }
+
+    /// One-sided RDMA Write of `data` into the peer's window at `offset` (like rsocket's
+    /// `riowrite`); returns once every byte was handed to TCP. Waits up to 10 s for the
+    /// peer's window advertisement. The peer is not told: see
+    /// [`IwarpStream::write_remote_notify`].
+    pub fn write_remote(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.conn()?
+            .write_remote(offset, data, false, ONE_SIDED_TIMEOUT)
+    }
+
+    /// [`IwarpStream::write_remote`], then a notice the peer receives with
+    /// [`IwarpStream::recv_write_notice`] once the bytes are in its window.
+    pub fn write_remote_notify(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.conn()?
+            .write_remote(offset, data, true, ONE_SIDED_TIMEOUT)
+    }
+
+    /// One-sided RDMA Read of `buf.len()` bytes of the peer's window at `offset`.
+    pub fn read_remote(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.conn()?.read_remote(offset, buf, ONE_SIDED_TIMEOUT)
+    }
+
+    /// The next `(offset, len)` the peer wrote with [`IwarpStream::write_remote_notify`]
+    /// (the bytes are in the window by then), waiting at most `timeout` (non-blocking mode:
+    /// not at all).
+    pub fn recv_write_notice(&self, timeout: Duration) -> io::Result<(u64, u64)> {
+        self.conn()?.wrote_notice(self.nonblocking(), timeout)
+    }
+}
+
+impl Read for &IwarpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Tcp(t) => (&**t).read(buf),
+            Inner::Iwarp(c) => c.read(buf, self.nonblocking(), self.read_timeout()?),
+        }
+    }
+}
+
+impl Read for IwarpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+}
+
+impl Write for &IwarpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Tcp(t) => (&**t).write(buf),
+            Inner::Iwarp(c) => c.write(buf, self.nonblocking(), self.write_timeout()?),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Write for IwarpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl From<TcpStream> for IwarpStream {
+    /// A plain TCP stream (see [`IwarpStream::into_iwarp`]).
+    fn from(tcp: TcpStream) -> Self {
+        Self::from_tcp(tcp)
+    }
+}
+
+impl AsRawFd for IwarpStream {
+    fn as_raw_fd(&self) -> RawFd {
+        match &self.inner {
+            Inner::Tcp(t) => t.as_raw_fd(),
+            Inner::Iwarp(c) => c.event_fd(),
+        }
+    }
+}
+
+/// Registered memory exposed to the peer ([`IwarpStream::expose`]): the peer's one-sided
+/// Writes land here and its Reads read from here. Offsets of the methods are relative to
+/// the window's start.
+#[derive(Debug, Clone)]
+pub struct Window {
+    mr: Arc<softwarp::MemoryRegion>,
+    offset: u64,
+}
+
+impl Window {
+    /// Where the window starts in the peer's view.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.mr.len()
+    }
+
+    /// True for an empty window (never: [`IwarpStream::expose`] refuses them).
+    pub fn is_empty(&self) -> bool {
+        self.mr.is_empty()
+    }
+
+    /// Copies bytes out of the window.
+    pub fn read_at(&self, at: usize, buf: &mut [u8]) -> io::Result<()> {
+        self.mr.read_at(at, buf).map_err(crate::conn::io_err)
+    }
+
+    /// Copies bytes into the window (for the peer's Reads).
+    pub fn write_at(&self, at: usize, data: &[u8]) -> io::Result<()> {
+        self.mr.write_at(at, data).map_err(crate::conn::io_err)
+    }
+
+    /// The whole window.
+    pub fn to_vec(&self) -> io::Result<Vec<u8>> {
+        self.mr.to_vec().map_err(crate::conn::io_err)
+    }
+}

@@ -1,0 +1,350 @@
+//! The Rust API end to end on loopback: both ends in this process, each on its own thread.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use softwarp_sockets::{
+    IwarpListener, IwarpOptions, IwarpStream, Socket, SOL_SOFTWARP, SO_IWARP_ACTIVE,
+    SO_IWARP_MODE,
+};
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+/// An iWARP-mode pair: (client, server).
+fn pair_with(opts: IwarpOptions) -> (IwarpStream, IwarpStream) {
+    let l = IwarpListener::bind_with("127.0.0.1:0", opts.clone()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || l.accept().unwrap().0);
+    let c = IwarpStream::connect_with(addr, &opts).unwrap();
+    let s = t.join().unwrap();
+    assert!(c.is_iwarp() && s.is_iwarp());
+    (c, s)
+}
+
+fn pair() -> (IwarpStream, IwarpStream) {
+    pair_with(IwarpOptions::default())
+}
+
+/// Writes `data` in chunks of `chunk` and then shuts the writing side down.
+fn send_all(s: &IwarpStream, data: &[u8], chunk: usize) {
+    let mut w = s;
+    for c in data.chunks(chunk) {
+        w.write_all(c).unwrap();
+    }
+    s.shutdown(Shutdown::Write).unwrap();
+}
+
+/// Reads to EOF in reads of at most `chunk` bytes.
+fn recv_all(s: &IwarpStream, chunk: usize, limit: usize) -> Vec<u8> {
+    let mut r = s;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; chunk];
+    loop {
+        let n = r.read(&mut buf).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&buf[..n]);
+        assert!(out.len() <= limit, "more bytes than were sent");
+    }
+}
+
+#[test]
+fn large_transfers_both_ways_at_once_arrive_intact() {
+    let (c, s) = pair();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let len = 8 << 20;
+    let up = pattern(len, 1);
+    let down = pattern(len + 12345, 2);
+    let t0 = Instant::now();
+    thread::scope(|sc| {
+        let (c2, s2) = (c.clone(), s.clone());
+        let (up2, down2) = (&up, &down);
+        sc.spawn(move || send_all(&c2, up2, 100_000));
+        sc.spawn(move || send_all(&s2, down2, 7_777));
+        let got_up = sc.spawn(|| recv_all(&s, 65536, len));
+        let got_down = recv_all(&c, 3000, len + 12345);
+        let got_up = got_up.join().unwrap();
+        assert_eq!(got_up.len(), up.len());
+        assert_eq!(crc32c::crc32c(&got_up), crc32c::crc32c(&up));
+        assert_eq!(got_down.len(), down.len());
+        assert_eq!(crc32c::crc32c(&got_down), crc32c::crc32c(&down));
+    });
+    let st = c.qp_stats().unwrap();
+    assert!(
+        st.tx.send.bytes >= len as u64,
+        "the bytes went as iWARP Sends: {st:?}"
+    );
+    eprintln!(
+        "2 x {} MiB both ways in {:?}; client sent {} Sends",
+        len >> 20,
+        t0.elapsed(),
+        st.tx.send.messages
+    );
+}
+
+#[test]
+fn one_byte_writes_keep_order_and_small_slots_exercise_credits() {
+    // 4 slots of 64 bytes: credits run out every few messages.
+    let opts = IwarpOptions {
+        recv_slots: 4,
+        send_slots: 2,
+        slot_size: 64,
+        ..IwarpOptions::default()
+    };
+    let (c, s) = pair_with(opts);
+    let data = pattern(3000, 3);
+    thread::scope(|sc| {
+        sc.spawn(|| send_all(&c, &data, 1));
+        let got = recv_all(&s, 1, data.len());
+        assert_eq!(got, data);
+    });
+    // Grant messages flowed back: the client sent about one message per byte.
+    let st = c.qp_stats().unwrap();
+    assert!(st.tx.send.messages >= 3000, "{st:?}");
+}
+
+#[test]
+fn shutdown_gives_eof_after_the_bytes_and_the_other_direction_goes_on() {
+    let (c, s) = pair();
+    (&c).write_all(b"request").unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let got = recv_all(&s, 3, 100);
+    assert_eq!(got, b"request");
+    // EOF again on later reads.
+    assert_eq!((&s).read(&mut [0u8; 8]).unwrap(), 0);
+    // Writing after shutdown fails; the server may still answer.
+    assert_eq!(
+        (&c).write(b"x").unwrap_err().kind(),
+        ErrorKind::BrokenPipe
+    );
+    (&s).write_all(b"response").unwrap();
+    drop(s);
+    let got = recv_all(&c, 100, 100);
+    assert_eq!(got, b"response");
+}
+
+#[test]
+fn dropping_a_stream_delivers_its_bytes_then_eof() {
+    let (c, s) = pair();
+    let data = pattern(1 << 20, 4);
+    let d2 = data.clone();
+    let writer = thread::spawn(move || {
+        (&c).write_all(&d2).unwrap();
+        // No shutdown: the drop ends the stream.
+        drop(c);
+    });
+    let got = recv_all(&s, 10_000, data.len());
+    writer.join().unwrap();
+    assert_eq!(got.len(), data.len());
+    assert_eq!(crc32c::crc32c(&got), crc32c::crc32c(&data));
+}
+
+#[test]
+fn nonblocking_reads_and_writes_return_would_block_and_resume() {
+    let (c, s) = pair();
+    s.set_nonblocking(true).unwrap();
+    c.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 100];
+    assert_eq!(
+        (&s).read(&mut buf).unwrap_err().kind(),
+        ErrorKind::WouldBlock
+    );
+    // Fill the peer's slots: the writer runs out of credits.
+    let chunk = vec![7u8; 64 * 1024];
+    let mut written = 0usize;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match (&c).write(&chunk) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(Instant::now() < deadline, "never blocked");
+    }
+    // 16 slots of 32 KiB less headers, one credit kept for grants.
+    assert!(
+        written > 0 && written < 16 * 32 * 1024,
+        "{written} bytes accepted before WouldBlock"
+    );
+    assert!(!c.poll_ready().writable);
+    // The reader drains; the writer may write again.
+    let mut got = 0usize;
+    let mut rbuf = vec![0u8; 50_000];
+    while got < written {
+        match (&s).read(&mut rbuf) {
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(1)),
+            Err(e) => panic!("{e}"),
+        }
+        assert!(Instant::now() < deadline, "reader stalled at {got}/{written}");
+    }
+    assert_eq!(got, written);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !c.poll_ready().writable {
+        assert!(Instant::now() < deadline, "credits never came back");
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert!((&c).write(&chunk).unwrap() > 0);
+}
+
+#[test]
+fn read_timeout_expires_with_would_block() {
+    let (_c, s) = pair();
+    s.set_read_timeout(Some(Duration::from_millis(150))).unwrap();
+    let t0 = Instant::now();
+    let e = (&s).read(&mut [0u8; 4]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::WouldBlock);
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(140) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert!(s.set_read_timeout(Some(Duration::ZERO)).is_err());
+}
+
+#[test]
+fn socket_option_switches_iwarp_mode_before_listen_and_connect() {
+    let mut ls = Socket::new(socket2::Domain::IPV4).unwrap();
+    assert_eq!(ls.option(SOL_SOFTWARP, SO_IWARP_MODE).unwrap(), 0);
+    ls.set_option(SOL_SOFTWARP, SO_IWARP_MODE, 1).unwrap();
+    assert_eq!(ls.option(SOL_SOFTWARP, SO_IWARP_MODE).unwrap(), 1);
+    assert!(ls.set_option(SOL_SOFTWARP, 999, 1).is_err());
+    ls.bind(&"127.0.0.1:0".parse().unwrap()).unwrap();
+    let l = ls.listen(8).unwrap();
+    assert!(l.is_iwarp());
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || l.accept().unwrap());
+    let mut cs = Socket::for_addr(&addr).unwrap();
+    cs.set_option(SOL_SOFTWARP, SO_IWARP_MODE, 1).unwrap();
+    let c = cs.connect(&addr).unwrap();
+    let (s, peer) = t.join().unwrap();
+    assert_eq!(c.option(SOL_SOFTWARP, SO_IWARP_ACTIVE).unwrap(), 1);
+    assert_eq!(peer, c.local_addr().unwrap());
+    assert_eq!(s.peer_addr().unwrap(), c.local_addr().unwrap());
+    assert_eq!(c.peer_addr().unwrap(), addr);
+    (&c).write_all(b"hi").unwrap();
+    let mut b = [0u8; 2];
+    (&s).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"hi");
+    // The descriptor is pollable and valid.
+    assert!(std::os::fd::AsRawFd::as_raw_fd(&c) >= 0);
+}
+
+#[test]
+fn without_the_option_the_same_types_are_plain_tcp() {
+    let l = IwarpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || l.accept().unwrap().0);
+    // A std client: the bytes are plain TCP.
+    let mut c = TcpStream::connect(addr).unwrap();
+    let s = t.join().unwrap();
+    assert!(!s.is_iwarp());
+    c.write_all(b"plain").unwrap();
+    let mut b = [0u8; 5];
+    (&s).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"plain");
+    assert!(s.expose(10, 0).is_err(), "one-sided needs iWARP mode");
+}
+
+#[test]
+fn an_iwarp_listener_refuses_a_plain_tcp_client_and_keeps_listening() {
+    let opts = IwarpOptions {
+        connect_timeout: Duration::from_millis(300),
+        ..IwarpOptions::default()
+    };
+    let l = IwarpListener::bind_with("127.0.0.1:0", opts.clone()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || {
+        let first = l.accept().map(|_| ());
+        let second = l.accept().map(|(s, _)| s);
+        (first, second)
+    });
+    let plain = TcpStream::connect(addr).unwrap();
+    // Accepted after the plain client was refused (the listener's 300 ms MPA timeout).
+    let c = IwarpStream::connect_iwarp(addr).unwrap();
+    let (first, second) = t.join().unwrap();
+    assert!(first.is_err(), "a plain TCP peer must be refused");
+    let s = second.unwrap();
+    drop(plain);
+    (&c).write_all(b"ok").unwrap();
+    let mut b = [0u8; 2];
+    (&s).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ok");
+}
+
+#[test]
+fn one_sided_write_and_read_reach_the_exposed_window() {
+    let (c, s) = pair();
+    let win = s.expose(100_000, 1 << 20).unwrap();
+    assert_eq!(win.offset(), 1 << 20);
+    c.wait_peer_window(1 << 20, 100_000, Duration::from_secs(5))
+        .unwrap();
+    let data = pattern(70_000, 5);
+    c.write_remote_notify((1 << 20) + 1000, &data).unwrap();
+    let (off, len) = s.recv_write_notice(Duration::from_secs(5)).unwrap();
+    assert_eq!((off, len), ((1 << 20) + 1000, 70_000));
+    let mut got = vec![0u8; data.len()];
+    win.read_at(1000, &mut got).unwrap();
+    assert_eq!(got, data, "the bytes are in the window, no receive involved");
+    // The server fills another part; the client reads it back one-sided.
+    let back = pattern(90_000, 6);
+    win.write_at(5000, &back).unwrap();
+    let mut rb = vec![0u8; back.len()];
+    c.read_remote((1 << 20) + 5000, &mut rb).unwrap();
+    assert_eq!(rb, back);
+    // Outside the window: refused locally, the connection stays up.
+    let e = c.write_remote(0, b"nope").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    (&c).write_all(b"still a stream").unwrap();
+    let mut b = [0u8; 14];
+    (&s).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"still a stream");
+    let st = c.qp_stats().unwrap();
+    assert!(st.tx.write.bytes >= 70_000 && st.tx.read_request.messages >= 1, "{st:?}");
+}
+
+#[test]
+fn handover_moves_an_established_tcp_connection_to_iwarp() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let (mut t, _) = l.accept().unwrap();
+        // The application's own protocol agrees to switch.
+        let mut b = [0u8; 8];
+        t.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"STARTRDM");
+        t.write_all(b"OK").unwrap();
+        let s = IwarpStream::handover(t, &IwarpOptions::default()).unwrap();
+        let got = recv_all(&s, 50_000, 4 << 20);
+        (&s).write_all(&crc32c::crc32c(&got).to_be_bytes()).unwrap();
+        got.len()
+    });
+    let mut t = TcpStream::connect(addr).unwrap();
+    t.write_all(b"STARTRDM").unwrap();
+    let mut ok = [0u8; 2];
+    t.read_exact(&mut ok).unwrap();
+    let c = IwarpStream::from(t).into_iwarp(&IwarpOptions::default()).unwrap();
+    assert!(c.is_iwarp());
+    let data = pattern(3 << 20, 7);
+    send_all(&c, &data, 65536);
+    let mut sum = [0u8; 4];
+    (&c).read_exact(&mut sum).unwrap();
+    assert_eq!(u32::from_be_bytes(sum), crc32c::crc32c(&data));
+    assert_eq!(server.join().unwrap(), data.len());
+    assert!(c.qp_stats().unwrap().tx.send.bytes >= data.len() as u64);
+}
