@@ -741,9 +741,15 @@ impl Conn {
         Ok(mr)
     }
 
-    /// Waits until the peer's windows cover `offset .. offset + len`; returns the window.
-    fn peer_window(&self, offset: u64, len: u64, timeout: Duration) -> io::Result<WindowAd> {
-        self.run(false, Some(timeout), |_, st| {
+    /// Waits until the peer's windows cover `offset .. offset + len` (`None`: looks once);
+    /// returns the window.
+    fn peer_window(
+        &self,
+        offset: u64,
+        len: u64,
+        timeout: Option<Duration>,
+    ) -> io::Result<WindowAd> {
+        self.run(timeout.is_none(), timeout, |_, st| {
             if let Some(w) = st.peer_windows.iter().find(|w| w.locate(offset, len).is_some()) {
                 return Some(Ok(*w));
             }
@@ -770,7 +776,7 @@ impl Conn {
         len: u64,
         timeout: Duration,
     ) -> io::Result<()> {
-        self.peer_window(offset, len, timeout).map(|_| ())
+        self.peer_window(offset, len, Some(timeout)).map(|_| ())
     }
 
     /// RDMA Writes `data` into the peer's window at `offset` (through the send slots: one
@@ -783,7 +789,7 @@ impl Conn {
         notify: bool,
         timeout: Duration,
     ) -> io::Result<()> {
-        let w = self.peer_window(offset, data.len() as u64, timeout)?;
+        let w = self.peer_window(offset, data.len() as u64, None)?;
         self.one_sided(timeout, data.len(), |c, st, slot, at, take| {
             let base = c.slot_off(slot);
             let remote = w.locate(offset.wrapping_add(at as u64), take as u64)?;
@@ -828,7 +834,7 @@ impl Conn {
         timeout: Duration,
     ) -> io::Result<()> {
         let len = buf.len();
-        let w = self.peer_window(offset, len as u64, timeout)?;
+        let w = self.peer_window(offset, len as u64, None)?;
         self.one_sided(timeout, len, |c, st, slot, at, take| {
             let base = c.slot_off(slot);
             let remote = w.locate(offset.wrapping_add(at as u64), take as u64)?;

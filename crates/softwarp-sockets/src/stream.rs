@@ -510,8 +510,9 @@ impl IwarpStream {
     }
 
     /// One-sided RDMA Write of `data` into the peer's window at `offset` (like rsocket's
-    /// `riowrite`); returns once every byte was handed to TCP. Waits up to 10 s for the
-    /// peer's window advertisement. The peer is not told: see
+    /// `riowrite`); returns once every byte was handed to TCP (at most 10 s). The peer's
+    /// windows must cover the range (`NotFound` otherwise; see
+    /// [`IwarpStream::wait_peer_window`]). The peer is not told: see
     /// [`IwarpStream::write_remote_notify`].
     pub fn write_remote(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.conn()?
