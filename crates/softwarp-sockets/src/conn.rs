@@ -122,9 +122,9 @@ pub(crate) struct Conn {
     linger: Duration,
 }
 
-/// How a connection is established over its TCP stream.
+/// Which end of the MPA exchange a stream runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Side {
+pub enum Side {
     /// Sends the MPA Request.
     Initiator,
     /// Answers it.

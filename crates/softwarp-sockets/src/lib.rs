@@ -47,4 +47,4 @@ pub mod wire;
 pub use options::{
     default_device, IwarpOptions, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE,
 };
-pub use stream::{IwarpListener, IwarpStream, Readiness, Socket, Window};
+pub use stream::{IwarpListener, IwarpStream, Readiness, Side, Socket, Window};

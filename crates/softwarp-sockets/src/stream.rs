@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockAddr, Type};
 
-use crate::conn::{Conn, Side};
+use crate::conn::Conn;
+pub use crate::conn::Side;
 use crate::options::{IwarpOptions, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE};
 
 /// Time a one-sided call waits for the peer's window and for its completions.
@@ -257,6 +258,13 @@ impl IwarpStream {
         })
     }
 
+    /// Runs the MPA exchange as `role` over a TCP connection established by other means
+    /// (the preload library's path: the program's own socket) and returns the iWARP stream.
+    pub fn from_connected(tcp: TcpStream, role: Side, opts: &IwarpOptions) -> io::Result<Self> {
+        tcp.set_nonblocking(false)?;
+        Self::establish(tcp, role, opts)
+    }
+
     /// A plain TCP connection to `addr`, as [`TcpStream::connect`].
     pub fn connect<A: ToSocketAddrs>(addr: A) -> io::Result<Self> {
         Ok(Self::from_tcp(TcpStream::connect(addr)?))
@@ -453,6 +461,37 @@ impl IwarpStream {
             },
             Inner::Iwarp(c) => {
                 let (readable, writable) = c.poll_ready();
+                Readiness { readable, writable }
+            }
+        }
+    }
+
+    /// Reads with an explicit blocking choice for this call (`MSG_DONTWAIT`), honouring the
+    /// read timeout.
+    pub fn read_with(&self, buf: &mut [u8], nonblocking: bool) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Tcp(t) => (&**t).read(buf),
+            Inner::Iwarp(c) => c.read(buf, nonblocking, self.read_timeout()?),
+        }
+    }
+
+    /// Writes with an explicit blocking choice for this call; may write fewer bytes than
+    /// given (as `write(2)`).
+    pub fn write_with(&self, buf: &[u8], nonblocking: bool) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Tcp(t) => (&**t).write(buf),
+            Inner::Iwarp(c) => c.write(buf, nonblocking, self.write_timeout()?),
+        }
+    }
+
+    /// [`IwarpStream::poll_ready`], and when neither is ready, arms the connection so that
+    /// its descriptor ([`AsRawFd`]) becomes readable at the next completion: the pattern
+    /// for an event loop (check, arm, then wait on the descriptor).
+    pub fn arm_readiness(&self) -> Readiness {
+        match &self.inner {
+            Inner::Tcp(_) => self.poll_ready(),
+            Inner::Iwarp(c) => {
+                let (readable, writable) = c.arm();
                 Readiness { readable, writable }
             }
         }

@@ -690,11 +690,15 @@ impl QpShared {
     /// bytes of a batch the socket did not take wait in the QP (`QpInner::tx_spill`) and
     /// go first next time. Larger FPDUs are gathered straight from registered memory.
     fn tx_pass(&self, inner: &mut QpInner, budget: &mut usize) -> TxEnd {
-        let end = TX_BATCH.with(|b| match b.try_borrow_mut() {
-            Ok(mut batch) => self.tx_pass_with(inner, budget, Some(&mut batch)),
-            // Re-entered from inside a pass (not possible today): no coalescing.
-            Err(_) => self.tx_pass_with(inner, budget, None),
-        });
+        // `try_with`: a post from an exit handler runs after the thread's locals are gone
+        // (glibc runs them first); it then sends without coalescing instead of panicking.
+        let end = TX_BATCH
+            .try_with(|b| match b.try_borrow_mut() {
+                Ok(mut batch) => self.tx_pass_with(inner, budget, Some(&mut batch)),
+                // Re-entered from inside a pass (not possible today): no coalescing.
+                Err(_) => self.tx_pass_with(inner, budget, None),
+            })
+            .unwrap_or_else(|_| self.tx_pass_with(inner, budget, None));
         if end == TxEnd::Full {
             self.arm_watchdog(inner);
         }
@@ -954,7 +958,8 @@ impl QpShared {
         }
         inner.app_passes = inner.app_passes.wrapping_add(1);
         let mut budget = PASS_BUDGET;
-        let rx = STAGE.with(|stage| match stage.try_borrow_mut() {
+        let rx = STAGE
+            .try_with(|stage| match stage.try_borrow_mut() {
             Ok(mut stage) => {
                 if stage.len() < STAGE_LEN {
                     stage.resize(STAGE_LEN, 0);
@@ -963,7 +968,8 @@ impl QpShared {
             }
             // Re-entered from inside a pass (not possible today): read without staging.
             Err(_) => self.rx_pass(inner, &mut [0u8; 512], &mut budget, true),
-        });
+        })
+            .unwrap_or_else(|_| self.rx_pass(inner, &mut [0u8; 512], &mut budget, true));
         let mut budget = PASS_BUDGET;
         let _ = self.tx_pass(inner, &mut budget);
         self.drain(inner);

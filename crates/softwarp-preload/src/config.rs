@@ -1,0 +1,71 @@
+//! What the environment asks for (read once, at the first intercepted call that needs it).
+//!
+//! | variable | meaning |
+//! | --- | --- |
+//! | `SOFTWARP_SOCKETS` | `option` (default): only sockets that set `SOL_SOFTWARP`/`SO_IWARP_MODE` switch; `all`: every IPv4/IPv6 TCP socket switches (within the port lists); `off`: pure pass-through |
+//! | `SOFTWARP_SOCKETS_PORTS` | in `all` mode, only these ports (destination port for `connect`, local port for `listen`): `5201,6379,8000-8100`; unset: every port |
+//! | `SOFTWARP_SOCKETS_DENY_PORTS` | in `all` mode, never these ports |
+//! | `SOFTWARP_SOCKETS_STATS` | `1`: print one line per iWARP stream on stderr when it closes (its QP's counters) |
+
+use std::sync::OnceLock;
+
+/// How sockets are chosen for iWARP mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Only sockets that set the option.
+    Option,
+    /// Every TCP socket within the port lists.
+    All,
+    /// Nothing is intercepted beyond the table lookups.
+    Off,
+}
+
+#[derive(Debug)]
+pub struct Config {
+    pub mode: Mode,
+    pub stats: bool,
+    allow: Vec<(u16, u16)>,
+    deny: Vec<(u16, u16)>,
+}
+
+fn ranges(var: &str) -> Vec<(u16, u16)> {
+    let Ok(v) = std::env::var(var) else {
+        return Vec::new();
+    };
+    v.split(',')
+        .filter_map(|p| {
+            let p = p.trim();
+            match p.split_once('-') {
+                Some((a, b)) => Some((a.trim().parse().ok()?, b.trim().parse().ok()?)),
+                None => p.parse().ok().map(|x| (x, x)),
+            }
+        })
+        .collect()
+}
+
+impl Config {
+    fn from_env() -> Self {
+        let mode = match std::env::var("SOFTWARP_SOCKETS").as_deref() {
+            Ok("all") => Mode::All,
+            Ok("off") => Mode::Off,
+            _ => Mode::Option,
+        };
+        Self {
+            mode,
+            stats: std::env::var("SOFTWARP_SOCKETS_STATS").is_ok_and(|v| v == "1"),
+            allow: ranges("SOFTWARP_SOCKETS_PORTS"),
+            deny: ranges("SOFTWARP_SOCKETS_DENY_PORTS"),
+        }
+    }
+
+    /// In `all` mode: may a connection to (or listener on) `port` go iWARP?
+    pub fn port_allowed(&self, port: u16) -> bool {
+        let inside = |r: &[(u16, u16)]| r.iter().any(|&(a, b)| (a..=b).contains(&port));
+        (self.allow.is_empty() || inside(&self.allow)) && !inside(&self.deny)
+    }
+}
+
+pub fn get() -> &'static Config {
+    static C: OnceLock<Config> = OnceLock::new();
+    C.get_or_init(Config::from_env)
+}

@@ -1,0 +1,114 @@
+//! Which descriptors of the program are Softwarp's: a bitmap for the fast "not ours" answer
+//! every intercepted call asks first, and a map with the details.
+//!
+//! The map's lock is held only to read or change the map: never across a call into the
+//! stack or into libc (the stack's own threads call intercepted functions too).
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use softwarp_sockets::IwarpStream;
+
+/// A connected iWARP stream behind a descriptor (shared by its `dup`s).
+#[derive(Debug)]
+pub struct StreamEntry {
+    /// The stream (closing it sends the EOF and disconnects, once the last dup is closed).
+    pub stream: IwarpStream,
+    /// A duplicate of the TCP socket, for the socket options and addresses the program
+    /// asks about (dropped after the stream).
+    pub tcp: OwnedFd,
+    /// `O_NONBLOCK` as the program set it (shared by dups, as the open file description's).
+    pub nonblocking: AtomicBool,
+}
+
+/// What a descriptor of ours is.
+#[derive(Debug, Clone)]
+pub enum Entry {
+    /// A TCP socket in iWARP mode, not yet connected or listening.
+    Pending,
+    /// A listening socket in iWARP mode: accepted connections run MPA.
+    Listener,
+    /// An iWARP stream: the descriptor is a duplicate of its completion channel.
+    Stream(Arc<StreamEntry>),
+}
+
+const FAST: usize = 1 << 16;
+static MARK: [AtomicU8; FAST] = [const { AtomicU8::new(0) }; FAST];
+static MAP: Mutex<Option<HashMap<i32, Entry>>> = Mutex::new(None);
+/// Set in the child of a `fork`: its copies of the streams are unusable (no progress
+/// thread), so they fail with an error and closing them only forgets them.
+pub static FORKED: AtomicBool = AtomicBool::new(false);
+
+fn map() -> MutexGuard<'static, Option<HashMap<i32, Entry>>> {
+    MAP.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn mark(fd: i32, on: bool) {
+    if let Some(m) = usize::try_from(fd).ok().and_then(|i| MARK.get(i)) {
+        m.store(u8::from(on), Ordering::Release);
+    }
+}
+
+/// True when `fd` may be ours (always true above the bitmap's range when the map has it).
+pub fn maybe_ours(fd: i32) -> bool {
+    match usize::try_from(fd).ok() {
+        Some(i) if i < FAST => MARK[i].load(Ordering::Acquire) != 0,
+        Some(_) => map().as_ref().is_some_and(|m| m.contains_key(&fd)),
+        None => false,
+    }
+}
+
+/// The entry of `fd`.
+pub fn get(fd: i32) -> Option<Entry> {
+    if !maybe_ours(fd) {
+        return None;
+    }
+    map().as_ref().and_then(|m| m.get(&fd).cloned())
+}
+
+/// The stream of `fd`.
+pub fn stream(fd: i32) -> Option<Arc<StreamEntry>> {
+    match get(fd) {
+        Some(Entry::Stream(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// Records `fd` (replacing what it was); returns the old entry.
+pub fn insert(fd: i32, e: Entry) -> Option<Entry> {
+    let old = map().get_or_insert_with(HashMap::new).insert(fd, e);
+    mark(fd, true);
+    old
+}
+
+/// Forgets `fd`; returns its entry (the caller drops it outside the lock).
+pub fn remove(fd: i32) -> Option<Entry> {
+    if !maybe_ours(fd) {
+        return None;
+    }
+    mark(fd, false);
+    map().as_mut().and_then(|m| m.remove(&fd))
+}
+
+/// Takes every stream entry out of the map (process exit).
+pub fn drain_streams() -> Vec<(i32, Arc<StreamEntry>)> {
+    let mut g = map();
+    let Some(m) = g.as_mut() else {
+        return Vec::new();
+    };
+    let fds: Vec<i32> = m
+        .iter()
+        .filter(|(_, e)| matches!(e, Entry::Stream(_)))
+        .map(|(fd, _)| *fd)
+        .collect();
+    let mut out = Vec::new();
+    for fd in fds {
+        if let Some(Entry::Stream(s)) = m.remove(&fd) {
+            mark(fd, false);
+            out.push((fd, s));
+        }
+    }
+    out
+}
