@@ -7,7 +7,7 @@
 //!
 //! Pass-through is the default: a socket goes iWARP only when the program sets
 //! `setsockopt(fd, SOL_SOFTWARP, SO_IWARP_MODE, &one, sizeof one)` before `connect` or
-//! `listen` (`include/softwarp_sockets.h`), or when `SOFTWARP_SOCKETS=all` says every TCP
+//! `listen` (`crates/softwarp-sockets/include/softwarp_sockets.h`), or when `SOFTWARP_SOCKETS=all` says every TCP
 //! socket should (within `SOFTWARP_SOCKETS_PORTS` / `SOFTWARP_SOCKETS_DENY_PORTS`, see
 //! [`config`]). Both ends must be iWARP: a connection whose peer does not answer the MPA
 //! exchange fails (`ECONNREFUSED` on connect, `ECONNABORTED` on accept).

@@ -5,7 +5,7 @@
 //!
 //! - [`Socket`]: a TCP socket before `connect`/`listen`, where iWARP mode is switched on
 //!   ([`Socket::set_iwarp_mode`], or [`Socket::set_option`] with [`SOL_SOFTWARP`] /
-//!   [`SO_IWARP_MODE`], the numbers of `include/softwarp_sockets.h`).
+//!   [`SO_IWARP_MODE`], the numbers of this crate's `include/softwarp_sockets.h`).
 //! - [`IwarpStream`]: `Read`/`Write` (also on `&IwarpStream`), `shutdown`, non-blocking mode,
 //!   timeouts, `AsRawFd`, addresses; [`IwarpStream::connect_iwarp`],
 //!   [`IwarpStream::handover`] (adopt an established `TcpStream` when both ends agree).

@@ -1,5 +1,5 @@
 //! Settings of iWARP mode, the process's default device, and the socket option numbers
-//! (also in `include/softwarp_sockets.h` for C programs).
+//! (also in the crate's `include/softwarp_sockets.h` for C programs).
 
 use std::io;
 use std::sync::Mutex;
