@@ -313,3 +313,97 @@ fn a_c_program_opts_in_with_the_header_and_falls_back_without_the_library() {
         }
     }
 }
+
+#[test]
+fn iperf3_runs_over_iwarp_both_directions_and_parallel() {
+    if !have("iperf3") {
+        eprintln!("skipped: iperf3 is not installed (apt-get install iperf3)");
+        return;
+    }
+    let dir = work_dir("iperf3");
+    for extra in [&[][..], &["-R", "-P", "2"][..]] {
+        let port = free_port().to_string();
+        let server = preloaded("iperf3", &["-s", "-1", "-p", &port], &dir, &ALL)
+            .spawn()
+            .unwrap();
+        let mut args = vec!["-c", "127.0.0.1", "-p", &port, "-n", "16M"];
+        args.extend_from_slice(extra);
+        let client = run_client(
+            || preloaded("iperf3", &args, &dir, &ALL),
+            "iperf3 client",
+        );
+        let server = wait_bounded(server, Duration::from_secs(60), "iperf3 server");
+        let out = String::from_utf8_lossy(&client.stdout);
+        assert!(
+            client.status.success() && server.status.success(),
+            "{out}\n{}\n{}",
+            String::from_utf8_lossy(&client.stderr),
+            String::from_utf8_lossy(&server.stderr)
+        );
+        assert!(out.contains("receiver") && out.contains("iperf Done"), "{out}");
+        // The data connections' bytes went as Sends (the control connection is iWARP too).
+        let (tx, rx): (u64, u64) = stream_stats(&client.stderr)
+            .iter()
+            .fold((0, 0), |a, s| (a.0 + s.0, a.1 + s.1));
+        let moved = if extra.is_empty() { tx } else { rx };
+        assert!(moved >= 16 << 20, "client streams moved {tx}/{rx} bytes\n{out}");
+        let summary = out.lines().filter(|l| l.contains("receiver")).last().unwrap_or("");
+        eprintln!("iperf3 {extra:?} over iWARP: {summary}");
+    }
+}
+
+#[test]
+fn redis_benchmark_runs_against_redis_server_over_iwarp() {
+    if !have("redis-server") || !have("redis-benchmark") {
+        eprintln!("skipped: redis-server/redis-benchmark not installed (apt-get install redis-server redis-tools)");
+        return;
+    }
+    let dir = work_dir("redis");
+    let port = free_port().to_string();
+    let server = preloaded(
+        "redis-server",
+        &["--port", &port, "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
+        &dir,
+        &ALL,
+    )
+    .spawn()
+    .unwrap();
+    for pipeline in ["1", "16"] {
+        let bench = run_client(
+            || {
+                preloaded(
+                    "redis-benchmark",
+                    &["-p", &port, "-n", "2000", "-c", "4", "-P", pipeline, "-t", "set,get", "-q"],
+                    &dir,
+                    &ALL,
+                )
+            },
+            "redis-benchmark",
+        );
+        let out = String::from_utf8_lossy(&bench.stdout);
+        assert!(bench.status.success(), "{out}\n{}", String::from_utf8_lossy(&bench.stderr));
+        let finals: Vec<&str> = out
+            .split(['\r', '\n'])
+            .filter(|l| l.contains("requests per second"))
+            .collect();
+        assert!(
+            finals.iter().any(|l| l.starts_with("SET"))
+                && finals.iter().any(|l| l.trim_start().starts_with("GET")),
+            "{out}"
+        );
+        let streams = stream_stats(&bench.stderr);
+        assert!(
+            streams.len() >= 4 && streams.iter().all(|s| s.0 > 0 && s.1 > 0),
+            "benchmark connections over iWARP: {streams:?}"
+        );
+        eprintln!("redis-benchmark -P {pipeline} over iWARP: {}", finals.join(" | "));
+    }
+    // A graceful stop (SIGTERM) lets the server close its streams.
+    let _ = Command::new("kill").args(["-TERM", &server.id().to_string()]).status();
+    let server = wait_bounded(server, Duration::from_secs(30), "redis-server");
+    assert!(
+        !stream_stats(&server.stderr).is_empty(),
+        "{}",
+        String::from_utf8_lossy(&server.stderr)
+    );
+}
