@@ -14,6 +14,9 @@
 //! `decode` also reads component dumps (`SOFTWARP-DUMP` eye-catcher): exit status 0 when
 //! the dump is whole, 2 when it is truncated or damaged.
 //!
+//! `exec --sockets -- PROGRAM` runs a program with the extended sockets preload library
+//! (exit status: the program's, or 1 when it could not be started).
+//!
 //! `resources`, `stat`, `trace`, `snapshots`, `dump` ask running Softwarp processes over their control sockets
 //! (exit status 0, or 2 when some process did not answer); `doctor` checks the host.
 
@@ -27,6 +30,7 @@ use softwarp_cli::admin;
 use softwarp_cli::decode::{decode_capture, output_to_json, Output};
 
 mod demo;
+mod exec;
 
 #[derive(Debug, Parser)]
 #[command(name = "softwarp", version, about = "Softwarp iWARP stack tools")]
@@ -79,6 +83,9 @@ enum Command {
     /// Write a component dump of running processes (their whole RAS state) to a file or a
     /// TCP collector; `softwarp decode` reads it.
     Dump(admin::dump::DumpArgs),
+    /// Run an unmodified program over Softwarp: with --sockets its TCP sockets become iWARP
+    /// streams (the preload library libsoftwarp_preload.so; both ends must run this way).
+    Exec(exec::ExecArgs),
     /// Check this host's configuration for Softwarp (MTU, offloads, socket buffers, clock
     /// source, open-file limit) and give advice.
     Doctor(admin::doctor::DoctorArgs),
@@ -219,6 +226,7 @@ fn main() -> ExitCode {
         Command::Snapshots(args) => admin_run(|o, e| admin::snapshots::run(args, o, e)),
         Command::Dump(args) => admin_run(|o, e| admin::dump::run(args, o, e)),
         Command::Doctor(args) => admin_run(|o, _| admin::doctor::run(args, o)),
+        Command::Exec(args) => Err(exec::run(args)),
     };
     match result {
         Ok(code) => code,
