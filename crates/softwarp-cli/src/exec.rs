@@ -51,7 +51,10 @@ pub fn find_library(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
         if let Some(p) = std::env::var_os("SOFTWARP_PRELOAD") {
             candidates.push(PathBuf::from(p));
         }
-        if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+        if let Some(dir) = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(Path::to_path_buf))
+        {
             candidates.push(dir.join(LIBRARY));
             candidates.push(dir.join("../lib").join(LIBRARY));
             // `cargo test` runs binaries from target/<profile>; the library is built there too.
@@ -86,9 +89,10 @@ pub fn command(args: &ExecArgs) -> anyhow::Result<Command> {
         preload.push(old);
     }
     let mut cmd = Command::new(program);
-    cmd.args(rest)
-        .env("LD_PRELOAD", preload)
-        .env("SOFTWARP_SOCKETS", if args.opt_in { "option" } else { "all" });
+    cmd.args(rest).env("LD_PRELOAD", preload).env(
+        "SOFTWARP_SOCKETS",
+        if args.opt_in { "option" } else { "all" },
+    );
     if let Some(p) = &args.ports {
         cmd.env("SOFTWARP_SOCKETS_PORTS", p);
     }

@@ -15,9 +15,12 @@ fn softwarp() -> Command {
 fn library() -> Option<PathBuf> {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_softwarp"));
     let dir = bin.parent()?;
-    [dir.join("libsoftwarp_preload.so"), dir.join("deps/libsoftwarp_preload.so")]
-        .into_iter()
-        .find(|p| p.is_file())
+    [
+        dir.join("libsoftwarp_preload.so"),
+        dir.join("deps/libsoftwarp_preload.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
 }
 
 #[test]
@@ -26,7 +29,14 @@ fn exec_without_sockets_or_library_explains_itself() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--sockets"));
     let out = softwarp()
-        .args(["exec", "--sockets", "--library", "/nonexistent/lib.so", "--", "true"])
+        .args([
+            "exec",
+            "--sockets",
+            "--library",
+            "/nonexistent/lib.so",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -53,7 +63,10 @@ fn exec_sets_the_preload_environment() {
         .unwrap();
     assert_eq!(out.status.code(), Some(7), "the program's exit status");
     let line = String::from_utf8_lossy(&out.stdout);
-    let want = format!("{}|all|5201,6000-6010|1", std::fs::canonicalize(&lib).unwrap().display());
+    let want = format!(
+        "{}|all|5201,6000-6010|1",
+        std::fs::canonicalize(&lib).unwrap().display()
+    );
     assert_eq!(line.trim(), want);
 }
 
@@ -88,9 +101,14 @@ fn exec_runs_socat_over_iwarp() {
             .stderr(Stdio::piped());
         c
     };
-    let server = exec(&["socat", "-u", &format!("TCP-LISTEN:{port},reuseaddr"), "STDOUT"])
-        .spawn()
-        .unwrap();
+    let server = exec(&[
+        "socat",
+        "-u",
+        &format!("TCP-LISTEN:{port},reuseaddr"),
+        "STDOUT",
+    ])
+    .spawn()
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let client = loop {
         let mut c = exec(&["socat", "-u", "STDIN", &format!("TCP:127.0.0.1:{port}")])
@@ -105,11 +123,18 @@ fn exec_runs_socat_over_iwarp() {
         if out.status.success() {
             break out;
         }
-        assert!(Instant::now() < deadline, "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     let server = server.wait_with_output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&server.stdout), "hello over iWARP\n");
+    assert_eq!(
+        String::from_utf8_lossy(&server.stdout),
+        "hello over iWARP\n"
+    );
     for err in [&client.stderr, &server.stderr] {
         assert!(
             String::from_utf8_lossy(err).contains("closed iWARP stream"),

@@ -39,6 +39,7 @@
 #![allow(unsafe_code)]
 // The exported functions are libc's, with libc's contracts (see their man pages).
 #![allow(clippy::missing_safety_doc)]
+#![deny(clippy::arithmetic_side_effects)]
 
 pub mod config;
 mod table;
@@ -54,7 +55,9 @@ use libc::{
     epoll_event, fd_set, iovec, msghdr, nfds_t, pollfd, size_t, sockaddr, socklen_t, ssize_t,
     timespec, timeval,
 };
-use softwarp_sockets::{IwarpOptions, IwarpStream, Side, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE};
+use softwarp_sockets::{
+    IwarpOptions, IwarpStream, Side, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE,
+};
 
 use config::Mode;
 use table::{Entry, StreamEntry};
@@ -65,7 +68,7 @@ const SLICE: Duration = Duration::from_millis(50);
 // ---- the real functions -----------------------------------------------------------------
 
 macro_rules! real {
-    ($name:ident, $sym:literal, fn($($arg:ty),*) -> $ret:ty) => {
+    ($name:ident, $sym:literal, fn($($arg:ty),* $(,)?) -> $ret:ty) => {
         fn $name() -> unsafe extern "C" fn($($arg),*) -> $ret {
             static P: AtomicUsize = AtomicUsize::new(0);
             let mut p = P.load(Ordering::Relaxed);
@@ -87,38 +90,137 @@ macro_rules! real {
 }
 
 real!(real_socket, c"socket", fn(c_int, c_int, c_int) -> c_int);
-real!(real_connect, c"connect", fn(c_int, *const sockaddr, socklen_t) -> c_int);
+real!(
+    real_connect,
+    c"connect",
+    fn(c_int, *const sockaddr, socklen_t) -> c_int
+);
 real!(real_listen, c"listen", fn(c_int, c_int) -> c_int);
-real!(real_accept4, c"accept4", fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int);
-real!(real_read, c"read", fn(c_int, *mut c_void, size_t) -> ssize_t);
-real!(real_write, c"write", fn(c_int, *const c_void, size_t) -> ssize_t);
-real!(real_readv, c"readv", fn(c_int, *const iovec, c_int) -> ssize_t);
-real!(real_writev, c"writev", fn(c_int, *const iovec, c_int) -> ssize_t);
-real!(real_recv, c"recv", fn(c_int, *mut c_void, size_t, c_int) -> ssize_t);
-real!(real_send, c"send", fn(c_int, *const c_void, size_t, c_int) -> ssize_t);
-real!(real_recvfrom, c"recvfrom", fn(c_int, *mut c_void, size_t, c_int, *mut sockaddr, *mut socklen_t) -> ssize_t);
-real!(real_sendto, c"sendto", fn(c_int, *const c_void, size_t, c_int, *const sockaddr, socklen_t) -> ssize_t);
-real!(real_recvmsg, c"recvmsg", fn(c_int, *mut msghdr, c_int) -> ssize_t);
-real!(real_sendmsg, c"sendmsg", fn(c_int, *const msghdr, c_int) -> ssize_t);
+real!(
+    real_accept4,
+    c"accept4",
+    fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int
+);
+real!(
+    real_read,
+    c"read",
+    fn(c_int, *mut c_void, size_t) -> ssize_t
+);
+real!(
+    real_write,
+    c"write",
+    fn(c_int, *const c_void, size_t) -> ssize_t
+);
+real!(
+    real_readv,
+    c"readv",
+    fn(c_int, *const iovec, c_int) -> ssize_t
+);
+real!(
+    real_writev,
+    c"writev",
+    fn(c_int, *const iovec, c_int) -> ssize_t
+);
+real!(
+    real_recv,
+    c"recv",
+    fn(c_int, *mut c_void, size_t, c_int) -> ssize_t
+);
+real!(
+    real_send,
+    c"send",
+    fn(c_int, *const c_void, size_t, c_int) -> ssize_t
+);
+real!(
+    real_recvfrom,
+    c"recvfrom",
+    fn(c_int, *mut c_void, size_t, c_int, *mut sockaddr, *mut socklen_t) -> ssize_t
+);
+real!(
+    real_sendto,
+    c"sendto",
+    fn(c_int, *const c_void, size_t, c_int, *const sockaddr, socklen_t) -> ssize_t
+);
+real!(
+    real_recvmsg,
+    c"recvmsg",
+    fn(c_int, *mut msghdr, c_int) -> ssize_t
+);
+real!(
+    real_sendmsg,
+    c"sendmsg",
+    fn(c_int, *const msghdr, c_int) -> ssize_t
+);
 real!(real_close, c"close", fn(c_int) -> c_int);
 real!(real_shutdown, c"shutdown", fn(c_int, c_int) -> c_int);
-real!(real_setsockopt, c"setsockopt", fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int);
-real!(real_getsockopt, c"getsockopt", fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int);
-real!(real_getsockname, c"getsockname", fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int);
-real!(real_getpeername, c"getpeername", fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int);
+real!(
+    real_setsockopt,
+    c"setsockopt",
+    fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int
+);
+real!(
+    real_getsockopt,
+    c"getsockopt",
+    fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int
+);
+real!(
+    real_getsockname,
+    c"getsockname",
+    fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int
+);
+real!(
+    real_getpeername,
+    c"getpeername",
+    fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int
+);
 real!(real_fcntl, c"fcntl", fn(c_int, c_int, usize) -> c_int);
-real!(real_ioctl, c"ioctl", fn(c_int, libc::c_ulong, usize) -> c_int);
+real!(
+    real_ioctl,
+    c"ioctl",
+    fn(c_int, libc::c_ulong, usize) -> c_int
+);
 real!(real_poll, c"poll", fn(*mut pollfd, nfds_t, c_int) -> c_int);
-real!(real_ppoll, c"ppoll", fn(*mut pollfd, nfds_t, *const timespec, *const libc::sigset_t) -> c_int);
-real!(real_select, c"select", fn(c_int, *mut fd_set, *mut fd_set, *mut fd_set, *mut timeval) -> c_int);
-real!(real_pselect, c"pselect", fn(c_int, *mut fd_set, *mut fd_set, *mut fd_set, *const timespec, *const libc::sigset_t) -> c_int);
+real!(
+    real_ppoll,
+    c"ppoll",
+    fn(*mut pollfd, nfds_t, *const timespec, *const libc::sigset_t) -> c_int
+);
+real!(
+    real_select,
+    c"select",
+    fn(c_int, *mut fd_set, *mut fd_set, *mut fd_set, *mut timeval) -> c_int
+);
+real!(
+    real_pselect,
+    c"pselect",
+    fn(
+        c_int,
+        *mut fd_set,
+        *mut fd_set,
+        *mut fd_set,
+        *const timespec,
+        *const libc::sigset_t,
+    ) -> c_int
+);
 real!(real_dup, c"dup", fn(c_int) -> c_int);
 real!(real_dup2, c"dup2", fn(c_int, c_int) -> c_int);
 real!(real_dup3, c"dup3", fn(c_int, c_int, c_int) -> c_int);
 real!(real_fork, c"fork", fn() -> libc::pid_t);
-real!(real_epoll_ctl, c"epoll_ctl", fn(c_int, c_int, c_int, *mut epoll_event) -> c_int);
-real!(real_epoll_wait, c"epoll_wait", fn(c_int, *mut epoll_event, c_int, c_int) -> c_int);
-real!(real_epoll_pwait, c"epoll_pwait", fn(c_int, *mut epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int);
+real!(
+    real_epoll_ctl,
+    c"epoll_ctl",
+    fn(c_int, c_int, c_int, *mut epoll_event) -> c_int
+);
+real!(
+    real_epoll_wait,
+    c"epoll_wait",
+    fn(c_int, *mut epoll_event, c_int, c_int) -> c_int
+);
+real!(
+    real_epoll_pwait,
+    c"epoll_pwait",
+    fn(c_int, *mut epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int
+);
 
 fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot, valid for the thread's life.
@@ -126,7 +228,9 @@ fn set_errno(e: c_int) {
 }
 
 fn errno() -> c_int {
-    io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 /// An `io::Error` of the stream as the errno a socket call would give.
@@ -603,7 +707,12 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t {
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+) -> ssize_t {
     if n > buflen {
         eprintln!("softwarp preload: buffer overflow detected in read");
         std::process::abort();
@@ -1041,7 +1150,12 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn __poll_chk(fds: *mut pollfd, n: nfds_t, timeout: c_int, fdslen: size_t) -> c_int {
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    timeout: c_int,
+    fdslen: size_t,
+) -> c_int {
     if (n as usize).saturating_mul(std::mem::size_of::<pollfd>()) > fdslen {
         eprintln!("softwarp preload: buffer overflow detected in poll");
         std::process::abort();
@@ -1073,7 +1187,10 @@ pub unsafe extern "C" fn ppoll(
     }
     // SAFETY: the caller's timespec, if any.
     let t = (!ts.is_null()).then(|| unsafe {
-        Duration::new((*ts).tv_sec.max(0) as u64, (*ts).tv_nsec.clamp(0, 999_999_999) as u32)
+        Duration::new(
+            (*ts).tv_sec.max(0) as u64,
+            (*ts).tv_nsec.clamp(0, 999_999_999) as u32,
+        )
     });
     let ms = ms_of(t);
     poll_mixed(set, deadline_of(ms), ms < 0)
@@ -1133,11 +1250,17 @@ unsafe fn select_mixed(
         }
         for p in &fds {
             let bad = p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0;
-            if !r.is_null() && p.events & libc::POLLIN != 0 && (p.revents & libc::POLLIN != 0 || bad) {
+            if !r.is_null()
+                && p.events & libc::POLLIN != 0
+                && (p.revents & libc::POLLIN != 0 || bad)
+            {
                 libc::FD_SET(p.fd, r);
                 count += 1;
             }
-            if !w.is_null() && p.events & libc::POLLOUT != 0 && (p.revents & libc::POLLOUT != 0 || bad) {
+            if !w.is_null()
+                && p.events & libc::POLLOUT != 0
+                && (p.revents & libc::POLLOUT != 0 || bad)
+            {
                 libc::FD_SET(p.fd, w);
                 count += 1;
             }
@@ -1160,7 +1283,10 @@ pub unsafe extern "C" fn select(
 ) -> c_int {
     // SAFETY: the caller's timeval, if any.
     let t = (!tv.is_null()).then(|| unsafe {
-        Duration::new((*tv).tv_sec.max(0) as u64, ((*tv).tv_usec.clamp(0, 999_999) as u32) * 1000)
+        Duration::new(
+            (*tv).tv_sec.max(0) as u64,
+            ((*tv).tv_usec.clamp(0, 999_999) as u32) * 1000,
+        )
     });
     // SAFETY: the caller's sets.
     match unsafe { select_mixed(nfds, r, w, x, t) } {
@@ -1181,7 +1307,10 @@ pub unsafe extern "C" fn pselect(
 ) -> c_int {
     // SAFETY: the caller's timespec, if any.
     let t = (!ts.is_null()).then(|| unsafe {
-        Duration::new((*ts).tv_sec.max(0) as u64, (*ts).tv_nsec.clamp(0, 999_999_999) as u32)
+        Duration::new(
+            (*ts).tv_sec.max(0) as u64,
+            (*ts).tv_nsec.clamp(0, 999_999_999) as u32,
+        )
     });
     // SAFETY: the caller's sets.
     match unsafe { select_mixed(nfds, r, w, x, t) } {
@@ -1207,7 +1336,12 @@ mod epoll_reg {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut epoll_event,
+) -> c_int {
     if table::stream(fd).is_none() {
         if op == libc::EPOLL_CTL_DEL {
             epoll_reg::with(|r| r.retain(|e| !(e.0 == epfd && e.1 == fd)));
@@ -1291,7 +1425,8 @@ fn epoll_mixed(
         let room = cap.saturating_sub(n);
         if room > 0 {
             // SAFETY: libc's epoll_pwait into our buffer of `room` events.
-            let got = unsafe { real_epoll_pwait()(epfd, buf.as_mut_ptr(), room as c_int, wait, mask) };
+            let got =
+                unsafe { real_epoll_pwait()(epfd, buf.as_mut_ptr(), room as c_int, wait, mask) };
             if got < 0 && n == 0 {
                 return -1;
             }
@@ -1315,7 +1450,12 @@ fn epoll_mixed(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn epoll_wait(epfd: c_int, out: *mut epoll_event, max: c_int, timeout: c_int) -> c_int {
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    out: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
     epoll_mixed(epfd, out, max, timeout, std::ptr::null())
 }
 

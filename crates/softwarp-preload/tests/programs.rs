@@ -141,7 +141,11 @@ fn socat_moves_files_both_ways_over_iwarp() {
     // Up: the listener receives. Down: the listener sends.
     let s_up = preloaded(
         "socat",
-        &["-u", &format!("TCP-LISTEN:{p_up},reuseaddr"), "OPEN:up.out,creat,trunc"],
+        &[
+            "-u",
+            &format!("TCP-LISTEN:{p_up},reuseaddr"),
+            "OPEN:up.out,creat,trunc",
+        ],
         &dir,
         &ALL,
     )
@@ -149,7 +153,11 @@ fn socat_moves_files_both_ways_over_iwarp() {
     .unwrap();
     let s_down = preloaded(
         "socat",
-        &["-u", "OPEN:down.bin", &format!("TCP-LISTEN:{p_down},reuseaddr")],
+        &[
+            "-u",
+            "OPEN:down.bin",
+            &format!("TCP-LISTEN:{p_down},reuseaddr"),
+        ],
         &dir,
         &ALL,
     )
@@ -161,7 +169,11 @@ fn socat_moves_files_both_ways_over_iwarp() {
             || {
                 preloaded(
                     "socat",
-                    &["-u", &format!("TCP:127.0.0.1:{p_down}"), "OPEN:down.out,creat,trunc"],
+                    &[
+                        "-u",
+                        &format!("TCP:127.0.0.1:{p_down}"),
+                        "OPEN:down.out,creat,trunc",
+                    ],
                     &d2,
                     &ALL,
                 )
@@ -183,7 +195,12 @@ fn socat_moves_files_both_ways_over_iwarp() {
     let c_down = c_down.join().unwrap();
     let s_up = wait_bounded(s_up, Duration::from_secs(60), "socat server (up)");
     let s_down = wait_bounded(s_down, Duration::from_secs(60), "socat server (down)");
-    for (what, out) in [("client up", &c_up), ("client down", &c_down), ("server up", &s_up), ("server down", &s_down)] {
+    for (what, out) in [
+        ("client up", &c_up),
+        ("client down", &c_down),
+        ("server up", &s_up),
+        ("server down", &s_down),
+    ] {
         assert!(
             out.status.success(),
             "{what}: {:?}\n{}",
@@ -203,7 +220,12 @@ fn socat_moves_files_both_ways_over_iwarp() {
     let recv_up = stream_stats(&s_up.stderr);
     let sent_down = stream_stats(&s_down.stderr);
     let recv_down = stream_stats(&c_down.stderr);
-    assert_eq!(sent_up.len(), 1, "{}", String::from_utf8_lossy(&c_up.stderr));
+    assert_eq!(
+        sent_up.len(),
+        1,
+        "{}",
+        String::from_utf8_lossy(&c_up.stderr)
+    );
     assert!(sent_up[0].0 >= up.len() as u64 && recv_up[0].1 == sent_up[0].0);
     assert!(sent_down[0].0 >= down.len() as u64 && recv_down[0].1 == sent_down[0].0);
     eprintln!(
@@ -229,7 +251,11 @@ fn socat_in_pass_through_mode_stays_plain_tcp() {
     let env = [("SOFTWARP_SOCKETS_STATS", "1")];
     let server = preloaded(
         "socat",
-        &["-u", &format!("TCP-LISTEN:{port},reuseaddr"), "OPEN:out.bin,creat,trunc"],
+        &[
+            "-u",
+            &format!("TCP-LISTEN:{port},reuseaddr"),
+            "OPEN:out.bin,creat,trunc",
+        ],
         &dir,
         &env,
     )
@@ -249,8 +275,15 @@ fn socat_in_pass_through_mode_stays_plain_tcp() {
     );
     assert!(client.status.success());
     let server = wait_bounded(server, Duration::from_secs(30), "preloaded socat server");
-    assert!(server.status.success(), "{}", String::from_utf8_lossy(&server.stderr));
-    assert!(stream_stats(&server.stderr).is_empty(), "no iWARP stream in pass-through mode");
+    assert!(
+        server.status.success(),
+        "{}",
+        String::from_utf8_lossy(&server.stderr)
+    );
+    assert!(
+        stream_stats(&server.stderr).is_empty(),
+        "no iWARP stream in pass-through mode"
+    );
     let got = std::fs::read(dir.join("out.bin")).unwrap();
     assert_eq!(crc32c::crc32c(&got), crc32c::crc32c(&data));
 }
@@ -273,7 +306,11 @@ fn a_c_program_opts_in_with_the_header_and_falls_back_without_the_library() {
         .arg(manifest.join("tests/c/iwarp_sum.c"))
         .output()
         .unwrap();
-    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
     let bin = bin.to_str().unwrap().to_string();
     for preload in [true, false] {
         let port = free_port().to_string();
@@ -306,7 +343,10 @@ fn a_c_program_opts_in_with_the_header_and_falls_back_without_the_library() {
         );
         assert!(cout.contains("ok 3000000 bytes"), "{cout}");
         let mode = if preload { "mode=iwarp" } else { "mode=tcp" };
-        assert!(cout.contains(mode) && sout.contains(mode), "{cout} / {sout}");
+        assert!(
+            cout.contains(mode) && sout.contains(mode),
+            "{cout} / {sout}"
+        );
         if preload {
             let st = stream_stats(&client.stderr);
             assert!(st.len() == 1 && st[0].0 >= 3_000_000, "{st:?}");
@@ -328,10 +368,7 @@ fn iperf3_runs_over_iwarp_both_directions_and_parallel() {
             .unwrap();
         let mut args = vec!["-c", "127.0.0.1", "-p", &port, "-n", "16M"];
         args.extend_from_slice(extra);
-        let client = run_client(
-            || preloaded("iperf3", &args, &dir, &ALL),
-            "iperf3 client",
-        );
+        let client = run_client(|| preloaded("iperf3", &args, &dir, &ALL), "iperf3 client");
         let server = wait_bounded(server, Duration::from_secs(60), "iperf3 server");
         let out = String::from_utf8_lossy(&client.stdout);
         assert!(
@@ -340,14 +377,20 @@ fn iperf3_runs_over_iwarp_both_directions_and_parallel() {
             String::from_utf8_lossy(&client.stderr),
             String::from_utf8_lossy(&server.stderr)
         );
-        assert!(out.contains("receiver") && out.contains("iperf Done"), "{out}");
+        assert!(
+            out.contains("receiver") && out.contains("iperf Done"),
+            "{out}"
+        );
         // The data connections' bytes went as Sends (the control connection is iWARP too).
         let (tx, rx): (u64, u64) = stream_stats(&client.stderr)
             .iter()
             .fold((0, 0), |a, s| (a.0 + s.0, a.1 + s.1));
         let moved = if extra.is_empty() { tx } else { rx };
-        assert!(moved >= 16 << 20, "client streams moved {tx}/{rx} bytes\n{out}");
-        let summary = out.lines().filter(|l| l.contains("receiver")).last().unwrap_or("");
+        assert!(
+            moved >= 16 << 20,
+            "client streams moved {tx}/{rx} bytes\n{out}"
+        );
+        let summary = out.lines().rfind(|l| l.contains("receiver")).unwrap_or("");
         eprintln!("iperf3 {extra:?} over iWARP: {summary}");
     }
 }
@@ -362,7 +405,16 @@ fn redis_benchmark_runs_against_redis_server_over_iwarp() {
     let port = free_port().to_string();
     let server = preloaded(
         "redis-server",
-        &["--port", &port, "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
+        &[
+            "--port",
+            &port,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--bind",
+            "127.0.0.1",
+        ],
         &dir,
         &ALL,
     )
@@ -373,7 +425,9 @@ fn redis_benchmark_runs_against_redis_server_over_iwarp() {
             || {
                 preloaded(
                     "redis-benchmark",
-                    &["-p", &port, "-n", "2000", "-c", "4", "-P", pipeline, "-t", "set,get", "-q"],
+                    &[
+                        "-p", &port, "-n", "2000", "-c", "4", "-P", pipeline, "-t", "set,get", "-q",
+                    ],
                     &dir,
                     &ALL,
                 )
@@ -381,7 +435,11 @@ fn redis_benchmark_runs_against_redis_server_over_iwarp() {
             "redis-benchmark",
         );
         let out = String::from_utf8_lossy(&bench.stdout);
-        assert!(bench.status.success(), "{out}\n{}", String::from_utf8_lossy(&bench.stderr));
+        assert!(
+            bench.status.success(),
+            "{out}\n{}",
+            String::from_utf8_lossy(&bench.stderr)
+        );
         let finals: Vec<&str> = out
             .split(['\r', '\n'])
             .filter(|l| l.contains("requests per second"))
@@ -396,10 +454,15 @@ fn redis_benchmark_runs_against_redis_server_over_iwarp() {
             streams.len() >= 4 && streams.iter().all(|s| s.0 > 0 && s.1 > 0),
             "benchmark connections over iWARP: {streams:?}"
         );
-        eprintln!("redis-benchmark -P {pipeline} over iWARP: {}", finals.join(" | "));
+        eprintln!(
+            "redis-benchmark -P {pipeline} over iWARP: {}",
+            finals.join(" | ")
+        );
     }
     // A graceful stop (SIGTERM) lets the server close its streams.
-    let _ = Command::new("kill").args(["-TERM", &server.id().to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status();
     let server = wait_bounded(server, Duration::from_secs(30), "redis-server");
     assert!(
         !stream_stats(&server.stderr).is_empty(),

@@ -19,9 +19,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use softwarp::{
-    AccessFlags, CompletionChannel, CompletionQueue, ConnectOptions, ConnectionInfo,
-    MemoryRegion, Payload, ProtectionDomain, QpCap, QpInitAttr, QueuePair, RecvWr, SendOp,
-    SendWr, SgList, Stag, WcStatus, WorkCompletion,
+    AccessFlags, CompletionChannel, CompletionQueue, ConnectOptions, ConnectionInfo, MemoryRegion,
+    Payload, ProtectionDomain, QpCap, QpInitAttr, QueuePair, RecvWr, SendOp, SendWr, SgList, Stag,
+    WcStatus, WorkCompletion,
 };
 
 use crate::credits::Credits;
@@ -419,8 +419,7 @@ impl Conn {
         if st.error.is_some() {
             return;
         }
-        while !st.ctrl_out.is_empty() && st.credits.can_send_message() && !st.free_tx.is_empty()
-        {
+        while !st.ctrl_out.is_empty() && st.credits.can_send_message() && !st.free_tx.is_empty() {
             if let Some((kind, body)) = st.ctrl_out.pop_front() {
                 self.send_message(st, kind, &body);
             }
@@ -434,8 +433,7 @@ impl Conn {
             st.eof_out = EofOut::Sent;
         }
         if st.credits.wants_grant_message() && !st.free_tx.is_empty() {
-            if let (Some(slot), Some(grant)) = (st.free_tx.pop(), st.credits.take_grant_message())
-            {
+            if let (Some(slot), Some(grant)) = (st.free_tx.pop(), st.credits.take_grant_message()) {
                 self.post_message(st, slot, Kind::Grant, grant, &[]);
             }
         }
@@ -610,10 +608,7 @@ impl Conn {
     pub(crate) fn bytes_readable(&self) -> usize {
         let mut st = lock(&self.state);
         self.progress(&mut st);
-        st.rx_ready
-            .iter()
-            .map(|m| m.end.saturating_sub(m.at))
-            .sum()
+        st.rx_ready.iter().map(|m| m.end.saturating_sub(m.at)).sum()
     }
 
     /// Writes stream bytes: as many as credits and free send slots allow at once (at least
@@ -750,7 +745,11 @@ impl Conn {
         timeout: Option<Duration>,
     ) -> io::Result<WindowAd> {
         self.run(timeout.is_none(), timeout, |_, st| {
-            if let Some(w) = st.peer_windows.iter().find(|w| w.locate(offset, len).is_some()) {
+            if let Some(w) = st
+                .peer_windows
+                .iter()
+                .find(|w| w.locate(offset, len).is_some())
+            {
                 return Some(Ok(*w));
             }
             st.error
@@ -790,31 +789,35 @@ impl Conn {
         timeout: Duration,
     ) -> io::Result<()> {
         let w = self.peer_window(offset, data.len() as u64, None)?;
-        self.one_sided(timeout, data.len(), |c, st, slot, at, take| {
-            let base = c.slot_off(slot);
-            let remote = w.locate(offset.wrapping_add(at as u64), take as u64)?;
-            let r = c
-                .tx
-                .write_at(base, &data[at..at.saturating_add(take)])
-                .and_then(|()| c.tx.sge(base, take as u32))
-                .and_then(|sge| {
-                    c.qp.post_send(&SendWr {
-                        wr_id: WR_ONE_SIDED | u64::from(slot),
-                        op: SendOp::Write {
-                            remote_addr: remote,
-                            rkey: Stag(w.stag),
-                        },
-                        payload: Payload::Sgl(SgList::single(sge)),
-                        signaled: true,
-                        fence: false,
-                    })
-                });
-            if let Err(e) = r {
-                fail(st, io::ErrorKind::BrokenPipe, e.to_string());
-                return None;
-            }
-            Some(())
-        }, |_, _, _, _| Ok(()))?;
+        self.one_sided(
+            timeout,
+            data.len(),
+            |c, st, slot, at, take| {
+                let base = c.slot_off(slot);
+                let remote = w.locate(offset.wrapping_add(at as u64), take as u64)?;
+                let r =
+                    c.tx.write_at(base, &data[at..at.saturating_add(take)])
+                        .and_then(|()| c.tx.sge(base, take as u32))
+                        .and_then(|sge| {
+                            c.qp.post_send(&SendWr {
+                                wr_id: WR_ONE_SIDED | u64::from(slot),
+                                op: SendOp::Write {
+                                    remote_addr: remote,
+                                    rkey: Stag(w.stag),
+                                },
+                                payload: Payload::Sgl(SgList::single(sge)),
+                                signaled: true,
+                                fence: false,
+                            })
+                        });
+                if let Err(e) = r {
+                    fail(st, io::ErrorKind::BrokenPipe, e.to_string());
+                    return None;
+                }
+                Some(())
+            },
+            |_, _, _, _| Ok(()),
+        )?;
         if notify {
             let mut st = lock(&self.state);
             st.ctrl_out.push_back((
@@ -835,31 +838,35 @@ impl Conn {
     ) -> io::Result<()> {
         let len = buf.len();
         let w = self.peer_window(offset, len as u64, None)?;
-        self.one_sided(timeout, len, |c, st, slot, at, take| {
-            let base = c.slot_off(slot);
-            let remote = w.locate(offset.wrapping_add(at as u64), take as u64)?;
-            let r = c.tx.sge(base, take as u32).and_then(|sge| {
-                c.qp.post_send(&SendWr {
-                    wr_id: WR_ONE_SIDED | u64::from(slot),
-                    op: SendOp::Read {
-                        remote_addr: remote,
-                        rkey: Stag(w.stag),
-                    },
-                    payload: Payload::Sgl(SgList::single(sge)),
-                    signaled: true,
-                    fence: false,
-                })
-            });
-            if let Err(e) = r {
-                fail(st, io::ErrorKind::BrokenPipe, e.to_string());
-                return None;
-            }
-            Some(())
-        }, |c, slot, at, take| {
-            c.tx
-                .read_at(c.slot_off(slot), &mut buf[at..at.saturating_add(take)])
-                .map_err(io::Error::other)
-        })
+        self.one_sided(
+            timeout,
+            len,
+            |c, st, slot, at, take| {
+                let base = c.slot_off(slot);
+                let remote = w.locate(offset.wrapping_add(at as u64), take as u64)?;
+                let r = c.tx.sge(base, take as u32).and_then(|sge| {
+                    c.qp.post_send(&SendWr {
+                        wr_id: WR_ONE_SIDED | u64::from(slot),
+                        op: SendOp::Read {
+                            remote_addr: remote,
+                            rkey: Stag(w.stag),
+                        },
+                        payload: Payload::Sgl(SgList::single(sge)),
+                        signaled: true,
+                        fence: false,
+                    })
+                });
+                if let Err(e) = r {
+                    fail(st, io::ErrorKind::BrokenPipe, e.to_string());
+                    return None;
+                }
+                Some(())
+            },
+            |c, slot, at, take| {
+                c.tx.read_at(c.slot_off(slot), &mut buf[at..at.saturating_add(take)])
+                    .map_err(io::Error::other)
+            },
+        )
     }
 
     /// Posts one-sided operations over `len` bytes in slot-sized pieces (as many at once as
@@ -995,7 +1002,10 @@ fn post_slot(
 
 /// Waits until `fd` is readable or `timeout` passes.
 fn wait_readable(fd: impl std::os::fd::AsFd, timeout: Duration) -> io::Result<()> {
-    let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
     let ts = rustix::event::Timespec {
         tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
         tv_nsec: i64::from(timeout.subsec_nanos()),

@@ -178,7 +178,11 @@ mod tests {
                 let in_flight = self.wire[i].len() as u32;
                 let grants_in_flight: u32 = self.wire[1 - i].iter().map(|m| m.0).sum();
                 assert_eq!(
-                    peer.send + in_flight + grants_in_flight + self.ends[i].pending + self.unread[i],
+                    peer.send
+                        + in_flight
+                        + grants_in_flight
+                        + self.ends[i].pending
+                        + self.unread[i],
                     self.ends[i].slots,
                     "slot accounting of end {i}"
                 );
@@ -205,7 +209,11 @@ mod tests {
             }
             assert_eq!(sent, 10_000);
             // Grants mostly ride on grant-only messages here (one-way), but far fewer than data.
-            assert!(p.grant_messages < 10_000 / 2, "{} grant messages", p.grant_messages);
+            assert!(
+                p.grant_messages < 10_000 / 2,
+                "{} grant messages",
+                p.grant_messages
+            );
         }
     }
 
@@ -215,9 +223,9 @@ mod tests {
             let mut p = Pair::new(slots);
             let mut sent = [0u32; 2];
             for round in 0..5_000u32 {
-                for i in 0..2 {
+                for (i, count) in sent.iter_mut().enumerate() {
                     while p.send_data(i) {
-                        sent[i] += 1;
+                        *count += 1;
                     }
                 }
                 p.settle();

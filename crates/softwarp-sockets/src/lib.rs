@@ -44,7 +44,5 @@ mod options;
 mod stream;
 pub mod wire;
 
-pub use options::{
-    default_device, IwarpOptions, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE,
-};
+pub use options::{default_device, IwarpOptions, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE};
 pub use stream::{IwarpListener, IwarpStream, Readiness, Side, Socket, Window};

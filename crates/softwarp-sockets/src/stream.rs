@@ -116,7 +116,8 @@ impl Socket {
 
     /// Connects within `timeout`.
     pub fn connect_timeout(self, addr: &SocketAddr, timeout: Duration) -> io::Result<IwarpStream> {
-        self.inner.connect_timeout(&SockAddr::from(*addr), timeout)?;
+        self.inner
+            .connect_timeout(&SockAddr::from(*addr), timeout)?;
         self.finish_connect()
     }
 

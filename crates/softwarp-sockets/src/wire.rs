@@ -209,7 +209,9 @@ impl Hello {
             slot_size: u32::from_be_bytes([b[12], b[13], b[14], b[15]]),
         };
         if h.slots < crate::credits::MIN_SLOTS || (h.slot_size as usize) <= HEADER_LEN {
-            return Err(Malformed("the peer's receive slots are too few or too small"));
+            return Err(Malformed(
+                "the peer's receive slots are too few or too small",
+            ));
         }
         Ok(h)
     }

@@ -7,8 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use softwarp_sockets::{
-    IwarpListener, IwarpOptions, IwarpStream, Socket, SOL_SOFTWARP, SO_IWARP_ACTIVE,
-    SO_IWARP_MODE,
+    IwarpListener, IwarpOptions, IwarpStream, Socket, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE,
 };
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
@@ -128,10 +127,7 @@ fn shutdown_gives_eof_after_the_bytes_and_the_other_direction_goes_on() {
     // EOF again on later reads.
     assert_eq!((&s).read(&mut [0u8; 8]).unwrap(), 0);
     // Writing after shutdown fails; the server may still answer.
-    assert_eq!(
-        (&c).write(b"x").unwrap_err().kind(),
-        ErrorKind::BrokenPipe
-    );
+    assert_eq!((&c).write(b"x").unwrap_err().kind(), ErrorKind::BrokenPipe);
     (&s).write_all(b"response").unwrap();
     drop(s);
     let got = recv_all(&c, 100, 100);
@@ -191,7 +187,10 @@ fn nonblocking_reads_and_writes_return_would_block_and_resume() {
             Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(1)),
             Err(e) => panic!("{e}"),
         }
-        assert!(Instant::now() < deadline, "reader stalled at {got}/{written}");
+        assert!(
+            Instant::now() < deadline,
+            "reader stalled at {got}/{written}"
+        );
     }
     assert_eq!(got, written);
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -205,7 +204,8 @@ fn nonblocking_reads_and_writes_return_would_block_and_resume() {
 #[test]
 fn read_timeout_expires_with_would_block() {
     let (_c, s) = pair();
-    s.set_read_timeout(Some(Duration::from_millis(150))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(150)))
+        .unwrap();
     let t0 = Instant::now();
     let e = (&s).read(&mut [0u8; 4]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::WouldBlock);
@@ -300,7 +300,10 @@ fn one_sided_write_and_read_reach_the_exposed_window() {
     assert_eq!((off, len), ((1 << 20) + 1000, 70_000));
     let mut got = vec![0u8; data.len()];
     win.read_at(1000, &mut got).unwrap();
-    assert_eq!(got, data, "the bytes are in the window, no receive involved");
+    assert_eq!(
+        got, data,
+        "the bytes are in the window, no receive involved"
+    );
     // The server fills another part; the client reads it back one-sided.
     let back = pattern(90_000, 6);
     win.write_at(5000, &back).unwrap();
@@ -315,7 +318,10 @@ fn one_sided_write_and_read_reach_the_exposed_window() {
     (&s).read_exact(&mut b).unwrap();
     assert_eq!(&b, b"still a stream");
     let st = c.qp_stats().unwrap();
-    assert!(st.tx.write.bytes >= 70_000 && st.tx.read_request.messages >= 1, "{st:?}");
+    assert!(
+        st.tx.write.bytes >= 70_000 && st.tx.read_request.messages >= 1,
+        "{st:?}"
+    );
 }
 
 #[test]
@@ -338,7 +344,9 @@ fn handover_moves_an_established_tcp_connection_to_iwarp() {
     t.write_all(b"STARTRDM").unwrap();
     let mut ok = [0u8; 2];
     t.read_exact(&mut ok).unwrap();
-    let c = IwarpStream::from(t).into_iwarp(&IwarpOptions::default()).unwrap();
+    let c = IwarpStream::from(t)
+        .into_iwarp(&IwarpOptions::default())
+        .unwrap();
     assert!(c.is_iwarp());
     let data = pattern(3 << 20, 7);
     send_all(&c, &data, 65536);

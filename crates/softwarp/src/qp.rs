@@ -960,15 +960,15 @@ impl QpShared {
         let mut budget = PASS_BUDGET;
         let rx = STAGE
             .try_with(|stage| match stage.try_borrow_mut() {
-            Ok(mut stage) => {
-                if stage.len() < STAGE_LEN {
-                    stage.resize(STAGE_LEN, 0);
+                Ok(mut stage) => {
+                    if stage.len() < STAGE_LEN {
+                        stage.resize(STAGE_LEN, 0);
+                    }
+                    self.rx_pass(inner, &mut stage, &mut budget, true)
                 }
-                self.rx_pass(inner, &mut stage, &mut budget, true)
-            }
-            // Re-entered from inside a pass (not possible today): read without staging.
-            Err(_) => self.rx_pass(inner, &mut [0u8; 512], &mut budget, true),
-        })
+                // Re-entered from inside a pass (not possible today): read without staging.
+                Err(_) => self.rx_pass(inner, &mut [0u8; 512], &mut budget, true),
+            })
             .unwrap_or_else(|_| self.rx_pass(inner, &mut [0u8; 512], &mut budget, true));
         let mut budget = PASS_BUDGET;
         let _ = self.tx_pass(inner, &mut budget);
