@@ -117,7 +117,7 @@ fn exec_runs_socat_over_iwarp() {
         {
             use std::io::Write;
             let mut stdin = c.stdin.take().unwrap();
-            stdin.write_all(b"hello over iWARP\n").unwrap();
+            let _ = stdin.write_all(b"hello over iWARP\n");
         }
         let out = c.wait_with_output().unwrap();
         if out.status.success() {
@@ -141,5 +141,186 @@ fn exec_runs_socat_over_iwarp() {
             "{}",
             String::from_utf8_lossy(err)
         );
+    }
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// socat through `softwarp exec --sockets [extra]`: `data` from a client to a server on
+/// `port`; returns what the server wrote out.
+fn socat_once(lib: &std::path::Path, port: u16, extra: &[&str], data: &[u8]) -> Vec<u8> {
+    let exec = |args: &[&str]| {
+        let mut c = softwarp();
+        c.args(["exec", "--sockets", "--library"])
+            .arg(lib)
+            .args(extra)
+            .arg("--")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let server = exec(&[
+        "socat",
+        "-u",
+        &format!("TCP-LISTEN:{port},reuseaddr"),
+        "STDOUT",
+    ])
+    .spawn()
+    .unwrap();
+    // Read the server's output while the client sends (a full pipe would stop the server).
+    let server = std::thread::spawn(move || server.wait_with_output().unwrap().stdout);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut c = exec(&["socat", "-u", "STDIN", &format!("TCP:127.0.0.1:{port}")])
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            // A client that failed to connect has exited: its stdin is closed.
+            let _ = c.stdin.take().unwrap().write_all(data);
+        }
+        let out = c.wait_with_output().unwrap();
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.join().unwrap()
+}
+
+#[test]
+fn a_capture_of_exec_sockets_decodes_as_iwarp_and_opt_in_stays_tcp() {
+    let Some(lib) = library() else {
+        eprintln!("skipped: libsoftwarp_preload.so not built (cargo build -p softwarp-preload)");
+        return;
+    };
+    if !is_root() || !have("tcpdump") || !have("socat") {
+        eprintln!("skipped: needs root (capturing on lo), tcpdump and socat");
+        return;
+    }
+    let data: Vec<u8> = (0..300_000u32)
+        .map(|i| (i.wrapping_mul(7919) >> 3) as u8)
+        .collect();
+    for attempt in 1..=3 {
+        let base = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+            .clamp(20000, 60000);
+        let (p_iwarp, p_tcp) = (base, base + 1);
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let pcap = dir.join(format!("exec-sockets-{}.pcap", std::process::id()));
+        let mut dump = Command::new("tcpdump")
+            .args([
+                "-i",
+                "lo",
+                "-U",
+                "--immediate-mode",
+                "-s",
+                "0",
+                "-B",
+                "16384",
+                "-n",
+                "-w",
+            ])
+            .arg(&pcap)
+            .args(["tcp", "portrange", &format!("{p_iwarp}-{p_tcp}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // tcpdump prints "listening on" once it captures.
+        let mut err = dump.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut all = String::new();
+            let mut buf = [0u8; 256];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                all.push_str(&String::from_utf8_lossy(&buf[..n]));
+                let _ = tx.send(all.clone());
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut seen = String::new();
+        while !seen.contains("listening on") {
+            let left = deadline.saturating_duration_since(Instant::now());
+            seen = rx.recv_timeout(left).expect("tcpdump did not start");
+        }
+        let got_iwarp = socat_once(&lib, p_iwarp, &[], &data);
+        let got_tcp = socat_once(&lib, p_tcp, &["--opt-in"], &data);
+        std::thread::sleep(Duration::from_millis(1500));
+        let _ = Command::new("kill")
+            .args(["-INT", &dump.id().to_string()])
+            .status();
+        let _ = dump.wait();
+        let mut report = String::new();
+        while let Ok(s) = rx.recv_timeout(Duration::from_millis(300)) {
+            report = s;
+        }
+        assert_eq!(got_iwarp, data, "bytes over iWARP");
+        assert_eq!(got_tcp, data, "bytes over plain TCP");
+        let dropped = report
+            .lines()
+            .find_map(|l| l.strip_suffix(" packets dropped by kernel"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if dropped > 0 && attempt < 3 {
+            eprintln!("tcpdump lost {dropped} packets; capturing again");
+            continue;
+        }
+        let out = softwarp()
+            .arg("decode")
+            .arg("--summary")
+            .arg(&pcap)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let summary = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}\n{summary}");
+        assert!(
+            text.contains("MPA-REQ") && text.contains("MPA-REP") && text.contains(" Send "),
+            "{text}"
+        );
+        assert!(
+            summary.contains("2 TCP connections (1 iWARP)") && summary.contains("0 bad CRCs"),
+            "{summary}"
+        );
+        let sends: u64 = text
+            .lines()
+            .filter(|l| l.contains(" Send "))
+            .filter_map(|l| l.split("payload=").nth(1))
+            .filter_map(|p| p.split_whitespace().next()?.parse::<u64>().ok())
+            .sum();
+        assert!(
+            sends >= data.len() as u64,
+            "{sends} Send payload bytes in the capture"
+        );
+        let _ = std::fs::remove_file(&pcap);
+        return;
     }
 }
