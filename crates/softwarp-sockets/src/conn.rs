@@ -83,6 +83,8 @@ struct State {
     rx_ready: VecDeque<RxMsg>,
     free_tx: Vec<u32>,
     eof_in: bool,
+    /// The application shut the reading side down.
+    read_shut: bool,
     eof_out: EofOut,
     /// Control messages waiting for a credit (WINDOW, WROTE), in order.
     ctrl_out: VecDeque<(Kind, Vec<u8>)>,
@@ -210,6 +212,7 @@ impl Conn {
             rx_ready: VecDeque::new(),
             free_tx: (0..send_slots).rev().collect(),
             eof_in: false,
+            read_shut: false,
             eof_out: EofOut::Open,
             ctrl_out: VecDeque::new(),
             error: None,
@@ -342,6 +345,8 @@ impl Conn {
         };
         st.credits.on_receive(u32::from(h.grant));
         match h.kind {
+            // After shutdown(Read) bytes are dropped as they come (the peer keeps its credits).
+            Kind::Data if st.read_shut => self.repost(st, slot),
             Kind::Data if len > HEADER_LEN => st.rx_ready.push_back(RxMsg {
                 slot,
                 at: HEADER_LEN,
@@ -668,6 +673,7 @@ impl Conn {
         let mut st = lock(&self.state);
         self.progress(&mut st);
         st.eof_in = true;
+        st.read_shut = true;
         while let Some(m) = st.rx_ready.pop_front() {
             self.repost(&mut st, m.slot);
         }

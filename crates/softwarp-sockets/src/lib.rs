@@ -29,7 +29,11 @@
 //! none at all for one-sided Writes into a [`Window`] at the receiving end.
 //!
 //! No thread of its own: a process-wide device's progress thread moves the bytes
-//! ([`default_device`]), and calls on a stream poll its completion queues.
+//! ([`default_device`]), and calls on a stream poll its completion queues. So a receiving
+//! end returns credits (and drops bytes after `shutdown(Read)`) when its application calls
+//! into the stream: `read`, `write`, [`IwarpStream::poll_ready`], or with the preload
+//! library `poll`/`select`/`epoll_wait` on it. A program that stops calling while its
+//! peer writes stalls the peer once the receive ring is full, as a full TCP window would.
 #![warn(missing_docs)]
 #![cfg_attr(
     not(test),

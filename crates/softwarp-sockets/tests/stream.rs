@@ -356,3 +356,32 @@ fn handover_moves_an_established_tcp_connection_to_iwarp() {
     assert_eq!(server.join().unwrap(), data.len());
     assert!(c.qp_stats().unwrap().tx.send.bytes >= data.len() as u64);
 }
+
+#[test]
+fn shutdown_read_drops_later_bytes_without_stalling_the_writer() {
+    let (c, s) = pair();
+    s.shutdown(Shutdown::Read).unwrap();
+    assert_eq!((&s).read(&mut [0u8; 4]).unwrap(), 0);
+    // Far more than the receive ring holds: the writer never blocks for good while the
+    // receiving end calls into its stream (here: readiness polls, as an event loop does).
+    let data = vec![1u8; 4 << 20];
+    let t0 = Instant::now();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    thread::scope(|sc| {
+        sc.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                assert!(s.poll_ready().readable, "EOF after shutdown(Read)");
+                assert!(t0.elapsed() < Duration::from_secs(20), "writer stalled");
+                thread::sleep(Duration::from_millis(1));
+            }
+        });
+        (&c).write_all(&data).unwrap();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    assert_eq!((&s).read(&mut [0u8; 4]).unwrap(), 0);
+    // The other direction still works.
+    (&s).write_all(b"still").unwrap();
+    let mut b = [0u8; 5];
+    (&c).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"still");
+}
