@@ -18,9 +18,14 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
+use peer::{ulpdu, Offer, RawPeer, Role};
 use softwarp::*;
 use softwarp_wire::mpa::frame::{
     EnhancedParams, MpaFrame, MpaFrameKind, MpaRevision, RtrFlags, HEADER_LEN, MAX_PRIVATE_DATA_LEN,
+};
+use softwarp_wire::rdmap::{
+    DdpError, Message, Placement, RdmapError, ReadRequestRepr, RemoteOperationError, Segment,
+    TerminateError, UntaggedBufferError,
 };
 use util::*;
 
@@ -348,4 +353,197 @@ fn thousands_of_connections_that_never_finish_mpa_are_bounded_and_a_good_client_
         open_fds()
     );
     drop((server, client, cch));
+}
+
+/// The error a Terminate ULPDU carries.
+fn terminate_error(ulpdu: &[u8]) -> TerminateError {
+    match Segment::parse(ulpdu).unwrap().message {
+        Message::Terminate(repr) => repr.error,
+        other => panic!("not a Terminate: {other:?}"),
+    }
+}
+
+/// Bytes of a burst from a raw peer: `n` FPDUs made by `fpdu(i)`.
+fn burst(n: u32, fpdu: impl Fn(u32) -> Vec<u8>) -> Vec<u8> {
+    (1..=n).flat_map(fpdu).collect()
+}
+
+/// What the stack's process holds before and after a burst.
+struct Footprint {
+    rss: u64,
+    threads: Vec<String>,
+    fds: usize,
+}
+
+impl Footprint {
+    fn now() -> Self {
+        Self {
+            threads: settled_thread_names(),
+            rss: rss(),
+            fds: open_fds(),
+        }
+    }
+
+    /// RSS grew by at most `bytes`, and no thread or descriptor was added.
+    fn assert_within(&self, later: &Footprint, bytes: u64, what: &str) {
+        let grew = later.rss.saturating_sub(self.rss);
+        eprintln!(
+            "{what}: RSS {} KiB -> {} KiB (+{} KiB, bound {} KiB), threads {} -> {}, \
+             descriptors {} -> {}",
+            self.rss / 1024,
+            later.rss / 1024,
+            grew / 1024,
+            bytes / 1024,
+            self.threads.len(),
+            later.threads.len(),
+            self.fds,
+            later.fds
+        );
+        assert!(grew <= bytes, "{what}: RSS grew by {grew} bytes");
+        assert!(
+            later.threads.len() <= self.threads.len(),
+            "{what}: threads {:?} -> {:?}",
+            self.threads,
+            later.threads
+        );
+        assert!(
+            later.fds <= self.fds,
+            "{what}: descriptors {} -> {}",
+            self.fds,
+            later.fds
+        );
+    }
+}
+
+/// A burst of 10,000 Sends of 1 KiB (10 MiB) to a QP with no receive posted: the first gets
+/// DDP's "no buffer available" Terminate, nothing else is answered, placed or completed,
+/// and the stack's memory does not take the burst in.
+#[test]
+fn a_burst_of_unsolicited_sends_gets_one_terminate_and_nothing_grows() {
+    const SENDS: u32 = 10_000;
+    let _serial = serial();
+    let stack = End::new(None, None);
+    let (mut peer, _) = RawPeer::connect(
+        Role::Initiator,
+        &stack.qp,
+        &ConnectOptions::default(),
+        Offer::default(),
+    );
+    let payload = [0x5au8; 1024];
+    let bytes = burst(SENDS, |msn| {
+        peer.frame(&ulpdu(&Segment {
+            last: true,
+            placement: Placement::Untagged { msn, mo: 0 },
+            message: Message::Send,
+            payload: &payload,
+        }))
+    });
+    let before = Footprint::now();
+    let sent = peer.send_burst(&bytes);
+    let (answers, t) = peer.read_until_terminate(0);
+    assert!(answers.is_empty());
+    //= https://www.rfc-editor.org/rfc/rfc5041#section-7.2
+    // (paraphrase) An untagged segment with no buffer to place it in is an Untagged Buffer
+    // Error, "Invalid MSN - no buffer available" (code 1).
+    assert_eq!(
+        terminate_error(&t.ulpdu),
+        TerminateError::Ddp(DdpError::UntaggedBuffer(
+            UntaggedBufferError::InvalidMsnNoBuffer
+        ))
+    );
+    peer.expect_close_or_reset();
+    wait_state(&stack.qp, QpState::Error);
+    let st = stack.qp.stats();
+    assert_eq!(st.terminates_sent, 1, "{st:?}");
+    assert_eq!(st.rx.send.messages, 0, "nothing delivered: {st:?}");
+    assert_no_wc(&stack.rcq, Duration::from_millis(50));
+    let after = Footprint::now();
+    eprintln!(
+        "{SENDS} unsolicited Sends ({} KiB offered, {} KiB taken by the kernel), {} FPDUs read \
+         by the stack",
+        bytes.len() / 1024,
+        sent / 1024,
+        st.rx_fpdus
+    );
+    before.assert_within(&after, 4 << 20, "unsolicited Sends");
+    drop(peer);
+}
+
+/// 10,000 RDMA Read Requests of 64 KiB each (625 MiB asked for) in one burst to a QP whose
+/// IRD is 2: at most the first 2 are answered, the third gets the Terminate for an exceeded
+/// IRD, nothing else is answered, and no response is queued for the rest.
+#[test]
+fn read_requests_far_beyond_the_ird_get_one_terminate_and_nothing_grows() {
+    const IRD: usize = 2;
+    const REQUESTS: u32 = 10_000;
+    const SIZE: u32 = 64 << 10;
+    let _serial = serial();
+    let stack = End::with(None, None, |a| a.max_dest_rd_atomic = IRD);
+    let source = stack
+        .pd
+        .reg_mr(SIZE as usize, LW | AccessFlags::REMOTE_READ)
+        .unwrap();
+    let (mut peer, info) = RawPeer::connect(
+        Role::Responder,
+        &stack.qp,
+        &ConnectOptions::default(),
+        Offer {
+            ord: IRD as u16,
+            ..Offer::default()
+        },
+    );
+    assert_eq!(info.ird, IRD);
+    let bytes = burst(REQUESTS, |msn| {
+        peer.frame(&ulpdu(&Segment {
+            last: true,
+            placement: Placement::Untagged { msn, mo: 0 },
+            message: Message::RdmaReadRequest(ReadRequestRepr {
+                sink_stag: 0x0012_3400,
+                sink_tagged_offset: 0x7000_0000,
+                read_size: SIZE,
+                source_stag: source.rkey().0,
+                source_tagged_offset: source.addr(),
+            }),
+            payload: &[],
+        }))
+    });
+    let before = Footprint::now();
+    let sent = peer.send_burst(&bytes);
+    let (responses, t) = peer.read_until_terminate(4096);
+    let answered: usize = responses
+        .iter()
+        .map(|r| {
+            let seg = Segment::parse(&r.ulpdu).unwrap();
+            assert_eq!(seg.message, Message::RdmaReadResponse);
+            seg.payload.len()
+        })
+        .sum();
+    assert!(
+        answered <= IRD * SIZE as usize,
+        "{answered} bytes answered: more than {IRD} Reads"
+    );
+    //= https://www.rfc-editor.org/rfc/rfc5040#section-5.2
+    // (paraphrase) A Data Source accepts at most IRD outstanding RDMA Read Requests (the
+    // Terminate the engine sends for one more is explained in raw_peer.rs).
+    assert_eq!(
+        terminate_error(&t.ulpdu),
+        TerminateError::Rdmap(RdmapError::RemoteOperation(
+            RemoteOperationError::CatastrophicLocalToStream
+        ))
+    );
+    peer.expect_close_or_reset();
+    wait_state(&stack.qp, QpState::Error);
+    let st = stack.qp.stats();
+    assert_eq!(st.terminates_sent, 1, "{st:?}");
+    assert!(st.tx.read_response.messages <= IRD as u64, "{st:?}");
+    let after = Footprint::now();
+    eprintln!(
+        "{REQUESTS} Read Requests of {SIZE} bytes beyond IRD {IRD} ({} KiB offered, {} KiB \
+         taken by the kernel): {answered} bytes answered before the Terminate",
+        bytes.len() / 1024,
+        sent / 1024
+    );
+    before.assert_within(&after, 4 << 20, "Read Requests beyond the IRD");
+    drop(source);
+    drop(peer);
 }

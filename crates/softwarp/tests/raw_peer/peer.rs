@@ -253,6 +253,42 @@ impl RawPeer {
         self.read_until_terminate(0).1
     }
 
+    /// Sends a burst that may outlast the connection (the stack terminates and closes in
+    /// the middle of it): stops at the first failed write. Returns the bytes the kernel took.
+    pub fn send_burst(&mut self, bytes: &[u8]) -> usize {
+        let mut sent = 0;
+        for chunk in bytes.chunks(64 * 1024) {
+            match self.stream.write_all(chunk) {
+                Ok(()) => sent += chunk.len(),
+                Err(_) => break,
+            }
+        }
+        sent
+    }
+
+    /// After the Terminate: the stack sends nothing more and closes the connection, with a
+    /// FIN, or with a reset when it closed with bytes of a burst still unread.
+    pub fn expect_close_or_reset(&mut self) {
+        assert!(
+            self.rx.is_empty(),
+            "more after the Terminate: {:02x?}",
+            self.rx
+        );
+        let mut chunk = [0u8; 4096];
+        for _ in 0..MAX_FPDUS {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return,
+                Ok(n) => panic!(
+                    "the stack sent more after its Terminate: {:02x?}",
+                    &chunk[..n]
+                ),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return,
+                Err(e) => panic!("reading from the stack failed: {e}"),
+            }
+        }
+    }
+
     /// The stack sends nothing more and closes the TCP connection (FIN).
     pub fn expect_close(&mut self) {
         if let Some(r) = self.next_fpdu() {
