@@ -118,6 +118,26 @@ impl RawPeer {
         })
     }
 
+    /// The raw side alone of [`RawPeer::initiate`]: connects to a listener at `addr` (in
+    /// another process, say) and performs the MPA exchange as initiator.
+    pub fn initiate_to(addr: std::net::SocketAddr, offer: Offer) -> Self {
+        let mut stream = TcpStream::connect_timeout(&addr, WAIT).unwrap();
+        prepare(&stream);
+        write_frame(&mut stream, MpaFrameKind::Request, offer.crc, offer);
+        let mut buf = [0u8; HEADER_LEN + MAX_PRIVATE_DATA_LEN];
+        let len = read_frame(&mut stream, &mut buf);
+        let (reply, n) = MpaFrame::parse(&buf[..len]).unwrap();
+        assert_eq!(n, len);
+        assert_eq!(reply.kind, MpaFrameKind::Reply);
+        assert!(!reply.reject, "the stack rejected the connection");
+        Self::new(stream, offer.crc || reply.crc, reply.enhanced)
+    }
+
+    /// Stops the TCP connection in an orderly way (FIN), without waiting for anything.
+    pub fn shutdown(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
     /// The raw peer listens; `qp` connects to it.
     pub fn respond(qp: &QueuePair, opts: &ConnectOptions, offer: Offer) -> (Self, ConnectionInfo) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
