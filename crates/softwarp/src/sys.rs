@@ -170,6 +170,12 @@ pub(crate) fn tcp_maxseg(fd: BorrowedFd<'_>) -> io::Result<usize> {
     usize::try_from(mss).map_err(|_| io::Error::other("TCP_MAXSEG out of range"))
 }
 
+/// `TCP_USER_TIMEOUT`: how long sent data may stay unacknowledged (or unsent behind a zero
+/// window) before the kernel drops the connection.
+pub(crate) fn set_tcp_user_timeout(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<()> {
+    socket2::SockRef::from(&fd).set_tcp_user_timeout(Some(timeout))
+}
+
 /// Sets `SO_LINGER` to on with a zero timeout: closing the socket then resets the
 /// connection (RST) instead of the orderly FIN exchange.
 pub(crate) fn set_linger_zero(fd: BorrowedFd<'_>) -> io::Result<()> {

@@ -167,6 +167,15 @@ impl Drop for PeerProcess {
 /// A Softwarp QP (Idle, `recvs` receives of `recv_len` bytes posted) accepts the raw peer
 /// process running `scenario`.
 fn survivor(scenario: &str, recvs: u64, recv_len: usize) -> (End, MemoryRegion, PeerProcess) {
+    survivor_with(scenario, recvs, recv_len, &ConnectOptions::default())
+}
+
+fn survivor_with(
+    scenario: &str,
+    recvs: u64,
+    recv_len: usize,
+    opts: &ConnectOptions,
+) -> (End, MemoryRegion, PeerProcess) {
     let e = End::new(None, None);
     let inbox = e.pd.reg_mr(recv_len.max(1), LW).unwrap();
     for id in 0..recvs {
@@ -178,8 +187,7 @@ fn survivor(scenario: &str, recvs: u64, recv_len: usize) -> (End, MemoryRegion, 
     }
     let l = Listener::bind("127.0.0.1:0").unwrap();
     let peer = PeerProcess::spawn(scenario, l.local_addr().unwrap().port());
-    l.accept_timeout(&e.qp, &ConnectOptions::default(), WAIT)
-        .unwrap();
+    l.accept_timeout(&e.qp, opts, WAIT).unwrap();
     (e, inbox, peer)
 }
 
@@ -295,6 +303,38 @@ fn peer_killed_in_the_middle_of_an_rdma_write_flushes_it_and_leaks_nothing() {
     peer.kill();
     assert_failed_and_flushed(&e, &[1, 2], 2);
     assert_no_leak(e, vec![inbox, src]);
+}
+
+/// A peer that stays connected but reads nothing (its receive window closes): with
+/// `tcp_user_timeout` the kernel drops the connection once the Write's bytes have waited
+/// that long behind the zero window, and the QP fails as if the peer had died.
+#[test]
+fn a_zero_window_peer_fails_the_qp_after_the_tcp_user_timeout() {
+    const LEN: usize = 64 << 20;
+    const USER_TIMEOUT: Duration = Duration::from_secs(1);
+    let opts = ConnectOptions::default().tcp_user_timeout(Some(USER_TIMEOUT));
+    let (e, inbox, peer) = survivor_with("write", 1, 64, &opts);
+    peer.wait_for("READY");
+    let src = e.pd.reg_mr(LEN, LW).unwrap();
+    e.qp.post_send(&send_wr(
+        1,
+        SendOp::Write {
+            remote_addr: 0x1000,
+            rkey: Stag(0x4242_4200),
+        },
+        Payload::Sgl(sgl(&src, 0, LEN, 1)),
+    ))
+    .unwrap();
+    let sent = stalled_tx(&e.qp);
+    let stalled = Instant::now();
+    assert!(sent < LEN as u64, "the Write went out whole ({sent} bytes)");
+    assert_failed_and_flushed(&e, &[1], 1);
+    // The kernel checks at its zero-window probes (backing off from 200 ms on loopback).
+    let took = stalled.elapsed();
+    eprintln!("zero window after {sent} bytes: connection dropped {took:?} after the stall");
+    assert!(took < USER_TIMEOUT + Duration::from_secs(8), "{took:?}");
+    assert_no_leak(e, vec![inbox, src]);
+    drop(peer);
 }
 
 #[test]
