@@ -246,6 +246,8 @@ pub struct Scan {
 #[derive(Debug, Clone)]
 pub struct HostRegistry {
     dir: PathBuf,
+    /// The shared directory whose per-user directories root's scans read too.
+    shared_base: Option<PathBuf>,
 }
 
 impl HostRegistry {
@@ -258,7 +260,19 @@ impl HostRegistry {
     pub fn open(dir: impl Into<PathBuf>) -> io::Result<Self> {
         let dir = dir.into();
         ensure_dir(&dir)?;
-        Ok(Self { dir })
+        let shared_base = dir
+            .parent()
+            .filter(|p| *p == Path::new(SHARED_BASE))
+            .map(Path::to_path_buf);
+        Ok(Self { dir, shared_base })
+    }
+
+    /// Treats `base` as the shared directory of per-user directories (what [`SHARED_BASE`]
+    /// is for the default layout): root's scans read every user's directory in it. For
+    /// layouts of one's own, and for tests.
+    pub fn with_shared_base(mut self, base: impl Into<PathBuf>) -> Self {
+        self.shared_base = Some(base.into());
+        self
     }
 
     /// Its directory.
@@ -300,11 +314,15 @@ impl HostRegistry {
     }
 
     /// The directories a scan reads: this registry's own, and, when this process is root
-    /// and the directory is a user's directory in [`SHARED_BASE`], every user's directory
-    /// there (root sees every process on the host, each user only their own).
+    /// and the directory is a user's directory in the shared base ([`SHARED_BASE`], or
+    /// [`HostRegistry::with_shared_base`]), every user's directory there: one named by a
+    /// uid and owned by that uid (a directory one user made under another's number is
+    /// skipped). Root sees every process on the host; each user only their own.
     pub fn scan_dirs(&self) -> Vec<PathBuf> {
         let mut dirs = vec![self.dir.clone()];
-        let base = Path::new(SHARED_BASE);
+        let Some(base) = self.shared_base.as_deref() else {
+            return dirs;
+        };
         if sys::euid() != 0 || self.dir.parent() != Some(base) {
             return dirs;
         }
@@ -314,13 +332,13 @@ impl HostRegistry {
         let mut others: Vec<PathBuf> = read
             .filter_map(Result::ok)
             .filter(|e| {
-                e.file_name()
-                    .to_str()
-                    .is_some_and(|n| n.parse::<u32>().is_ok())
-                    && e.file_type().is_ok_and(|t| t.is_dir())
+                let uid = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok());
+                let meta = fs::symlink_metadata(e.path());
+                matches!((uid, meta), (Some(uid), Ok(m)) if m.is_dir() && m.uid() == uid)
             })
             .map(|e| e.path())
             .filter(|p| *p != self.dir)
+            .take(MAX_ENTRIES)
             .collect();
         others.sort();
         dirs.extend(others);

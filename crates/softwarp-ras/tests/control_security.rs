@@ -348,3 +348,54 @@ fn the_metrics_endpoint_listens_on_loopback_unless_an_address_is_given() {
         None => eprintln!("no non-loopback address with a route: only the bind address checked"),
     }
 }
+
+#[test]
+fn root_scans_every_users_directory_in_the_shared_base_and_skips_impostors() {
+    if skip_unless_root("root_scans_every_users_directory_in_the_shared_base_and_skips_impostors") {
+        return;
+    }
+    let base = common::TempDir::new("shared");
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let ours = HostRegistry::open(base.path().join("0"))
+        .unwrap()
+        .with_shared_base(base.path());
+    // A live process of user 65534 registered in its own directory, and one in a directory
+    // named after another uid but owned by 65534 (an impostor's).
+    let mut sleepers: Vec<std::process::Child> = (0..2)
+        .map(|_| {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let place = |dir_name: &str, child: &std::process::Child| {
+        let dir = base.path().join(dir_name);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let mut entry = ProcessEntry::this_process(dir.join(format!("{}.sock", child.id())));
+        entry.pid = child.id();
+        entry.uid = NOBODY;
+        entry.proc_start_ticks = None;
+        let path = dir.join(format!("{}.json", child.id()));
+        std::fs::write(&path, serde_json::to_vec(&entry).unwrap()).unwrap();
+        for p in [&dir, &path] {
+            std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
+        }
+    };
+    place(&NOBODY.to_string(), &sleepers[0]);
+    place("1234", &sleepers[1]);
+    let live: Vec<u32> = ours.scan().unwrap().live.iter().map(|e| e.pid).collect();
+    for s in &mut sleepers {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    assert!(live.contains(&sleepers[0].id()), "{live:?}");
+    assert!(
+        !live.contains(&sleepers[1].id()),
+        "a directory named after uid 1234 but owned by 65534 is skipped: {live:?}"
+    );
+    // Without the shared base, root reads its own directory only.
+    let alone = HostRegistry::open(base.path().join("0")).unwrap();
+    assert_eq!(alone.scan_dirs(), vec![base.path().join("0")]);
+}
