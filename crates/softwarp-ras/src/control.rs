@@ -655,7 +655,25 @@ impl ControlClient {
         self.stream
             .set_write_timeout(Some(self.timeout.max(Duration::from_millis(1))))
             .map_err(self.io("configure"))?;
-        self.stream.write_all(&line).map_err(self.io("send to"))?;
+        if let Err(e) = self.stream.write_all(&line) {
+            // A server that refuses the connection (busy, another user) answers at once and
+            // closes, perhaps before the request was sent: its reply is still readable, and
+            // says more than the broken pipe.
+            if matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ) {
+                if let Ok(reply) = self.read_reply(deadline) {
+                    return Ok(reply);
+                }
+            }
+            return Err(self.io("send to")(e));
+        }
+        self.read_reply(deadline)
+    }
+
+    /// Reads one reply line, waiting until `deadline`.
+    fn read_reply(&mut self, deadline: Deadline) -> Result<Reply, ClientError> {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             if let Some(nl) = self.pending.iter().position(|b| *b == b'\n') {
