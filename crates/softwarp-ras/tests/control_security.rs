@@ -309,14 +309,6 @@ fn requests_of_another_user_are_refused_by_peer_credentials_and_logged() {
     assert_eq!(server.refused(), 4);
 }
 
-/// An address of this host other than loopback, if it has one with a route.
-fn non_loopback_addr() -> Option<std::net::IpAddr> {
-    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
-    // A UDP connect only picks the route and source address: nothing is sent.
-    s.connect("192.0.2.1:9").ok()?;
-    Some(s.local_addr().ok()?.ip()).filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
-}
-
 #[test]
 fn the_metrics_endpoint_listens_on_loopback_unless_an_address_is_given() {
     use softwarp_ras::service::{start, ServiceConfig};
@@ -340,13 +332,8 @@ fn the_metrics_endpoint_listens_on_loopback_unless_an_address_is_given() {
     let addr = service.metrics_addr().unwrap();
     assert_eq!(addr, std::net::SocketAddr::from(([127, 0, 0, 1], port)));
     std::net::TcpStream::connect_timeout(&addr, WAIT).unwrap();
-    match non_loopback_addr() {
-        Some(ip) => {
-            let e = std::net::TcpStream::connect_timeout(&(ip, port).into(), WAIT).unwrap_err();
-            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{ip}: {e}");
-        }
-        None => eprintln!("no non-loopback address with a route: only the bind address checked"),
-    }
+    // The bound address is the whole check: the tests use no address but loopback (or
+    // namespaces they create), so another interface of the host is not tried.
 }
 
 #[test]
