@@ -9,10 +9,12 @@ use softwarp_engine::cq::{Cq, CqId};
 use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::fault::Cause;
 use softwarp_engine::mr::{Access, Stag};
-use softwarp_engine::qp::{QpError, QpState, Rtr, RtrKind, RxTarget, StreamConfig};
+use softwarp_engine::qp::{
+    QpError, QpState, ReadUntil, RecvEnd, Rtr, RtrKind, RxEnv, StreamConfig,
+};
 use softwarp_engine::srq::SrqId;
 use softwarp_engine::wr::{Payload, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus};
-use util::{contents, qp_config, sge, Pair, Side, Split};
+use util::{contents, qp_config, sge, CutReader, Pair, Side, Split};
 
 fn stream() -> StreamConfig {
     let mut s = StreamConfig::for_mss(1448);
@@ -58,10 +60,14 @@ fn modify_to_error_flushes_every_outstanding_wr_in_order_and_tells_the_peer() {
     for i in 10..13 {
         recv(&mut p.a, i, rstag, riova, 4096);
     }
-    // Start transmitting one FPDU, then fail the QP.
-    let f = p.a.qp.poll_tx().unwrap();
-    let n = f.len();
-    p.a.qp.tx_commit(n).unwrap();
+    // Transmit one FPDU (the writer fills up after it; its bytes are lost on the way),
+    // then fail the QP.
+    let mut wire = Vec::new();
+    assert_eq!(p.a.transmit_limited(&mut wire, 2), 2);
+    let ulpdu = usize::from(u16::from_be_bytes([wire[0], wire[1]]));
+    let fpdu = 2 + ulpdu + (4 - (2 + ulpdu) % 4) % 4 + 4;
+    p.a.transmit_limited(&mut wire, fpdu - 2);
+    assert_eq!(wire.len(), fpdu);
     p.a.qp.modify(QpState::Error).unwrap();
     assert_eq!(p.a.qp.state(), QpState::Error);
     let sends = p.a.send_wcs();
@@ -268,10 +274,28 @@ fn srq_receive_blocks_until_completions_are_polled() {
         n < wire.len(),
         "the second Send waits for a completion slot"
     );
-    assert!(matches!(b.qp.rx_target(), RxTarget::Blocked));
+    let mut budget = usize::MAX;
+    let mut res = RxEnv {
+        mrs: &mut b.mrs,
+        srq: b.srq.as_mut(),
+    };
+    let mut src = CutReader {
+        data: &wire[n..],
+        at: 0,
+        piece: || usize::MAX,
+    };
+    let end = b.qp.recv_from(
+        &mut src,
+        &mut [0u8; 64],
+        &mut budget,
+        ReadUntil::WouldBlock,
+        &mut res,
+    );
+    assert!(matches!(end, RecvEnd::Blocked), "{end:?}");
+    assert_eq!(src.at, 0, "nothing read while blocked");
     let (_, wc) = b.qp.poll_completion().unwrap();
     assert_eq!(wc.wr_id, 0);
-    b.qp.rx_commit(0, &mut b.mrs, b.srq.as_mut()).unwrap();
+    // The held header goes on at the next receive.
     let m = b.qp.handle_rx(&wire[n..], &mut b.mrs, b.srq.as_mut());
     assert_eq!(n + m, wire.len());
     assert_eq!(b.qp.poll_completion().unwrap().1.wr_id, 1);
@@ -599,8 +623,9 @@ fn rtr_write_read_and_send_are_exchanged_before_anything_else() {
                 &p.b.mrs,
             )
             .unwrap();
-        assert!(
-            p.b.qp.poll_tx().is_none(),
+        assert_eq!(
+            p.b.qp.handle_tx(&mut [0u8; 256]),
+            0,
             "responder waits for the RTR ({kind:?})"
         );
         p.drive();

@@ -1,25 +1,23 @@
 //! Queue pairs (after `ibv_qp`, reliable connected) and the data path that moves their bytes.
 //!
-//! The engine's [`Qp`] decides everything; this module only moves bytes and wakes threads:
+//! The engine's [`Qp`] decides everything, including how bytes are staged, coalesced and
+//! gated; this module only hands it the socket and wakes threads:
 //!
-//! - Receive (progress thread): loop [`Qp::rx_target`] → `readv` straight into the target
-//!   (a header buffer inside the QP, or the destination region: no staging copy) →
-//!   [`Qp::rx_commit`], until the socket has nothing more (`EAGAIN`).
+//! - Receive (progress thread, or a busy-polling thread): [`Qp::recv_from`] with the socket
+//!   as its reader (`readv` into the engine's target and the staging buffer), until EAGAIN.
 //! - Transmit (the posting thread first, like siw's direct send; then the progress thread on
-//!   write readiness): loop [`Qp::poll_tx`] → `writev` of the gather pieces →
-//!   [`Qp::tx_commit`], until there is nothing to send or the socket is full.
+//!   write readiness): [`Qp::send_to`] with the socket as its writer (`sendmsg`), until there
+//!   is nothing to send or the socket is full.
 //! - After either: completions go to their CQs ([`Qp::poll_completion`]) and events to the
 //!   device's event stream ([`Qp::poll_event`]).
 //!
 //! Locks: each QP has its own mutex; the STag table is locked only inside `post_send`
-//! (validation) and those `rx_commit`s that complete a header or an FPDU (placement
-//! decisions, invalidation), never across a system call; an SRQ's lock is taken inside
-//! `rx_commit` of the QPs that share it. The order of all of them is the table in the crate
+//! (validation) and by the receive steps that complete a header or an FPDU (placement
+//! decisions, invalidation; the SRQ, if any, first), never across a system call. The order of all of them is the table in the crate
 //! docs ("Locks").
 
-use std::io::Read;
 use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -28,8 +26,10 @@ use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::fault::Cause;
 use softwarp_engine::mr::MrTable;
 use softwarp_engine::qp::{
-    MrTableAccess, Qp, QpConfig, QpState, RxTarget, StreamConfig, TxPiece, MAX_GATHER_FPDUS,
+    Qp, QpConfig, QpState, ReadDest, ReadUntil, RecvEnd, RxResources, SendEnd, StreamConfig,
+    TxPiece, VectoredRead, VectoredWrite,
 };
+use softwarp_engine::srq::Srq;
 use softwarp_engine::stats::QpStats;
 use softwarp_engine::wr::{Payload, RecvWr, SendWr};
 use softwarp_ras::deadline::Deadline;
@@ -126,36 +126,14 @@ enum WatchLook {
     /// write readiness).
     TakeOver,
 }
-/// A payload at least this long is read straight into its destination, with only a
-/// header's worth of staging behind it.
-const BIG_PAYLOAD: usize = 16 * 1024;
-/// Staging behind a large payload: room for the trailer and the next FPDU's header.
-const SMALL_STAGE: usize = 64;
 /// Size of the staging buffer of threads that busy-poll.
 pub(crate) const STAGE_LEN: usize = 64 * 1024;
-
-/// FPDUs up to this long are copied into a batch rather than gathered (a copy this small
-/// costs less than a system call of its own).
-const COALESCE_MAX: usize = 2048;
-/// Largest batch of coalesced FPDUs per `sendmsg`.
-const BATCH_CAP: usize = 32 * 1024;
-/// About how many bytes of large FPDUs one `sendmsg` gathers (several 64 KiB FPDUs on
-/// loopback).
-const GATHER_BYTES: usize = 256 * 1024;
-
-/// How many bytes to stage behind the current target.
-fn stage_len(staging: bool, small: bool, cap: usize) -> usize {
-    match (staging, small) {
-        (false, _) => 0,
-        (true, true) => SMALL_STAGE.min(cap),
-        (true, false) => cap,
-    }
-}
 
 thread_local! {
     /// The staging buffer of a busy-polling thread (allocated at its first poll).
     static STAGE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// The batch buffer of a thread that transmits (grows to `BATCH_CAP` once).
+    /// The batch buffer of a thread that transmits (the engine grows it to
+    /// [`softwarp_engine::qp::BATCH_CAP`] once).
     static TX_BATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -183,8 +161,6 @@ pub(crate) struct Conn {
     /// Our FIN was sent.
     shut_wr: bool,
     linger_until: Option<Instant>,
-    /// RFC 5044 responder without peer-to-peer mode: no FPDU goes out before one arrived.
-    gated: bool,
     /// Initiator: no FPDU goes out before this deadline ([`ConnectOptions::first_fpdu_delay`]
     /// on the connection manager's path; a delay the clock cannot represent holds until
     /// the QP fails). Posted work waits in the QP meanwhile; the progress thread retries on
@@ -256,11 +232,6 @@ pub(crate) struct QpInner {
     observer: Option<Arc<dyn ConnObserver>>,
     /// Busy poll handed the closing of the connection to the progress thread.
     close_kicked: bool,
-    /// Recent payloads were large: stage only a header's worth behind each read.
-    rx_big: bool,
-    /// Coalesced FPDU bytes, already committed to the engine, that the socket has not
-    /// taken yet (empty unless the socket filled up in the middle of a batch).
-    tx_spill: Vec<u8>,
     /// Passes the application's threads made over this QP so far (busy polls and posts,
     /// which both write): the write watchdog tells from it whether the application is
     /// still at work.
@@ -310,16 +281,87 @@ enum TxEnd {
     Held,
 }
 
-/// The device's STag table, write-locked on first use (see [`MrTableAccess`]).
-struct LazyMrs<'a> {
+/// The SRQ and the device's STag table, locked when a receive commit first needs them and
+/// let go before every read (see [`RxResources`]); the SRQ first, as the lock order says.
+struct RxLocks<'a> {
     device: &'a DeviceShared,
-    guard: Option<std::sync::RwLockWriteGuard<'a, MrTable>>,
+    srq: Option<&'a SrqShared>,
+    srq_guard: Option<MutexGuard<'a, Srq>>,
+    mrs_guard: Option<std::sync::RwLockWriteGuard<'a, MrTable>>,
 }
 
-impl MrTableAccess for LazyMrs<'_> {
-    fn table(&mut self) -> &mut MrTable {
+impl<'a> RxLocks<'a> {
+    #[inline]
+    fn new(device: &'a DeviceShared, srq: Option<&'a SrqShared>) -> Self {
+        Self {
+            device,
+            srq,
+            srq_guard: None,
+            mrs_guard: None,
+        }
+    }
+}
+
+impl RxResources for RxLocks<'_> {
+    #[inline(always)]
+    fn get(&mut self) -> (&mut MrTable, Option<&mut Srq>) {
+        if self.mrs_guard.is_none() {
+            if let (Some(srq), None) = (self.srq, self.srq_guard.as_ref()) {
+                self.srq_guard = Some(srq.lock());
+            }
+        }
         let device = self.device;
-        self.guard.get_or_insert_with(|| device.mrs_write())
+        let mrs = self.mrs_guard.get_or_insert_with(|| device.mrs_write());
+        (mrs, self.srq_guard.as_deref_mut())
+    }
+
+    #[inline(always)]
+    fn release(&mut self) {
+        self.mrs_guard = None;
+        self.srq_guard = None;
+    }
+}
+
+/// The socket as the engine's reader and writer: `readv` into the engine's target and the
+/// staging buffer, `sendmsg` of its gather lists ([`sys`]).
+struct SockIo<'a> {
+    fd: BorrowedFd<'a>,
+    qp_num: u32,
+}
+
+impl<'a> SockIo<'a> {
+    #[inline]
+    fn new(fd: BorrowedFd<'a>, qp_num: u32) -> Self {
+        Self { fd, qp_num }
+    }
+}
+
+impl VectoredRead for SockIo<'_> {
+    #[inline(always)]
+    fn read_to(&mut self, dest: ReadDest<'_>, stage: &mut [u8]) -> std::io::Result<usize> {
+        let r = match dest {
+            ReadDest::Buffer(b) => sys::read_buf_staged(self.fd, b, stage),
+            ReadDest::Region {
+                region,
+                offset,
+                len,
+            } => sys::read_region_staged(self.fd, region, offset, len, stage),
+        };
+        if let Ok(n) = r {
+            softwarp_ras::sw_event!(Qp, 8, qpn = self.qp_num, bytes = n, "received");
+        }
+        r
+    }
+}
+
+impl VectoredWrite for SockIo<'_> {
+    #[inline(always)]
+    fn write_from(&mut self, pieces: &[TxPiece<'_>]) -> std::io::Result<usize> {
+        let r = sys::write_pieces(self.fd, pieces);
+        if let Ok(n) = r {
+            softwarp_ras::sw_event!(Qp, 8, qpn = self.qp_num, bytes = n, "sent");
+        }
+        r
     }
 }
 
@@ -411,24 +453,15 @@ impl QpShared {
         view.with_attr("watchdog", &watchdog)
     }
 
-    /// Reads from the socket into wherever the engine says, until EAGAIN or the budget is
-    /// spent.
-    ///
-    /// Each `readv` names the engine's current target (a header buffer inside the QP, or
-    /// the destination region: zero copy) and, behind it, the staging buffer `stage`, so
-    /// that one system call also takes what follows: the trailer and the next headers, or
-    /// whole small FPDUs. Staged bytes are then handed to the engine's next targets by
-    /// copying (cheap for the few bytes of a header, and for small messages cheaper than a
-    /// system call each). How much is staged depends on the traffic: after a large payload
-    /// only a header's worth (so large payloads still land without a copy), otherwise the
-    /// whole buffer. Staging is off for QPs on an SRQ, whose engine may block with staged
-    /// bytes it cannot take yet. `stage` also swallows the bytes that arrive once the QP no
-    /// longer receives, so the end of the stream is still seen.
+    /// Reads from the socket through [`Qp::recv_from`] (the engine places, stages and
+    /// delivers), until EAGAIN, the budget is spent, or the stream ends; then turns how it
+    /// ended into what the connection does.
     ///
     /// With `short_ok` (busy polls, which read again at the next poll anyway) a read that
     /// returns less than it asked for ends the pass. The progress thread reads until
     /// EAGAIN: its epoll is edge-triggered, and an end of stream queued behind the data of
     /// a short read would get no edge of its own.
+    #[inline(always)]
     fn rx_pass(
         &self,
         inner: &mut QpInner,
@@ -436,240 +469,56 @@ impl QpShared {
         budget: &mut usize,
         short_ok: bool,
     ) -> RxEnd {
-        let mut empty_targets = 0;
-        let staging = self.srq.is_none();
-        // Bytes read ahead into `stage[..staged]`, handed out from `fed`.
-        let (mut fed, mut staged) = (0usize, 0usize);
-        // The last read returned less than asked: the socket is empty for now (no need for
-        // a read that would only say EAGAIN).
-        let mut short_read = false;
+        let until = if short_ok {
+            ReadUntil::ShortRead
+        } else {
+            ReadUntil::WouldBlock
+        };
+        let mut drained = false;
         loop {
-            if fed < staged {
-                if let Some(end) = self.feed(inner, stage, &mut fed, staged) {
-                    return end;
-                }
-                continue;
-            }
-            if short_read {
-                return RxEnd::Drained;
-            }
-            let Some(conn) = inner.conn.as_mut() else {
+            let QpInner { qp, conn, .. } = inner;
+            let Some(conn) = conn.as_ref().filter(|c| !c.read_closed) else {
                 return RxEnd::Closed;
             };
-            if conn.read_closed {
-                return RxEnd::Closed;
-            }
-            if *budget == 0 {
-                return RxEnd::More;
-            }
-            let small_stage = inner.rx_big;
-            let fd = conn.stream.as_fd();
-            // Each arm reads straight into the engine's target while it is borrowed (plus
-            // the staging buffer behind it); `None` for an empty target (never offered by
-            // a sound engine).
-            let ahead = staging && !small_stage && inner.qp.rx_expects_whole_fpdu();
-            let (r, target_len, asked) = if ahead {
-                // A new FPDU starts: read it and what follows into the staging buffer only,
-                // from where whole FPDUs go to the engine in one step each. (The engine's
-                // target would be the header buffer, unused here: not asked for.)
-                (
-                    Some(sys::read_buf_staged(fd, &mut [], stage)),
-                    0,
-                    stage.len(),
-                )
-            } else {
-                match inner.qp.rx_target() {
-                    RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. } => (None, 0, 0),
-                    RxTarget::Buffer(b) => {
-                        let len = b.len();
-                        let extra = stage_len(staging, small_stage, stage.len());
-                        let extra = stage.get_mut(..extra).unwrap_or_default();
-                        let asked = len + extra.len();
-                        (Some(sys::read_buf_staged(fd, b, extra)), len, asked)
-                    }
-                    RxTarget::Region {
-                        region,
-                        offset,
-                        len,
-                    } => {
-                        let big = len >= BIG_PAYLOAD;
-                        inner.rx_big |= big;
-                        let extra = stage_len(staging, small_stage || big, stage.len());
-                        let extra = stage.get_mut(..extra).unwrap_or_default();
-                        let asked = len + extra.len();
-                        (
-                            Some(sys::read_region_staged(fd, region, offset, len, extra)),
-                            len,
-                            asked,
-                        )
-                    }
-                    RxTarget::Blocked => {
-                        self.drain(inner);
-                        self.rx_commit(inner, 0);
-                        if matches!(inner.qp.rx_target(), RxTarget::Blocked) {
-                            return RxEnd::Blocked;
-                        }
-                        continue;
-                    }
-                    RxTarget::Closed => {
-                        let mut stream = &conn.stream;
-                        match stream.read(stage) {
-                            Ok(0) => {
-                                self.drain(inner);
-                                link_down(inner, LinkDown::PeerClosed);
-                                return self.rx_closed(inner, "peer closed the connection");
-                            }
-                            Ok(n) => {
-                                *budget = budget.saturating_sub(n);
-                                continue;
-                            }
-                            Err(e) => (Some(Err(e)), 0, 0),
-                        }
-                    }
+            let mut sock = SockIo::new(conn.stream.as_fd(), self.qp_num);
+            let mut locks = RxLocks::new(&self.device, self.srq.as_deref());
+            let end = qp.recv_from(&mut sock, stage, budget, until, &mut locks);
+            drop(locks);
+            match end {
+                RecvEnd::Drained => return RxEnd::Drained,
+                RecvEnd::Budget => return RxEnd::More,
+                // The engine holds a header until completions are taken: move them to the
+                // CQs and try once more.
+                RecvEnd::Blocked if !drained => {
+                    self.drain(inner);
+                    drained = true;
                 }
-            };
-            let Some(r) = r else {
-                // Let the engine advance, but never spin.
-                empty_targets += 1;
-                if empty_targets > 2 {
-                    tracing::error!(qp = self.qp_num, "engine offers only empty rx targets");
-                    return RxEnd::Drained;
-                }
-                self.rx_commit(inner, 0);
-                continue;
-            };
-            match r {
-                Ok(0) => {
+                RecvEnd::Blocked => return RxEnd::Blocked,
+                RecvEnd::Eof => {
                     // Completions of what arrived before the close go out first.
                     self.drain(inner);
                     link_down(inner, LinkDown::PeerClosed);
                     return self.rx_closed(inner, "peer closed the connection");
                 }
-                Ok(n) => {
-                    softwarp_ras::sw_event!(Qp, 8, qpn = self.qp_num, bytes = n, "received");
-                    empty_targets = 0;
-                    *budget = budget.saturating_sub(n);
-                    let direct = n.min(target_len);
-                    if direct > 0 {
-                        self.rx_commit(inner, direct);
-                    }
-                    fed = 0;
-                    staged = n - direct;
-                    short_read = short_ok && n < asked;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return RxEnd::Drained,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
-                    // The engine offered a range outside its own region: a bug there. Stop
-                    // receiving rather than touch memory we cannot vouch for.
-                    tracing::error!(qp = self.qp_num, error = %e, "unusable rx target");
-                    return self.rx_closed(inner, "unusable rx target");
-                }
-                Err(e) => {
+                RecvEnd::Failed(e) => {
                     tracing::debug!(qp = self.qp_num, error = %e, "read failed");
                     link_down(inner, LinkDown::ConnectionLost);
                     return self.rx_closed(inner, "connection failed (read)");
                 }
+                RecvEnd::Bug(why) => {
+                    tracing::error!(qp = self.qp_num, why, "receive stopped");
+                    return self.rx_closed(inner, why);
+                }
             }
         }
     }
 
-    /// Hands staged bytes `stage[*fed..staged]` to the engine: the whole FPDUs at their
-    /// start in one step each ([`Qp::rx_whole_fpdu`]), all under one lock of the STag
-    /// table; then the next target's worth of the rest (a copy). Returns how the pass ends
-    /// when it cannot go on.
-    fn feed(
-        &self,
-        inner: &mut QpInner,
-        stage: &[u8],
-        fed: &mut usize,
-        staged: usize,
-    ) -> Option<RxEnd> {
-        let mut mrs = LazyMrs {
-            device: &self.device,
-            guard: None,
-        };
-        while let Some(n) = inner
-            .qp
-            .rx_whole_fpdu(stage.get(*fed..staged).unwrap_or_default(), &mut mrs)
-        {
-            *fed += n;
-            // A whole small FPDU came through the staging buffer: keep reading ahead. A
-            // large one was copied out of it: read the following payloads straight into
-            // their destinations (FPDUs that fit the staging buffer exactly, as 32 KiB ones
-            // on a 32 KiB-MSS loopback do in pairs, would otherwise never leave it).
-            inner.rx_big = n >= BIG_PAYLOAD;
-        }
-        drop(mrs);
-        if *fed >= staged {
-            return None;
-        }
-        let bytes = stage.get(*fed..staged).unwrap_or_default();
-        let n = match inner.qp.rx_target() {
-            RxTarget::Buffer(b) => {
-                let n = b.len().min(bytes.len());
-                if let (Some(d), Some(s)) = (b.get_mut(..n), bytes.get(..n)) {
-                    d.copy_from_slice(s);
-                }
-                n
-            }
-            RxTarget::Region {
-                region,
-                offset,
-                len,
-            } => {
-                let n = len.min(bytes.len());
-                if region
-                    .write_at(offset, bytes.get(..n).unwrap_or_default())
-                    .is_err()
-                {
-                    tracing::error!(qp = self.qp_num, "unusable rx target");
-                    return Some(self.rx_closed(inner, "unusable rx target"));
-                }
-                if n == len && len < BIG_PAYLOAD {
-                    // A whole (small) payload came through the staging buffer.
-                    inner.rx_big = false;
-                }
-                inner.qp.rx_note_staged_payload(n);
-                n
-            }
-            RxTarget::Blocked => {
-                // Only QPs on an SRQ block, and they do not stage.
-                tracing::error!(qp = self.qp_num, "staged bytes with a blocked receiver");
-                return Some(self.rx_closed(inner, "receiver blocked with staged bytes"));
-            }
-            RxTarget::Closed => {
-                // The QP no longer receives: the rest is discarded.
-                *fed = staged;
-                return None;
-            }
-        };
-        if n == 0 {
-            self.rx_commit(inner, 0);
-            if matches!(
-                inner.qp.rx_target(),
-                RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. }
-            ) {
-                tracing::error!(qp = self.qp_num, "engine offers only empty rx targets");
-                return Some(self.rx_closed(inner, "engine offers only empty rx targets"));
-            }
-            return None;
-        }
-        self.rx_commit(inner, n);
-        *fed += n;
-        None
-    }
-
-    fn rx_commit(&self, inner: &mut QpInner, n: usize) {
-        // The STag table's write lock is taken only by the commits that need it.
-        let mut mrs = LazyMrs {
-            device: &self.device,
-            guard: None,
-        };
-        let mut srq = self.srq.as_ref().map(|s| s.lock());
-        if let Err(e) = inner.qp.rx_commit(n, &mut mrs, srq.as_deref_mut()) {
-            tracing::error!(qp = self.qp_num, error = %e, "rx_commit refused");
-        }
+    /// [`QpShared::rx_pass`] with a small buffer of its own, for a thread whose staging
+    /// buffer is in use (kept out of line: it never runs today).
+    #[cold]
+    #[inline(never)]
+    fn rx_pass_unstaged(&self, inner: &mut QpInner, budget: &mut usize) -> RxEnd {
+        self.rx_pass(inner, &mut [0u8; 512], budget, true)
     }
 
     fn rx_closed(&self, inner: &mut QpInner, why: &'static str) -> RxEnd {
@@ -681,19 +530,15 @@ impl QpShared {
         RxEnd::Closed
     }
 
-    /// Writes what the engine has to send, until it has nothing, the socket is full, or
-    /// the budget is spent.
-    ///
-    /// Small FPDUs (up to `COALESCE_MAX` bytes) are copied into the calling thread's
-    /// batch buffer and committed as they are copied, so that one `sendmsg` carries many of
-    /// them (several Sends posted as a list, a queue that built up behind a full socket);
-    /// bytes of a batch the socket did not take wait in the QP (`QpInner::tx_spill`) and
-    /// go first next time. Larger FPDUs are gathered straight from registered memory.
+    /// Writes what the engine has to send through [`Qp::send_to`], until it has nothing,
+    /// the socket is full, or the budget is spent. Small FPDUs are coalesced into the
+    /// calling thread's batch buffer (one `sendmsg` for many); larger ones are gathered
+    /// straight from registered memory.
     fn tx_pass(&self, inner: &mut QpInner, budget: &mut usize) -> TxEnd {
-        let end = TX_BATCH.with(|b| match b.try_borrow_mut() {
-            Ok(mut batch) => self.tx_pass_with(inner, budget, Some(&mut batch)),
-            // Re-entered from inside a pass (not possible today): no coalescing.
-            Err(_) => self.tx_pass_with(inner, budget, None),
+        // Re-entered from inside a pass (not possible today): no coalescing.
+        let end = TX_BATCH.with(|b| {
+            let mut batch = b.try_borrow_mut().ok();
+            self.tx_pass_with(inner, budget, batch.as_deref_mut())
         });
         if end == TxEnd::Full {
             self.arm_watchdog(inner);
@@ -701,141 +546,47 @@ impl QpShared {
         end
     }
 
+    #[inline(always)]
     fn tx_pass_with(
         &self,
         inner: &mut QpInner,
         budget: &mut usize,
-        mut batch: Option<&mut Vec<u8>>,
+        batch: Option<&mut Vec<u8>>,
     ) -> TxEnd {
-        loop {
-            let Some(conn) = inner.conn.as_mut() else {
-                return TxEnd::Dead;
-            };
-            if conn.write_failed || conn.shut_wr {
-                return TxEnd::Dead;
-            }
-            if *budget == 0 {
-                return TxEnd::More;
-            }
-            if let Some(t) = conn.hold_until {
-                // Linux siw as responder installs its FPDU receive path only after sending
-                // its Reply: see `ConnectOptions::first_fpdu_delay`. Once the QP failed,
-                // the Terminate is let through.
-                if t.expired() || !matches!(inner.qp.state(), QpState::Rts | QpState::Closing) {
-                    conn.hold_until = None;
-                } else if inner.qp.is_drained() {
-                    return TxEnd::Idle;
-                } else {
-                    return TxEnd::Held;
-                }
-            }
-            if conn.gated {
-                //= https://www.rfc-editor.org/rfc/rfc5044#section-7.1
-                // (paraphrase) Outside peer-to-peer mode the responder sends no FPDU before
-                // it has received and validated the initiator's first FPDU. Once the QP
-                // failed, the Terminate is let through.
-                if inner.qp.stats().rx_fpdus > 0
-                    || !matches!(inner.qp.state(), QpState::Rts | QpState::Closing)
-                {
-                    conn.gated = false;
-                } else if inner.qp.is_drained() {
-                    // Nothing waits to go out (a graceful close may proceed to the FIN).
-                    return TxEnd::Idle;
-                } else {
-                    // Held back; the initiator's FPDU makes the progress thread try again.
-                    return TxEnd::Full;
-                }
-            }
-            let fd = conn.stream.as_fd();
-            // 1. Bytes of an earlier batch that the socket did not take.
-            if !inner.tx_spill.is_empty() {
-                match sys::write_pieces(fd, &[TxPiece::Bytes(&inner.tx_spill)]) {
-                    Ok(n) => {
-                        *budget = budget.saturating_sub(n);
-                        inner.tx_spill.drain(..n.min(inner.tx_spill.len()));
-                        continue;
-                    }
-                    Err(e) => match self.tx_error(inner, e) {
-                        Some(end) => return end,
-                        None => continue,
-                    },
-                }
-            }
-            // Nothing (more) to send: spare the engine the questions below.
-            if !inner.qp.wants_tx() {
+        let QpInner { qp, conn, .. } = inner;
+        let Some(conn) = conn.as_mut() else {
+            return TxEnd::Dead;
+        };
+        if conn.write_failed || conn.shut_wr {
+            return TxEnd::Dead;
+        }
+        if let Some(t) = conn.hold_until {
+            // Linux siw as responder installs its FPDU receive path only after sending
+            // its Reply: see `ConnectOptions::first_fpdu_delay`. Once the QP failed,
+            // the Terminate is let through.
+            if t.expired() || !matches!(qp.state(), QpState::Rts | QpState::Closing) {
+                conn.hold_until = None;
+            } else if qp.is_drained() {
                 return TxEnd::Idle;
-            }
-            // 2. Small FPDUs, copied into one batch. Not with markers: then every FPDU
-            // starts its own segment, as the marker-aware dissectors (and the FPDU
-            // alignment MPA asks senders for) expect.
-            let coalesce = !inner.qp.stream_config().sends_markers();
-            if let Some(batch) = batch.as_deref_mut().filter(|_| coalesce) {
-                if batch.len() < BATCH_CAP {
-                    batch.resize(BATCH_CAP, 0);
-                }
-                // The engine copies (and commits) whole FPDUs of up to COALESCE_MAX bytes.
-                let out = batch.get_mut(..BATCH_CAP).unwrap_or_default();
-                let used = inner.qp.tx_copy_fpdus(out, COALESCE_MAX);
-                let batch = batch.get(..used).unwrap_or_default();
-                if !batch.is_empty() {
-                    let r = sys::write_pieces(fd, &[TxPiece::Bytes(batch)]);
-                    let n = *r.as_ref().unwrap_or(&0);
-                    // The batch is committed: what the socket did not take waits here.
-                    inner
-                        .tx_spill
-                        .extend_from_slice(batch.get(n..).unwrap_or_default());
-                    *budget = budget.saturating_sub(n);
-                    match r {
-                        Ok(_) => continue,
-                        Err(e) => match self.tx_error(inner, e) {
-                            Some(end) => return end,
-                            None => continue,
-                        },
-                    }
-                }
-            }
-            // 3. Large FPDUs, gathered from their pieces (zero copy), several per call.
-            let r = match inner.qp.poll_tx_gather(MAX_GATHER_FPDUS, GATHER_BYTES) {
-                None => return TxEnd::Idle,
-                Some(fpdus) => sys::write_pieces(fd, fpdus.pieces()),
-            };
-            match r {
-                Ok(0) => {
-                    // Only an FPDU without bytes writes nothing; never spin on it.
-                    tracing::error!(qp = self.qp_num, "engine offered an empty FPDU");
-                    return TxEnd::Idle;
-                }
-                Ok(written) => {
-                    softwarp_ras::sw_event!(Qp, 8, qpn = self.qp_num, bytes = written, "sent");
-                    *budget = budget.saturating_sub(written);
-                    if let Err(e) = inner.qp.tx_commit(written) {
-                        tracing::error!(qp = self.qp_num, error = %e, "tx_commit refused");
-                        return TxEnd::Dead;
-                    }
-                }
-                Err(e) => {
-                    if let Some(end) = self.tx_error(inner, e) {
-                        return end;
-                    }
-                }
+            } else {
+                return TxEnd::Held;
             }
         }
-    }
-
-    /// What a failed write means for the pass (`None`: try again).
-    fn tx_error(&self, inner: &mut QpInner, e: std::io::Error) -> Option<TxEnd> {
-        match e.kind() {
-            std::io::ErrorKind::WouldBlock => Some(TxEnd::Full),
-            std::io::ErrorKind::Interrupted => None,
-            _ => {
+        let mut sock = SockIo::new(conn.stream.as_fd(), self.qp_num);
+        match qp.send_to(&mut sock, batch, budget) {
+            SendEnd::Idle => TxEnd::Idle,
+            SendEnd::Full => TxEnd::Full,
+            SendEnd::Budget => TxEnd::More,
+            SendEnd::Failed(e) => {
                 tracing::debug!(qp = self.qp_num, error = %e, "connection failed (write)");
-                if let Some(conn) = inner.conn.as_mut() {
-                    conn.write_failed = true;
-                }
-                inner.tx_spill.clear();
+                conn.write_failed = true;
                 link_down(inner, LinkDown::ConnectionLost);
                 inner.qp.handle_llp_closed();
-                Some(TxEnd::Dead)
+                TxEnd::Dead
+            }
+            SendEnd::Bug(why) => {
+                tracing::error!(qp = self.qp_num, why, "transmit stopped");
+                TxEnd::Dead
             }
         }
     }
@@ -961,8 +712,8 @@ impl QpShared {
                 }
                 self.rx_pass(inner, &mut stage, &mut budget, true)
             }
-            // Re-entered from inside a pass (not possible today): read without staging.
-            Err(_) => self.rx_pass(inner, &mut [0u8; 512], &mut budget, true),
+            // Re-entered from inside a pass (not possible today): a small buffer.
+            Err(_) => self.rx_pass_unstaged(inner, &mut budget),
         });
         let mut budget = PASS_BUDGET;
         let _ = self.tx_pass(inner, &mut budget);
@@ -1043,7 +794,7 @@ impl QpShared {
     /// readiness and the progress thread does the pass itself), `NotArmed` otherwise.
     fn watchdog(&self, inner: &mut QpInner, registry: &Registry) -> WatchLook {
         let polls = inner.app_passes;
-        let idle = inner.tx_spill.is_empty() && !inner.qp.wants_tx();
+        let idle = !inner.qp.wants_tx();
         let Some(conn) = inner.conn.as_mut() else {
             return WatchLook::TakeOver;
         };
@@ -1085,7 +836,7 @@ impl QpShared {
     /// poller again, so that when the application polls again, the progress thread does not
     /// wake at every drain; the next full socket arms the watchdog again.
     fn return_to_polls(&self, inner: &mut QpInner, registry: &Registry) {
-        if inner.qp.state() != QpState::Rts || inner.close_kicked || !inner.tx_spill.is_empty() {
+        if inner.qp.state() != QpState::Rts || inner.close_kicked || inner.qp.wants_tx() {
             return;
         }
         let Some(conn) = inner.conn.as_mut() else {
@@ -1275,7 +1026,7 @@ impl QpShared {
                 return Err(e);
             }
         };
-        let prepared = prepare_stream(stream, est.opts, &neg);
+        let prepared = prepare_stream(stream, est.opts, &neg, est.gate);
         let mut g = s.lock();
         g.connecting = false;
         let (stream, info, cfg) = prepared?;
@@ -1293,7 +1044,6 @@ impl QpShared {
             write_failed: false,
             shut_wr: false,
             linger_until: None,
-            gated: est.gate && neg.role == Role::Responder && neg.rtr.is_none(),
             hold_until: (neg.role == Role::Initiator && !est.hold.is_zero())
                 .then(|| Deadline::after(est.hold)),
             rx_stall: (est.opts.rx_stall_timeout != Duration::MAX)
@@ -1409,8 +1159,6 @@ impl QueuePair {
                 destroyed: false,
                 observer: None,
                 close_kicked: false,
-                rx_big: false,
-                tx_spill: Vec::new(),
                 app_passes: 0,
                 watch_armed: 0,
                 watch_takeovers: 0,
@@ -1682,6 +1430,7 @@ fn prepare_stream(
     stream: std::net::TcpStream,
     opts: &ConnectOptions,
     neg: &Negotiated,
+    gate: bool,
 ) -> Result<(mio::net::TcpStream, ConnectionInfo, StreamConfig)> {
     stream
         .set_nodelay(true)
@@ -1721,6 +1470,7 @@ fn prepare_stream(
         terminate_layout: opts.terminate_layout,
         rtr: neg.rtr,
         rfc7306: opts.rfc7306,
+        responder_waits: gate && neg.role == Role::Responder,
     };
     let info = ConnectionInfo {
         local_addr,
