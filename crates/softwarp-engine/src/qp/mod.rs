@@ -38,7 +38,7 @@ pub use pump::{
 };
 pub(crate) use rx::RxTarget;
 pub use terminate::TerminateLayout;
-pub use tx::{TxPiece, TX_PIECES};
+pub use tx::{TxPiece, MIN_FPDU_LEN, TX_PIECES};
 
 /// RDMAP stream / QP states (RFC 5040 section 6 and the verbs QP states).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -127,6 +127,13 @@ pub struct StreamConfig {
 }
 
 impl StreamConfig {
+    /// A requested largest FPDU (`max_fpdu_len`: the MSS, or what the application asked
+    /// for) brought within what this engine and MPA accept: at least [`MIN_FPDU_LEN`], at
+    /// most the longest FPDU MPA can frame.
+    pub fn clamp_fpdu_len(requested: usize) -> usize {
+        requested.clamp(MIN_FPDU_LEN, softwarp_wire::mpa::fpdu::MAX_FPDU_LEN)
+    }
+
     /// Defaults for a TCP MSS: no CRC, no markers, FPDUs of `mss` bytes, IRD = ORD = 16,
     /// RFC 5040 Terminate layout, no RTR, both streams starting at offset 0, RFC 7306 in
     /// use.

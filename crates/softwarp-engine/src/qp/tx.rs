@@ -34,7 +34,7 @@ use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqStatus, Stre
 use crate::wr::{SendOp, WcStatus, MAX_INLINE, MAX_SGE};
 
 /// Smallest `max_fpdu_len` accepted (room for every header and some payload).
-pub(crate) const MIN_FPDU_LEN: usize = 128;
+pub const MIN_FPDU_LEN: usize = 128;
 /// Largest FPDU sent with markers, markers included: the largest multiple of 4 whose
 /// markers' FPDUPTR values (at most the FPDU's wire length) fit 16 bits.
 const MAX_MARKED_FPDU_LEN: usize = u16::MAX as usize & !3;

@@ -16,7 +16,6 @@ use super::pump::{TxEnd, PASS_BUDGET};
 use super::{state_name, QpInner, QpShared};
 use crate::cm::negotiate::{Local, Negotiated};
 use crate::cm::options::{ConnectOptions, ConnectionInfo, Role};
-use crate::connect;
 use crate::error::{Error, Result};
 use crate::sys;
 
@@ -142,27 +141,8 @@ fn prepare_stream(
     let peer_addr = stream
         .peer_addr()
         .map_err(|e| Error::io("getpeername", e))?;
-    let max_fpdu_len = connect::fpdu_len_for(opts.max_fpdu_len.unwrap_or(mss));
-    let cfg = StreamConfig {
-        crc: neg.crc,
-        markers: false,
-        //= https://www.rfc-editor.org/rfc/rfc5044#section-4.3
-        // (paraphrase) Markers are placed relative to the start of each direction's FPDU
-        // stream, the first octet after the MPA Request (initiator to responder) or the
-        // MPA Reply (responder to initiator): both streams start at offset 0.
-        markers_tx: neg.markers_tx,
-        markers_rx: neg.markers_rx,
-        tx_stream_offset: 0,
-        rx_stream_offset: 0,
-        max_fpdu_len,
-        max_rx_ulpdu: softwarp_wire::mpa::fpdu::MAX_ULPDU_LEN,
-        ird: neg.ird,
-        ord: neg.ord,
-        terminate_layout: opts.terminate_layout,
-        rtr: neg.rtr,
-        rfc7306: opts.rfc7306,
-        responder_waits: gate && neg.role == Role::Responder,
-    };
+    let cfg = neg.stream_config(opts.max_fpdu_len.unwrap_or(mss), opts, gate);
+    let max_fpdu_len = cfg.max_fpdu_len;
     let info = ConnectionInfo {
         local_addr,
         peer_addr,
