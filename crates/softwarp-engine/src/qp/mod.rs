@@ -242,7 +242,7 @@ pub enum QpError {
     CommitTooLong {
         /// Bytes committed.
         committed: usize,
-        /// Bytes offered by the last poll_tx/rx_target.
+        /// Bytes offered by the last transmit offer or receive target.
         offered: usize,
     },
 }

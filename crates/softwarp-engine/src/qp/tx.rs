@@ -248,11 +248,11 @@ struct FpduBuild {
     /// Length on the wire (markers included).
     total: usize,
     sent: usize,
-    /// `sent` plus the bytes the last `poll_tx` offered.
+    /// `sent` plus the bytes of this FPDU the last offer held.
     offered_end: usize,
     done: TxDone,
     /// The CRC is not in the trailer yet (only between a build and the end of the
-    /// [`Qp::tx_copy_fpdu`] that asked for it).
+    /// [`Qp::tx_copy_fpdus`] that asked for it).
     crc_pending: bool,
 }
 
@@ -383,7 +383,7 @@ pub(crate) struct TxState {
     /// because builds (about 1 KiB each) move between `spare`, `ahead` and `build`.
     #[allow(clippy::vec_box)]
     pool: Vec<Box<FpduBuild>>,
-    /// Bytes the last [`Qp::poll_tx_gather`] offered (0 after a plain `poll_tx`).
+    /// Bytes the last [`Qp::poll_tx_gather`] offered (0 after a copy).
     gather_offered: usize,
     msg: TxMsg,
     rtr_pending: bool,
@@ -397,7 +397,7 @@ pub(crate) struct TxState {
     pub(crate) markers: bool,
     /// Stream offset of the next FPDU's first octet.
     stream_offset: u64,
-    /// Set by [`Qp::tx_copy_fpdu`] while it builds: leave the CRC to the copy.
+    /// Set by [`Qp::tx_copy_fpdus`] while it builds: leave the CRC to the copy.
     defer_crc: bool,
     /// Headers of a whole Send (without, with Solicited Event; MSN and MO 0) and the header
     /// prefix of a whole RDMA Write, from the codec: what [`Qp::tx_copy_fpdus`] writes for
@@ -560,12 +560,13 @@ impl Qp {
         Ok(())
     }
 
-    /// Like [`Qp::poll_tx`], but describes up to `max_fpdus` FPDUs (and about `max_bytes`)
-    /// at once: the rest of the FPDU in progress, then whole FPDUs built ahead of time, so
-    /// that one `sendmsg` carries several large FPDUs. Commit with [`Qp::tx_commit`] as
-    /// usual (any prefix of what is offered). Without markers only; with markers (and for
-    /// `max_fpdus` <= 1) it offers what `poll_tx` would. The builds ahead are allocated the
-    /// first time they are needed (at most `max_fpdus - 1` of them per QP).
+    /// Describes the next bytes to send as gather pieces: the rest of the FPDU in progress
+    /// (or a new one), then up to `max_fpdus - 1` whole FPDUs built ahead (about `max_bytes`
+    /// in all), so that one `sendmsg` carries several large FPDUs; `None` when there is
+    /// nothing to send. Commit with [`Qp::tx_commit`] (any prefix of what is offered). With
+    /// markers only the FPDU in progress is offered, in parts when its gather list is
+    /// longer than [`TX_PIECES`]. The builds ahead are allocated the first time they are
+    /// needed (at most `max_fpdus - 1` of them per QP).
     pub(crate) fn poll_tx_gather(
         &mut self,
         max_fpdus: usize,
@@ -1037,7 +1038,7 @@ impl Qp {
         b.crc_pending = false;
         if self.tx.crc {
             if self.tx.defer_crc && b.layout.is_none() {
-                // `tx_copy_fpdu` computes it over the copy, in one pass.
+                // `tx_copy_fpdus` computes it over the copy, in one pass.
                 b.crc_pending = true;
             } else {
                 b.fill_crc();
