@@ -600,6 +600,50 @@ fn unsignaled_and_inline_sends_complete_silently_and_free_their_slots() {
 }
 
 #[test]
+fn an_rfc5044_responder_sends_nothing_before_the_initiators_first_fpdu_but_a_terminate() {
+    for split in [Split::OneByte, Split::Staged { seed: 11, max: 300 }] {
+        let si = stream();
+        let mut sr = stream();
+        sr.responder_waits = true;
+        let mut p = Pair::from_sides(Side::new(1, si), Side::new(2, sr), split);
+        let (_s, stag, iova, data) = p.b.filled_region(32, Access::NONE, 4);
+        let (dst, rstag, riova) = p.a.region(32, Access::LOCAL_WRITE);
+        recv(&mut p.a, 1, rstag, riova, 32);
+        p.b.qp
+            .post_send(
+                &send_wr(7, SgList::single(sge(stag, iova, 0, 32)), true),
+                &p.b.mrs,
+            )
+            .unwrap();
+        p.drive();
+        assert_eq!(p.b.qp.stats().tx_stream_bytes, 0, "held back ({split:?})");
+        assert!(p.a.recv_wcs().is_empty());
+        // The initiator's first FPDU (a Send) opens the gate.
+        let (_t, tstag, tiova, _) = p.a.filled_region(8, Access::NONE, 5);
+        let (_u, ustag, uiova) = p.b.region(8, Access::LOCAL_WRITE);
+        recv(&mut p.b, 2, ustag, uiova, 8);
+        p.a.qp
+            .post_send(
+                &send_wr(8, SgList::single(sge(tstag, tiova, 0, 8)), true),
+                &p.a.mrs,
+            )
+            .unwrap();
+        p.drive();
+        assert_eq!(contents(&dst), data, "{split:?}");
+        assert_eq!(p.a.recv_wcs().len(), 1);
+        assert_eq!(p.b.send_wcs()[0].status, WcStatus::Success);
+    }
+    // A responder that fails before hearing from the initiator still sends its Terminate.
+    let mut sr = stream();
+    sr.responder_waits = true;
+    let mut b = Side::new(2, sr);
+    b.qp.modify(QpState::Error).unwrap();
+    let mut wire = Vec::new();
+    assert!(b.transmit(&mut wire, || usize::MAX) > 0, "the Terminate");
+    assert!(b.qp.terminate_sent());
+}
+
+#[test]
 fn rtr_write_read_and_send_are_exchanged_before_anything_else() {
     for kind in [RtrKind::Write, RtrKind::Read, RtrKind::Send] {
         let mut si = stream();
