@@ -297,7 +297,10 @@ fn trace_set_through_the_cli_changes_the_levels_of_a_running_process() {
     let post = raised.iter().find(|r| is_qp_post(r)).unwrap();
     assert_eq!(post["qpn"].as_u64().unwrap().to_string(), qpn);
     assert_eq!(post["pid"], pid);
-    assert!(post["file"].as_str().unwrap().ends_with("qp.rs"), "{post}");
+    assert!(
+        post["file"].as_str().unwrap().ends_with("qp/mod.rs"),
+        "{post}"
+    );
     // Following shows them as they come.
     let followed = ok(
         &dir.0,

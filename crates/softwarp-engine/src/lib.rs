@@ -36,24 +36,32 @@
 //! ```text
 //! create:     Qp::new(QpConfig)                       -> Idle; post_recv allowed
 //! connected:  qp.establish(StreamConfig)              -> RTS (after MPA negotiation)
-//! receive:    loop { match qp.rx_target() {
-//!                 Buffer(b)                => n = read(sock, b),
-//!                 Region{region, offset, len} => n = read(sock, region.ptr_range(offset, len)),
-//!                 Blocked                  => { poll completions; qp.rx_commit(0, ..) }
-//!                 Closed                   => stop reading }
-//!               qp.rx_commit(n, &mut mrs, srq) }
-//! transmit:   while let Some(fpdu) = qp.poll_tx() { n = writev(sock, fpdu.pieces()); qp.tx_commit(n) }
+//! receive:    qp.recv_from(&mut reader, stage, &mut budget, until, &mut mrs_and_srq)
+//! transmit:   qp.send_to(&mut writer, Some(&mut batch), &mut budget)
 //! outputs:    while let Some((cq, wc)) = qp.poll_completion() { push to the send or recv CQ }
 //!             while let Some(ev) = qp.poll_event() { report }
 //! ```
 //!
-//! Polling order after any input (received bytes, a post, a state change): `poll_tx` until
-//! `None` (the Terminate of an error is sent this way, and after it [`qp::Qp::terminate_sent`]
-//! tells the runtime to close the connection), then `poll_completion` until `None`, then
-//! `poll_event` until `None`. Completions must be drained before more data can be received
-//! when the QP holds as many receives as it may ([`qp::RxTarget::Blocked`]).
-//! `handle_rx`/`handle_tx` are copying conveniences built on the same calls, for tests and
-//! simple runtimes. TCP closing or failing is reported with [`qp::Qp::handle_llp_closed`].
+//! The data path has these two entry points, one per direction ([`qp::Qp::recv_from`],
+//! [`qp::Qp::send_to`]); the caller supplies a vectored reader ([`qp::VectoredRead`],
+//! `readv`-like: the engine's target, then a staging buffer) and writer
+//! ([`qp::VectoredWrite`], `sendmsg`-like gather), and the engine decides everything else:
+//! where each byte goes, read-ahead and the whole-FPDU and small-Send fast paths,
+//! coalescing of small FPDUs into the caller's batch buffer, and the responder's "nothing
+//! before the peer's first FPDU" gate (RFC 5044 and RFC 6581). The runtime implements the
+//! traits over its socket, the tests over byte slices cut in 1-byte and random pieces, so
+//! both run the same code. Region memory reaches a reader only as a [`qp::ReadDest::Region`]
+//! (a region, offset and length): a reader hands it to the kernel through
+//! [`memory::Region::ptr_range`] or copies with [`memory::Region::write_at`].
+//!
+//! Polling order after any input (received bytes, a post, a state change): `send_to` (the
+//! Terminate of an error is sent this way, and after it [`qp::Qp::terminate_sent`] tells the
+//! runtime to close the connection), then `poll_completion` until `None`, then `poll_event`
+//! until `None`. Completions must be drained before more data can be received when the QP
+//! holds as many receives as it may (`recv_from` ends with [`qp::RecvEnd::Blocked`]).
+//! `handle_rx`/`handle_tx` are copying conveniences over the same two entry points, for
+//! tests and simple runtimes. TCP closing or failing is reported with
+//! [`qp::Qp::handle_llp_closed`].
 //!
 //! # Receive path
 //!
@@ -109,10 +117,11 @@
 //! # Deliberate deviations from the task design
 //!
 //! - Local SGEs of send WRs are validated when posted, and the references taken keep the
-//!   registration alive and "in use" until completion; so `poll_tx` needs no STag table. A WR
-//!   that fails validation still completes in order, with `LocProtErr`.
-//! - `rx_commit` takes the STag table and the SRQ (validation and Send with Invalidate happen
-//!   when a header or trailer completes); `rx_target` needs neither.
+//!   registration alive and "in use" until completion; so `send_to` needs no STag table. A
+//!   WR that fails validation still completes in order, with `LocProtErr`.
+//! - `recv_from` takes the STag table and the SRQ through [`qp::RxResources`], asked for only
+//!   when a header or trailer completes (validation and Send with Invalidate) and let go
+//!   before every read.
 //! - RFC 7306: Write/Send with Immediate are the data message followed by an Immediate
 //!   Data message (queue 0, next MSN), which consumes a receive WR of its own: after an
 //!   RDMA Write it completes as `RecvRdmaWithImm` with the Write's length, otherwise as a

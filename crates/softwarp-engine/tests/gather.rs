@@ -1,31 +1,52 @@
-//! `poll_tx_gather`: several FPDUs offered at once make a stream as long as the one
-//! `poll_tx` makes one FPDU at a time (the bytes differ only by the random STag keys of
-//! each setup), whatever prefix of each offer is committed, and the peer checks every CRC,
-//! places every byte and completes everything.
+//! `Qp::send_to` gathers several FPDUs per write: the stream is as long as the one written
+//! whole (the bytes differ only by the random STag keys of each setup), whatever prefix of
+//! each offer the writer takes, and the peer checks every CRC, places every byte and
+//! completes everything.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod util;
 
 use softwarp_engine::mr::Access;
-use softwarp_engine::qp::{StreamConfig, TxPiece, MAX_GATHER_FPDUS};
+use softwarp_engine::qp::{SendEnd, StreamConfig, TxPiece, VectoredWrite};
 use softwarp_engine::wr::{Payload, RecvWr, SendOp, SendWr, SgList, WcStatus};
 use util::*;
 
-/// Copies the offered pieces into `out` (at most `max` bytes); returns the bytes copied.
-fn copy_pieces(pieces: &[TxPiece<'_>], out: &mut Vec<u8>, max: usize) -> usize {
-    let mut done = 0;
-    for p in pieces {
-        if done == max {
-            break;
+/// A writer that takes a random prefix of each offer (sometimes all of it) and notes the
+/// largest offer; with `lie`, it claims one byte more than it was offered.
+struct Prefixes {
+    out: Vec<u8>,
+    rng: Rng,
+    max_seen: usize,
+    lie: bool,
+}
+
+impl VectoredWrite for Prefixes {
+    fn write_from(&mut self, pieces: &[TxPiece<'_>]) -> std::io::Result<usize> {
+        let offered: usize = pieces.iter().map(|p| p.len()).sum();
+        assert!(offered > 0);
+        self.max_seen = self.max_seen.max(offered);
+        if self.lie {
+            return Ok(offered + 1);
         }
-        let take = p.len().min(max - done);
-        let start = out.len();
-        out.resize(start + p.len(), 0);
-        assert_eq!(p.copy_to(&mut out[start..]), p.len());
-        out.truncate(start + take);
-        done += take;
+        let want = if self.rng.next_u64().is_multiple_of(3) {
+            offered
+        } else {
+            1 + (self.rng.next_u64() as usize % offered)
+        };
+        let mut done = 0;
+        for p in pieces {
+            if done == want {
+                break;
+            }
+            let take = p.len().min(want - done);
+            let start = self.out.len();
+            self.out.resize(start + p.len(), 0);
+            assert_eq!(p.copy_to(&mut self.out[start..]), p.len());
+            self.out.truncate(start + take);
+            done += take;
+        }
+        Ok(done)
     }
-    done
 }
 
 /// One sender with a mixed workload; returns (sender, receiver, (source bytes, sink,
@@ -103,22 +124,16 @@ fn gathered_fpdus_make_the_same_stream_as_one_at_a_time_for_any_commit_sizes() {
         a1.transmit(&mut plain, || usize::MAX);
 
         let (mut a2, mut b2, (data, sink, rbuf)) = setup(stream_for(mss, crc));
-        let mut rng = Rng::new(seed);
-        let mut gathered = Vec::new();
-        let mut max_seen = 0;
-        while let Some(g) = a2.qp.poll_tx_gather(MAX_GATHER_FPDUS, 256 * 1024) {
-            assert!(!g.is_empty());
-            max_seen = max_seen.max(g.len());
-            // Commit a random prefix (sometimes all of it).
-            let want = if rng.next_u64().is_multiple_of(3) {
-                g.len()
-            } else {
-                1 + (rng.next_u64() as usize % g.len())
-            };
-            let n = copy_pieces(g.pieces(), &mut gathered, want);
-            assert_eq!(n, want);
-            a2.qp.tx_commit(n).unwrap();
-        }
+        let mut w = Prefixes {
+            out: Vec::new(),
+            rng: Rng::new(seed),
+            max_seen: 0,
+            lie: false,
+        };
+        let mut budget = usize::MAX;
+        let end = a2.qp.send_to(&mut w, None, &mut budget);
+        assert!(matches!(end, SendEnd::Idle), "{end:?}");
+        let (gathered, max_seen) = (w.out, w.max_seen);
         assert_eq!(gathered.len(), plain.len(), "mss {mss}");
         if mss == 65535 {
             assert!(max_seen > 65535, "several FPDUs offered at once");
@@ -154,9 +169,16 @@ fn gathered_fpdus_make_the_same_stream_as_one_at_a_time_for_any_commit_sizes() {
 }
 
 #[test]
-fn committing_more_than_offered_is_refused() {
+fn a_writer_that_claims_more_than_it_was_offered_stops_the_transmit_path() {
     let (mut a, _, _) = setup(stream_for(65535, true));
-    let len = a.qp.poll_tx_gather(4, 1 << 20).unwrap().len();
-    assert!(a.qp.tx_commit(len + 1).is_err());
-    a.qp.tx_commit(len).unwrap();
+    let mut w = Prefixes {
+        out: Vec::new(),
+        rng: Rng::new(1),
+        max_seen: 0,
+        lie: true,
+    };
+    let mut budget = usize::MAX;
+    let end = a.qp.send_to(&mut w, None, &mut budget);
+    assert!(matches!(end, SendEnd::Bug("tx_commit refused")), "{end:?}");
+    assert!(w.max_seen > 0);
 }

@@ -9,10 +9,12 @@ use softwarp_engine::cq::{Cq, CqId};
 use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::fault::Cause;
 use softwarp_engine::mr::{Access, Stag};
-use softwarp_engine::qp::{QpError, QpState, Rtr, RtrKind, RxTarget, StreamConfig};
+use softwarp_engine::qp::{
+    QpError, QpState, ReadUntil, RecvEnd, Rtr, RtrKind, RxEnv, StreamConfig,
+};
 use softwarp_engine::srq::SrqId;
 use softwarp_engine::wr::{Payload, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus};
-use util::{contents, qp_config, sge, Pair, Side, Split};
+use util::{contents, qp_config, sge, CutReader, Pair, Side, Split};
 
 fn stream() -> StreamConfig {
     let mut s = StreamConfig::for_mss(1448);
@@ -58,10 +60,14 @@ fn modify_to_error_flushes_every_outstanding_wr_in_order_and_tells_the_peer() {
     for i in 10..13 {
         recv(&mut p.a, i, rstag, riova, 4096);
     }
-    // Start transmitting one FPDU, then fail the QP.
-    let f = p.a.qp.poll_tx().unwrap();
-    let n = f.len();
-    p.a.qp.tx_commit(n).unwrap();
+    // Transmit one FPDU (the writer fills up after it; its bytes are lost on the way),
+    // then fail the QP.
+    let mut wire = Vec::new();
+    assert_eq!(p.a.transmit_limited(&mut wire, 2), 2);
+    let ulpdu = usize::from(u16::from_be_bytes([wire[0], wire[1]]));
+    let fpdu = 2 + ulpdu + (4 - (2 + ulpdu) % 4) % 4 + 4;
+    p.a.transmit_limited(&mut wire, fpdu - 2);
+    assert_eq!(wire.len(), fpdu);
     p.a.qp.modify(QpState::Error).unwrap();
     assert_eq!(p.a.qp.state(), QpState::Error);
     let sends = p.a.send_wcs();
@@ -268,10 +274,28 @@ fn srq_receive_blocks_until_completions_are_polled() {
         n < wire.len(),
         "the second Send waits for a completion slot"
     );
-    assert!(matches!(b.qp.rx_target(), RxTarget::Blocked));
+    let mut budget = usize::MAX;
+    let mut res = RxEnv {
+        mrs: &mut b.mrs,
+        srq: b.srq.as_mut(),
+    };
+    let mut src = CutReader {
+        data: &wire[n..],
+        at: 0,
+        piece: || usize::MAX,
+    };
+    let end = b.qp.recv_from(
+        &mut src,
+        &mut [0u8; 64],
+        &mut budget,
+        ReadUntil::WouldBlock,
+        &mut res,
+    );
+    assert!(matches!(end, RecvEnd::Blocked), "{end:?}");
+    assert_eq!(src.at, 0, "nothing read while blocked");
     let (_, wc) = b.qp.poll_completion().unwrap();
     assert_eq!(wc.wr_id, 0);
-    b.qp.rx_commit(0, &mut b.mrs, b.srq.as_mut()).unwrap();
+    // The held header goes on at the next receive.
     let m = b.qp.handle_rx(&wire[n..], &mut b.mrs, b.srq.as_mut());
     assert_eq!(n + m, wire.len());
     assert_eq!(b.qp.poll_completion().unwrap().1.wr_id, 1);
@@ -576,6 +600,50 @@ fn unsignaled_and_inline_sends_complete_silently_and_free_their_slots() {
 }
 
 #[test]
+fn an_rfc5044_responder_sends_nothing_before_the_initiators_first_fpdu_but_a_terminate() {
+    for split in [Split::OneByte, Split::Staged { seed: 11, max: 300 }] {
+        let si = stream();
+        let mut sr = stream();
+        sr.responder_waits = true;
+        let mut p = Pair::from_sides(Side::new(1, si), Side::new(2, sr), split);
+        let (_s, stag, iova, data) = p.b.filled_region(32, Access::NONE, 4);
+        let (dst, rstag, riova) = p.a.region(32, Access::LOCAL_WRITE);
+        recv(&mut p.a, 1, rstag, riova, 32);
+        p.b.qp
+            .post_send(
+                &send_wr(7, SgList::single(sge(stag, iova, 0, 32)), true),
+                &p.b.mrs,
+            )
+            .unwrap();
+        p.drive();
+        assert_eq!(p.b.qp.stats().tx_stream_bytes, 0, "held back ({split:?})");
+        assert!(p.a.recv_wcs().is_empty());
+        // The initiator's first FPDU (a Send) opens the gate.
+        let (_t, tstag, tiova, _) = p.a.filled_region(8, Access::NONE, 5);
+        let (_u, ustag, uiova) = p.b.region(8, Access::LOCAL_WRITE);
+        recv(&mut p.b, 2, ustag, uiova, 8);
+        p.a.qp
+            .post_send(
+                &send_wr(8, SgList::single(sge(tstag, tiova, 0, 8)), true),
+                &p.a.mrs,
+            )
+            .unwrap();
+        p.drive();
+        assert_eq!(contents(&dst), data, "{split:?}");
+        assert_eq!(p.a.recv_wcs().len(), 1);
+        assert_eq!(p.b.send_wcs()[0].status, WcStatus::Success);
+    }
+    // A responder that fails before hearing from the initiator still sends its Terminate.
+    let mut sr = stream();
+    sr.responder_waits = true;
+    let mut b = Side::new(2, sr);
+    b.qp.modify(QpState::Error).unwrap();
+    let mut wire = Vec::new();
+    assert!(b.transmit(&mut wire, || usize::MAX) > 0, "the Terminate");
+    assert!(b.qp.terminate_sent());
+}
+
+#[test]
 fn rtr_write_read_and_send_are_exchanged_before_anything_else() {
     for kind in [RtrKind::Write, RtrKind::Read, RtrKind::Send] {
         let mut si = stream();
@@ -599,8 +667,9 @@ fn rtr_write_read_and_send_are_exchanged_before_anything_else() {
                 &p.b.mrs,
             )
             .unwrap();
-        assert!(
-            p.b.qp.poll_tx().is_none(),
+        assert_eq!(
+            p.b.qp.handle_tx(&mut [0u8; 256]),
+            0,
             "responder waits for the RTR ({kind:?})"
         );
         p.drive();

@@ -389,8 +389,8 @@ fn a_peer_that_omits_negotiated_markers_is_caught() {
 }
 
 #[test]
-fn a_gather_list_longer_than_one_txfpdu_is_offered_in_parts_and_commits_stay_within_them() {
-    use softwarp_engine::qp::{QpError, TX_PIECES};
+fn a_gather_list_longer_than_one_txfpdu_is_offered_in_parts() {
+    use softwarp_engine::qp::{SendEnd, TxPiece, VectoredWrite, TX_PIECES};
     // 9000-byte FPDUs gathered from 8 SGEs with 17 or 18 markers: more pieces than fit.
     let mut s = stream(true, 9000);
     s.markers_tx = true;
@@ -411,22 +411,34 @@ fn a_gather_list_longer_than_one_txfpdu_is_offered_in_parts_and_commits_stay_wit
         &a.mrs,
     )
     .unwrap();
-    let mut wire = Vec::new();
-    let mut parts = 0;
-    while let Some(f) = a.qp.poll_tx() {
-        assert!(f.pieces().len() <= TX_PIECES);
-        let offered = f.len();
-        assert_eq!(offered, f.pieces().iter().map(|p| p.len()).sum::<usize>());
-        let mut buf = vec![0u8; offered];
-        assert_eq!(f.copy_to(&mut buf), offered);
-        assert!(matches!(
-            a.qp.tx_commit(offered + 1),
-            Err(QpError::CommitTooLong { .. })
-        ));
-        a.qp.tx_commit(offered).unwrap();
-        wire.extend(buf);
-        parts += 1;
+    // A writer that checks every gather list it is offered and takes all of it.
+    struct Parts {
+        wire: Vec<u8>,
+        parts: usize,
     }
+    impl VectoredWrite for Parts {
+        fn write_from(&mut self, pieces: &[TxPiece<'_>]) -> std::io::Result<usize> {
+            assert!(pieces.len() <= TX_PIECES);
+            let offered: usize = pieces.iter().map(|p| p.len()).sum();
+            let start = self.wire.len();
+            self.wire.resize(start + offered, 0);
+            let mut at = start;
+            for p in pieces {
+                at += p.copy_to(&mut self.wire[at..]);
+            }
+            assert_eq!(at, start + offered);
+            self.parts += 1;
+            Ok(offered)
+        }
+    }
+    let mut w = Parts {
+        wire: Vec::new(),
+        parts: 0,
+    };
+    let mut budget = usize::MAX;
+    let end = a.qp.send_to(&mut w, None, &mut budget);
+    assert!(matches!(end, SendEnd::Idle), "{end:?}");
+    let (wire, parts) = (w.wire, w.parts);
     assert!(parts >= 2, "offered in {parts} part(s)");
     let fpdus = strip_stream(&wire, 0, true, true);
     assert_eq!(fpdus.len(), 1);

@@ -27,11 +27,6 @@ use crate::error::{Error, MpaError, Result};
 use crate::qp::{Establish, QueuePair};
 use crate::sys;
 
-/// Clamps a requested FPDU size to what the engine and MPA allow.
-pub(crate) fn fpdu_len_for(requested: usize) -> usize {
-    requested.clamp(128, softwarp_wire::mpa::fpdu::MAX_FPDU_LEN)
-}
-
 /// Time left before `deadline` (`None`: no limit), or the timeout error once it passed.
 fn remaining(deadline: Deadline, total: Duration) -> Result<Option<Duration>> {
     match deadline.remaining() {

@@ -150,7 +150,7 @@ impl CqShared {
     fn drive(&self) {
         let qps = lock(&self.qps);
         for qp in qps.iter().filter_map(Weak::upgrade) {
-            qp.poll_pass();
+            qp.busy_pass();
         }
     }
 

@@ -24,8 +24,8 @@ use std::time::Duration;
 use softwarp_engine::memory::Region;
 use softwarp_engine::qp::TxPiece;
 
-/// Most iovecs one `writev` takes here (the engine's largest gather list,
-/// [`softwarp_engine::qp::TxGather`], holds 64 pieces).
+/// Most iovecs one `writev` takes here (the engine's largest gather list holds 64
+/// pieces).
 const MAX_IOV: usize = 64;
 /// Iovecs on the stack for short gather lists (see [`write_pieces`]).
 const FEW_IOV: usize = 4;

@@ -2,16 +2,17 @@
 //!
 //! A [`Qp`] owns its send queue, receive queue (or draws from an [`Srq`]), its outbound
 //! (ORQ) and inbound (IRQ) RDMA Read queues, and the receive and transmit state machines of
-//! one iWARP stream. It never touches a socket: the runtime asks it where received bytes go
-//! ([`Qp::rx_target`], [`Qp::rx_commit`]) and what to send next ([`Qp::poll_tx`],
-//! [`Qp::tx_commit`]), and moves completions and events to their CQs and to the application
-//! ([`Qp::poll_completion`], [`Qp::poll_event`]).
+//! one iWARP stream. It never touches a socket: the runtime hands it a vectored reader and
+//! writer ([`Qp::recv_from`], [`Qp::send_to`], in the `pump` module) and the QP moves the
+//! bytes through them, and the runtime moves completions and events to their CQs and to the
+//! application ([`Qp::poll_completion`], [`Qp::poll_event`]).
 //!
 //! Methods are grouped quinn-style: getters; `handle_*` inputs; application commands
 //! (`post_*`, `modify`, `establish`, `destroy`); `poll_*` outputs. No I/O, no clocks, and no
 //! allocation after [`Qp::new`].
 
 mod codec;
+mod pump;
 mod rx;
 mod terminate;
 mod tx;
@@ -31,9 +32,13 @@ use crate::wr::{
     MAX_INLINE, MAX_SGE,
 };
 
-pub use rx::{MrTableAccess, RxTarget};
+pub use pump::{
+    copy_to_dest, ReadDest, ReadUntil, RecvEnd, RxEnv, RxResources, SendEnd, VectoredRead,
+    VectoredWrite, BATCH_CAP, BIG_PAYLOAD, COALESCE_MAX,
+};
+pub(crate) use rx::RxTarget;
 pub use terminate::TerminateLayout;
-pub use tx::{TxFpdu, TxGather, TxPiece, MAX_GATHER_FPDUS, TX_PIECES};
+pub use tx::{TxPiece, MIN_FPDU_LEN, TX_PIECES};
 
 /// RDMAP stream / QP states (RFC 5040 section 6 and the verbs QP states).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -114,9 +119,21 @@ pub struct StreamConfig {
     /// 0xB) on queues 0 to 2 gets RDMAP's Remote Operation Error "Unexpected OpCode", as
     /// for any opcode RFC 5040 does not define.
     pub rfc7306: bool,
+    /// This side is the MPA responder and sends no FPDU before the initiator's first one
+    /// arrived (RFC 5044 section 7.1, outside peer-to-peer mode; default false). With an
+    /// RFC 6581 RTR the responder waits for the RTR whatever this says. A Terminate is let
+    /// through once the QP failed.
+    pub responder_waits: bool,
 }
 
 impl StreamConfig {
+    /// A requested largest FPDU (`max_fpdu_len`: the MSS, or what the application asked
+    /// for) brought within what this engine and MPA accept: at least [`MIN_FPDU_LEN`], at
+    /// most the longest FPDU MPA can frame.
+    pub fn clamp_fpdu_len(requested: usize) -> usize {
+        requested.clamp(MIN_FPDU_LEN, softwarp_wire::mpa::fpdu::MAX_FPDU_LEN)
+    }
+
     /// Defaults for a TCP MSS: no CRC, no markers, FPDUs of `mss` bytes, IRD = ORD = 16,
     /// RFC 5040 Terminate layout, no RTR, both streams starting at offset 0, RFC 7306 in
     /// use.
@@ -135,6 +152,7 @@ impl StreamConfig {
             tx_stream_offset: 0,
             rx_stream_offset: 0,
             rfc7306: true,
+            responder_waits: false,
         }
     }
 
@@ -224,7 +242,7 @@ pub enum QpError {
     CommitTooLong {
         /// Bytes committed.
         committed: usize,
-        /// Bytes offered by the last poll_tx/rx_target.
+        /// Bytes offered by the last transmit offer or receive target.
         offered: usize,
     },
 }
@@ -870,48 +888,21 @@ impl Qp {
         }
     }
 
-    /// Convenience for tests and simple runtimes: consumes bytes received from the stream by
-    /// copying them to where [`Qp::rx_target`] says, committing as it goes. Returns the
-    /// number of bytes consumed (less than `data.len()` when the QP stopped receiving or is
-    /// blocked).
-    pub fn handle_rx(
-        &mut self,
-        data: &[u8],
-        mrs: &mut MrTable,
-        mut srq: Option<&mut Srq>,
-    ) -> usize {
-        let mut done = 0;
-        loop {
-            let rest = data.get(done..).unwrap_or(&[]);
-            let n = match self.rx_target() {
-                RxTarget::Buffer(buf) => {
-                    let n = buf.len().min(rest.len());
-                    if let (Some(d), Some(s)) = (buf.get_mut(..n), rest.get(..n)) {
-                        d.copy_from_slice(s);
-                    }
-                    n
-                }
-                RxTarget::Region {
-                    region,
-                    offset,
-                    len,
-                } => {
-                    let n = len.min(rest.len());
-                    match (region.write_at(offset, rest.get(..n).unwrap_or(&[])), n) {
-                        (Ok(()), n) => n,
-                        (Err(_), _) => 0,
-                    }
-                }
-                RxTarget::Blocked | RxTarget::Closed => return done,
-            };
-            if n == 0 {
-                return done;
-            }
-            if self.rx_commit(n, mrs, srq.as_deref_mut()).is_err() {
-                return done;
-            }
-            done += n;
-        }
+    /// Convenience for tests and simple runtimes: [`Qp::recv_from`] over `data`, without
+    /// staging. Returns the number of bytes consumed (less than `data.len()` when the QP
+    /// stopped receiving or is blocked).
+    pub fn handle_rx(&mut self, data: &[u8], mrs: &mut MrTable, srq: Option<&mut Srq>) -> usize {
+        let mut src = pump::SliceSource::new(data);
+        let mut budget = usize::MAX;
+        let mut res = RxEnv { mrs, srq };
+        let _ = self.recv_from(
+            &mut src,
+            &mut [],
+            &mut budget,
+            ReadUntil::WouldBlock,
+            &mut res,
+        );
+        src.consumed()
     }
 
     // ----- internal state transitions -----

@@ -1,9 +1,9 @@
 //! Receive side of a QP: the FPDU state machine, validation, placement and delivery.
 //!
-//! Zero copy: [`Qp::rx_target`] tells the runtime where the next bytes go. Headers, pad and
-//! CRC go into small buffers inside the QP; payload goes straight into the destination: the
-//! registered region of an RDMA Write or Read Response, or the receive WR's buffers for a
-//! Send. The runtime reads into that place and calls [`Qp::rx_commit`].
+//! Zero copy: [`Qp::rx_target`] says where the next bytes go. Headers, pad and CRC go into
+//! small buffers inside the QP; payload goes straight into the destination: the registered
+//! region of an RDMA Write or Read Response, or the receive WR's buffers for a Send.
+//! [`Qp::recv_from`] (the `pump` module) reads into that place and calls [`Qp::rx_commit`].
 //!
 //! Each FPDU is processed in three phases: header (MPA length, DDP/RDMAP header, validated
 //! against the STag table, the MSN/MO state, the RQ and the IRD), payload (placed as it
@@ -32,6 +32,7 @@ use crate::fault::{Cause, Fault};
 use crate::memory::Region;
 use crate::mr::{Access, AccessError, MrError, MrMemory, MrTable, Stag};
 use crate::qp::codec::{self, RxHeader};
+use crate::qp::pump::RxResources;
 use crate::qp::terminate::OffendingHeader;
 use crate::qp::{
     no_validated, IrqEntry, Qp, QpError, RtrKind, RxMsg, SqData, SqStatus, StreamConfig,
@@ -168,6 +169,9 @@ pub(crate) struct RxState {
     /// whole Send and of a whole Send with Solicited Event, as the codec emits them: what
     /// [`Qp::rx_small_send`] accepts.
     send_templates: [[u8; codec::SEND_PREFIX_LEN]; 2],
+    /// Recent payloads were large: [`Qp::recv_from`] stages only a header's worth behind
+    /// each read.
+    pub(crate) big: bool,
 }
 
 /// Offset of the MSN and of the MO in an untagged header.
@@ -266,6 +270,7 @@ impl RxState {
             write_len: 0,
             last_write: None,
             send_templates: codec::send_prefixes(),
+            big: false,
         }
     }
 
@@ -399,25 +404,10 @@ fn recv_piece(msg: &RxMsg, msg_off: u64, max: usize) -> Option<(&Arc<MrMemory>, 
     None
 }
 
-/// Access to the STag table for [`Qp::rx_commit`], taken only when a commit needs it: a
-/// header completes (validation of the target) or an FPDU ends (delivery, invalidation).
-/// Most commits (payload and partial header or trailer bytes) never touch the table, so a
-/// runtime can keep its table lock off the receive path for them.
-pub trait MrTableAccess {
-    /// The table (for the rest of this commit).
-    fn table(&mut self) -> &mut MrTable;
-}
-
-impl MrTableAccess for MrTable {
-    fn table(&mut self) -> &mut MrTable {
-        self
-    }
-}
-
 impl Qp {
-    /// Where the next received bytes must go (see [`RxTarget`]). Read at most that many
-    /// bytes there, then call [`Qp::rx_commit`].
-    pub fn rx_target(&mut self) -> RxTarget<'_> {
+    /// Where the next received bytes must go (see [`RxTarget`]). At most that many bytes
+    /// are read there, then committed with [`Qp::rx_commit`].
+    pub(crate) fn rx_target(&mut self) -> RxTarget<'_> {
         let rx = &mut self.rx;
         if matches!(rx.phase, Phase::Header | Phase::Payload | Phase::Trailer) && rx.mk.due() {
             return match rx.mk.buf.get_mut(rx.mk.have..) {
@@ -489,25 +479,18 @@ impl Qp {
         }
     }
 
-    /// Statistics: the runtime copied `n` bytes it had read ahead into a staging buffer of
-    /// its own to the payload destination [`Qp::rx_target`] named (before committing them),
-    /// instead of reading them there. Counted in `rx_staged_payload_bytes`.
-    pub fn rx_note_staged_payload(&mut self, n: usize) {
-        self.stats.rx_staged_payload_bytes += n as u64;
-    }
-
     /// Reports that `n` bytes were read into the place the last [`Qp::rx_target`] named.
-    /// Processes what became complete (header validation, delivery after the CRC check).
-    /// `srq` must be the QP's SRQ when it uses one. `n == 0` retries a blocked header.
-    pub fn rx_commit(
+    /// Processes what became complete (header validation, delivery after the CRC check),
+    /// with the STag table and SRQ from `res`. `n == 0` retries a blocked header.
+    pub(crate) fn rx_commit(
         &mut self,
         n: usize,
-        mrs: &mut impl MrTableAccess,
-        srq: Option<&mut Srq>,
+        res: &mut impl RxResources,
     ) -> Result<(), QpError> {
         if n == 0 {
             if self.rx.phase == Phase::HeaderReady {
-                self.process_header(mrs.table(), srq);
+                let (mrs, srq) = res.get();
+                self.process_header(mrs, srq);
             }
             return Ok(());
         }
@@ -537,7 +520,8 @@ impl Qp {
                 }
                 self.rx.hdr_have = to;
                 if self.rx.hdr_have == self.rx.hdr_need {
-                    self.on_header_bytes(mrs.table(), srq);
+                    let (mrs, srq) = res.get();
+                    self.on_header_bytes(mrs, srq);
                 }
             }
             Phase::Payload => {
@@ -564,7 +548,7 @@ impl Qp {
                 }
                 self.rx.tr_have += n;
                 if self.rx.tr_have == self.rx.tr_need {
-                    self.finish_fpdu(mrs.table());
+                    self.finish_fpdu(res.get().0);
                 }
             }
             Phase::HeaderReady | Phase::Closed => {}
@@ -573,16 +557,16 @@ impl Qp {
     }
 
     /// True when the next received byte starts an FPDU that [`Qp::rx_whole_fpdu`] may take
-    /// (no markers, no SRQ): a runtime may read ahead into a buffer of its own only,
-    /// instead of into [`Qp::rx_target`]'s first four bytes of the header.
-    pub fn rx_expects_whole_fpdu(&self) -> bool {
+    /// (no markers, no SRQ): [`Qp::recv_from`] then reads ahead into the staging buffer
+    /// only, instead of into [`Qp::rx_target`]'s first four bytes of the header.
+    pub(crate) fn rx_expects_whole_fpdu(&self) -> bool {
         self.rx.phase == Phase::Header
             && self.rx.hdr_have == 0
             && !self.rx.mk.on
             && !self.cfg.use_srq
     }
 
-    /// Receives one whole FPDU from the start of `bytes` (bytes the runtime read ahead) in
+    /// Receives one whole FPDU from the start of `bytes` (bytes read ahead) in
     /// one step, instead of the four target/commit rounds (length, header, payload,
     /// trailer) of [`Qp::rx_target`] and [`Qp::rx_commit`]: the header is copied into the
     /// QP and validated as usual, the payload is copied to its destination, and the CRC is
@@ -594,12 +578,16 @@ impl Qp {
     /// the stream carries markers, the QP receives from an SRQ (which may hold a header
     /// back), or the header is not a fixed-length one (a Terminate). The caller then uses
     /// [`Qp::rx_target`] and [`Qp::rx_commit`], which handle every case.
-    pub fn rx_whole_fpdu(&mut self, bytes: &[u8], mrs: &mut impl MrTableAccess) -> Option<usize> {
+    pub(crate) fn rx_whole_fpdu(
+        &mut self,
+        bytes: &[u8],
+        res: &mut impl RxResources,
+    ) -> Option<usize> {
         let rx = &self.rx;
         if rx.phase != Phase::Header || rx.hdr_have != 0 || rx.mk.on || self.cfg.use_srq {
             return None;
         }
-        if let Some(total) = self.rx_small_send(bytes, mrs.table()) {
+        if let Some(total) = self.rx_small_send(bytes, res.get().0) {
             return Some(total);
         }
         let ulpdu_len = codec::mpa_len(bytes);
@@ -634,7 +622,7 @@ impl Qp {
         }
         rx.payload_len = payload.len();
         rx.payload_done = 0;
-        self.process_header(mrs.table(), None);
+        self.process_header(res.get().0, None);
         // Payload: straight to where the plan says.
         let placed = match &self.rx.plan {
             Plan::Write {
@@ -695,7 +683,7 @@ impl Qp {
             let covered = fpdu.get(..total - 4).unwrap_or(&[]);
             rx.crc = crate::memory::crc32c_append(0, covered);
         }
-        self.finish_fpdu(mrs.table());
+        self.finish_fpdu(res.get().0);
         Some(total)
     }
 

@@ -1,9 +1,11 @@
 //! Transmit side of a QP: segmentation of messages into FPDUs described as gather lists.
 //!
-//! [`Qp::poll_tx`] describes the next FPDU (or what is left of it after a partial write) as
-//! a small header array (MPA length and DDP/RDMAP header, plus inline data), payload slices
-//! that point into registered regions, and a trailer (pad and CRC, computed over the slices
-//! when the FPDU is built). [`Qp::tx_commit`] reports how many bytes the runtime wrote.
+//! [`Qp::poll_tx_gather`] describes the next FPDUs (or what is left of one after a partial
+//! write) as gather pieces: a small header array (MPA length and DDP/RDMAP header, plus
+//! inline data), payload slices that point into registered regions, and a trailer (pad and
+//! CRC, computed over the slices when the FPDU is built); [`Qp::tx_copy_fpdus`] copies small
+//! ones whole into a batch instead. [`Qp::tx_commit`] reports how many bytes were written.
+//! [`Qp::send_to`] (the `pump` module) drives them.
 //!
 //! With MPA markers in use (`StreamConfig::sends_markers`), the wire crate's
 //! [`MarkerLayout`] says where the markers of each FPDU fall; the pieces are split at those
@@ -32,13 +34,13 @@ use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqStatus, Stre
 use crate::wr::{SendOp, WcStatus, MAX_INLINE, MAX_SGE};
 
 /// Smallest `max_fpdu_len` accepted (room for every header and some payload).
-pub(crate) const MIN_FPDU_LEN: usize = 128;
+pub const MIN_FPDU_LEN: usize = 128;
 /// Largest FPDU sent with markers, markers included: the largest multiple of 4 whose
 /// markers' FPDUPTR values (at most the FPDU's wire length) fit 16 bits.
 const MAX_MARKED_FPDU_LEN: usize = u16::MAX as usize & !3;
 /// MPA length field + the largest header we build + inline data.
 const HDR_CAP: usize = 2 + codec::MAX_TX_HEADER + MAX_INLINE;
-/// Most pieces one [`TxFpdu`] offers (header, payload slices, trailer, and with markers the
+/// Most pieces one part of an FPDU is offered in (header, payload slices, trailer, and with markers the
 /// markers and the pieces they split). A longer gather list is offered in parts.
 pub const TX_PIECES: usize = 32;
 /// Most markers one FPDU can carry: with markers, FPDUs stay below 64 KiB on the wire (the
@@ -190,28 +192,10 @@ impl<'a> TxFpdu<'a> {
     pub fn len(&self) -> usize {
         self.len
     }
-    /// True when nothing is left (never returned by `poll_tx`).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// Copies as much as fits into `out`; returns the bytes copied (then commit them).
-    pub fn copy_to(&self, out: &mut [u8]) -> usize {
-        let mut done = 0;
-        for p in self.pieces() {
-            let Some(rest) = out.get_mut(done..) else {
-                break;
-            };
-            if rest.is_empty() {
-                break;
-            }
-            done += p.copy_to(rest);
-        }
-        done
-    }
 }
 
 /// Most FPDUs one [`Qp::poll_tx_gather`] offers.
-pub const MAX_GATHER_FPDUS: usize = 8;
+pub(crate) const MAX_GATHER_FPDUS: usize = 8;
 /// Most pieces one [`TxGather`] holds (an FPDU without markers has at most
 /// `MAX_SGE + 2`).
 const GATHER_PIECES: usize = 64;
@@ -228,14 +212,6 @@ impl<'a> TxGather<'a> {
     /// The pieces, in stream order.
     pub fn pieces(&self) -> &[TxPiece<'a>] {
         self.pieces.get(..self.n).unwrap_or(&[])
-    }
-    /// Bytes offered.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// True when nothing is offered (never returned by `poll_tx_gather`).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 }
 
@@ -272,11 +248,11 @@ struct FpduBuild {
     /// Length on the wire (markers included).
     total: usize,
     sent: usize,
-    /// `sent` plus the bytes the last `poll_tx` offered.
+    /// `sent` plus the bytes of this FPDU the last offer held.
     offered_end: usize,
     done: TxDone,
     /// The CRC is not in the trailer yet (only between a build and the end of the
-    /// [`Qp::tx_copy_fpdu`] that asked for it).
+    /// [`Qp::tx_copy_fpdus`] that asked for it).
     crc_pending: bool,
 }
 
@@ -407,19 +383,21 @@ pub(crate) struct TxState {
     /// because builds (about 1 KiB each) move between `spare`, `ahead` and `build`.
     #[allow(clippy::vec_box)]
     pool: Vec<Box<FpduBuild>>,
-    /// Bytes the last [`Qp::poll_tx_gather`] offered (0 after a plain `poll_tx`).
+    /// Bytes the last [`Qp::poll_tx_gather`] offered (0 after a copy).
     gather_offered: usize,
     msg: TxMsg,
     rtr_pending: bool,
-    /// RTR responder: nothing may be sent before the peer's RTR arrived.
+    /// MPA responder (RFC 5044 `responder_waits`, or the RFC 6581 RTR responder): nothing
+    /// but a Terminate may be sent before the peer's first FPDU arrived. The one copy of
+    /// this rule; cleared when an FPDU's CRC checked.
     pub(crate) gate_until_rx: bool,
     max_fpdu: usize,
     crc: bool,
     /// Insert markers (RFC 5044 section 4.3).
-    markers: bool,
+    pub(crate) markers: bool,
     /// Stream offset of the next FPDU's first octet.
     stream_offset: u64,
-    /// Set by [`Qp::tx_copy_fpdu`] while it builds: leave the CRC to the copy.
+    /// Set by [`Qp::tx_copy_fpdus`] while it builds: leave the CRC to the copy.
     defer_crc: bool,
     /// Headers of a whole Send (without, with Solicited Event; MSN and MO 0) and the header
     /// prefix of a whole RDMA Write, from the codec: what [`Qp::tx_copy_fpdus`] writes for
@@ -429,6 +407,11 @@ pub(crate) struct TxState {
     /// The largest payload of an untagged and of a tagged FPDU (`max_payload`, fixed once
     /// the stream is established).
     max_small: (usize, usize),
+    /// Bytes of a coalesced batch, already committed, that the writer did not take: they
+    /// go first at the next [`Qp::send_to`]. Empty unless a writer filled up in the middle
+    /// of a batch (it then grows, at most to one batch, the only allocation of the
+    /// transmit path after the first FPDUs built ahead).
+    pub(crate) spill: Vec<u8>,
 }
 
 impl TxState {
@@ -451,6 +434,7 @@ impl TxState {
             send_headers: codec::send_headers(),
             write_prefix: codec::write_prefix(),
             max_small: (0, 0),
+            spill: Vec::new(),
         }
     }
 
@@ -468,15 +452,22 @@ impl TxState {
             self.max_payload(codec::UNTAGGED_HEADER_LEN),
             self.max_payload(codec::TAGGED_HEADER_LEN),
         );
-        if let Some(rtr) = s.rtr {
-            self.rtr_pending = rtr.initiator;
-            self.gate_until_rx = !rtr.initiator;
-        }
+        self.rtr_pending = s.rtr.is_some_and(|r| r.initiator);
+        //= https://www.rfc-editor.org/rfc/rfc5044#section-7.1
+        // (paraphrase) Outside peer-to-peer mode the responder sends no FPDU before it has
+        // received and validated the initiator's first FPDU.
+        //= https://www.rfc-editor.org/rfc/rfc6581#section-3
+        // (paraphrase) In peer-to-peer mode the responder sends nothing before the
+        // initiator's RTR arrived.
+        self.gate_until_rx = s.responder_waits || s.rtr.is_some_and(|r| !r.initiator);
     }
 
-    /// True when no FPDU is in progress and no message is half sent.
+    /// True when no FPDU is in progress or waits in the spill, and no message is half sent.
     pub(crate) fn is_idle(&self) -> bool {
-        self.build.is_none() && self.ahead.is_empty() && self.msg == TxMsg::None
+        self.build.is_none()
+            && self.ahead.is_empty()
+            && self.msg == TxMsg::None
+            && self.spill.is_empty()
     }
 
     /// Forgets the FPDUs not yet started (nothing of them reached the wire) and the message
@@ -522,30 +513,9 @@ impl TxState {
 }
 
 impl Qp {
-    /// Describes the next bytes to send: the rest of the FPDU in progress, or a new FPDU.
-    /// `None` when there is nothing to send. Hand the bytes to the transport, then call
-    /// [`Qp::tx_commit`] with the number written.
-    pub fn poll_tx(&mut self) -> Option<TxFpdu<'_>> {
-        if self.tx.build.is_none() {
-            self.build_next();
-        }
-        self.tx.gather_offered = 0;
-        let b = self.tx.build.as_deref_mut()?;
-        // Without markers the gather list always holds the whole rest of the FPDU; with
-        // markers it may not, and a first pass learns how much is offered (for
-        // tx_commit's check) before the second hands out the borrow.
-        b.offered_end = if b.layout.is_none() {
-            b.total
-        } else {
-            b.sent + b.gather().len()
-        };
-        let b = self.tx.build.as_deref()?;
-        Some(b.gather())
-    }
-
-    /// Reports that the first `n` bytes offered by the last [`Qp::poll_tx`] (or
-    /// [`Qp::poll_tx_gather`]) were written.
-    pub fn tx_commit(&mut self, n: usize) -> Result<(), QpError> {
+    /// Reports that the first `n` bytes offered by the last [`Qp::poll_tx_gather`] (or the
+    /// copy of [`Qp::tx_copy_fpdus`]) were written.
+    pub(crate) fn tx_commit(&mut self, n: usize) -> Result<(), QpError> {
         let Some(b) = self.tx.build.as_deref() else {
             return if n == 0 {
                 Ok(())
@@ -590,13 +560,18 @@ impl Qp {
         Ok(())
     }
 
-    /// Like [`Qp::poll_tx`], but describes up to `max_fpdus` FPDUs (and about `max_bytes`)
-    /// at once: the rest of the FPDU in progress, then whole FPDUs built ahead of time, so
-    /// that one `sendmsg` carries several large FPDUs. Commit with [`Qp::tx_commit`] as
-    /// usual (any prefix of what is offered). Without markers only; with markers (and for
-    /// `max_fpdus` <= 1) it offers what `poll_tx` would. The builds ahead are allocated the
-    /// first time they are needed (at most `max_fpdus - 1` of them per QP).
-    pub fn poll_tx_gather(&mut self, max_fpdus: usize, max_bytes: usize) -> Option<TxGather<'_>> {
+    /// Describes the next bytes to send as gather pieces: the rest of the FPDU in progress
+    /// (or a new one), then up to `max_fpdus - 1` whole FPDUs built ahead (about `max_bytes`
+    /// in all), so that one `sendmsg` carries several large FPDUs; `None` when there is
+    /// nothing to send. Commit with [`Qp::tx_commit`] (any prefix of what is offered). With
+    /// markers only the FPDU in progress is offered, in parts when its gather list is
+    /// longer than [`TX_PIECES`]. The builds ahead are allocated the first time they are
+    /// needed (at most `max_fpdus - 1` of them per QP).
+    pub(crate) fn poll_tx_gather(
+        &mut self,
+        max_fpdus: usize,
+        max_bytes: usize,
+    ) -> Option<TxGather<'_>> {
         if self.tx.build.is_none() {
             self.build_next();
         }
@@ -649,6 +624,16 @@ impl Qp {
 
     /// Builds the next FPDU behind the ones already built; returns its length.
     fn build_ahead(&mut self) -> Option<usize> {
+        let local_error_next = self.tx.msg == TxMsg::None
+            && self.sq_entry(self.sq_tx_seq).is_some_and(|e| e.local_error);
+        if local_error_next || !matches!(self.state, QpState::Rts | QpState::Closing) {
+            // A failed QP sends its Terminate (the front build) and nothing after it; a WR
+            // with a local error fails the QP only once everything before it went out, as
+            // when FPDUs are built one at a time. (Building on would take the failure
+            // check below and recycle the unstarted front: the Terminate, or the FPDU of an
+            // earlier WR.)
+            return None;
+        }
         let front = self.tx.build.take();
         if self.tx.spare.is_none() {
             self.tx.spare = Some(self.tx.pool.pop().unwrap_or_else(FpduBuild::boxed));
@@ -671,13 +656,14 @@ impl Qp {
         Some(len)
     }
 
-    /// False when [`Qp::poll_tx`] would certainly offer nothing: no FPDU in progress or
-    /// built ahead, no message half sent, no Terminate, RTR, Read or Atomic Response, or
-    /// send WR waiting. A cheap check for runtimes that would otherwise ask for nothing
+    /// False when [`Qp::send_to`] would certainly send nothing: no FPDU in progress, built
+    /// ahead or waiting in the spill, no message half sent, no Terminate, RTR, Read or
+    /// Atomic Response, or send WR waiting. A cheap check for runtimes that would otherwise ask for nothing
     /// several times per pass. (True does not promise an FPDU: the ORD, a fence or the
     /// state may still hold the next one back.)
     pub fn wants_tx(&self) -> bool {
-        self.tx.build.is_some()
+        !self.tx.spill.is_empty()
+            || self.tx.build.is_some()
             || !self.tx.ahead.is_empty()
             || self.tx.msg != TxMsg::None
             || self.tx.rtr_pending
@@ -686,24 +672,10 @@ impl Qp {
             || self.sq_tx_seq < self.sq_next_seq
     }
 
-    /// Copies the next FPDU, whole, into the start of `out` and commits it, when it fits and
-    /// none of it was offered yet; returns its length. The CRC is computed over the copy in
-    /// one pass (the gather list of [`Qp::poll_tx`] is never built). `None` when there is
-    /// nothing to send or the next FPDU does not fit `out` (or was partly sent, or carries
-    /// markers): then [`Qp::poll_tx`] or [`Qp::poll_tx_gather`] offers it as usual.
-    ///
-    /// For runtimes that copy small FPDUs into a batch of their own (one system call for
-    /// many) instead of gathering them from their pieces.
-    pub fn tx_copy_fpdu(&mut self, out: &mut [u8]) -> Option<usize> {
-        let n = self.tx_copy_small(out, usize::MAX, 1);
-        if n > 0 {
-            return Some(n);
-        }
-        self.tx_copy_built(out)
-    }
-
-    /// [`Qp::tx_copy_fpdu`] by the general path: the next FPDU is built (unless one is) and
-    /// copied whole when it fits.
+    /// The next FPDU by the general path, copied whole into the start of `out` and
+    /// committed when it fits and none of it was offered yet: it is built (unless one is)
+    /// with its CRC left to the copy, computed over it in one pass. `None` when there is
+    /// nothing to send or it does not fit (or was partly sent, or carries markers).
     fn tx_copy_built(&mut self, out: &mut [u8]) -> Option<usize> {
         if self.tx.build.is_none() {
             self.tx.defer_crc = true;
@@ -753,11 +725,9 @@ impl Qp {
     /// Copies whole FPDUs of at most `max_each` bytes into `out`, one after the other, as
     /// many as fit, and commits them; returns the bytes written (0: nothing to send, or the
     /// next FPDU is larger than `max_each` or than what is left of `out`, or is partly sent;
-    /// [`Qp::poll_tx`] or [`Qp::poll_tx_gather`] then offers it). The same bytes as
-    /// [`Qp::tx_copy_fpdu`] called until it returns `None`, each call given the next
-    /// `max_each` bytes of `out`; runs of small Sends and Writes take a loop that checks the
-    /// QP's state once per run instead of once per FPDU.
-    pub fn tx_copy_fpdus(&mut self, out: &mut [u8], max_each: usize) -> usize {
+    /// [`Qp::poll_tx_gather`] then offers it). Runs of small Sends and Writes take a loop
+    /// that checks the QP's state once per run instead of once per FPDU.
+    pub(crate) fn tx_copy_fpdus(&mut self, out: &mut [u8], max_each: usize) -> usize {
         let mut used = 0;
         loop {
             let rest = out.get_mut(used..).unwrap_or_default();
@@ -957,26 +927,14 @@ impl Qp {
         at == out.len()
     }
 
-    /// Convenience for tests and simple runtimes: copies as many bytes to send as fit into
-    /// `out` (several FPDUs if they fit) and commits them. Returns the bytes written.
+    /// Convenience for tests and simple runtimes: [`Qp::send_to`] into `out` (several FPDUs
+    /// if they fit, the last one cut where `out` ends), without coalescing. Returns the
+    /// bytes written.
     pub fn handle_tx(&mut self, out: &mut [u8]) -> usize {
-        let mut done = 0;
-        loop {
-            let Some(rest) = out.get_mut(done..) else {
-                return done;
-            };
-            if rest.is_empty() {
-                return done;
-            }
-            let n = match self.poll_tx() {
-                Some(f) => f.copy_to(rest),
-                None => return done,
-            };
-            if n == 0 || self.tx_commit(n).is_err() {
-                return done;
-            }
-            done += n;
-        }
+        let mut sink = SliceSink { out, at: 0 };
+        let mut budget = usize::MAX;
+        let _ = self.send_to(&mut sink, None, &mut budget);
+        sink.at
     }
 
     fn on_fpdu_sent(&mut self, done: TxDone) {
@@ -1080,7 +1038,7 @@ impl Qp {
         b.crc_pending = false;
         if self.tx.crc {
             if self.tx.defer_crc && b.layout.is_none() {
-                // `tx_copy_fpdu` computes it over the copy, in one pass.
+                // `tx_copy_fpdus` computes it over the copy, in one pass.
                 b.crc_pending = true;
             } else {
                 b.fill_crc();
@@ -1525,5 +1483,27 @@ impl Qp {
         self.rx.close();
         self.flush();
         self.set_state(QpState::Terminate);
+    }
+}
+
+/// A writer into a slice: takes what fits, then says `WouldBlock`.
+struct SliceSink<'a> {
+    out: &'a mut [u8],
+    at: usize,
+}
+
+impl crate::qp::pump::VectoredWrite for SliceSink<'_> {
+    fn write_from(&mut self, pieces: &[TxPiece<'_>]) -> std::io::Result<usize> {
+        let start = self.at;
+        for p in pieces {
+            let Some(rest) = self.out.get_mut(self.at..).filter(|r| !r.is_empty()) else {
+                break;
+            };
+            self.at += p.copy_to(rest);
+        }
+        match self.at - start {
+            0 => Err(std::io::ErrorKind::WouldBlock.into()),
+            n => Ok(n),
+        }
     }
 }

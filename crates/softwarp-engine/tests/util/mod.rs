@@ -8,7 +8,10 @@ use softwarp_engine::cq::{Cq, CqError, CqId};
 use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::memory::Region;
 use softwarp_engine::mr::{Access, MrTable, PdId, Stag};
-use softwarp_engine::qp::{Qp, QpConfig, StreamConfig};
+use softwarp_engine::qp::{
+    copy_to_dest, Qp, QpConfig, ReadDest, ReadUntil, RecvEnd, RxEnv, SendEnd, StreamConfig,
+    TxPiece, VectoredRead, VectoredWrite,
+};
 use softwarp_engine::srq::{Srq, SrqId};
 use softwarp_engine::wr::{CqTarget, Sge, WorkCompletion};
 
@@ -22,11 +25,9 @@ pub enum Split {
     OneByte,
     /// Random pieces of 1..=max bytes from a seeded generator.
     Random { seed: u64, max: usize },
-    /// As `Random`, and the receiver takes the whole FPDUs at the start of each piece with
-    /// `Qp::rx_whole_fpdu` (as the runtime does with the bytes it read ahead), the rest
-    /// with `handle_rx`; the sender copies whole small FPDUs with `Qp::tx_copy_fpdu` or
-    /// `Qp::tx_copy_fpdus` (as the runtime's batches) when they fit the piece, the rest with
-    /// `poll_tx`.
+    /// As `Random`, with the runtime's buffers: the receiver reads ahead into a staging
+    /// buffer (whole FPDUs in one step each), the sender coalesces small FPDUs into a
+    /// batch.
     Staged { seed: u64, max: usize },
 }
 
@@ -180,66 +181,63 @@ impl Side {
     }
 
     /// Transmits into `out` with partial writes of at most `max_write` bytes each (exercises
-    /// `tx_commit` with partial FPDUs). Returns the bytes written.
+    /// partial FPDUs). Returns the bytes written.
     pub fn transmit(&mut self, out: &mut Vec<u8>, max_write: impl FnMut() -> usize) -> usize {
         self.transmit_with(out, false, max_write)
     }
 
-    /// As `transmit`; with `copy`, whole FPDUs of up to 2 KiB are first taken with
-    /// `Qp::tx_copy_fpdu` or, as the runtime batches small FPDUs, runs of them with
-    /// `Qp::tx_copy_fpdus`; the others as `transmit` does.
+    /// As `transmit`, through `Qp::send_to` exactly as the runtime calls it; with `copy`,
+    /// the runtime's batch buffer is given, so small FPDUs are coalesced (and a batch the
+    /// writer takes only part of waits in the QP's spill).
     pub fn transmit_with(
         &mut self,
         out: &mut Vec<u8>,
         copy: bool,
-        mut max_write: impl FnMut() -> usize,
+        max_write: impl FnMut() -> usize,
     ) -> usize {
-        let mut total = 0;
-        let mut buf = [0u8; 8192];
-        loop {
-            if copy {
-                let wanted = self.qp.wants_tx();
-                let room = max_write().clamp(1, buf.len());
-                // Alternately one FPDU per call and runs of FPDUs of at most 2 KiB each.
-                let copied = if room % 2 == 0 {
-                    self.qp.tx_copy_fpdu(&mut buf[..room.min(2048)])
-                } else {
-                    let each = max_write().clamp(1, 2048);
-                    Some(self.qp.tx_copy_fpdus(&mut buf[..room], each)).filter(|&n| n > 0)
-                };
-                if let Some(n) = copied {
-                    assert!(n <= room);
-                    assert!(
-                        wanted,
-                        "wants_tx() said nothing, tx_copy_fpdu(s) copied an FPDU"
-                    );
-                    out.extend_from_slice(&buf[..n]);
-                    total += n;
-                    continue;
-                }
-            }
+        let start = out.len();
+        let mut batch = Vec::new();
+        let mut sink = CutWriter {
+            out: &mut *out,
+            max_write,
+            limit: 64 << 20,
+        };
+        for _ in 0..1_000_000 {
             // `wants_tx` may say yes for nothing, never no for something.
             let wanted = self.qp.wants_tx();
-            let Some(fpdu) = self.qp.poll_tx() else {
-                break;
-            };
-            assert!(
-                wanted,
-                "wants_tx() said nothing to send, poll_tx offered an FPDU"
-            );
-            let want = fpdu.len().min(max_write());
-            let start = out.len();
-            out.resize(start + want, 0);
-            let n = fpdu.copy_to(&mut out[start..]);
-            assert_eq!(n, want);
-            self.qp.tx_commit(n).unwrap();
-            total += n;
-            if total > (64 << 20) {
-                break;
+            let before = sink.out.len();
+            let mut budget = usize::MAX;
+            let end = self
+                .qp
+                .send_to(&mut sink, copy.then_some(&mut batch), &mut budget);
+            if sink.out.len() > before {
+                assert!(wanted, "wants_tx() said nothing to send, send_to sent");
+            }
+            match end {
+                SendEnd::Idle | SendEnd::Full => break,
+                SendEnd::Budget => {}
+                SendEnd::Failed(e) => panic!("the test writer failed: {e}"),
+                SendEnd::Bug(why) => panic!("engine bug: {why}"),
             }
         }
-        self.sent.extend_from_slice(&out[out.len() - total..]);
+        let total = out.len() - start;
+        self.sent.extend_from_slice(&out[start..]);
         total
+    }
+
+    /// Transmits into `out` until the writer took `limit` bytes (a socket that fills up).
+    pub fn transmit_limited(&mut self, out: &mut Vec<u8>, limit: usize) -> usize {
+        let start = out.len();
+        let mut sink = CutWriter {
+            out: &mut *out,
+            max_write: || usize::MAX,
+            limit,
+        };
+        let mut budget = usize::MAX;
+        let end = self.qp.send_to(&mut sink, None, &mut budget);
+        assert!(matches!(end, SendEnd::Idle | SendEnd::Full), "{end:?}");
+        self.sent.extend_from_slice(&out[start..]);
+        out.len() - start
     }
 
     /// Receives `data` in pieces chosen by `piece`. Returns bytes consumed.
@@ -247,50 +245,106 @@ impl Side {
         self.receive_with(data, false, piece)
     }
 
-    /// As `receive`; with `whole`, the whole FPDUs at the start of each piece are taken in
-    /// one step each (`Qp::rx_whole_fpdu`).
+    /// As `receive`, through `Qp::recv_from` exactly as the runtime calls it, each read
+    /// cut to the next piece; with `whole`, a 64 KiB staging buffer is given (read-ahead,
+    /// whole FPDUs in one step each), without it none.
     pub fn receive_with(
         &mut self,
         data: &[u8],
         whole: bool,
-        mut piece: impl FnMut() -> usize,
+        piece: impl FnMut() -> usize,
     ) -> usize {
-        let mut done = 0;
-        while done < data.len() {
-            let mut n = piece().min(data.len() - done);
-            while whole && n > 0 {
-                match self.qp.rx_whole_fpdu(&data[done..done + n], &mut self.mrs) {
-                    Some(f) => {
-                        assert!(f <= n, "rx_whole_fpdu took {f} of {n} bytes");
-                        done += f;
-                        n -= f;
-                    }
-                    None => break,
+        let mut stage = if whole {
+            vec![0u8; 64 * 1024]
+        } else {
+            Vec::new()
+        };
+        let mut src = CutReader { data, at: 0, piece };
+        let mut retried = false;
+        loop {
+            let mut budget = usize::MAX;
+            let mut res = RxEnv {
+                mrs: &mut self.mrs,
+                srq: self.srq.as_mut(),
+            };
+            let end = self.qp.recv_from(
+                &mut src,
+                &mut stage,
+                &mut budget,
+                ReadUntil::WouldBlock,
+                &mut res,
+            );
+            match end {
+                // Blocked: make room (poll completions) and retry once.
+                RecvEnd::Blocked if !retried => {
+                    retried = true;
+                    self.pump();
                 }
-            }
-            if n == 0 {
-                continue;
-            }
-            let c = self
-                .qp
-                .handle_rx(&data[done..done + n], &mut self.mrs, self.srq.as_mut());
-            done += c;
-            if c < n {
-                // Blocked or closed: make room (poll completions) and retry once.
-                self.pump();
-                let c2 = self.qp.handle_rx(
-                    &data[done..done + (n - c)],
-                    &mut self.mrs,
-                    self.srq.as_mut(),
-                );
-                done += c2;
-                if c2 < n - c {
-                    break;
-                }
+                RecvEnd::Drained | RecvEnd::Blocked => break,
+                RecvEnd::Budget | RecvEnd::Eof => unreachable!("no budget, no end of stream"),
+                RecvEnd::Failed(e) => panic!("the test reader failed: {e}"),
+                RecvEnd::Bug(why) => panic!("engine bug: {why}"),
             }
         }
         self.pump();
-        done
+        src.at
+    }
+}
+
+/// A reader over bytes that returns at most `piece()` bytes per read (a socket whose
+/// segments arrive in those pieces), then `WouldBlock`.
+pub struct CutReader<'a, F> {
+    pub data: &'a [u8],
+    pub at: usize,
+    pub piece: F,
+}
+
+impl<F: FnMut() -> usize> VectoredRead for CutReader<'_, F> {
+    fn read_to(&mut self, dest: ReadDest<'_>, stage: &mut [u8]) -> std::io::Result<usize> {
+        let rest = &self.data[self.at..];
+        if rest.is_empty() {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        let n = (self.piece)().clamp(1, rest.len());
+        let got = copy_to_dest(&rest[..n], dest, stage)?;
+        assert!(got > 0, "a read into nothing");
+        self.at += got;
+        Ok(got)
+    }
+}
+
+/// A writer that takes at most `max_write()` bytes per write (a socket that takes part of
+/// what it is offered), up to `limit` bytes in all, then says `WouldBlock`.
+pub struct CutWriter<'a, F> {
+    pub out: &'a mut Vec<u8>,
+    pub max_write: F,
+    pub limit: usize,
+}
+
+impl<F: FnMut() -> usize> VectoredWrite for CutWriter<'_, F> {
+    fn write_from(&mut self, pieces: &[TxPiece<'_>]) -> std::io::Result<usize> {
+        if self.limit == 0 {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        let offered: usize = pieces.iter().map(TxPiece::len).sum();
+        assert!(offered > 0, "an empty write");
+        let mut want = (self.max_write)().clamp(1, offered).min(self.limit);
+        let start = self.out.len();
+        for p in pieces {
+            if want == 0 {
+                break;
+            }
+            let take = p.len().min(want);
+            let at = self.out.len();
+            self.out.resize(at + take, 0);
+            let mut tmp = vec![0u8; p.len()];
+            assert_eq!(p.copy_to(&mut tmp), p.len());
+            self.out[at..].copy_from_slice(&tmp[..take]);
+            want -= take;
+        }
+        let n = self.out.len() - start;
+        self.limit -= n;
+        Ok(n)
     }
 }
 

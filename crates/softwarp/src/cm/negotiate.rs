@@ -14,7 +14,7 @@
 //! | peer-to-peer (rev 2) | the responder picks Write, then Read, then Send among the RTR types offered and accepted; an initiator whose offer was not honoured sends a Terminate (no matching RTR) |
 //! | rev 1 | no IRD/ORD exchange: both ends keep their configured IRD/ORD (QP defaults 16/16); no peer-to-peer mode |
 
-use softwarp_engine::qp::{Rtr, RtrKind, TerminateLayout};
+use softwarp_engine::qp::{Rtr, RtrKind, StreamConfig, TerminateLayout};
 use softwarp_wire::ddp::UNTAGGED_HEADER_LEN;
 use softwarp_wire::mpa::fpdu::Fpdu;
 use softwarp_wire::mpa::frame::{
@@ -158,6 +158,41 @@ pub(crate) struct Negotiated {
     pub(crate) rtr: Option<Rtr>,
     pub(crate) peer_ird_ord: Option<(u16, u16)>,
     pub(crate) peer_private_data: Vec<u8>,
+}
+
+impl Negotiated {
+    /// The engine's stream parameters for what this exchange settled: CRC, markers each way,
+    /// IRD/ORD and the RTR from the frames; FPDUs of at most `max_fpdu_len` (clamped to what
+    /// the engine accepts: [`StreamConfig::clamp_fpdu_len`]); the Terminate layout and RFC
+    /// 7306 from the local options (MPA has no bit for them); and, with `responder_waits`, a
+    /// responder that sends nothing before the initiator's first FPDU (RFC 5044).
+    pub(crate) fn stream_config(
+        &self,
+        max_fpdu_len: usize,
+        opts: &ConnectOptions,
+        responder_waits: bool,
+    ) -> StreamConfig {
+        StreamConfig {
+            crc: self.crc,
+            markers: false,
+            //= https://www.rfc-editor.org/rfc/rfc5044#section-4.3
+            // (paraphrase) Markers are placed relative to the start of each direction's FPDU
+            // stream, the first octet after the MPA Request (initiator to responder) or the
+            // MPA Reply (responder to initiator): both streams start at offset 0.
+            markers_tx: self.markers_tx,
+            markers_rx: self.markers_rx,
+            tx_stream_offset: 0,
+            rx_stream_offset: 0,
+            max_fpdu_len: StreamConfig::clamp_fpdu_len(max_fpdu_len),
+            max_rx_ulpdu: softwarp_wire::mpa::fpdu::MAX_ULPDU_LEN,
+            ird: self.ird,
+            ord: self.ord,
+            terminate_layout: opts.terminate_layout,
+            rtr: self.rtr,
+            rfc7306: opts.rfc7306,
+            responder_waits: responder_waits && self.role == Role::Responder,
+        }
+    }
 }
 
 /// An initiator's failure: the error, and the Terminate (RFC 6581 section 9, LLP layer, MPA
@@ -669,6 +704,50 @@ mod tests {
             peer_to_peer: p2p,
             rtr: rtr_flags(rtr),
         })
+    }
+
+    #[test]
+    fn the_stream_config_carries_what_was_settled_and_clamps_the_fpdu_length() {
+        let neg = Negotiated {
+            role: Role::Responder,
+            revision: 2,
+            crc: true,
+            markers_tx: true,
+            markers_rx: false,
+            ird: 3,
+            ord: 5,
+            rtr: None,
+            peer_ird_ord: Some((5, 3)),
+            peer_private_data: Vec::new(),
+        };
+        let opts = ConnectOptions::default();
+        let cfg = neg.stream_config(9000, &opts, true);
+        assert!(cfg.crc && cfg.markers_tx && !cfg.markers_rx && !cfg.markers);
+        assert_eq!((cfg.ird, cfg.ord, cfg.max_fpdu_len), (3, 5, 9000));
+        assert_eq!((cfg.tx_stream_offset, cfg.rx_stream_offset), (0, 0));
+        assert_eq!(cfg.terminate_layout, opts.terminate_layout);
+        assert!(
+            cfg.responder_waits,
+            "an RFC 5044 responder waits when asked"
+        );
+        assert!(!neg.stream_config(9000, &opts, false).responder_waits);
+        let initiator = Negotiated {
+            role: Role::Initiator,
+            ..neg.clone()
+        };
+        assert!(
+            !initiator.stream_config(9000, &opts, true).responder_waits,
+            "an initiator never waits"
+        );
+        // Below the engine's minimum and beyond MPA's longest FPDU: clamped.
+        assert_eq!(
+            neg.stream_config(1, &opts, true).max_fpdu_len,
+            softwarp_engine::qp::MIN_FPDU_LEN
+        );
+        assert_eq!(
+            neg.stream_config(usize::MAX, &opts, true).max_fpdu_len,
+            softwarp_wire::mpa::fpdu::MAX_FPDU_LEN
+        );
     }
 
     fn reply_bytes(f: &FrameOut) -> Vec<u8> {

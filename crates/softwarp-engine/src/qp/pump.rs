@@ -1,0 +1,550 @@
+//! The byte pump: the QP's two data-path entry points, [`Qp::recv_from`] and [`Qp::send_to`],
+//! over a vectored reader and writer the caller supplies. Still sans IO: the engine decides
+//! where every byte goes and which bytes go out; the traits do the moving (the runtime over
+//! `readv`/`sendmsg` on a non-blocking socket, the tests over byte slices cut as they
+//! like), so tests run exactly the runtime's path.
+//!
+//! Receive ([`Qp::recv_from`]): each read names the receive state machine's current target
+//! (a header, pad or CRC buffer inside the QP, or a range of the destination region: zero
+//! copy) and, behind it, the caller's staging buffer, so that one read also takes what
+//! follows. Staged bytes go to the engine's next targets by copying, the whole FPDUs at
+//! their start in one step each ([`Qp::rx_whole_fpdu`], with the small-Send fast path).
+//! A new FPDU is read into the staging buffer only (its header would otherwise cost a
+//! read of its own). After a large payload only a header's worth is staged, so that large
+//! payloads keep landing without a copy. QPs on an SRQ never stage: their receiver may hold
+//! a header back until completions are polled, with staged bytes it could not take. Once
+//! the QP no longer receives, reads go to the staging buffer and are dropped, so the end
+//! of the stream is still seen.
+//!
+//! Transmit ([`Qp::send_to`]): bytes of an earlier batch the writer did not take go first;
+//! then small FPDUs (up to [`COALESCE_MAX`] bytes) are copied whole into the caller's batch
+//! buffer and committed (one write for many of them: a list of Sends, a queue that built
+//! up behind a full socket), bytes of it the writer does not take wait in the QP; larger
+//! FPDUs are gathered straight from registered memory, several per write. No coalescing
+//! with markers: then every FPDU starts its own segment, as MPA asks senders with markers
+//! and as the marker-aware dissectors expect.
+//!
+//! What the engine does not do: wait, time out, or know what a descriptor is. The caller
+//! chooses the staging and batch buffers (and their sizes), the byte budget of a pass, and
+//! whether a short read ends it ([`ReadUntil`]); the outcome ([`RecvEnd`], [`SendEnd`])
+//! tells it what to do next.
+
+use std::io;
+
+use crate::memory::Region;
+use crate::mr::MrTable;
+use crate::qp::tx::MAX_GATHER_FPDUS;
+use crate::qp::{Qp, RxTarget, TxPiece};
+use crate::srq::Srq;
+
+/// A payload at least this long is read straight into its destination, with only a
+/// header's worth of staging behind it.
+pub const BIG_PAYLOAD: usize = 16 * 1024;
+/// Staging behind a large payload: room for the trailer and the next FPDU's header.
+const SMALL_STAGE: usize = 64;
+/// FPDUs up to this long are copied into the batch rather than gathered (a copy this small
+/// costs less than a system call of its own).
+pub const COALESCE_MAX: usize = 2048;
+/// Largest batch of coalesced FPDUs per write.
+pub const BATCH_CAP: usize = 32 * 1024;
+/// About how many bytes of large FPDUs one write gathers (several 64 KiB FPDUs on
+/// loopback).
+const GATHER_BYTES: usize = 256 * 1024;
+
+/// Where a read puts its first bytes: a buffer inside the QP, or a range of a registered
+/// region. A reader that hands the region range to the kernel gets its address from
+/// [`Region::ptr_range`] (the only way region memory reaches a system call); one that
+/// copies uses [`Region::write_at`].
+#[derive(Debug)]
+pub enum ReadDest<'a> {
+    /// A buffer inside the QP (or nothing: then the read goes to the staging buffer only).
+    Buffer(&'a mut [u8]),
+    /// `len` bytes at `offset` of `region`.
+    Region {
+        /// The destination region.
+        region: &'a Region,
+        /// Offset inside the region.
+        offset: usize,
+        /// Most bytes that may go there.
+        len: usize,
+    },
+}
+
+impl ReadDest<'_> {
+    /// Bytes this destination takes.
+    pub fn len(&self) -> usize {
+        match self {
+            ReadDest::Buffer(b) => b.len(),
+            ReadDest::Region { len, .. } => *len,
+        }
+    }
+    /// True when it takes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A byte source read like `readv(2)`: into `dest`, then into `stage`.
+pub trait VectoredRead {
+    /// Reads at most `dest.len() + stage.len()` bytes, filling `dest` first. Returns the
+    /// bytes read, `Ok(0)` at the end of the stream (never asked with both empty), or an
+    /// error: `WouldBlock` when nothing is there now, `Interrupted` to be asked again,
+    /// `InvalidInput` when `dest` names memory outside its region (an engine bug), any
+    /// other when the stream failed.
+    fn read_to(&mut self, dest: ReadDest<'_>, stage: &mut [u8]) -> io::Result<usize>;
+}
+
+/// A byte sink written like `sendmsg(2)`: a gather list, in order.
+pub trait VectoredWrite {
+    /// Writes a prefix of `pieces` (at most 64 pieces are looked at); returns its length.
+    /// Errors as for [`VectoredRead::read_to`] (`WouldBlock`: full now).
+    fn write_from(&mut self, pieces: &[TxPiece<'_>]) -> io::Result<usize>;
+}
+
+/// What a receive commit may need: the STag table (a header to validate, an FPDU to
+/// deliver) and the SRQ of a QP that receives from one. Taken only when a commit needs
+/// them, so that most commits (payload and partial header or trailer bytes) never touch
+/// them, and let go before every read: a runtime that locks them never holds them across
+/// a system call.
+pub trait RxResources {
+    /// The STag table and the SRQ (`None` for a QP with its own RQ), for the rest of this
+    /// step. A runtime that locks both takes the SRQ first.
+    fn get(&mut self) -> (&mut MrTable, Option<&mut Srq>);
+    /// Lets go of what [`RxResources::get`] took (called before every read).
+    fn release(&mut self) {}
+}
+
+impl RxResources for MrTable {
+    fn get(&mut self) -> (&mut MrTable, Option<&mut Srq>) {
+        (self, None)
+    }
+}
+
+/// A QP's STag table and SRQ, held for the whole receive (tests and simple runtimes).
+#[derive(Debug)]
+pub struct RxEnv<'a> {
+    /// The STag table.
+    pub mrs: &'a mut MrTable,
+    /// The SRQ, for a QP that receives from one.
+    pub srq: Option<&'a mut Srq>,
+}
+
+impl RxResources for RxEnv<'_> {
+    fn get(&mut self) -> (&mut MrTable, Option<&mut Srq>) {
+        (self.mrs, self.srq.as_deref_mut())
+    }
+}
+
+/// When [`Qp::recv_from`] stops reading a source that still has bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadUntil {
+    /// Only when a read says `WouldBlock` (or the budget is spent): for an edge-triggered
+    /// poller, which gives no new edge for an end of stream queued behind a short read.
+    WouldBlock,
+    /// Also after a read returned less than it asked for (the source is empty for now):
+    /// for a caller that reads again at its next poll anyway.
+    ShortRead,
+}
+
+/// How a [`Qp::recv_from`] ended.
+#[derive(Debug)]
+pub enum RecvEnd {
+    /// The source has nothing more for now, or the QP does not read.
+    Drained,
+    /// The byte budget is spent with more to read.
+    Budget,
+    /// Nothing can be received until completions are polled (the QP holds as many SRQ
+    /// receives as it may): poll them, then call again.
+    Blocked,
+    /// The source reached its end (the peer closed the stream).
+    Eof,
+    /// A read failed: the stream is lost.
+    Failed(io::Error),
+    /// The engine offered a target it cannot use (a bug in the engine): stop receiving.
+    Bug(&'static str),
+}
+
+/// How a [`Qp::send_to`] ended.
+#[derive(Debug)]
+pub enum SendEnd {
+    /// Nothing (more) to send now.
+    Idle,
+    /// The writer is full (`WouldBlock`) with bytes pending.
+    Full,
+    /// The byte budget is spent with more to send.
+    Budget,
+    /// A write failed: the stream is lost (the bytes of a batch not yet written are
+    /// dropped).
+    Failed(io::Error),
+    /// The engine offered something it cannot send (a bug in the engine).
+    Bug(&'static str),
+}
+
+/// How many bytes to stage behind the current target.
+fn stage_len(staging: bool, small: bool, cap: usize) -> usize {
+    match (staging, small) {
+        (false, _) => 0,
+        (true, true) => SMALL_STAGE.min(cap),
+        (true, false) => cap,
+    }
+}
+
+impl Qp {
+    /// Receives from `src` until it has nothing more for now (or `until` says stop), the
+    /// `budget` (bytes, decremented by every byte read) is spent, the receiver blocks, or
+    /// the stream ends; places, validates and delivers as the bytes arrive (see the module
+    /// docs). `stage` is the read-ahead buffer (empty: read every target on its own);
+    /// `res` gives the STag table and SRQ when a commit needs them.
+    // Inlined into its caller: a frame of its own costs more per pass than anything it
+    // does for a small message (callgrind, `examples/msgrate`).
+    #[inline(always)]
+    pub fn recv_from(
+        &mut self,
+        src: &mut impl VectoredRead,
+        stage: &mut [u8],
+        budget: &mut usize,
+        until: ReadUntil,
+        res: &mut impl RxResources,
+    ) -> RecvEnd {
+        // QPs on an SRQ do not stage: their receiver may block with staged bytes.
+        let staging = !self.cfg.use_srq;
+        let mut empty_targets = 0;
+        // Bytes read ahead into `stage[..staged]`, handed out from `fed`.
+        let (mut fed, mut staged) = (0usize, 0usize);
+        // The last read returned less than asked: the source is empty for now.
+        let mut short_read = false;
+        loop {
+            if fed < staged {
+                if let Some(end) = self.feed(stage, &mut fed, staged, res) {
+                    return end;
+                }
+                continue;
+            }
+            if short_read {
+                return RecvEnd::Drained;
+            }
+            if *budget == 0 {
+                return RecvEnd::Budget;
+            }
+            res.release();
+            let small_stage = self.rx.big;
+            let ahead =
+                staging && !small_stage && !stage.is_empty() && self.rx_expects_whole_fpdu();
+            let mut big = false;
+            let (r, target_len, asked) = if ahead {
+                // A new FPDU starts: read it and what follows into the staging buffer only,
+                // from where whole FPDUs go to the engine in one step each.
+                let asked = stage.len();
+                (
+                    Some(src.read_to(ReadDest::Buffer(&mut []), stage)),
+                    0,
+                    asked,
+                )
+            } else {
+                match self.rx_target() {
+                    RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. } => (None, 0, 0),
+                    RxTarget::Buffer(b) => {
+                        let len = b.len();
+                        let extra = stage_len(staging, small_stage, stage.len());
+                        let extra = stage.get_mut(..extra).unwrap_or_default();
+                        let asked = len + extra.len();
+                        (Some(src.read_to(ReadDest::Buffer(b), extra)), len, asked)
+                    }
+                    RxTarget::Region {
+                        region,
+                        offset,
+                        len,
+                    } => {
+                        big = len >= BIG_PAYLOAD;
+                        let extra = stage_len(staging, small_stage || big, stage.len());
+                        let extra = stage.get_mut(..extra).unwrap_or_default();
+                        let asked = len + extra.len();
+                        let dest = ReadDest::Region {
+                            region,
+                            offset,
+                            len,
+                        };
+                        (Some(src.read_to(dest, extra)), len, asked)
+                    }
+                    RxTarget::Blocked => {
+                        // Completions polled since: the held header may go on now.
+                        let _ = self.rx_commit(0, res);
+                        if matches!(self.rx_target(), RxTarget::Blocked) {
+                            return RecvEnd::Blocked;
+                        }
+                        continue;
+                    }
+                    RxTarget::Closed => {
+                        // The QP no longer receives: read on (and drop the bytes) to see
+                        // the end of the stream.
+                        if stage.is_empty() {
+                            return RecvEnd::Drained;
+                        }
+                        match src.read_to(ReadDest::Buffer(&mut []), stage) {
+                            Ok(0) => return RecvEnd::Eof,
+                            Ok(n) => {
+                                *budget = budget.saturating_sub(n);
+                                continue;
+                            }
+                            Err(e) => (Some(Err(e)), 0, 0),
+                        }
+                    }
+                }
+            };
+            self.rx.big |= big;
+            let Some(r) = r else {
+                // Let the receiver advance, but never spin.
+                empty_targets += 1;
+                if empty_targets > 2 {
+                    return RecvEnd::Bug("engine offers only empty rx targets");
+                }
+                let _ = self.rx_commit(0, res);
+                continue;
+            };
+            match r {
+                Ok(0) => return RecvEnd::Eof,
+                Ok(n) => {
+                    empty_targets = 0;
+                    *budget = budget.saturating_sub(n);
+                    let direct = n.min(target_len);
+                    if direct > 0 && self.rx_commit(direct, res).is_err() {
+                        return RecvEnd::Bug("rx_commit refused");
+                    }
+                    fed = 0;
+                    staged = n - direct;
+                    short_read = until == ReadUntil::ShortRead && n < asked;
+                }
+                Err(e) => match e.kind() {
+                    io::ErrorKind::WouldBlock => return RecvEnd::Drained,
+                    io::ErrorKind::Interrupted => {}
+                    // The engine offered a range outside its own region: stop receiving
+                    // rather than touch memory nobody can vouch for.
+                    io::ErrorKind::InvalidInput => return RecvEnd::Bug("unusable rx target"),
+                    _ => return RecvEnd::Failed(e),
+                },
+            }
+        }
+    }
+
+    /// Hands staged bytes `stage[*fed..staged]` to the receiver: the whole FPDUs at their
+    /// start in one step each, then the next target's worth of the rest (a copy). Returns
+    /// how the receive ends when it cannot go on.
+    fn feed(
+        &mut self,
+        stage: &[u8],
+        fed: &mut usize,
+        staged: usize,
+        res: &mut impl RxResources,
+    ) -> Option<RecvEnd> {
+        while let Some(n) = self.rx_whole_fpdu(stage.get(*fed..staged).unwrap_or_default(), res) {
+            *fed += n;
+            // A whole small FPDU came through the staging buffer: keep reading ahead. A
+            // large one was copied out of it: read the following payloads straight into
+            // their destinations (FPDUs that fit the staging buffer exactly, as 32 KiB ones
+            // on a 32 KiB-MSS loopback do in pairs, would otherwise never leave it).
+            self.rx.big = n >= BIG_PAYLOAD;
+        }
+        if *fed >= staged {
+            return None;
+        }
+        let bytes = stage.get(*fed..staged).unwrap_or_default();
+        let mut small_payload = None;
+        let n = match self.rx_target() {
+            RxTarget::Buffer(b) => {
+                let n = b.len().min(bytes.len());
+                if let (Some(d), Some(s)) = (b.get_mut(..n), bytes.get(..n)) {
+                    d.copy_from_slice(s);
+                }
+                n
+            }
+            RxTarget::Region {
+                region,
+                offset,
+                len,
+            } => {
+                let n = len.min(bytes.len());
+                if region
+                    .write_at(offset, bytes.get(..n).unwrap_or_default())
+                    .is_err()
+                {
+                    return Some(RecvEnd::Bug("unusable rx target"));
+                }
+                // A whole (small) payload came through the staging buffer.
+                small_payload = Some(n == len && len < BIG_PAYLOAD);
+                n
+            }
+            // Only QPs on an SRQ block, and they do not stage.
+            RxTarget::Blocked => return Some(RecvEnd::Bug("receiver blocked with staged bytes")),
+            RxTarget::Closed => {
+                // The QP no longer receives: the rest is dropped.
+                *fed = staged;
+                return None;
+            }
+        };
+        if let Some(whole_small) = small_payload {
+            if whole_small {
+                self.rx.big = false;
+            }
+            self.stats.rx_staged_payload_bytes += n as u64;
+        }
+        if n == 0 {
+            let _ = self.rx_commit(0, res);
+            if matches!(
+                self.rx_target(),
+                RxTarget::Buffer([]) | RxTarget::Region { len: 0, .. }
+            ) {
+                return Some(RecvEnd::Bug("engine offers only empty rx targets"));
+            }
+            return None;
+        }
+        if self.rx_commit(n, res).is_err() {
+            return Some(RecvEnd::Bug("rx_commit refused"));
+        }
+        *fed += n;
+        None
+    }
+
+    /// Sends to `dst` until there is nothing to send, `dst` is full, or the `budget`
+    /// (bytes, decremented by every byte written) is spent. With `batch` (a buffer the
+    /// caller keeps; it grows to [`BATCH_CAP`] once), small FPDUs are coalesced into one
+    /// write; without it every FPDU is gathered from its pieces.
+    #[inline(always)]
+    pub fn send_to(
+        &mut self,
+        dst: &mut impl VectoredWrite,
+        mut batch: Option<&mut Vec<u8>>,
+        budget: &mut usize,
+    ) -> SendEnd {
+        loop {
+            if *budget == 0 {
+                return SendEnd::Budget;
+            }
+            // 1. Bytes of an earlier batch that the writer did not take.
+            if !self.tx.spill.is_empty() {
+                let r = dst.write_from(&[TxPiece::Bytes(&self.tx.spill)]);
+                if let Ok(n) = r {
+                    *budget = budget.saturating_sub(n);
+                    self.tx.spill.drain(..n.min(self.tx.spill.len()));
+                    continue;
+                }
+                match self.tx_error(r) {
+                    Some(end) => return end,
+                    None => continue,
+                }
+            }
+            // Nothing (more) to send: spare the questions below.
+            if !self.wants_tx() {
+                return SendEnd::Idle;
+            }
+            // 2. Small FPDUs, copied into one batch (not with markers).
+            if let Some(batch) = batch.as_deref_mut().filter(|_| !self.tx.markers) {
+                if batch.len() < BATCH_CAP {
+                    batch.resize(BATCH_CAP, 0);
+                }
+                let out = batch.get_mut(..BATCH_CAP).unwrap_or_default();
+                let used = self.tx_copy_fpdus(out, COALESCE_MAX);
+                let batch = batch.get(..used).unwrap_or_default();
+                if !batch.is_empty() {
+                    let r = dst.write_from(&[TxPiece::Bytes(batch)]);
+                    let n = *r.as_ref().unwrap_or(&0);
+                    // The batch is committed: what the writer did not take waits here.
+                    self.tx
+                        .spill
+                        .extend_from_slice(batch.get(n..).unwrap_or_default());
+                    *budget = budget.saturating_sub(n);
+                    if r.is_ok() {
+                        continue;
+                    }
+                    match self.tx_error(r) {
+                        Some(end) => return end,
+                        None => continue,
+                    }
+                }
+            }
+            // 3. Large FPDUs, gathered from their pieces (zero copy), several per write.
+            let r = match self.poll_tx_gather(MAX_GATHER_FPDUS, GATHER_BYTES) {
+                None => return SendEnd::Idle,
+                Some(fpdus) => dst.write_from(fpdus.pieces()),
+            };
+            match r {
+                // Only an FPDU without bytes writes nothing; never spin on it.
+                Ok(0) => return SendEnd::Bug("engine offered an empty FPDU"),
+                Ok(written) => {
+                    *budget = budget.saturating_sub(written);
+                    if self.tx_commit(written).is_err() {
+                        return SendEnd::Bug("tx_commit refused");
+                    }
+                }
+                Err(_) => {
+                    if let Some(end) = self.tx_error(r) {
+                        return end;
+                    }
+                }
+            }
+        }
+    }
+
+    /// What a failed write means for [`Qp::send_to`] (`None`: try again).
+    fn tx_error(&mut self, r: io::Result<usize>) -> Option<SendEnd> {
+        let e = r.err()?;
+        match e.kind() {
+            io::ErrorKind::WouldBlock => Some(SendEnd::Full),
+            io::ErrorKind::Interrupted => None,
+            _ => {
+                self.tx.spill.clear();
+                Some(SendEnd::Failed(e))
+            }
+        }
+    }
+}
+
+/// A reader over a byte slice: everything at once, then `WouldBlock` (never an end).
+#[derive(Debug)]
+pub(crate) struct SliceSource<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl<'a> SliceSource<'a> {
+    pub(crate) fn new(data: &'a [u8]) -> Self {
+        SliceSource { data, at: 0 }
+    }
+    /// Bytes read so far.
+    pub(crate) fn consumed(&self) -> usize {
+        self.at
+    }
+}
+
+impl VectoredRead for SliceSource<'_> {
+    fn read_to(&mut self, dest: ReadDest<'_>, stage: &mut [u8]) -> io::Result<usize> {
+        let rest = self.data.get(self.at..).unwrap_or_default();
+        if rest.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let n = copy_to_dest(rest, dest, stage)?;
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// Copies the start of `bytes` into `dest`, then into `stage`, as a read would place it;
+/// returns the bytes copied. For readers over memory (tests, [`Qp::handle_rx`]).
+pub fn copy_to_dest(bytes: &[u8], dest: ReadDest<'_>, stage: &mut [u8]) -> io::Result<usize> {
+    let first = dest.len().min(bytes.len());
+    let (head, tail) = bytes.split_at(first);
+    match dest {
+        ReadDest::Buffer(b) => {
+            if let Some(d) = b.get_mut(..first) {
+                d.copy_from_slice(head);
+            }
+        }
+        ReadDest::Region { region, offset, .. } => region
+            .write_at(offset, head)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+    }
+    let more = stage.len().min(tail.len());
+    if let (Some(d), Some(s)) = (stage.get_mut(..more), tail.get(..more)) {
+        d.copy_from_slice(s);
+    }
+    Ok(first + more)
+}

@@ -1,0 +1,376 @@
+//! The connection of a QP: establishing it on a negotiated socket, graceful close (FIN
+//! after the last byte, then the peer's FIN or the linger deadline), abortive close, and
+//! what the connection manager hears ([`ConnObserver`]). No bytes are moved here (see
+//! `pump`).
+
+use std::net::Shutdown;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::{Registry, Token};
+use softwarp_engine::qp::{QpState, StreamConfig};
+use softwarp_ras::deadline::Deadline;
+
+use super::pump::{TxEnd, PASS_BUDGET};
+use super::{state_name, QpInner, QpShared};
+use crate::cm::negotiate::{Local, Negotiated};
+use crate::cm::options::{ConnectOptions, ConnectionInfo, Role};
+use crate::error::{Error, Result};
+use crate::sys;
+
+/// How long a closing connection waits for the peer's FIN after sending its own.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// The socket of an established QP.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub(super) stream: mio::net::TcpStream,
+    pub(super) token: Option<Token>,
+    /// Registered for read readiness (false while a busy-poll CQ's thread reads).
+    pub(super) read_interest: bool,
+    /// Registered with the poller at all (a busy-polled QP is not, until its socket fills
+    /// up with bytes pending and the application stops polling, or it closes: no epoll
+    /// wait-queue entry on its data path).
+    pub(super) registered: bool,
+    /// Write watchdog of a busy-polled QP whose socket filled up with bytes pending: the
+    /// application's pass count and the time of the progress thread's last look. Armed, the
+    /// progress thread looks every few milliseconds; while the application keeps polling
+    /// (which writes as the socket drains) it leaves the socket alone, and once it stops,
+    /// the progress thread registers for write readiness and sends the rest itself.
+    pub(super) watch: Option<(u64, Instant)>,
+    /// End of stream or error seen on the read side.
+    pub(super) read_closed: bool,
+    /// A write failed (reset, broken pipe): nothing more can be sent.
+    pub(super) write_failed: bool,
+    /// Our FIN was sent.
+    pub(super) shut_wr: bool,
+    pub(super) linger_until: Option<Instant>,
+    /// Initiator: no FPDU goes out before this deadline ([`ConnectOptions::first_fpdu_delay`]
+    /// on the connection manager's path; a delay the clock cannot represent holds until
+    /// the QP fails). Posted work waits in the QP meanwhile; the progress thread retries on
+    /// its timer (nobody sleeps).
+    pub(super) hold_until: Option<Deadline>,
+    /// [`ConnectOptions::rx_stall_timeout`] (`None`: no limit).
+    pub(super) rx_stall: Option<Duration>,
+    /// The progress thread's last stall look that found the peer in the middle of an FPDU:
+    /// the stream bytes received by then, and when.
+    pub(super) stall_mark: Option<(u64, Instant)>,
+}
+
+impl Conn {
+    /// Who writes the socket when it drains (the `tx_by` detail of `softwarp resources`):
+    /// `progress` (registered with the progress thread's epoll for write readiness), `polls`
+    /// (a busy-polled QP: the application's polls write), `polls+watchdog` (busy-polled with
+    /// bytes pending behind a full socket: the progress thread takes over if the polls stop).
+    pub(super) fn tx_by(&self) -> &'static str {
+        match (self.registered, self.watch.is_some()) {
+            (true, _) => "progress",
+            (false, false) => "polls",
+            (false, true) => "polls+watchdog",
+        }
+    }
+}
+
+/// What the connection manager hears from a QP's connection (called with the QP locked:
+/// implementations must not take a QP lock).
+pub(crate) trait ConnObserver: Send + Sync + std::fmt::Debug {
+    /// The connection is going away: first sign of why.
+    fn link_down(&self, why: LinkDown);
+    /// The socket is closed and the QP let go of it (after [`ConnObserver::link_down`]).
+    fn closed(&self);
+}
+
+/// Why a connection went away, as the runtime sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LinkDown {
+    /// The peer closed its side (end of stream).
+    PeerClosed,
+    /// A read or write failed (reset, broken pipe, ...).
+    ConnectionLost,
+    /// The QP had already failed (Terminate sent or received, moved to Error) when the
+    /// connection went away.
+    QpFailed,
+    /// The QP was destroyed.
+    Destroyed,
+}
+
+/// Everything [`QpShared::finish_connect`] needs besides the negotiation result.
+#[derive(Debug)]
+pub(crate) struct Establish<'a> {
+    pub(crate) opts: &'a ConnectOptions,
+    /// Connection manager hook (none for the minimal path).
+    pub(crate) observer: Option<Arc<dyn ConnObserver>>,
+    /// Hold FPDUs back until the initiator's first FPDU (RFC 5044 responder).
+    pub(crate) gate: bool,
+    /// Initiator: hold every FPDU back for this long after establishment (zero: none).
+    pub(crate) hold: Duration,
+}
+
+/// Tells the connection manager (if it manages the QP) that the connection went away.
+pub(super) fn link_down(inner: &QpInner, why: LinkDown) {
+    if let Some(o) = &inner.observer {
+        let failed = matches!(inner.qp.state(), QpState::Error | QpState::Terminate);
+        o.link_down(if failed { LinkDown::QpFailed } else { why });
+    }
+}
+
+/// Switches the negotiated socket to non-blocking mode and derives the stream parameters.
+fn prepare_stream(
+    stream: std::net::TcpStream,
+    opts: &ConnectOptions,
+    neg: &Negotiated,
+    gate: bool,
+) -> Result<(mio::net::TcpStream, ConnectionInfo, StreamConfig)> {
+    stream
+        .set_nodelay(true)
+        .map_err(|e| Error::io("set TCP_NODELAY", e))?;
+    stream
+        .set_read_timeout(None)
+        .map_err(|e| Error::io("clear socket timeout", e))?;
+    stream
+        .set_write_timeout(None)
+        .map_err(|e| Error::io("clear socket timeout", e))?;
+    stream
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("set O_NONBLOCK", e))?;
+    if let Some(t) = opts.tcp_user_timeout {
+        sys::set_tcp_user_timeout(stream.as_fd(), t)
+            .map_err(|e| Error::io("set TCP_USER_TIMEOUT", e))?;
+    }
+    let mss = sys::tcp_maxseg(stream.as_fd()).map_err(|e| Error::io("getsockopt TCP_MAXSEG", e))?;
+    let local_addr = stream
+        .local_addr()
+        .map_err(|e| Error::io("getsockname", e))?;
+    let peer_addr = stream
+        .peer_addr()
+        .map_err(|e| Error::io("getpeername", e))?;
+    let cfg = neg.stream_config(opts.max_fpdu_len.unwrap_or(mss), opts, gate);
+    let max_fpdu_len = cfg.max_fpdu_len;
+    let info = ConnectionInfo {
+        local_addr,
+        peer_addr,
+        role: neg.role,
+        revision: neg.revision,
+        crc: neg.crc,
+        markers_tx: neg.markers_tx,
+        markers_rx: neg.markers_rx,
+        ird: neg.ird,
+        ord: neg.ord,
+        peer_ird_ord: neg.peer_ird_ord,
+        rtr: neg.rtr.map(|r| r.kind),
+        mss,
+        max_fpdu_len,
+        peer_private_data: neg.peer_private_data.clone(),
+    };
+    Ok((mio::net::TcpStream::from_std(stream), info, cfg))
+}
+
+impl QpShared {
+    /// Closes the connection once the QP is finished with it: FIN after the last byte
+    /// (the Terminate, if one is queued), then the peer's FIN or the linger deadline.
+    /// Returns (closed, lingering).
+    pub(super) fn maybe_close(
+        &self,
+        inner: &mut QpInner,
+        registry: &Registry,
+        tx: TxEnd,
+    ) -> (bool, bool) {
+        let state = inner.qp.state();
+        let drained = inner.qp.is_drained();
+        let Some(conn) = inner.conn.as_mut() else {
+            return (true, false);
+        };
+        let finished = inner.destroyed
+            || matches!(state, QpState::Error | QpState::Idle)
+            || (state == QpState::Closing && drained);
+        if !finished {
+            return (false, false);
+        }
+        let now = Instant::now();
+        if !conn.shut_wr && (tx == TxEnd::Idle || conn.write_failed || tx == TxEnd::Dead) {
+            let _ = conn.stream.shutdown(Shutdown::Write);
+            conn.shut_wr = true;
+            conn.linger_until = Deadline::after_from(now, LINGER).instant();
+            tracing::debug!(qp = self.qp_num, ?state, "connection: FIN sent");
+        }
+        let expired = conn.linger_until.is_some_and(|t| now >= t);
+        if conn.shut_wr && (conn.read_closed || expired) {
+            let _ = registry.deregister(&mut conn.stream);
+            inner.conn = None;
+            tracing::debug!(qp = self.qp_num, ?state, "connection closed");
+            self.connection_gone(inner);
+            return (true, false);
+        }
+        (false, conn.shut_wr)
+    }
+
+    /// The connection is closed: a connection-manager QP also flushes the receives a
+    /// graceful close left posted (as siw does on close), then its observer hears of it.
+    pub(super) fn connection_gone(&self, inner: &mut QpInner) {
+        if inner.observer.is_none() {
+            return;
+        }
+        // The peer never closed its side (the linger time ran out): the stream is over all
+        // the same.
+        if matches!(inner.qp.state(), QpState::Closing | QpState::Terminate) {
+            inner.qp.handle_llp_closed();
+        }
+        if inner.qp.state() == QpState::Idle && !inner.destroyed {
+            let _ = inner.qp.modify(QpState::Error);
+        }
+        // With the observer still set, a link-closed fatal event stays out of the device's
+        // stream.
+        self.drain(inner);
+        if let Some(o) = inner.observer.take() {
+            o.closed();
+        }
+    }
+
+    /// Abortive close: the connection is reset at once (`SO_LINGER` 0, no Terminate, no
+    /// FIN) and the QP goes to Error, flushing its work requests.
+    pub(crate) fn abort_connection(self: &Arc<Self>) -> Result<()> {
+        {
+            let mut g = self.lock();
+            let inner = &mut *g;
+            let Some(conn) = inner.conn.take() else {
+                return Err(Error::NotConnected);
+            };
+            if let Err(e) = sys::set_linger_zero(conn.stream.as_fd()) {
+                tracing::debug!(qp = self.qp_num, error = %e, "SO_LINGER 0 failed");
+            }
+            // Closing the descriptor also removes it from the progress thread's epoll.
+            drop(conn);
+            inner.qp.handle_llp_closed();
+            self.drain(inner);
+            self.connection_gone(inner);
+        }
+        // The progress thread forgets the QP on its next pass.
+        self.device.progress.kick(Arc::clone(self));
+        Ok(())
+    }
+
+    /// Graceful close: RTS to Closing (no new sends; outstanding work drains), then the
+    /// connection closes. Nothing to do in Closing or Error.
+    pub(crate) fn disconnect(self: &Arc<Self>) -> Result<()> {
+        {
+            let mut g = self.lock();
+            match g.qp.state() {
+                QpState::Rts => g.qp.modify(QpState::Closing)?,
+                QpState::Closing | QpState::Error | QpState::Terminate => {}
+                other => {
+                    return Err(Error::Qp(softwarp_engine::qp::QpError::InvalidState {
+                        op: "disconnect",
+                        state: other,
+                    }))
+                }
+            }
+        }
+        self.device.progress.kick(Arc::clone(self));
+        Ok(())
+    }
+
+    /// Claims an Idle QP for a connection attempt.
+    pub(crate) fn begin_connect(&self) -> Result<()> {
+        let mut g = self.lock();
+        if g.destroyed {
+            return Err(Error::Qp(softwarp_engine::qp::QpError::Destroyed));
+        }
+        if g.conn.is_some() || g.connecting {
+            return Err(Error::AlreadyConnected);
+        }
+        let st = g.qp.state();
+        if st != QpState::Idle {
+            return Err(Error::NotIdle(state_name(st)));
+        }
+        g.connecting = true;
+        Ok(())
+    }
+
+    /// Ends a connection attempt that failed before [`QpShared::finish_connect`].
+    pub(crate) fn abandon_connect(&self) {
+        self.lock().connecting = false;
+    }
+
+    /// The QP's read queue limits under `opts`.
+    pub(crate) fn local_params(&self, opts: &ConnectOptions) -> Result<Local> {
+        let g = self.lock();
+        let cfg = g.qp.config();
+        Local::new(cfg.max_ird, cfg.max_ord, opts)
+    }
+
+    /// Second half of connect/accept: establishes the engine QP on the negotiated stream
+    /// and hands the socket to the progress thread.
+    pub(crate) fn finish_connect(
+        self: &Arc<Self>,
+        result: Result<(std::net::TcpStream, Negotiated)>,
+        est: Establish<'_>,
+    ) -> Result<ConnectionInfo> {
+        let s = self;
+        let (stream, neg) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                s.lock().connecting = false;
+                return Err(e);
+            }
+        };
+        let prepared = prepare_stream(stream, est.opts, &neg, est.gate);
+        let mut g = s.lock();
+        g.connecting = false;
+        let (stream, info, cfg) = prepared?;
+        if g.destroyed {
+            return Err(Error::Qp(softwarp_engine::qp::QpError::Destroyed));
+        }
+        g.qp.establish(cfg)?;
+        g.conn = Some(Conn {
+            stream,
+            token: None,
+            read_interest: false,
+            registered: false,
+            watch: None,
+            read_closed: false,
+            write_failed: false,
+            shut_wr: false,
+            linger_until: None,
+            hold_until: (neg.role == Role::Initiator && !est.hold.is_zero())
+                .then(|| Deadline::after(est.hold)),
+            rx_stall: (est.opts.rx_stall_timeout != Duration::MAX)
+                .then_some(est.opts.rx_stall_timeout),
+            stall_mark: None,
+        });
+        g.info = Some(info.clone());
+        g.observer = est.observer;
+        // Anything already queued (an RFC 6581 RTR) goes out now.
+        let mut budget = usize::MAX;
+        let _ = s.tx_pass(&mut g, &mut budget);
+        s.drain(&mut g);
+        drop(g);
+        s.ras.connected(&info);
+        if let Err(e) = s.device.progress.register(Arc::clone(s)) {
+            // Nobody would ever move this QP's bytes: fail the connection now.
+            let mut g = s.lock();
+            g.observer = None;
+            g.qp.handle_llp_closed();
+            g.conn = None;
+            s.drain(&mut g);
+            return Err(e);
+        }
+        Ok(info)
+    }
+
+    /// Moves the QP to Error (a Terminate is queued when it was in RTS), for device and CQ
+    /// errors.
+    pub(crate) fn set_error(&self) {
+        let mut g = self.lock();
+        let _ = g.qp.modify(QpState::Error);
+        let mut budget = PASS_BUDGET;
+        let _ = self.tx_pass(&mut g, &mut budget);
+        self.drain(&mut g);
+    }
+
+    /// [`QpShared::set_error`], then has the progress thread close the connection.
+    pub(crate) fn set_error_and_kick(self: &Arc<Self>) {
+        self.set_error();
+        self.device.progress.kick(Arc::clone(self));
+    }
+}

@@ -1,0 +1,691 @@
+//! Queue pairs (after `ibv_qp`, reliable connected): the verbs handle, and the runtime
+//! around the engine's [`Qp`].
+//!
+//! The engine decides everything about the bytes, including how they are staged, coalesced
+//! and gated; the runtime hands it the socket, holds the locks, registers with epoll,
+//! closes and lingers, and runs the write watchdog. By job:
+//!
+//! - this file: [`QueuePair`] (the verbs handle: create, post, modify, connect) and the
+//!   state it shares with the progress thread ([`QpShared`]: the QP lock, draining
+//!   completions and events, RAS views);
+//! - `conn`: the connection's life: establishing on a negotiated socket, graceful close
+//!   (FIN, linger), abortive close, telling the connection manager;
+//! - `pump`: the passes that move bytes through [`Qp::recv_from`] and [`Qp::send_to`] (the
+//!   progress thread's `service`, a busy-polling thread's `busy_pass`, the posting thread's
+//!   transmit) and the receive stall look;
+//! - `poller`: epoll registration of busy-polled QPs and the write watchdog.
+//!
+//! # Walk of a posted Send
+//!
+//! 1. [`QueuePair::post_send_list`] locks the QP, checks the WR against the QP's capacities
+//!    and calls the engine's `Qp::post_send` under the STag table's read lock (SGEs
+//!    validated, the WR queued in the SQ).
+//! 2. `QpShared::tx_pass` (pump) on the posting thread takes the thread's batch buffer,
+//!    checks the socket (closed, failed, the first-FPDU hold-off) and calls
+//!    `Qp::send_to(SockIo, batch, budget)`.
+//! 3. In the engine (`softwarp_engine::qp` pump): bytes a full socket left in the spill go
+//!    first; a small Send is copied whole into the batch by `tx_copy_fpdus` (header from the
+//!    codec's template, payload through the region's word views, CRC over the copy) and its
+//!    WR marked done; `SockIo::write_from` writes the batch with one `sendmsg`
+//!    (`sys::write_pieces`). A large message is gathered instead: `poll_tx_gather` offers
+//!    header, region ranges (`Region::ptr_range`) and trailer, written by `sendmsg`, then
+//!    `tx_commit`.
+//! 4. A full socket (`SendEnd::Full`) arms the write watchdog of a busy-polled QP (poller);
+//!    otherwise the progress thread finishes on write readiness (`service`).
+//! 5. `QpShared::drain` moves the completion to the send CQ when the WR is signalled.
+//!
+//! # Walk of received bytes
+//!
+//! 1. The progress thread (`progress.rs`, edge-triggered epoll) calls `QpShared::service`
+//!    on readiness; a thread polling a busy-poll CQ calls `QpShared::busy_pass`.
+//! 2. `rx_pass` (pump) calls `Qp::recv_from(SockIo, stage, budget, until, RxLocks)`.
+//! 3. In the engine: at an FPDU boundary `SockIo::read_to` does one `readv` into the staging
+//!    buffer (`sys::read_buf_staged`); the whole FPDUs there go in one step each
+//!    (`rx_whole_fpdu`, with `rx_small_send` for a whole Send): the header is validated
+//!    (RxLocks takes the SRQ, then the STag table's write lock, let go before the next
+//!    read), the payload copied to its destination through `Region::write_at`, the CRC
+//!    checked, the completion queued. A partial FPDU goes by `rx_target`: the next read
+//!    goes straight into the header buffer or the destination range
+//!    (`sys::read_region_staged`, the region's pointer from `Region::ptr_range`), then
+//!    `rx_commit`.
+//! 4. `rx_pass` turns how it ended (`RecvEnd`) into what the connection does: the end of the
+//!    stream or a failed read closes the receive side and tells the connection manager;
+//!    `Blocked` drains completions and tries once more.
+//! 5. `QpShared::drain` moves completions to the receive CQ and events to the device.
+//!
+//! Locks: each QP has its own mutex; the STag table is locked only inside `post_send`
+//! (validation) and by the receive steps that complete a header or an FPDU (placement
+//! decisions, invalidation; the SRQ, if any, first), never across a system call. The order
+//! of all of them is the table in the crate docs ("Locks").
+
+mod conn;
+mod poller;
+mod pump;
+
+use conn::Conn;
+pub(crate) use conn::{ConnObserver, Establish, LinkDown};
+use pump::TxEnd;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::AsFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use softwarp_engine::event::AsyncEvent;
+use softwarp_engine::fault::Cause;
+use softwarp_engine::qp::{Qp, QpConfig, QpState};
+use softwarp_engine::stats::QpStats;
+use softwarp_engine::wr::{Payload, RecvWr, SendWr};
+use softwarp_ras::deadline::Deadline;
+
+use crate::cm::options::{ConnectOptions, ConnectionInfo};
+use crate::connect;
+use crate::cq::{CompletionQueue, CqShared};
+use crate::device::{lock, CountGuard, DeviceShared};
+use crate::error::{Error, Result};
+use crate::pd::ProtectionDomain;
+use crate::srq::{SharedReceiveQueue, SrqShared};
+
+/// Capacities of a QP (after `ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCap {
+    /// Most outstanding send work requests.
+    pub max_send_wr: usize,
+    /// Most outstanding receive work requests (with an SRQ: how many SRQ work requests the
+    /// QP may hold at once).
+    pub max_recv_wr: usize,
+    /// Most SGEs per send work request.
+    pub max_send_sge: usize,
+    /// Most SGEs per receive work request.
+    pub max_recv_sge: usize,
+    /// Most bytes of inline data per send work request.
+    pub max_inline_data: usize,
+}
+
+impl Default for QpCap {
+    fn default() -> Self {
+        Self {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: softwarp_engine::wr::MAX_SGE,
+            max_recv_sge: softwarp_engine::wr::MAX_SGE,
+            max_inline_data: softwarp_engine::wr::MAX_INLINE,
+        }
+    }
+}
+
+/// Creation parameters of a QP (after `ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy)]
+pub struct QpInitAttr<'a> {
+    /// CQ for send work requests.
+    pub send_cq: &'a CompletionQueue,
+    /// CQ for receive work requests.
+    pub recv_cq: &'a CompletionQueue,
+    /// Receive from this SRQ instead of an own receive queue.
+    pub srq: Option<&'a SharedReceiveQueue>,
+    /// Queue capacities.
+    pub cap: QpCap,
+    /// Every send work request is signalled (completes into the CQ even on success).
+    pub sq_sig_all: bool,
+    /// ORD: RDMA Reads this QP may have outstanding (offered in MPA v2 negotiation).
+    pub max_rd_atomic: usize,
+    /// IRD: RDMA Read Requests this QP accepts outstanding (offered in MPA v2 negotiation).
+    pub max_dest_rd_atomic: usize,
+}
+
+impl<'a> QpInitAttr<'a> {
+    /// Default capacities, IRD = ORD = 16, no SRQ, per-WR signalling.
+    pub fn new(send_cq: &'a CompletionQueue, recv_cq: &'a CompletionQueue) -> Self {
+        Self {
+            send_cq,
+            recv_cq,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct QpInner {
+    qp: Qp,
+    conn: Option<Conn>,
+    connecting: bool,
+    info: Option<ConnectionInfo>,
+    destroyed: bool,
+    observer: Option<Arc<dyn ConnObserver>>,
+    /// Busy poll handed the closing of the connection to the progress thread.
+    close_kicked: bool,
+    /// Passes the application's threads made over this QP so far (busy polls and posts,
+    /// which both write): the write watchdog tells from it whether the application is
+    /// still at work.
+    app_passes: u64,
+    /// Times the write watchdog was armed, and times the progress thread took over from
+    /// it (statistics: the `watchdog` detail of `softwarp resources`).
+    watch_armed: u64,
+    watch_takeovers: u64,
+}
+
+/// State shared between a [`QueuePair`] handle and the progress thread.
+#[derive(Debug)]
+pub(crate) struct QpShared {
+    qp_num: u32,
+    pub(crate) device: Arc<DeviceShared>,
+    send_cq: Arc<CqShared>,
+    recv_cq: Arc<CqShared>,
+    srq: Option<Arc<SrqShared>>,
+    sq_sig_all: bool,
+    cap: QpCap,
+    inner: Mutex<QpInner>,
+    count: Mutex<CountGuard>,
+    /// The QP's number, reserved while it lives.
+    _number: crate::device::IdLease,
+    /// Resource registration, state-change tracing, critical events, TCP_INFO.
+    ras: crate::ras::QpRas,
+}
+
+impl Drop for QpShared {
+    fn drop(&mut self) {
+        lock(&self.count).release(&self.device.counts.qp);
+    }
+}
+
+impl QpShared {
+    fn lock(&self) -> MutexGuard<'_, QpInner> {
+        lock(&self.inner)
+    }
+
+    /// Moves completions to the CQs and events to the device.
+    fn drain(&self, inner: &mut QpInner) {
+        // Most drains find nothing: ask before the (not inlined) polls. Send completions
+        // first, as `Qp::poll_completion` orders them; each CQ locked once for its run.
+        if inner.qp.has_completion() {
+            let qp = &mut inner.qp;
+            self.send_cq.push_all(|| qp.poll_send_completion());
+            self.recv_cq.push_all(|| qp.poll_recv_completion());
+        }
+        while let Some(ev) = inner.qp.poll_event() {
+            let fd = inner.conn.as_ref().map(|c| c.stream.as_fd());
+            self.ras.on_event(&ev, &inner.qp, inner.info.as_ref(), fd);
+            let link_closed = matches!(
+                ev,
+                AsyncEvent::QpFatal {
+                    cause: Cause::LlpClosed,
+                    ..
+                }
+            );
+            if link_closed && inner.observer.is_some() {
+                // The connection manager reports it as a Disconnected event instead.
+                continue;
+            }
+            self.device.events.push(ev);
+        }
+        if let Some(srq) = &self.srq {
+            srq.forward_event();
+        }
+        self.ras.state_seen(inner.qp.state());
+    }
+
+    /// Takes the QP's failure snapshot (`kind`, `reason`) unless one was taken for its
+    /// connection already; returns its id. Takes the QP lock: call with no lock held.
+    pub(crate) fn take_snapshot(
+        &self,
+        kind: softwarp_ras::errlog::CriticalKind,
+        reason: String,
+    ) -> Option<u64> {
+        let g = self.lock();
+        let fd = g.conn.as_ref().map(|c| c.stream.as_fd());
+        self.ras.snapshot(kind, reason, &g.qp, g.info.as_ref(), fd)
+    }
+
+    /// What RAS reports about the QP (resources, statistics); samples TCP_INFO when due.
+    pub(crate) fn ras_view(&self) -> crate::ras::QpView {
+        let g = self.lock();
+        let fd = g.conn.as_ref().map(|c| c.stream.as_fd());
+        let view = crate::ras::QpView::take(&self.ras, &g.qp, g.info.as_ref(), fd);
+        let view = match &g.conn {
+            Some(c) => view.with_attr("tx_by", c.tx_by()),
+            None => view,
+        };
+        if g.watch_armed == 0 {
+            return view;
+        }
+        let watchdog = format!("armed={},took_over={}", g.watch_armed, g.watch_takeovers);
+        view.with_attr("watchdog", &watchdog)
+    }
+
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+}
+
+/// A reliable-connected queue pair.
+///
+/// Created Idle by [`ProtectionDomain::create_qp`]; post receives, then connect it
+/// ([`QueuePair::connect`]) or accept a connection into it ([`crate::Listener::accept`]).
+/// All methods take `&self`: share it between threads with an `Arc`. Dropping it destroys
+/// the QP: outstanding work requests complete with a flush status and the connection closes.
+#[derive(Debug)]
+pub struct QueuePair {
+    shared: Arc<QpShared>,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    /// Registered with the device's tracker while the application holds the QP.
+    _ras: crate::ras::Tracked,
+}
+
+impl QueuePair {
+    #[track_caller]
+    pub(crate) fn new(pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> Result<Self> {
+        let device = pd.device();
+        pd.check_cq(attr.send_cq)?;
+        pd.check_cq(attr.recv_cq)?;
+        if let Some(srq) = attr.srq {
+            if !Arc::ptr_eq(srq.device(), device) {
+                return Err(Error::WrongOwner("shared receive queue"));
+            }
+        }
+        let a = &device.attr;
+        let checks = [
+            ("send queue depth", attr.cap.max_send_wr, a.max_qp_wr),
+            ("receive queue depth", attr.cap.max_recv_wr, a.max_qp_wr),
+            ("send SGEs", attr.cap.max_send_sge, a.max_sge),
+            ("receive SGEs", attr.cap.max_recv_sge, a.max_sge),
+            ("inline data", attr.cap.max_inline_data, a.max_inline_data),
+            (
+                "ORD (max_rd_atomic)",
+                attr.max_rd_atomic,
+                a.max_qp_init_rd_atom,
+            ),
+            (
+                "IRD (max_dest_rd_atomic)",
+                attr.max_dest_rd_atomic,
+                a.max_qp_rd_atom,
+            ),
+        ];
+        for (what, requested, limit) in checks {
+            if requested > limit {
+                return Err(Error::Limit {
+                    what,
+                    requested,
+                    limit,
+                });
+            }
+        }
+        if attr.cap.max_send_wr == 0 {
+            return Err(Error::InvalidArgument("max_send_wr must be at least 1"));
+        }
+        if attr.cap.max_recv_wr == 0 {
+            return Err(Error::InvalidArgument("max_recv_wr must be at least 1"));
+        }
+        let count = pd.take_qp_count()?;
+        let number = device.next_qp_num()?;
+        let qp_num = number.id();
+        let cfg = QpConfig {
+            qp_num,
+            pd: pd.id(),
+            sq_depth: attr.cap.max_send_wr,
+            rq_depth: attr.cap.max_recv_wr,
+            use_srq: attr.srq.is_some(),
+            max_ird: attr.max_dest_rd_atomic,
+            max_ord: attr.max_rd_atomic,
+        };
+        let ras = crate::ras::QpRas::new(device, qp_num, qp_attrs(pd, attr));
+        let shared = Arc::new(QpShared {
+            qp_num,
+            device: Arc::clone(device),
+            send_cq: Arc::clone(&attr.send_cq.shared),
+            recv_cq: Arc::clone(&attr.recv_cq.shared),
+            srq: attr.srq.map(|s| Arc::clone(&s.shared)),
+            sq_sig_all: attr.sq_sig_all,
+            cap: attr.cap,
+            inner: Mutex::new(QpInner {
+                qp: Qp::new(cfg),
+                conn: None,
+                connecting: false,
+                info: None,
+                destroyed: false,
+                observer: None,
+                close_kicked: false,
+                app_passes: 0,
+                watch_armed: 0,
+                watch_takeovers: 0,
+            }),
+            count: Mutex::new(count),
+            _number: number,
+            ras,
+        });
+        let tracked = crate::ras::QpRas::track(&shared, qp_bytes(&attr.cap));
+        device.add_qp(&shared);
+        shared.send_cq.add_qp(&shared);
+        shared.recv_cq.add_qp(&shared);
+        Ok(Self {
+            shared,
+            send_cq: attr.send_cq.clone(),
+            recv_cq: attr.recv_cq.clone(),
+            _ras: tracked,
+        })
+    }
+
+    /// The QP number (reported in completions and events).
+    pub fn qp_num(&self) -> u32 {
+        self.shared.qp_num
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.shared.lock().qp.state()
+    }
+
+    /// Statistics counters of the QP.
+    pub fn stats(&self) -> QpStats {
+        *self.shared.lock().qp.stats()
+    }
+
+    /// What MPA negotiation settled, once connected.
+    pub fn connection(&self) -> Option<ConnectionInfo> {
+        self.shared.lock().info.clone()
+    }
+
+    /// The send CQ.
+    pub fn send_cq(&self) -> &CompletionQueue {
+        &self.send_cq
+    }
+
+    /// The receive CQ.
+    pub fn recv_cq(&self) -> &CompletionQueue {
+        &self.recv_cq
+    }
+
+    /// Posts a send work request (Send variants, RDMA Write, RDMA Read).
+    ///
+    /// Local SGEs are validated now; the data is sent at once on this thread as far as the
+    /// socket takes it, the rest by the progress thread. A successful post completes later
+    /// into the send CQ (always on error; on success when signalled or `sq_sig_all`). In the
+    /// Error state the work request is accepted and completes with a flush status.
+    pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        self.post_send_list(std::slice::from_ref(wr))
+            .map_err(|(_, e)| e)
+    }
+
+    /// Posts several send work requests in order; stops at the first that fails and returns
+    /// its index with the error (those before it are posted).
+    ///
+    /// The whole list is queued before anything is transmitted, so small messages leave in
+    /// as few system calls as the socket allows (their FPDUs share a `sendmsg`).
+    pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, Error)> {
+        let s = &self.shared;
+        let mut g = s.lock();
+        let inner = &mut *g;
+        let mut failed = None;
+        {
+            let mrs = s.device.mrs_read();
+            for (i, wr) in wrs.iter().enumerate() {
+                let r = match Self::check_send(s, wr) {
+                    // `sq_sig_all` makes an unsignaled WR signaled: only then a copy.
+                    Ok(true) => {
+                        let mut wr = *wr;
+                        wr.signaled = true;
+                        inner.qp.post_send(&wr, &mrs).map_err(Error::from)
+                    }
+                    Ok(false) => inner.qp.post_send(wr, &mrs).map_err(Error::from),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = r {
+                    failed = Some((i, e));
+                    break;
+                }
+            }
+        }
+        inner.app_passes = inner.app_passes.wrapping_add(1);
+        let mut budget = usize::MAX;
+        let tx = s.tx_pass(inner, &mut budget);
+        s.drain(inner);
+        // A held connection (first-FPDU hold-off) is retried by the progress thread.
+        let kick = (tx == TxEnd::Dead && inner.conn.is_some()) || tx == TxEnd::Held;
+        drop(g);
+        if kick {
+            s.device.progress.kick(Arc::clone(s));
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Checks a send WR against the QP's capacities; true when `sq_sig_all` has to make it
+    /// signaled.
+    fn check_send(s: &QpShared, wr: &SendWr<'_>) -> Result<bool> {
+        softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, op = ?wr.op, "post_send");
+        match &wr.payload {
+            Payload::Sgl(sgl) if sgl.len() > s.cap.max_send_sge => {
+                return Err(Error::InvalidArgument(
+                    "send work request has more SGEs than the QP's max_send_sge",
+                ));
+            }
+            Payload::Inline(b) if b.len() > s.cap.max_inline_data => {
+                return Err(Error::InvalidArgument(
+                    "inline data is longer than the QP's max_inline_data",
+                ));
+            }
+            _ => {}
+        }
+        Ok(s.sq_sig_all && !wr.signaled)
+    }
+
+    /// Posts a receive work request to the QP's receive queue (not for QPs on an SRQ). Its
+    /// SGEs are validated when a Send starts using it.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        self.post_recv_list(std::slice::from_ref(wr))
+            .map_err(|(_, e)| e)
+    }
+
+    /// Posts several receive work requests in order under one lock of the QP; stops at the
+    /// first that fails and returns its index with the error (those before it are posted).
+    pub fn post_recv_list(&self, wrs: &[RecvWr]) -> Result<(), (usize, Error)> {
+        let s = &self.shared;
+        let mut g = s.lock();
+        let mut failed = None;
+        for (i, wr) in wrs.iter().enumerate() {
+            softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, "post_recv");
+            let r = if wr.sgl.len() > s.cap.max_recv_sge {
+                Err(Error::InvalidArgument(
+                    "receive work request has more SGEs than the QP's max_recv_sge",
+                ))
+            } else {
+                g.qp.post_recv_ref(wr).map_err(Error::from)
+            };
+            if let Err(e) = r {
+                failed = Some((i, e));
+                break;
+            }
+        }
+        s.drain(&mut g);
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Moves the QP to the Error state: outstanding work requests complete with
+    /// `WrFlushErr`; from RTS a Terminate (local catastrophic error) is sent to the peer;
+    /// then the connection closes.
+    pub fn modify_to_error(&self) -> Result<()> {
+        self.shared.set_error_and_kick();
+        Ok(())
+    }
+
+    /// Graceful close: no new sends; once outstanding work is done the connection closes.
+    pub fn disconnect(&self) -> Result<()> {
+        self.shared.disconnect()
+    }
+
+    /// Resets a QP in the Error state whose connection is closed back to Idle (queues
+    /// emptied without completions), so that it can be connected again.
+    pub fn reset(&self) -> Result<()> {
+        let mut g = self.shared.lock();
+        if g.conn.is_some() {
+            return Err(Error::AlreadyConnected);
+        }
+        g.qp.modify(QpState::Idle)?;
+        g.info = None;
+        g.close_kicked = false;
+        Ok(())
+    }
+
+    /// Waits (at most `timeout`) until the connection is closed and the QP is no longer
+    /// in RTS, Closing or Terminate.
+    pub fn wait_closed(&self, timeout: Duration) -> Result<QpState> {
+        let deadline = Deadline::after(timeout);
+        loop {
+            {
+                let g = self.shared.lock();
+                let st = g.qp.state();
+                if g.conn.is_none() && matches!(st, QpState::Error | QpState::Idle) {
+                    return Ok(st);
+                }
+            }
+            if deadline.expired() {
+                return Err(Error::Timeout(timeout));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Connects to a listening peer (`addr`) and performs the MPA Request/Reply exchange
+    /// (RFC 5044 section 7.1, RFC 6581) on this thread, then moves the QP to RTS. The QP
+    /// must be Idle; post receives first if the peer may send at once. The connection
+    /// manager ([`crate::CmEventChannel::connect`]) does the same asynchronously, with
+    /// events.
+    pub fn connect<A: ToSocketAddrs>(
+        &self,
+        addr: A,
+        opts: &ConnectOptions,
+    ) -> Result<ConnectionInfo> {
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| Error::io("resolve address", e))?
+            .collect();
+        let local = self.shared.local_params(opts)?;
+        self.shared.begin_connect()?;
+        let result = connect::initiate(&addrs, opts, &local);
+        self.shared.finish_connect(
+            result,
+            Establish {
+                opts,
+                observer: None,
+                gate: false,
+                // `connect::initiate` already waited `first_fpdu_delay` after the Reply.
+                hold: Duration::ZERO,
+            },
+        )
+    }
+
+    /// Like [`QueuePair::connect`], over a TCP connection the caller already established
+    /// (the stream handover of the OpenRDMA design: a connection that spoke plain TCP moves
+    /// to iWARP). Sends the MPA Request on `stream` and checks the Reply (bounded by
+    /// [`ConnectOptions::timeout`]); the peer must run the responder side on its end
+    /// ([`QueuePair::accept_stream`]) and nothing else may be in flight on the connection.
+    /// The QP owns the stream from then on; on failure the stream is closed and the QP
+    /// stays Idle.
+    pub fn connect_stream(
+        &self,
+        stream: std::net::TcpStream,
+        opts: &ConnectOptions,
+    ) -> Result<ConnectionInfo> {
+        let local = self.shared.local_params(opts)?;
+        let request = crate::cm::negotiate::request(opts, &local)?;
+        self.shared.begin_connect()?;
+        let deadline = softwarp_ras::deadline::Deadline::after(opts.timeout);
+        let result = connect::initiate_on(stream, request, opts, &local, deadline);
+        self.shared.finish_connect(
+            result,
+            Establish {
+                opts,
+                observer: None,
+                gate: false,
+                hold: Duration::ZERO,
+            },
+        )
+    }
+
+    /// The responder side of [`QueuePair::connect_stream`] (and of a [`QueuePair::connect`]
+    /// whose TCP connection the caller accepted itself): reads and checks the MPA Request on
+    /// `stream`, sends the Reply (or a reject) and moves the QP to RTS. Bounded by
+    /// [`ConnectOptions::timeout`]; on failure the stream is closed and the QP stays Idle.
+    pub fn accept_stream(
+        &self,
+        stream: std::net::TcpStream,
+        opts: &ConnectOptions,
+    ) -> Result<ConnectionInfo> {
+        let local = self.shared.local_params(opts)?;
+        self.shared.begin_connect()?;
+        let result = connect::respond(stream, opts, &local);
+        self.shared.finish_connect(
+            result,
+            Establish {
+                opts,
+                observer: None,
+                gate: false,
+                hold: Duration::ZERO,
+            },
+        )
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<QpShared> {
+        &self.shared
+    }
+}
+
+/// Approximate memory of a QP: its shared state and its queues.
+fn qp_bytes(cap: &QpCap) -> u64 {
+    let wrs = cap.max_send_wr.saturating_add(cap.max_recv_wr);
+    (std::mem::size_of::<QpShared>() + wrs.saturating_mul(std::mem::size_of::<SendWr<'_>>())) as u64
+}
+
+/// Fixed attributes `softwarp resources` shows for a QP.
+fn qp_attrs(
+    pd: &ProtectionDomain,
+    attr: &QpInitAttr<'_>,
+) -> std::collections::BTreeMap<String, String> {
+    crate::ras::attrs([
+        ("pd", pd.id().0.to_string()),
+        ("send_cq", attr.send_cq.id().0.to_string()),
+        ("recv_cq", attr.recv_cq.id().0.to_string()),
+        (
+            "srq",
+            attr.srq
+                .map_or_else(|| "-".to_string(), |s| s.id().0.to_string()),
+        ),
+        ("sq_depth", attr.cap.max_send_wr.to_string()),
+        ("rq_depth", attr.cap.max_recv_wr.to_string()),
+    ])
+}
+
+fn state_name(s: QpState) -> &'static str {
+    match s {
+        QpState::Idle => "Idle",
+        QpState::Rts => "RTS",
+        QpState::Closing => "Closing",
+        QpState::Terminate => "Terminate",
+        QpState::Error => "Error",
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let s = &self.shared;
+        let connected = {
+            let mut g = s.lock();
+            if let Some(o) = &g.observer {
+                o.link_down(LinkDown::Destroyed);
+            }
+            g.qp.destroy();
+            g.destroyed = true;
+            s.drain(&mut g);
+            g.conn.is_some()
+        };
+        if connected {
+            // The progress thread sends the FIN, waits for the peer's, and lets go of the
+            // QP.
+            s.device.progress.kick(Arc::clone(s));
+        }
+        tracing::debug!(qp = s.qp_num, "QP destroyed");
+    }
+}

@@ -1,0 +1,461 @@
+//! The runtime's passes over a QP: they hand the socket to the engine's byte pump
+//! ([`Qp::recv_from`], [`Qp::send_to`]) and turn how it ended into what the connection does.
+//! Three kinds of pass, one name each: `service` (the progress thread, on readiness or a
+//! timer), `busy_pass` (a thread polling a busy-poll CQ) and `tx_pass` (the posting thread,
+//! and the end of the others); plus the progress thread's receive stall look.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, Instant};
+
+use mio::{Interest, Registry};
+use softwarp_engine::mr::MrTable;
+use softwarp_engine::qp::{
+    QpState, ReadDest, ReadUntil, RecvEnd, RxResources, SendEnd, TxPiece, VectoredRead,
+    VectoredWrite,
+};
+use softwarp_engine::srq::Srq;
+
+use super::conn::{link_down, LinkDown};
+use super::poller::WatchLook;
+use super::{QpInner, QpShared};
+use crate::device::DeviceShared;
+use crate::srq::SrqShared;
+use crate::sys;
+
+/// Bytes one progress pass reads (or writes) for one QP before letting others run.
+pub(super) const PASS_BUDGET: usize = 1 << 20;
+
+/// Size of the staging buffer of threads that busy-poll.
+const STAGE_LEN: usize = 64 * 1024;
+
+thread_local! {
+    /// The staging buffer of a busy-polling thread (allocated at its first poll).
+    static STAGE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The batch buffer of a thread that transmits (the engine grows it to
+    /// [`softwarp_engine::qp::BATCH_CAP`] once).
+    static TX_BATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// What a progress pass left to do.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Pass {
+    /// The budget ran out with more to read or write: service again soon.
+    pub(crate) more: bool,
+    /// Receive is blocked until completions are taken: retry after a short delay.
+    pub(crate) retry: bool,
+    /// Waiting for the peer's FIN (linger deadline): service again after a delay.
+    pub(crate) lingering: bool,
+    /// The connection is closed and deregistered: forget the QP.
+    pub(crate) closed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RxEnd {
+    /// The socket has nothing more (EAGAIN) or the QP does not read.
+    Drained,
+    /// Budget exhausted.
+    More,
+    /// The engine waits for completions to be taken.
+    Blocked,
+    /// End of stream or error.
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TxEnd {
+    /// Nothing left to send.
+    Idle,
+    /// The socket is full; write readiness will resume.
+    Full,
+    /// Budget exhausted.
+    More,
+    /// The connection cannot send (closed, failed, not connected).
+    Dead,
+    /// Work is queued but the first-FPDU hold-off has not expired: retry on a timer.
+    Held,
+}
+
+/// The SRQ and the device's STag table, locked when a receive commit first needs them and
+/// let go before every read (see [`RxResources`]); the SRQ first, as the lock order says.
+struct RxLocks<'a> {
+    device: &'a DeviceShared,
+    srq: Option<&'a SrqShared>,
+    srq_guard: Option<MutexGuard<'a, Srq>>,
+    mrs_guard: Option<std::sync::RwLockWriteGuard<'a, MrTable>>,
+}
+
+impl<'a> RxLocks<'a> {
+    #[inline]
+    fn new(device: &'a DeviceShared, srq: Option<&'a SrqShared>) -> Self {
+        Self {
+            device,
+            srq,
+            srq_guard: None,
+            mrs_guard: None,
+        }
+    }
+}
+
+impl RxResources for RxLocks<'_> {
+    #[inline(always)]
+    fn get(&mut self) -> (&mut MrTable, Option<&mut Srq>) {
+        if self.mrs_guard.is_none() {
+            if let (Some(srq), None) = (self.srq, self.srq_guard.as_ref()) {
+                self.srq_guard = Some(srq.lock());
+            }
+        }
+        let device = self.device;
+        let mrs = self.mrs_guard.get_or_insert_with(|| device.mrs_write());
+        (mrs, self.srq_guard.as_deref_mut())
+    }
+
+    #[inline(always)]
+    fn release(&mut self) {
+        self.mrs_guard = None;
+        self.srq_guard = None;
+    }
+}
+
+/// The socket as the engine's reader and writer: `readv` into the engine's target and the
+/// staging buffer, `sendmsg` of its gather lists ([`sys`]).
+struct SockIo<'a> {
+    fd: BorrowedFd<'a>,
+    qp_num: u32,
+}
+
+impl<'a> SockIo<'a> {
+    #[inline]
+    fn new(fd: BorrowedFd<'a>, qp_num: u32) -> Self {
+        Self { fd, qp_num }
+    }
+}
+
+impl VectoredRead for SockIo<'_> {
+    #[inline(always)]
+    fn read_to(&mut self, dest: ReadDest<'_>, stage: &mut [u8]) -> std::io::Result<usize> {
+        let r = match dest {
+            ReadDest::Buffer(b) => sys::read_buf_staged(self.fd, b, stage),
+            ReadDest::Region {
+                region,
+                offset,
+                len,
+            } => sys::read_region_staged(self.fd, region, offset, len, stage),
+        };
+        if let Ok(n) = r {
+            softwarp_ras::sw_event!(Qp, 8, qpn = self.qp_num, bytes = n, "received");
+        }
+        r
+    }
+}
+
+impl VectoredWrite for SockIo<'_> {
+    #[inline(always)]
+    fn write_from(&mut self, pieces: &[TxPiece<'_>]) -> std::io::Result<usize> {
+        let r = sys::write_pieces(self.fd, pieces);
+        if let Ok(n) = r {
+            softwarp_ras::sw_event!(Qp, 8, qpn = self.qp_num, bytes = n, "sent");
+        }
+        r
+    }
+}
+
+impl QpShared {
+    /// Reads from the socket through [`Qp::recv_from`] (the engine places, stages and
+    /// delivers), until EAGAIN, the budget is spent, or the stream ends; then turns how it
+    /// ended into what the connection does.
+    ///
+    /// With `short_ok` (busy polls, which read again at the next poll anyway) a read that
+    /// returns less than it asked for ends the pass. The progress thread reads until
+    /// EAGAIN: its epoll is edge-triggered, and an end of stream queued behind the data of
+    /// a short read would get no edge of its own.
+    #[inline(always)]
+    fn rx_pass(
+        &self,
+        inner: &mut QpInner,
+        stage: &mut [u8],
+        budget: &mut usize,
+        short_ok: bool,
+    ) -> RxEnd {
+        let until = if short_ok {
+            ReadUntil::ShortRead
+        } else {
+            ReadUntil::WouldBlock
+        };
+        let mut drained = false;
+        loop {
+            let QpInner { qp, conn, .. } = inner;
+            let Some(conn) = conn.as_ref().filter(|c| !c.read_closed) else {
+                return RxEnd::Closed;
+            };
+            let mut sock = SockIo::new(conn.stream.as_fd(), self.qp_num);
+            let mut locks = RxLocks::new(&self.device, self.srq.as_deref());
+            let end = qp.recv_from(&mut sock, stage, budget, until, &mut locks);
+            drop(locks);
+            match end {
+                RecvEnd::Drained => return RxEnd::Drained,
+                RecvEnd::Budget => return RxEnd::More,
+                // The engine holds a header until completions are taken: move them to the
+                // CQs and try once more.
+                RecvEnd::Blocked if !drained => {
+                    self.drain(inner);
+                    drained = true;
+                }
+                RecvEnd::Blocked => return RxEnd::Blocked,
+                RecvEnd::Eof => {
+                    // Completions of what arrived before the close go out first.
+                    self.drain(inner);
+                    link_down(inner, LinkDown::PeerClosed);
+                    return self.rx_closed(inner, "peer closed the connection");
+                }
+                RecvEnd::Failed(e) => {
+                    tracing::debug!(qp = self.qp_num, error = %e, "read failed");
+                    link_down(inner, LinkDown::ConnectionLost);
+                    return self.rx_closed(inner, "connection failed (read)");
+                }
+                RecvEnd::Bug(why) => {
+                    tracing::error!(qp = self.qp_num, why, "receive stopped");
+                    return self.rx_closed(inner, why);
+                }
+            }
+        }
+    }
+
+    /// [`QpShared::rx_pass`] with a small buffer of its own, for a thread whose staging
+    /// buffer is in use (kept out of line: it never runs today).
+    #[cold]
+    #[inline(never)]
+    fn rx_pass_unstaged(&self, inner: &mut QpInner, budget: &mut usize) -> RxEnd {
+        self.rx_pass(inner, &mut [0u8; 512], budget, true)
+    }
+
+    fn rx_closed(&self, inner: &mut QpInner, why: &'static str) -> RxEnd {
+        tracing::debug!(qp = self.qp_num, why, "receive side closed");
+        if let Some(conn) = inner.conn.as_mut() {
+            conn.read_closed = true;
+        }
+        inner.qp.handle_llp_closed();
+        RxEnd::Closed
+    }
+
+    /// Writes what the engine has to send through [`Qp::send_to`], until it has nothing,
+    /// the socket is full, or the budget is spent. Small FPDUs are coalesced into the
+    /// calling thread's batch buffer (one `sendmsg` for many); larger ones are gathered
+    /// straight from registered memory.
+    pub(super) fn tx_pass(&self, inner: &mut QpInner, budget: &mut usize) -> TxEnd {
+        // Re-entered from inside a pass (not possible today): no coalescing. `try_with`: a
+        // post from an exit handler runs after the thread's locals are gone (glibc destroys
+        // them before `atexit` handlers run); it then sends without coalescing instead of
+        // panicking (socat's exit-time `shutdown` through the preload library did).
+        let end = TX_BATCH
+            .try_with(|b| {
+                let mut batch = b.try_borrow_mut().ok();
+                self.tx_pass_with(inner, budget, batch.as_deref_mut())
+            })
+            .unwrap_or_else(|_| self.tx_pass_with(inner, budget, None));
+        if end == TxEnd::Full {
+            self.arm_watchdog(inner);
+        }
+        end
+    }
+
+    #[inline(always)]
+    fn tx_pass_with(
+        &self,
+        inner: &mut QpInner,
+        budget: &mut usize,
+        batch: Option<&mut Vec<u8>>,
+    ) -> TxEnd {
+        let QpInner { qp, conn, .. } = inner;
+        let Some(conn) = conn.as_mut() else {
+            return TxEnd::Dead;
+        };
+        if conn.write_failed || conn.shut_wr {
+            return TxEnd::Dead;
+        }
+        if let Some(t) = conn.hold_until {
+            // Linux siw as responder installs its FPDU receive path only after sending
+            // its Reply: see `ConnectOptions::first_fpdu_delay`. Once the QP failed,
+            // the Terminate is let through.
+            if t.expired() || !matches!(qp.state(), QpState::Rts | QpState::Closing) {
+                conn.hold_until = None;
+            } else if qp.is_drained() {
+                return TxEnd::Idle;
+            } else {
+                return TxEnd::Held;
+            }
+        }
+        let mut sock = SockIo::new(conn.stream.as_fd(), self.qp_num);
+        match qp.send_to(&mut sock, batch, budget) {
+            SendEnd::Idle => TxEnd::Idle,
+            SendEnd::Full => TxEnd::Full,
+            SendEnd::Budget => TxEnd::More,
+            SendEnd::Failed(e) => {
+                tracing::debug!(qp = self.qp_num, error = %e, "connection failed (write)");
+                conn.write_failed = true;
+                link_down(inner, LinkDown::ConnectionLost);
+                inner.qp.handle_llp_closed();
+                TxEnd::Dead
+            }
+            SendEnd::Bug(why) => {
+                tracing::error!(qp = self.qp_num, why, "transmit stopped");
+                TxEnd::Dead
+            }
+        }
+    }
+
+    /// One full progress pass (progress thread).
+    pub(crate) fn service(&self, registry: &Registry, scratch: &mut [u8]) -> Pass {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let state = inner.qp.state();
+        if inner.conn.is_none() {
+            return Pass {
+                closed: true,
+                ..Pass::default()
+            };
+        }
+        if state == QpState::Rts && !inner.close_kicked {
+            match self.watchdog(inner, registry) {
+                // The application polls: its passes move the bytes; look again later.
+                WatchLook::AppActive => {
+                    return Pass {
+                        retry: true,
+                        ..Pass::default()
+                    }
+                }
+                WatchLook::Disarmed => return Pass::default(),
+                WatchLook::NotArmed | WatchLook::TakeOver => {}
+            }
+        }
+        let Some(conn) = inner.conn.as_mut() else {
+            return Pass {
+                closed: true,
+                ..Pass::default()
+            };
+        };
+        if !conn.read_interest && (inner.close_kicked || state != QpState::Rts) {
+            // A busy-polled QP that is closing: the progress thread takes the reading
+            // over, since nobody may poll its CQ any more.
+            if let Some(token) = conn.token {
+                let both = Interest::READABLE | Interest::WRITABLE;
+                let r = if conn.registered {
+                    registry.reregister(&mut conn.stream, token, both)
+                } else {
+                    registry.register(&mut conn.stream, token, both)
+                };
+                if r.is_ok() {
+                    conn.read_interest = true;
+                    conn.registered = true;
+                }
+            }
+        }
+        let mut budget = PASS_BUDGET;
+        let rx = self.rx_pass(inner, scratch, &mut budget, false);
+        let mut budget = PASS_BUDGET;
+        let tx = self.tx_pass(inner, &mut budget);
+        self.drain(inner);
+        self.ras
+            .sample_tcp(inner.conn.as_ref().map(|c| c.stream.as_fd()));
+        let (closed, lingering) = self.maybe_close(inner, registry, tx);
+        if !closed && tx == TxEnd::Idle {
+            self.return_to_busy_polls(inner, registry);
+        }
+        Pass {
+            more: !closed && (rx == RxEnd::More || tx == TxEnd::More),
+            retry: !closed && (rx == RxEnd::Blocked || tx == TxEnd::Held),
+            lingering,
+            closed,
+        }
+    }
+
+    /// Busy poll (on the thread polling a busy-poll CQ): one non-blocking pass of
+    /// receive, transmit and completions, unless another thread holds the QP. When the
+    /// connection needs closing, the progress thread is asked to do it (it owns the
+    /// poller registration).
+    pub(crate) fn busy_pass(self: &Arc<Self>) {
+        let mut g = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        let inner = &mut *g;
+        if inner.conn.is_none() || inner.close_kicked {
+            return;
+        }
+        inner.app_passes = inner.app_passes.wrapping_add(1);
+        let mut budget = PASS_BUDGET;
+        // `try_with`: see `tx_pass` (a pass from an exit handler reads without staging).
+        let rx = STAGE
+            .try_with(|stage| match stage.try_borrow_mut() {
+                Ok(mut stage) => {
+                    if stage.len() < STAGE_LEN {
+                        stage.resize(STAGE_LEN, 0);
+                    }
+                    self.rx_pass(inner, &mut stage, &mut budget, true)
+                }
+                // Re-entered from inside a pass (not possible today): a small buffer.
+                Err(_) => self.rx_pass_unstaged(inner, &mut budget),
+            })
+            .unwrap_or_else(|_| self.rx_pass_unstaged(inner, &mut budget));
+        let mut budget = PASS_BUDGET;
+        let _ = self.tx_pass(inner, &mut budget);
+        self.drain(inner);
+        let finished = rx == RxEnd::Closed || inner.qp.state() != QpState::Rts;
+        if finished {
+            inner.close_kicked = true;
+            drop(g);
+            self.device.progress.kick(Arc::clone(self));
+        }
+    }
+
+    /// The receive stall timeout of the connection, if it has one.
+    pub(crate) fn rx_stall_timeout(&self) -> Option<Duration> {
+        self.lock().conn.as_ref().and_then(|c| c.rx_stall)
+    }
+
+    /// The progress thread's receive stall look ([`ConnectOptions::rx_stall_timeout`]): a
+    /// peer found in the middle of an FPDU, with no byte received since a look at least the
+    /// timeout ago, gets its stream terminated. Returns true then (the QP needs a pass to
+    /// close). Skips a QP another thread holds: that thread is moving its bytes.
+    pub(crate) fn check_rx_stall(&self, now: Instant) -> bool {
+        let mut g = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        let inner = &mut *g;
+        let Some(conn) = inner.conn.as_mut() else {
+            return false;
+        };
+        let Some(limit) = conn.rx_stall else {
+            return false;
+        };
+        if !inner.qp.rx_in_fpdu() {
+            conn.stall_mark = None;
+            return false;
+        }
+        let bytes = inner.qp.stats().rx_stream_bytes;
+        match conn.stall_mark {
+            Some((seen, since)) if seen == bytes => {
+                if now.saturating_duration_since(since) < limit {
+                    return false;
+                }
+            }
+            _ => {
+                conn.stall_mark = Some((bytes, now));
+                return false;
+            }
+        }
+        tracing::warn!(
+            qp = self.qp_num,
+            timeout = ?limit,
+            "the peer stopped in the middle of an FPDU: stream terminated"
+        );
+        inner.qp.handle_rx_stall();
+        let mut budget = PASS_BUDGET;
+        let _ = self.tx_pass(inner, &mut budget);
+        self.drain(inner);
+        true
+    }
+}
