@@ -1,0 +1,102 @@
+//! Connection settings that rdma-core has no knob for, from `SOFTWARP_*` environment
+//! variables, read once per process (the first connection or listen). A value that cannot
+//! be parsed is reported on stderr with the accepted spellings and the default is kept: a
+//! C program cannot receive a typed error from its environment.
+//!
+//! | variable | values | default |
+//! | --- | --- | --- |
+//! | `SOFTWARP_SIW` | `1`: start from Linux siw's settings (`ConnectOptions::linux_siw`) | Softwarp's defaults |
+//! | `SOFTWARP_CRC` | `off`, `preferred`, `required` | `preferred` (`off` with `SOFTWARP_SIW=1`) |
+//! | `SOFTWARP_MPA_REV` | `1`, `2` | `2` |
+//! | `SOFTWARP_MARKERS` | `off`, `accept`, `request` | `off` |
+//! | `SOFTWARP_TERMINATE` | `rfc5040`, `siw` | `rfc5040` (`siw` with `SOFTWARP_SIW=1`) |
+//! | `SOFTWARP_FIRST_FPDU_DELAY_MS` | milliseconds the initiator waits after the MPA Reply | 20 (0 with `SOFTWARP_SIW=1`) |
+//! | `SOFTWARP_P2P` | `1`: RFC 6581 peer-to-peer mode (RTR) as initiator | off |
+//! | `SOFTWARP_RFC7306` | `on`, `off`: Immediate Data and atomics | on |
+//! | `SOFTWARP_MPA_TIMEOUT_MS` | TCP connect and MPA exchange bound | 5000 |
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use softwarp::{ConnectOptions, CrcMode, MarkerMode, MpaRevision, TerminateLayout};
+
+/// The connection settings of this process.
+pub fn options() -> ConnectOptions {
+    static OPTS: OnceLock<ConnectOptions> = OnceLock::new();
+    OPTS.get_or_init(|| from(|k| std::env::var(k).ok()).unwrap_or_else(|(var, value, expected)| {
+        eprintln!("softwarp: {var}={value:?} is not one of {expected}; using the default");
+        ConnectOptions::default()
+    }))
+    .clone()
+}
+
+type Bad = (&'static str, String, &'static str);
+
+/// The settings that `get` (an environment) gives, or the variable that is wrong.
+pub fn from(get: impl Fn(&str) -> Option<String>) -> Result<ConnectOptions, Bad> {
+    let flag = |var: &'static str, expected: &'static str| -> Result<Option<bool>, Bad> {
+        match get(var).as_deref() {
+            None | Some("") => Ok(None),
+            Some("1" | "on" | "yes" | "true") => Ok(Some(true)),
+            Some("0" | "off" | "no" | "false") => Ok(Some(false)),
+            Some(v) => Err((var, v.to_string(), expected)),
+        }
+    };
+    let mut o = if flag("SOFTWARP_SIW", "1, 0")? == Some(true) {
+        ConnectOptions::linux_siw()
+    } else {
+        ConnectOptions::default()
+    };
+    if let Some(v) = get("SOFTWARP_CRC").filter(|v| !v.is_empty()) {
+        o.crc = match v.as_str() {
+            "off" | "0" => CrcMode::Off,
+            "preferred" | "on" | "1" => CrcMode::Preferred,
+            "required" => CrcMode::Required,
+            _ => return Err(("SOFTWARP_CRC", v, "off, preferred, required")),
+        };
+    }
+    if let Some(v) = get("SOFTWARP_MPA_REV").filter(|v| !v.is_empty()) {
+        o.revision = match v.as_str() {
+            "1" => MpaRevision::Rev1,
+            "2" => MpaRevision::Rev2,
+            _ => return Err(("SOFTWARP_MPA_REV", v, "1, 2")),
+        };
+    }
+    if let Some(v) = get("SOFTWARP_MARKERS").filter(|v| !v.is_empty()) {
+        o.markers = match v.as_str() {
+            "off" => MarkerMode::Off,
+            "accept" => MarkerMode::Accept,
+            "request" => MarkerMode::Request,
+            _ => return Err(("SOFTWARP_MARKERS", v, "off, accept, request")),
+        };
+    }
+    if let Some(v) = get("SOFTWARP_TERMINATE").filter(|v| !v.is_empty()) {
+        o.terminate_layout = match v.as_str() {
+            "rfc5040" => TerminateLayout::Rfc5040,
+            "siw" => TerminateLayout::LinuxSiw,
+            _ => return Err(("SOFTWARP_TERMINATE", v, "rfc5040, siw")),
+        };
+    }
+    let millis = |var: &'static str| -> Result<Option<Duration>, Bad> {
+        match get(var).filter(|v| !v.is_empty()) {
+            None => Ok(None),
+            Some(v) => v
+                .parse::<u64>()
+                .map(|ms| Some(Duration::from_millis(ms)))
+                .map_err(|_| (var, v, "a number of milliseconds")),
+        }
+    };
+    if let Some(d) = millis("SOFTWARP_FIRST_FPDU_DELAY_MS")? {
+        o.first_fpdu_delay = d;
+    }
+    if let Some(d) = millis("SOFTWARP_MPA_TIMEOUT_MS")? {
+        o.timeout = d;
+    }
+    if let Some(on) = flag("SOFTWARP_P2P", "1, 0")? {
+        o.peer_to_peer = on;
+    }
+    if let Some(on) = flag("SOFTWARP_RFC7306", "on, off")? {
+        o.rfc7306 = on;
+    }
+    Ok(o)
+}
