@@ -45,11 +45,4 @@ pub mod errno;
 pub mod exports;
 pub mod ffi;
 pub mod verbs;
-
-/// True when `fd` has `O_NONBLOCK` set (then blocking calls on it return `EAGAIN`, as in
-/// rdma-core, whose calls read the file descriptor).
-pub fn nonblocking(fd: std::ffi::c_int) -> bool {
-    // SAFETY: F_GETFL on a descriptor number has no memory effects; a bad fd gives -1.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    flags >= 0 && flags & libc::O_NONBLOCK != 0
-}
+pub mod watch;

@@ -18,13 +18,14 @@ use crate::cm::id::Id;
 use crate::cm::{err, to_storage};
 use crate::errno;
 use crate::ffi::*;
+use crate::watch::Watch;
 
 /// `struct rdma_event_channel` followed by Softwarp's channel.
 #[repr(C)]
 pub struct EvChannel {
     pub c: rdma_event_channel,
     pub inner: CmEventChannel,
-    epoll: OwnedFd,
+    watch: Watch,
     notify: OwnedFd,
     st: Mutex<ChanState>,
 }
@@ -86,34 +87,18 @@ impl EvChannel {
     /// A new channel (its Softwarp channel thread included).
     pub fn create() -> Result<Box<EvChannel>, c_int> {
         let inner = CmEventChannel::new().map_err(|e| errno::fail("rdma_create_event_channel", &e))?;
-        // SAFETY: plain system calls creating new descriptors; each result is checked and
-        // owned at once.
-        let (epoll, notify) = unsafe {
-            let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
-            if ep < 0 {
-                return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE));
-            }
-            let ep = OwnedFd::from_raw_fd(ep);
-            let nf = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
-            if nf < 0 {
-                return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE));
-            }
-            (ep, OwnedFd::from_raw_fd(nf))
-        };
-        for fd in [inner.as_raw_fd(), notify.as_raw_fd()] {
-            let mut ev = libc::epoll_event {
-                events: libc::EPOLLIN as u32,
-                u64: fd as u64,
-            };
-            // SAFETY: both descriptors are open; `ev` is a valid epoll_event.
-            if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
-                return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
-            }
+        // SAFETY: creates a new descriptor, owned at once when valid.
+        let nf = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if nf < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE));
         }
+        // SAFETY: `nf` is a fresh descriptor nobody else owns.
+        let notify = unsafe { OwnedFd::from_raw_fd(nf) };
+        let watch = Watch::new(&[inner.as_raw_fd(), notify.as_raw_fd()])?;
         Ok(Box::new(EvChannel {
-            c: rdma_event_channel { fd: epoll.as_raw_fd() },
+            c: rdma_event_channel { fd: watch.fd() },
             inner,
-            epoll,
+            watch,
             notify,
             st: Mutex::new(ChanState::default()),
         }))
@@ -158,19 +143,10 @@ impl EvChannel {
                 }
                 continue;
             }
-            if !block {
+            if !block || self.watch.nonblocking() {
                 return Err(libc::EAGAIN);
             }
-            // SAFETY: plain C data for epoll_wait's output.
-            let mut out: libc::epoll_event = unsafe { std::mem::zeroed() };
-            // SAFETY: our epoll fd and a one-element output array.
-            let rc = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), &mut out, 1, -1) };
-            if rc < 0 {
-                let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-                if e != libc::EINTR {
-                    return Err(e);
-                }
-            }
+            self.watch.wait()?;
         }
     }
 
@@ -254,7 +230,7 @@ pub unsafe extern "C" fn swv_rdma_get_cm_event(ch: *mut rdma_event_channel, even
     }
     // SAFETY: channels come from `rdma_create_event_channel`.
     let c = unsafe { &*ch.cast::<EvChannel>() };
-    match c.next(!crate::nonblocking(c.c.fd)) {
+    match c.next(true) {
         Ok(ev) => {
             // SAFETY: `event` is writable.
             unsafe { *event = Box::into_raw(ev).cast() };

@@ -12,6 +12,7 @@ use softwarp::{AsyncEvent, CqId, Device, SrqId};
 use crate::errno;
 use crate::ffi::*;
 use crate::verbs::{cq, qp, qp_ex};
+use crate::watch::Watch;
 
 /// A device context: rdma-core's `verbs_context` (whose last member is the `ibv_context`
 /// applications see) followed by Softwarp's device and the objects created on it.
@@ -22,6 +23,8 @@ pub struct Context {
     /// The objects of the context by number, for asynchronous events (addresses of the C
     /// objects; an entry lives exactly as long as its object).
     pub objects: Mutex<Objects>,
+    /// The application's `async_fd`, watching the device's event fd.
+    pub async_watch: Watch,
 }
 
 #[derive(Default)]
@@ -190,13 +193,18 @@ pub unsafe extern "C" fn swv_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_c
 /// Opens a Softwarp device and wraps it in a new context.
 pub fn open_context() -> softwarp::Result<*mut ibv_context> {
     let dev = Device::builder().ras(softwarp::RasConfig::from_env()).open()?;
-    let async_fd = dev.async_event_fd().as_raw_fd();
+    let async_watch = Watch::new(&[dev.async_event_fd().as_raw_fd()]).map_err(|e| softwarp::Error::Io {
+        op: "epoll_create",
+        source: std::io::Error::from_raw_os_error(e),
+    })?;
+    let async_fd = async_watch.fd();
     let ctx = Box::new(Context {
         // SAFETY: plain C data: all-zero is valid (NULL pointers, None function pointers,
         // a zeroed pthread mutex is PTHREAD_MUTEX_INITIALIZER on glibc).
         vctx: unsafe { std::mem::zeroed() },
         dev,
         objects: Mutex::new(Objects::default()),
+        async_watch,
     });
     let ctx = Box::into_raw(ctx);
     // SAFETY: `ctx` was just allocated and is exclusively ours until returned.
@@ -556,16 +564,18 @@ pub unsafe extern "C" fn swv_ibv_get_async_event(
         errno::set(libc::EINVAL);
         return -1;
     }
-    let ev = if crate::nonblocking(c.vctx.context.async_fd) {
-        match c.dev.try_get_async_event() {
-            Some(ev) => ev,
-            None => {
-                errno::set(libc::EAGAIN);
-                return -1;
-            }
+    let ev = loop {
+        if let Some(ev) = c.dev.try_get_async_event() {
+            break ev;
         }
-    } else {
-        c.dev.get_async_event()
+        if c.async_watch.nonblocking() {
+            errno::set(libc::EAGAIN);
+            return -1;
+        }
+        if let Err(e) = c.async_watch.wait() {
+            errno::set(e);
+            return -1;
+        }
     };
     let (ty, element) = event_element(c, &ev);
     // SAFETY: `event` is writable.

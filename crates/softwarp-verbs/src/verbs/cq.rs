@@ -14,6 +14,7 @@ use softwarp::{
 use crate::errno;
 use crate::ffi::*;
 use crate::verbs::context::Context;
+use crate::watch::Watch;
 
 /// `struct ibv_comp_channel` followed by Softwarp's channel and its CQs by id (to turn the
 /// CQ that fired back into the application's `ibv_cq`).
@@ -22,6 +23,7 @@ pub struct Channel {
     pub ibv: ibv_comp_channel,
     pub ch: CompletionChannel,
     pub cqs: Mutex<HashMap<CqId, usize>>,
+    watch: Watch,
 }
 
 /// `struct ibv_cq` followed by Softwarp's CQ.
@@ -47,22 +49,31 @@ pub unsafe extern "C" fn swv_ibv_create_comp_channel(ctx: *mut ibv_context) -> *
         errno::set(libc::EINVAL);
         return std::ptr::null_mut();
     };
-    match c.dev.create_comp_channel() {
-        Ok(ch) => Box::into_raw(Box::new(Channel {
-            ibv: ibv_comp_channel {
-                context: ctx,
-                fd: ch.as_raw_fd(),
-                refcnt: 0,
-            },
-            ch,
-            cqs: Mutex::new(HashMap::new()),
-        }))
-        .cast(),
+    let ch = match c.dev.create_comp_channel() {
+        Ok(ch) => ch,
         Err(e) => {
             errno::set(errno::fail("ibv_create_comp_channel", &e));
-            std::ptr::null_mut()
+            return std::ptr::null_mut();
         }
-    }
+    };
+    let watch = match Watch::new(&[ch.as_raw_fd()]) {
+        Ok(w) => w,
+        Err(e) => {
+            errno::set(e);
+            return std::ptr::null_mut();
+        }
+    };
+    Box::into_raw(Box::new(Channel {
+        ibv: ibv_comp_channel {
+            context: ctx,
+            fd: watch.fd(),
+            refcnt: 0,
+        },
+        ch,
+        cqs: Mutex::new(HashMap::new()),
+        watch,
+    }))
+    .cast()
 }
 
 #[no_mangle]
@@ -173,22 +184,16 @@ pub unsafe extern "C" fn swv_ibv_get_cq_event(
     // SAFETY: channels come from `ibv_create_comp_channel`.
     let ch = unsafe { &*channel.cast::<Channel>() };
     loop {
-        let fired = if crate::nonblocking(ch.ibv.fd) {
-            match ch.ch.try_get_cq_event() {
-                Some(q) => q,
-                None => {
-                    errno::set(libc::EAGAIN);
-                    return -1;
-                }
+        let Some(fired) = ch.ch.try_get_cq_event() else {
+            if ch.watch.nonblocking() {
+                errno::set(libc::EAGAIN);
+                return -1;
             }
-        } else {
-            match ch.ch.get_cq_event(None) {
-                Ok(q) => q,
-                Err(e) => {
-                    errno::set(errno::fail("ibv_get_cq_event", &e));
-                    return -1;
-                }
+            if let Err(e) = ch.watch.wait() {
+                errno::set(e);
+                return -1;
             }
+            continue;
         };
         // A CQ destroyed after it fired is skipped, as the kernel drops its events.
         if let Some(&ptr) = lock(&ch.cqs).get(&fired.id()) {
