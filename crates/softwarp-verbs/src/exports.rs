@@ -64,6 +64,7 @@ exports! {
         ibv_init_ah_from_wc, ibv_attach_mcast, ibv_detach_mcast, ibv_event_type_str,
         ibv_node_type_str, ibv_port_state_str, ibv_wc_status_str, ibv_fork_init,
         ibv_dontfork_range, ibv_dofork_range, ibv_rate_to_mbps, mbps_to_ibv_rate,
+        ibv_resolve_eth_l2_from_gid,
     ]
     "IBVERBS_1.5": [ibv_get_pkey_index]
     "IBVERBS_1.6": [ibv_qp_to_qp_ex]
@@ -73,7 +74,27 @@ exports! {
     "IBVERBS_1.11": [_ibv_query_gid_ex, _ibv_query_gid_table]
     "IBVERBS_1.13": [ibv_is_fork_initialized]
     "IBVERBS_1.14": [ibv_query_qp_data_in_order]
-    "IBVERBS_PRIVATE_34": [ibv_query_gid_type]
+    "IBVERBS_PRIVATE_34": [
+        ibv_query_gid_type,
+        // Provider interface (private.rs): what Debian's libmlx5/libefa import.
+        execute_ioctl, ibv_cmd_advise_mr, ibv_cmd_alloc_dm, ibv_cmd_alloc_mw, ibv_cmd_alloc_pd,
+        ibv_cmd_attach_mcast, ibv_cmd_close_xrcd, ibv_cmd_create_ah, ibv_cmd_create_counters,
+        ibv_cmd_create_cq, ibv_cmd_create_cq_ex, ibv_cmd_create_flow,
+        ibv_cmd_create_flow_action_esp, ibv_cmd_create_qp, ibv_cmd_create_qp_ex,
+        ibv_cmd_create_qp_ex2, ibv_cmd_create_rwq_ind_table, ibv_cmd_create_srq,
+        ibv_cmd_create_srq_ex, ibv_cmd_create_wq, ibv_cmd_dealloc_mw, ibv_cmd_dealloc_pd,
+        ibv_cmd_dereg_mr, ibv_cmd_destroy_ah, ibv_cmd_destroy_counters, ibv_cmd_destroy_cq,
+        ibv_cmd_destroy_flow, ibv_cmd_destroy_flow_action, ibv_cmd_destroy_qp,
+        ibv_cmd_destroy_rwq_ind_table, ibv_cmd_destroy_srq, ibv_cmd_destroy_wq,
+        ibv_cmd_detach_mcast, ibv_cmd_free_dm, ibv_cmd_get_context, ibv_cmd_modify_cq,
+        ibv_cmd_modify_flow_action_esp, ibv_cmd_modify_qp, ibv_cmd_modify_qp_ex,
+        ibv_cmd_modify_srq, ibv_cmd_modify_wq, ibv_cmd_open_qp, ibv_cmd_open_xrcd,
+        ibv_cmd_query_context, ibv_cmd_query_device_any, ibv_cmd_query_mr, ibv_cmd_query_port,
+        ibv_cmd_query_qp, ibv_cmd_query_srq, ibv_cmd_read_counters, ibv_cmd_reg_dm_mr,
+        ibv_cmd_reg_dmabuf_mr, ibv_cmd_reg_mr, ibv_cmd_rereg_mr, ibv_cmd_resize_cq,
+        _verbs_init_and_alloc_context, verbs_open_device, verbs_register_driver_34,
+        verbs_set_ops, verbs_uninit_context, verbs_init_cq, __verbs_log,
+    ]
     "RDMACM_1.0": [
         rdma_create_event_channel, rdma_destroy_event_channel, rdma_create_id, rdma_destroy_id,
         rdma_bind_addr, rdma_resolve_addr, rdma_resolve_route, rdma_create_qp, rdma_create_qp_ex,

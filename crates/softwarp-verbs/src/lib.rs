@@ -44,5 +44,6 @@ pub mod env;
 pub mod errno;
 pub mod exports;
 pub mod ffi;
+mod private;
 pub mod verbs;
 pub mod watch;
