@@ -102,7 +102,8 @@ exports! {
         rdma_disconnect, rdma_get_cm_event, rdma_ack_cm_event, rdma_get_src_port,
         rdma_get_dst_port, rdma_get_devices, rdma_free_devices, rdma_event_str, rdma_set_option,
         rdma_get_local_addr, rdma_get_peer_addr, rdma_migrate_id, rdma_getaddrinfo,
-        rdma_freeaddrinfo, rdma_join_multicast, rdma_leave_multicast, rpoll,
+        rdma_freeaddrinfo, rdma_join_multicast, rdma_leave_multicast, rpoll, rdma_create_ep,
+        rdma_destroy_ep, rdma_get_request,
     ]
     "RDMACM_1.2": [rdma_establish, rdma_init_qp_attr]
 }

@@ -2,7 +2,8 @@
 //! crate's `libibverbs.so.1`/`librdmacm.so.1` on loopback, their output checked. A test
 //! whose program is not installed says so and passes (CI installs them: `.ci/run`).
 //!
-//! Every child process runs under a deadline and is killed past it.
+//! Every child process runs under a deadline and is killed past it. The tests run one at a
+//! time (`serial`): perftest and ucmatose spin on the CPU, and the machine has two cores.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -15,9 +16,12 @@ use std::time::{Duration, Instant};
 fn lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
+        // Cargo builds the library for this test into `target/<profile>/deps`, beside the
+        // test executable (it copies it up to `target/<profile>` only for `cargo build`).
         let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
-        let lib = profile_dir.join("libsoftwarp_verbs.so");
+        let deps = exe.parent().expect("target/<profile>/deps");
+        let profile_dir = deps.parent().expect("target/<profile>");
+        let lib = deps.join("libsoftwarp_verbs.so");
         assert!(lib.exists(), "{} not built", lib.display());
         let dir = profile_dir.join("softwarp-verbs-lib");
         std::fs::create_dir_all(&dir).expect("create the library directory");
@@ -30,6 +34,12 @@ fn lib_dir() -> &'static Path {
         }
         dir
     })
+}
+
+/// Held by each test: one pair of programs at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The installed program `name`, or `None` after saying why the test is skipped.
@@ -106,14 +116,18 @@ fn free_port() -> u16 {
 /// True once something listens on 127.0.0.1:`port` (from `/proc/net/tcp`, without
 /// connecting: a bare TCP connection would be a malformed MPA peer to the listener).
 fn listening(port: u16) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
-        return false;
-    };
-    let want = format!("0100007F:{port:04X}");
-    let any = format!("00000000:{port:04X}");
-    table.lines().skip(1).any(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        f.len() > 3 && (f[1] == want || f[1] == any) && f[3] == "0A"
+    let wanted = [
+        format!("0100007F:{port:04X}"),
+        format!("00000000:{port:04X}"),
+        format!("00000000000000000000000000000000:{port:04X}"),
+    ];
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && wanted.iter().any(|w| w == f[1]) && f[3] == "0A"
+            })
+        })
     })
 }
 
@@ -130,6 +144,7 @@ fn wait_listening(port: u16, server: &mut Child) {
 
 #[test]
 fn ibv_devinfo_shows_softwarp0_active_on_ethernet() {
+    let _serial = serial();
     let Some(devinfo) = tool("ibv_devinfo", "ibverbs-utils") else {
         return;
     };
@@ -221,6 +236,7 @@ fn rping_pair(rping: &Path, size: usize, count: usize) {
 
 #[test]
 fn rping_100_pings_validated_from_26_bytes_to_64k_minus_1() {
+    let _serial = serial();
     let Some(rping) = tool("rping", "rdmacm-utils") else {
         return;
     };
@@ -233,6 +249,7 @@ fn rping_100_pings_validated_from_26_bytes_to_64k_minus_1() {
 
 #[test]
 fn rping_client_without_server_is_rejected_with_econnrefused() {
+    let _serial = serial();
     let Some(rping) = tool("rping", "rdmacm-utils") else {
         return;
     };
@@ -251,4 +268,145 @@ fn rping_client_without_server_is_rejected_with_econnrefused() {
         "stderr: {}",
         c.stderr
     );
+}
+
+/// Runs a server and a client of the same program on loopback (`server_args`, then the
+/// client with `client_args`), both within `limit`; returns (server, client) output after
+/// checking both succeeded.
+fn pair(program: &Path, port: u16, server_args: &[&str], client_args: &[&str], limit: Duration) -> (Output, Output) {
+    let name = program.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut server = command(program).args(server_args).spawn().expect("start the server");
+    wait_listening(port, &mut server);
+    let client = command(program).args(client_args).spawn().expect("start the client");
+    let c = finish(client, limit, &format!("{name} client {client_args:?}"));
+    let s = finish(server, limit, &format!("{name} server {server_args:?}"));
+    assert!(
+        c.status.success() && s.status.success(),
+        "{name}: client exit {} server exit {}\nclient:\n{}{}\nserver:\n{}{}",
+        c.status,
+        s.status,
+        c.stdout,
+        c.stderr,
+        s.stdout,
+        s.stderr
+    );
+    (s, c)
+}
+
+/// perftest's result rows: (size, iterations) of each line under the `#bytes` header.
+fn perftest_rows(out: &str) -> Vec<(u64, u64)> {
+    out.lines()
+        .skip_while(|l| !l.trim_start().starts_with("#bytes"))
+        .skip(1)
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn perftest_six_tools_with_rdma_cm_and_the_default_post_mode() {
+    let _serial = serial();
+    let Some(first) = tool("ib_send_bw", "perftest") else {
+        return;
+    };
+    let dir = first.parent().expect("bin directory").to_path_buf();
+    let started = Instant::now();
+    // (tool, size, iterations): bandwidth at 64 KiB, latency at perftest's 2 B default.
+    let cases: [(&str, &str, &str); 6] = [
+        ("ib_send_bw", "65536", "200"),
+        ("ib_write_bw", "65536", "200"),
+        ("ib_read_bw", "65536", "200"),
+        ("ib_send_lat", "2", "200"),
+        ("ib_write_lat", "2", "200"),
+        ("ib_read_lat", "2", "200"),
+    ];
+    for (name, size, iters) in cases {
+        let program = dir.join(name);
+        let port = free_port();
+        let p = port.to_string();
+        let common = ["-R", "-d", "softwarp0", "-p", &p, "-s", size, "-n", iters];
+        let mut client_args = common.to_vec();
+        client_args.push("127.0.0.1");
+        let (_, c) = pair(&program, port, &common, &client_args, Duration::from_secs(60));
+        let rows = perftest_rows(&c.stdout);
+        assert_eq!(
+            rows,
+            vec![(size.parse().expect("size"), iters.parse().expect("iters"))],
+            "{name}:\n{}",
+            c.stdout
+        );
+        assert!(c.stdout.contains("rdma_cm QPs\t : ON"), "{name}:\n{}", c.stdout);
+        assert!(c.stdout.contains("Link type       : Ethernet"), "{name}:\n{}", c.stdout);
+    }
+    println!("perftest: 6 tools in {:?}", started.elapsed());
+}
+
+#[test]
+fn perftest_write_bw_all_sizes_from_2_bytes_to_8_mib() {
+    let _serial = serial();
+    let Some(program) = tool("ib_write_bw", "perftest") else {
+        return;
+    };
+    let started = Instant::now();
+    let port = free_port();
+    let p = port.to_string();
+    let common = ["-R", "-d", "softwarp0", "-p", &p, "-a", "-n", "5"];
+    let mut client_args = common.to_vec();
+    client_args.push("127.0.0.1");
+    let (_, c) = pair(&program, port, &common, &client_args, Duration::from_secs(60));
+    let rows = perftest_rows(&c.stdout);
+    let sizes: Vec<u64> = rows.iter().map(|r| r.0).collect();
+    let expected: Vec<u64> = (1..=23).map(|i| 1u64 << i).collect();
+    assert_eq!(sizes, expected, "{}", c.stdout);
+    assert!(rows.iter().all(|r| r.1 == 5), "{}", c.stdout);
+    println!("ib_write_bw -a: {} sizes in {:?}", rows.len(), started.elapsed());
+}
+
+#[test]
+fn ucmatose_four_connections_ten_messages_each() {
+    let _serial = serial();
+    let Some(program) = tool("ucmatose", "rdmacm-utils") else {
+        return;
+    };
+    let port = free_port();
+    let p = port.to_string();
+    let (s, c) = pair(
+        &program,
+        port,
+        &["-p", &p, "-c", "4", "-C", "10"],
+        &["-s", "127.0.0.1", "-p", &p, "-c", "4", "-C", "10"],
+        Duration::from_secs(30),
+    );
+    for o in [&s, &c] {
+        assert!(o.stdout.contains("data transfers complete"), "{}{}", o.stdout, o.stderr);
+        assert!(o.stdout.contains("return status 0"), "{}{}", o.stdout, o.stderr);
+    }
+    assert!(s.stdout.contains("disconnected"), "{}", s.stdout);
+}
+
+#[test]
+fn rdma_server_and_rdma_client_with_synchronous_ids() {
+    let _serial = serial();
+    let Some(server) = tool("rdma_server", "rdmacm-utils") else {
+        return;
+    };
+    let Some(client) = tool("rdma_client", "rdmacm-utils") else {
+        return;
+    };
+    let port = free_port();
+    let p = port.to_string();
+    let mut srv = command(&server).args(["-p", &p]).spawn().expect("start rdma_server");
+    wait_listening(port, &mut srv);
+    let c = finish(
+        command(&client).args(["-s", "127.0.0.1", "-p", &p]).spawn().expect("start rdma_client"),
+        Duration::from_secs(20),
+        "rdma_client",
+    );
+    let s = finish(srv, Duration::from_secs(20), "rdma_server");
+    assert!(c.status.success(), "{}{}", c.stdout, c.stderr);
+    assert!(s.status.success(), "{}{}", s.stdout, s.stderr);
+    assert_eq!(c.stdout, "rdma_client: start\nrdma_client: end 0\n");
+    assert_eq!(s.stdout, "rdma_server: start\nrdma_server: end 0\n");
 }

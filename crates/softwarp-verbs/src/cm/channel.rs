@@ -150,6 +150,31 @@ impl EvChannel {
         }
     }
 
+    /// The next event for which `want` holds, blocking; the others read meanwhile stay
+    /// queued, in order, ahead of newer ones (synchronous ids share their listener's
+    /// channel with the requests still to come).
+    pub fn next_matching(&self, want: impl Fn(&Event) -> bool) -> Result<Box<Event>, c_int> {
+        let mut others = Vec::new();
+        let found = loop {
+            match self.next(true) {
+                Ok(ev) if want(&ev) => break Ok(ev),
+                Ok(ev) => others.push(ev),
+                Err(e) => break Err(e),
+            }
+        };
+        if !others.is_empty() {
+            let mut st = self.state();
+            for ev in others.into_iter().rev() {
+                st.queue.push_front(ev);
+            }
+            drop(st);
+            let one: u64 = 1;
+            // SAFETY: as in `push`.
+            let _ = unsafe { libc::write(self.notify.as_raw_fd(), std::ptr::addr_of!(one).cast(), 8) };
+        }
+        found
+    }
+
     /// Softwarp's event as the application's, or `None` for events rdma-core does not report
     /// on iWARP (TIMEWAIT_EXIT) or about ids already destroyed.
     fn translate(&self, ev: CmEvent) -> Option<Box<Event>> {

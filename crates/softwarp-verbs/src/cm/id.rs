@@ -24,8 +24,11 @@ const QP_RD_ATOMIC: usize = 16;
 pub struct Id {
     pub c: rdma_cm_id,
     st: Mutex<IdState>,
-    /// The private channel of a synchronous id (created without a channel).
-    sync: Option<Box<EvChannel>>,
+    /// Synchronous mode (created without a channel, or a request of a synchronous
+    /// listener): each call waits for its event.
+    sync: bool,
+    /// The private channel of an id created without one.
+    own_channel: Option<Box<EvChannel>>,
 }
 
 #[derive(Default)]
@@ -39,8 +42,10 @@ struct IdState {
     /// Objects `rdma_create_qp` made because the application passed none.
     own_pd: bool,
     own_cqs: bool,
-    /// QP attributes kept by `rdma_create_ep` for the ids `rdma_get_request` returns.
+    /// QP attributes and PD kept by `rdma_create_ep` for the ids `rdma_get_request`
+    /// returns.
     ep_qp_attr: Option<ibv_qp_init_attr>,
+    ep_pd: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -70,7 +75,7 @@ impl Id {
     }
 
     fn is_sync(&self) -> bool {
-        self.sync.is_some()
+        self.sync
     }
 
     pub fn is_initiator(&self) -> bool {
@@ -133,17 +138,22 @@ impl Id {
         let (private, peer) = (req.private_data().to_vec(), req.peer_ird_ord());
         let conn = req.conn_id();
         let (local, remote) = (req.local_addr(), req.peer_addr());
-        let ep_attr = l.state().ep_qp_attr;
+        let (ep_qp_attr, ep_pd) = {
+            let st = l.state();
+            (st.ep_qp_attr, st.ep_pd)
+        };
         let id = Box::new(Id {
             c,
             st: Mutex::new(IdState {
                 bound: Some(local),
                 dst: Some(remote),
                 request: Some(req),
-                ep_qp_attr: ep_attr,
+                ep_qp_attr,
+                ep_pd,
                 ..IdState::default()
             }),
-            sync: None,
+            sync: l.sync,
+            own_channel: None,
         });
         id.set_src(local);
         id.set_dst(remote);
@@ -160,31 +170,40 @@ impl Id {
     /// status as the call's result (rdma-core's `ucma_complete`): the event is kept in
     /// `id->event` until the next one.
     fn complete(&self) -> c_int {
-        let Some(ch) = &self.sync else { return 0 };
-        let ev = match ch.next(true) {
+        if !self.sync {
+            return 0;
+        }
+        let me = self.ptr();
+        let ev = match self.channel().next_matching(|ev| ev.c.id == me) {
             Ok(ev) => ev,
             Err(e) => return err(e),
         };
         let status = ev.c.status;
         let ty = ev.c.event;
-        let old = self.c.event;
-        let p = std::ptr::addr_of!(self.c.event).cast_mut();
-        // SAFETY: `id->event` is the library's to set in synchronous mode; the previous event
-        // (ours, boxed) is released.
-        unsafe {
-            p.write(Box::into_raw(ev).cast());
-            if !old.is_null() {
-                drop(Box::from_raw(old.cast::<Event>()));
-            }
-        }
+        self.keep_event(ev);
         if status != 0 {
             return err(-status);
         }
         match ty {
             RDMA_CM_EVENT_ADDR_RESOLVED | RDMA_CM_EVENT_ROUTE_RESOLVED | RDMA_CM_EVENT_ESTABLISHED
-            | RDMA_CM_EVENT_CONNECT_REQUEST | RDMA_CM_EVENT_DISCONNECTED => 0,
-            RDMA_CM_EVENT_REJECTED => err(libc::ECONNREFUSED),
+            | RDMA_CM_EVENT_DISCONNECTED => 0,
+            RDMA_CM_EVENT_UNREACHABLE => err(libc::EHOSTUNREACH),
             _ => err(libc::ECONNREFUSED),
+        }
+    }
+
+    /// Keeps `ev` as the synchronous id's `id->event` (rdma-core's convention), releasing
+    /// the previous one.
+    fn keep_event(&self, ev: Box<Event>) {
+        let old = self.c.event;
+        let p = std::ptr::addr_of!(self.c.event).cast_mut();
+        // SAFETY: `id->event` is the library's to set in synchronous mode; the previous
+        // event (ours, boxed) is released.
+        unsafe {
+            p.write(Box::into_raw(ev).cast());
+            if !old.is_null() {
+                drop(Box::from_raw(old.cast::<Event>()));
+            }
         }
     }
 }
@@ -231,7 +250,7 @@ unsafe fn create_id(
     if ps != RDMA_PS_TCP && ps != RDMA_PS_IB {
         return err(errno::unsupported("rdma_create_id", "port spaces other than TCP (iWARP is connected only)"));
     }
-    let (sync, ch) = if channel.is_null() {
+    let (own_channel, ch) = if channel.is_null() {
         match EvChannel::create() {
             Ok(mut c) => {
                 let p = std::ptr::addr_of_mut!(c.c);
@@ -251,7 +270,8 @@ unsafe fn create_id(
     let id = Box::new(Id {
         c,
         st: Mutex::new(IdState::default()),
-        sync,
+        sync: own_channel.is_some(),
+        own_channel,
     });
     // SAFETY: `out` is writable.
     unsafe { *out = Box::into_raw(id).cast() };
@@ -458,8 +478,11 @@ unsafe fn create_qp_on(id: *mut rdma_cm_id, attr: &mut ibv_qp_init_attr_ex) -> c
     if qp.is_null() {
         return -1;
     }
-    // SAFETY: the id's QP field, as rdma-core sets it.
-    unsafe { (*id).qp = qp };
+    // SAFETY: the id's QP and PD fields, as rdma-core sets them.
+    unsafe {
+        (*id).qp = qp;
+        (*id).pd = attr.pd;
+    }
     0
 }
 
@@ -799,4 +822,113 @@ pub unsafe extern "C" fn swv_rdma_join_multicast(_id: *mut rdma_cm_id, _addr: *m
 pub unsafe extern "C" fn swv_rdma_leave_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr) -> c_int {
     tracing::warn!(target: "softwarp::verbs", "rdma_leave_multicast: not supported by softwarp (iWARP is connected only)");
     err(libc::ENOSYS)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_create_ep(
+    out: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: the caller's pointers.
+    let Some(r) = (unsafe { res.as_ref() }) else {
+        return err(libc::EINVAL);
+    };
+    if out.is_null() {
+        return err(libc::EINVAL);
+    }
+    let ps = if r.ai_port_space == 0 { RDMA_PS_TCP } else { r.ai_port_space as rdma_port_space };
+    // The QP type comes from the address information, as in rdma-core.
+    let qp_type = if r.ai_qp_type == 0 { IBV_QPT_RC } else { r.ai_qp_type as ibv_qp_type };
+    // SAFETY: NULL or the caller's attributes.
+    if let Some(a) = unsafe { qp_init_attr.as_mut() } {
+        a.qp_type = qp_type;
+    }
+    let mut id: *mut rdma_cm_id = std::ptr::null_mut();
+    // SAFETY: a new synchronous id.
+    if unsafe { create_id(std::ptr::null_mut(), &mut id, std::ptr::null_mut(), ps, qp_type) } != 0 {
+        return -1;
+    }
+    // SAFETY: `id` was just created; the rest are the caller's.
+    let rc = unsafe {
+        if r.ai_flags & crate::cm::addrinfo::RAI_PASSIVE != 0 {
+            let rc = swv_rdma_bind_addr(id, r.ai_src_addr);
+            if rc == 0 {
+                if let Some(i) = Id::from_c(id) {
+                    let mut st = i.state();
+                    st.ep_qp_attr = qp_init_attr.as_ref().copied();
+                    st.ep_pd = pd as usize;
+                }
+            }
+            rc
+        } else {
+            let mut rc = swv_rdma_resolve_addr(id, r.ai_src_addr, r.ai_dst_addr, 2000);
+            if rc == 0 {
+                rc = swv_rdma_resolve_route(id, 2000);
+            }
+            if rc == 0 && !qp_init_attr.is_null() {
+                rc = swv_rdma_create_qp(id, pd, qp_init_attr);
+            }
+            rc
+        }
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+        // SAFETY: our id, not handed out.
+        unsafe { swv_rdma_destroy_id(id) };
+        return err(e);
+    }
+    // SAFETY: `out` is writable.
+    unsafe { *out = id };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_destroy_ep(id: *mut rdma_cm_id) {
+    if id.is_null() {
+        return;
+    }
+    // SAFETY: the caller's id; its QP and the objects made for it go first.
+    unsafe {
+        swv_rdma_destroy_qp(id);
+        swv_rdma_destroy_id(id);
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_get_request(listen: *mut rdma_cm_id, out: *mut *mut rdma_cm_id) -> c_int {
+    // SAFETY: the caller's id.
+    let Some(l) = (unsafe { Id::from_c(listen) }) else {
+        return err(libc::EINVAL);
+    };
+    if out.is_null() || !l.is_sync() || l.state().listener.is_none() {
+        return err(libc::EINVAL);
+    }
+    let ev = match l.channel().next_matching(|ev| ev.c.listen_id == listen && ev.c.event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+        Ok(ev) => ev,
+        Err(e) => return err(e),
+    };
+    let child = ev.c.id;
+    // SAFETY: the event's id is the new id this library made for the request.
+    let Some(c) = (unsafe { Id::from_c(child) }) else {
+        return err(libc::EINVAL);
+    };
+    c.keep_event(ev);
+    let (attr, pd) = {
+        let st = c.state();
+        (st.ep_qp_attr, st.ep_pd)
+    };
+    if let Some(mut a) = attr {
+        // SAFETY: the new id, and the PD the application gave `rdma_create_ep` (or NULL).
+        if unsafe { swv_rdma_create_qp(child, pd as *mut ibv_pd, &mut a) } != 0 {
+            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+            // SAFETY: our id, not handed out.
+            unsafe { swv_rdma_destroy_id(child) };
+            return err(e);
+        }
+    }
+    // SAFETY: `out` is writable.
+    unsafe { *out = child };
+    0
 }
