@@ -23,10 +23,12 @@ use softwarp::{ConnectOptions, CrcMode, MarkerMode, MpaRevision, TerminateLayout
 /// The connection settings of this process.
 pub fn options() -> ConnectOptions {
     static OPTS: OnceLock<ConnectOptions> = OnceLock::new();
-    OPTS.get_or_init(|| from(|k| std::env::var(k).ok()).unwrap_or_else(|(var, value, expected)| {
-        eprintln!("softwarp: {var}={value:?} is not one of {expected}; using the default");
-        ConnectOptions::default()
-    }))
+    OPTS.get_or_init(|| {
+        from(|k| std::env::var(k).ok()).unwrap_or_else(|(var, value, expected)| {
+            eprintln!("softwarp: {var}={value:?} is not one of {expected}; using the default");
+            ConnectOptions::default()
+        })
+    })
     .clone()
 }
 

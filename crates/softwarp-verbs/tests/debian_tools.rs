@@ -137,7 +137,10 @@ fn wait_listening(port: u16, server: &mut Child) {
         if let Ok(Some(st)) = server.try_wait() {
             panic!("the server exited before listening: {st}");
         }
-        assert!(Instant::now() < deadline, "no listener on port {port} after 10 s");
+        assert!(
+            Instant::now() < deadline,
+            "no listener on port {port} after 10 s"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -149,7 +152,10 @@ fn ibv_devinfo_shows_softwarp0_active_on_ethernet() {
         return;
     };
     let list = finish(
-        command(&devinfo).arg("-l").spawn().expect("run ibv_devinfo -l"),
+        command(&devinfo)
+            .arg("-l")
+            .spawn()
+            .expect("run ibv_devinfo -l"),
         Duration::from_secs(20),
         "ibv_devinfo -l",
     );
@@ -158,7 +164,10 @@ fn ibv_devinfo_shows_softwarp0_active_on_ethernet() {
     assert!(list.stdout.contains("\tsoftwarp0"), "{}", list.stdout);
 
     let out = finish(
-        command(&devinfo).arg("-v").spawn().expect("run ibv_devinfo -v"),
+        command(&devinfo)
+            .arg("-v")
+            .spawn()
+            .expect("run ibv_devinfo -v"),
         Duration::from_secs(20),
         "ibv_devinfo -v",
     );
@@ -214,18 +223,52 @@ fn rping_pair(rping: &Path, size: usize, count: usize) {
     let size_s = size.to_string();
     let count_s = count.to_string();
     let mut server = command(rping)
-        .args(["-s", "-a", "127.0.0.1", "-p", &port, "-C", &count_s, "-S", &size_s])
+        .args([
+            "-s",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-C",
+            &count_s,
+            "-S",
+            &size_s,
+        ])
         .spawn()
         .expect("start rping -s");
     wait_listening(port.parse().expect("port"), &mut server);
     let client = command(rping)
-        .args(["-c", "-a", "127.0.0.1", "-p", &port, "-C", &count_s, "-S", &size_s, "-v", "-V"])
+        .args([
+            "-c",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-C",
+            &count_s,
+            "-S",
+            &size_s,
+            "-v",
+            "-V",
+        ])
         .spawn()
         .expect("start rping -c");
     let c = finish(client, Duration::from_secs(30), "rping -c");
     let s = finish(server, Duration::from_secs(10), "rping -s");
-    assert!(c.status.success(), "client exit {}:\n{}\n{}", c.status, c.stdout, c.stderr);
-    assert!(s.status.success(), "server exit {}:\n{}\n{}", s.status, s.stdout, s.stderr);
+    assert!(
+        c.status.success(),
+        "client exit {}:\n{}\n{}",
+        c.status,
+        c.stdout,
+        c.stderr
+    );
+    assert!(
+        s.status.success(),
+        "server exit {}:\n{}\n{}",
+        s.status,
+        s.stdout,
+        s.stderr
+    );
     let lines: Vec<&str> = c.stdout.lines().collect();
     assert_eq!(lines.len(), count, "size {size}: {}", c.stdout);
     for (n, line) in lines.iter().enumerate() {
@@ -273,11 +316,26 @@ fn rping_client_without_server_is_rejected_with_econnrefused() {
 /// Runs a server and a client of the same program on loopback (`server_args`, then the
 /// client with `client_args`), both within `limit`; returns (server, client) output after
 /// checking both succeeded.
-fn pair(program: &Path, port: u16, server_args: &[&str], client_args: &[&str], limit: Duration) -> (Output, Output) {
-    let name = program.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut server = command(program).args(server_args).spawn().expect("start the server");
+fn pair(
+    program: &Path,
+    port: u16,
+    server_args: &[&str],
+    client_args: &[&str],
+    limit: Duration,
+) -> (Output, Output) {
+    let name = program
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut server = command(program)
+        .args(server_args)
+        .spawn()
+        .expect("start the server");
     wait_listening(port, &mut server);
-    let client = command(program).args(client_args).spawn().expect("start the client");
+    let client = command(program)
+        .args(client_args)
+        .spawn()
+        .expect("start the client");
     let c = finish(client, limit, &format!("{name} client {client_args:?}"));
     let s = finish(server, limit, &format!("{name} server {server_args:?}"));
     assert!(
@@ -329,7 +387,13 @@ fn perftest_six_tools_with_rdma_cm_and_the_default_post_mode() {
         let common = ["-R", "-d", "softwarp0", "-p", &p, "-s", size, "-n", iters];
         let mut client_args = common.to_vec();
         client_args.push("127.0.0.1");
-        let (_, c) = pair(&program, port, &common, &client_args, Duration::from_secs(60));
+        let (_, c) = pair(
+            &program,
+            port,
+            &common,
+            &client_args,
+            Duration::from_secs(60),
+        );
         let rows = perftest_rows(&c.stdout);
         assert_eq!(
             rows,
@@ -337,8 +401,16 @@ fn perftest_six_tools_with_rdma_cm_and_the_default_post_mode() {
             "{name}:\n{}",
             c.stdout
         );
-        assert!(c.stdout.contains("rdma_cm QPs\t : ON"), "{name}:\n{}", c.stdout);
-        assert!(c.stdout.contains("Link type       : Ethernet"), "{name}:\n{}", c.stdout);
+        assert!(
+            c.stdout.contains("rdma_cm QPs\t : ON"),
+            "{name}:\n{}",
+            c.stdout
+        );
+        assert!(
+            c.stdout.contains("Link type       : Ethernet"),
+            "{name}:\n{}",
+            c.stdout
+        );
     }
     println!("perftest: 6 tools in {:?}", started.elapsed());
 }
@@ -355,13 +427,23 @@ fn perftest_write_bw_all_sizes_from_2_bytes_to_8_mib() {
     let common = ["-R", "-d", "softwarp0", "-p", &p, "-a", "-n", "5"];
     let mut client_args = common.to_vec();
     client_args.push("127.0.0.1");
-    let (_, c) = pair(&program, port, &common, &client_args, Duration::from_secs(60));
+    let (_, c) = pair(
+        &program,
+        port,
+        &common,
+        &client_args,
+        Duration::from_secs(60),
+    );
     let rows = perftest_rows(&c.stdout);
     let sizes: Vec<u64> = rows.iter().map(|r| r.0).collect();
     let expected: Vec<u64> = (1..=23).map(|i| 1u64 << i).collect();
     assert_eq!(sizes, expected, "{}", c.stdout);
     assert!(rows.iter().all(|r| r.1 == 5), "{}", c.stdout);
-    println!("ib_write_bw -a: {} sizes in {:?}", rows.len(), started.elapsed());
+    println!(
+        "ib_write_bw -a: {} sizes in {:?}",
+        rows.len(),
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -380,8 +462,18 @@ fn ucmatose_four_connections_ten_messages_each() {
         Duration::from_secs(30),
     );
     for o in [&s, &c] {
-        assert!(o.stdout.contains("data transfers complete"), "{}{}", o.stdout, o.stderr);
-        assert!(o.stdout.contains("return status 0"), "{}{}", o.stdout, o.stderr);
+        assert!(
+            o.stdout.contains("data transfers complete"),
+            "{}{}",
+            o.stdout,
+            o.stderr
+        );
+        assert!(
+            o.stdout.contains("return status 0"),
+            "{}{}",
+            o.stdout,
+            o.stderr
+        );
     }
     assert!(s.stdout.contains("disconnected"), "{}", s.stdout);
 }
@@ -397,10 +489,16 @@ fn rdma_server_and_rdma_client_with_synchronous_ids() {
     };
     let port = free_port();
     let p = port.to_string();
-    let mut srv = command(&server).args(["-p", &p]).spawn().expect("start rdma_server");
+    let mut srv = command(&server)
+        .args(["-p", &p])
+        .spawn()
+        .expect("start rdma_server");
     wait_listening(port, &mut srv);
     let c = finish(
-        command(&client).args(["-s", "127.0.0.1", "-p", &p]).spawn().expect("start rdma_client"),
+        command(&client)
+            .args(["-s", "127.0.0.1", "-p", &p])
+            .spawn()
+            .expect("start rdma_client"),
         Duration::from_secs(20),
         "rdma_client",
     );

@@ -25,7 +25,13 @@ unsafe fn dup_addr(sa: *const libc::sockaddr) -> Option<(*mut sockaddr, socklen_
         return None;
     }
     // SAFETY: `p` has `len` bytes.
-    unsafe { std::ptr::copy_nonoverlapping(std::ptr::addr_of!(st).cast::<u8>(), p.cast::<u8>(), len as usize) };
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            std::ptr::addr_of!(st).cast::<u8>(),
+            p.cast::<u8>(),
+            len as usize,
+        )
+    };
     Some((p.cast(), len))
 }
 
@@ -65,7 +71,13 @@ pub unsafe extern "C" fn swv_rdma_getaddrinfo(
     let rc = unsafe { libc::getaddrinfo(node, service, &gh, &mut gres) };
     if rc != 0 {
         // rdma-core returns getaddrinfo's error code and sets errno.
-        let e = if rc == libc::EAI_SYSTEM { std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) } else { libc::ENOENT };
+        let e = if rc == libc::EAI_SYSTEM {
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)
+        } else {
+            libc::ENOENT
+        };
         crate::errno::set(e);
         return rc;
     }
@@ -78,7 +90,8 @@ pub unsafe extern "C" fn swv_rdma_getaddrinfo(
         // SAFETY: the entry's address.
         if let Some((addr, len)) = unsafe { dup_addr(g.ai_addr) } {
             // SAFETY: calloc of one structure, checked; all-zero is valid.
-            let ai = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }.cast::<rdma_addrinfo>();
+            let ai = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }
+                .cast::<rdma_addrinfo>();
             if ai.is_null() {
                 // SAFETY: our allocation.
                 unsafe { libc::free(addr.cast()) };

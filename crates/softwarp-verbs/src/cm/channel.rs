@@ -61,10 +61,19 @@ impl Event {
     }
 
     /// Sets the connection parameters (private data, IRD/ORD as the peer's view of them).
-    pub fn conn(mut self: Box<Self>, data: &[u8], responder_resources: usize, initiator_depth: usize) -> Box<Self> {
+    pub fn conn(
+        mut self: Box<Self>,
+        data: &[u8],
+        responder_resources: usize,
+        initiator_depth: usize,
+    ) -> Box<Self> {
         self.private_data = data.to_vec();
         let p = rdma_conn_param {
-            private_data: if data.is_empty() { std::ptr::null() } else { self.private_data.as_ptr().cast() },
+            private_data: if data.is_empty() {
+                std::ptr::null()
+            } else {
+                self.private_data.as_ptr().cast()
+            },
             private_data_len: u8::try_from(data.len()).unwrap_or(u8::MAX),
             responder_resources: u8::try_from(responder_resources).unwrap_or(u8::MAX),
             initiator_depth: u8::try_from(initiator_depth).unwrap_or(u8::MAX),
@@ -86,11 +95,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl EvChannel {
     /// A new channel (its Softwarp channel thread included).
     pub fn create() -> Result<Box<EvChannel>, c_int> {
-        let inner = CmEventChannel::new().map_err(|e| errno::fail("rdma_create_event_channel", &e))?;
+        let inner =
+            CmEventChannel::new().map_err(|e| errno::fail("rdma_create_event_channel", &e))?;
         // SAFETY: creates a new descriptor, owned at once when valid.
         let nf = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if nf < 0 {
-            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EMFILE));
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EMFILE));
         }
         // SAFETY: `nf` is a fresh descriptor nobody else owns.
         let notify = unsafe { OwnedFd::from_raw_fd(nf) };
@@ -124,7 +136,8 @@ impl EvChannel {
         if st.queue.is_empty() {
             let mut v: u64 = 0;
             // SAFETY: reading our non-blocking eventfd resets it; EAGAIN when already 0.
-            let _ = unsafe { libc::read(self.notify.as_raw_fd(), std::ptr::addr_of_mut!(v).cast(), 8) };
+            let _ =
+                unsafe { libc::read(self.notify.as_raw_fd(), std::ptr::addr_of_mut!(v).cast(), 8) };
         }
         ev
     }
@@ -170,7 +183,8 @@ impl EvChannel {
             drop(st);
             let one: u64 = 1;
             // SAFETY: as in `push`.
-            let _ = unsafe { libc::write(self.notify.as_raw_fd(), std::ptr::addr_of!(one).cast(), 8) };
+            let _ =
+                unsafe { libc::write(self.notify.as_raw_fd(), std::ptr::addr_of!(one).cast(), 8) };
         }
         found
     }
@@ -194,23 +208,44 @@ impl EvChannel {
                 // SAFETY: registered ids are alive.
                 let idr = unsafe { &*p };
                 idr.established(&info);
-                let data = if idr.is_initiator() { info.peer_private_data.as_slice() } else { &[] };
-                Some(Event::new(p.cast(), RDMA_CM_EVENT_ESTABLISHED, 0).conn(data, info.ird, info.ord))
+                let data = if idr.is_initiator() {
+                    info.peer_private_data.as_slice()
+                } else {
+                    &[]
+                };
+                Some(
+                    Event::new(p.cast(), RDMA_CM_EVENT_ESTABLISHED, 0)
+                        .conn(data, info.ird, info.ord),
+                )
             }
             CmEvent::Rejected { id, private_data } => {
                 let p = id_of(&id)?;
-                Some(Event::new(p.cast(), RDMA_CM_EVENT_REJECTED, -libc::ECONNREFUSED).conn(&private_data, 0, 0))
+                Some(
+                    Event::new(p.cast(), RDMA_CM_EVENT_REJECTED, -libc::ECONNREFUSED).conn(
+                        &private_data,
+                        0,
+                        0,
+                    ),
+                )
             }
             CmEvent::Unreachable { id, error } => {
                 let p = id_of(&id)?;
                 let e = errno::of(&error);
                 // The kernel's iWARP CM reports a refused TCP connection as a reject.
-                let ty = if e == libc::ECONNREFUSED { RDMA_CM_EVENT_REJECTED } else { RDMA_CM_EVENT_UNREACHABLE };
+                let ty = if e == libc::ECONNREFUSED {
+                    RDMA_CM_EVENT_REJECTED
+                } else {
+                    RDMA_CM_EVENT_UNREACHABLE
+                };
                 Some(Event::new(p.cast(), ty, -e))
             }
             CmEvent::ConnectError { id, error } => {
                 let p = id_of(&id)?;
-                Some(Event::new(p.cast(), RDMA_CM_EVENT_CONNECT_ERROR, -errno::of(&error)))
+                Some(Event::new(
+                    p.cast(),
+                    RDMA_CM_EVENT_CONNECT_ERROR,
+                    -errno::of(&error),
+                ))
             }
             CmEvent::Disconnected { id, .. } => {
                 let p = id_of(&id)?;
@@ -249,7 +284,10 @@ pub unsafe extern "C" fn swv_rdma_destroy_event_channel(ch: *mut rdma_event_chan
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_rdma_get_cm_event(ch: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int {
+pub unsafe extern "C" fn swv_rdma_get_cm_event(
+    ch: *mut rdma_event_channel,
+    event: *mut *mut rdma_cm_event,
+) -> c_int {
     if ch.is_null() || event.is_null() {
         return err(libc::EINVAL);
     }
@@ -295,13 +333,21 @@ pub unsafe extern "C" fn swv_rdma_event_str(event: rdma_cm_event_type) -> *const
         c"RDMA_CM_EVENT_ADDR_CHANGE",
         c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
     ];
-    NAMES.get(event as usize).copied().unwrap_or(c"UNKNOWN EVENT").as_ptr()
+    NAMES
+        .get(event as usize)
+        .copied()
+        .unwrap_or(c"UNKNOWN EVENT")
+        .as_ptr()
 }
 
 /// rsocket's poll: no rsockets exist here, so it is `poll(2)` (as rdma-core's `rpoll` is for
 /// ordinary descriptors).
 #[no_mangle]
-pub unsafe extern "C" fn swv_rpoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
+pub unsafe extern "C" fn swv_rpoll(
+    fds: *mut libc::pollfd,
+    nfds: libc::nfds_t,
+    timeout: c_int,
+) -> c_int {
     // SAFETY: forwarded unchanged.
     unsafe { libc::poll(fds, nfds, timeout) }
 }

@@ -4,13 +4,18 @@ use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
 
-use softwarp::{CmId, CmListener, ConnectOptions, ConnectRequest, ConnectionInfo, ListenOptions, Role};
+use softwarp::{
+    CmId, CmListener, ConnectOptions, ConnectRequest, ConnectionInfo, ListenOptions, Role,
+};
 
 use crate::cm::channel::{write_addr, EvChannel, Event};
 use crate::cm::{cm_context, err, from_sockaddr, source_for};
 use crate::errno;
 use crate::ffi::*;
-use crate::verbs::cq::{swv_ibv_create_comp_channel, swv_ibv_create_cq, swv_ibv_destroy_comp_channel, swv_ibv_destroy_cq};
+use crate::verbs::cq::{
+    swv_ibv_create_comp_channel, swv_ibv_create_cq, swv_ibv_destroy_comp_channel,
+    swv_ibv_destroy_cq,
+};
 use crate::verbs::mr::{swv_ibv_alloc_pd, swv_ibv_dealloc_pd};
 use crate::verbs::qp::{create_qp_ex, swv_ibv_destroy_qp, Qp};
 
@@ -160,8 +165,11 @@ impl Id {
         let p = Box::into_raw(id);
         l.channel().state().conns.insert(conn, p as usize);
         // The peer's (IRD, ORD): what it may read from us is our responder resources.
-        let (rr, depth) = peer.map_or((QP_RD_ATOMIC, QP_RD_ATOMIC), |(ird, ord)| (usize::from(ord), usize::from(ird)));
-        let mut ev = Event::new(p.cast(), RDMA_CM_EVENT_CONNECT_REQUEST, 0).conn(&private, rr, depth);
+        let (rr, depth) = peer.map_or((QP_RD_ATOMIC, QP_RD_ATOMIC), |(ird, ord)| {
+            (usize::from(ord), usize::from(ird))
+        });
+        let mut ev =
+            Event::new(p.cast(), RDMA_CM_EVENT_CONNECT_REQUEST, 0).conn(&private, rr, depth);
         ev.c.listen_id = listener.cast();
         Some(ev)
     }
@@ -185,7 +193,9 @@ impl Id {
             return err(-status);
         }
         match ty {
-            RDMA_CM_EVENT_ADDR_RESOLVED | RDMA_CM_EVENT_ROUTE_RESOLVED | RDMA_CM_EVENT_ESTABLISHED
+            RDMA_CM_EVENT_ADDR_RESOLVED
+            | RDMA_CM_EVENT_ROUTE_RESOLVED
+            | RDMA_CM_EVENT_ESTABLISHED
             | RDMA_CM_EVENT_DISCONNECTED => 0,
             RDMA_CM_EVENT_UNREACHABLE => err(libc::EHOSTUNREACH),
             _ => err(libc::ECONNREFUSED),
@@ -214,10 +224,18 @@ fn ids_options(param: *const rdma_conn_param, call: &'static str) -> Result<Conn
     if let Some(p) = unsafe { param.as_ref() } {
         if p.private_data_len > 0 {
             if p.private_data.is_null() {
-                return Err(errno::invalid(call, "private_data_len without private_data"));
+                return Err(errno::invalid(
+                    call,
+                    "private_data_len without private_data",
+                ));
             }
             // SAFETY: the application's private data of `private_data_len` bytes.
-            let d = unsafe { std::slice::from_raw_parts(p.private_data.cast::<u8>(), usize::from(p.private_data_len)) };
+            let d = unsafe {
+                std::slice::from_raw_parts(
+                    p.private_data.cast::<u8>(),
+                    usize::from(p.private_data_len),
+                )
+            };
             o.private_data = d.to_vec();
         }
         o.ird = Some(usize::from(p.responder_resources).min(QP_RD_ATOMIC));
@@ -248,7 +266,10 @@ unsafe fn create_id(
     qp_type: ibv_qp_type,
 ) -> c_int {
     if ps != RDMA_PS_TCP && ps != RDMA_PS_IB {
-        return err(errno::unsupported("rdma_create_id", "port spaces other than TCP (iWARP is connected only)"));
+        return err(errno::unsupported(
+            "rdma_create_id",
+            "port spaces other than TCP (iWARP is connected only)",
+        ));
     }
     let (own_channel, ch) = if channel.is_null() {
         match EvChannel::create() {
@@ -306,7 +327,9 @@ pub unsafe extern "C" fn swv_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
     // SAFETY: the caller's id and address.
-    let (Some(i), Some(a)) = (unsafe { Id::from_c(id) }, unsafe { from_sockaddr(addr.cast()) }) else {
+    let (Some(i), Some(a)) = (unsafe { Id::from_c(id) }, unsafe {
+        from_sockaddr(addr.cast())
+    }) else {
         return err(libc::EINVAL);
     };
     let mut st = i.state();
@@ -338,7 +361,9 @@ pub unsafe extern "C" fn swv_rdma_resolve_addr(
     _timeout_ms: c_int,
 ) -> c_int {
     // SAFETY: the caller's id and addresses.
-    let (Some(i), Some(d)) = (unsafe { Id::from_c(id) }, unsafe { from_sockaddr(dst.cast()) }) else {
+    let (Some(i), Some(d)) = (unsafe { Id::from_c(id) }, unsafe {
+        from_sockaddr(dst.cast())
+    }) else {
         return err(libc::EINVAL);
     };
     // SAFETY: as above.
@@ -368,7 +393,11 @@ pub unsafe extern "C" fn swv_rdma_resolve_addr(
             i.set_verbs(ctx);
             Event::new(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0)
         }
-        Err(e) => Event::new(id, RDMA_CM_EVENT_ADDR_ERROR, -e.raw_os_error().unwrap_or(libc::EHOSTUNREACH)),
+        Err(e) => Event::new(
+            id,
+            RDMA_CM_EVENT_ADDR_ERROR,
+            -e.raw_os_error().unwrap_or(libc::EHOSTUNREACH),
+        ),
     };
     i.channel().push(ev);
     i.complete()
@@ -383,7 +412,8 @@ pub unsafe extern "C" fn swv_rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms
     if i.state().dst.is_none() {
         return err(libc::EINVAL);
     }
-    i.channel().push(Event::new(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
+    i.channel()
+        .push(Event::new(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
     i.complete()
 }
 
@@ -400,8 +430,13 @@ pub unsafe extern "C" fn swv_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) ->
     if st.listener.is_some() {
         return err(libc::EINVAL);
     }
-    let backlog = u32::try_from(backlog).ok().filter(|&b| b > 0).unwrap_or(1024);
-    let opts = ListenOptions::default().backlog(backlog).options(crate::env::options());
+    let backlog = u32::try_from(backlog)
+        .ok()
+        .filter(|&b| b > 0)
+        .unwrap_or(1024);
+    let opts = ListenOptions::default()
+        .backlog(backlog)
+        .options(crate::env::options());
     let ch = i.channel();
     let l = match ch.inner.listen(addr, &opts) {
         Ok(l) => l,
@@ -417,7 +452,11 @@ pub unsafe extern "C" fn swv_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) ->
 
 /// Creates the PD and CQs an id needs when the application passes none.
 unsafe fn default_objects(i: &Id, attr: &mut ibv_qp_init_attr_ex) -> Result<(), c_int> {
-    let ctx = if i.c.verbs.is_null() { cm_context()? } else { i.c.verbs };
+    let ctx = if i.c.verbs.is_null() {
+        cm_context()?
+    } else {
+        i.c.verbs
+    };
     let idp = i.ptr();
     if attr.pd.is_null() {
         // SAFETY: our context.
@@ -438,8 +477,20 @@ unsafe fn default_objects(i: &Id, attr: &mut ibv_qp_init_attr_ex) -> Result<(), 
             if rch.is_null() || sch.is_null() {
                 return Err(libc::ENOMEM);
             }
-            let rcq = swv_ibv_create_cq(ctx, attr.cap.max_recv_wr.max(1) as c_int, idp.cast(), rch, 0);
-            let scq = swv_ibv_create_cq(ctx, attr.cap.max_send_wr.max(1) as c_int, idp.cast(), sch, 0);
+            let rcq = swv_ibv_create_cq(
+                ctx,
+                attr.cap.max_recv_wr.max(1) as c_int,
+                idp.cast(),
+                rch,
+                0,
+            );
+            let scq = swv_ibv_create_cq(
+                ctx,
+                attr.cap.max_send_wr.max(1) as c_int,
+                idp.cast(),
+                sch,
+                0,
+            );
             if rcq.is_null() || scq.is_null() {
                 return Err(libc::ENOMEM);
             }
@@ -471,7 +522,10 @@ unsafe fn create_qp_on(id: *mut rdma_cm_id, attr: &mut ibv_qp_init_attr_ex) -> c
     // SAFETY: the PD is the application's or ours.
     let ctx = unsafe { (*attr.pd).context };
     if !i.c.verbs.is_null() && ctx != i.c.verbs {
-        return err(errno::invalid("rdma_create_qp", "the PD belongs to another device context than the id"));
+        return err(errno::invalid(
+            "rdma_create_qp",
+            "the PD belongs to another device context than the id",
+        ));
     }
     // SAFETY: our context and the attributes.
     let qp = unsafe { create_qp_ex(ctx, attr) };
@@ -487,7 +541,11 @@ unsafe fn create_qp_on(id: *mut rdma_cm_id, attr: &mut ibv_qp_init_attr_ex) -> c
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> c_int {
+pub unsafe extern "C" fn swv_rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
     // SAFETY: the caller's attributes.
     let Some(a) = (unsafe { attr.as_mut() }) else {
         return err(libc::EINVAL);
@@ -513,7 +571,10 @@ pub unsafe extern "C" fn swv_rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_attr_ex) -> c_int {
+pub unsafe extern "C" fn swv_rdma_create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
     // SAFETY: the caller's attributes.
     let Some(a) = (unsafe { attr.as_mut() }) else {
         return err(libc::EINVAL);
@@ -530,7 +591,10 @@ pub unsafe extern "C" fn swv_rdma_destroy_qp(id: *mut rdma_cm_id) {
     };
     let (own_pd, own_cqs) = {
         let mut st = i.state();
-        (std::mem::take(&mut st.own_pd), std::mem::take(&mut st.own_cqs))
+        (
+            std::mem::take(&mut st.own_pd),
+            std::mem::take(&mut st.own_cqs),
+        )
     };
     // SAFETY: the id's C fields are the application's view of objects this library made;
     // they are released as rdma-core releases them.
@@ -557,14 +621,20 @@ pub unsafe extern "C" fn swv_rdma_destroy_qp(id: *mut rdma_cm_id) {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+pub unsafe extern "C" fn swv_rdma_connect(
+    id: *mut rdma_cm_id,
+    param: *mut rdma_conn_param,
+) -> c_int {
     const CALL: &str = "rdma_connect";
     // SAFETY: the caller's id.
     let Some(i) = (unsafe { Id::from_c(id) }) else {
         return err(libc::EINVAL);
     };
     let Some(q) = i.qp() else {
-        return err(errno::invalid(CALL, "no QP on the id (rdma_create_qp first)"));
+        return err(errno::invalid(
+            CALL,
+            "no QP on the id (rdma_create_qp first)",
+        ));
     };
     let opts = match ids_options(param, CALL) {
         Ok(o) => o,
@@ -594,14 +664,20 @@ pub unsafe extern "C" fn swv_rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+pub unsafe extern "C" fn swv_rdma_accept(
+    id: *mut rdma_cm_id,
+    param: *mut rdma_conn_param,
+) -> c_int {
     const CALL: &str = "rdma_accept";
     // SAFETY: the caller's id.
     let Some(i) = (unsafe { Id::from_c(id) }) else {
         return err(libc::EINVAL);
     };
     let Some(q) = i.qp() else {
-        return err(errno::invalid(CALL, "no QP on the id (rdma_create_qp first)"));
+        return err(errno::invalid(
+            CALL,
+            "no QP on the id (rdma_create_qp first)",
+        ));
     };
     let opts = match ids_options(param, CALL) {
         Ok(o) => o,
@@ -632,7 +708,11 @@ pub unsafe extern "C" fn swv_rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_c
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_rdma_reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+pub unsafe extern "C" fn swv_rdma_reject(
+    id: *mut rdma_cm_id,
+    data: *const c_void,
+    len: u8,
+) -> c_int {
     // SAFETY: the caller's id.
     let Some(i) = (unsafe { Id::from_c(id) }) else {
         return err(libc::EINVAL);
@@ -689,14 +769,23 @@ pub unsafe extern "C" fn swv_rdma_establish(id: *mut rdma_cm_id) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut ibv_qp_attr, mask: *mut c_int) -> c_int {
+pub unsafe extern "C" fn swv_rdma_init_qp_attr(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
     // SAFETY: the caller's id and outputs.
-    let (Some(_), Some(a), false) = (unsafe { Id::from_c(id) }, unsafe { attr.as_mut() }, mask.is_null()) else {
+    let (Some(_), Some(a), false) = (
+        unsafe { Id::from_c(id) },
+        unsafe { attr.as_mut() },
+        mask.is_null(),
+    ) else {
         return err(libc::EINVAL);
     };
     let m = match a.qp_state {
         IBV_QPS_INIT => {
-            a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+            a.qp_access_flags =
+                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
             a.port_num = 1;
             IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PORT
         }
@@ -722,7 +811,13 @@ pub unsafe extern "C" fn swv_rdma_set_option(
     match (level as u32, name as u32) {
         // Accepted and without effect here: the TOS, address reuse, v6-only and the ACK
         // timeout belong to the TCP connection, which uses the host's defaults.
-        (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS | RDMA_OPTION_ID_REUSEADDR | RDMA_OPTION_ID_AFONLY | RDMA_OPTION_ID_ACK_TIMEOUT) => 0,
+        (
+            RDMA_OPTION_ID,
+            RDMA_OPTION_ID_TOS
+            | RDMA_OPTION_ID_REUSEADDR
+            | RDMA_OPTION_ID_AFONLY
+            | RDMA_OPTION_ID_ACK_TIMEOUT,
+        ) => 0,
         _ => {
             tracing::warn!(target: "softwarp::verbs", level, name, "rdma_set_option: not supported by softwarp");
             err(libc::ENOSYS)
@@ -775,7 +870,8 @@ pub unsafe extern "C" fn swv_rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_
         }
     };
     // SAFETY: calloc of two pointers; NULL is handled.
-    let list = unsafe { libc::calloc(2, std::mem::size_of::<*mut ibv_context>()) }.cast::<*mut ibv_context>();
+    let list = unsafe { libc::calloc(2, std::mem::size_of::<*mut ibv_context>()) }
+        .cast::<*mut ibv_context>();
     if list.is_null() {
         errno::set(libc::ENOMEM);
         return list;
@@ -796,13 +892,21 @@ pub unsafe extern "C" fn swv_rdma_free_devices(list: *mut *mut ibv_context) {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
+pub unsafe extern "C" fn swv_rdma_migrate_id(
+    id: *mut rdma_cm_id,
+    channel: *mut rdma_event_channel,
+) -> c_int {
     // SAFETY: the caller's id.
     let Some(i) = (unsafe { Id::from_c(id) }) else {
         return err(libc::EINVAL);
     };
     let st = i.state();
-    if channel.is_null() || i.is_sync() || st.listener.is_some() || st.conn.is_some() || st.request.is_some() {
+    if channel.is_null()
+        || i.is_sync()
+        || st.listener.is_some()
+        || st.conn.is_some()
+        || st.request.is_some()
+    {
         // Softwarp reports a connection's events on the channel it began on.
         tracing::warn!(target: "softwarp::verbs", "rdma_migrate_id: not supported by softwarp once the id listens or connects");
         return err(libc::ENOSYS);
@@ -813,13 +917,20 @@ pub unsafe extern "C" fn swv_rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_rdma_join_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr, _ctx: *mut c_void) -> c_int {
+pub unsafe extern "C" fn swv_rdma_join_multicast(
+    _id: *mut rdma_cm_id,
+    _addr: *mut sockaddr,
+    _ctx: *mut c_void,
+) -> c_int {
     tracing::warn!(target: "softwarp::verbs", "rdma_join_multicast: not supported by softwarp (iWARP is connected only)");
     err(libc::ENOSYS)
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_rdma_leave_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr) -> c_int {
+pub unsafe extern "C" fn swv_rdma_leave_multicast(
+    _id: *mut rdma_cm_id,
+    _addr: *mut sockaddr,
+) -> c_int {
     tracing::warn!(target: "softwarp::verbs", "rdma_leave_multicast: not supported by softwarp (iWARP is connected only)");
     err(libc::ENOSYS)
 }
@@ -838,16 +949,33 @@ pub unsafe extern "C" fn swv_rdma_create_ep(
     if out.is_null() {
         return err(libc::EINVAL);
     }
-    let ps = if r.ai_port_space == 0 { RDMA_PS_TCP } else { r.ai_port_space as rdma_port_space };
+    let ps = if r.ai_port_space == 0 {
+        RDMA_PS_TCP
+    } else {
+        r.ai_port_space as rdma_port_space
+    };
     // The QP type comes from the address information, as in rdma-core.
-    let qp_type = if r.ai_qp_type == 0 { IBV_QPT_RC } else { r.ai_qp_type as ibv_qp_type };
+    let qp_type = if r.ai_qp_type == 0 {
+        IBV_QPT_RC
+    } else {
+        r.ai_qp_type as ibv_qp_type
+    };
     // SAFETY: NULL or the caller's attributes.
     if let Some(a) = unsafe { qp_init_attr.as_mut() } {
         a.qp_type = qp_type;
     }
     let mut id: *mut rdma_cm_id = std::ptr::null_mut();
     // SAFETY: a new synchronous id.
-    if unsafe { create_id(std::ptr::null_mut(), &mut id, std::ptr::null_mut(), ps, qp_type) } != 0 {
+    if unsafe {
+        create_id(
+            std::ptr::null_mut(),
+            &mut id,
+            std::ptr::null_mut(),
+            ps,
+            qp_type,
+        )
+    } != 0
+    {
         return -1;
     }
     // SAFETY: `id` was just created; the rest are the caller's.
@@ -874,7 +1002,9 @@ pub unsafe extern "C" fn swv_rdma_create_ep(
         }
     };
     if rc != 0 {
-        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+        let e = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL);
         // SAFETY: our id, not handed out.
         unsafe { swv_rdma_destroy_id(id) };
         return err(e);
@@ -897,7 +1027,10 @@ pub unsafe extern "C" fn swv_rdma_destroy_ep(id: *mut rdma_cm_id) {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_rdma_get_request(listen: *mut rdma_cm_id, out: *mut *mut rdma_cm_id) -> c_int {
+pub unsafe extern "C" fn swv_rdma_get_request(
+    listen: *mut rdma_cm_id,
+    out: *mut *mut rdma_cm_id,
+) -> c_int {
     // SAFETY: the caller's id.
     let Some(l) = (unsafe { Id::from_c(listen) }) else {
         return err(libc::EINVAL);
@@ -905,7 +1038,10 @@ pub unsafe extern "C" fn swv_rdma_get_request(listen: *mut rdma_cm_id, out: *mut
     if out.is_null() || !l.is_sync() || l.state().listener.is_none() {
         return err(libc::EINVAL);
     }
-    let ev = match l.channel().next_matching(|ev| ev.c.listen_id == listen && ev.c.event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+    let ev = match l
+        .channel()
+        .next_matching(|ev| ev.c.listen_id == listen && ev.c.event == RDMA_CM_EVENT_CONNECT_REQUEST)
+    {
         Ok(ev) => ev,
         Err(e) => return err(e),
     };
@@ -922,7 +1058,9 @@ pub unsafe extern "C" fn swv_rdma_get_request(listen: *mut rdma_cm_id, out: *mut
     if let Some(mut a) = attr {
         // SAFETY: the new id, and the PD the application gave `rdma_create_ep` (or NULL).
         if unsafe { swv_rdma_create_qp(child, pd as *mut ibv_pd, &mut a) } != 0 {
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+            let e = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL);
             // SAFETY: our id, not handed out.
             unsafe { swv_rdma_destroy_id(child) };
             return err(e);

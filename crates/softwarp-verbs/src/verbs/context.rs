@@ -80,7 +80,10 @@ fn device() -> *mut ibv_device {
         d.transport_type = IBV_TRANSPORT_IWARP;
         copy_cstr(&mut d.name, softwarp::DEVICE_NAME);
         copy_cstr(&mut d.dev_name, "uverbs-softwarp0");
-        copy_cstr(&mut d.dev_path, "/sys/class/infiniband_verbs/uverbs-softwarp0");
+        copy_cstr(
+            &mut d.dev_path,
+            "/sys/class/infiniband_verbs/uverbs-softwarp0",
+        );
         copy_cstr(&mut d.ibdev_path, "/sys/class/infiniband/softwarp0");
         DeviceEntry(Box::into_raw(d))
     })
@@ -192,11 +195,14 @@ pub unsafe extern "C" fn swv_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_c
 
 /// Opens a Softwarp device and wraps it in a new context.
 pub fn open_context() -> softwarp::Result<*mut ibv_context> {
-    let dev = Device::builder().ras(softwarp::RasConfig::from_env()).open()?;
-    let async_watch = Watch::new(&[dev.async_event_fd().as_raw_fd()]).map_err(|e| softwarp::Error::Io {
-        op: "epoll_create",
-        source: std::io::Error::from_raw_os_error(e),
-    })?;
+    let dev = Device::builder()
+        .ras(softwarp::RasConfig::from_env())
+        .open()?;
+    let async_watch =
+        Watch::new(&[dev.async_event_fd().as_raw_fd()]).map_err(|e| softwarp::Error::Io {
+            op: "epoll_create",
+            source: std::io::Error::from_raw_os_error(e),
+        })?;
     let async_fd = async_watch.fd();
     let ctx = Box::new(Context {
         // SAFETY: plain C data: all-zero is valid (NULL pointers, None function pointers,
@@ -317,11 +323,7 @@ unsafe extern "C" fn query_device_ex(
         let mut full: ibv_device_attr_ex = std::mem::zeroed();
         fill_device_attr(c, &mut full.orig_attr);
         let n = attr_size.min(size_of::<ibv_device_attr_ex>());
-        std::ptr::copy_nonoverlapping(
-            std::ptr::addr_of!(full).cast::<u8>(),
-            attr.cast::<u8>(),
-            n,
-        );
+        std::ptr::copy_nonoverlapping(std::ptr::addr_of!(full).cast::<u8>(), attr.cast::<u8>(), n);
     }
     0
 }
@@ -506,7 +508,11 @@ pub unsafe extern "C" fn swv_ibv_query_pkey(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_get_pkey_index(ctx: *mut ibv_context, port: u8, pkey: u16) -> c_int {
+pub unsafe extern "C" fn swv_ibv_get_pkey_index(
+    ctx: *mut ibv_context,
+    port: u8,
+    pkey: u16,
+) -> c_int {
     // SAFETY: contexts come from `ibv_open_device`.
     if unsafe { Context::from_ibv(ctx) }.is_none() || port != 1 {
         return -libc::EINVAL;
@@ -652,28 +658,59 @@ fn str_table(table: &'static [&'static CStr], i: usize, unknown: &'static CStr) 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_node_type_str(t: c_int) -> *const c_char {
     const T: [&CStr; 7] = [
-        c"unknown", c"InfiniBand channel adapter", c"InfiniBand switch",
-        c"InfiniBand router", c"iWARP NIC", c"usNIC", c"usNIC UDP",
+        c"unknown",
+        c"InfiniBand channel adapter",
+        c"InfiniBand switch",
+        c"InfiniBand router",
+        c"iWARP NIC",
+        c"usNIC",
+        c"usNIC UDP",
     ];
-    str_table(&T, usize::try_from(t.saturating_add(1)).unwrap_or(0), c"unknown")
+    str_table(
+        &T,
+        usize::try_from(t.saturating_add(1)).unwrap_or(0),
+        c"unknown",
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_port_state_str(s: c_int) -> *const c_char {
-    const T: [&CStr; 6] = [c"PORT_NOP", c"PORT_DOWN", c"PORT_INIT", c"PORT_ARMED", c"PORT_ACTIVE", c"PORT_ACTIVE_DEFER"];
+    const T: [&CStr; 6] = [
+        c"PORT_NOP",
+        c"PORT_DOWN",
+        c"PORT_INIT",
+        c"PORT_ARMED",
+        c"PORT_ACTIVE",
+        c"PORT_ACTIVE_DEFER",
+    ];
     str_table(&T, usize::try_from(s).unwrap_or(usize::MAX), c"unknown")
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_event_type_str(e: c_int) -> *const c_char {
     const T: [&CStr; 22] = [
-        c"CQ error", c"local work queue catastrophic error", c"invalid request local work queue error",
-        c"local access violation work queue error", c"communication established",
-        c"send queue drained", c"path migrated", c"path migration request error",
-        c"local catastrophic error", c"port active", c"port error", c"LID change",
-        c"P_Key change", c"SM change", c"SRQ catastrophic error", c"SRQ limit reached",
-        c"last WQE reached", c"client reregistration", c"GID table change", c"WQ fatal",
-        c"unknown", c"unknown",
+        c"CQ error",
+        c"local work queue catastrophic error",
+        c"invalid request local work queue error",
+        c"local access violation work queue error",
+        c"communication established",
+        c"send queue drained",
+        c"path migrated",
+        c"path migration request error",
+        c"local catastrophic error",
+        c"port active",
+        c"port error",
+        c"LID change",
+        c"P_Key change",
+        c"SM change",
+        c"SRQ catastrophic error",
+        c"SRQ limit reached",
+        c"last WQE reached",
+        c"client reregistration",
+        c"GID table change",
+        c"WQ fatal",
+        c"unknown",
+        c"unknown",
     ];
     str_table(&T, usize::try_from(e).unwrap_or(usize::MAX), c"unknown")
 }
@@ -681,13 +718,29 @@ pub unsafe extern "C" fn swv_ibv_event_type_str(e: c_int) -> *const c_char {
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_wc_status_str(s: c_int) -> *const c_char {
     const T: [&CStr; 23] = [
-        c"success", c"local length error", c"local QP operation error", c"local EE context operation error",
-        c"local protection error", c"Work Request Flushed Error", c"memory management operation error",
-        c"bad response error", c"local access error", c"remote invalid request error",
-        c"remote access error", c"remote operation error", c"transport retry counter exceeded",
-        c"RNR retry counter exceeded", c"local RDD violation error", c"remote invalid RD request",
-        c"aborted error", c"invalid EE context number", c"invalid EE context state",
-        c"fatal error", c"response timeout error", c"general error", c"TM error",
+        c"success",
+        c"local length error",
+        c"local QP operation error",
+        c"local EE context operation error",
+        c"local protection error",
+        c"Work Request Flushed Error",
+        c"memory management operation error",
+        c"bad response error",
+        c"local access error",
+        c"remote invalid request error",
+        c"remote access error",
+        c"remote operation error",
+        c"transport retry counter exceeded",
+        c"RNR retry counter exceeded",
+        c"local RDD violation error",
+        c"remote invalid RD request",
+        c"aborted error",
+        c"invalid EE context number",
+        c"invalid EE context state",
+        c"fatal error",
+        c"response timeout error",
+        c"general error",
+        c"TM error",
     ];
     str_table(&T, usize::try_from(s).unwrap_or(usize::MAX), c"unknown")
 }
@@ -726,8 +779,14 @@ pub unsafe extern "C" fn swv_mbps_to_ibv_rate(mbps: c_int) -> c_int {
 
 /// Address handles, multicast and the other UD-only verbs: iWARP has no datagram service.
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_create_ah(_pd: *mut ibv_pd, _attr: *mut ibv_ah_attr) -> *mut ibv_ah {
-    errno::set(errno::unsupported("ibv_create_ah", "address handles (iWARP is connected only)"));
+pub unsafe extern "C" fn swv_ibv_create_ah(
+    _pd: *mut ibv_pd,
+    _attr: *mut ibv_ah_attr,
+) -> *mut ibv_ah {
+    errno::set(errno::unsupported(
+        "ibv_create_ah",
+        "address handles (iWARP is connected only)",
+    ));
     std::ptr::null_mut()
 }
 
@@ -743,7 +802,10 @@ pub unsafe extern "C" fn swv_ibv_create_ah_from_wc(
     _grh: *mut ibv_grh,
     _port: u8,
 ) -> *mut ibv_ah {
-    errno::set(errno::unsupported("ibv_create_ah_from_wc", "address handles (iWARP is connected only)"));
+    errno::set(errno::unsupported(
+        "ibv_create_ah_from_wc",
+        "address handles (iWARP is connected only)",
+    ));
     std::ptr::null_mut()
 }
 
@@ -755,15 +817,26 @@ pub unsafe extern "C" fn swv_ibv_init_ah_from_wc(
     _grh: *mut ibv_grh,
     _attr: *mut ibv_ah_attr,
 ) -> c_int {
-    errno::unsupported("ibv_init_ah_from_wc", "address handles (iWARP is connected only)")
+    errno::unsupported(
+        "ibv_init_ah_from_wc",
+        "address handles (iWARP is connected only)",
+    )
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
+pub unsafe extern "C" fn swv_ibv_attach_mcast(
+    _qp: *mut ibv_qp,
+    _gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
     errno::unsupported("ibv_attach_mcast", "multicast (iWARP is connected only)")
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
+pub unsafe extern "C" fn swv_ibv_detach_mcast(
+    _qp: *mut ibv_qp,
+    _gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
     errno::unsupported("ibv_detach_mcast", "multicast (iWARP is connected only)")
 }

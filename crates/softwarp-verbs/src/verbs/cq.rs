@@ -43,7 +43,9 @@ impl Cq {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
+pub unsafe extern "C" fn swv_ibv_create_comp_channel(
+    ctx: *mut ibv_context,
+) -> *mut ibv_comp_channel {
     // SAFETY: contexts come from `ibv_open_device`.
     let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
         errno::set(libc::EINVAL);

@@ -105,7 +105,14 @@ pub fn access_flags(access: c_int) -> Option<AccessFlags> {
     Some(f)
 }
 
-fn reg(call: &'static str, pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int) -> *mut ibv_mr {
+fn reg(
+    call: &'static str,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
     // SAFETY: PDs come from `ibv_alloc_pd`.
     let Some(p) = (unsafe { Pd::from_ibv(pd) }) else {
         errno::set(libc::EINVAL);
@@ -120,13 +127,19 @@ fn reg(call: &'static str, pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova:
         return std::ptr::null_mut();
     }
     let Some(flags) = access_flags(access) else {
-        errno::set(errno::unsupported(call, "access flags (on-demand paging, zero-based, ...)"));
+        errno::set(errno::unsupported(
+            call,
+            "access flags (on-demand paging, zero-based, ...)",
+        ));
         return std::ptr::null_mut();
     };
     if access as u32 & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0
         && access as u32 & IBV_ACCESS_LOCAL_WRITE == 0
     {
-        errno::set(errno::invalid(call, "remote write/atomic access without local write"));
+        errno::set(errno::invalid(
+            call,
+            "remote write/atomic access without local write",
+        ));
         return std::ptr::null_mut();
     }
     // SAFETY: the application registers `len` bytes at `addr` that it owns and keeps until
@@ -157,7 +170,12 @@ fn reg(call: &'static str, pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova:
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+pub unsafe extern "C" fn swv_ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
     reg("ibv_reg_mr", pd, addr, len, addr as u64, access)
 }
 
@@ -192,7 +210,10 @@ pub unsafe extern "C" fn swv_ibv_rereg_mr(
     _len: usize,
     _access: c_int,
 ) -> c_int {
-    errno::unsupported("ibv_rereg_mr", "re-registration (deregister and register again)")
+    errno::unsupported(
+        "ibv_rereg_mr",
+        "re-registration (deregister and register again)",
+    )
 }
 
 #[no_mangle]

@@ -77,7 +77,10 @@ pub struct Srq {
 
 /// Creates a QP from the extended attributes (`verbs_context.create_qp_ex`, also behind
 /// `ibv_create_qp`).
-pub unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
+pub unsafe extern "C" fn create_qp_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
     // SAFETY: contexts come from `ibv_open_device`; `attr` is the caller's.
     let (Some(_c), Some(a)) = (unsafe { Context::from_ibv(ctx) }, unsafe { attr.as_mut() }) else {
         errno::set(libc::EINVAL);
@@ -95,17 +98,29 @@ pub unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_i
 fn create(ctx: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Result<*mut ibv_qp, c_int> {
     const CALL: &str = "ibv_create_qp";
     if a.qp_type != IBV_QPT_RC {
-        return Err(errno::unsupported(CALL, "QP types other than RC (iWARP is reliable connected)"));
+        return Err(errno::unsupported(
+            CALL,
+            "QP types other than RC (iWARP is reliable connected)",
+        ));
     }
     let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     if a.comp_mask & !known != 0 {
-        return Err(errno::unsupported(CALL, "comp_mask bits other than PD and SEND_OPS_FLAGS"));
+        return Err(errno::unsupported(
+            CALL,
+            "comp_mask bits other than PD and SEND_OPS_FLAGS",
+        ));
     }
     if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
         return Err(errno::invalid(CALL, "no protection domain"));
     }
     // SAFETY: PDs, CQs and SRQs come from this library.
-    let (pd, scq, rcq) = unsafe { (Pd::from_ibv(a.pd), Cq::from_ibv(a.send_cq), Cq::from_ibv(a.recv_cq)) };
+    let (pd, scq, rcq) = unsafe {
+        (
+            Pd::from_ibv(a.pd),
+            Cq::from_ibv(a.send_cq),
+            Cq::from_ibv(a.recv_cq),
+        )
+    };
     let (Some(pd), Some(scq), Some(rcq)) = (pd, scq, rcq) else {
         return Err(errno::invalid(CALL, "missing CQ"));
     };
@@ -133,7 +148,11 @@ fn create(ctx: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Result<*mut ibv
     let qp = pd.pd.create_qp(&init).map_err(|e| errno::fail(CALL, &e))?;
     let granted = ibv_qp_cap {
         max_send_wr: u32::try_from(init.cap.max_send_wr).unwrap_or(u32::MAX),
-        max_recv_wr: if srq.is_some() { 0 } else { u32::try_from(init.cap.max_recv_wr).unwrap_or(u32::MAX) },
+        max_recv_wr: if srq.is_some() {
+            0
+        } else {
+            u32::try_from(init.cap.max_recv_wr).unwrap_or(u32::MAX)
+        },
         max_send_sge: MAX_SGE as u32,
         max_recv_sge: MAX_SGE as u32,
         max_inline_data: MAX_INLINE as u32,
@@ -171,7 +190,10 @@ fn create(ctx: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Result<*mut ibv
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+pub unsafe extern "C" fn swv_ibv_create_qp(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
     // SAFETY: the caller's PD and attributes.
     let (Some(p), Some(a)) = (unsafe { Pd::from_ibv(pd) }, unsafe { attr.as_mut() }) else {
         errno::set(libc::EINVAL);
@@ -201,7 +223,11 @@ pub unsafe extern "C" fn swv_ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_in
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+pub unsafe extern "C" fn swv_ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
     const CALL: &str = "ibv_modify_qp";
     // SAFETY: the caller's QP and attributes.
     let (Some(q), Some(a)) = (unsafe { Qp::from_ibv(qp) }, unsafe { attr.as_ref() }) else {
@@ -243,7 +269,10 @@ pub unsafe extern "C" fn swv_ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_at
         },
         IBV_QPS_RTS => match now {
             QpState::Rts => 0,
-            _ => errno::invalid(CALL, "an iWARP QP reaches RTS only through rdma_connect/rdma_accept"),
+            _ => errno::invalid(
+                CALL,
+                "an iWARP QP reaches RTS only through rdma_connect/rdma_accept",
+            ),
         },
         IBV_QPS_ERR => match q.qp.modify_to_error() {
             Ok(()) => 0,
@@ -278,7 +307,8 @@ pub unsafe extern "C" fn swv_ibv_query_qp(
         a.qp_state = state;
         a.cur_qp_state = state;
         a.path_mtu = IBV_MTU_1024;
-        a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+        a.qp_access_flags =
+            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
         a.cap = q.cap;
         a.max_rd_atomic = conn.as_ref().map_or(16, |c| c.ord.min(255) as u8);
         a.max_dest_rd_atomic = conn.as_ref().map_or(16, |c| c.ird.min(255) as u8);
@@ -300,7 +330,11 @@ pub unsafe extern "C" fn swv_ibv_query_qp(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_query_qp_data_in_order(_qp: *mut ibv_qp, _op: c_int, _flags: u32) -> c_int {
+pub unsafe extern "C" fn swv_ibv_query_qp_data_in_order(
+    _qp: *mut ibv_qp,
+    _op: c_int,
+    _flags: u32,
+) -> c_int {
     // Placement over TCP happens in order for each connection.
     1
 }
@@ -347,14 +381,21 @@ pub unsafe fn sgl(sg: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
 ///
 /// # Safety
 /// Each element must name readable memory of the application.
-pub unsafe fn gather_inline<'b>(sg: *const ibv_sge, n: c_int, buf: &'b mut [u8; MAX_INLINE]) -> Result<&'b [u8], c_int> {
+pub unsafe fn gather_inline<'b>(
+    sg: *const ibv_sge,
+    n: c_int,
+    buf: &'b mut [u8; MAX_INLINE],
+) -> Result<&'b [u8], c_int> {
     let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
     let mut len = 0usize;
     for i in 0..n {
         // SAFETY: the caller's array has `n` entries.
         let s = unsafe { &*sg.add(i) };
         let l = s.length as usize;
-        let end = len.checked_add(l).filter(|&e| e <= MAX_INLINE).ok_or(libc::EINVAL)?;
+        let end = len
+            .checked_add(l)
+            .filter(|&e| e <= MAX_INLINE)
+            .ok_or(libc::EINVAL)?;
         if l > 0 {
             // SAFETY: the application's inline data is readable for `length` bytes.
             let src = unsafe { std::slice::from_raw_parts(s.addr as usize as *const u8, l) };
@@ -369,20 +410,44 @@ pub unsafe fn gather_inline<'b>(sg: *const ibv_sge, n: c_int, buf: &'b mut [u8; 
 ///
 /// # Safety
 /// `w`'s SGL (and inline data) must be readable.
-unsafe fn send_wr<'b>(w: &ibv_send_wr, inline: &'b mut [u8; MAX_INLINE]) -> Result<SendWr<'b>, c_int> {
+unsafe fn send_wr<'b>(
+    w: &ibv_send_wr,
+    inline: &'b mut [u8; MAX_INLINE],
+) -> Result<SendWr<'b>, c_int> {
     let flags = w.send_flags;
     let solicited = flags & IBV_SEND_SOLICITED != 0;
     // SAFETY: union members as the opcode selects them.
     let (rdma, atomic, imm, inv) = unsafe {
-        (w.wr.rdma, w.wr.atomic, u32::from_be(w.__bindgen_anon_1.imm_data), w.__bindgen_anon_1.invalidate_rkey)
+        (
+            w.wr.rdma,
+            w.wr.atomic,
+            u32::from_be(w.__bindgen_anon_1.imm_data),
+            w.__bindgen_anon_1.invalidate_rkey,
+        )
     };
     let op = match w.opcode {
-        IBV_WR_SEND => SendOp::Send { solicited, invalidate: None },
-        IBV_WR_SEND_WITH_INV => SendOp::Send { solicited, invalidate: Some(Stag(inv)) },
+        IBV_WR_SEND => SendOp::Send {
+            solicited,
+            invalidate: None,
+        },
+        IBV_WR_SEND_WITH_INV => SendOp::Send {
+            solicited,
+            invalidate: Some(Stag(inv)),
+        },
         IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { solicited, imm },
-        IBV_WR_RDMA_WRITE => SendOp::Write { remote_addr: rdma.remote_addr, rkey: Stag(rdma.rkey) },
-        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm { remote_addr: rdma.remote_addr, rkey: Stag(rdma.rkey), imm },
-        IBV_WR_RDMA_READ => SendOp::Read { remote_addr: rdma.remote_addr, rkey: Stag(rdma.rkey) },
+        IBV_WR_RDMA_WRITE => SendOp::Write {
+            remote_addr: rdma.remote_addr,
+            rkey: Stag(rdma.rkey),
+        },
+        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
+            remote_addr: rdma.remote_addr,
+            rkey: Stag(rdma.rkey),
+            imm,
+        },
+        IBV_WR_RDMA_READ => SendOp::Read {
+            remote_addr: rdma.remote_addr,
+            rkey: Stag(rdma.rkey),
+        },
         IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CmpSwap {
             remote_addr: atomic.remote_addr,
             rkey: Stag(atomic.rkey),
@@ -394,7 +459,12 @@ unsafe fn send_wr<'b>(w: &ibv_send_wr, inline: &'b mut [u8; MAX_INLINE]) -> Resu
             rkey: Stag(atomic.rkey),
             add: atomic.compare_add,
         },
-        _ => return Err(errno::unsupported("ibv_post_send", "opcode (local invalidate, bind MW, TSO)")),
+        _ => {
+            return Err(errno::unsupported(
+                "ibv_post_send",
+                "opcode (local invalidate, bind MW, TSO)",
+            ))
+        }
     };
     let payload = if flags & IBV_SEND_INLINE != 0 && !op.awaits_response() {
         // SAFETY: forwarded from this function's contract.
@@ -413,7 +483,11 @@ unsafe fn send_wr<'b>(w: &ibv_send_wr, inline: &'b mut [u8; MAX_INLINE]) -> Resu
 }
 
 /// `ibv_context_ops.post_send`.
-pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
+pub unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
     // SAFETY: the caller's QP.
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
@@ -444,7 +518,11 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *
 }
 
 /// `ibv_context_ops.post_recv`.
-pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+pub unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
     // SAFETY: the caller's QP.
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
@@ -469,7 +547,10 @@ unsafe fn post_recv_list(
         let w = unsafe { &*cur };
         // SAFETY: the SGL array of the work request.
         let rc = match unsafe { sgl(w.sg_list, w.num_sge) } {
-            Ok(sgl) => match post(&RecvWr { wr_id: w.wr_id, sgl }) {
+            Ok(sgl) => match post(&RecvWr {
+                wr_id: w.wr_id,
+                sgl,
+            }) {
                 Ok(()) => 0,
                 Err(e) => errno::fail(call, &e),
             },
@@ -488,7 +569,11 @@ unsafe fn post_recv_list(
 }
 
 /// `ibv_context_ops.post_srq_recv`.
-pub unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+pub unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
     // SAFETY: SRQs come from `ibv_create_srq`.
     let Some(s) = (unsafe { srq.cast::<Srq>().as_ref() }) else {
         return libc::EINVAL;
@@ -498,7 +583,10 @@ pub unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+pub unsafe extern "C" fn swv_ibv_create_srq(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
     // SAFETY: the caller's PD and attributes.
     let (Some(p), Some(a)) = (unsafe { Pd::from_ibv(pd) }, unsafe { attr.as_mut() }) else {
         errno::set(libc::EINVAL);
@@ -510,7 +598,10 @@ pub unsafe extern "C" fn swv_ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_
         srq_limit: a.attr.srq_limit as usize,
     };
     if init.max_sge > MAX_SGE || init.max_wr == 0 {
-        errno::set(errno::invalid("ibv_create_srq", "max_wr 0 or max_sge beyond the limit"));
+        errno::set(errno::invalid(
+            "ibv_create_srq",
+            "max_wr 0 or max_sge beyond the limit",
+        ));
         return std::ptr::null_mut();
     }
     let srq = match p.pd.create_srq(&init) {
@@ -543,9 +634,15 @@ pub unsafe extern "C" fn swv_ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+pub unsafe extern "C" fn swv_ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
     // SAFETY: the caller's SRQ and attributes.
-    let (Some(s), Some(a)) = (unsafe { srq.cast::<Srq>().as_ref() }, unsafe { attr.as_ref() }) else {
+    let (Some(s), Some(a)) = (unsafe { srq.cast::<Srq>().as_ref() }, unsafe {
+        attr.as_ref()
+    }) else {
         return libc::EINVAL;
     };
     let mask = mask as u32;
@@ -562,7 +659,9 @@ pub unsafe extern "C" fn swv_ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_sr
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     // SAFETY: the caller's SRQ and attributes.
-    let (Some(s), Some(a)) = (unsafe { srq.cast::<Srq>().as_ref() }, unsafe { attr.as_mut() }) else {
+    let (Some(s), Some(a)) = (unsafe { srq.cast::<Srq>().as_ref() }, unsafe {
+        attr.as_mut()
+    }) else {
         return libc::EINVAL;
     };
     a.max_wr = s.max_wr;

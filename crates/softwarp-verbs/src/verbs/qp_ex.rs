@@ -166,53 +166,143 @@ unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
     // SAFETY: the application's QP; `wr_flags` read under the builder.
     let flags = unsafe { (*qp).wr_flags };
     // SAFETY: as above.
-    unsafe { push(qp, SendOp::Send { solicited: solicited(flags), invalidate: None }) }
+    unsafe {
+        push(
+            qp,
+            SendOp::Send {
+                solicited: solicited(flags),
+                invalidate: None,
+            },
+        )
+    }
 }
 
 unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: __be32) {
     // SAFETY: the application's QP.
     let flags = unsafe { (*qp).wr_flags };
     // SAFETY: as above.
-    unsafe { push(qp, SendOp::SendWithImm { solicited: solicited(flags), imm: u32::from_be(imm) }) }
+    unsafe {
+        push(
+            qp,
+            SendOp::SendWithImm {
+                solicited: solicited(flags),
+                imm: u32::from_be(imm),
+            },
+        )
+    }
 }
 
 unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
     // SAFETY: the application's QP.
     let flags = unsafe { (*qp).wr_flags };
     // SAFETY: as above.
-    unsafe { push(qp, SendOp::Send { solicited: solicited(flags), invalidate: Some(Stag(rkey)) }) }
+    unsafe {
+        push(
+            qp,
+            SendOp::Send {
+                solicited: solicited(flags),
+                invalidate: Some(Stag(rkey)),
+            },
+        )
+    }
 }
 
 unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
     // SAFETY: the application's QP.
-    unsafe { push(qp, SendOp::Write { remote_addr, rkey: Stag(rkey) }) }
+    unsafe {
+        push(
+            qp,
+            SendOp::Write {
+                remote_addr,
+                rkey: Stag(rkey),
+            },
+        )
+    }
 }
 
-unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: __be32) {
+unsafe extern "C" fn wr_rdma_write_imm(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    imm: __be32,
+) {
     // SAFETY: the application's QP.
-    unsafe { push(qp, SendOp::WriteWithImm { remote_addr, rkey: Stag(rkey), imm: u32::from_be(imm) }) }
+    unsafe {
+        push(
+            qp,
+            SendOp::WriteWithImm {
+                remote_addr,
+                rkey: Stag(rkey),
+                imm: u32::from_be(imm),
+            },
+        )
+    }
 }
 
 unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
     // SAFETY: the application's QP.
-    unsafe { push(qp, SendOp::Read { remote_addr, rkey: Stag(rkey) }) }
+    unsafe {
+        push(
+            qp,
+            SendOp::Read {
+                remote_addr,
+                rkey: Stag(rkey),
+            },
+        )
+    }
 }
 
-unsafe extern "C" fn wr_atomic_cmp_swp(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, compare: u64, swap: u64) {
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
     // SAFETY: the application's QP.
-    unsafe { push(qp, SendOp::CmpSwap { remote_addr, rkey: Stag(rkey), compare, swap }) }
+    unsafe {
+        push(
+            qp,
+            SendOp::CmpSwap {
+                remote_addr,
+                rkey: Stag(rkey),
+                compare,
+                swap,
+            },
+        )
+    }
 }
 
-unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64) {
+unsafe extern "C" fn wr_atomic_fetch_add(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
     // SAFETY: the application's QP.
-    unsafe { push(qp, SendOp::FetchAdd { remote_addr, rkey: Stag(rkey), add }) }
+    unsafe {
+        push(
+            qp,
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey: Stag(rkey),
+                add,
+            },
+        )
+    }
 }
 
 unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     // SAFETY: the application's QP.
     unsafe {
         with(qp, |_, b, _, _| match b.wrs.last_mut() {
-            Some(p) => p.data = Data::Sgl(SgList::single(Sge { addr, length, lkey: Stag(lkey) })),
+            Some(p) => {
+                p.data = Data::Sgl(SgList::single(Sge {
+                    addr,
+                    length,
+                    lkey: Stag(lkey),
+                }))
+            }
             None => {
                 b.error.get_or_insert(libc::EINVAL);
             }
@@ -271,7 +361,11 @@ unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, l
     unsafe { set_inline(qp, &[(addr.cast_const().cast(), length)]) }
 }
 
-unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
+unsafe extern "C" fn wr_set_inline_data_list(
+    qp: *mut ibv_qp_ex,
+    n: usize,
+    list: *const ibv_data_buf,
+) {
     if n > softwarp::MAX_SGE || (n > 0 && list.is_null()) {
         // SAFETY: the application's QP.
         unsafe { fail(qp, libc::EINVAL) };
@@ -287,24 +381,44 @@ unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, list:
     unsafe { set_inline(qp, &bufs[..n]) }
 }
 
-unsafe extern "C" fn wr_bind_mw(qp: *mut ibv_qp_ex, _mw: *mut ibv_mw, _rkey: u32, _info: *const ibv_mw_bind_info) {
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ibv_qp_ex,
+    _mw: *mut ibv_mw,
+    _rkey: u32,
+    _info: *const ibv_mw_bind_info,
+) {
     // SAFETY: the application's QP.
     unsafe { fail(qp, errno::unsupported("ibv_wr_bind_mw", "memory windows")) }
 }
 
 unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, _rkey: u32) {
     // SAFETY: the application's QP.
-    unsafe { fail(qp, errno::unsupported("ibv_wr_local_inv", "local invalidate")) }
+    unsafe {
+        fail(
+            qp,
+            errno::unsupported("ibv_wr_local_inv", "local invalidate"),
+        )
+    }
 }
 
 unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {
     // SAFETY: the application's QP.
-    unsafe { fail(qp, errno::unsupported("ibv_wr_send_tso", "TSO (UD/raw packet QPs)")) }
+    unsafe {
+        fail(
+            qp,
+            errno::unsupported("ibv_wr_send_tso", "TSO (UD/raw packet QPs)"),
+        )
+    }
 }
 
 unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, _ah: *mut ibv_ah, _qpn: u32, _qkey: u32) {
     // SAFETY: the application's QP.
-    unsafe { fail(qp, errno::unsupported("ibv_wr_set_ud_addr", "UD addressing")) }
+    unsafe {
+        fail(
+            qp,
+            errno::unsupported("ibv_wr_set_ud_addr", "UD addressing"),
+        )
+    }
 }
 
 unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _srqn: u32) {
@@ -312,7 +426,17 @@ unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _srqn: u32) {
     unsafe { fail(qp, errno::unsupported("ibv_wr_set_xrc_srqn", "XRC")) }
 }
 
-unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, _rkey: u32, _addr: u64, _wr: *const c_void) {
+unsafe extern "C" fn wr_atomic_write(
+    qp: *mut ibv_qp_ex,
+    _rkey: u32,
+    _addr: u64,
+    _wr: *const c_void,
+) {
     // SAFETY: the application's QP.
-    unsafe { fail(qp, errno::unsupported("ibv_wr_atomic_write", "atomic write")) }
+    unsafe {
+        fail(
+            qp,
+            errno::unsupported("ibv_wr_atomic_write", "atomic write"),
+        )
+    }
 }
