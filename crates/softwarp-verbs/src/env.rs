@@ -103,3 +103,70 @@ pub fn from(get: impl Fn(&str) -> Option<String>) -> Result<ConnectOptions, Bad>
     }
     Ok(o)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn unset_gives_softwarp_defaults() {
+        let o = from(env(&[])).expect("defaults");
+        let d = ConnectOptions::default();
+        assert_eq!(
+            (o.crc, o.revision, o.markers),
+            (d.crc, d.revision, d.markers)
+        );
+        assert_eq!(o.first_fpdu_delay, d.first_fpdu_delay);
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let o = from(env(&[
+            ("SOFTWARP_CRC", "required"),
+            ("SOFTWARP_MPA_REV", "1"),
+            ("SOFTWARP_MARKERS", "request"),
+            ("SOFTWARP_TERMINATE", "siw"),
+            ("SOFTWARP_FIRST_FPDU_DELAY_MS", "0"),
+            ("SOFTWARP_MPA_TIMEOUT_MS", "1500"),
+            ("SOFTWARP_P2P", "0"),
+            ("SOFTWARP_RFC7306", "off"),
+        ]))
+        .expect("valid");
+        assert_eq!(o.crc, CrcMode::Required);
+        assert_eq!(o.revision, MpaRevision::Rev1);
+        assert_eq!(o.markers, MarkerMode::Request);
+        assert_eq!(o.terminate_layout, TerminateLayout::LinuxSiw);
+        assert_eq!(o.first_fpdu_delay, Duration::ZERO);
+        assert_eq!(o.timeout, Duration::from_millis(1500));
+        assert!(!o.peer_to_peer);
+        assert!(!o.rfc7306);
+    }
+
+    #[test]
+    fn siw_preset_then_overrides() {
+        let o = from(env(&[("SOFTWARP_SIW", "1"), ("SOFTWARP_CRC", "preferred")])).expect("valid");
+        assert_eq!(o.terminate_layout, TerminateLayout::LinuxSiw);
+        assert_eq!(o.crc, CrcMode::Preferred);
+        assert!(
+            o.peer_to_peer,
+            "rdma_cm programs may send first from the passive side"
+        );
+    }
+
+    #[test]
+    fn a_bad_value_names_the_variable_and_the_accepted_ones() {
+        let e = from(env(&[("SOFTWARP_MPA_REV", "3")])).expect_err("refused");
+        assert_eq!(e, ("SOFTWARP_MPA_REV", "3".to_string(), "1, 2"));
+        let e = from(env(&[("SOFTWARP_FIRST_FPDU_DELAY_MS", "soon")])).expect_err("refused");
+        assert_eq!(e.0, "SOFTWARP_FIRST_FPDU_DELAY_MS");
+    }
+}

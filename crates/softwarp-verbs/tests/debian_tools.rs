@@ -372,20 +372,22 @@ fn perftest_six_tools_with_rdma_cm_and_the_default_post_mode() {
     let dir = first.parent().expect("bin directory").to_path_buf();
     let started = Instant::now();
     // (tool, size, iterations): bandwidth at 64 KiB, latency at perftest's 2 B default.
-    let cases: [(&str, &str, &str); 6] = [
-        ("ib_send_bw", "65536", "200"),
-        ("ib_write_bw", "65536", "200"),
-        ("ib_read_bw", "65536", "200"),
-        ("ib_send_lat", "2", "200"),
-        ("ib_write_lat", "2", "200"),
-        ("ib_read_lat", "2", "200"),
+    let cases: [(&str, &str, &str, &[&str]); 7] = [
+        ("ib_send_bw", "65536", "200", &[]),
+        ("ib_send_bw", "65536", "200", &["--use-srq"]),
+        ("ib_write_bw", "65536", "200", &[]),
+        ("ib_read_bw", "65536", "200", &[]),
+        ("ib_send_lat", "2", "200", &[]),
+        ("ib_write_lat", "2", "200", &[]),
+        ("ib_read_lat", "2", "200", &[]),
     ];
-    for (name, size, iters) in cases {
+    for (name, size, iters, extra) in cases {
         let program = dir.join(name);
         let port = free_port();
         let p = port.to_string();
-        let common = ["-R", "-d", "softwarp0", "-p", &p, "-s", size, "-n", iters];
-        let mut client_args = common.to_vec();
+        let mut common = vec!["-R", "-d", "softwarp0", "-p", &p, "-s", size, "-n", iters];
+        common.extend_from_slice(extra);
+        let mut client_args = common.clone();
         client_args.push("127.0.0.1");
         let (_, c) = pair(
             &program,
@@ -412,7 +414,10 @@ fn perftest_six_tools_with_rdma_cm_and_the_default_post_mode() {
             c.stdout
         );
     }
-    println!("perftest: 6 tools in {:?}", started.elapsed());
+    println!(
+        "perftest: 6 tools (send_bw also with an SRQ) in {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
@@ -507,4 +512,44 @@ fn rdma_server_and_rdma_client_with_synchronous_ids() {
     assert!(s.status.success(), "{}{}", s.stdout, s.stderr);
     assert_eq!(c.stdout, "rdma_client: start\nrdma_client: end 0\n");
     assert_eq!(s.stdout, "rdma_server: start\nrdma_server: end 0\n");
+}
+
+#[test]
+fn c_program_built_with_debian_headers_gets_rdma_core_errors_and_state_rules() {
+    let _serial = serial();
+    let Some(cc) = tool("cc", "gcc") else {
+        return;
+    };
+    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        println!(
+            "skipped: /usr/include/infiniband/verbs.h missing (apt-get install libibverbs-dev)"
+        );
+        return;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/verbs_errors.c");
+    let exe = lib_dir().join(format!("verbs_errors-{}", std::process::id()));
+    let built = Command::new(&cc)
+        .arg("-Wall")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("run cc");
+    if !built.status.success() {
+        let err = String::from_utf8_lossy(&built.stderr);
+        if err.contains("cannot find -libverbs") {
+            println!("skipped: no libibverbs.so to link with (apt-get install libibverbs-dev)");
+            return;
+        }
+        panic!("cc failed: {err}");
+    }
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(20),
+        "verbs_errors",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, "ok: 50 checks\n");
 }

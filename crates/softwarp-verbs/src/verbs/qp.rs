@@ -381,11 +381,11 @@ pub unsafe fn sgl(sg: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
 ///
 /// # Safety
 /// Each element must name readable memory of the application.
-pub unsafe fn gather_inline<'b>(
+pub unsafe fn gather_inline(
     sg: *const ibv_sge,
     n: c_int,
-    buf: &'b mut [u8; MAX_INLINE],
-) -> Result<&'b [u8], c_int> {
+    buf: &mut [u8; MAX_INLINE],
+) -> Result<&[u8], c_int> {
     let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
     let mut len = 0usize;
     for i in 0..n {
