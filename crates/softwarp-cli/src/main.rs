@@ -118,6 +118,10 @@ struct ExecArgs {
     /// Turn on the RAS services in the program (SOFTWARP_RAS=on), for `softwarp resources`.
     #[arg(long)]
     ras: bool,
+    /// Busy-poll the CQs made without a completion channel (SOFTWARP_BUSY_POLL=1): the
+    /// polling thread moves the bytes, for programs that poll in a loop (perftest).
+    #[arg(long)]
+    busy_poll: bool,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<std::ffi::OsString>,
@@ -141,6 +145,7 @@ fn exec(args: &ExecArgs) -> anyhow::Result<ExitCode> {
         ("SOFTWARP_SIW", args.siw.then(|| "1".to_string())),
         ("SOFTWARP_P2P", args.no_p2p.then(|| "0".to_string())),
         ("SOFTWARP_RAS", args.ras.then(|| "on".to_string())),
+        ("SOFTWARP_BUSY_POLL", args.busy_poll.then(|| "1".to_string())),
     ] {
         if let Some(v) = value {
             cmd.env(var, v);

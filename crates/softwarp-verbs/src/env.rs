@@ -14,6 +14,7 @@
 //! | `SOFTWARP_P2P` | `0`: no RFC 6581 peer-to-peer mode (RTR) as initiator | on: rdma_cm programs may send first from either end once both saw ESTABLISHED (perftest's `ib_write_lat` server does), and an MPA responder may not send before the initiator's first FPDU (RFC 5044), so the initiator sends a zero-length RTR |
 //! | `SOFTWARP_RFC7306` | `on`, `off`: Immediate Data and atomics | on |
 //! | `SOFTWARP_MPA_TIMEOUT_MS` | TCP connect and MPA exchange bound | 5000 |
+//! | `SOFTWARP_BUSY_POLL` | `1`: CQs made without a completion channel are busy-polled (`CompletionQueue::set_busy_poll`: the thread polling the CQ moves its QPs' bytes; a QP whose receive CQ nobody polls then receives nothing) | off |
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -33,6 +34,17 @@ pub fn options() -> ConnectOptions {
 }
 
 type Bad = (&'static str, String, &'static str);
+
+/// `SOFTWARP_BUSY_POLL=1`: CQs without a completion channel are busy-polled.
+pub fn busy_poll() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        matches!(
+            std::env::var("SOFTWARP_BUSY_POLL").as_deref(),
+            Ok("1" | "on" | "yes" | "true")
+        )
+    })
+}
 
 /// The settings that `get` (an environment) gives, or the variable that is wrong.
 pub fn from(get: impl Fn(&str) -> Option<String>) -> Result<ConnectOptions, Bad> {

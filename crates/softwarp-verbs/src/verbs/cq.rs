@@ -124,6 +124,9 @@ pub unsafe extern "C" fn swv_ibv_create_cq(
             return std::ptr::null_mut();
         }
     };
+    if ch.is_none() && crate::env::busy_poll() {
+        cq.set_busy_poll(true);
+    }
     let id = cq.id();
     let capacity = c_int::try_from(cq.capacity()).unwrap_or(c_int::MAX);
     // SAFETY: plain C data; all-zero is valid (a zeroed mutex/condition variable is the
