@@ -145,7 +145,10 @@ fn exec(args: &ExecArgs) -> anyhow::Result<ExitCode> {
         ("SOFTWARP_SIW", args.siw.then(|| "1".to_string())),
         ("SOFTWARP_P2P", args.no_p2p.then(|| "0".to_string())),
         ("SOFTWARP_RAS", args.ras.then(|| "on".to_string())),
-        ("SOFTWARP_BUSY_POLL", args.busy_poll.then(|| "1".to_string())),
+        (
+            "SOFTWARP_BUSY_POLL",
+            args.busy_poll.then(|| "1".to_string()),
+        ),
     ] {
         if let Some(v) = value {
             cmd.env(var, v);

@@ -553,3 +553,117 @@ fn c_program_built_with_debian_headers_gets_rdma_core_errors_and_state_rules() {
     assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
     assert_eq!(out.stdout, "ok: 50 checks\n");
 }
+
+#[test]
+fn rping_capture_decodes_as_clean_iwarp_in_wireshark() {
+    let _serial = serial();
+    let Some(rping) = tool("rping", "rdmacm-utils") else {
+        return;
+    };
+    let (Some(tcpdump), Some(tshark)) = (tool("tcpdump", "tcpdump"), tool("tshark", "tshark"))
+    else {
+        return;
+    };
+    let port = free_port();
+    let p = port.to_string();
+    // In the temporary directory: tcpdump started as root writes as user `tcpdump`.
+    let pcap =
+        std::env::temp_dir().join(format!("softwarp-verbs-rping-{}.pcap", std::process::id()));
+    let mut dump = Command::new(&tcpdump)
+        .args(["-i", "lo", "--immediate-mode", "-U", "-w"])
+        .arg(&pcap)
+        .args(["tcp", "port", &p])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tcpdump");
+    // tcpdump says "listening on lo" once it captures.
+    let mut stderr = std::io::BufReader::new(dump.stderr.take().expect("piped"));
+    let mut banner = String::new();
+    while !banner.contains("listening on") {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut stderr, &mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        banner.push_str(&line);
+    }
+    if !banner.contains("listening on") {
+        let _ = dump.kill();
+        let _ = dump.wait();
+        println!("skipped: tcpdump cannot capture on lo here: {banner}");
+        return;
+    }
+    // The banner comes a moment before packets are captured.
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, c) = pair(
+        &rping,
+        port,
+        &["-s", "-a", "127.0.0.1", "-p", &p, "-C", "5", "-S", "1000"],
+        &[
+            "-c",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &p,
+            "-C",
+            "5",
+            "-S",
+            "1000",
+            "-V",
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(!c.stderr.contains("data mismatch"));
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = Command::new("kill")
+        .arg("-INT")
+        .arg(dump.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dump.try_wait().expect("wait for tcpdump").is_none() {
+        if Instant::now() > deadline {
+            let _ = dump.kill();
+            let _ = dump.wait();
+            panic!("tcpdump did not stop within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = Command::new(&tshark)
+        .args(["-n", "-r"])
+        .arg(&pcap)
+        .args([
+            "--disable-protocol",
+            "rpcordma",
+            "--disable-protocol",
+            "smb_direct",
+            "-V",
+        ])
+        .output()
+        .expect("run tshark");
+    let mut rest = String::new();
+    let _ = stderr.read_to_string(&mut rest);
+    banner.push_str(&rest);
+    let size = std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0);
+    let _ = std::fs::remove_file(&pcap);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        size > 24,
+        "empty capture ({size} bytes); tcpdump: {banner}; tshark: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every MPA unit Wireshark found: the Request, the Reply, and the FPDUs, each of which
+    // must carry a good CRC (CRC is on by default): 5 pings are at least 30 FPDUs (the RTR,
+    // per ping 4 Sends, a Read Request and its Response, a Write).
+    let mpa = text
+        .matches("iWARP Marker Protocol data unit Aligned framing")
+        .count();
+    let good = text.matches("(Good CRC32)").count();
+    assert!(good >= 30, "{good} FPDUs with a good CRC:\n{text}");
+    assert_eq!(
+        mpa,
+        good + 2,
+        "MPA units that are not the Request, the Reply or a good FPDU:\n{text}"
+    );
+    assert!(!text.contains("Bad CRC"), "{text}");
+    assert!(!text.to_lowercase().contains("malformed"), "{text}");
+}
