@@ -629,6 +629,9 @@ fn snapshots_and_dump_of_a_running_process_read_back_through_decode() {
     );
     assert!(said.contains(&format!("sent to {addr}")), "{said}");
     let bytes = std::fs::read(&file).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "a dump file is its owner's only");
     assert_eq!(
         received.join().unwrap(),
         bytes,

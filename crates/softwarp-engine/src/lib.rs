@@ -15,7 +15,7 @@
 //!   module docs state the memory model); the runtime gets raw pointers for `readv`/`writev`.
 //!   This is the only module with `unsafe` code.
 //! - [`mr::MrTable`]: registrations by STag (`index << 8 | key`, unpredictable key rotated on
-//!   every reuse, never STag 0 or 1), VA-based tagged offsets, [`mr::MrTable::validate`]
+//!   every reuse, no repeat within a cycle of 256, never STag 0 or 1), VA-based tagged offsets, [`mr::MrTable::validate`]
 //!   naming exactly which check failed, local and remote invalidation, deregistration refused
 //!   while in-flight work holds the registration.
 //! - [`cq::Cq`]: fixed ring of [`wr::WorkCompletion`]s; overflow puts the CQ in error, queues

@@ -72,7 +72,7 @@
 //! every Rust read of those bytes is an atomic load that really happens and is not assumed
 //! stable, which is the treatment the model gives to memory modified by another agent. The
 //! cost: no `memcpy` or SIMD CRC straight over region bytes; copies move a word per load and
-//! store and the CRC32 instruction eats one word per load (`BENCHMARKS.md`, "Memory model").
+//! store and the CRC32 instruction eats one word per load (`BENCHMARKS-history.md`, "Memory model").
 //!
 //! **Checking it.** The unit tests include a CRC over unaligned ranges of a region compared
 //! with the CRC of a copy, and racing writer/reader threads; `cargo +nightly miri test -p
@@ -161,13 +161,13 @@ const FOLDING_CRC_MIN: usize = 512;
 /// Continues a CRC32c (as `crc32c::crc32c_append`) over bytes this process owns (never over
 /// region memory: [`Region::crc32c_append`] does that): large inputs use `crc_fast`, which
 /// folds with (V)PCLMULQDQ and runs about three times faster than the `crc32c` crate on the
-/// machine BENCHMARKS.md was first measured on (41 vs 15 GB/s, a 64 KiB buffer).
+/// machine BENCHMARKS-history.md was first measured on (41 vs 15 GB/s, a 64 KiB buffer).
 ///
 /// The short path is inlined into the callers (the small-message paths call it once per
 /// FPDU each way) and the folding one is a function of its own, so that its large digest
 /// state costs the short path nothing: with SSE 4.2 detected at run time rather than enabled
 /// by the build, the whole out of line cost `examples/msgrate` about 6 instructions per call
-/// (BENCHMARKS.md, item 24a).
+/// (BENCHMARKS-history.md, item 24a).
 #[inline(always)]
 pub(crate) fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
     if bytes.len() < FOLDING_CRC_MIN {

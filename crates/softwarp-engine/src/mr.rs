@@ -2,7 +2,15 @@
 //!
 //! An STag is `index << 8 | key`: a 24-bit index into the [`MrTable`] and an 8-bit key that
 //! changes (unpredictably) every time an index is reused, so a stale or guessed STag fails
-//! validation. Tagged Offsets are virtual-address based, like siw and verbs: a registration
+//! validation. Keys of one index come in cycles of 256: each registration (or
+//! [`MrTable::rekey`]) of the index draws its key uniformly, from the operating system's
+//! random generator, among the keys not yet used in the current cycle, so within a cycle no
+//! key repeats and a stale STag of the same index never validates; a new cycle starts once
+//! all 256 were used, and its first key is never the previous cycle's last. (The price of
+//! "never repeats" with 8 bits: the later keys of a cycle are drawn from fewer values, the
+//! last one from one; a peer that saw the 255 keys before it, which takes 255
+//! re-registrations of one index it can observe, knows it.) 32 bytes per index hold the
+//! cycle. Tagged Offsets are virtual-address based, like siw and verbs: a registration
 //! has an `iova` base (by default the buffer's address) and a length, and a TO is valid when
 //! `iova <= TO` and `TO + len <= iova + length`.
 //!
@@ -232,10 +240,58 @@ struct MrEntry {
     memory: Arc<MrMemory>,
 }
 
+/// The keys one index has used in its current cycle of 256 (see the module docs).
+#[derive(Debug, Default)]
+struct KeyCycle {
+    /// Bit `k` set: key `k` was used in this cycle.
+    used: [u64; 4],
+    /// How many bits of `used` are set.
+    count: u16,
+    /// The key of the last registration (the next cycle's first key avoids it).
+    last: Option<u8>,
+}
+
+impl KeyCycle {
+    fn is_used(&self, key: u8) -> bool {
+        let word = self.used.get(usize::from(key >> 6)).copied().unwrap_or(0);
+        word & (1u64 << (key & 63)) != 0
+    }
+
+    /// Draws the next key with `draw(n)`, a uniform number below `n` (`n` in 1..=256).
+    fn next(&mut self, mut draw: impl FnMut(u16) -> Result<u16, MrError>) -> Result<u8, MrError> {
+        let mut avoid = None;
+        if self.count >= 256 {
+            *self = KeyCycle {
+                last: self.last,
+                ..KeyCycle::default()
+            };
+            avoid = self.last;
+        }
+        let candidates = 256 - self.count - u16::from(avoid.is_some());
+        let mut pick = draw(candidates)?;
+        for key in 0..=u8::MAX {
+            if self.is_used(key) || Some(key) == avoid {
+                continue;
+            }
+            if pick == 0 {
+                if let Some(word) = self.used.get_mut(usize::from(key >> 6)) {
+                    *word |= 1u64 << (key & 63);
+                }
+                self.count += 1;
+                self.last = Some(key);
+                return Ok(key);
+            }
+            pick -= 1;
+        }
+        // `draw` returned a number at or above `candidates`.
+        Err(MrError::Entropy)
+    }
+}
+
 #[derive(Debug)]
 struct Slot {
-    /// The key used by the last registration at this index (so a reuse picks another).
-    last_key: Option<u8>,
+    /// The keys this index used in its current cycle.
+    keys: KeyCycle,
     entry: Option<MrEntry>,
     /// The memory of a deregistered registration that in-flight work may still reference:
     /// the index is reusable once no strong reference is left.
@@ -268,25 +324,26 @@ pub struct MrTable {
 /// Largest index an STag can carry (24 bits).
 const MAX_INDEX: usize = 0x00ff_ffff;
 
-fn random_key(avoid: Option<u8>, seed: &mut Option<u64>) -> Result<u8, MrError> {
-    for _ in 0..16 {
-        let mut b = [0u8; 1];
-        match seed {
-            Some(state) => {
-                // xorshift64*: reproducible, not unpredictable (tests and replays only).
-                *state ^= *state >> 12;
-                *state ^= *state << 25;
-                *state ^= *state >> 27;
-                b[0] = (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8;
-            }
-            None => getrandom::fill(&mut b).map_err(|_| MrError::Entropy)?,
+/// A uniform number below `n` (`n >= 1`): from the seeded generator when there is one,
+/// else from the operating system's. 64 random bits scaled down (Lemire's multiply-shift):
+/// the bias is below `n / 2^64`.
+fn uniform_below(n: u16, seed: &mut Option<u64>) -> Result<u16, MrError> {
+    let x = match seed {
+        Some(state) => {
+            // xorshift64*: reproducible, not unpredictable (tests and replays only).
+            *state ^= *state >> 12;
+            *state ^= *state << 25;
+            *state ^= *state >> 27;
+            state.wrapping_mul(0x2545_f491_4f6c_dd1d)
         }
-        if Some(b[0]) != avoid {
-            return Ok(b[0]);
+        None => {
+            let mut b = [0u8; 8];
+            getrandom::fill(&mut b).map_err(|_| MrError::Entropy)?;
+            u64::from_le_bytes(b)
         }
-    }
-    // 16 draws equal to one value: the generator is broken.
-    Err(MrError::Entropy)
+    };
+    let scaled = (u128::from(x) * u128::from(n)) >> 64;
+    u16::try_from(scaled).map_err(|_| MrError::Entropy)
 }
 
 impl MrTable {
@@ -297,7 +354,7 @@ impl MrTable {
         let mut slots = Vec::with_capacity(capacity);
         for _ in 0..capacity {
             slots.push(Slot {
-                last_key: None,
+                keys: KeyCycle::default(),
                 entry: None,
                 releasing: None,
             });
@@ -378,9 +435,9 @@ impl MrTable {
             .find(|&i| self.slots.get(i).is_some_and(Slot::is_free))
             .ok_or(MrError::TableFull)?;
         let slot = self.slots.get_mut(pos).ok_or(MrError::TableFull)?;
+        let seed = &mut self.key_seed;
+        let key = slot.keys.next(|n| uniform_below(n, seed))?;
         slot.releasing = None;
-        let key = random_key(slot.last_key, &mut self.key_seed)?;
-        slot.last_key = Some(key);
         slot.entry = Some(MrEntry {
             key,
             pd,
@@ -525,8 +582,7 @@ impl MrTable {
     /// registration does); returns the new STag. The old STag no longer validates.
     pub fn rekey(&mut self, stag: Stag) -> Result<Stag, MrError> {
         let idx = stag.index();
-        let old_key = self.entry_mut(stag)?.key;
-        let key = random_key(Some(old_key), &mut self.key_seed)?;
+        self.entry_mut(stag)?;
         let pos = (idx as usize)
             .checked_sub(1)
             .ok_or(MrError::UnknownStag(stag.0))?;
@@ -534,7 +590,8 @@ impl MrTable {
             .slots
             .get_mut(pos)
             .ok_or(MrError::UnknownStag(stag.0))?;
-        slot.last_key = Some(key);
+        let seed = &mut self.key_seed;
+        let key = slot.keys.next(|n| uniform_below(n, seed))?;
         let e = slot.entry.as_mut().ok_or(MrError::UnknownStag(stag.0))?;
         e.key = key;
         e.valid = true;

@@ -22,6 +22,15 @@
 //! process-wide tracker, statistics sources, trace levels and flight recorder, so a handler
 //! usually overrides nothing.
 //!
+//! Who may ask: the socket file is `0600` in a `0700` runtime directory, and every accepted
+//! connection's `SO_PEERCRED` is checked as well (a socket file made accessible by mistake,
+//! or a descriptor passed on, does not let another user in): only a process of the owning
+//! user (the server's effective uid) or of root is served. Any other gets one error reply
+//! (`permission denied: ...`), is disconnected before a request is read, and is reported
+//! to the [error log](crate::errlog) as `control_refused` (at most one line per second; the
+//! next line counts the refusals in between). That covers every request, trace changes and
+//! dumps included.
+//!
 //! Bounds: a request line is at most 64 KiB; a connection idle for 60 s is closed; at most 8
 //! connections are served at once; the server thread notices shutdown within 100 ms.
 
@@ -30,7 +39,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -39,6 +48,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::deadline::Deadline;
+use crate::errlog::{self, CriticalEvent, CriticalKind};
 use crate::registry::{HostRegistry, ProcessEntry};
 use crate::snapshot::{self, SnapshotFilter, SnapshotsResult};
 use crate::stats::{self, StatsSnapshot};
@@ -58,6 +68,8 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_RECORDS_PER_REPLY: usize = 16 * 1024;
 
 const POLL: Duration = Duration::from_millis(100);
+/// At most one `control_refused` error-log line per this interval.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A request to a process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -317,6 +329,7 @@ fn encode(reply: &Reply) -> Vec<u8> {
 pub struct ControlServer {
     path: PathBuf,
     stop: Arc<AtomicBool>,
+    refused: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -330,8 +343,9 @@ impl std::fmt::Debug for ControlServer {
 
 impl ControlServer {
     /// Listens at `path` (mode `0600`) and serves `handler` on a thread named
-    /// `softwarp-ctl`. A leftover socket file nobody listens on is replaced; a live one is
-    /// an `AddrInUse` error.
+    /// `softwarp-ctl` to processes of this user and of root only (see the
+    /// [module docs](self)). A leftover socket file nobody listens on is replaced; a live
+    /// one is an `AddrInUse` error.
     pub fn start(path: impl Into<PathBuf>, handler: Arc<dyn ControlHandler>) -> io::Result<Self> {
         let path = path.into();
         if path.exists() {
@@ -347,17 +361,32 @@ impl ControlServer {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
+        let refused = Arc::new(AtomicU64::new(0));
+        let gate = Gate {
+            owner: sys::euid(),
+            path: path.clone(),
+            refused: Arc::clone(&refused),
+            last_logged: None,
+            unlogged: 0,
+        };
         let thread = std::thread::Builder::new()
             .name("softwarp-ctl".into())
             .spawn({
                 let stop = Arc::clone(&stop);
-                move || accept_loop(&listener, &stop, &handler)
+                move || accept_loop(&listener, &stop, &handler, gate)
             })?;
         Ok(Self {
             path,
             stop,
+            refused,
             thread: Some(thread),
         })
+    }
+
+    /// Connections refused so far because they came from another user (see the
+    /// [module docs](self)).
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// The socket's path.
@@ -376,7 +405,65 @@ impl Drop for ControlServer {
     }
 }
 
-fn accept_loop(listener: &UnixListener, stop: &Arc<AtomicBool>, handler: &Arc<dyn ControlHandler>) {
+/// Who may use the socket: the `SO_PEERCRED` check of every accepted connection, and the
+/// rate-limited error-log lines of refusals. Owned by the accept thread.
+struct Gate {
+    /// The effective uid the server runs as (the socket file's owner).
+    owner: u32,
+    path: PathBuf,
+    refused: Arc<AtomicU64>,
+    last_logged: Option<Instant>,
+    /// Refusals since the last error-log line.
+    unlogged: u64,
+}
+
+impl Gate {
+    /// `Ok` for a connection of the owner or root; otherwise the reason, after counting and
+    /// logging the refusal.
+    fn admit(&mut self, stream: &UnixStream) -> Result<(), String> {
+        let (uid, pid) = match sys::peer_credentials(stream.as_fd()) {
+            Ok(c) => c,
+            Err(e) => return Err(self.refuse(format!("credentials unknown ({e})"))),
+        };
+        if uid == self.owner || uid == 0 {
+            return Ok(());
+        }
+        Err(self.refuse(format!("uid {uid} (pid {pid})")))
+    }
+
+    fn refuse(&mut self, who: String) -> String {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        self.unlogged = self.unlogged.saturating_add(1);
+        let reason = format!(
+            "permission denied: only uid {} and root may use {}",
+            self.owner,
+            self.path.display()
+        );
+        let due = self
+            .last_logged
+            .is_none_or(|t| t.elapsed() >= REFUSAL_LOG_INTERVAL);
+        if due {
+            let earlier = self.unlogged.saturating_sub(1);
+            let mut detail = format!("control socket connection from {who} refused: {reason}");
+            if earlier > 0 {
+                detail.push_str(&format!(
+                    " ({earlier} earlier refusals since the last such line)"
+                ));
+            }
+            errlog::report(&CriticalEvent::new(CriticalKind::ControlRefused, detail));
+            self.last_logged = Some(Instant::now());
+            self.unlogged = 0;
+        }
+        reason
+    }
+}
+
+fn accept_loop(
+    listener: &UnixListener,
+    stop: &Arc<AtomicBool>,
+    handler: &Arc<dyn ControlHandler>,
+    mut gate: Gate,
+) {
     let active = Arc::new(AtomicUsize::new(0));
     let workers: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
     while !stop.load(Ordering::Relaxed) {
@@ -391,6 +478,12 @@ fn accept_loop(listener: &UnixListener, stop: &Arc<AtomicBool>, handler: &Arc<dy
         let Ok((mut stream, _)) = listener.accept() else {
             continue;
         };
+        if let Err(reason) = gate.admit(&stream) {
+            // One short line fits the socket buffer; the timeout bounds the rest.
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let _ = stream.write_all(&encode(&Reply::err(reason)));
+            continue;
+        }
         let mut w = workers.lock().unwrap_or_else(|e| e.into_inner());
         w.retain(|h| !h.is_finished());
         if active.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
@@ -562,7 +655,25 @@ impl ControlClient {
         self.stream
             .set_write_timeout(Some(self.timeout.max(Duration::from_millis(1))))
             .map_err(self.io("configure"))?;
-        self.stream.write_all(&line).map_err(self.io("send to"))?;
+        if let Err(e) = self.stream.write_all(&line) {
+            // A server that refuses the connection (busy, another user) answers at once and
+            // closes, perhaps before the request was sent: its reply is still readable, and
+            // says more than the broken pipe.
+            if matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ) {
+                if let Ok(reply) = self.read_reply(deadline) {
+                    return Ok(reply);
+                }
+            }
+            return Err(self.io("send to")(e));
+        }
+        self.read_reply(deadline)
+    }
+
+    /// Reads one reply line, waiting until `deadline`.
+    fn read_reply(&mut self, deadline: Deadline) -> Result<Reply, ClientError> {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             if let Some(nl) = self.pending.iter().position(|b| *b == b'\n') {

@@ -35,6 +35,9 @@ pub enum CriticalKind {
     /// The connection manager shed load: a listener stopped accepting at its backlog of
     /// unanswered connections, or an event channel dropped request errors.
     CmOverload,
+    /// A process of another user (not root) connected to the control socket and was
+    /// refused.
+    ControlRefused,
 }
 
 impl CriticalKind {
@@ -46,6 +49,7 @@ impl CriticalKind {
             CriticalKind::DeviceFatal => "device_fatal",
             CriticalKind::LeakAtClose => "leak_at_close",
             CriticalKind::CmOverload => "cm_overload",
+            CriticalKind::ControlRefused => "control_refused",
         }
     }
 
@@ -77,6 +81,11 @@ impl CriticalKind {
                  peers open connections that send no valid MPA Request: read the CM events \
                  and answer requests sooner, raise the listener's backlog if the load is \
                  legitimate, or filter the peers (softwarp stat: softwarp_cm_*)."
+            }
+            CriticalKind::ControlRefused => {
+                "Another user's process tried to use this process's control socket (trace \
+                 changes, dumps, statistics): only the owner and root may. Find who by the \
+                 uid and pid in the detail; run softwarp as the owning user or as root."
             }
         }
     }
@@ -247,7 +256,7 @@ fn open_append(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .append(true)
         .create(true)
-        .mode(0o644)
+        .mode(0o600)
         .open(path)
 }
 

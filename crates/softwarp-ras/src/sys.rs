@@ -48,6 +48,19 @@ pub fn uid() -> u32 {
     rustix::process::getuid().as_raw()
 }
 
+/// The effective user id of this process (the owner of the files and sockets it creates).
+pub fn euid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+/// The user id and process id of the process at the other end of a connected Unix socket
+/// (`SO_PEERCRED`: the credentials it had when it connected).
+pub fn peer_credentials(fd: BorrowedFd<'_>) -> io::Result<(u32, u32)> {
+    let cred = rustix::net::sockopt::socket_peercred(fd)?;
+    let pid = u32::try_from(cred.pid.as_raw_nonzero().get()).unwrap_or(0);
+    Ok((cred.uid.as_raw(), pid))
+}
+
 /// The process's name: the kernel's `comm` (what `ps` and `top` show), else the file name of
 /// the executable, else `"?"`. Computed once.
 pub fn process_name() -> &'static str {

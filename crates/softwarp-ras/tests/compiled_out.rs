@@ -1,4 +1,4 @@
-//! The `max_level_off` build, which BENCHMARKS.md's RAS overhead table compares against:
+//! The `max_level_off` build, which BENCHMARKS-history.md's RAS overhead table compares against:
 //! with the feature, every record is compiled out, whatever the run-time levels say; without
 //! it, the very same code produces its records (so this file checks both builds, and CI runs
 //! it in both: `cargo test -p softwarp-ras --features max_level_off --test compiled_out`).

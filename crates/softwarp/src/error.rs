@@ -145,6 +145,15 @@ pub enum MpaError {
     /// The negotiation did not finish in time.
     #[error("MPA negotiation did not finish within {0:?}")]
     Timeout(Duration),
+    /// A connection manager listener closed this connection, whose MPA Request was still
+    /// incomplete after the given time, to make room for a newer connection: it held its
+    /// backlog of connections and another one was waiting (see
+    /// [`crate::ListenOptions::backlog`]).
+    #[error(
+        "closed to make room for a newer connection: no complete MPA Request after {0:?} \
+         while the listener was full"
+    )]
+    Evicted(Duration),
     /// Local private data longer than a frame can carry.
     #[error("private data of {len} bytes exceeds the limit of {max}")]
     PrivateDataTooLong {

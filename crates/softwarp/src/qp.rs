@@ -1697,6 +1697,10 @@ fn prepare_stream(
     stream
         .set_nonblocking(true)
         .map_err(|e| Error::io("set O_NONBLOCK", e))?;
+    if let Some(t) = opts.tcp_user_timeout {
+        sys::set_tcp_user_timeout(stream.as_fd(), t)
+            .map_err(|e| Error::io("set TCP_USER_TIMEOUT", e))?;
+    }
     let mss = sys::tcp_maxseg(stream.as_fd()).map_err(|e| Error::io("getsockopt TCP_MAXSEG", e))?;
     let local_addr = stream
         .local_addr()

@@ -170,6 +170,12 @@ pub(crate) fn tcp_maxseg(fd: BorrowedFd<'_>) -> io::Result<usize> {
     usize::try_from(mss).map_err(|_| io::Error::other("TCP_MAXSEG out of range"))
 }
 
+/// `TCP_USER_TIMEOUT`: how long sent data may stay unacknowledged (or unsent behind a zero
+/// window) before the kernel drops the connection.
+pub(crate) fn set_tcp_user_timeout(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<()> {
+    socket2::SockRef::from(&fd).set_tcp_user_timeout(Some(timeout))
+}
+
 /// Sets `SO_LINGER` to on with a zero timeout: closing the socket then resets the
 /// connection (RST) instead of the orderly FIN exchange.
 pub(crate) fn set_linger_zero(fd: BorrowedFd<'_>) -> io::Result<()> {
@@ -184,6 +190,20 @@ pub(crate) fn set_linger_zero(fd: BorrowedFd<'_>) -> io::Result<()> {
 pub(crate) fn set_listen_backlog(fd: BorrowedFd<'_>, backlog: u32) -> io::Result<()> {
     let backlog = i32::try_from(backlog).unwrap_or(i32::MAX);
     Ok(rustix::net::listen(fd, backlog)?)
+}
+
+/// Connections waiting in the accept queue of a listening TCP socket: for a socket in the
+/// LISTEN state Linux reports the queue's length in `TCP_INFO`'s `tcpi_unacked` (what `ss
+/// -l` shows as Recv-Q).
+pub(crate) fn accept_queue_len(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    // struct tcp_info: 8 one-byte fields, then u32 rto, ato, snd_mss, rcv_mss, unacked.
+    const UNACKED: usize = 24;
+    let mut buf = [0u8; 32];
+    let n = softwarp_ras::sys::tcp_info_raw(fd, &mut buf)?;
+    match buf.get(UNACKED..UNACKED + 4) {
+        Some(b) if n >= UNACKED + 4 => Ok(u32::from_ne_bytes([b[0], b[1], b[2], b[3]])),
+        _ => Err(io::Error::other("TCP_INFO too short")),
+    }
 }
 
 /// Waits until `fd` is readable or `timeout` passes (`None`: no limit). Returns true when

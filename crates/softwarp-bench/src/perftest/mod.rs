@@ -33,6 +33,119 @@
 //! client's back-to-back Reads. With `-b` (bandwidth shapes) both ends post, and send_bw's
 //! credits flow both ways (perftest's `run_iter_bi`: the server sends after its first
 //! receive). Completions are spun on; the device's progress thread moves the bytes.
+//!
+//! # Details: what the captures and perftest's sources showed
+//!
+//! Learned from the captures of siw↔siw perftest (`testdata/captures/siw-ib_{write,read,send}_bw.pcap`
+//! and `siw-crc-*`; the `_lat` tools captured the same way in the guest), perftest's sources
+//! (`perftest_communication.c`: `ctx_xchg_data_rdma`, `rdma_write_keys`/`rdma_read_keys`,
+//! `exchange_versions`, `check_sys_data`, `check_mtu`, `xchg_bw_reports`, `ctx_close_connection`;
+//! `perftest_resources.c`: `rdma_client_connect`/`rdma_server_connect`, `ctx_alloc_credit`,
+//! `run_iter_bw`/`run_iter_bw_server`, `run_iter_lat_write`), and the guest's perftest 4.5+0.17
+//! (version string "6.06"), which is what counts.
+//!
+//! - **Two MPA connections to the server's one port** (18515 by default): first the control QP,
+//!   then the data QP. Both are RC over rdma_cm, MPA rev 2; the control connection offers IRD/ORD
+//!   0/0; the data connection 0/0 for Send and Write, `out_reads`/`out_reads` for Read (siw: 128,
+//!   its device maximum; private data `00800080`). perftest's server destroys its listening id after
+//!   the control connection and listens again for the data QP, so the client may find the port
+//!   closed for a moment: we retry the data connect (20 times, 100 ms apart; one retry is typical).
+//! - **Every message is one Send on the control QP**, payload at most `sizeof(struct
+//!   pingpong_dest)` = 56 bytes (perftest's only control receive buffer). Each step is symmetric:
+//!   the client sends first and waits for the server's message of the same type; the server
+//!   receives first, then answers. The messages, in order:
+//!
+//!   | step | bytes | content |
+//!   | --- | --- | --- |
+//!   | version | 16 | ASCII, NUL-padded: `"6.06"` (`362e3036` + zeros). We refuse peers older than 5.33 (other formats) |
+//!   | cycle buffer | 4 | big-endian `int`: the page size, 4096; both take the larger |
+//!   | cache line | 4 | big-endian `int`: 64; both take the larger |
+//!   | MTU | 2 | `sprintf("%d")` of the `ibv_mtu` enum, 2 bytes: `"3\0"` (1024; siw) |
+//!   | destination ×1 | 56 | all zeros (the server listens again for the data QP meanwhile) |
+//!   | *data QP connects* | | |
+//!   | destination ×1 | 56 | all zeros |
+//!   | destination ×3 (write_bw, read_bw) or ×4 (send_bw, every `_lat`) | 56 | `struct pingpong_dest`, big-endian fields: LID (0), out_reads, QPN, PSN (random 24 bits), rkey, 4 bytes of C padding (perftest sends stack garbage there: ignored), vaddr (u64), GID (16 raw bytes; siw's is MAC-based `5254:0077:0002::`), SRQN, GID index |
+//!   | *the measurement* | | |
+//!   | write_bw, read_bw: destination, then the report, then destination | 56, 5×8, 56 | report (`xchg_bw_reports`): size and iterations (u64 BE), peak MB/s, average MB/s, Mmsg/s (doubles, byte-swapped bit patterns, `hton_double`); perftest's server sends uninitialized memory and prints the client's |
+//!   | send_bw, send_lat, read_lat: destination | 56 | the closing handshake (`ctx_close_connection`) |
+//!   | write_lat | | nothing: both sides just tear down |
+//!
+//!   The destination's rkey/vaddr name the buffer the peer may access: the data buffer
+//!   (`buf + BUFF_SIZE`), or for send_bw the **credit word**. perftest writes into its peer's
+//!   buffer at `vaddr`, cycling through `cycle_buffer` bytes when the message is at most half of it;
+//!   our window is `max(size, cycle)` rounded to cache lines, and we always use the start.
+//! - **The measurement, per shape.** write_bw and read_bw: only the client posts (window `-t`, Reads
+//!   also at most `out_reads`); the server idles until the closing handshake and prints the
+//!   client's report. send_bw over iWARP uses **credits** (`send_rcredit`, set for
+//!   `IBV_TRANSPORT_IWARP`): the receiver RDMA Writes its count of received messages, a
+//!   little-endian u32 (host order; `02000000`, `04000000` in the capture), into the sender's credit
+//!   word every `rx_depth / 3` receives, and the sender posts only while `scnt + 1 - credit <
+//!   rx_depth` (iWARP has no receiver-not-ready retry: a Send without a posted receive kills the
+//!   connection). `rx_depth` is perftest's `-r` (512) clamped to `-n`; the sender does not learn the
+//!   receiver's, so both sides must use the same flags, as with perftest itself (`--rx-depth`).
+//!   send_lat: the client sends, the server answers, `-n` times. write_lat: **the server writes
+//!   first**; each side spins on the last byte of its buffer until it equals the count of Writes
+//!   received (mod 256), then writes its own count there on the peer (the last byte of a `-s`-byte
+//!   Write). read_lat: the client's Reads, one at a time; the server idles.
+//! - **`-a`: every size on one pair of connections** (learned from siw↔siw captures of all six
+//!   tools with `-a -n 5` in the guest, and perftest's `send_bw.c`, `send_lat.c`, `write_bw.c`,
+//!   `read_lat.c`, `write_lat.c` main loops). perftest's `-a` runs the powers of two from 2 B to
+//!   8 MiB (`for (i = 1; i < 24; ++i) size = 1 << i`), 23 sizes, `-n` iterations at **every**
+//!   size (the lat tools too: `ib_send_lat -a -n 5` prints 5 at each size; nothing scales them).
+//!   Both ends size their buffers for the largest size (`user_param->size = MAX_SIZE` before
+//!   allocation), so the buffer a destination names is at least 8 MiB: our `-a` registers
+//!   `max(largest size, cycle buffer)` per half. Nothing in the preamble says `-a`: both ends must
+//!   be given it. Between sizes, per shape:
+//!
+//!   | shape | after the data connection | each size | at the end |
+//!   | --- | --- | --- | --- |
+//!   | send_bw | zero + 3 destinations | receiver posts `rx_depth` receives (`ctx_set_recv_wqes`), handshake, the sender zeroes its credit word, the data, handshake | closing handshake |
+//!   | send_lat | zero + 3 | both post receives, handshake, the ping-pong | closing handshake |
+//!   | write_bw, read_bw | zero + 3 | the data (client only), nothing on the control QP | handshake, **one** report (the last size's: 8 MiB), handshake |
+//!   | write_lat | zero + 4 | the data, nothing else: the counters restart at 1 and the polled byte moves to `size - 1` (each size's byte lies beyond every earlier size's Writes, so no reset is needed) | nothing |
+//!   | read_lat | zero + 4 | the client's Reads | closing handshake |
+//!
+//!   So a plain run is the one-size case of the same scheme: the handshake right before the
+//!   measurement of the Send shapes is the per-size one (the plain run's 4th destination). The
+//!   send_bw receiver writes credits counted from 0 each size (`rcnt` is per `run_iter_bw_server`
+//!   call) and reposts exactly `iters - rx_depth` receives, so no receive outlives its size; the
+//!   sender's `credit_buf` reset comes after the handshake, before the first Send. perftest's
+//!   server of write_bw/read_bw prints one line (the 8 MiB report); its read_lat server prints none.
+//!   Our rows: one per size (`bench -R ... -a`), one for the passive write_bw/read_bw server, none
+//!   for the read_lat server. Our `-a -s N` caps the sizes at N (a power of two) for runs between
+//!   two softwarp ends (tests); against perftest the cap must stay 8 MiB.
+//! - **`-b`: both directions at once** (bandwidth tools; siw↔siw captures of `ib_{send,write,read}_bw
+//!   -b -s 4096 -n 20` and `-b -a -n 5`; perftest's `run_iter_bi`). Both ends post: write_bw and
+//!   read_bw run the one-sided loop on both ends (`run_iter_bw`), send_bw runs `run_iter_bi`: each
+//!   end sends `iters` and receives `iters`, reposting receives and RDMA Writing its count of
+//!   receives into the peer's credit word (iWARP credits, now both ways), and the **server sends
+//!   only after its first receive** (`before_first_rx`). Control messages:
+//!
+//!   | shape | after the data connection | each size | at the end |
+//!   | --- | --- | --- | --- |
+//!   | write_bw, read_bw | zero + 3 | handshake, the data, (with `-a` only: one more handshake, perftest's "version >= 4.6" sync), **both** reports (5 fields each way, each side's own) | closing handshake |
+//!   | send_bw | zero + 3 | (receives posted) handshake, credit word zeroed, the data, both reports, (with `-a` only: the handshake after the size) | closing handshake |
+//!
+//!   Without `-a` this is one size of the same scheme. perftest prints the sum of both sides'
+//!   average MB/s; our row is `bidirectional` and carries that sum (the time that moves
+//!   `2 × size × iters` bytes at it). perftest's `-n` must be at least 5 (its parser refuses less).
+//!   The credit cadence differs slightly (perftest writes when `(rcnt % rx_depth) % (rx_depth/3)
+//!   == 0`, we every `rx_depth/3` receives); each sender only needs fewer than `rx_depth`
+//!   uncredited Sends, so both keep going. The latency tools have no `-b`; we refuse it there.
+//! - **Teardown.** perftest destroys its QPs right after its last control message completes. If we
+//!   closed first, the peer could see its last Send flushed (siw: "Bad wc status 2") even though
+//!   we had received it. So our server waits (up to 10 s) for the client's disconnect, our client
+//!   (up to 1 s) for the server's, then each disconnects gracefully.
+//! - **Where it lives.** `softwarp-bench/src/perftest/wire.rs` is the codec (no I/O; typed `ExchangeError` for a
+//!   wrong length, a version that is not one or too old, implausible sizes, a bad MTU digit;
+//!   known-answer tests from the capture bytes); `perftest/mod.rs` runs a session in either
+//!   role (`perftest/measure.rs`: the data phase of each shape) on the `softwarp` crate's
+//!   connection manager (`CmEventChannel`, `CmListener`,
+//!   `ConnectOptions::linux_siw()` + `--crc`). Completions are spun on and the device's progress
+//!   thread moves the bytes (no busy-poll mode: the credit word and write_lat's byte are memory the
+//!   progress thread writes). There is no raw TCP baseline in a `-R` run: the peer speaks
+//!   perftest's protocol, not ours.
+//!
 
 mod measure;
 pub mod wire;

@@ -42,7 +42,18 @@ fn write_file(path: &Path, bytes: &[u8], out: &mut dyn Write) -> Result<()> {
         out.flush()?;
         return Ok(());
     }
-    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+    // 0600, as the process's own automatic dumps: a dump names peers, resources and trace
+    // records, for its owner only.
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(bytes)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Runs `softwarp dump`; returns the exit status.

@@ -695,7 +695,7 @@ pub fn control() -> &'static TraceControl {
 /// a constant-false branch the compiler removes, and `tracing`'s own macros are compiled out
 /// by its `max_level_off` feature (enabled along with ours). Levels can still be set and read,
 /// but no record is ever produced, neither for subscribers nor for the flight recorder. The
-/// build exists to measure what tracing costs (BENCHMARKS.md, "RAS overhead").
+/// build exists to measure what tracing costs (BENCHMARKS-history.md, "RAS overhead").
 pub const COMPILED_IN: bool = !cfg!(feature = "max_level_off");
 
 /// The path of the function that contains a [`sw_event!`](crate::sw_event): the macro names a

@@ -9,6 +9,22 @@
 //! TCP listener whose application is slow. A [`Slot`] is one held connection: it travels
 //! from the negotiating job into the request and gives its place back when dropped.
 //!
+//! Connections that never finish their MPA Request (silent, stopped halfway, trickling a
+//! byte at a time) would otherwise keep a full listener's places until their timeout, and
+//! a peer that keeps opening them would keep good clients in the kernel's queue for ever.
+//! So while the listener is full and the kernel signals another connection waiting, the
+//! channel's thread closes the negotiating connection that has waited longest for its
+//! Request, once it has waited [`EVICT_AGE`] (never a delivered request: those belong to
+//! the application), and accepts the waiting one in its place; each eviction is a
+//! [`super::CmEvent::RequestError`] with [`crate::MpaError::Evicted`] and counts in
+//! [`ListenerStats::evicted`]. A good client's Request follows its TCP handshake within a
+//! round trip, far inside [`EVICT_AGE`].
+//!
+//! What one held connection costs while negotiating: its accepted socket, one epoll
+//! registration, a 532-byte frame buffer (MPA header and the largest private data) and its
+//! job record (about 200 bytes) on the channel's thread, and no timer of its own (the
+//! thread's poll waits until the earliest deadline); no thread, whatever the number.
+//!
 //! No I/O here besides waking the channel's thread.
 
 use std::net::SocketAddr;
@@ -24,6 +40,10 @@ use crate::device::lock;
 
 /// Error log entries about one listener or channel are at most this frequent.
 const REPORT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long a negotiating connection keeps its place at a full listener while another
+/// connection waits (see the module docs); its own timeout still applies when shorter.
+pub(crate) const EVICT_AGE: Duration = Duration::from_secs(1);
 
 /// Counters of one listener ([`super::CmListener::stats`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -45,6 +65,9 @@ pub struct ListenerStats {
     /// Times the listener stopped accepting because `backlog` connections were held (the
     /// next ones waited in the kernel's accept queue).
     pub backlog_full: u64,
+    /// Negotiating connections closed to make room for a waiting one (also counted in
+    /// `refused`); see [`crate::MpaError::Evicted`].
+    pub evicted: u64,
 }
 
 /// What one listener holds and counts; shared by the channel's thread, the listener handle
@@ -60,6 +83,7 @@ pub(crate) struct ListenerState {
     requests: AtomicU64,
     refused: AtomicU64,
     backlog_full: AtomicU64,
+    evicted: AtomicU64,
     last_report: Mutex<Option<Instant>>,
 }
 
@@ -75,6 +99,7 @@ impl ListenerState {
             requests: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             backlog_full: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
             last_report: Mutex::new(None),
         }
     }
@@ -123,6 +148,11 @@ impl ListenerState {
         }
     }
 
+    /// A negotiating connection was closed to make room (see the module docs).
+    pub(crate) fn evicted_one(&self) {
+        self.evicted.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn stats(&self) -> ListenerStats {
         let held = self.held.load(Ordering::Acquire);
         let negotiating = self.negotiating.load(Ordering::Acquire);
@@ -134,6 +164,7 @@ impl ListenerState {
             requests: self.requests.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
             backlog_full: self.backlog_full.load(Ordering::Relaxed),
+            evicted: self.evicted.load(Ordering::Relaxed),
         }
     }
 }
@@ -154,6 +185,12 @@ impl Slot {
 
     pub(crate) fn channel(&self) -> Weak<ChannelShared> {
         self.channel.clone()
+    }
+
+    /// The connection is closed to make room for a newer one (counted; the drop that
+    /// follows counts it as refused too).
+    pub(crate) fn listener_evicted(&self) {
+        self.listener.evicted_one();
     }
 
     /// The request was delivered: the connection now waits for the application's answer.

@@ -23,7 +23,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use softwarp_ras::deadline::Deadline;
 use softwarp_ras::stats::{StatsBuilder, StatsSource};
 
-use super::admission::{ListenerState, Slot};
+use super::admission::{ListenerState, Slot, EVICT_AGE};
 use super::event::{CmEvent, ConnId, EventQueue, ListenerId};
 use super::frame_io::{self, FrameReader, Progress, ReadError};
 use super::id::{CmId, IdShared};
@@ -168,6 +168,11 @@ impl StatsSource for ChannelShared {
                     "softwarp_cm_listener_backlog_full_total",
                     "Times the listener stopped accepting at its backlog.",
                     s.backlog_full,
+                ),
+                (
+                    "softwarp_cm_listener_evicted_total",
+                    "Negotiating connections closed to make room for a waiting one.",
+                    s.evicted,
                 ),
             ];
             for (name, help, v) in counters {
@@ -461,6 +466,8 @@ struct Passive {
     peer: SocketAddr,
     reader: FrameReader,
     deadline: Deadline,
+    /// When it was accepted (the oldest is closed first when the listener must make room).
+    accepted_at: Instant,
     /// Its place at the listener.
     slot: Slot,
 }
@@ -472,6 +479,9 @@ enum Job {
         opts: Arc<ConnectOptions>,
         /// Stopped accepting at the bound; resumed when a place is given back.
         paused: bool,
+        /// The kernel signalled a connection while the listener was full, and no `accept`
+        /// since found the queue empty: someone waits (see [`Worker::make_room`]).
+        waiting: bool,
     },
     Active(Box<Active>),
     Passive(Box<Passive>),
@@ -512,8 +522,81 @@ impl Worker {
                 self.step(token);
             }
             self.expire();
+            self.make_room();
             self.resume_listeners();
         }
+    }
+
+    /// At every full listener with a connection waiting in the kernel's queue: closes the
+    /// negotiating connections that have waited [`EVICT_AGE`] or longer for their Request,
+    /// oldest first, each one for one waiting connection accepted in its place, until the
+    /// queue is empty or no connection is that old (see the admission module's docs).
+    fn make_room(&mut self) {
+        let pressed: Vec<(Token, ListenerId)> = self
+            .jobs
+            .iter()
+            .filter_map(|(t, j)| match j {
+                Job::Listener {
+                    state,
+                    waiting: true,
+                    ..
+                } if !state.has_room() => Some((*t, state.id)),
+                _ => None,
+            })
+            .collect();
+        for (token, id) in pressed {
+            // At most every negotiating connection once (each accepted one is too young).
+            let mut oldest = self.negotiating_by_age(id);
+            let now = Instant::now();
+            loop {
+                // The kernel's count, where it gives one; else the readiness seen.
+                let queued = match self.jobs.get(&token) {
+                    Some(Job::Listener { listener, .. }) => {
+                        sys::accept_queue_len(listener.as_fd()).map_or(1, |n| n)
+                    }
+                    _ => 0,
+                };
+                if queued == 0 {
+                    if let Some(Job::Listener { waiting, .. }) = self.jobs.get_mut(&token) {
+                        *waiting = false;
+                    }
+                    break;
+                }
+                let Some((t, since)) = oldest.pop() else {
+                    break;
+                };
+                if now.saturating_duration_since(since) < EVICT_AGE {
+                    break;
+                }
+                let Some(Job::Passive(p)) = self.remove(t) else {
+                    continue;
+                };
+                p.slot.listener_evicted();
+                tracing::debug!(listener = %id, peer = %p.peer, "negotiating connection evicted");
+                self.shared.push(CmEvent::RequestError {
+                    listener: p.listener,
+                    peer: p.peer,
+                    error: MpaError::Evicted(now.saturating_duration_since(since)).into(),
+                });
+                drop(p);
+                self.accept_all(token);
+            }
+        }
+    }
+
+    /// The negotiating connections of listener `id` with their acceptance time, the oldest
+    /// last.
+    fn negotiating_by_age(&self, id: ListenerId) -> Vec<(Token, Instant)> {
+        let mut v: Vec<(Token, Instant)> = self
+            .jobs
+            .iter()
+            .filter_map(|(t, j)| match j {
+                Job::Passive(p) if p.listener == id => Some((*t, p.accepted_at)),
+                _ => None,
+            })
+            .collect();
+        v.sort_by_key(|e| std::cmp::Reverse(e.1));
+        v
     }
 
     /// Listeners that stopped at their bound and have room again accept what waits in the
@@ -539,13 +622,34 @@ impl Worker {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.jobs
+        // Listeners that may make room (see `make_room`): their negotiating connections
+        // become evictable EVICT_AGE after they were accepted.
+        let pressed: Vec<ListenerId> = self
+            .jobs
             .values()
             .filter_map(|j| match j {
-                Job::Active(a) => a.deadline.instant(),
-                Job::Passive(p) => p.deadline.instant(),
-                Job::Listener { .. } => None,
+                Job::Listener {
+                    state,
+                    waiting: true,
+                    ..
+                } if !state.has_room() => Some(state.id),
+                _ => None,
             })
+            .collect();
+        self.jobs
+            .values()
+            .flat_map(|j| match j {
+                Job::Active(a) => [a.deadline.instant(), None],
+                Job::Passive(p) => [
+                    p.deadline.instant(),
+                    pressed
+                        .contains(&p.listener)
+                        .then(|| p.accepted_at.checked_add(EVICT_AGE))
+                        .flatten(),
+                ],
+                Job::Listener { .. } => [None, None],
+            })
+            .flatten()
             .min()
     }
 
@@ -573,6 +677,7 @@ impl Worker {
                                     listener,
                                     opts,
                                     paused: false,
+                                    waiting: false,
                                 },
                             );
                             // Connections queued before the registration are taken now.
@@ -715,6 +820,7 @@ impl Worker {
                 listener,
                 opts,
                 paused,
+                waiting,
             }) = self.jobs.get_mut(&token)
             else {
                 return;
@@ -724,6 +830,9 @@ impl Worker {
                     *paused = true;
                     state.backlog_reached();
                 }
+                // Called on the listener's readiness (or after a place was freed): a
+                // connection may wait; `make_room` finds out by accepting.
+                *waiting = true;
                 return;
             }
             *paused = false;
@@ -731,7 +840,10 @@ impl Worker {
             let id = state.id;
             let (mut stream, peer) = match listener.accept() {
                 Ok(v) => v,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    *waiting = false;
+                    return;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // EMFILE and friends: report and wait for the next readiness.
@@ -762,6 +874,7 @@ impl Worker {
                     conn_id: ConnId(self.shared.next_id()),
                     listener: id,
                     deadline: Deadline::after(opts.timeout),
+                    accepted_at: Instant::now(),
                     opts,
                     stream,
                     peer,
@@ -1009,5 +1122,21 @@ fn step_passive(p: &mut Passive) -> ActiveOrPassive {
             tracing::debug!(peer = %p.peer, %error, "connection request refused");
             ActiveOrPassive::Finish(Finish::Refused(error.into()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the admission module's docs state a negotiating connection costs in memory,
+    /// besides its socket: its job record and its frame buffer.
+    #[test]
+    fn a_negotiating_connection_costs_its_job_and_a_532_byte_frame_buffer() {
+        let job = std::mem::size_of::<Passive>();
+        assert!(job <= 256, "a negotiating job is {job} bytes");
+        assert_eq!(frame_io::MAX_FRAME_LEN, 532);
+        // The jobs map holds a token and a boxed job per entry.
+        assert!(std::mem::size_of::<(Token, Job)>() <= 64);
     }
 }

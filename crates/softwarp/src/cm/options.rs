@@ -239,6 +239,13 @@ pub struct ConnectOptions {
     /// Terminate "Unexpected OpCode" (DESIGN.md, engine section). Posting those operations
     /// is not refused locally: the application decides what it sends.
     pub rfc7306: bool,
+    /// How long data this side sent may stay unacknowledged, or queued behind a peer's zero
+    /// receive window, before the kernel drops the connection (`TCP_USER_TIMEOUT`); the QP
+    /// then goes to Error with [`crate::Cause::LlpClosed`] and flushes its work. `None`
+    /// (default): the kernel's own bound (retransmissions: about 15 minutes; a peer that
+    /// keeps acknowledging zero-window probes: none at all). A peer that stops reading
+    /// holds the send buffer and the work requests behind it for that long.
+    pub tcp_user_timeout: Option<Duration>,
 }
 
 impl Default for ConnectOptions {
@@ -259,6 +266,7 @@ impl Default for ConnectOptions {
             first_fpdu_delay: Duration::from_millis(20),
             rx_stall_timeout: Duration::from_secs(30),
             rfc7306: true,
+            tcp_user_timeout: None,
         }
     }
 }
@@ -291,6 +299,12 @@ impl ConnectOptions {
         self.crc = mode;
         self
     }
+    /// Sets [`ConnectOptions::tcp_user_timeout`].
+    pub fn tcp_user_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.tcp_user_timeout = timeout;
+        self
+    }
+
     /// Sets [`ConnectOptions::rx_stall_timeout`].
     pub fn rx_stall_timeout(mut self, timeout: Duration) -> Self {
         self.rx_stall_timeout = timeout;

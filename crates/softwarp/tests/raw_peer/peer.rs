@@ -118,6 +118,26 @@ impl RawPeer {
         })
     }
 
+    /// The raw side alone of [`RawPeer::initiate`]: connects to a listener at `addr` (in
+    /// another process, say) and performs the MPA exchange as initiator.
+    pub fn initiate_to(addr: std::net::SocketAddr, offer: Offer) -> Self {
+        let mut stream = TcpStream::connect_timeout(&addr, WAIT).unwrap();
+        prepare(&stream);
+        write_frame(&mut stream, MpaFrameKind::Request, offer.crc, offer);
+        let mut buf = [0u8; HEADER_LEN + MAX_PRIVATE_DATA_LEN];
+        let len = read_frame(&mut stream, &mut buf);
+        let (reply, n) = MpaFrame::parse(&buf[..len]).unwrap();
+        assert_eq!(n, len);
+        assert_eq!(reply.kind, MpaFrameKind::Reply);
+        assert!(!reply.reject, "the stack rejected the connection");
+        Self::new(stream, offer.crc || reply.crc, reply.enhanced)
+    }
+
+    /// Stops the TCP connection in an orderly way (FIN), without waiting for anything.
+    pub fn shutdown(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
     /// The raw peer listens; `qp` connects to it.
     pub fn respond(qp: &QueuePair, opts: &ConnectOptions, offer: Offer) -> (Self, ConnectionInfo) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -251,6 +271,42 @@ impl RawPeer {
     /// The stack's next FPDU, which must be its Terminate.
     pub fn expect_terminate(&mut self) -> Received {
         self.read_until_terminate(0).1
+    }
+
+    /// Sends a burst that may outlast the connection (the stack terminates and closes in
+    /// the middle of it): stops at the first failed write. Returns the bytes the kernel took.
+    pub fn send_burst(&mut self, bytes: &[u8]) -> usize {
+        let mut sent = 0;
+        for chunk in bytes.chunks(64 * 1024) {
+            match self.stream.write_all(chunk) {
+                Ok(()) => sent += chunk.len(),
+                Err(_) => break,
+            }
+        }
+        sent
+    }
+
+    /// After the Terminate: the stack sends nothing more and closes the connection, with a
+    /// FIN, or with a reset when it closed with bytes of a burst still unread.
+    pub fn expect_close_or_reset(&mut self) {
+        assert!(
+            self.rx.is_empty(),
+            "more after the Terminate: {:02x?}",
+            self.rx
+        );
+        let mut chunk = [0u8; 4096];
+        for _ in 0..MAX_FPDUS {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return,
+                Ok(n) => panic!(
+                    "the stack sent more after its Terminate: {:02x?}",
+                    &chunk[..n]
+                ),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return,
+                Err(e) => panic!("reading from the stack failed: {e}"),
+            }
+        }
     }
 
     /// The stack sends nothing more and closes the TCP connection (FIN).
