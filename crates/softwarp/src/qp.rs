@@ -723,9 +723,10 @@ impl QpShared {
                 // the Terminate is let through.
                 if t.expired() || !matches!(inner.qp.state(), QpState::Rts | QpState::Closing) {
                     conn.hold_until = None;
-                } else if !inner.qp.wants_tx() {
-                    // Nothing to send (not even an RFC 6581 RTR, which the peer may be
-                    // waiting for before it sends first): no retry needed.
+                } else if inner.qp.is_drained() && !inner.qp.wants_tx() {
+                    // Nothing in flight and nothing to send (not even an RFC 6581 RTR,
+                    // which the peer may be waiting for before it sends first): no retry
+                    // needed.
                     return TxEnd::Idle;
                 } else {
                     return TxEnd::Held;
