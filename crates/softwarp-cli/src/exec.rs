@@ -1,117 +1,97 @@
-//! `softwarp exec --sockets -- PROGRAM [ARGS]`: runs an unmodified program with the preload
-//! library of `softwarp-preload` (`libsoftwarp_preload.so`), so that its TCP sockets run
-//! over iWARP.
+//! `softwarp exec`: runs an unmodified rdma-core program (anything linked with
+//! `libibverbs.so.1`/`librdmacm.so.1`) over Softwarp.
+//!
+//! The program finds `crates/softwarp-verbs`' shared library under both names through
+//! `LD_LIBRARY_PATH`: a directory with the links `libibverbs.so.1` and `librdmacm.so.1` to
+//! it (one file, loaded once; see the `softwarp_verbs` crate docs), made per user under the
+//! temporary directory. Connection settings rdma-core has no knob for go in `SOFTWARP_*`
+//! environment variables, which the library reads.
 
 use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{bail, Context};
 
-/// The library's file name.
-pub const LIBRARY: &str = "libsoftwarp_preload.so";
+/// The file name cargo gives the library.
+pub const LIBRARY: &str = "libsoftwarp_verbs.so";
 
-/// Arguments of `softwarp exec`.
-#[derive(Debug, clap::Args)]
-pub struct ExecArgs {
-    /// Preload the extended sockets library (required: the only library `exec` knows).
-    #[arg(long)]
-    pub sockets: bool,
-    /// Only sockets that set SOL_SOFTWARP/SO_IWARP_MODE go iWARP (default: every TCP
-    /// socket, within --ports/--deny-ports).
-    #[arg(long)]
-    pub opt_in: bool,
-    /// Only these ports go iWARP, e.g. 5201,6379,8000-8100 (destination port of connect,
-    /// local port of listen).
-    #[arg(long, value_name = "LIST")]
-    pub ports: Option<String>,
-    /// These ports never go iWARP.
-    #[arg(long, value_name = "LIST")]
-    pub deny_ports: Option<String>,
-    /// Print one line per iWARP stream on standard error when it closes (its QP counters).
-    #[arg(long)]
-    pub stats: bool,
-    /// The preload library (default: $SOFTWARP_PRELOAD, else libsoftwarp_preload.so next
-    /// to this executable or in ../lib).
-    #[arg(long, value_name = "PATH")]
-    pub library: Option<PathBuf>,
-    /// The program and its arguments.
-    #[arg(trailing_var_arg = true, required = true, value_name = "PROGRAM")]
-    pub program: Vec<OsString>,
-}
-
-/// Where the preload library is.
+/// Where the library is: `explicit`, else `$SOFTWARP_VERBS_LIB`, else beside the `softwarp`
+/// executable (`target/<profile>/` after `cargo build`, its `deps/`, or `../lib/softwarp/`
+/// of an installation).
 pub fn find_library(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let mut tried = Vec::new();
-    let mut candidates: Vec<PathBuf> = Vec::new();
     if let Some(p) = explicit {
-        candidates.push(p.to_path_buf());
-    } else {
-        if let Some(p) = std::env::var_os("SOFTWARP_PRELOAD") {
-            candidates.push(PathBuf::from(p));
-        }
-        if let Some(dir) = std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent().map(Path::to_path_buf))
-        {
-            candidates.push(dir.join(LIBRARY));
-            candidates.push(dir.join("../lib").join(LIBRARY));
-            // `cargo test` runs binaries from target/<profile>; the library is built there too.
-            candidates.push(dir.join("deps").join(LIBRARY));
-        }
+        return check(p.to_path_buf());
     }
-    for c in candidates {
+    if let Some(p) = std::env::var_os("SOFTWARP_VERBS_LIB") {
+        return check(PathBuf::from(p)).context("SOFTWARP_VERBS_LIB");
+    }
+    let exe = std::env::current_exe().context("locating the softwarp executable")?;
+    let dir = exe
+        .parent()
+        .context("the softwarp executable has no directory")?;
+    let candidates = [
+        dir.join(LIBRARY),
+        dir.join("deps").join(LIBRARY),
+        dir.join("../lib/softwarp").join(LIBRARY),
+    ];
+    for c in &candidates {
         if c.is_file() {
-            return std::fs::canonicalize(&c).with_context(|| format!("resolving {}", c.display()));
+            return Ok(c.clone());
         }
-        tried.push(c.display().to_string());
     }
     bail!(
-        "{LIBRARY} not found (tried {}); build it with `cargo build --release -p softwarp-preload` \
-         or give --library",
-        tried.join(", ")
+        "{LIBRARY} not found beside {} (build it with `cargo build --release -p softwarp-verbs`, \
+         or give --lib PATH or SOFTWARP_VERBS_LIB)",
+        exe.display()
     )
 }
 
-/// The command `exec` runs (without running it).
-pub fn command(args: &ExecArgs) -> anyhow::Result<Command> {
-    if !args.sockets {
-        bail!("say what to preload: `softwarp exec --sockets -- PROGRAM`");
+fn check(p: PathBuf) -> anyhow::Result<PathBuf> {
+    if !p.is_file() {
+        bail!("{} is not a file", p.display());
     }
-    let lib = find_library(args.library.as_deref())?;
-    let Some((program, rest)) = args.program.split_first() else {
-        bail!("no program given");
-    };
-    let mut preload = OsString::from(lib);
-    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
-        preload.push(" ");
-        preload.push(old);
-    }
-    let mut cmd = Command::new(program);
-    cmd.args(rest).env("LD_PRELOAD", preload).env(
-        "SOFTWARP_SOCKETS",
-        if args.opt_in { "option" } else { "all" },
-    );
-    if let Some(p) = &args.ports {
-        cmd.env("SOFTWARP_SOCKETS_PORTS", p);
-    }
-    if let Some(p) = &args.deny_ports {
-        cmd.env("SOFTWARP_SOCKETS_DENY_PORTS", p);
-    }
-    if args.stats {
-        cmd.env("SOFTWARP_SOCKETS_STATS", "1");
-    }
-    Ok(cmd)
+    Ok(p)
 }
 
-/// Replaces this process with the program; returns only on failure.
-pub fn run(args: &ExecArgs) -> anyhow::Error {
-    match command(args) {
-        Ok(mut cmd) => {
-            let e = cmd.exec();
-            anyhow::Error::new(e).context(format!("running {:?}", args.program[0]))
-        }
-        Err(e) => e,
+/// Makes (or refreshes) the directory of links `libibverbs.so.1` and `librdmacm.so.1` to
+/// `library` and returns it.
+pub fn library_dir(library: &Path) -> anyhow::Result<PathBuf> {
+    let library = library
+        .canonicalize()
+        .with_context(|| format!("resolving {}", library.display()))?;
+    // Per user (another user's directory is not ours to write), per library file.
+    let uid = std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(0);
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325; // FNV-1a of the path: one directory per library
+    for b in library.as_os_str().as_encoded_bytes() {
+        hash = (hash ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
     }
+    let dir = std::env::temp_dir()
+        .join(format!("softwarp-verbs-{uid}"))
+        .join(format!("{hash:016x}"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+        let link = dir.join(name);
+        if std::fs::read_link(&link).is_ok_and(|t| t == library) {
+            continue;
+        }
+        // A new link renamed over the old one: concurrent `softwarp exec`s never see none.
+        let tmp = dir.join(format!("{name}.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&library, &tmp)
+            .with_context(|| format!("linking {}", tmp.display()))?;
+        std::fs::rename(&tmp, &link).with_context(|| format!("placing {}", link.display()))?;
+    }
+    Ok(dir)
+}
+
+/// `dir` in front of the current `LD_LIBRARY_PATH`.
+pub fn library_path(dir: &Path) -> OsString {
+    let mut paths = vec![dir.to_path_buf()];
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        paths.extend(std::env::split_paths(&old).filter(|p| !p.as_os_str().is_empty()));
+    }
+    std::env::join_paths(paths).unwrap_or_else(|_| dir.as_os_str().to_owned())
 }

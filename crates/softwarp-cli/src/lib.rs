@@ -1,6 +1,6 @@
 //! The `softwarp` command's library half: capture reading and iWARP decoding (and dump
 //! decoding), and the operator commands (`resources`, `stat`, `trace`, `snapshots`, `dump`,
-//! `doctor`), kept out of `main.rs` so that tests can call them directly.
+//! `doctor`) and `exec`'s library setup, kept out of `main.rs` so that tests can call them directly.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(
@@ -11,3 +11,4 @@
 pub mod admin;
 pub mod capture;
 pub mod decode;
+pub mod exec;

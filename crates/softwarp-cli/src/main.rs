@@ -19,6 +19,9 @@
 //!
 //! `resources`, `stat`, `trace`, `snapshots`, `dump` ask running Softwarp processes over their control sockets
 //! (exit status 0, or 2 when some process did not answer); `doctor` checks the host.
+//!
+//! `exec -- PROGRAM ARGS` runs an rdma-core program over Softwarp's libibverbs/librdmacm
+//! (exit status: the program's; 1 when it could not be started).
 
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -30,7 +33,7 @@ use softwarp_cli::admin;
 use softwarp_cli::decode::{decode_capture, output_to_json, Output};
 
 mod demo;
-mod exec;
+mod exec_sockets;
 
 #[derive(Debug, Parser)]
 #[command(name = "softwarp", version, about = "Softwarp iWARP stack tools")]
@@ -83,12 +86,98 @@ enum Command {
     /// Write a component dump of running processes (their whole RAS state) to a file or a
     /// TCP collector; `softwarp decode` reads it.
     Dump(admin::dump::DumpArgs),
-    /// Run an unmodified program over Softwarp: with --sockets its TCP sockets become iWARP
-    /// streams (the preload library libsoftwarp_preload.so; both ends must run this way).
-    Exec(exec::ExecArgs),
     /// Check this host's configuration for Softwarp (MTU, offloads, socket buffers, clock
     /// source, open-file limit) and give advice.
     Doctor(admin::doctor::DoctorArgs),
+    /// Run an unmodified rdma-core program (ibv_devinfo, rping, perftest, your own) over
+    /// Softwarp: its libibverbs.so.1 and librdmacm.so.1 are Softwarp's
+    /// (`crates/softwarp-verbs`), found through LD_LIBRARY_PATH.
+    ///
+    /// Example: `softwarp exec -- rping -s -a 127.0.0.1`. The settings below become
+    /// SOFTWARP_* environment variables, which the library reads (see README).
+    ///
+    /// With --sockets, runs any program with the extended sockets preload library
+    /// (libsoftwarp_preload.so) instead, so that its TCP sockets become iWARP streams (both
+    /// ends must run this way): `softwarp exec --sockets -- socat ...`.
+    Exec(ExecArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ExecArgs {
+    /// The library (default: $SOFTWARP_VERBS_LIB, else libsoftwarp_verbs.so beside this
+    /// executable).
+    #[arg(long)]
+    lib: Option<PathBuf>,
+    /// CRC32c: off, preferred, required (SOFTWARP_CRC).
+    #[arg(long, value_parser = ["off", "preferred", "required"])]
+    crc: Option<String>,
+    /// MPA revision: 1 or 2 (SOFTWARP_MPA_REV).
+    #[arg(long, value_parser = ["1", "2"])]
+    mpa_rev: Option<String>,
+    /// MPA markers: off, accept, request (SOFTWARP_MARKERS).
+    #[arg(long, value_parser = ["off", "accept", "request"])]
+    markers: Option<String>,
+    /// Start from Linux siw's settings (SOFTWARP_SIW=1).
+    #[arg(long)]
+    siw: bool,
+    /// No RFC 6581 peer-to-peer mode as initiator (SOFTWARP_P2P=0).
+    #[arg(long)]
+    no_p2p: bool,
+    /// Turn on the RAS services in the program (SOFTWARP_RAS=on), for `softwarp resources`.
+    #[arg(long)]
+    ras: bool,
+    /// Busy-poll the CQs made without a completion channel (SOFTWARP_BUSY_POLL=1): the
+    /// polling thread moves the bytes, for programs that poll in a loop (perftest).
+    #[arg(long)]
+    busy_poll: bool,
+    /// Preload the extended sockets library instead (its options below).
+    #[arg(long)]
+    sockets: bool,
+    #[command(flatten)]
+    sockets_args: exec_sockets::SocketsArgs,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<std::ffi::OsString>,
+}
+
+/// `softwarp exec`: replaces this process with the program (returns only on failure).
+fn exec(args: &ExecArgs) -> anyhow::Result<ExitCode> {
+    use std::os::unix::process::CommandExt;
+    if args.sockets {
+        return Err(exec_sockets::run(&args.sockets_args, &args.command));
+    }
+    if args.sockets_args.any() {
+        anyhow::bail!(
+            "--opt-in, --ports, --deny-ports, --stats and --library go with --sockets \
+             (`softwarp exec --sockets -- PROGRAM`)"
+        );
+    }
+    let lib = softwarp_cli::exec::find_library(args.lib.as_deref())?;
+    let dir = softwarp_cli::exec::library_dir(&lib)?;
+    let Some((program, rest)) = args.command.split_first() else {
+        anyhow::bail!("no program given");
+    };
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(rest)
+        .env("LD_LIBRARY_PATH", softwarp_cli::exec::library_path(&dir));
+    for (var, value) in [
+        ("SOFTWARP_CRC", args.crc.clone()),
+        ("SOFTWARP_MPA_REV", args.mpa_rev.clone()),
+        ("SOFTWARP_MARKERS", args.markers.clone()),
+        ("SOFTWARP_SIW", args.siw.then(|| "1".to_string())),
+        ("SOFTWARP_P2P", args.no_p2p.then(|| "0".to_string())),
+        ("SOFTWARP_RAS", args.ras.then(|| "on".to_string())),
+        (
+            "SOFTWARP_BUSY_POLL",
+            args.busy_poll.then(|| "1".to_string()),
+        ),
+    ] {
+        if let Some(v) = value {
+            cmd.env(var, v);
+        }
+    }
+    let err = cmd.exec();
+    Err(err).with_context(|| format!("running {}", Path::new(program).display()))
 }
 
 fn print_output(out: &mut impl Write, output: &Output, json: bool) -> io::Result<()> {
@@ -226,7 +315,7 @@ fn main() -> ExitCode {
         Command::Snapshots(args) => admin_run(|o, e| admin::snapshots::run(args, o, e)),
         Command::Dump(args) => admin_run(|o, e| admin::dump::run(args, o, e)),
         Command::Doctor(args) => admin_run(|o, _| admin::doctor::run(args, o)),
-        Command::Exec(args) => Err(exec::run(args)),
+        Command::Exec(args) => exec(args),
     };
     match result {
         Ok(code) => code,

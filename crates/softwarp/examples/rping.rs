@@ -59,8 +59,8 @@ const WR_SEND: u64 = 2;
 const WR_RDMA: u64 = 3;
 
 #[derive(Debug, Clone)]
-struct Args {
-    server: bool,
+pub(crate) struct Args {
+    pub(crate) server: bool,
     addr: Option<String>,
     port: u16,
     count: u64,
@@ -97,7 +97,7 @@ fn usage() -> String {
         .to_string()
 }
 
-fn parse_args(argv: &[String]) -> Result<Args, String> {
+pub(crate) fn parse_args(argv: &[String]) -> Result<Args, String> {
     let mut a = Args {
         server: false,
         addr: None,
@@ -271,7 +271,7 @@ enum Event {
 }
 
 /// The control block (rping's `struct rping_cb`). Fields drop in this order: the QP first.
-struct Cb {
+pub(crate) struct Cb {
     qp: QueuePair,
     recv_mr: MemoryRegion,
     /// rping's `rdma_buf`: the server's RDMA Read sink and Write source; the client's sink.
@@ -294,7 +294,7 @@ macro_rules! debug {
 }
 
 impl Cb {
-    fn new(args: Args) -> Result<Self, String> {
+    pub(crate) fn new(args: Args) -> Result<Self, String> {
         let e = |what: &str| {
             let what = what.to_string();
             move |err: softwarp::Error| format!("{what}: {err}")
@@ -514,7 +514,7 @@ impl Cb {
         Ok(v)
     }
 
-    fn run_server(&self) -> Result<(), String> {
+    pub(crate) fn run_server(&self) -> Result<(), String> {
         let host = self.args.addr.as_deref().unwrap_or("0.0.0.0");
         let listener =
             Listener::bind((host, self.args.port)).map_err(|e| format!("rdma_bind_addr: {e}"))?;
@@ -647,7 +647,7 @@ impl Cb {
         }
     }
 
-    fn run_client(&self) -> Result<(), String> {
+    pub(crate) fn run_client(&self) -> Result<(), String> {
         let host = self.args.addr.as_deref().unwrap_or_default();
         let info = self
             .qp

@@ -279,7 +279,9 @@ impl QpShared {
             // the Terminate is let through.
             if t.expired() || !matches!(qp.state(), QpState::Rts | QpState::Closing) {
                 conn.hold_until = None;
-            } else if qp.is_drained() {
+            } else if qp.is_drained() && !qp.wants_tx() {
+                // Nothing in flight and nothing to send (not even an RFC 6581 RTR, which
+                // the peer may be waiting for before it sends first): no retry needed.
                 return TxEnd::Idle;
             } else {
                 return TxEnd::Held;

@@ -1,0 +1,1072 @@
+//! `struct rdma_cm_id` and the calls on it.
+
+use std::ffi::{c_int, c_void};
+use std::net::SocketAddr;
+use std::sync::{Mutex, MutexGuard};
+
+use softwarp::{
+    CmId, CmListener, ConnectOptions, ConnectRequest, ConnectionInfo, ListenOptions, Role,
+};
+
+use crate::cm::channel::{write_addr, EvChannel, Event};
+use crate::cm::{cm_context, err, from_sockaddr, source_for};
+use crate::errno;
+use crate::ffi::*;
+use crate::verbs::cq::{
+    swv_ibv_create_comp_channel, swv_ibv_create_cq, swv_ibv_destroy_comp_channel,
+    swv_ibv_destroy_cq,
+};
+use crate::verbs::mr::{swv_ibv_alloc_pd, swv_ibv_dealloc_pd};
+use crate::verbs::qp::{create_qp_ex, swv_ibv_destroy_qp, Qp};
+
+/// The most RDMA Reads a QP of this library has outstanding either way (its IRD and ORD);
+/// larger `responder_resources`/`initiator_depth` are lowered to it, as providers do with
+/// values above their limits.
+const QP_RD_ATOMIC: usize = 16;
+
+/// `struct rdma_cm_id` followed by the id's Softwarp state.
+#[repr(C)]
+pub struct Id {
+    pub c: rdma_cm_id,
+    st: Mutex<IdState>,
+    /// Synchronous mode (created without a channel, or a request of a synchronous
+    /// listener): each call waits for its event.
+    sync: bool,
+    /// The private channel of an id created without one.
+    own_channel: Option<Box<EvChannel>>,
+}
+
+#[derive(Default)]
+struct IdState {
+    bound: Option<SocketAddr>,
+    dst: Option<SocketAddr>,
+    listener: Option<CmListener>,
+    request: Option<ConnectRequest>,
+    conn: Option<CmId>,
+    initiator: bool,
+    /// Objects `rdma_create_qp` made because the application passed none.
+    own_pd: bool,
+    own_cqs: bool,
+    /// QP attributes and PD kept by `rdma_create_ep` for the ids `rdma_get_request`
+    /// returns.
+    ep_qp_attr: Option<ibv_qp_init_attr>,
+    ep_pd: usize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Id {
+    fn state(&self) -> MutexGuard<'_, IdState> {
+        lock(&self.st)
+    }
+
+    /// # Safety
+    /// `id` must be NULL or a live id of this library.
+    pub unsafe fn from_c<'a>(id: *mut rdma_cm_id) -> Option<&'a Id> {
+        // SAFETY: `c` is the first member of the `repr(C)` `Id`.
+        unsafe { id.cast::<Id>().as_ref() }
+    }
+
+    fn channel(&self) -> &EvChannel {
+        // SAFETY: an id's channel outlives it (rdma-core requires ids to be destroyed
+        // before their channel); a sync id's channel is its own.
+        unsafe { &*self.c.channel.cast::<EvChannel>() }
+    }
+
+    fn ptr(&self) -> *mut rdma_cm_id {
+        (self as *const Id).cast_mut().cast()
+    }
+
+    fn is_sync(&self) -> bool {
+        self.sync
+    }
+
+    pub fn is_initiator(&self) -> bool {
+        self.state().initiator
+    }
+
+    fn set_src(&self, addr: SocketAddr) {
+        let p = std::ptr::addr_of!(self.c.route.addr.__bindgen_anon_1).cast_mut();
+        // SAFETY: the union is sockaddr_storage-sized; the application reads it only
+        // between calls (as with rdma-core, which writes it from its calls too).
+        unsafe { write_addr(p.cast(), addr) };
+    }
+
+    fn set_dst(&self, addr: SocketAddr) {
+        let p = std::ptr::addr_of!(self.c.route.addr.__bindgen_anon_2).cast_mut();
+        // SAFETY: as `set_src`.
+        unsafe { write_addr(p.cast(), addr) };
+    }
+
+    fn set_verbs(&self, ctx: *mut ibv_context) {
+        let p = std::ptr::addr_of!(self.c.verbs).cast_mut();
+        // SAFETY: the application's view of `verbs`, written as rdma-core does.
+        unsafe { p.write(ctx) };
+    }
+
+    fn qp(&self) -> Option<&Qp> {
+        // SAFETY: `c.qp` is NULL or the QP `rdma_create_qp` made (or the application put).
+        unsafe { Qp::from_ibv(self.c.qp) }
+    }
+
+    /// The connection is up: addresses as negotiated, the QP's state field updated.
+    pub fn established(&self, info: &ConnectionInfo) {
+        self.set_src(info.local_addr);
+        self.set_dst(info.peer_addr);
+        self.sync_qp_state();
+    }
+
+    pub fn sync_qp_state(&self) {
+        if let Some(q) = self.qp() {
+            q.sync_state();
+        }
+    }
+
+    /// A new id for a connection request at `listener`, and its CONNECT_REQUEST event.
+    ///
+    /// # Safety
+    /// `listener` must be a live listening id.
+    pub unsafe fn child(listener: *mut Id, req: ConnectRequest) -> Option<Box<Event>> {
+        // SAFETY: the caller's listening id.
+        let l = unsafe { &*listener };
+        let verbs = cm_context().ok()?;
+        // SAFETY: plain C data; all-zero is valid.
+        let mut c: rdma_cm_id = unsafe { std::mem::zeroed() };
+        c.verbs = verbs;
+        c.channel = l.c.channel;
+        c.context = l.c.context;
+        c.ps = l.c.ps;
+        c.port_num = 1;
+        c.qp_type = l.c.qp_type;
+        let (private, peer) = (req.private_data().to_vec(), req.peer_ird_ord());
+        let conn = req.conn_id();
+        let (local, remote) = (req.local_addr(), req.peer_addr());
+        let (ep_qp_attr, ep_pd) = {
+            let st = l.state();
+            (st.ep_qp_attr, st.ep_pd)
+        };
+        let id = Box::new(Id {
+            c,
+            st: Mutex::new(IdState {
+                bound: Some(local),
+                dst: Some(remote),
+                request: Some(req),
+                ep_qp_attr,
+                ep_pd,
+                ..IdState::default()
+            }),
+            sync: l.sync,
+            own_channel: None,
+        });
+        id.set_src(local);
+        id.set_dst(remote);
+        let p = Box::into_raw(id);
+        l.channel().state().conns.insert(conn, p as usize);
+        // The peer's (IRD, ORD): what it may read from us is our responder resources.
+        let (rr, depth) = peer.map_or((QP_RD_ATOMIC, QP_RD_ATOMIC), |(ird, ord)| {
+            (usize::from(ord), usize::from(ird))
+        });
+        let mut ev =
+            Event::new(p.cast(), RDMA_CM_EVENT_CONNECT_REQUEST, 0).conn(&private, rr, depth);
+        ev.c.listen_id = listener.cast();
+        Some(ev)
+    }
+
+    /// In synchronous mode, waits for the event the last call started and returns its
+    /// status as the call's result (rdma-core's `ucma_complete`): the event is kept in
+    /// `id->event` until the next one.
+    fn complete(&self) -> c_int {
+        if !self.sync {
+            return 0;
+        }
+        let me = self.ptr();
+        let ev = match self.channel().next_matching(|ev| ev.c.id == me) {
+            Ok(ev) => ev,
+            Err(e) => return err(e),
+        };
+        let status = ev.c.status;
+        let ty = ev.c.event;
+        self.keep_event(ev);
+        if status != 0 {
+            return err(-status);
+        }
+        match ty {
+            RDMA_CM_EVENT_ADDR_RESOLVED
+            | RDMA_CM_EVENT_ROUTE_RESOLVED
+            | RDMA_CM_EVENT_ESTABLISHED
+            | RDMA_CM_EVENT_DISCONNECTED => 0,
+            RDMA_CM_EVENT_UNREACHABLE => err(libc::EHOSTUNREACH),
+            _ => err(libc::ECONNREFUSED),
+        }
+    }
+
+    /// Keeps `ev` as the synchronous id's `id->event` (rdma-core's convention), releasing
+    /// the previous one.
+    fn keep_event(&self, ev: Box<Event>) {
+        let old = self.c.event;
+        let p = std::ptr::addr_of!(self.c.event).cast_mut();
+        // SAFETY: `id->event` is the library's to set in synchronous mode; the previous
+        // event (ours, boxed) is released.
+        unsafe {
+            p.write(Box::into_raw(ev).cast());
+            if !old.is_null() {
+                drop(Box::from_raw(old.cast::<Event>()));
+            }
+        }
+    }
+}
+
+fn ids_options(param: *const rdma_conn_param, call: &'static str) -> Result<ConnectOptions, c_int> {
+    let mut o = crate::env::options();
+    // SAFETY: NULL or the application's parameters.
+    if let Some(p) = unsafe { param.as_ref() } {
+        if p.private_data_len > 0 {
+            if p.private_data.is_null() {
+                return Err(errno::invalid(
+                    call,
+                    "private_data_len without private_data",
+                ));
+            }
+            // SAFETY: the application's private data of `private_data_len` bytes.
+            let d = unsafe {
+                std::slice::from_raw_parts(
+                    p.private_data.cast::<u8>(),
+                    usize::from(p.private_data_len),
+                )
+            };
+            o.private_data = d.to_vec();
+        }
+        o.ird = Some(usize::from(p.responder_resources).min(QP_RD_ATOMIC));
+        o.ord = Some(usize::from(p.initiator_depth).min(QP_RD_ATOMIC));
+    }
+    Ok(o)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_create_id(
+    channel: *mut rdma_event_channel,
+    out: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: rdma_port_space,
+) -> c_int {
+    if out.is_null() {
+        return err(libc::EINVAL);
+    }
+    // SAFETY: the caller's pointer.
+    unsafe { create_id(channel, out, context, ps, IBV_QPT_RC) }
+}
+
+unsafe fn create_id(
+    channel: *mut rdma_event_channel,
+    out: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: rdma_port_space,
+    qp_type: ibv_qp_type,
+) -> c_int {
+    if ps != RDMA_PS_TCP && ps != RDMA_PS_IB {
+        return err(errno::unsupported(
+            "rdma_create_id",
+            "port spaces other than TCP (iWARP is connected only)",
+        ));
+    }
+    let (own_channel, ch) = if channel.is_null() {
+        match EvChannel::create() {
+            Ok(mut c) => {
+                let p = std::ptr::addr_of_mut!(c.c);
+                (Some(c), p)
+            }
+            Err(e) => return err(e),
+        }
+    } else {
+        (None, channel)
+    };
+    // SAFETY: plain C data; all-zero is valid.
+    let mut c: rdma_cm_id = unsafe { std::mem::zeroed() };
+    c.channel = ch;
+    c.context = context;
+    c.ps = ps;
+    c.qp_type = qp_type;
+    let id = Box::new(Id {
+        c,
+        st: Mutex::new(IdState::default()),
+        sync: own_channel.is_some(),
+        own_channel,
+    });
+    // SAFETY: `out` is writable.
+    unsafe { *out = Box::into_raw(id).cast() };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    // SAFETY: the caller's id.
+    let Some(i) = (unsafe { Id::from_c(id) }) else {
+        return err(libc::EINVAL);
+    };
+    {
+        let mut st = i.state();
+        let mut ch = i.channel().state();
+        ch.conns.retain(|_, p| *p != id as usize);
+        ch.listeners.retain(|_, p| *p != id as usize);
+        drop(ch);
+        st.listener = None;
+        st.request = None;
+        st.conn = None;
+    }
+    if !i.c.event.is_null() {
+        // SAFETY: a synchronous id's last event is ours (boxed).
+        drop(unsafe { Box::from_raw(i.c.event.cast::<Event>()) });
+    }
+    // SAFETY: ids are allocated with Box; the application gives it up.
+    drop(unsafe { Box::from_raw(id.cast::<Id>()) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
+    // SAFETY: the caller's id and address.
+    let (Some(i), Some(a)) = (unsafe { Id::from_c(id) }, unsafe {
+        from_sockaddr(addr.cast())
+    }) else {
+        return err(libc::EINVAL);
+    };
+    let mut st = i.state();
+    if st.bound.is_some() {
+        return err(libc::EINVAL);
+    }
+    // An address this host does not have cannot be bound (rdma-core: no device for it).
+    if !a.ip().is_unspecified() {
+        if let Err(e) = std::net::TcpListener::bind(SocketAddr::new(a.ip(), 0)) {
+            return err(e.raw_os_error().unwrap_or(libc::EADDRNOTAVAIL));
+        }
+    }
+    let ctx = match cm_context() {
+        Ok(c) => c,
+        Err(e) => return err(e),
+    };
+    st.bound = Some(a);
+    drop(st);
+    i.set_src(a);
+    i.set_verbs(ctx);
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_resolve_addr(
+    id: *mut rdma_cm_id,
+    src: *mut sockaddr,
+    dst: *mut sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    // SAFETY: the caller's id and addresses.
+    let (Some(i), Some(d)) = (unsafe { Id::from_c(id) }, unsafe {
+        from_sockaddr(dst.cast())
+    }) else {
+        return err(libc::EINVAL);
+    };
+    // SAFETY: as above.
+    let s = unsafe { from_sockaddr(src.cast()) };
+    if s.is_some() && i.state().bound.is_none() {
+        // SAFETY: forwarded.
+        if unsafe { swv_rdma_bind_addr(id, src) } != 0 {
+            return -1;
+        }
+    }
+    let ctx = match cm_context() {
+        Ok(c) => c,
+        Err(e) => return err(e),
+    };
+    let bound = i.state().bound;
+    let ev = match bound.map(|b| Ok(b.ip())).unwrap_or_else(|| source_for(d)) {
+        Ok(ip) if !ip.is_unspecified() => {
+            i.state().dst = Some(d);
+            i.set_dst(d);
+            i.set_src(SocketAddr::new(ip, bound.map_or(0, |b| b.port())));
+            i.set_verbs(ctx);
+            Event::new(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0)
+        }
+        Ok(_) => {
+            i.state().dst = Some(d);
+            i.set_dst(d);
+            i.set_verbs(ctx);
+            Event::new(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0)
+        }
+        Err(e) => Event::new(
+            id,
+            RDMA_CM_EVENT_ADDR_ERROR,
+            -e.raw_os_error().unwrap_or(libc::EHOSTUNREACH),
+        ),
+    };
+    i.channel().push(ev);
+    i.complete()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    // SAFETY: the caller's id.
+    let Some(i) = (unsafe { Id::from_c(id) }) else {
+        return err(libc::EINVAL);
+    };
+    if i.state().dst.is_none() {
+        return err(libc::EINVAL);
+    }
+    i.channel()
+        .push(Event::new(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
+    i.complete()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
+    // SAFETY: the caller's id.
+    let Some(i) = (unsafe { Id::from_c(id) }) else {
+        return err(libc::EINVAL);
+    };
+    let mut st = i.state();
+    let Some(addr) = st.bound else {
+        return err(libc::EINVAL);
+    };
+    if st.listener.is_some() {
+        return err(libc::EINVAL);
+    }
+    let backlog = u32::try_from(backlog)
+        .ok()
+        .filter(|&b| b > 0)
+        .unwrap_or(1024);
+    let opts = ListenOptions::default()
+        .backlog(backlog)
+        .options(crate::env::options());
+    let ch = i.channel();
+    let l = match ch.inner.listen(addr, &opts) {
+        Ok(l) => l,
+        Err(e) => return err(errno::fail("rdma_listen", &e)),
+    };
+    ch.state().listeners.insert(l.id(), id as usize);
+    let local = l.local_addr();
+    st.listener = Some(l);
+    drop(st);
+    i.set_src(local);
+    0
+}
+
+/// Creates the PD and CQs an id needs when the application passes none.
+unsafe fn default_objects(i: &Id, attr: &mut ibv_qp_init_attr_ex) -> Result<(), c_int> {
+    let ctx = if i.c.verbs.is_null() {
+        cm_context()?
+    } else {
+        i.c.verbs
+    };
+    let idp = i.ptr();
+    if attr.pd.is_null() {
+        // SAFETY: our context.
+        let pd = unsafe { swv_ibv_alloc_pd(ctx) };
+        if pd.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        attr.pd = pd;
+        // SAFETY: the id is the caller's; its C fields are ours to fill here.
+        unsafe { (*idp).pd = pd };
+        i.state().own_pd = true;
+    }
+    if attr.send_cq.is_null() || attr.recv_cq.is_null() {
+        // SAFETY: as above: rdma-core's ucma_create_cqs fills these fields.
+        unsafe {
+            let rch = swv_ibv_create_comp_channel(ctx);
+            let sch = swv_ibv_create_comp_channel(ctx);
+            if rch.is_null() || sch.is_null() {
+                return Err(libc::ENOMEM);
+            }
+            let rcq = swv_ibv_create_cq(
+                ctx,
+                attr.cap.max_recv_wr.max(1) as c_int,
+                idp.cast(),
+                rch,
+                0,
+            );
+            let scq = swv_ibv_create_cq(
+                ctx,
+                attr.cap.max_send_wr.max(1) as c_int,
+                idp.cast(),
+                sch,
+                0,
+            );
+            if rcq.is_null() || scq.is_null() {
+                return Err(libc::ENOMEM);
+            }
+            (*idp).recv_cq_channel = rch;
+            (*idp).send_cq_channel = sch;
+            (*idp).recv_cq = rcq;
+            (*idp).send_cq = scq;
+            attr.recv_cq = rcq;
+            attr.send_cq = scq;
+        }
+        i.state().own_cqs = true;
+    }
+    Ok(())
+}
+
+unsafe fn create_qp_on(id: *mut rdma_cm_id, attr: &mut ibv_qp_init_attr_ex) -> c_int {
+    // SAFETY: the caller's id.
+    let Some(i) = (unsafe { Id::from_c(id) }) else {
+        return err(libc::EINVAL);
+    };
+    if !i.c.qp.is_null() {
+        return err(libc::EINVAL);
+    }
+    // SAFETY: the id is live.
+    if let Err(e) = unsafe { default_objects(i, attr) } {
+        return err(e);
+    }
+    attr.comp_mask |= IBV_QP_INIT_ATTR_PD;
+    // SAFETY: the PD is the application's or ours.
+    let ctx = unsafe { (*attr.pd).context };
+    if !i.c.verbs.is_null() && ctx != i.c.verbs {
+        return err(errno::invalid(
+            "rdma_create_qp",
+            "the PD belongs to another device context than the id",
+        ));
+    }
+    // SAFETY: our context and the attributes.
+    let qp = unsafe { create_qp_ex(ctx, attr) };
+    if qp.is_null() {
+        return -1;
+    }
+    // SAFETY: the id's QP and PD fields, as rdma-core sets them.
+    unsafe {
+        (*id).qp = qp;
+        (*id).pd = attr.pd;
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: the caller's attributes.
+    let Some(a) = (unsafe { attr.as_mut() }) else {
+        return err(libc::EINVAL);
+    };
+    // SAFETY: plain C data; all-zero is valid.
+    let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+    ex.qp_context = a.qp_context;
+    ex.send_cq = a.send_cq;
+    ex.recv_cq = a.recv_cq;
+    ex.srq = a.srq;
+    ex.cap = a.cap;
+    ex.qp_type = a.qp_type;
+    ex.sq_sig_all = a.sq_sig_all;
+    ex.pd = pd;
+    // SAFETY: forwarded.
+    let rc = unsafe { create_qp_on(id, &mut ex) };
+    if rc == 0 {
+        a.cap = ex.cap;
+        a.send_cq = ex.send_cq;
+        a.recv_cq = ex.recv_cq;
+    }
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
+    // SAFETY: the caller's attributes.
+    let Some(a) = (unsafe { attr.as_mut() }) else {
+        return err(libc::EINVAL);
+    };
+    // SAFETY: forwarded.
+    unsafe { create_qp_on(id, a) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_destroy_qp(id: *mut rdma_cm_id) {
+    // SAFETY: the caller's id.
+    let Some(i) = (unsafe { Id::from_c(id) }) else {
+        return;
+    };
+    let (own_pd, own_cqs) = {
+        let mut st = i.state();
+        (
+            std::mem::take(&mut st.own_pd),
+            std::mem::take(&mut st.own_cqs),
+        )
+    };
+    // SAFETY: the id's C fields are the application's view of objects this library made;
+    // they are released as rdma-core releases them.
+    unsafe {
+        if !(*id).qp.is_null() {
+            swv_ibv_destroy_qp((*id).qp);
+            (*id).qp = std::ptr::null_mut();
+        }
+        if own_cqs {
+            swv_ibv_destroy_cq((*id).send_cq);
+            swv_ibv_destroy_cq((*id).recv_cq);
+            swv_ibv_destroy_comp_channel((*id).send_cq_channel);
+            swv_ibv_destroy_comp_channel((*id).recv_cq_channel);
+            (*id).send_cq = std::ptr::null_mut();
+            (*id).recv_cq = std::ptr::null_mut();
+            (*id).send_cq_channel = std::ptr::null_mut();
+            (*id).recv_cq_channel = std::ptr::null_mut();
+        }
+        if own_pd {
+            swv_ibv_dealloc_pd((*id).pd);
+            (*id).pd = std::ptr::null_mut();
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_connect(
+    id: *mut rdma_cm_id,
+    param: *mut rdma_conn_param,
+) -> c_int {
+    const CALL: &str = "rdma_connect";
+    // SAFETY: the caller's id.
+    let Some(i) = (unsafe { Id::from_c(id) }) else {
+        return err(libc::EINVAL);
+    };
+    let Some(q) = i.qp() else {
+        return err(errno::invalid(
+            CALL,
+            "no QP on the id (rdma_create_qp first)",
+        ));
+    };
+    let opts = match ids_options(param, CALL) {
+        Ok(o) => o,
+        Err(e) => return err(e),
+    };
+    let mut st = i.state();
+    let Some(dst) = st.dst else {
+        return err(errno::invalid(CALL, "the address is not resolved"));
+    };
+    if st.conn.is_some() {
+        return err(libc::EISCONN);
+    }
+    let ch = i.channel();
+    // Registered under the channel's lock, before its events can be read.
+    let mut chs = ch.state();
+    match ch.inner.connect(&q.qp, dst, &opts) {
+        Ok(cm) => {
+            chs.conns.insert(cm.conn_id(), id as usize);
+            st.conn = Some(cm);
+            st.initiator = true;
+        }
+        Err(e) => return err(errno::fail(CALL, &e)),
+    }
+    drop(chs);
+    drop(st);
+    i.complete()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_accept(
+    id: *mut rdma_cm_id,
+    param: *mut rdma_conn_param,
+) -> c_int {
+    const CALL: &str = "rdma_accept";
+    // SAFETY: the caller's id.
+    let Some(i) = (unsafe { Id::from_c(id) }) else {
+        return err(libc::EINVAL);
+    };
+    let Some(q) = i.qp() else {
+        return err(errno::invalid(
+            CALL,
+            "no QP on the id (rdma_create_qp first)",
+        ));
+    };
+    let opts = match ids_options(param, CALL) {
+        Ok(o) => o,
+        Err(e) => return err(e),
+    };
+    let mut st = i.state();
+    let Some(req) = st.request.take() else {
+        return err(errno::invalid(CALL, "not a connection request"));
+    };
+    match req.accept(&q.qp, &opts) {
+        Ok(cm) => {
+            debug_assert_eq!(cm.role(), Role::Responder);
+            st.conn = Some(cm);
+        }
+        Err(e) => {
+            st.request = Some(req);
+            return err(errno::fail(CALL, &e));
+        }
+    }
+    drop(st);
+    q.sync_state();
+    // A synchronous id reports the connection when it is established (its event is on the
+    // listener's channel, where the request came from).
+    if i.is_sync() {
+        return i.complete();
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_reject(
+    id: *mut rdma_cm_id,
+    data: *const c_void,
+    len: u8,
+) -> c_int {
+    // SAFETY: the caller's id.
+    let Some(i) = (unsafe { Id::from_c(id) }) else {
+        return err(libc::EINVAL);
+    };
+    let data = if len > 0 && !data.is_null() {
+        // SAFETY: the application's `len` bytes.
+        unsafe { std::slice::from_raw_parts(data.cast::<u8>(), usize::from(len)) }
+    } else {
+        &[]
+    };
+    let Some(req) = i.state().request.take() else {
+        return err(libc::EINVAL);
+    };
+    match req.reject(data) {
+        Ok(()) => 0,
+        Err(e) => err(errno::fail("rdma_reject", &e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+    // SAFETY: the caller's id.
+    let Some(i) = (unsafe { Id::from_c(id) }) else {
+        return err(libc::EINVAL);
+    };
+    let conn = i.state().conn.clone();
+    let Some(conn) = conn else {
+        return err(libc::EINVAL);
+    };
+    let rc = match conn.disconnect() {
+        Ok(()) => 0,
+        Err(softwarp::Error::NotConnected) => 0,
+        Err(e) => err(errno::fail("rdma_disconnect", &e)),
+    };
+    i.sync_qp_state();
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_notify(id: *mut rdma_cm_id, _event: ibv_event_type) -> c_int {
+    // iWARP has no communication-established event to forward (rdma-core: a no-op there).
+    if id.is_null() {
+        return err(libc::EINVAL);
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_establish(id: *mut rdma_cm_id) -> c_int {
+    if id.is_null() {
+        return err(libc::EINVAL);
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_init_qp_attr(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
+    // SAFETY: the caller's id and outputs.
+    let (Some(_), Some(a), false) = (
+        unsafe { Id::from_c(id) },
+        unsafe { attr.as_mut() },
+        mask.is_null(),
+    ) else {
+        return err(libc::EINVAL);
+    };
+    let m = match a.qp_state {
+        IBV_QPS_INIT => {
+            a.qp_access_flags =
+                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+            a.port_num = 1;
+            IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PORT
+        }
+        IBV_QPS_RTR | IBV_QPS_RTS => IBV_QP_STATE,
+        _ => return err(libc::EINVAL),
+    };
+    // SAFETY: `mask` is writable.
+    unsafe { *mask = m as c_int };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_set_option(
+    id: *mut rdma_cm_id,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: usize,
+) -> c_int {
+    if id.is_null() || (val.is_null() && len > 0) {
+        return err(libc::EINVAL);
+    }
+    match (level as u32, name as u32) {
+        // Accepted and without effect here: the TOS, address reuse, v6-only and the ACK
+        // timeout belong to the TCP connection, which uses the host's defaults.
+        (
+            RDMA_OPTION_ID,
+            RDMA_OPTION_ID_TOS
+            | RDMA_OPTION_ID_REUSEADDR
+            | RDMA_OPTION_ID_AFONLY
+            | RDMA_OPTION_ID_ACK_TIMEOUT,
+        ) => 0,
+        _ => {
+            tracing::warn!(target: "softwarp::verbs", level, name, "rdma_set_option: not supported by softwarp");
+            err(libc::ENOSYS)
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_get_local_addr(id: *mut rdma_cm_id) -> *mut sockaddr {
+    if id.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the caller's id; the address lives in it.
+    unsafe { std::ptr::addr_of_mut!((*id).route.addr.__bindgen_anon_1).cast() }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_get_peer_addr(id: *mut rdma_cm_id) -> *mut sockaddr {
+    if id.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: as above.
+    unsafe { std::ptr::addr_of_mut!((*id).route.addr.__bindgen_anon_2).cast() }
+}
+
+unsafe fn port_of(sa: *mut sockaddr) -> u16 {
+    // SAFETY: the id's address storage.
+    unsafe { from_sockaddr(sa.cast()) }.map_or(0, |a| a.port().to_be())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: forwarded.
+    unsafe { port_of(swv_rdma_get_local_addr(id)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: forwarded.
+    unsafe { port_of(swv_rdma_get_peer_addr(id)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_context {
+    let ctx = match cm_context() {
+        Ok(c) => c,
+        Err(e) => {
+            errno::set(e);
+            return std::ptr::null_mut();
+        }
+    };
+    // SAFETY: calloc of two pointers; NULL is handled.
+    let list = unsafe { libc::calloc(2, std::mem::size_of::<*mut ibv_context>()) }
+        .cast::<*mut ibv_context>();
+    if list.is_null() {
+        errno::set(libc::ENOMEM);
+        return list;
+    }
+    // SAFETY: room for two pointers; the second stays NULL.
+    unsafe { *list = ctx };
+    if !num.is_null() {
+        // SAFETY: the caller's int.
+        unsafe { *num = 1 };
+    }
+    list
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_free_devices(list: *mut *mut ibv_context) {
+    // SAFETY: from `rdma_get_devices` (calloc) or NULL.
+    unsafe { libc::free(list.cast()) };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_migrate_id(
+    id: *mut rdma_cm_id,
+    channel: *mut rdma_event_channel,
+) -> c_int {
+    // SAFETY: the caller's id.
+    let Some(i) = (unsafe { Id::from_c(id) }) else {
+        return err(libc::EINVAL);
+    };
+    let st = i.state();
+    if channel.is_null()
+        || i.is_sync()
+        || st.listener.is_some()
+        || st.conn.is_some()
+        || st.request.is_some()
+    {
+        // Softwarp reports a connection's events on the channel it began on.
+        tracing::warn!(target: "softwarp::verbs", "rdma_migrate_id: not supported by softwarp once the id listens or connects");
+        return err(libc::ENOSYS);
+    }
+    // SAFETY: the id's channel field, as rdma-core sets it.
+    unsafe { (*id).channel = channel };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_join_multicast(
+    _id: *mut rdma_cm_id,
+    _addr: *mut sockaddr,
+    _ctx: *mut c_void,
+) -> c_int {
+    tracing::warn!(target: "softwarp::verbs", "rdma_join_multicast: not supported by softwarp (iWARP is connected only)");
+    err(libc::ENOSYS)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_leave_multicast(
+    _id: *mut rdma_cm_id,
+    _addr: *mut sockaddr,
+) -> c_int {
+    tracing::warn!(target: "softwarp::verbs", "rdma_leave_multicast: not supported by softwarp (iWARP is connected only)");
+    err(libc::ENOSYS)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_create_ep(
+    out: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: the caller's pointers.
+    let Some(r) = (unsafe { res.as_ref() }) else {
+        return err(libc::EINVAL);
+    };
+    if out.is_null() {
+        return err(libc::EINVAL);
+    }
+    let ps = if r.ai_port_space == 0 {
+        RDMA_PS_TCP
+    } else {
+        r.ai_port_space as rdma_port_space
+    };
+    // The QP type comes from the address information, as in rdma-core.
+    let qp_type = if r.ai_qp_type == 0 {
+        IBV_QPT_RC
+    } else {
+        r.ai_qp_type as ibv_qp_type
+    };
+    // SAFETY: NULL or the caller's attributes.
+    if let Some(a) = unsafe { qp_init_attr.as_mut() } {
+        a.qp_type = qp_type;
+    }
+    let mut id: *mut rdma_cm_id = std::ptr::null_mut();
+    // SAFETY: a new synchronous id.
+    if unsafe {
+        create_id(
+            std::ptr::null_mut(),
+            &mut id,
+            std::ptr::null_mut(),
+            ps,
+            qp_type,
+        )
+    } != 0
+    {
+        return -1;
+    }
+    // SAFETY: `id` was just created; the rest are the caller's.
+    let rc = unsafe {
+        if r.ai_flags & crate::cm::addrinfo::RAI_PASSIVE != 0 {
+            let rc = swv_rdma_bind_addr(id, r.ai_src_addr);
+            if rc == 0 {
+                if let Some(i) = Id::from_c(id) {
+                    let mut st = i.state();
+                    st.ep_qp_attr = qp_init_attr.as_ref().copied();
+                    st.ep_pd = pd as usize;
+                }
+            }
+            rc
+        } else {
+            let mut rc = swv_rdma_resolve_addr(id, r.ai_src_addr, r.ai_dst_addr, 2000);
+            if rc == 0 {
+                rc = swv_rdma_resolve_route(id, 2000);
+            }
+            if rc == 0 && !qp_init_attr.is_null() {
+                rc = swv_rdma_create_qp(id, pd, qp_init_attr);
+            }
+            rc
+        }
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL);
+        // SAFETY: our id, not handed out.
+        unsafe { swv_rdma_destroy_id(id) };
+        return err(e);
+    }
+    // SAFETY: `out` is writable.
+    unsafe { *out = id };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_destroy_ep(id: *mut rdma_cm_id) {
+    if id.is_null() {
+        return;
+    }
+    // SAFETY: the caller's id; its QP and the objects made for it go first.
+    unsafe {
+        swv_rdma_destroy_qp(id);
+        swv_rdma_destroy_id(id);
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_get_request(
+    listen: *mut rdma_cm_id,
+    out: *mut *mut rdma_cm_id,
+) -> c_int {
+    // SAFETY: the caller's id.
+    let Some(l) = (unsafe { Id::from_c(listen) }) else {
+        return err(libc::EINVAL);
+    };
+    if out.is_null() || !l.is_sync() || l.state().listener.is_none() {
+        return err(libc::EINVAL);
+    }
+    let ev = match l
+        .channel()
+        .next_matching(|ev| ev.c.listen_id == listen && ev.c.event == RDMA_CM_EVENT_CONNECT_REQUEST)
+    {
+        Ok(ev) => ev,
+        Err(e) => return err(e),
+    };
+    let child = ev.c.id;
+    // SAFETY: the event's id is the new id this library made for the request.
+    let Some(c) = (unsafe { Id::from_c(child) }) else {
+        return err(libc::EINVAL);
+    };
+    c.keep_event(ev);
+    let (attr, pd) = {
+        let st = c.state();
+        (st.ep_qp_attr, st.ep_pd)
+    };
+    if let Some(mut a) = attr {
+        // SAFETY: the new id, and the PD the application gave `rdma_create_ep` (or NULL).
+        if unsafe { swv_rdma_create_qp(child, pd as *mut ibv_pd, &mut a) } != 0 {
+            let e = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL);
+            // SAFETY: our id, not handed out.
+            unsafe { swv_rdma_destroy_id(child) };
+            return err(e);
+        }
+    }
+    // SAFETY: `out` is writable.
+    unsafe { *out = child };
+    0
+}

@@ -1,0 +1,184 @@
+//! Connection settings that rdma-core has no knob for, from `SOFTWARP_*` environment
+//! variables, read once per process (the first connection or listen). A value that cannot
+//! be parsed is reported on stderr with the accepted spellings and the default is kept: a
+//! C program cannot receive a typed error from its environment.
+//!
+//! | variable | values | default |
+//! | --- | --- | --- |
+//! | `SOFTWARP_SIW` | `1`: start from Linux siw's settings (`ConnectOptions::linux_siw`) | Softwarp's defaults |
+//! | `SOFTWARP_CRC` | `off`, `preferred`, `required` | `preferred` (`off` with `SOFTWARP_SIW=1`) |
+//! | `SOFTWARP_MPA_REV` | `1`, `2` | `2` |
+//! | `SOFTWARP_MARKERS` | `off`, `accept`, `request` | `off` |
+//! | `SOFTWARP_TERMINATE` | `rfc5040`, `siw` | `rfc5040` (`siw` with `SOFTWARP_SIW=1`) |
+//! | `SOFTWARP_FIRST_FPDU_DELAY_MS` | milliseconds the initiator waits after the MPA Reply | 20 (0 with `SOFTWARP_SIW=1`) |
+//! | `SOFTWARP_P2P` | `0`: no RFC 6581 peer-to-peer mode (RTR) as initiator | on: rdma_cm programs may send first from either end once both saw ESTABLISHED (perftest's `ib_write_lat` server does), and an MPA responder may not send before the initiator's first FPDU (RFC 5044), so the initiator sends a zero-length RTR |
+//! | `SOFTWARP_RFC7306` | `on`, `off`: Immediate Data and atomics | on |
+//! | `SOFTWARP_MPA_TIMEOUT_MS` | TCP connect and MPA exchange bound | 5000 |
+//! | `SOFTWARP_BUSY_POLL` | `1`: CQs made without a completion channel are busy-polled (`CompletionQueue::set_busy_poll`: the thread polling the CQ moves its QPs' bytes; a QP whose receive CQ nobody polls then receives nothing) | off |
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use softwarp::{ConnectOptions, CrcMode, MarkerMode, MpaRevision, TerminateLayout};
+
+/// The connection settings of this process.
+pub fn options() -> ConnectOptions {
+    static OPTS: OnceLock<ConnectOptions> = OnceLock::new();
+    OPTS.get_or_init(|| {
+        from(|k| std::env::var(k).ok()).unwrap_or_else(|(var, value, expected)| {
+            eprintln!("softwarp: {var}={value:?} is not one of {expected}; using the default");
+            ConnectOptions::default()
+        })
+    })
+    .clone()
+}
+
+type Bad = (&'static str, String, &'static str);
+
+/// `SOFTWARP_BUSY_POLL=1`: CQs without a completion channel are busy-polled.
+pub fn busy_poll() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        matches!(
+            std::env::var("SOFTWARP_BUSY_POLL").as_deref(),
+            Ok("1" | "on" | "yes" | "true")
+        )
+    })
+}
+
+/// The settings that `get` (an environment) gives, or the variable that is wrong.
+pub fn from(get: impl Fn(&str) -> Option<String>) -> Result<ConnectOptions, Bad> {
+    let flag = |var: &'static str, expected: &'static str| -> Result<Option<bool>, Bad> {
+        match get(var).as_deref() {
+            None | Some("") => Ok(None),
+            Some("1" | "on" | "yes" | "true") => Ok(Some(true)),
+            Some("0" | "off" | "no" | "false") => Ok(Some(false)),
+            Some(v) => Err((var, v.to_string(), expected)),
+        }
+    };
+    let mut o = if flag("SOFTWARP_SIW", "1, 0")? == Some(true) {
+        ConnectOptions::linux_siw()
+    } else {
+        ConnectOptions::default()
+    };
+    o.peer_to_peer = true;
+    if let Some(v) = get("SOFTWARP_CRC").filter(|v| !v.is_empty()) {
+        o.crc = match v.as_str() {
+            "off" | "0" => CrcMode::Off,
+            "preferred" | "on" | "1" => CrcMode::Preferred,
+            "required" => CrcMode::Required,
+            _ => return Err(("SOFTWARP_CRC", v, "off, preferred, required")),
+        };
+    }
+    if let Some(v) = get("SOFTWARP_MPA_REV").filter(|v| !v.is_empty()) {
+        o.revision = match v.as_str() {
+            "1" => MpaRevision::Rev1,
+            "2" => MpaRevision::Rev2,
+            _ => return Err(("SOFTWARP_MPA_REV", v, "1, 2")),
+        };
+    }
+    if let Some(v) = get("SOFTWARP_MARKERS").filter(|v| !v.is_empty()) {
+        o.markers = match v.as_str() {
+            "off" => MarkerMode::Off,
+            "accept" => MarkerMode::Accept,
+            "request" => MarkerMode::Request,
+            _ => return Err(("SOFTWARP_MARKERS", v, "off, accept, request")),
+        };
+    }
+    if let Some(v) = get("SOFTWARP_TERMINATE").filter(|v| !v.is_empty()) {
+        o.terminate_layout = match v.as_str() {
+            "rfc5040" => TerminateLayout::Rfc5040,
+            "siw" => TerminateLayout::LinuxSiw,
+            _ => return Err(("SOFTWARP_TERMINATE", v, "rfc5040, siw")),
+        };
+    }
+    let millis = |var: &'static str| -> Result<Option<Duration>, Bad> {
+        match get(var).filter(|v| !v.is_empty()) {
+            None => Ok(None),
+            Some(v) => v
+                .parse::<u64>()
+                .map(|ms| Some(Duration::from_millis(ms)))
+                .map_err(|_| (var, v, "a number of milliseconds")),
+        }
+    };
+    if let Some(d) = millis("SOFTWARP_FIRST_FPDU_DELAY_MS")? {
+        o.first_fpdu_delay = d;
+    }
+    if let Some(d) = millis("SOFTWARP_MPA_TIMEOUT_MS")? {
+        o.timeout = d;
+    }
+    if let Some(on) = flag("SOFTWARP_P2P", "1, 0")? {
+        o.peer_to_peer = on;
+    }
+    if let Some(on) = flag("SOFTWARP_RFC7306", "on, off")? {
+        o.rfc7306 = on;
+    }
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn unset_gives_softwarp_defaults() {
+        let o = from(env(&[])).expect("defaults");
+        let d = ConnectOptions::default();
+        assert_eq!(
+            (o.crc, o.revision, o.markers),
+            (d.crc, d.revision, d.markers)
+        );
+        assert_eq!(o.first_fpdu_delay, d.first_fpdu_delay);
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let o = from(env(&[
+            ("SOFTWARP_CRC", "required"),
+            ("SOFTWARP_MPA_REV", "1"),
+            ("SOFTWARP_MARKERS", "request"),
+            ("SOFTWARP_TERMINATE", "siw"),
+            ("SOFTWARP_FIRST_FPDU_DELAY_MS", "0"),
+            ("SOFTWARP_MPA_TIMEOUT_MS", "1500"),
+            ("SOFTWARP_P2P", "0"),
+            ("SOFTWARP_RFC7306", "off"),
+        ]))
+        .expect("valid");
+        assert_eq!(o.crc, CrcMode::Required);
+        assert_eq!(o.revision, MpaRevision::Rev1);
+        assert_eq!(o.markers, MarkerMode::Request);
+        assert_eq!(o.terminate_layout, TerminateLayout::LinuxSiw);
+        assert_eq!(o.first_fpdu_delay, Duration::ZERO);
+        assert_eq!(o.timeout, Duration::from_millis(1500));
+        assert!(!o.peer_to_peer);
+        assert!(!o.rfc7306);
+    }
+
+    #[test]
+    fn siw_preset_then_overrides() {
+        let o = from(env(&[("SOFTWARP_SIW", "1"), ("SOFTWARP_CRC", "preferred")])).expect("valid");
+        assert_eq!(o.terminate_layout, TerminateLayout::LinuxSiw);
+        assert_eq!(o.crc, CrcMode::Preferred);
+        assert!(
+            o.peer_to_peer,
+            "rdma_cm programs may send first from the passive side"
+        );
+    }
+
+    #[test]
+    fn a_bad_value_names_the_variable_and_the_accepted_ones() {
+        let e = from(env(&[("SOFTWARP_MPA_REV", "3")])).expect_err("refused");
+        assert_eq!(e, ("SOFTWARP_MPA_REV", "3".to_string(), "1, 2"));
+        let e = from(env(&[("SOFTWARP_FIRST_FPDU_DELAY_MS", "soon")])).expect_err("refused");
+        assert_eq!(e.0, "SOFTWARP_FIRST_FPDU_DELAY_MS");
+    }
+}

@@ -1,0 +1,109 @@
+//! The exported C symbols and the version node each one belongs to.
+//!
+//! rustc exports `#[no_mangle]` functions through an anonymous version script of its own, so
+//! they would land at the base version, which no rdma-core binary asks for. Each C entry
+//! point is therefore a two-instruction trampoline defined here in assembly, bound to its
+//! rdma-core version with `.symver NAME, NAME@@VERSION` (the node comes from `exports.map`),
+//! that jumps to the Rust implementation `swv_NAME`; `.hidden swv_NAME` keeps the
+//! implementation out of the dynamic symbol table (ELF gives a symbol the most restrictive
+//! visibility any object declares). The versions are rdma-core v44's
+//! (`libibverbs/libibverbs.map.in`, `librdmacm/librdmacm.map`): a binary that imports
+//! `ibv_create_qp@IBVERBS_1.1` resolves only against that exact version.
+//!
+//! A name listed here without a `swv_` implementation fails the link, so the table is also
+//! the list of what is implemented.
+
+macro_rules! exports {
+    ($( $ver:literal : [ $($name:ident),* $(,)? ] )*) => {
+        #[cfg(target_arch = "x86_64")]
+        std::arch::global_asm!(
+            ".pushsection .text",
+            $( $( concat!(
+                ".globl ", stringify!($name), "\n",
+                ".type ", stringify!($name), ",@function\n",
+                ".p2align 4\n",
+                stringify!($name), ":\n",
+                "jmp swv_", stringify!($name), "\n",
+                ".size ", stringify!($name), ", .-", stringify!($name), "\n",
+                ".hidden swv_", stringify!($name), "\n",
+                ".symver ", stringify!($name), ",", stringify!($name), "@@", $ver, "\n",
+            ), )* )*
+            ".popsection",
+        );
+        #[cfg(target_arch = "aarch64")]
+        std::arch::global_asm!(
+            ".pushsection .text",
+            $( $( concat!(
+                ".globl ", stringify!($name), "\n",
+                ".type ", stringify!($name), ",%function\n",
+                ".p2align 4\n",
+                stringify!($name), ":\n",
+                "b swv_", stringify!($name), "\n",
+                ".size ", stringify!($name), ", .-", stringify!($name), "\n",
+                ".hidden swv_", stringify!($name), "\n",
+                ".symver ", stringify!($name), ",", stringify!($name), "@@", $ver, "\n",
+            ), )* )*
+            ".popsection",
+        );
+    };
+}
+
+exports! {
+    "IBVERBS_1.0": [
+        ibv_create_comp_channel, ibv_destroy_comp_channel, ibv_read_sysfs_file,
+        ibv_get_sysfs_path, ibv_rate_to_mult, mult_to_ibv_rate,
+    ]
+    "IBVERBS_1.1": [
+        ibv_get_device_list, ibv_free_device_list, ibv_get_device_name, ibv_get_device_guid,
+        ibv_open_device, ibv_close_device, ibv_get_async_event, ibv_ack_async_event,
+        ibv_query_device, ibv_query_port, ibv_query_gid, ibv_query_pkey, ibv_alloc_pd,
+        ibv_dealloc_pd, ibv_reg_mr, ibv_rereg_mr, ibv_dereg_mr, ibv_create_cq, ibv_resize_cq,
+        ibv_destroy_cq, ibv_get_cq_event, ibv_ack_cq_events, ibv_create_srq, ibv_modify_srq,
+        ibv_query_srq, ibv_destroy_srq, ibv_create_qp, ibv_query_qp, ibv_modify_qp,
+        ibv_destroy_qp, ibv_create_ah, ibv_destroy_ah, ibv_create_ah_from_wc,
+        ibv_init_ah_from_wc, ibv_attach_mcast, ibv_detach_mcast, ibv_event_type_str,
+        ibv_node_type_str, ibv_port_state_str, ibv_wc_status_str, ibv_fork_init,
+        ibv_dontfork_range, ibv_dofork_range, ibv_rate_to_mbps, mbps_to_ibv_rate,
+        ibv_resolve_eth_l2_from_gid,
+    ]
+    "IBVERBS_1.5": [ibv_get_pkey_index]
+    "IBVERBS_1.6": [ibv_qp_to_qp_ex]
+    "IBVERBS_1.7": [ibv_reg_mr_iova]
+    "IBVERBS_1.8": [ibv_reg_mr_iova2]
+    "IBVERBS_1.9": [ibv_get_device_index]
+    "IBVERBS_1.11": [_ibv_query_gid_ex, _ibv_query_gid_table]
+    "IBVERBS_1.13": [ibv_is_fork_initialized]
+    "IBVERBS_1.14": [ibv_query_qp_data_in_order]
+    "IBVERBS_PRIVATE_34": [
+        ibv_query_gid_type,
+        // Provider interface (private.rs): what Debian's libmlx5/libefa import.
+        execute_ioctl, ibv_cmd_advise_mr, ibv_cmd_alloc_dm, ibv_cmd_alloc_mw, ibv_cmd_alloc_pd,
+        ibv_cmd_attach_mcast, ibv_cmd_close_xrcd, ibv_cmd_create_ah, ibv_cmd_create_counters,
+        ibv_cmd_create_cq, ibv_cmd_create_cq_ex, ibv_cmd_create_flow,
+        ibv_cmd_create_flow_action_esp, ibv_cmd_create_qp, ibv_cmd_create_qp_ex,
+        ibv_cmd_create_qp_ex2, ibv_cmd_create_rwq_ind_table, ibv_cmd_create_srq,
+        ibv_cmd_create_srq_ex, ibv_cmd_create_wq, ibv_cmd_dealloc_mw, ibv_cmd_dealloc_pd,
+        ibv_cmd_dereg_mr, ibv_cmd_destroy_ah, ibv_cmd_destroy_counters, ibv_cmd_destroy_cq,
+        ibv_cmd_destroy_flow, ibv_cmd_destroy_flow_action, ibv_cmd_destroy_qp,
+        ibv_cmd_destroy_rwq_ind_table, ibv_cmd_destroy_srq, ibv_cmd_destroy_wq,
+        ibv_cmd_detach_mcast, ibv_cmd_free_dm, ibv_cmd_get_context, ibv_cmd_modify_cq,
+        ibv_cmd_modify_flow_action_esp, ibv_cmd_modify_qp, ibv_cmd_modify_qp_ex,
+        ibv_cmd_modify_srq, ibv_cmd_modify_wq, ibv_cmd_open_qp, ibv_cmd_open_xrcd,
+        ibv_cmd_query_context, ibv_cmd_query_device_any, ibv_cmd_query_mr, ibv_cmd_query_port,
+        ibv_cmd_query_qp, ibv_cmd_query_srq, ibv_cmd_read_counters, ibv_cmd_reg_dm_mr,
+        ibv_cmd_reg_dmabuf_mr, ibv_cmd_reg_mr, ibv_cmd_rereg_mr, ibv_cmd_resize_cq,
+        _verbs_init_and_alloc_context, verbs_open_device, verbs_register_driver_34,
+        verbs_set_ops, verbs_uninit_context, verbs_init_cq, __verbs_log,
+    ]
+    "RDMACM_1.0": [
+        rdma_create_event_channel, rdma_destroy_event_channel, rdma_create_id, rdma_destroy_id,
+        rdma_bind_addr, rdma_resolve_addr, rdma_resolve_route, rdma_create_qp, rdma_create_qp_ex,
+        rdma_destroy_qp, rdma_connect, rdma_listen, rdma_accept, rdma_reject, rdma_notify,
+        rdma_disconnect, rdma_get_cm_event, rdma_ack_cm_event, rdma_get_src_port,
+        rdma_get_dst_port, rdma_get_devices, rdma_free_devices, rdma_event_str, rdma_set_option,
+        rdma_get_local_addr, rdma_get_peer_addr, rdma_migrate_id, rdma_getaddrinfo,
+        rdma_freeaddrinfo, rdma_join_multicast, rdma_leave_multicast, rpoll, rdma_create_ep,
+        rdma_destroy_ep, rdma_get_request,
+    ]
+    "RDMACM_1.2": [rdma_establish, rdma_init_qp_attr]
+}

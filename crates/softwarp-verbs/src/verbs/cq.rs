@@ -1,0 +1,317 @@
+//! Completion queues, completion channels (`ibv_get_cq_event` blocks; the channel's fd is
+//! Softwarp's eventfd, readable while events wait, so it works in `poll`/`epoll`), and the
+//! `ibv_context_ops` fast path `poll_cq`/`req_notify_cq`.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_uint, c_void};
+use std::os::fd::AsRawFd;
+use std::sync::Mutex;
+
+use softwarp::{
+    CompletionChannel, CompletionQueue, CqId, WcOpcode, WcStatus, WorkCompletion, EMPTY_COMPLETION,
+};
+
+use crate::errno;
+use crate::ffi::*;
+use crate::verbs::context::Context;
+use crate::watch::Watch;
+
+/// `struct ibv_comp_channel` followed by Softwarp's channel and its CQs by id (to turn the
+/// CQ that fired back into the application's `ibv_cq`).
+#[repr(C)]
+pub struct Channel {
+    pub ibv: ibv_comp_channel,
+    pub ch: CompletionChannel,
+    pub cqs: Mutex<HashMap<CqId, usize>>,
+    watch: Watch,
+}
+
+/// `struct ibv_cq` followed by Softwarp's CQ.
+#[repr(C)]
+pub struct Cq {
+    pub ibv: ibv_cq,
+    pub cq: CompletionQueue,
+}
+
+impl Cq {
+    /// # Safety
+    /// `cq` must be NULL or a live CQ of this library.
+    pub unsafe fn from_ibv<'a>(cq: *mut ibv_cq) -> Option<&'a Cq> {
+        // SAFETY: `ibv` is the first member of the `repr(C)` `Cq`.
+        unsafe { cq.cast::<Cq>().as_ref() }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_create_comp_channel(
+    ctx: *mut ibv_context,
+) -> *mut ibv_comp_channel {
+    // SAFETY: contexts come from `ibv_open_device`.
+    let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+        errno::set(libc::EINVAL);
+        return std::ptr::null_mut();
+    };
+    let ch = match c.dev.create_comp_channel() {
+        Ok(ch) => ch,
+        Err(e) => {
+            errno::set(errno::fail("ibv_create_comp_channel", &e));
+            return std::ptr::null_mut();
+        }
+    };
+    let watch = match Watch::new(&[ch.as_raw_fd()]) {
+        Ok(w) => w,
+        Err(e) => {
+            errno::set(e);
+            return std::ptr::null_mut();
+        }
+    };
+    Box::into_raw(Box::new(Channel {
+        ibv: ibv_comp_channel {
+            context: ctx,
+            fd: watch.fd(),
+            refcnt: 0,
+        },
+        ch,
+        cqs: Mutex::new(HashMap::new()),
+        watch,
+    }))
+    .cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    if ch.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: channels come from `ibv_create_comp_channel` (Box).
+    let c = unsafe { &*ch.cast::<Channel>() };
+    if c.ibv.refcnt != 0 {
+        return libc::EBUSY;
+    }
+    // SAFETY: as above; no CQ uses it any more.
+    drop(unsafe { Box::from_raw(ch.cast::<Channel>()) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    // SAFETY: contexts come from `ibv_open_device`.
+    let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+        errno::set(libc::EINVAL);
+        return std::ptr::null_mut();
+    };
+    let Ok(n) = usize::try_from(cqe) else {
+        errno::set(libc::EINVAL);
+        return std::ptr::null_mut();
+    };
+    if n == 0 || comp_vector < 0 || comp_vector >= c.vctx.context.num_comp_vectors {
+        errno::set(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    // SAFETY: channels come from `ibv_create_comp_channel`.
+    let ch = unsafe { channel.cast::<Channel>().as_mut() };
+    let made = c.dev.create_cq(n, ch.as_ref().map(|ch| &ch.ch));
+    let cq = match made {
+        Ok(cq) => cq,
+        Err(e) => {
+            errno::set(errno::fail("ibv_create_cq", &e));
+            return std::ptr::null_mut();
+        }
+    };
+    if ch.is_none() && crate::env::busy_poll() {
+        cq.set_busy_poll(true);
+    }
+    let id = cq.id();
+    let capacity = c_int::try_from(cq.capacity()).unwrap_or(c_int::MAX);
+    // SAFETY: plain C data; all-zero is valid (a zeroed mutex/condition variable is the
+    // static initialiser on glibc).
+    let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
+    ibv.context = ctx;
+    ibv.channel = channel;
+    ibv.cq_context = cq_context;
+    ibv.handle = id.0;
+    ibv.cqe = capacity;
+    let ptr = Box::into_raw(Box::new(Cq { ibv, cq }));
+    if let Some(ch) = ch {
+        ch.ibv.refcnt = ch.ibv.refcnt.saturating_add(1);
+        lock(&ch.cqs).insert(id, ptr as usize);
+    }
+    c.objects().cqs.insert(id, ptr as usize);
+    ptr.cast()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
+    errno::unsupported("ibv_resize_cq", "resizing a CQ")
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    // SAFETY: CQs come from `ibv_create_cq`.
+    let Some(q) = (unsafe { Cq::from_ibv(cq) }) else {
+        return libc::EINVAL;
+    };
+    let id = q.cq.id();
+    // SAFETY: channels come from `ibv_create_comp_channel` and outlive their CQs.
+    if let Some(ch) = unsafe { q.ibv.channel.cast::<Channel>().as_mut() } {
+        lock(&ch.cqs).remove(&id);
+        ch.ibv.refcnt = ch.ibv.refcnt.saturating_sub(1);
+    }
+    // SAFETY: contexts outlive their CQs.
+    if let Some(c) = unsafe { Context::from_ibv(q.ibv.context) } {
+        c.objects().cqs.remove(&id);
+    }
+    // SAFETY: CQs are allocated with Box; the application gives it up.
+    drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    if channel.is_null() || cq.is_null() || cq_context.is_null() {
+        errno::set(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: channels come from `ibv_create_comp_channel`.
+    let ch = unsafe { &*channel.cast::<Channel>() };
+    loop {
+        let Some(fired) = ch.ch.try_get_cq_event() else {
+            if ch.watch.nonblocking() {
+                errno::set(libc::EAGAIN);
+                return -1;
+            }
+            if let Err(e) = ch.watch.wait() {
+                errno::set(e);
+                return -1;
+            }
+            continue;
+        };
+        // A CQ destroyed after it fired is skipped, as the kernel drops its events.
+        if let Some(&ptr) = lock(&ch.cqs).get(&fired.id()) {
+            let p = ptr as *mut Cq;
+            // SAFETY: the map holds live CQs only; the out pointers are writable.
+            unsafe {
+                *cq = p.cast();
+                *cq_context = (*p).ibv.cq_context;
+            }
+            return 0;
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
+    // SAFETY: CQs come from `ibv_create_cq`; the counter is the application's to read under
+    // its mutex, which rdma-core takes here too.
+    unsafe {
+        if cq.is_null() {
+            return;
+        }
+        libc::pthread_mutex_lock(std::ptr::addr_of_mut!((*cq).mutex).cast());
+        (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(nevents);
+        libc::pthread_cond_signal(std::ptr::addr_of_mut!((*cq).cond).cast());
+        libc::pthread_mutex_unlock(std::ptr::addr_of_mut!((*cq).mutex).cast());
+    }
+}
+
+/// `ibv_context_ops.req_notify_cq`.
+pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    // SAFETY: CQs come from `ibv_create_cq`.
+    let Some(q) = (unsafe { Cq::from_ibv(cq) }) else {
+        return libc::EINVAL;
+    };
+    match q.cq.req_notify(solicited_only != 0) {
+        Ok(()) => 0,
+        Err(e) => errno::fail("ibv_req_notify_cq", &e),
+    }
+}
+
+/// A work completion as rdma-core fills `struct ibv_wc`.
+pub fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
+    // SAFETY: plain C data; all-zero is valid.
+    let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+    wc.wr_id = w.wr_id;
+    wc.status = match w.status {
+        WcStatus::Success => IBV_WC_SUCCESS,
+        WcStatus::LocLenErr => IBV_WC_LOC_LEN_ERR,
+        WcStatus::LocQpOpErr => IBV_WC_LOC_QP_OP_ERR,
+        WcStatus::LocProtErr => IBV_WC_LOC_PROT_ERR,
+        WcStatus::WrFlushErr => IBV_WC_WR_FLUSH_ERR,
+        WcStatus::RemAccessErr => IBV_WC_REM_ACCESS_ERR,
+        WcStatus::RemInvReqErr => IBV_WC_REM_INV_REQ_ERR,
+        WcStatus::RemOpErr => IBV_WC_REM_OP_ERR,
+        WcStatus::FatalErr => IBV_WC_FATAL_ERR,
+        _ => IBV_WC_GENERAL_ERR,
+    };
+    wc.opcode = match w.opcode {
+        WcOpcode::Send => IBV_WC_SEND,
+        WcOpcode::RdmaWrite => IBV_WC_RDMA_WRITE,
+        WcOpcode::RdmaRead => IBV_WC_RDMA_READ,
+        WcOpcode::FetchAdd => IBV_WC_FETCH_ADD,
+        WcOpcode::CmpSwap => IBV_WC_COMP_SWAP,
+        WcOpcode::RecvRdmaWithImm => IBV_WC_RECV_RDMA_WITH_IMM,
+        _ => IBV_WC_RECV,
+    };
+    // siw reports its own error cause here; ours is in the trace and the QP snapshot.
+    wc.vendor_err = u32::from(w.status != WcStatus::Success);
+    wc.byte_len = w.byte_len;
+    wc.qp_num = w.qp_num;
+    if let Some(imm) = w.imm {
+        wc.__bindgen_anon_1.imm_data = imm.to_be();
+        wc.wc_flags |= IBV_WC_WITH_IMM;
+    } else if let Some(stag) = w.invalidated_stag {
+        wc.__bindgen_anon_1.invalidated_rkey = stag.0;
+        wc.wc_flags |= IBV_WC_WITH_INV;
+    }
+    wc
+}
+
+/// `ibv_context_ops.poll_cq`: up to `n` completions into `wc`; the number, or -1 on error.
+pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: CQs come from `ibv_create_cq`.
+    let Some(q) = (unsafe { Cq::from_ibv(cq) }) else {
+        return -1;
+    };
+    let Ok(want) = usize::try_from(n) else {
+        return -1;
+    };
+    if want > 0 && wc.is_null() {
+        return -1;
+    }
+    const BATCH: usize = 32;
+    let mut buf = [EMPTY_COMPLETION; BATCH];
+    let mut done = 0usize;
+    while done < want {
+        let room = (want - done).min(BATCH);
+        let got = match q.cq.poll(&mut buf[..room]) {
+            Ok(got) => got,
+            Err(e) => {
+                errno::fail("ibv_poll_cq", &e);
+                return if done > 0 { done as c_int } else { -1 };
+            }
+        };
+        for w in &buf[..got] {
+            // SAFETY: the caller's array has room for `n` entries and `done < n`.
+            unsafe { wc.add(done).write(to_ibv_wc(w)) };
+            done += 1;
+        }
+        if got < room {
+            break;
+        }
+    }
+    c_int::try_from(done).unwrap_or(c_int::MAX)
+}

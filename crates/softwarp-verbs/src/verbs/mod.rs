@@ -1,0 +1,7 @@
+//! libibverbs: devices, contexts, PDs, MRs, CQs, SRQs, QPs and the fast-path operations.
+
+pub mod context;
+pub mod cq;
+pub mod mr;
+pub mod qp;
+pub mod qp_ex;

@@ -1,0 +1,692 @@
+//! Queue pairs (create, modify with iWARP's state rules, query, destroy), shared receive
+//! queues, and the `ibv_context_ops` fast path `post_send`/`post_recv`/`post_srq_recv`.
+//!
+//! iWARP QPs reach RTS only through the connection manager (`rdma_connect`/`rdma_accept`):
+//! a QP that is not connected is Softwarp's Idle state, which `ibv_modify_qp` may walk
+//! through RESET, INIT and RTR (remembered, as the kernel's iWARP drivers do); ERROR and back
+//! to RESET work in any state; RTS without a connection, SQD and SQE are refused.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+use softwarp::{
+    Payload, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, SendOp, SendWr, SgList, Sge,
+    SharedReceiveQueue, SrqInitAttr, Stag, MAX_INLINE, MAX_SGE,
+};
+
+use crate::errno;
+use crate::ffi::*;
+use crate::verbs::context::Context;
+use crate::verbs::cq::Cq;
+use crate::verbs::mr::Pd;
+use crate::verbs::qp_ex::{self, WrBuilder};
+
+/// `struct ibv_qp_ex` (whose first member is the `ibv_qp` applications see) followed by
+/// Softwarp's QP.
+#[repr(C)]
+pub struct Qp {
+    pub ex: ibv_qp_ex,
+    pub qp: QueuePair,
+    /// The state `ibv_modify_qp` set while the QP is not connected (RESET, INIT or RTR).
+    pub idle_state: AtomicU32,
+    pub cap: ibv_qp_cap,
+    pub sq_sig_all: bool,
+    /// Work requests built with the `ibv_wr_*` API, posted by `ibv_wr_complete`.
+    pub builder: Mutex<WrBuilder>,
+}
+
+impl Qp {
+    /// # Safety
+    /// `qp` must be NULL or a live QP of this library.
+    pub unsafe fn from_ibv<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
+        // SAFETY: `ex.qp_base` is the first member of the `repr(C)` `Qp`.
+        unsafe { qp.cast::<Qp>().as_ref() }
+    }
+
+    /// The state as libibverbs names it.
+    pub fn ibv_state(&self) -> ibv_qp_state {
+        match self.qp.state() {
+            QpState::Idle => self.idle_state.load(Ordering::Relaxed),
+            QpState::Rts => IBV_QPS_RTS,
+            QpState::Closing => IBV_QPS_SQD,
+            QpState::Terminate => IBV_QPS_SQE,
+            _ => IBV_QPS_ERR,
+        }
+    }
+
+    pub fn sync_state(&self) -> ibv_qp_state {
+        let s = self.ibv_state();
+        let base = std::ptr::addr_of!(self.ex.qp_base.state).cast_mut();
+        // SAFETY: the `state` field is the application's to read; we store it as
+        // rdma-core does after every state change (a plain int store).
+        unsafe { base.write(s) };
+        s
+    }
+}
+
+/// `struct ibv_srq` followed by Softwarp's SRQ.
+#[repr(C)]
+pub struct Srq {
+    pub ibv: ibv_srq,
+    pub srq: SharedReceiveQueue,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub limit: AtomicU32,
+}
+
+/// Creates a QP from the extended attributes (`verbs_context.create_qp_ex`, also behind
+/// `ibv_create_qp`).
+pub unsafe extern "C" fn create_qp_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    // SAFETY: contexts come from `ibv_open_device`; `attr` is the caller's.
+    let (Some(_c), Some(a)) = (unsafe { Context::from_ibv(ctx) }, unsafe { attr.as_mut() }) else {
+        errno::set(libc::EINVAL);
+        return std::ptr::null_mut();
+    };
+    match create(ctx, a) {
+        Ok(qp) => qp,
+        Err(e) => {
+            errno::set(e);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+fn create(ctx: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Result<*mut ibv_qp, c_int> {
+    const CALL: &str = "ibv_create_qp";
+    if a.qp_type != IBV_QPT_RC {
+        return Err(errno::unsupported(
+            CALL,
+            "QP types other than RC (iWARP is reliable connected)",
+        ));
+    }
+    let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    if a.comp_mask & !known != 0 {
+        return Err(errno::unsupported(
+            CALL,
+            "comp_mask bits other than PD and SEND_OPS_FLAGS",
+        ));
+    }
+    if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        return Err(errno::invalid(CALL, "no protection domain"));
+    }
+    // SAFETY: PDs, CQs and SRQs come from this library.
+    let (pd, scq, rcq) = unsafe {
+        (
+            Pd::from_ibv(a.pd),
+            Cq::from_ibv(a.send_cq),
+            Cq::from_ibv(a.recv_cq),
+        )
+    };
+    let (Some(pd), Some(scq), Some(rcq)) = (pd, scq, rcq) else {
+        return Err(errno::invalid(CALL, "missing CQ"));
+    };
+    // SAFETY: as above.
+    let srq = unsafe { a.srq.cast::<Srq>().as_ref() };
+    let mut init = QpInitAttr::new(&scq.cq, &rcq.cq);
+    init.srq = srq.map(|s| &s.srq);
+    let cap = a.cap;
+    let want = |v: u32, default: usize| if v == 0 { default } else { v as usize };
+    let d = QpCap::default();
+    init.cap = QpCap {
+        max_send_wr: want(cap.max_send_wr, 1),
+        max_recv_wr: want(cap.max_recv_wr, 1),
+        max_send_sge: want(cap.max_send_sge, 1),
+        max_recv_sge: want(cap.max_recv_sge, 1),
+        max_inline_data: d.max_inline_data,
+    };
+    if cap.max_inline_data as usize > MAX_INLINE
+        || cap.max_send_sge as usize > MAX_SGE
+        || cap.max_recv_sge as usize > MAX_SGE
+    {
+        return Err(errno::invalid(CALL, "capacity beyond the device's limits"));
+    }
+    init.sq_sig_all = a.sq_sig_all != 0;
+    let qp = pd.pd.create_qp(&init).map_err(|e| errno::fail(CALL, &e))?;
+    let granted = ibv_qp_cap {
+        max_send_wr: u32::try_from(init.cap.max_send_wr).unwrap_or(u32::MAX),
+        max_recv_wr: if srq.is_some() {
+            0
+        } else {
+            u32::try_from(init.cap.max_recv_wr).unwrap_or(u32::MAX)
+        },
+        max_send_sge: MAX_SGE as u32,
+        max_recv_sge: MAX_SGE as u32,
+        max_inline_data: MAX_INLINE as u32,
+    };
+    a.cap = granted;
+    // SAFETY: plain C data; all-zero is valid (zeroed mutex and condition variable are the
+    // static initialisers on glibc).
+    let mut ex: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let b = &mut ex.qp_base;
+    b.context = ctx;
+    b.qp_context = a.qp_context;
+    b.pd = a.pd;
+    b.send_cq = a.send_cq;
+    b.recv_cq = a.recv_cq;
+    b.srq = a.srq;
+    b.handle = qp.qp_num();
+    b.qp_num = qp.qp_num();
+    b.state = IBV_QPS_RESET;
+    b.qp_type = IBV_QPT_RC;
+    qp_ex::fill_ops(&mut ex);
+    let qpn = qp.qp_num();
+    let ptr = Box::into_raw(Box::new(Qp {
+        ex,
+        qp,
+        idle_state: AtomicU32::new(IBV_QPS_RESET),
+        cap: granted,
+        sq_sig_all: init.sq_sig_all,
+        builder: Mutex::new(WrBuilder::default()),
+    }));
+    // SAFETY: contexts come from `ibv_open_device`.
+    if let Some(c) = unsafe { Context::from_ibv(ctx) } {
+        c.objects().qps.insert(qpn, ptr as usize);
+    }
+    Ok(ptr.cast())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_create_qp(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    // SAFETY: the caller's PD and attributes.
+    let (Some(p), Some(a)) = (unsafe { Pd::from_ibv(pd) }, unsafe { attr.as_mut() }) else {
+        errno::set(libc::EINVAL);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: plain C data; all-zero is valid.
+    let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+    ex.qp_context = a.qp_context;
+    ex.send_cq = a.send_cq;
+    ex.recv_cq = a.recv_cq;
+    ex.srq = a.srq;
+    ex.cap = a.cap;
+    ex.qp_type = a.qp_type;
+    ex.sq_sig_all = a.sq_sig_all;
+    ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+    ex.pd = pd;
+    match create(p.ibv.context, &mut ex) {
+        Ok(qp) => {
+            a.cap = ex.cap;
+            qp
+        }
+        Err(e) => {
+            errno::set(e);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    const CALL: &str = "ibv_modify_qp";
+    // SAFETY: the caller's QP and attributes.
+    let (Some(q), Some(a)) = (unsafe { Qp::from_ibv(qp) }, unsafe { attr.as_ref() }) else {
+        return libc::EINVAL;
+    };
+    let mask = mask as u32;
+    if mask & IBV_QP_STATE == 0 {
+        return 0;
+    }
+    let now = q.qp.state();
+    let rc = match a.qp_state {
+        IBV_QPS_RESET => match now {
+            QpState::Idle => {
+                q.idle_state.store(IBV_QPS_RESET, Ordering::Relaxed);
+                0
+            }
+            QpState::Error => match q.qp.reset() {
+                Ok(()) => {
+                    q.idle_state.store(IBV_QPS_RESET, Ordering::Relaxed);
+                    0
+                }
+                Err(e) => errno::fail(CALL, &e),
+            },
+            _ => errno::invalid(CALL, "RESET from a connected state (move to ERROR first)"),
+        },
+        s @ (IBV_QPS_INIT | IBV_QPS_RTR) => match now {
+            QpState::Idle => {
+                let cur = q.idle_state.load(Ordering::Relaxed);
+                let ok = (s == IBV_QPS_INIT && (cur == IBV_QPS_RESET || cur == IBV_QPS_INIT))
+                    || (s == IBV_QPS_RTR && (cur == IBV_QPS_INIT || cur == IBV_QPS_RTR));
+                if ok {
+                    q.idle_state.store(s, Ordering::Relaxed);
+                    0
+                } else {
+                    errno::invalid(CALL, "state transition not allowed")
+                }
+            }
+            _ => errno::invalid(CALL, "INIT/RTR on a connected QP"),
+        },
+        IBV_QPS_RTS => match now {
+            QpState::Rts => 0,
+            _ => errno::invalid(
+                CALL,
+                "an iWARP QP reaches RTS only through rdma_connect/rdma_accept",
+            ),
+        },
+        IBV_QPS_ERR => match q.qp.modify_to_error() {
+            Ok(()) => 0,
+            Err(e) => errno::fail(CALL, &e),
+        },
+        IBV_QPS_SQD | IBV_QPS_SQE => errno::unsupported(CALL, "SQD/SQE transitions"),
+        _ => errno::invalid(CALL, "unknown QP state"),
+    };
+    q.sync_state();
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: the caller's QP.
+    let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
+        return libc::EINVAL;
+    };
+    if attr.is_null() || init.is_null() {
+        return libc::EINVAL;
+    }
+    let state = q.sync_state();
+    let conn = q.qp.connection();
+    // SAFETY: plain C data; the caller's structures are writable.
+    unsafe {
+        let mut a: ibv_qp_attr = std::mem::zeroed();
+        a.qp_state = state;
+        a.cur_qp_state = state;
+        a.path_mtu = IBV_MTU_1024;
+        a.qp_access_flags =
+            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+        a.cap = q.cap;
+        a.max_rd_atomic = conn.as_ref().map_or(16, |c| c.ord.min(255) as u8);
+        a.max_dest_rd_atomic = conn.as_ref().map_or(16, |c| c.ird.min(255) as u8);
+        a.port_num = 1;
+        a.sq_draining = 0;
+        attr.write(a);
+        let mut i: ibv_qp_init_attr = std::mem::zeroed();
+        let b = &q.ex.qp_base;
+        i.qp_context = b.qp_context;
+        i.send_cq = b.send_cq;
+        i.recv_cq = b.recv_cq;
+        i.srq = b.srq;
+        i.cap = q.cap;
+        i.qp_type = IBV_QPT_RC;
+        i.sq_sig_all = c_int::from(q.sq_sig_all);
+        init.write(i);
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_query_qp_data_in_order(
+    _qp: *mut ibv_qp,
+    _op: c_int,
+    _flags: u32,
+) -> c_int {
+    // Placement over TCP happens in order for each connection.
+    1
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    // SAFETY: the caller's QP.
+    let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
+        return libc::EINVAL;
+    };
+    // SAFETY: contexts outlive their QPs.
+    if let Some(c) = unsafe { Context::from_ibv(q.ex.qp_base.context) } {
+        c.objects().qps.remove(&q.qp.qp_num());
+    }
+    // SAFETY: QPs are allocated with Box in `create`; the application gives it up.
+    drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
+    0
+}
+
+/// A scatter/gather list from C, or `EINVAL` when it is too long.
+///
+/// # Safety
+/// `sg` must point to `n` readable `ibv_sge`s when `n > 0`.
+pub unsafe fn sgl(sg: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
+    let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
+    if n > MAX_SGE {
+        return Err(libc::EINVAL);
+    }
+    let mut l = SgList::new();
+    for i in 0..n {
+        // SAFETY: the caller's array has `n` entries.
+        let s = unsafe { &*sg.add(i) };
+        l.push(Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: Stag(s.lkey),
+        })
+        .map_err(|_| libc::EINVAL)?;
+    }
+    Ok(l)
+}
+
+/// Copies the bytes an inline send names (plain addresses, no lkeys) into `buf`.
+///
+/// # Safety
+/// Each element must name readable memory of the application.
+pub unsafe fn gather_inline(
+    sg: *const ibv_sge,
+    n: c_int,
+    buf: &mut [u8; MAX_INLINE],
+) -> Result<&[u8], c_int> {
+    let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
+    let mut len = 0usize;
+    for i in 0..n {
+        // SAFETY: the caller's array has `n` entries.
+        let s = unsafe { &*sg.add(i) };
+        let l = s.length as usize;
+        let end = len
+            .checked_add(l)
+            .filter(|&e| e <= MAX_INLINE)
+            .ok_or(libc::EINVAL)?;
+        if l > 0 {
+            // SAFETY: the application's inline data is readable for `length` bytes.
+            let src = unsafe { std::slice::from_raw_parts(s.addr as usize as *const u8, l) };
+            buf[len..end].copy_from_slice(src);
+        }
+        len = end;
+    }
+    Ok(&buf[..len])
+}
+
+/// One C send work request as Softwarp's.
+///
+/// # Safety
+/// `w`'s SGL (and inline data) must be readable.
+unsafe fn send_wr<'b>(
+    w: &ibv_send_wr,
+    inline: &'b mut [u8; MAX_INLINE],
+) -> Result<SendWr<'b>, c_int> {
+    let flags = w.send_flags;
+    let solicited = flags & IBV_SEND_SOLICITED != 0;
+    // SAFETY: union members as the opcode selects them.
+    let (rdma, atomic, imm, inv) = unsafe {
+        (
+            w.wr.rdma,
+            w.wr.atomic,
+            u32::from_be(w.__bindgen_anon_1.imm_data),
+            w.__bindgen_anon_1.invalidate_rkey,
+        )
+    };
+    let op = match w.opcode {
+        IBV_WR_SEND => SendOp::Send {
+            solicited,
+            invalidate: None,
+        },
+        IBV_WR_SEND_WITH_INV => SendOp::Send {
+            solicited,
+            invalidate: Some(Stag(inv)),
+        },
+        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { solicited, imm },
+        IBV_WR_RDMA_WRITE => SendOp::Write {
+            remote_addr: rdma.remote_addr,
+            rkey: Stag(rdma.rkey),
+        },
+        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
+            remote_addr: rdma.remote_addr,
+            rkey: Stag(rdma.rkey),
+            imm,
+        },
+        IBV_WR_RDMA_READ => SendOp::Read {
+            remote_addr: rdma.remote_addr,
+            rkey: Stag(rdma.rkey),
+        },
+        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CmpSwap {
+            remote_addr: atomic.remote_addr,
+            rkey: Stag(atomic.rkey),
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+            remote_addr: atomic.remote_addr,
+            rkey: Stag(atomic.rkey),
+            add: atomic.compare_add,
+        },
+        _ => {
+            return Err(errno::unsupported(
+                "ibv_post_send",
+                "opcode (local invalidate, bind MW, TSO)",
+            ))
+        }
+    };
+    let payload = if flags & IBV_SEND_INLINE != 0 && !op.awaits_response() {
+        // SAFETY: forwarded from this function's contract.
+        Payload::Inline(unsafe { gather_inline(w.sg_list, w.num_sge, inline) }?)
+    } else {
+        // SAFETY: as above.
+        Payload::Sgl(unsafe { sgl(w.sg_list, w.num_sge) }?)
+    };
+    Ok(SendWr {
+        wr_id: w.wr_id,
+        op,
+        payload,
+        signaled: flags & IBV_SEND_SIGNALED != 0,
+        fence: flags & IBV_SEND_FENCE != 0,
+    })
+}
+
+/// `ibv_context_ops.post_send`.
+pub unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    // SAFETY: the caller's QP.
+    let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
+        return libc::EINVAL;
+    };
+    let mut cur = wr;
+    let mut inline = [0u8; MAX_INLINE];
+    while !cur.is_null() {
+        // SAFETY: the caller's list of work requests.
+        let w = unsafe { &*cur };
+        // SAFETY: the work request's buffers are the application's.
+        let rc = match unsafe { send_wr(w, &mut inline) } {
+            Ok(s) => match q.qp.post_send(&s) {
+                Ok(()) => 0,
+                Err(e) => errno::fail("ibv_post_send", &e),
+            },
+            Err(e) => e,
+        };
+        if rc != 0 {
+            if !bad.is_null() {
+                // SAFETY: `bad` is writable.
+                unsafe { *bad = cur };
+            }
+            return rc;
+        }
+        cur = w.next;
+    }
+    0
+}
+
+/// `ibv_context_ops.post_recv`.
+pub unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: the caller's QP.
+    let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
+        return libc::EINVAL;
+    };
+    // SAFETY: forwarded.
+    unsafe { post_recv_list(wr, bad, |r| q.qp.post_recv(r), "ibv_post_recv") }
+}
+
+/// Posts a C list of receive work requests one by one with `post`.
+///
+/// # Safety
+/// `wr` is a valid list of the application's work requests.
+unsafe fn post_recv_list(
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+    post: impl Fn(&RecvWr) -> softwarp::Result<()>,
+    call: &'static str,
+) -> c_int {
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the caller's list.
+        let w = unsafe { &*cur };
+        // SAFETY: the SGL array of the work request.
+        let rc = match unsafe { sgl(w.sg_list, w.num_sge) } {
+            Ok(sgl) => match post(&RecvWr {
+                wr_id: w.wr_id,
+                sgl,
+            }) {
+                Ok(()) => 0,
+                Err(e) => errno::fail(call, &e),
+            },
+            Err(e) => e,
+        };
+        if rc != 0 {
+            if !bad.is_null() {
+                // SAFETY: `bad` is writable.
+                unsafe { *bad = cur };
+            }
+            return rc;
+        }
+        cur = w.next;
+    }
+    0
+}
+
+/// `ibv_context_ops.post_srq_recv`.
+pub unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: SRQs come from `ibv_create_srq`.
+    let Some(s) = (unsafe { srq.cast::<Srq>().as_ref() }) else {
+        return libc::EINVAL;
+    };
+    // SAFETY: forwarded.
+    unsafe { post_recv_list(wr, bad, |r| s.srq.post_recv(r), "ibv_post_srq_recv") }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_create_srq(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    // SAFETY: the caller's PD and attributes.
+    let (Some(p), Some(a)) = (unsafe { Pd::from_ibv(pd) }, unsafe { attr.as_mut() }) else {
+        errno::set(libc::EINVAL);
+        return std::ptr::null_mut();
+    };
+    let init = SrqInitAttr {
+        max_wr: a.attr.max_wr as usize,
+        max_sge: (a.attr.max_sge as usize).max(1),
+        srq_limit: a.attr.srq_limit as usize,
+    };
+    if init.max_sge > MAX_SGE || init.max_wr == 0 {
+        errno::set(errno::invalid(
+            "ibv_create_srq",
+            "max_wr 0 or max_sge beyond the limit",
+        ));
+        return std::ptr::null_mut();
+    }
+    let srq = match p.pd.create_srq(&init) {
+        Ok(s) => s,
+        Err(e) => {
+            errno::set(errno::fail("ibv_create_srq", &e));
+            return std::ptr::null_mut();
+        }
+    };
+    let id = srq.id();
+    // SAFETY: plain C data; all-zero is valid.
+    let mut ibv: ibv_srq = unsafe { std::mem::zeroed() };
+    ibv.context = p.ibv.context;
+    ibv.srq_context = a.srq_context;
+    ibv.pd = pd;
+    ibv.handle = id.0;
+    a.attr.max_sge = MAX_SGE as u32;
+    let ptr = Box::into_raw(Box::new(Srq {
+        ibv,
+        srq,
+        max_wr: a.attr.max_wr,
+        max_sge: MAX_SGE as u32,
+        limit: AtomicU32::new(a.attr.srq_limit),
+    }));
+    // SAFETY: contexts outlive their objects.
+    if let Some(c) = unsafe { Context::from_ibv(p.ibv.context) } {
+        c.objects().srqs.insert(id, ptr as usize);
+    }
+    ptr.cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    // SAFETY: the caller's SRQ and attributes.
+    let (Some(s), Some(a)) = (unsafe { srq.cast::<Srq>().as_ref() }, unsafe {
+        attr.as_ref()
+    }) else {
+        return libc::EINVAL;
+    };
+    let mask = mask as u32;
+    if mask & IBV_SRQ_MAX_WR != 0 {
+        return errno::unsupported("ibv_modify_srq", "resizing an SRQ");
+    }
+    if mask & IBV_SRQ_LIMIT != 0 {
+        s.srq.arm_limit(a.srq_limit as usize);
+        s.limit.store(a.srq_limit, Ordering::Relaxed);
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    // SAFETY: the caller's SRQ and attributes.
+    let (Some(s), Some(a)) = (unsafe { srq.cast::<Srq>().as_ref() }, unsafe {
+        attr.as_mut()
+    }) else {
+        return libc::EINVAL;
+    };
+    a.max_wr = s.max_wr;
+    a.max_sge = s.max_sge;
+    a.srq_limit = s.limit.load(Ordering::Relaxed);
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    // SAFETY: the caller's SRQ.
+    let Some(s) = (unsafe { srq.cast::<Srq>().as_ref() }) else {
+        return libc::EINVAL;
+    };
+    // SAFETY: contexts outlive their objects.
+    if let Some(c) = unsafe { Context::from_ibv(s.ibv.context) } {
+        c.objects().srqs.remove(&s.srq.id());
+    }
+    // SAFETY: SRQs are allocated with Box; the application gives it up.
+    drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // Every QP of this library is an `ibv_qp_ex` with the `ibv_wr_*` operations filled.
+    qp.cast()
+}

@@ -1,0 +1,669 @@
+//! Debian's unmodified rdma-core programs (`ibverbs-utils`, `rdmacm-utils`) run over this
+//! crate's `libibverbs.so.1`/`librdmacm.so.1` on loopback, their output checked. A test
+//! whose program is not installed says so and passes (CI installs them: `.ci/run`).
+//!
+//! Every child process runs under a deadline and is killed past it. The tests run one at a
+//! time (`serial`): perftest and ucmatose spin on the CPU, and the machine has two cores.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The directory holding `libibverbs.so.1` and `librdmacm.so.1`: links to the library cargo
+/// built next to this test's binary (`target/<profile>/libsoftwarp_verbs.so`).
+fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        // Cargo builds the library for this test into `target/<profile>/deps`, beside the
+        // test executable (it copies it up to `target/<profile>` only for `cargo build`).
+        let exe = std::env::current_exe().expect("test executable path");
+        let deps = exe.parent().expect("target/<profile>/deps");
+        let profile_dir = deps.parent().expect("target/<profile>");
+        let lib = deps.join("libsoftwarp_verbs.so");
+        assert!(lib.exists(), "{} not built", lib.display());
+        let dir = profile_dir.join("softwarp-verbs-lib");
+        std::fs::create_dir_all(&dir).expect("create the library directory");
+        for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+            // A new link renamed over the old one: atomic for concurrent test runs.
+            let tmp = dir.join(format!("{name}.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&lib, &tmp).expect("link the library");
+            std::fs::rename(&tmp, dir.join(name)).expect("place the link");
+        }
+        dir
+    })
+}
+
+/// Held by each test: one pair of programs at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The installed program `name`, or `None` after saying why the test is skipped.
+fn tool(name: &str, package: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        println!("skipped: {name} is not installed (apt-get install {package})");
+    }
+    found
+}
+
+fn command(program: &Path) -> Command {
+    let mut c = Command::new(program);
+    c.env("LD_LIBRARY_PATH", lib_dir())
+        .env_remove("SOFTWARP_RAS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+struct Output {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Waits for `child` at most `limit`, killing it past that; collects its output.
+fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for the child") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let (o, e) = (o.join().unwrap_or_default(), e.join().unwrap_or_default());
+            panic!("{what} did not finish within {limit:?}\nstdout:\n{o}\nstderr:\n{e}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: o.join().unwrap_or_default(),
+        stderr: e.join().unwrap_or_default(),
+    }
+}
+
+/// A TCP port that was free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
+/// True once something listens on 127.0.0.1:`port` (from `/proc/net/tcp`, without
+/// connecting: a bare TCP connection would be a malformed MPA peer to the listener).
+fn listening(port: u16) -> bool {
+    let wanted = [
+        format!("0100007F:{port:04X}"),
+        format!("00000000:{port:04X}"),
+        format!("00000000000000000000000000000000:{port:04X}"),
+    ];
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && wanted.iter().any(|w| w == f[1]) && f[3] == "0A"
+            })
+        })
+    })
+}
+
+fn wait_listening(port: u16, server: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listening(port) {
+        if let Ok(Some(st)) = server.try_wait() {
+            panic!("the server exited before listening: {st}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no listener on port {port} after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn ibv_devinfo_shows_softwarp0_active_on_ethernet() {
+    let _serial = serial();
+    let Some(devinfo) = tool("ibv_devinfo", "ibverbs-utils") else {
+        return;
+    };
+    let list = finish(
+        command(&devinfo)
+            .arg("-l")
+            .spawn()
+            .expect("run ibv_devinfo -l"),
+        Duration::from_secs(20),
+        "ibv_devinfo -l",
+    );
+    assert!(list.status.success(), "{}", list.stderr);
+    assert!(list.stdout.contains("1 HCA found:"), "{}", list.stdout);
+    assert!(list.stdout.contains("\tsoftwarp0"), "{}", list.stdout);
+
+    let out = finish(
+        command(&devinfo)
+            .arg("-v")
+            .spawn()
+            .expect("run ibv_devinfo -v"),
+        Duration::from_secs(20),
+        "ibv_devinfo -v",
+    );
+    assert!(out.status.success(), "exit {}: {}", out.status, out.stderr);
+    let s = &out.stdout;
+    for expected in [
+        "hca_id:\tsoftwarp0",
+        "transport:\t\t\tiWARP (1)",
+        "fw_ver:\t\t\t\t0.1.0",
+        "max_qp_wr:\t\t\t4096",
+        "max_sge:\t\t\t8",
+        "max_qp_rd_atom:\t\t\t128",
+        "phys_port_cnt:\t\t\t1",
+        "state:\t\t\tPORT_ACTIVE (4)",
+        "link_layer:\t\tEthernet",
+        "gid_tbl_len:\t\t1",
+    ] {
+        assert!(s.contains(expected), "missing {expected:?} in:\n{s}");
+    }
+    // The GID is the link-local address of the first interface that is up, when there is
+    // one (a network namespace with only `lo` has none).
+    let has_interface = std::fs::read_dir("/sys/class/net")
+        .map(|d| {
+            d.filter_map(|e| e.ok()).any(|e| {
+                let n = e.file_name();
+                n != "lo"
+                    && std::fs::read_to_string(e.path().join("operstate"))
+                        .is_ok_and(|s| s.trim() == "up")
+            })
+        })
+        .unwrap_or(false);
+    if has_interface {
+        assert!(s.contains("GID[  0]:\t\tfe80:0000:0000:0000:"), "{s}");
+    }
+}
+
+/// What rping's client prints with `-v` for ping `n` of `size` bytes: the message it sent,
+/// read back by the server and written into the client's buffer.
+fn rping_line(n: usize, size: usize) -> String {
+    let mut buf = format!("rdma-ping-{n}: ").into_bytes();
+    buf.truncate(size);
+    let mut c = 65 + (n % 58) as u8;
+    while buf.len() < size {
+        buf.push(c);
+        c = if c >= 122 { 65 } else { c + 1 };
+    }
+    buf.truncate(size - 1); // the last byte is the terminating NUL
+    format!("ping data: {}", String::from_utf8(buf).expect("ASCII"))
+}
+
+fn rping_pair(rping: &Path, size: usize, count: usize) {
+    let port = free_port().to_string();
+    let size_s = size.to_string();
+    let count_s = count.to_string();
+    let mut server = command(rping)
+        .args([
+            "-s",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-C",
+            &count_s,
+            "-S",
+            &size_s,
+        ])
+        .spawn()
+        .expect("start rping -s");
+    wait_listening(port.parse().expect("port"), &mut server);
+    let client = command(rping)
+        .args([
+            "-c",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-C",
+            &count_s,
+            "-S",
+            &size_s,
+            "-v",
+            "-V",
+        ])
+        .spawn()
+        .expect("start rping -c");
+    let c = finish(client, Duration::from_secs(30), "rping -c");
+    let s = finish(server, Duration::from_secs(10), "rping -s");
+    assert!(
+        c.status.success(),
+        "client exit {}:\n{}\n{}",
+        c.status,
+        c.stdout,
+        c.stderr
+    );
+    assert!(
+        s.status.success(),
+        "server exit {}:\n{}\n{}",
+        s.status,
+        s.stdout,
+        s.stderr
+    );
+    let lines: Vec<&str> = c.stdout.lines().collect();
+    assert_eq!(lines.len(), count, "size {size}: {}", c.stdout);
+    for (n, line) in lines.iter().enumerate() {
+        assert_eq!(*line, rping_line(n, size), "size {size}, ping {n}");
+    }
+    assert!(!c.stderr.contains("data mismatch"), "{}", c.stderr);
+}
+
+#[test]
+fn rping_100_pings_validated_from_26_bytes_to_64k_minus_1() {
+    let _serial = serial();
+    let Some(rping) = tool("rping", "rdmacm-utils") else {
+        return;
+    };
+    let started = Instant::now();
+    for size in [26, 1000, 4096, 65535] {
+        rping_pair(&rping, size, 100);
+    }
+    println!("rping: 4 sizes x 100 pings in {:?}", started.elapsed());
+}
+
+#[test]
+fn rping_client_without_server_is_rejected_with_econnrefused() {
+    let _serial = serial();
+    let Some(rping) = tool("rping", "rdmacm-utils") else {
+        return;
+    };
+    let port = free_port().to_string();
+    let c = finish(
+        command(&rping)
+            .args(["-c", "-a", "127.0.0.1", "-p", &port, "-C", "1"])
+            .spawn()
+            .expect("start rping -c"),
+        Duration::from_secs(20),
+        "rping -c without a server",
+    );
+    assert!(!c.status.success(), "{}", c.stdout);
+    assert!(
+        c.stderr.contains("RDMA_CM_EVENT_REJECTED, error -111"),
+        "stderr: {}",
+        c.stderr
+    );
+}
+
+/// Runs a server and a client of the same program on loopback (`server_args`, then the
+/// client with `client_args`), both within `limit`; returns (server, client) output after
+/// checking both succeeded.
+fn pair(
+    program: &Path,
+    port: u16,
+    server_args: &[&str],
+    client_args: &[&str],
+    limit: Duration,
+) -> (Output, Output) {
+    let name = program
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut server = command(program)
+        .args(server_args)
+        .spawn()
+        .expect("start the server");
+    wait_listening(port, &mut server);
+    let client = command(program)
+        .args(client_args)
+        .spawn()
+        .expect("start the client");
+    let c = finish(client, limit, &format!("{name} client {client_args:?}"));
+    let s = finish(server, limit, &format!("{name} server {server_args:?}"));
+    assert!(
+        c.status.success() && s.status.success(),
+        "{name}: client exit {} server exit {}\nclient:\n{}{}\nserver:\n{}{}",
+        c.status,
+        s.status,
+        c.stdout,
+        c.stderr,
+        s.stdout,
+        s.stderr
+    );
+    (s, c)
+}
+
+/// perftest's result rows: (size, iterations) of each line under the `#bytes` header.
+fn perftest_rows(out: &str) -> Vec<(u64, u64)> {
+    out.lines()
+        .skip_while(|l| !l.trim_start().starts_with("#bytes"))
+        .skip(1)
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn perftest_six_tools_with_rdma_cm_and_the_default_post_mode() {
+    let _serial = serial();
+    let Some(first) = tool("ib_send_bw", "perftest") else {
+        return;
+    };
+    let dir = first.parent().expect("bin directory").to_path_buf();
+    let started = Instant::now();
+    // (tool, size, iterations): bandwidth at 64 KiB, latency at perftest's 2 B default.
+    let cases: [(&str, &str, &str, &[&str]); 7] = [
+        ("ib_send_bw", "65536", "200", &[]),
+        ("ib_send_bw", "65536", "200", &["--use-srq"]),
+        ("ib_write_bw", "65536", "200", &[]),
+        ("ib_read_bw", "65536", "200", &[]),
+        ("ib_send_lat", "2", "200", &[]),
+        ("ib_write_lat", "2", "200", &[]),
+        ("ib_read_lat", "2", "200", &[]),
+    ];
+    for (name, size, iters, extra) in cases {
+        let program = dir.join(name);
+        let port = free_port();
+        let p = port.to_string();
+        let mut common = vec!["-R", "-d", "softwarp0", "-p", &p, "-s", size, "-n", iters];
+        common.extend_from_slice(extra);
+        let mut client_args = common.clone();
+        client_args.push("127.0.0.1");
+        let (_, c) = pair(
+            &program,
+            port,
+            &common,
+            &client_args,
+            Duration::from_secs(60),
+        );
+        let rows = perftest_rows(&c.stdout);
+        assert_eq!(
+            rows,
+            vec![(size.parse().expect("size"), iters.parse().expect("iters"))],
+            "{name}:\n{}",
+            c.stdout
+        );
+        assert!(
+            c.stdout.contains("rdma_cm QPs\t : ON"),
+            "{name}:\n{}",
+            c.stdout
+        );
+        assert!(
+            c.stdout.contains("Link type       : Ethernet"),
+            "{name}:\n{}",
+            c.stdout
+        );
+    }
+    println!(
+        "perftest: 6 tools (send_bw also with an SRQ) in {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn perftest_write_bw_all_sizes_from_2_bytes_to_8_mib() {
+    let _serial = serial();
+    let Some(program) = tool("ib_write_bw", "perftest") else {
+        return;
+    };
+    let started = Instant::now();
+    let port = free_port();
+    let p = port.to_string();
+    let common = ["-R", "-d", "softwarp0", "-p", &p, "-a", "-n", "5"];
+    let mut client_args = common.to_vec();
+    client_args.push("127.0.0.1");
+    let (_, c) = pair(
+        &program,
+        port,
+        &common,
+        &client_args,
+        Duration::from_secs(60),
+    );
+    let rows = perftest_rows(&c.stdout);
+    let sizes: Vec<u64> = rows.iter().map(|r| r.0).collect();
+    let expected: Vec<u64> = (1..=23).map(|i| 1u64 << i).collect();
+    assert_eq!(sizes, expected, "{}", c.stdout);
+    assert!(rows.iter().all(|r| r.1 == 5), "{}", c.stdout);
+    println!(
+        "ib_write_bw -a: {} sizes in {:?}",
+        rows.len(),
+        started.elapsed()
+    );
+}
+
+#[test]
+fn ucmatose_four_connections_ten_messages_each() {
+    let _serial = serial();
+    let Some(program) = tool("ucmatose", "rdmacm-utils") else {
+        return;
+    };
+    let port = free_port();
+    let p = port.to_string();
+    let (s, c) = pair(
+        &program,
+        port,
+        &["-p", &p, "-c", "4", "-C", "10"],
+        &["-s", "127.0.0.1", "-p", &p, "-c", "4", "-C", "10"],
+        Duration::from_secs(30),
+    );
+    for o in [&s, &c] {
+        assert!(
+            o.stdout.contains("data transfers complete"),
+            "{}{}",
+            o.stdout,
+            o.stderr
+        );
+        assert!(
+            o.stdout.contains("return status 0"),
+            "{}{}",
+            o.stdout,
+            o.stderr
+        );
+    }
+    assert!(s.stdout.contains("disconnected"), "{}", s.stdout);
+}
+
+#[test]
+fn rdma_server_and_rdma_client_with_synchronous_ids() {
+    let _serial = serial();
+    let Some(server) = tool("rdma_server", "rdmacm-utils") else {
+        return;
+    };
+    let Some(client) = tool("rdma_client", "rdmacm-utils") else {
+        return;
+    };
+    let port = free_port();
+    let p = port.to_string();
+    let mut srv = command(&server)
+        .args(["-p", &p])
+        .spawn()
+        .expect("start rdma_server");
+    wait_listening(port, &mut srv);
+    let c = finish(
+        command(&client)
+            .args(["-s", "127.0.0.1", "-p", &p])
+            .spawn()
+            .expect("start rdma_client"),
+        Duration::from_secs(20),
+        "rdma_client",
+    );
+    let s = finish(srv, Duration::from_secs(20), "rdma_server");
+    assert!(c.status.success(), "{}{}", c.stdout, c.stderr);
+    assert!(s.status.success(), "{}{}", s.stdout, s.stderr);
+    assert_eq!(c.stdout, "rdma_client: start\nrdma_client: end 0\n");
+    assert_eq!(s.stdout, "rdma_server: start\nrdma_server: end 0\n");
+}
+
+#[test]
+fn c_program_built_with_debian_headers_gets_rdma_core_errors_and_state_rules() {
+    let _serial = serial();
+    let Some(cc) = tool("cc", "gcc") else {
+        return;
+    };
+    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        println!(
+            "skipped: /usr/include/infiniband/verbs.h missing (apt-get install libibverbs-dev)"
+        );
+        return;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/verbs_errors.c");
+    let exe = lib_dir().join(format!("verbs_errors-{}", std::process::id()));
+    let built = Command::new(&cc)
+        .arg("-Wall")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("run cc");
+    if !built.status.success() {
+        let err = String::from_utf8_lossy(&built.stderr);
+        if err.contains("cannot find -libverbs") {
+            println!("skipped: no libibverbs.so to link with (apt-get install libibverbs-dev)");
+            return;
+        }
+        panic!("cc failed: {err}");
+    }
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(20),
+        "verbs_errors",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, "ok: 50 checks\n");
+}
+
+#[test]
+fn rping_capture_decodes_as_clean_iwarp_in_wireshark() {
+    let _serial = serial();
+    let Some(rping) = tool("rping", "rdmacm-utils") else {
+        return;
+    };
+    let (Some(tcpdump), Some(tshark)) = (tool("tcpdump", "tcpdump"), tool("tshark", "tshark"))
+    else {
+        return;
+    };
+    let port = free_port();
+    let p = port.to_string();
+    // In the temporary directory: tcpdump started as root writes as user `tcpdump`.
+    let pcap =
+        std::env::temp_dir().join(format!("softwarp-verbs-rping-{}.pcap", std::process::id()));
+    let mut dump = Command::new(&tcpdump)
+        .args(["-i", "lo", "--immediate-mode", "-U", "-w"])
+        .arg(&pcap)
+        .args(["tcp", "port", &p])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tcpdump");
+    // tcpdump says "listening on lo" once it captures.
+    let mut stderr = std::io::BufReader::new(dump.stderr.take().expect("piped"));
+    let mut banner = String::new();
+    while !banner.contains("listening on") {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut stderr, &mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        banner.push_str(&line);
+    }
+    if !banner.contains("listening on") {
+        let _ = dump.kill();
+        let _ = dump.wait();
+        println!("skipped: tcpdump cannot capture on lo here: {banner}");
+        return;
+    }
+    // The banner comes a moment before packets are captured.
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, c) = pair(
+        &rping,
+        port,
+        &["-s", "-a", "127.0.0.1", "-p", &p, "-C", "5", "-S", "1000"],
+        &[
+            "-c",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &p,
+            "-C",
+            "5",
+            "-S",
+            "1000",
+            "-V",
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(!c.stderr.contains("data mismatch"));
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = Command::new("kill")
+        .arg("-INT")
+        .arg(dump.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dump.try_wait().expect("wait for tcpdump").is_none() {
+        if Instant::now() > deadline {
+            let _ = dump.kill();
+            let _ = dump.wait();
+            panic!("tcpdump did not stop within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = Command::new(&tshark)
+        .args(["-n", "-r"])
+        .arg(&pcap)
+        .args([
+            "--disable-protocol",
+            "rpcordma",
+            "--disable-protocol",
+            "smb_direct",
+            "-V",
+        ])
+        .output()
+        .expect("run tshark");
+    let mut rest = String::new();
+    let _ = stderr.read_to_string(&mut rest);
+    banner.push_str(&rest);
+    let size = std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0);
+    let _ = std::fs::remove_file(&pcap);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        size > 24,
+        "empty capture ({size} bytes); tcpdump: {banner}; tshark: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every MPA unit Wireshark found: the Request, the Reply, and the FPDUs, each of which
+    // must carry a good CRC (CRC is on by default): 5 pings are at least 30 FPDUs (the RTR,
+    // per ping 4 Sends, a Read Request and its Response, a Write).
+    let mpa = text
+        .matches("iWARP Marker Protocol data unit Aligned framing")
+        .count();
+    let good = text.matches("(Good CRC32)").count();
+    assert!(good >= 30, "{good} FPDUs with a good CRC:\n{text}");
+    assert_eq!(
+        mpa,
+        good + 2,
+        "MPA units that are not the Request, the Reply or a good FPDU:\n{text}"
+    );
+    assert!(!text.contains("Bad CRC"), "{text}");
+    assert!(!text.to_lowercase().contains("malformed"), "{text}");
+}
