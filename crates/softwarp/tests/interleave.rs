@@ -9,7 +9,9 @@
 //! one connection, CRC on and off (every 21st round one byte per TCP write). Each round
 //! checks that every byte landed where its segment said (and nowhere else: guard regions
 //! around every target), that the Read and the receive each completed once with the right
-//! length, and that the stack sent nothing but its Read Requests (no Terminate).
+//! length, and that the stack sent nothing but its Read Requests (no Terminate). An empty
+//! Send after the three messages is each round's barrier: a Write completes nothing at its
+//! target, so only a later message in the stream says that it was placed.
 //!
 //! RFC 5041 section 5 (paraphrase): each DDP segment is self-describing (tagged: STag and
 //! TO; untagged: queue, MSN and MO), so a Data Sink places it without regard to segments of
@@ -46,6 +48,9 @@ const WRITE_LEN: usize = WRITE_SEG * WRITE_SEGS;
 /// Each round writes into its own slice of the targets, so a byte placed in the wrong
 /// round's slice is seen.
 const RECV_SLOT: usize = 128;
+
+/// Marks the `wr_id` of each round's barrier receive.
+const BARRIER: u64 = 1 << 32;
 
 /// The peer's "source" for the stack's Reads (the raw peer does not validate it).
 const PEER_STAG: u32 = 0x00ab_cd00;
@@ -143,6 +148,12 @@ fn interleaved(crc: bool) {
                 sgl: SgList::single(rbuf.target.sge(slot, RECV_SLOT as u32).unwrap()),
             })
             .unwrap();
+        end.qp
+            .post_recv(&RecvWr {
+                wr_id: BARRIER | r,
+                sgl: SgList::new(),
+            })
+            .unwrap();
         let sink_at = round * READ_LEN;
         end.qp
             .post_send(&SendWr {
@@ -175,8 +186,9 @@ fn interleaved(crc: bool) {
         let send_data = pattern(SEND_LEN, 0x2000 + r);
         let write_data = pattern(WRITE_LEN, 0x3000 + r);
         let write_at = round * WRITE_LEN;
-        // The Send's MSN: one Send per round, the first is MSN 1.
-        let msn = u32::try_from(round + 1).unwrap();
+        // Two Sends per round: the interleaved one, then an empty one after everything else
+        // (MSNs from 1).
+        let msn = u32::try_from(2 * round + 1).unwrap();
         let mut next = [0usize; 3];
         let mut stream = Vec::new();
         for m in order {
@@ -223,6 +235,20 @@ fn interleaved(crc: bool) {
             };
             stream.extend_from_slice(&peer.frame(&ulpdu(&seg)));
         }
+        // A Write completes nothing at its target, so when its segments come last the Read
+        // and the receive may complete before it is placed. The empty Send behind all of
+        // them is the barrier: the stack handles the stream in order, so once its receive
+        // completes every segment before it was placed.
+        let barrier = Segment {
+            last: true,
+            placement: Placement::Untagged {
+                msn: msn + 1,
+                mo: 0,
+            },
+            message: Message::Send,
+            payload: &[],
+        };
+        stream.extend_from_slice(&peer.frame(&ulpdu(&barrier)));
         // Mostly one write, which TCP and the runtime split wherever they like; every 21st
         // round one byte per write, so the runtime also sees each FPDU cut at every byte.
         if round % 21 == 0 {
@@ -245,20 +271,20 @@ fn interleaved(crc: bool) {
             (r, WcStatus::Success, WcOpcode::RdmaRead, READ_LEN as u32),
             "round {round} {order:?}"
         );
-        let recv = wait_wcs(&end.rcq, 1);
-        assert_eq!(recv.len(), 1, "round {round} {order:?}: {recv:?}");
+        let recv = wait_wcs(&end.rcq, 2);
+        assert_eq!(recv.len(), 2, "round {round} {order:?}: {recv:?}");
+        let got: Vec<_> = recv
+            .iter()
+            .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len))
+            .collect();
         assert_eq!(
-            (
-                recv[0].wr_id,
-                recv[0].status,
-                recv[0].opcode,
-                recv[0].byte_len
-            ),
-            (r, WcStatus::Success, WcOpcode::Recv, SEND_LEN as u32),
+            got,
+            [
+                (r, WcStatus::Success, WcOpcode::Recv, SEND_LEN as u32),
+                (BARRIER | r, WcStatus::Success, WcOpcode::Recv, 0),
+            ],
             "round {round} {order:?}"
         );
-        // A Write completes nothing at its target; the next round's completions (or the
-        // final check) would see a stray one. Its bytes are checked below.
         assert_eq!(end.qp.state(), QpState::Rts, "round {round} {order:?}");
 
         expect_sink[sink_at..sink_at + READ_LEN].copy_from_slice(&rr_data);
