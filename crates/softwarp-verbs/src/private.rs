@@ -9,7 +9,7 @@
 
 use std::ffi::c_int;
 
-macro_rules! stubs {
+macro_rules! unsupported_provider_calls {
     (int: [$($i:ident),* $(,)?] ptr: [$($p:ident),* $(,)?] void: [$($v:ident),* $(,)?]) => {
         $(
             #[export_name = concat!("swv_", stringify!($i))]
@@ -33,7 +33,7 @@ macro_rules! stubs {
     };
 }
 
-stubs! {
+unsupported_provider_calls! {
     int: [
         execute_ioctl, ibv_cmd_advise_mr, ibv_cmd_alloc_dm, ibv_cmd_alloc_mw, ibv_cmd_alloc_pd,
         ibv_cmd_attach_mcast, ibv_cmd_close_xrcd, ibv_cmd_create_ah, ibv_cmd_create_counters,
