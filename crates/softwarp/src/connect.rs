@@ -271,12 +271,7 @@ impl Listener {
         let shared: &Arc<_> = qp.shared();
         let local = shared.local_params(opts)?;
         shared.begin_connect()?;
-        let est = Establish {
-            opts,
-            observer: None,
-            gate: false,
-            hold: Duration::ZERO,
-        };
+        let est = Establish::blocking(opts);
         let stream = match self.wait_accept(timeout) {
             Ok(s) => s,
             Err(e) => return shared.finish_connect(Err(e), est),

@@ -107,6 +107,20 @@ pub(crate) struct Establish<'a> {
     pub(crate) hold: Duration,
 }
 
+impl<'a> Establish<'a> {
+    /// The blocking paths (`QueuePair::connect`, `Listener::accept`, the stream handover of
+    /// `connect_stream`/`accept_stream`): no connection manager, no responder gate, no hold
+    /// (the blocking initiator waited `first_fpdu_delay` out before returning).
+    pub(crate) fn blocking(opts: &'a ConnectOptions) -> Self {
+        Self {
+            opts,
+            observer: None,
+            gate: false,
+            hold: Duration::ZERO,
+        }
+    }
+}
+
 /// Tells the connection manager (if it manages the QP) that the connection went away.
 pub(super) fn link_down(inner: &QpInner, why: LinkDown) {
     if let Some(o) = &inner.observer {

@@ -567,13 +567,8 @@ impl QueuePair {
         let result = connect::initiate(&addrs, opts, &local);
         self.shared.finish_connect(
             result,
-            Establish {
-                opts,
-                observer: None,
-                gate: false,
-                // `connect::initiate` already waited `first_fpdu_delay` after the Reply.
-                hold: Duration::ZERO,
-            },
+            // `connect::initiate` already waited `first_fpdu_delay` after the Reply.
+            Establish::blocking(opts),
         )
     }
 
@@ -594,15 +589,8 @@ impl QueuePair {
         self.shared.begin_connect()?;
         let deadline = softwarp_ras::deadline::Deadline::after(opts.timeout);
         let result = connect::initiate_on(stream, request, opts, &local, deadline);
-        self.shared.finish_connect(
-            result,
-            Establish {
-                opts,
-                observer: None,
-                gate: false,
-                hold: Duration::ZERO,
-            },
-        )
+        self.shared
+            .finish_connect(result, Establish::blocking(opts))
     }
 
     /// The responder side of [`QueuePair::connect_stream`] (and of a [`QueuePair::connect`]
@@ -617,15 +605,8 @@ impl QueuePair {
         let local = self.shared.local_params(opts)?;
         self.shared.begin_connect()?;
         let result = connect::respond(stream, opts, &local);
-        self.shared.finish_connect(
-            result,
-            Establish {
-                opts,
-                observer: None,
-                gate: false,
-                hold: Duration::ZERO,
-            },
-        )
+        self.shared
+            .finish_connect(result, Establish::blocking(opts))
     }
 
     pub(crate) fn shared(&self) -> &Arc<QpShared> {
