@@ -3,6 +3,9 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod matrix;
+pub mod raw;
+
+pub use raw::*;
 
 use std::time::{Duration, Instant};
 
