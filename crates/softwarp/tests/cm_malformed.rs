@@ -11,6 +11,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use cm_support::raw::*;
 use cm_support::*;
 use softwarp::*;
 use softwarp_wire::mpa::fpdu::Fpdu;

@@ -11,6 +11,7 @@ mod util;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
+use cm_support::raw::*;
 use cm_support::*;
 use softwarp::*;
 use util::*;

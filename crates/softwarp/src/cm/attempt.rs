@@ -8,7 +8,9 @@
 //! [`crate::QueuePair::connect_stream`], [`crate::QueuePair::accept_stream`],
 //! [`crate::Listener::accept`]) drive one on the calling thread with [`initiate_blocking`]
 //! and [`respond_blocking`], each on an `epoll` instance of its own: the same steps, so the
-//! same errors, deadlines and responder gate (RFC 5044 / RFC 6581), without events.
+//! same errors, deadlines and responder gate (RFC 5044 / RFC 6581), without events. One
+//! difference: a blocking initiator waits the first-FPDU hold-off out before it returns
+//! (the CM's thread cannot, so its QP holds its FPDUs instead).
 //!
 //! The rules themselves are the engine's ([`softwarp_engine::mpa`]); this module moves the
 //! frames and keeps the time.
@@ -269,11 +271,13 @@ impl Initiator {
 
     /// Establishes the QP on the negotiated socket (its registration with the caller's
     /// `epoll` ended): the QP enters RTS and the device's progress thread takes the socket;
-    /// `observer` (the connection manager's) hears of its end.
+    /// `observer` (the connection manager's) hears of its end. The QP holds its FPDUs for
+    /// `hold` (see [`ConnectOptions::first_fpdu_delay`]).
     pub(crate) fn establish(
         self,
         neg: Negotiated,
         observer: Option<Arc<dyn ConnObserver>>,
+        hold: Duration,
     ) -> Result<ConnectionInfo> {
         let Initiator {
             qp, opts, stream, ..
@@ -282,7 +286,7 @@ impl Initiator {
             qp.abandon_connect();
             return Err(Error::NotConnected);
         };
-        qp.finish_connect(stream.into(), neg, &opts, observer)
+        qp.finish_connect(stream.into(), neg, &opts, observer, hold)
     }
 }
 
@@ -331,7 +335,15 @@ pub(crate) fn initiate_blocking(mut a: Initiator) -> Result<ConnectionInfo> {
                 if let Some(s) = a.stream.as_mut() {
                     let _ = poll.registry().deregister(s);
                 }
-                return a.establish(neg, None);
+                // The first-FPDU hold-off (siw's Reply race), waited out here as a blocking
+                // call may, within the deadline: the QP is then as free as any other, and
+                // sends posted right after this returns go out on the posting thread.
+                let delay = a.opts.first_fpdu_delay;
+                let hold = a.deadline.remaining().map_or(delay, |left| delay.min(left));
+                if !hold.is_zero() {
+                    std::thread::sleep(hold);
+                }
+                return a.establish(neg, None, Duration::ZERO);
             }
             Step::Failed(f) => return fail(&a, f),
         }
@@ -433,7 +445,7 @@ pub(crate) fn send_reply(
         qp.abandon_connect();
         return Err(e);
     }
-    qp.finish_connect(stream, neg, opts, observer)
+    qp.finish_connect(stream, neg, opts, observer, Duration::ZERO)
 }
 
 /// Sends a reject Reply for `req` (or an unreadable request) and closes the connection.

@@ -73,11 +73,11 @@ pub struct ConnectOptions {
     /// callback that receives FPDUs; an FPDU arriving in between stays unread in its socket
     /// until more bytes arrive, so a first Send that the peer must answer (rping's) deadlocks
     /// the connection. Observed with half of rping connections to siw under TCG; a 20 ms
-    /// hold-off avoided it in every run (see `interop/README.md`). On every connection path
-    /// (the connection manager's and the blocking [`crate::QueuePair::connect`]) the QP is
-    /// established at once and holds its FPDUs back until the delay has passed: work posted
-    /// meanwhile is queued and leaves when it expires (nobody sleeps: the progress thread
-    /// retries on its timer).
+    /// hold-off avoided it in every run (see `interop/README.md`). The blocking
+    /// [`crate::QueuePair::connect`] waits that long before it returns; on the connection
+    /// manager's path ([`crate::CmEventChannel::connect`]) the QP is established at once and
+    /// holds its FPDUs back until the delay has passed: work posted meanwhile is queued and
+    /// leaves when it expires (nobody sleeps: the progress thread retries on its timer).
     pub first_fpdu_delay: Duration,
     /// How long the peer may stop in the middle of an FPDU (some of its bytes arrived, the
     /// rest did not) before the stream is terminated (default 30 s; `Duration::MAX`: no

@@ -567,7 +567,8 @@ fn fail_active(a: Box<Active>, failed: Failed) {
 fn establish_active(a: Box<Active>, neg: Negotiated) {
     let Active { id, a } = *a;
     let observer: Arc<dyn crate::qp::ConnObserver> = Arc::clone(&id) as _;
-    match a.establish(neg, Some(observer)) {
+    let hold = a.opts.first_fpdu_delay;
+    match a.establish(neg, Some(observer), hold) {
         Ok(info) => id.established(info),
         Err(error) => id.failed(CmEvent::ConnectError {
             id: id.conn_id(),

@@ -9,13 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::{Registry, Token};
+use softwarp_engine::mpa::{Negotiated, QpLimits, Role};
 use softwarp_engine::qp::{QpState, StreamConfig};
 use softwarp_ras::deadline::Deadline;
 
 use super::pump::{TxEnd, PASS_BUDGET};
 use super::{state_name, QpInner, QpShared};
-use softwarp_engine::mpa::{Negotiated, QpLimits, Role};
-
 use crate::cm::options::{ConnectOptions, ConnectionInfo};
 use crate::error::{Error, Result};
 use crate::sys;
@@ -48,8 +47,8 @@ pub(crate) struct Conn {
     pub(super) shut_wr: bool,
     pub(super) linger_until: Option<Instant>,
     /// Initiator: no FPDU goes out before this deadline ([`ConnectOptions::first_fpdu_delay`];
-    /// a delay the clock cannot represent holds until the QP fails). Posted work waits in the QP meanwhile; the progress thread retries on
-    /// its timer (nobody sleeps).
+    /// a delay the clock cannot represent holds until the QP fails). Posted work waits in the
+    /// QP meanwhile; the progress thread retries on its timer (nobody sleeps).
     pub(super) hold_until: Option<Deadline>,
     /// [`ConnectOptions::rx_stall_timeout`] (`None`: no limit).
     pub(super) rx_stall: Option<Duration>,
@@ -288,15 +287,18 @@ impl QpShared {
     }
 
     /// Second half of connect/accept, the same on every path: establishes the engine QP on
-    /// the negotiated stream (the stream parameters from `opts`: the responder's gate on the
-    /// first FPDU, an initiator's first-FPDU hold-off) and hands the socket to the progress
-    /// thread; `observer` is the connection manager's hook (none on the blocking path).
+    /// the negotiated stream (the stream parameters from `opts`, the responder's gate on the
+    /// first FPDU among them) and hands the socket to the progress thread. An initiator's QP
+    /// holds its FPDUs for `hold` (the first-FPDU hold-off still to run: the connection
+    /// manager's thread cannot wait it out, a blocking caller already did); `observer` is
+    /// the connection manager's hook (none on the blocking path).
     pub(crate) fn finish_connect(
         self: &Arc<Self>,
         stream: std::net::TcpStream,
         neg: Negotiated,
         opts: &ConnectOptions,
         observer: Option<Arc<dyn ConnObserver>>,
+        hold: Duration,
     ) -> Result<ConnectionInfo> {
         let s = self;
         let prepared = prepare_stream(stream, opts, &neg);
@@ -317,8 +319,8 @@ impl QpShared {
             write_failed: false,
             shut_wr: false,
             linger_until: None,
-            hold_until: (neg.role == Role::Initiator && !opts.first_fpdu_delay.is_zero())
-                .then(|| Deadline::after(opts.first_fpdu_delay)),
+            hold_until: (neg.role == Role::Initiator && !hold.is_zero())
+                .then(|| Deadline::after(hold)),
             rx_stall: (opts.rx_stall_timeout != Duration::MAX).then_some(opts.rx_stall_timeout),
             stall_mark: None,
         });

@@ -5,8 +5,6 @@
 pub mod matrix;
 pub mod raw;
 
-pub use raw::*;
-
 use std::time::{Duration, Instant};
 
 use softwarp::*;
