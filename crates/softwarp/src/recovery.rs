@@ -32,7 +32,7 @@ use std::time::{Duration, SystemTime};
 
 use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::fault::Cause;
-use softwarp_ras::errlog::{self, CriticalEvent, CriticalKind};
+use softwarp_ras::errlog::CriticalKind;
 use softwarp_ras::health::{self, DeviceHealthReport, FaultInfo, FaultTarget, RecoverySubject};
 use softwarp_ras::sw_event;
 use softwarp_ras::tracker::{ResourceInfo, ResourceKind};
@@ -250,7 +250,7 @@ pub(crate) struct Health {
     /// Automatic recovery after every fault.
     auto: Option<RecoveryConfig>,
     /// What the control socket's fault requests reach (holds the device weakly).
-    target: Mutex<Option<Arc<dyn FaultTarget>>>,
+    target: Mutex<Option<Arc<Target>>>,
 }
 
 #[derive(Debug, Default)]
@@ -371,13 +371,15 @@ impl Health {
 
     /// Registers the device with the control socket's fault requests.
     pub(crate) fn register_target(dev: &Arc<DeviceShared>) {
-        let target: Arc<dyn FaultTarget> = Arc::new(Target(Arc::downgrade(dev)));
-        health::register_target(Arc::downgrade(&target));
+        let target = Arc::new(Target(Arc::downgrade(dev)));
+        let as_dyn: Arc<dyn FaultTarget> = Arc::clone(&target) as Arc<dyn FaultTarget>;
+        health::register_target(Arc::downgrade(&as_dyn));
         *lock(&dev.health.target) = Some(target);
     }
 }
 
 /// The device as the control socket's fault requests see it.
+#[derive(Debug)]
 struct Target(Weak<DeviceShared>);
 
 impl FaultTarget for Target {

@@ -27,6 +27,10 @@ use softwarp_ras::tracker::ResourceKind;
 use util::{connect, wait_event, wait_wcs, End, WAIT};
 
 const CHILD_ENV: &str = "SOFTWARP_TEST_RECOVERY_CHILD";
+/// The child and its parent bind their devices to the loopback interface: the same device
+/// for the recovery (name and interface), another one than the other test's, whose
+/// recovery must not wait for the child.
+const SCOPE: &str = "lo";
 
 /// This binary's own runtime directory, set before the RAS services start (the child
 /// inherits it).
@@ -146,17 +150,16 @@ fn a_contained_fault_blocks_new_objects_until_the_application_lets_go() {
 }
 
 /// The child side: opens a device with RAS, holds a PD and a CQ, prints where they were
-/// created, and ignores both the fault and `SIGTERM`.
+/// created, and ignores the fault (and `SIGTERM`, see `spawn_child`).
 #[test]
 fn child_holder() {
     if std::env::var_os(CHILD_ENV).is_none() {
         return;
     }
-    // SAFETY: setting a signal's disposition to "ignore" has no handler to run; nothing
-    // else in this process installs handlers.
-    unsafe { libc::signal(libc::SIGTERM, libc::SIG_IGN) };
+    // SIGTERM is ignored: the parent started this process through `sh -c "trap '' TERM;
+    // exec ..."` (an ignored signal stays ignored across exec).
     util::opt_in_ras();
-    let dev = Device::open_default().unwrap();
+    let dev = Device::builder().interface(SCOPE).open().unwrap();
     let pd = dev.alloc_pd().unwrap();
     let line = line!() + 1;
     let cq = dev.create_cq(16, None).unwrap();
@@ -174,7 +177,11 @@ struct Child {
 }
 
 fn spawn_child() -> Child {
-    let mut proc = Command::new(std::env::current_exe().unwrap())
+    let exe = std::env::current_exe().unwrap();
+    let mut proc = Command::new("sh")
+        .arg("-c")
+        .arg("trap '' TERM; exec \"$0\" \"$@\"")
+        .arg(exe)
         .args(["--exact", "child_holder", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, "1")
         .stdout(Stdio::piped())
@@ -184,8 +191,9 @@ fn spawn_child() -> Child {
     let mut lines = BufReader::new(proc.stdout.take().unwrap()).lines();
     let hold = loop {
         let l = lines.next().expect("the child ended before holding").unwrap();
-        if let Some(rest) = l.strip_prefix("HOLD ") {
-            break rest.to_string();
+        // The harness prints "test child_holder ... " before it on the same line.
+        if let Some(at) = l.find("HOLD ") {
+            break l[at + 5..].trim().to_string();
         }
     };
     Child { proc, hold }
@@ -220,7 +228,11 @@ fn a_child_that_keeps_its_resources_is_named_and_killed_only_when_listed() {
         .unwrap()
         .trim()
         .to_string();
-    let dev = Device::builder().automatic_recovery(false).open().unwrap();
+    let dev = Device::builder()
+        .interface(SCOPE)
+        .automatic_recovery(false)
+        .open()
+        .unwrap();
     // Both instances of the device fail; the child ignores it.
     inject_into(pid);
     dev.inject_fatal_error();

@@ -30,7 +30,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use softwarp::*;
-use netns::{run, unavailable, Ns};
+use netns::{unavailable, Ns};
 use util::{pattern, wait_wcs, End, WAIT};
 
 // ---------------------------------------------------------------------------------------
