@@ -7,7 +7,8 @@
 //! - An interface down (not `IFF_UP`, or no carrier: not `IFF_RUNNING`) or removed: every QP
 //!   whose local address was on it is terminated.
 //! - The device's own interface (`DeviceBuilder::interface`) down, removed, or left without
-//!   an address: the device fails (`crate::recovery::contain`).
+//!   an address (IPv6 link-local ones do not count): the device fails
+//!   (`crate::recovery::contain`).
 //!
 //! Opened only when the application asked (the RAS opt-in, `DeviceBuilder::interface`,
 //! `DeviceBuilder::watch_network`); no thread of its own. The socket is created on the
@@ -92,6 +93,15 @@ impl std::fmt::Debug for NetWatch {
             .field("fd", &self.sock.as_raw_fd())
             .field("bound", &self.bound)
             .finish_non_exhaustive()
+    }
+}
+
+/// An address a connection of the device can use: not an IPv6 link-local one (which every
+/// interface that is up has, and iWARP peers do not use).
+fn usable(a: IpAddr) -> bool {
+    match a {
+        IpAddr::V4(_) => true,
+        IpAddr::V6(v6) => !v6.is_unicast_link_local(),
     }
 }
 
@@ -455,7 +465,7 @@ impl NetWatch {
                         .find(|(_, l)| l.name == bound)
                         .map(|(i, _)| self.addrs_of(*i))
                         .unwrap_or_default();
-                    if !left.is_empty() {
+                    if left.iter().any(|a| usable(*a)) {
                         continue;
                     }
                     (
@@ -548,13 +558,20 @@ mod tests {
             },
         );
         let b: IpAddr = "10.0.0.2".parse().unwrap();
-        t.addrs.insert(3, [b].into());
-        let w = watch("sw0", t);
+        let ll: IpAddr = "fe80::1".parse().unwrap();
+        t.addrs.insert(3, [b, ll].into());
+        let mut w = watch("sw0", t);
         let change = Change::AddressRemoved {
             interface: "sw0".into(),
             addr: "10.0.0.1".parse().unwrap(),
         };
-        assert_eq!(w.device_fault(&[change]), None);
+        assert_eq!(w.device_fault(std::slice::from_ref(&change)), None);
+        // A link-local address alone does not keep it.
+        w.tables.addrs.insert(3, [ll].into());
+        assert!(matches!(
+            w.device_fault(&[change]),
+            Some(FaultKind::AddressRemoved { .. })
+        ));
     }
 
     #[test]

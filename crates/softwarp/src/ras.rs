@@ -252,7 +252,7 @@ pub(crate) fn device_closed(dev: &DeviceShared, device: &Tracked) {
 /// RAS services run (file
 /// and network I/O: call it with no lock held).
 /// A device fault was contained (`crate::recovery::contain`): the error log line with the
-/// recommended action, and the automatic dump (while the RAS services run).
+/// recommended action.
 pub(crate) fn device_failed(dev: &DeviceShared, fault: &str, qps: usize, snapshots: &[u64]) {
     let ids: Vec<String> = snapshots.iter().map(u64::to_string).collect();
     errlog::report(
@@ -269,6 +269,10 @@ pub(crate) fn device_failed(dev: &DeviceShared, fault: &str, qps: usize, snapsho
         )
         .with_device(dev.ras.tracker.name()),
     );
+}
+
+/// The automatic dump of a device fault (while the RAS services run; at most one a second).
+pub(crate) fn device_fault_dump(fault: &str) {
     let reason = format!("device fatal: {fault}");
     dump::auto_dump(&AutoDumpConfig::from_env(), &DefaultHandler, &reason);
 }

@@ -495,7 +495,10 @@ pub(crate) fn contain(dev: &Arc<DeviceShared>, kind: FaultKind) -> bool {
         ));
     }
     dev.events.push(AsyncEvent::DeviceFatal);
-    crate::ras::device_failed(dev, &fault.to_string(), qps.len(), &snapshots);
+    let text = fault.to_string();
+    crate::ras::device_failed(dev, &text, qps.len(), &snapshots);
+    // The recovery starts before the dump is written (tens of milliseconds): its time
+    // counts from the fault.
     if let Some(config) = dev.health.auto.clone() {
         let d = Arc::clone(dev);
         let spawned = std::thread::Builder::new()
@@ -507,6 +510,7 @@ pub(crate) fn contain(dev: &Arc<DeviceShared>, kind: FaultKind) -> bool {
             sw_event!(Runtime, 1, error = %e, "cannot start the recovery thread; Device::recover recovers");
         }
     }
+    crate::ras::device_fault_dump(&text);
     true
 }
 
