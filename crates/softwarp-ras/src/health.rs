@@ -186,7 +186,10 @@ pub fn status_all() -> Vec<DeviceHealthReport> {
 
 /// Injects a fault into the devices of this process whose instance or name is `device`
 /// (all when `None`); the `fault-inject` request. An error when none matches.
-pub fn inject_all(device: Option<&str>, kind: Option<&str>) -> Result<Vec<DeviceHealthReport>, String> {
+pub fn inject_all(
+    device: Option<&str>,
+    kind: Option<&str>,
+) -> Result<Vec<DeviceHealthReport>, String> {
     let mut out = Vec::new();
     for t in live_targets() {
         let h = t.health();
@@ -378,7 +381,13 @@ pub fn recover(
             return report;
         }
         if start.elapsed() >= config.release_wait {
-            terminate_listed(config, start, &report.holders.clone(), &mut termed, &mut report);
+            terminate_listed(
+                config,
+                start,
+                &report.holders.clone(),
+                &mut termed,
+                &mut report,
+            );
         }
         subject.progress(&report);
         let left = deadline.remaining().unwrap_or(config.poll);
@@ -476,7 +485,10 @@ mod tests {
 
     #[test]
     fn a_holder_that_stays_is_reported_with_its_line_at_the_bound() {
-        let s = Arc::new(Subject(Tracker::new("health-unit-b"), Mutex::new(Vec::new())));
+        let s = Arc::new(Subject(
+            Tracker::new("health-unit-b"),
+            Mutex::new(Vec::new()),
+        ));
         let line = line!() + 1;
         let _held = s.0.register(ResourceKind::Qp, 7, 0);
         let t = Instant::now();
@@ -492,7 +504,10 @@ mod tests {
 
     #[test]
     fn a_holder_released_during_the_wait_ends_it() {
-        let s = Arc::new(Subject(Tracker::new("health-unit-c"), Mutex::new(Vec::new())));
+        let s = Arc::new(Subject(
+            Tracker::new("health-unit-c"),
+            Mutex::new(Vec::new()),
+        ));
         let held = s.0.register(ResourceKind::Cq, 1, 0);
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(30));
@@ -501,7 +516,11 @@ mod tests {
         let r = recover(&*s, &quick(2000), None);
         t.join().unwrap();
         assert_eq!(r.outcome, RecoveryOutcome::Recovered);
-        assert!(r.elapsed_ms >= 25 && r.elapsed_ms < 2000, "{}", r.elapsed_ms);
+        assert!(
+            r.elapsed_ms >= 25 && r.elapsed_ms < 2000,
+            "{}",
+            r.elapsed_ms
+        );
     }
 
     #[test]

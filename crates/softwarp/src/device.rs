@@ -21,7 +21,9 @@ use crate::pd::ProtectionDomain;
 use crate::progress::Progress;
 use crate::qp::QpShared;
 use crate::ras::{DeviceRas, Tracked};
-use crate::recovery::{DeviceFault, DeviceState, FaultKind, Health, RecoveryConfig, RecoveryReport};
+use crate::recovery::{
+    DeviceFault, DeviceState, FaultKind, Health, RecoveryConfig, RecoveryReport,
+};
 use crate::sys;
 use crate::RasConfig;
 
@@ -556,7 +558,8 @@ impl Device {
         // sockets of the QPs the application makes on it usually do. Asked for by the
         // application, a failure fails the open; implied by the RAS services, it is
         // reported and the device opens without the watch.
-        let netwatch = match watch.then(|| crate::netwatch::NetWatch::open(b.interface.as_deref())) {
+        let netwatch = match watch.then(|| crate::netwatch::NetWatch::open(b.interface.as_deref()))
+        {
             Some(Ok(w)) => Some(w),
             Some(Err(e)) if asked => return Err(e),
             Some(Err(e)) => {
@@ -585,7 +588,9 @@ impl Device {
         let ras = crate::ras::device_opened(&shared, bytes as u64);
         Health::register_target(&shared);
         if let Some(w) = netwatch {
-            shared.progress.net_watch(w.attach(Arc::downgrade(&shared)))?;
+            shared
+                .progress
+                .net_watch(w.attach(Arc::downgrade(&shared)))?;
         }
         Ok(Self {
             _owner: Arc::new(DeviceOwner {

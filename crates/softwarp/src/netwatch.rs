@@ -279,7 +279,11 @@ impl NetWatch {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    sw_event!(Runtime, 2, "rtnetlink: notifications were lost; reading the tables again");
+                    sw_event!(
+                        Runtime,
+                        2,
+                        "rtnetlink: notifications were lost; reading the tables again"
+                    );
                     self.resync(&mut changes);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -330,7 +334,11 @@ impl NetWatch {
             }
             RouteNetlinkMessage::NewAddress(a) => {
                 if let Some(ip) = address_of(&a) {
-                    self.tables.addrs.entry(a.header.index).or_default().insert(ip);
+                    self.tables
+                        .addrs
+                        .entry(a.header.index)
+                        .or_default()
+                        .insert(ip);
                 }
             }
             RouteNetlinkMessage::DelAddress(a) => {
@@ -407,7 +415,13 @@ impl NetWatch {
         let Some(dev) = self.dev.upgrade() else {
             return;
         };
-        sw_event!(Runtime, 2, device = dev.ras.instance(), ?changes, "rtnetlink: network changes");
+        sw_event!(
+            Runtime,
+            2,
+            device = dev.ras.instance(),
+            ?changes,
+            "rtnetlink: network changes"
+        );
         let qps: Vec<_> = dev
             .live_qps()
             .into_iter()
@@ -485,7 +499,6 @@ impl NetWatch {
         fault.map(|(_, k)| k)
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -284,7 +284,12 @@ pub(crate) fn device_recovery(dev: &DeviceShared, r: &softwarp_ras::health::Reco
     let terminated: Vec<String> = r
         .terminated
         .iter()
-        .map(|t| format!("{} to pid {} ({}) at {} ms", t.signal, t.pid, t.process, t.at_ms))
+        .map(|t| {
+            format!(
+                "{} to pid {} ({}) at {} ms",
+                t.signal, t.pid, t.process, t.at_ms
+            )
+        })
         .collect();
     let mut detail = format!(
         "recovery {} after {} ms (bound {} ms)",
@@ -303,7 +308,8 @@ pub(crate) fn device_recovery(dev: &DeviceShared, r: &softwarp_ras::health::Reco
     }
     sw_event!(Runtime, 2, device = dev.ras.instance(), "{}", detail);
     errlog::report(
-        &CriticalEvent::new(CriticalKind::DeviceRecovery, detail).with_device(dev.ras.tracker.name()),
+        &CriticalEvent::new(CriticalKind::DeviceRecovery, detail)
+            .with_device(dev.ras.tracker.name()),
     );
 }
 

@@ -90,7 +90,10 @@ impl fmt::Display for FaultKind {
                 write!(f, "interface {interface} disappeared")
             }
             FaultKind::AddressRemoved { interface, addr } => {
-                write!(f, "address {addr} of interface {interface} was removed (none left)")
+                write!(
+                    f,
+                    "address {addr} of interface {interface} was removed (none left)"
+                )
             }
         }
     }
@@ -145,7 +148,10 @@ impl fmt::Display for QpErrorReason {
                 "the peer sent a Terminate (layer {layer}, error type {etype}, code {code:#04x})"
             ),
             QpErrorReason::Cause(Cause::Detected(fault)) => {
-                write!(f, "{fault:?} detected in the peer's stream; a Terminate was sent")
+                write!(
+                    f,
+                    "{fault:?} detected in the peer's stream; a Terminate was sent"
+                )
             }
             QpErrorReason::Cause(Cause::LlpClosed) => {
                 f.write_str("the TCP connection closed or failed")
@@ -484,7 +490,12 @@ pub(crate) fn contain(dev: &Arc<DeviceShared>, kind: FaultKind) -> bool {
         dev.health.set_state(DeviceState::Failed);
         fault
     };
-    sw_event!(Runtime, 1, device = dev.ras.instance(), "{fault}: containing");
+    sw_event!(
+        Runtime,
+        1,
+        device = dev.ras.instance(),
+        "{fault}: containing"
+    );
     let qps = dev.live_qps();
     let mut snapshots = Vec::new();
     for qp in &qps {
@@ -544,7 +555,9 @@ pub(crate) fn recover(dev: &Arc<DeviceShared>, config: &RecoveryConfig) -> Resul
         let mut g = dev.health.lock();
         match dev.health.state() {
             DeviceState::Operational => {
-                return Err(Error::InvalidArgument("the device has not failed: nothing to recover"))
+                return Err(Error::InvalidArgument(
+                    "the device has not failed: nothing to recover",
+                ))
             }
             DeviceState::Closed => return Err(Error::DeviceStopped),
             DeviceState::Failed | DeviceState::Recovering => {}
@@ -627,11 +640,17 @@ mod tests {
             time: SystemTime::now(),
             generation: 1,
         };
-        assert_eq!(f.to_string(), "device softwarp0/1 failed: interface sw0 disappeared");
+        assert_eq!(
+            f.to_string(),
+            "device softwarp0/1 failed: interface sw0 disappeared"
+        );
         let r = QpErrorReason::NetworkGone {
             detail: "local address 10.0.0.1 removed".into(),
         };
-        assert_eq!(r.to_string(), "unexpected close: local address 10.0.0.1 removed");
+        assert_eq!(
+            r.to_string(),
+            "unexpected close: local address 10.0.0.1 removed"
+        );
     }
 
     #[test]

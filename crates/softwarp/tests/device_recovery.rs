@@ -101,24 +101,32 @@ fn a_contained_fault_blocks_new_objects_until_the_application_lets_go() {
     // Error blocks: refused at once, naming the fault.
     let t = Instant::now();
     match dev_b.alloc_pd() {
-        Err(Error::DeviceFailed { fault: f, state, .. }) => {
+        Err(Error::DeviceFailed {
+            fault: f, state, ..
+        }) => {
             assert_eq!(*f, fault);
             assert_eq!(state, DeviceState::Failed);
         }
         other => panic!("alloc_pd on a failed device: {other:?}"),
     }
-    assert!(matches!(dev_b.create_cq(4, None), Err(Error::DeviceFailed { .. })));
+    assert!(matches!(
+        dev_b.create_cq(4, None),
+        Err(Error::DeviceFailed { .. })
+    ));
     assert!(matches!(
         b.pd.reg_mr(64, AccessFlags::LOCAL_WRITE),
         Err(Error::DeviceFailed { .. })
     ));
-    let e = b
-        .qp
-        .connect("127.0.0.1:9", &ConnectOptions::default())
-        .unwrap_err();
+    let e =
+        b.qp.connect("127.0.0.1:9", &ConnectOptions::default())
+            .unwrap_err();
     assert!(matches!(e, Error::DeviceFailed { .. }), "{e}");
     assert!(e.to_string().contains("fault injected"), "{e}");
-    assert!(t.elapsed() < Duration::from_millis(100), "refusals took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "refusals took {:?}",
+        t.elapsed()
+    );
 
     // The application still holds everything: the recovery names it, with this file.
     let r = dev_b.recover(&quick(150)).unwrap();
@@ -130,18 +138,27 @@ fn a_contained_fault_blocks_new_objects_until_the_application_lets_go() {
         .find(|h| h.kind == ResourceKind::Qp)
         .expect("the QP is a holder");
     assert_eq!(qp_holder.pid, std::process::id());
-    assert!(qp_holder.file.ends_with("util/mod.rs"), "{}", qp_holder.file);
+    assert!(
+        qp_holder.file.ends_with("util/mod.rs"),
+        "{}",
+        qp_holder.file
+    );
     assert!(r.holders.iter().any(|h| h.kind == ResourceKind::Mr));
 
     // Everything dropped but the device: it recovers, and works again.
     drop(buf);
-    let End { qp, scq, rcq, pd, .. } = b;
+    let End {
+        qp, scq, rcq, pd, ..
+    } = b;
     drop((qp, scq, rcq, pd));
     let r = dev_b.recover(&quick(2000)).unwrap();
     assert_eq!(r.outcome, RecoveryOutcome::Recovered, "{r:?}");
     println!("recovered in {} ms after the last release", r.elapsed_ms);
     assert_eq!(dev_b.state(), DeviceState::Operational);
-    assert_eq!(dev_b.last_recovery().unwrap().outcome, RecoveryOutcome::Recovered);
+    assert_eq!(
+        dev_b.last_recovery().unwrap().outcome,
+        RecoveryOutcome::Recovered
+    );
     let mut a2 = End::new(None, None);
     let mut b2 = End::new(None, Some(dev_b));
     connect(&mut a2, &mut b2, &ConnectOptions::default());
@@ -190,7 +207,10 @@ fn spawn_child() -> Child {
         .unwrap();
     let mut lines = BufReader::new(proc.stdout.take().unwrap()).lines();
     let hold = loop {
-        let l = lines.next().expect("the child ended before holding").unwrap();
+        let l = lines
+            .next()
+            .expect("the child ended before holding")
+            .unwrap();
         // The harness prints "test child_holder ... " before it on the same line.
         if let Some(at) = l.find("HOLD ") {
             break l[at + 5..].trim().to_string();
@@ -216,7 +236,12 @@ fn inject_into(pid: u32) {
     )
     .unwrap();
     let r: FaultStatusResult = reply.into_result().unwrap();
-    assert!(r.devices.iter().all(|d| d.state != DeviceState::Operational), "{r:?}");
+    assert!(
+        r.devices
+            .iter()
+            .all(|d| d.state != DeviceState::Operational),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -250,7 +275,10 @@ fn a_child_that_keeps_its_resources_is_named_and_killed_only_when_listed() {
     assert_eq!(held.process, name);
     assert_eq!(format!("{}:{}", held.file, held.line), child.hold);
     assert!(r.terminated.is_empty());
-    assert!(child.proc.try_wait().unwrap().is_none(), "the child was not signalled");
+    assert!(
+        child.proc.try_wait().unwrap().is_none(),
+        "the child was not signalled"
+    );
     println!(
         "timed out after {} ms, holder pid {} ({}) thread {} at {}:{}",
         r.elapsed_ms, held.pid, held.process, held.thread, held.file, held.line
@@ -265,8 +293,14 @@ fn a_child_that_keeps_its_resources_is_named_and_killed_only_when_listed() {
     assert_eq!(r.outcome, RecoveryOutcome::Recovered, "{r:?}");
     let signals: Vec<&str> = r.terminated.iter().map(|t| t.signal.as_str()).collect();
     assert_eq!(signals, ["SIGTERM", "SIGKILL"], "{r:?}");
-    assert!(r.terminated.iter().all(|t| t.pid == pid && t.process == name));
-    assert!(r.terminated[1].at_ms >= r.terminated[0].at_ms + 300, "{r:?}");
+    assert!(r
+        .terminated
+        .iter()
+        .all(|t| t.pid == pid && t.process == name));
+    assert!(
+        r.terminated[1].at_ms >= r.terminated[0].at_ms + 300,
+        "{r:?}"
+    );
     let status = child.proc.wait().unwrap();
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.signal(), Some(libc::SIGKILL));

@@ -29,8 +29,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use softwarp::*;
 use netns::{unavailable, Ns};
+use softwarp::*;
 use util::{pattern, wait_wcs, End, WAIT};
 
 // ---------------------------------------------------------------------------------------

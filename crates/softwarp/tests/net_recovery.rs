@@ -42,7 +42,9 @@ fn private_runtime_dir() {
 
 /// (Re)creates the veth pair `sw0` (in `a`) - `sw1` (in `b`) with one address each.
 fn link(a: &Ns, b: &Ns) {
-    a.ip(&["link", "add", "sw0", "type", "veth", "peer", "name", "sw1", "netns", &b.0]);
+    a.ip(&[
+        "link", "add", "sw0", "type", "veth", "peer", "name", "sw1", "netns", &b.0,
+    ]);
     a.ip(&["addr", "add", &format!("{A_ADDR}/24"), "dev", "sw0"]);
     b.ip(&["addr", "add", &format!("{B_ADDR}/24"), "dev", "sw1"]);
     a.ip(&["link", "set", "sw0", "up"]);
@@ -193,7 +195,10 @@ fn case(name: &str, removal: Removal) {
         wait_until("b's QP to Error", || b.qp.state() == QpState::Error);
         match b.qp.error_reason() {
             Some(QpErrorReason::NetworkGone { detail }) => {
-                assert!(detail.contains("sw1") || detail.contains(B_ADDR), "{detail}")
+                assert!(
+                    detail.contains("sw1") || detail.contains(B_ADDR),
+                    "{detail}"
+                )
             }
             other => panic!("b's reason {other:?}"),
         }
@@ -206,14 +211,21 @@ fn case(name: &str, removal: Removal) {
          fault {fault}; a's QP: {a_reason}",
         flushed_after.as_secs_f64() * 1e3
     );
-    assert!(flushed_after < Duration::from_secs(1), "{flushed_after:?}: not at once");
+    assert!(
+        flushed_after < Duration::from_secs(1),
+        "{flushed_after:?}: not at once"
+    );
 
     // The application lets go; the automatic recovery brings the device back.
     drop((src, target, rbuf));
-    let End { qp, scq, rcq, pd, .. } = a;
+    let End {
+        qp, scq, rcq, pd, ..
+    } = a;
     drop((qp, scq, rcq, pd));
     let released = Instant::now();
-    wait_until("a's device to recover", || dev_a.state() == DeviceState::Operational);
+    wait_until("a's device to recover", || {
+        dev_a.state() == DeviceState::Operational
+    });
     let recovered = fault_at.elapsed();
     let report = dev_a.last_recovery().unwrap();
     assert_eq!(report.outcome, RecoveryOutcome::Recovered, "{report:?}");

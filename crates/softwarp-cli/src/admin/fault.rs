@@ -10,7 +10,7 @@ use std::io::Write;
 use anyhow::{bail, Result};
 use serde::Serialize;
 use softwarp_ras::control::{FaultStatusResult, Request};
-use softwarp_ras::health::{DeviceHealthReport, DeviceState};
+use softwarp_ras::health::{DeviceHealthReport, DeviceState, RecoveryOutcome};
 use softwarp_ras::tracker::ResourceInfo;
 
 use super::table::Table;
@@ -133,7 +133,12 @@ pub fn device_lines(d: &ProcessDevice) -> Vec<String> {
             out.push(format!("  not answering: {u}"));
         }
         if h.state != DeviceState::Operational && !r.holders.is_empty() {
-            out.push(format!("  {} resource(s) held at the end:", r.holders.len()));
+            let when = if r.outcome == RecoveryOutcome::Running {
+                "now"
+            } else {
+                "at the end"
+            };
+            out.push(format!("  {} resource(s) held {when}:", r.holders.len()));
         }
     }
     out
@@ -184,7 +189,8 @@ fn print_status(listing: &StatusListing, out: &mut dyn Write, only_failed: bool)
             }
         }
     }
-    holders.sort_by(|a, b| (a.pid, &a.tracker, a.kind, a.id).cmp(&(b.pid, &b.tracker, b.kind, b.id)));
+    holders
+        .sort_by(|a, b| (a.pid, &a.tracker, a.kind, a.id).cmp(&(b.pid, &b.tracker, b.kind, b.id)));
     holders.dedup_by(|a, b| (a.pid, &a.tracker, a.kind, a.id) == (b.pid, &b.tracker, b.kind, b.id));
     if !holders.is_empty() {
         writeln!(out)?;
@@ -207,7 +213,12 @@ pub fn status(args: &StatusArgs, out: &mut dyn Write, err: &mut dyn Write) -> Re
 
 /// `softwarp resources --holders`: the devices that failed or recovered, and who holds
 /// resources of a failed one.
-pub fn holders(select: &Select, json: bool, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8> {
+pub fn holders(
+    select: &Select,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<u8> {
     let mut listing = gather(select, err)?;
     listing
         .devices
@@ -267,7 +278,7 @@ pub fn run(cmd: &FaultCommand, out: &mut dyn Write, err: &mut dyn Write) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use softwarp_ras::health::{FaultInfo, RecoveryOutcome, RecoveryReport, Termination};
+    use softwarp_ras::health::{FaultInfo, RecoveryReport, Termination};
 
     fn device(state: DeviceState) -> ProcessDevice {
         ProcessDevice {
@@ -312,6 +323,10 @@ mod tests {
              interface eth1 disappeared at 2026-01-01T00:00:00.000Z)"
         );
         assert!(lines[1].starts_with("  recovery timed_out after 2000 ms (bound 2000 ms"));
-        assert!(lines[1].ends_with("; SIGTERM to pid 9 (rogue) at 500 ms"), "{}", lines[1]);
+        assert!(
+            lines[1].ends_with("; SIGTERM to pid 9 (rogue) at 500 ms"),
+            "{}",
+            lines[1]
+        );
     }
 }

@@ -437,9 +437,10 @@ impl QpShared {
             let Some(conn) = inner.conn.take() else {
                 return false;
             };
-            self.failure.set(crate::recovery::QpErrorReason::NetworkGone {
-                detail: detail.to_string(),
-            });
+            self.failure
+                .set(crate::recovery::QpErrorReason::NetworkGone {
+                    detail: detail.to_string(),
+                });
             if let Some(o) = &inner.observer {
                 o.link_down(LinkDown::NetworkGone);
             }
@@ -448,7 +449,10 @@ impl QpShared {
             }
             // Closing the descriptor also removes it from the progress thread's epoll.
             drop(conn);
-            if matches!(inner.qp.state(), QpState::Rts | QpState::Closing | QpState::Terminate) {
+            if matches!(
+                inner.qp.state(),
+                QpState::Rts | QpState::Closing | QpState::Terminate
+            ) {
                 inner.qp.handle_llp_closed();
             }
             if inner.qp.state() != QpState::Error {

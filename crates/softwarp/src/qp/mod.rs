@@ -210,7 +210,8 @@ impl QpShared {
         }
         while let Some(ev) = inner.qp.poll_event() {
             if let Some(cause) = crate::recovery::event_cause(&ev) {
-                self.failure.set(crate::recovery::QpErrorReason::Cause(cause));
+                self.failure
+                    .set(crate::recovery::QpErrorReason::Cause(cause));
             }
             let fd = inner.conn.as_ref().map(|c| c.stream.as_fd());
             self.ras.on_event(&ev, &inner.qp, inner.info.as_ref(), fd);

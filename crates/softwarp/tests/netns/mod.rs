@@ -81,4 +81,3 @@ impl Drop for Ns {
         let _ = run("ip", &["netns", "del", &self.0]);
     }
 }
-
