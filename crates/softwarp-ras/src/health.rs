@@ -407,7 +407,7 @@ fn terminate_listed(
     let me = sys::pid();
     let mut pids: Vec<(u32, String)> = holders
         .iter()
-        .filter(|h| h.pid != me && config.terminate.iter().any(|n| *n == h.process))
+        .filter(|h| h.pid != me && config.terminate.contains(&h.process))
         .map(|h| (h.pid, h.process.clone()))
         .collect();
     pids.sort();

@@ -144,6 +144,24 @@ fn a_contained_fault_blocks_new_objects_until_the_application_lets_go() {
         qp_holder.file
     );
     assert!(r.holders.iter().any(|h| h.kind == ResourceKind::Mr));
+    let stat = |name: &str, extra: &[(&str, &str)]| {
+        let mut labels = vec![("device", dev_b.instance_name())];
+        labels.extend_from_slice(extra);
+        softwarp_ras::stats::collect_all().get(name, &labels)
+    };
+    use softwarp_ras::stats::Value;
+    assert_eq!(stat("softwarp_device_state", &[]), Some(Value::Int(1)));
+    assert_eq!(
+        stat("softwarp_device_faults_total", &[]),
+        Some(Value::Int(1))
+    );
+    assert_eq!(
+        stat(
+            "softwarp_device_recoveries_total",
+            &[("outcome", "timed_out")]
+        ),
+        Some(Value::Int(1))
+    );
 
     // Everything dropped but the device: it recovers, and works again.
     drop(buf);
@@ -159,6 +177,18 @@ fn a_contained_fault_blocks_new_objects_until_the_application_lets_go() {
         dev_b.last_recovery().unwrap().outcome,
         RecoveryOutcome::Recovered
     );
+    assert_eq!(stat("softwarp_device_state", &[]), Some(Value::Int(0)));
+    assert_eq!(
+        stat(
+            "softwarp_device_recoveries_total",
+            &[("outcome", "recovered")]
+        ),
+        Some(Value::Int(1))
+    );
+    assert!(matches!(
+        stat("softwarp_device_last_recovery_seconds", &[]),
+        Some(Value::Float(_))
+    ));
     let mut a2 = End::new(None, None);
     let mut b2 = End::new(None, Some(dev_b));
     connect(&mut a2, &mut b2, &ConnectOptions::default());
