@@ -592,15 +592,19 @@ pub(crate) fn recover(dev: &Arc<DeviceShared>, config: &RecoveryConfig) -> Resul
         let mut g = dev.health.lock();
         g.recovering = false;
         g.recovery = Some(report.clone());
-        match report.outcome {
+        let next = match report.outcome {
             RecoveryOutcome::Recovered => {
                 g.recovered = g.recovered.saturating_add(1);
-                dev.health.set_state(DeviceState::Operational);
+                DeviceState::Operational
             }
             _ => {
                 g.timed_out = g.timed_out.saturating_add(1);
-                dev.health.set_state(DeviceState::Failed);
+                DeviceState::Failed
             }
+        };
+        // The last handle may have been dropped meanwhile: closed stays closed.
+        if dev.health.state() != DeviceState::Closed {
+            dev.health.set_state(next);
         }
     }
     dev.health.ended.notify_all();
