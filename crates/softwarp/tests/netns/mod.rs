@@ -1,5 +1,5 @@
 //! Network namespaces for tests (root only): create, run `ip` in them, move a thread
-//! into one; deleted on drop. Used by `net_matrix.rs` and `net_recovery.rs`.
+//! into one; deleted on drop. Used by `net_matrix.rs` and `device_recovery.rs`.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Command;
