@@ -204,6 +204,28 @@ fn a_contained_fault_blocks_new_objects_until_the_application_lets_go() {
         stat("softwarp_device_last_recovery_seconds", &[]),
         Some(Value::Float(_))
     ));
+    // The error log: the fault with its advice, then both recoveries with their outcome.
+    let dir = std::env::var_os("SOFTWARP_RUNTIME_DIR").unwrap();
+    let log = std::fs::read_to_string(std::path::Path::new(&dir).join(format!(
+        "errors-{}.jsonl",
+        rustix::process::getuid().as_raw()
+    )))
+    .unwrap();
+    let device = format!("\"device\":\"{}\"", dev_b.instance_name());
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(&device)).collect();
+    assert!(lines
+        .iter()
+        .any(|l| l.contains("\"event\":\"device_fatal\"")
+            && l.contains("fault injected")
+            && l.contains("\"action\":")));
+    assert!(lines
+        .iter()
+        .any(|l| l.contains("\"event\":\"device_recovery\"")
+            && l.contains("recovery timed_out")
+            && l.contains("util/mod.rs")));
+    assert!(lines
+        .iter()
+        .any(|l| l.contains("\"event\":\"device_recovery\"") && l.contains("recovery recovered")));
     let mut a2 = End::new(None, None);
     let mut b2 = End::new(None, Some(dev_b));
     connect(&mut a2, &mut b2, &ConnectOptions::default());
