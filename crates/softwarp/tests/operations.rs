@@ -305,20 +305,8 @@ fn every_stream_option_carries_send_write_and_read() {
             sgl: sgl(&dst, 0, len, 2),
         })
         .unwrap();
-        // b (the responder) sends first after the RTR: the Read of a's memory.
-        b.qp.post_send(&send_wr(
-            5,
-            SendOp::Read {
-                remote_addr: src.addr(),
-                rkey: src.rkey(),
-            },
-            Payload::Sgl(SgList::single(dst.sge(0, len as u32).unwrap())),
-        ))
-        .unwrap();
-        let wc = wait_wcs(&b.scq, 1);
-        assert_eq!(wc[0].status, WcStatus::Success, "variant {v}: {wc:?}");
-        assert!(dst.to_vec().unwrap() == data, "variant {v}: Read bytes");
-        dst.fill(0, len, 0).unwrap();
+        // a (the initiator) speaks first: RFC 5044 holds b's first FPDU until a's arrived
+        // (or, with peer-to-peer mode, a's RTR).
         a.qp.post_send(&send_wr(
             1,
             SendOp::Write {
@@ -337,10 +325,40 @@ fn every_stream_option_carries_send_write_and_read() {
         let wcs = wait_wcs(&a.scq, 2);
         assert!(
             wcs.iter().all(|w| w.status == WcStatus::Success),
-            "variant {v}"
+            "variant {v}: {wcs:?}"
         );
+        // The Send lands behind the Write, in the same buffer, with the same bytes.
         let rwc = wait_wcs(&b.rcq, 1);
         assert_eq!(rwc[0].byte_len as usize, len, "variant {v}");
         assert!(dst.to_vec().unwrap() == data, "variant {v}: Send bytes");
+        dst.fill(0, len, 0).unwrap();
+        // Then b reads a's memory.
+        b.qp.post_send(&send_wr(
+            5,
+            SendOp::Read {
+                remote_addr: src.addr(),
+                rkey: src.rkey(),
+            },
+            Payload::Sgl(SgList::single(dst.sge(0, len as u32).unwrap())),
+        ))
+        .unwrap();
+        let wc = wait_wcs(&b.scq, 1);
+        assert_eq!(wc[0].status, WcStatus::Success, "variant {v}: {wc:?}");
+        assert!(dst.to_vec().unwrap() == data, "variant {v}: Read bytes");
+    }
+}
+
+/// Without a chosen FPDU length, a connection to this host itself sends MPA's largest FPDUs
+/// (segments on loopback are never cut or placed by a NIC); the MSS is reported beside it.
+#[test]
+fn loopback_connections_send_the_largest_fpdus_by_default() {
+    let (a, b) = pair(&ConnectOptions::default());
+    for info in [a.info.clone().unwrap(), b.info.clone().unwrap()] {
+        assert_eq!(
+            info.max_fpdu_len,
+            softwarp_wire::mpa::fpdu::MAX_FPDU_LEN,
+            "{info:?}"
+        );
+        assert!(info.mss > 0 && info.mss < info.max_fpdu_len, "{info:?}");
     }
 }
