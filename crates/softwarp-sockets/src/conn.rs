@@ -101,6 +101,11 @@ struct State {
     /// Local windows (kept registered while the stream lives).
     windows: Vec<Arc<MemoryRegion>>,
     closed: bool,
+    /// Counts of events that may make a read newly possible (data, EOF, an error), and a
+    /// write (a send slot freed, credits granted): edge-triggered readiness reports a
+    /// change of these once.
+    rx_events: u64,
+    tx_events: u64,
 }
 
 /// The iWARP connection of a stream.
@@ -122,6 +127,28 @@ pub(crate) struct Conn {
     recv_slots: u32,
     send_slots: u32,
     linger: Duration,
+}
+
+/// What a stream can do without waiting, and what happened to it (the bits `poll` and
+/// `epoll` report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Readiness {
+    /// A read returns bytes, EOF or an error.
+    pub readable: bool,
+    /// A write accepts bytes or returns an error.
+    pub writable: bool,
+    /// The peer closed its sending side (`POLLRDHUP`), or the connection failed.
+    pub peer_closed: bool,
+    /// Both directions are closed, or the connection failed (`POLLHUP`).
+    pub hangup: bool,
+    /// The connection failed (`POLLERR`).
+    pub error: bool,
+    /// A count that changes whenever data, the EOF or an error arrives: edge-triggered
+    /// readiness reports `readable` again only after it changed.
+    pub rx_events: u64,
+    /// A count that changes whenever room to send may have appeared (a send completed,
+    /// credits came back, an error).
+    pub tx_events: u64,
 }
 
 /// Which end of the MPA exchange a stream runs.
@@ -222,6 +249,8 @@ impl Conn {
             orphans: Vec::new(),
             windows: Vec::new(),
             closed: false,
+            rx_events: 0,
+            tx_events: 0,
         };
         Ok(Arc::new(Conn {
             qp,
@@ -344,6 +373,12 @@ impl Conn {
             }
         };
         st.credits.on_receive(u32::from(h.grant));
+        if h.grant > 0 {
+            st.tx_events = st.tx_events.wrapping_add(1);
+        }
+        if matches!(h.kind, Kind::Data | Kind::Eof) {
+            st.rx_events = st.rx_events.wrapping_add(1);
+        }
         match h.kind {
             // After shutdown(Read) bytes are dropped as they come (the peer keeps its credits).
             Kind::Data if st.read_shut => self.repost(st, slot),
@@ -382,6 +417,7 @@ impl Conn {
 
     fn on_send(&self, st: &mut State, wc: &WorkCompletion) {
         let slot = (wc.wr_id & 0xffff_ffff) as u32;
+        st.tx_events = st.tx_events.wrapping_add(1);
         match wc.wr_id & WR_KIND_MASK {
             WR_SLOT => st.free_tx.push(slot),
             WR_ONE_SIDED => {
@@ -491,10 +527,25 @@ impl Conn {
 
     /// Polls the CQs and says whether a read and a write would make progress now (data,
     /// EOF or an error to report; room to send or an error to report).
-    pub(crate) fn poll_ready(&self) -> (bool, bool) {
+    pub(crate) fn poll_ready(&self) -> Readiness {
         let mut st = lock(&self.state);
         self.progress(&mut st);
-        (self.readable(&st), self.writable(&st))
+        self.readiness(&st)
+    }
+
+    fn readiness(&self, st: &State) -> Readiness {
+        // As the kernel's TCP: the peer's EOF is a half close (POLLRDHUP); both directions
+        // closed, or a reset, is a hang-up (POLLHUP).
+        let peer_closed = st.eof_in && !st.read_shut;
+        Readiness {
+            readable: self.readable(st),
+            writable: self.writable(st),
+            peer_closed: peer_closed || st.error.is_some(),
+            hangup: st.error.is_some() || (st.eof_in && st.eof_out != EofOut::Open),
+            error: st.error.is_some(),
+            rx_events: st.rx_events,
+            tx_events: st.tx_events,
+        }
     }
 
     fn readable(&self, st: &State) -> bool {
@@ -513,23 +564,41 @@ impl Conn {
         self.channel.as_raw_fd()
     }
 
+    /// [`Conn::event_fd`], borrowed.
+    pub(crate) fn event_fd_borrowed(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.channel)
+    }
+
     /// Arms both CQs, then polls them once more: afterwards, either something is ready or
     /// the next completion makes [`Conn::event_fd`] readable. Returns the readiness.
-    pub(crate) fn arm(&self) -> (bool, bool) {
+    pub(crate) fn arm(&self) -> Readiness {
         let mut st = lock(&self.state);
         self.progress(&mut st);
         let _ = self.recv_cq.req_notify(false);
         let _ = self.send_cq.req_notify(false);
         self.progress(&mut st);
-        (self.readable(&st), self.writable(&st))
+        self.readiness(&st)
     }
 
     /// Runs `attempt` until it returns `Some`, waiting for completions in between (at most
-    /// until `timeout`, or not at all when `nonblocking`).
+    /// until `timeout`, or not at all when `nonblocking`). A signal during the wait is not
+    /// reported: the wait goes on.
     fn run<T>(
         &self,
         nonblocking: bool,
         timeout: Option<Duration>,
+        attempt: impl FnMut(&Conn, &mut State) -> Option<io::Result<T>>,
+    ) -> io::Result<T> {
+        self.run_inner(nonblocking, timeout, false, attempt)
+    }
+
+    /// [`Conn::run`], returning `Interrupted` when a signal interrupts the wait (as a
+    /// blocking socket call returns `EINTR`) with `interruptible`.
+    fn run_inner<T>(
+        &self,
+        nonblocking: bool,
+        timeout: Option<Duration>,
+        interruptible: bool,
         mut attempt: impl FnMut(&Conn, &mut State) -> Option<io::Result<T>>,
     ) -> io::Result<T> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
@@ -558,23 +627,30 @@ impl Conn {
                 }
                 slice = slice.min(left);
             }
-            wait_readable(&self.channel, slice)?;
+            match wait_readable(&self.channel, slice) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted && !interruptible => {}
+                r => r?,
+            }
         }
     }
 
     // ---- the stream --------------------------------------------------------------------
 
     /// Reads stream bytes: 0 at the end of the stream.
+    /// `interruptible`: a signal ends the wait with `Interrupted`.
     pub(crate) fn read(
         &self,
         buf: &mut [u8],
         nonblocking: bool,
         timeout: Option<Duration>,
+        interruptible: bool,
     ) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
-        self.run(nonblocking, timeout, |c, st| c.try_read(st, buf))
+        self.run_inner(nonblocking, timeout, interruptible, |c, st| {
+            c.try_read(st, buf)
+        })
     }
 
     fn try_read(&self, st: &mut State, buf: &mut [u8]) -> Option<io::Result<usize>> {
@@ -609,6 +685,53 @@ impl Conn {
             .map(|(kind, why)| Err(io::Error::new(*kind, why.clone())))
     }
 
+    /// Copies stream bytes without consuming them (`MSG_PEEK`): waits until at least one
+    /// byte (with `all`, `buf.len()` bytes, as `MSG_PEEK | MSG_WAITALL`), the EOF or an
+    /// error is there.
+    pub(crate) fn peek(
+        &self,
+        buf: &mut [u8],
+        all: bool,
+        nonblocking: bool,
+        timeout: Option<Duration>,
+        interruptible: bool,
+    ) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        self.run_inner(nonblocking, timeout, interruptible, |c, st| {
+            c.try_peek(st, buf, all)
+        })
+    }
+
+    fn try_peek(&self, st: &mut State, buf: &mut [u8], all: bool) -> Option<io::Result<usize>> {
+        let avail: usize = st.rx_ready.iter().map(|m| m.end.saturating_sub(m.at)).sum();
+        let want = if all { buf.len() } else { 1 };
+        let ended = st.eof_in || st.error.is_some();
+        if avail >= want || (avail > 0 && ended) {
+            let mut n = 0;
+            for m in &st.rx_ready {
+                if n >= buf.len() {
+                    break;
+                }
+                let take = (m.end.saturating_sub(m.at)).min(buf.len().saturating_sub(n));
+                let from = self.slot_off(m.slot).saturating_add(m.at);
+                let to = n.saturating_add(take);
+                if let Err(e) = self.rx.read_at(from, &mut buf[n..to]) {
+                    return Some(Err(io::Error::other(e)));
+                }
+                n = to;
+            }
+            return Some(Ok(n));
+        }
+        if st.eof_in {
+            return Some(Ok(0));
+        }
+        st.error
+            .as_ref()
+            .map(|(kind, why)| Err(io::Error::new(*kind, why.clone())))
+    }
+
     /// Bytes that a read would return now without waiting (`FIONREAD`).
     pub(crate) fn bytes_readable(&self) -> usize {
         let mut st = lock(&self.state);
@@ -623,11 +746,14 @@ impl Conn {
         buf: &[u8],
         nonblocking: bool,
         timeout: Option<Duration>,
+        interruptible: bool,
     ) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
-        self.run(nonblocking, timeout, |c, st| c.try_write(st, buf))
+        self.run_inner(nonblocking, timeout, interruptible, |c, st| {
+            c.try_write(st, buf)
+        })
     }
 
     fn try_write(&self, st: &mut State, buf: &[u8]) -> Option<io::Result<usize>> {
@@ -990,6 +1116,8 @@ fn fail(st: &mut State, kind: io::ErrorKind, why: String) {
     if st.error.is_none() {
         tracing::debug!(target: "softwarp::sockets", %why, "iWARP stream failed");
         st.error = Some((kind, why));
+        st.rx_events = st.rx_events.wrapping_add(1);
+        st.tx_events = st.tx_events.wrapping_add(1);
     }
 }
 
@@ -1006,7 +1134,7 @@ fn post_slot(
     })
 }
 
-/// Waits until `fd` is readable or `timeout` passes.
+/// Waits until `fd` is readable or `timeout` passes (`Interrupted` when a signal came).
 fn wait_readable(fd: impl std::os::fd::AsFd, timeout: Duration) -> io::Result<()> {
     let mut fds = [rustix::event::PollFd::new(
         &fd,
@@ -1017,7 +1145,7 @@ fn wait_readable(fd: impl std::os::fd::AsFd, timeout: Duration) -> io::Result<()
         tv_nsec: i64::from(timeout.subsec_nanos()),
     };
     match rustix::event::poll(&mut fds, Some(&ts)) {
-        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Ok(_) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
