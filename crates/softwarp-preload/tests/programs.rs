@@ -92,9 +92,14 @@ fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> Output {
 
 /// Runs a client until its connection is accepted (the server may not listen yet), at most
 /// 100 tries.
-fn run_client(mut make: impl FnMut() -> Command, what: &str) -> Output {
+fn run_client(make: impl FnMut() -> Command, what: &str) -> Output {
+    run_client_within(make, what, Duration::from_secs(60))
+}
+
+/// [`run_client`] with each run bounded by `limit`.
+fn run_client_within(mut make: impl FnMut() -> Command, what: &str, limit: Duration) -> Output {
     for _ in 0..100 {
-        let out = wait_bounded(make().spawn().unwrap(), Duration::from_secs(300), what);
+        let out = wait_bounded(make().spawn().unwrap(), limit, what);
         let err = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() && err.contains("Connection refused") {
             std::thread::sleep(Duration::from_millis(50));
@@ -137,6 +142,7 @@ fn socat_moves_files_both_ways_over_iwarp() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(6);
+    let limit = Duration::from_secs(60 + 2 * mib as u64);
     let up = pattern(mib << 20, 1);
     let down = pattern(((mib.max(2) - 1) << 20) + 4321, 2);
     std::fs::write(dir.join("up.bin"), &up).unwrap();
@@ -170,7 +176,7 @@ fn socat_moves_files_both_ways_over_iwarp() {
     .unwrap();
     let d2 = dir.clone();
     let c_down = std::thread::spawn(move || {
-        run_client(
+        run_client_within(
             || {
                 preloaded(
                     "socat",
@@ -184,9 +190,10 @@ fn socat_moves_files_both_ways_over_iwarp() {
                 )
             },
             "socat client (down)",
+            limit,
         )
     });
-    let c_up = run_client(
+    let c_up = run_client_within(
         || {
             preloaded(
                 "socat",
@@ -196,10 +203,11 @@ fn socat_moves_files_both_ways_over_iwarp() {
             )
         },
         "socat client (up)",
+        limit,
     );
     let c_down = c_down.join().unwrap();
-    let s_up = wait_bounded(s_up, Duration::from_secs(300), "socat server (up)");
-    let s_down = wait_bounded(s_down, Duration::from_secs(300), "socat server (down)");
+    let s_up = wait_bounded(s_up, limit, "socat server (up)");
+    let s_down = wait_bounded(s_down, limit, "socat server (down)");
     for (what, out) in [
         ("client up", &c_up),
         ("client down", &c_down),
@@ -425,6 +433,20 @@ fn redis_benchmark_runs_against_redis_server_over_iwarp() {
     )
     .spawn()
     .unwrap();
+    // redis-benchmark does not give up when nobody listens: wait until the server does.
+    let mut server = server;
+    let log = server.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(log).lines().map_while(Result::ok) {
+            if line.contains("Ready to accept connections") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("redis-server did not become ready within 60 s");
     for pipeline in ["1", "16"] {
         let bench = run_client(
             || {
