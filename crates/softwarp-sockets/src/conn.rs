@@ -33,6 +33,9 @@ use crate::wire::{self, Header, Hello, Kind, WindowAd, HEADER_LEN};
 /// progress for all, and a sleeper notices it within this time at the latest.
 const WAIT_SLICE: Duration = Duration::from_millis(20);
 
+/// Longest [`Conn::close`] waits for the peer's end of the graceful close.
+const CLOSE_WAIT: Duration = Duration::from_secs(3);
+
 /// Send work request ids: kind in the top byte, slot (and operation number) below.
 const WR_SLOT: u64 = 1 << 56;
 const WR_ONE_SIDED: u64 = 2 << 56;
@@ -825,6 +828,15 @@ impl Conn {
         }
         lock(&self.state).closed = true;
         let _ = self.qp.disconnect();
+        // Wait for the graceful close to finish (our FIN out, the peer's in; the runtime
+        // gives up after its own linger of 2 s): a process that exits right after closing
+        // would otherwise close the TCP socket with unread bytes (the peer's last grants),
+        // and the kernel would answer with a reset that throws away the bytes still in
+        // its send buffer (the capture test lost the tail of its data this way).
+        let left = deadline.map_or(Duration::ZERO, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        let _ = self.qp.wait_closed(left.min(CLOSE_WAIT));
     }
 
     // ---- one-sided extensions ------------------------------------------------------------
