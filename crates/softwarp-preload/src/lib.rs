@@ -1549,6 +1549,11 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
         libc::SHUT_RDWR => std::net::Shutdown::Both,
         _ => return fail(libc::EINVAL),
     };
+    // A blocking socket's shutdown waits until the EOF has left (the stream's own rule);
+    // a non-blocking one returns at once, as the kernel's.
+    let _ = s
+        .stream
+        .set_nonblocking(s.nonblocking.load(Ordering::Relaxed));
     match s.stream.shutdown(how) {
         Ok(()) => 0,
         Err(e) => fail(errno_of(&e)),

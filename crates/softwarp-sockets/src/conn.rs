@@ -788,13 +788,30 @@ impl Conn {
     }
 
     /// Ends this side's sending stream: the peer reads EOF after the bytes already written.
-    /// Never blocks: the EOF leaves as soon as a credit allows.
-    pub(crate) fn shutdown_write(&self) {
-        let mut st = lock(&self.state);
-        if st.eof_out == EofOut::Open {
-            st.eof_out = EofOut::Pending;
+    /// The EOF leaves as soon as a credit allows; `wait`: waits for that (at most the linger
+    /// time), since with no thread of its own a stream whose program stops calling into it
+    /// would keep an EOF that found no credit (the peer's grant arrives, nobody reads it).
+    pub(crate) fn shutdown_write(&self, wait: bool) {
+        {
+            let mut st = lock(&self.state);
+            if st.eof_out == EofOut::Open {
+                st.eof_out = EofOut::Pending;
+            }
+            self.progress(&mut st);
+            if !wait || st.eof_out != EofOut::Pending {
+                return;
+            }
         }
-        self.progress(&mut st);
+        let sent = self.run(false, Some(self.linger), |_, st| {
+            (st.eof_out != EofOut::Pending || st.error.is_some()).then_some(Ok(()))
+        });
+        if sent.is_err() {
+            tracing::debug!(
+                target: "softwarp::sockets",
+                qpn = self.qp.qp_num(), linger = ?self.linger,
+                "shutdown: no credit for the EOF within the linger time"
+            );
+        }
     }
 
     /// Ends the reading side: later reads return EOF (bytes still arriving are dropped).
@@ -811,7 +828,7 @@ impl Conn {
     /// Closes the connection: sends the EOF, waits (at most the linger time) until every
     /// Send was handed to TCP, then disconnects the QP gracefully.
     pub(crate) fn close(&self) {
-        self.shutdown_write();
+        self.shutdown_write(false);
         let deadline = Instant::now().checked_add(self.linger);
         let drained = self.run(false, Some(self.linger), |c, st| {
             let done = st.error.is_some()

@@ -355,13 +355,17 @@ impl IwarpStream {
     }
 
     /// Shuts down reading, writing or both. Writing: the peer reads EOF after every byte
-    /// written before (in iWARP mode an EOF message, sent as soon as a credit allows).
+    /// written before (in iWARP mode an EOF message, sent as soon as a credit allows; a
+    /// blocking stream waits for that credit, at most the linger time, because with no
+    /// thread of its own an EOF left waiting would go out only at the program's next call
+    /// into the stream).
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         match &self.inner {
             Inner::Tcp(t) => t.shutdown(how),
             Inner::Iwarp(c) => {
                 if matches!(how, Shutdown::Write | Shutdown::Both) {
-                    c.shutdown_write();
+                    // A blocking stream waits until the EOF has left (see Conn).
+                    c.shutdown_write(!self.nonblocking());
                 }
                 if matches!(how, Shutdown::Read | Shutdown::Both) {
                     c.shutdown_read();
