@@ -3,7 +3,7 @@
 //! what the connection manager hears ([`ConnObserver`]). No bytes are moved here (see
 //! `pump`).
 
-use std::net::Shutdown;
+use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -159,7 +159,10 @@ fn prepare_stream(
     let peer_addr = stream
         .peer_addr()
         .map_err(|e| Error::io("getpeername", e))?;
-    let cfg = neg.stream_config(opts.max_fpdu_len.unwrap_or(mss), opts, gate);
+    let max_fpdu = opts
+        .max_fpdu_len
+        .unwrap_or_else(|| default_max_fpdu(mss, local_addr, peer_addr));
+    let cfg = neg.stream_config(max_fpdu, opts, gate);
     let max_fpdu_len = cfg.max_fpdu_len;
     let info = ConnectionInfo {
         local_addr,
@@ -178,6 +181,21 @@ fn prepare_stream(
         peer_private_data: neg.peer_private_data.clone(),
     };
     Ok((mio::net::TcpStream::from_std(stream), info, cfg))
+}
+
+/// The largest FPDU to send when the application did not choose one
+/// ([`ConnectOptions::max_fpdu_len`]): the TCP maximum segment size, so that every FPDU
+/// starts a segment and a hardware receiver can place each segment on its own (RFC 5044's
+/// FPDU alignment); but MPA's largest FPDU on a connection to this host itself, which the
+/// kernel carries over loopback where segments are never cut by a NIC nor placed by one.
+/// Any conforming receiver takes FPDUs up to the 16-bit ULPDU length; fewer, larger FPDUs
+/// halve the receiver's reads per MiB (BENCHMARKS-history.md, "Larger FPDUs on loopback").
+fn default_max_fpdu(mss: usize, local: SocketAddr, peer: SocketAddr) -> usize {
+    if peer.ip().is_loopback() || peer.ip() == local.ip() {
+        softwarp_wire::mpa::fpdu::MAX_FPDU_LEN
+    } else {
+        mss
+    }
 }
 
 impl QpShared {
@@ -386,5 +404,22 @@ impl QpShared {
     pub(crate) fn set_error_and_kick(self: &Arc<Self>) {
         self.set_error();
         self.device.progress.kick(Arc::clone(self));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fpdus_follow_the_mss_except_to_this_host_itself() {
+        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let max = softwarp_wire::mpa::fpdu::MAX_FPDU_LEN;
+        assert_eq!(default_max_fpdu(32768, at("127.0.0.1:1"), at("127.0.0.1:2")), max);
+        assert_eq!(default_max_fpdu(32768, at("[::1]:1"), at("[::1]:2")), max);
+        // Another address of this host: the kernel routes it over loopback too.
+        assert_eq!(default_max_fpdu(1448, at("10.0.0.5:1"), at("10.0.0.5:2")), max);
+        assert_eq!(default_max_fpdu(1448, at("10.0.0.5:1"), at("10.0.0.6:2")), 1448);
+        assert_eq!(default_max_fpdu(8948, at("[fd00::1]:1"), at("[fd00::2]:2")), 8948);
     }
 }
