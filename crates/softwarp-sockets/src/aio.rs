@@ -5,16 +5,22 @@
 //! block arms the CQs ([`IwarpStream::arm_readiness`]), tries once more, and only then parks
 //! the task. The reading and the writing side each register their own duplicate of the
 //! eventfd, so the halves of `tokio::io::split` may run in different tasks.
+//!
+//! Whoever polls the stream drains the eventfd, so a completion that one side processed (a
+//! grant that lets the other side write, say) may never reach the reactor as an event for
+//! the other side. Each side therefore leaves its waker here before it arms the CQs, and a
+//! poll that finds the other side able to go on wakes it.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
-use crate::IwarpStream;
+use crate::{IwarpStream, Readiness};
 
 /// An iWARP stream for tokio: [`AsyncRead`] and [`AsyncWrite`], made inside a tokio runtime
 /// from an [`IwarpStream`] in iWARP mode ([`AsyncIwarpStream::new`]). Its blocking mode
@@ -24,6 +30,21 @@ pub struct AsyncIwarpStream {
     stream: IwarpStream,
     reads: AsyncFd<OwnedFd>,
     writes: AsyncFd<OwnedFd>,
+    /// The parked sides' wakers: reading, writing.
+    parked: Mutex<[Option<Waker>; 2]>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Read = 0,
+    Write = 1,
+}
+
+fn can(side: Side, r: &Readiness) -> bool {
+    match side {
+        Side::Read => r.readable,
+        Side::Write => r.writable,
+    }
 }
 
 #[allow(unsafe_code)]
@@ -55,6 +76,7 @@ impl AsyncIwarpStream {
             stream,
             reads,
             writes,
+            parked: Mutex::new([None, None]),
         })
     }
 
@@ -67,33 +89,70 @@ impl AsyncIwarpStream {
     pub fn into_inner(self) -> IwarpStream {
         self.stream
     }
-}
 
-/// Runs `op` until it does not return `WouldBlock`, parking the task on `fd` in between.
-fn poll_op<T>(
-    stream: &IwarpStream,
-    fd: &AsyncFd<OwnedFd>,
-    cx: &mut Context<'_>,
-    mut op: impl FnMut() -> io::Result<T>,
-) -> Poll<io::Result<T>> {
-    loop {
-        match op() {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            r => return Poll::Ready(r),
+    fn parked(&self) -> MutexGuard<'_, [Option<Waker>; 2]> {
+        self.parked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes the parked sides other than `me` that `r` says can go on.
+    fn wake_ready(&self, me: Option<Side>, r: &Readiness) {
+        let mut parked = self.parked();
+        for side in [Side::Read, Side::Write] {
+            if me.is_some_and(|m| m as usize == side as usize) {
+                continue;
+            }
+            if can(side, r) || r.error {
+                if let Some(w) = parked[side as usize].take() {
+                    w.wake();
+                }
+            }
         }
-        // After arming, either the operation can proceed or the next completion writes
-        // the eventfd.
-        stream.arm_readiness();
-        let mut guard = match fd.poll_read_ready(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-            Poll::Ready(Ok(g)) => g,
+    }
+
+    /// Runs `op` for `side` until it does not return `WouldBlock`, parking the task on
+    /// that side's eventfd in between. The waker is left here before the CQs are armed, so
+    /// a completion that the other side processes from then on wakes this one.
+    fn poll_op<T>(
+        &self,
+        side: Side,
+        cx: &mut Context<'_>,
+        mut op: impl FnMut() -> io::Result<T>,
+    ) -> Poll<io::Result<T>> {
+        let fd = match side {
+            Side::Read => &self.reads,
+            Side::Write => &self.writes,
         };
-        match op() {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            r => return Poll::Ready(r),
+        let done = |r: io::Result<T>| {
+            self.parked()[side as usize] = None;
+            // This call may have processed what the other side waits for.
+            if self.parked().iter().any(Option::is_some) {
+                self.wake_ready(Some(side), &self.stream.poll_ready());
+            }
+            Poll::Ready(r)
+        };
+        loop {
+            match op() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return done(r),
+            }
+            self.parked()[side as usize] = Some(cx.waker().clone());
+            let r = self.stream.arm_readiness();
+            self.wake_ready(Some(side), &r);
+            match op() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return done(r),
+            }
+            let mut guard = match fd.poll_read_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return done(Err(e)),
+                Poll::Ready(Ok(g)) => g,
+            };
+            match op() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return done(r),
+            }
+            guard.clear_ready();
         }
-        guard.clear_ready();
     }
 }
 
@@ -104,8 +163,9 @@ impl AsyncRead for AsyncIwarpStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let n = match poll_op(&this.stream, &this.reads, cx, || {
-            this.stream.read_with(buf.initialize_unfilled(), true)
+        let stream = &this.stream;
+        let n = match this.poll_op(Side::Read, cx, || {
+            stream.read_with(buf.initialize_unfilled(), true)
         }) {
             Poll::Ready(Ok(n)) => n,
             Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -123,9 +183,7 @@ impl AsyncWrite for AsyncIwarpStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        poll_op(&this.stream, &this.writes, cx, || {
-            this.stream.write_with(buf, true)
-        })
+        this.poll_op(Side::Write, cx, || this.stream.write_with(buf, true))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -133,7 +191,17 @@ impl AsyncWrite for AsyncIwarpStream {
         Poll::Ready(Ok(()))
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.stream.shutdown(std::net::Shutdown::Write))
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Done once the EOF has left (it may wait for a credit): a task that ends after its
+        // shutdown leaves no EOF behind that only a later call would send.
+        let this = self.get_mut();
+        this.stream.shutdown_write_nowait()?;
+        this.poll_op(Side::Write, cx, || {
+            if this.stream.eof_pending() {
+                Err(io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(())
+            }
+        })
     }
 }

@@ -662,13 +662,11 @@ impl Conn {
             let Some(m) = st.rx_ready.front_mut() else {
                 break;
             };
-            let take = (m.end.saturating_sub(m.at)).min(buf.len().saturating_sub(n));
-            let from = self.slot_off(m.slot).saturating_add(m.at);
-            let to = n.saturating_add(take);
-            if let Err(e) = self.rx.read_at(from, &mut buf[n..to]) {
-                return Some(Err(io::Error::other(e)));
-            }
-            n = to;
+            let take = match self.copy_out(m, &mut buf[n..]) {
+                Ok(t) => t,
+                Err(e) => return Some(Err(e)),
+            };
+            n = n.saturating_add(take);
             m.at = m.at.saturating_add(take);
             if m.at >= m.end {
                 let slot = m.slot;
@@ -680,6 +678,21 @@ impl Conn {
             self.flush_control(st);
             return Some(Ok(n));
         }
+        Self::nothing_to_read(st)
+    }
+
+    /// Copies the unread bytes of `m` (as many as fit) to the start of `dst`.
+    fn copy_out(&self, m: &RxMsg, dst: &mut [u8]) -> io::Result<usize> {
+        let take = (m.end.saturating_sub(m.at)).min(dst.len());
+        let from = self.slot_off(m.slot).saturating_add(m.at);
+        self.rx
+            .read_at(from, &mut dst[..take])
+            .map_err(io::Error::other)?;
+        Ok(take)
+    }
+
+    /// What a read with no bytes to give returns: 0 at the EOF, the error, or (`None`) wait.
+    fn nothing_to_read(st: &State) -> Option<io::Result<usize>> {
         if st.eof_in {
             return Some(Ok(0));
         }
@@ -717,22 +730,14 @@ impl Conn {
                 if n >= buf.len() {
                     break;
                 }
-                let take = (m.end.saturating_sub(m.at)).min(buf.len().saturating_sub(n));
-                let from = self.slot_off(m.slot).saturating_add(m.at);
-                let to = n.saturating_add(take);
-                if let Err(e) = self.rx.read_at(from, &mut buf[n..to]) {
-                    return Some(Err(io::Error::other(e)));
+                match self.copy_out(m, &mut buf[n..]) {
+                    Ok(t) => n = n.saturating_add(t),
+                    Err(e) => return Some(Err(e)),
                 }
-                n = to;
             }
             return Some(Ok(n));
         }
-        if st.eof_in {
-            return Some(Ok(0));
-        }
-        st.error
-            .as_ref()
-            .map(|(kind, why)| Err(io::Error::new(*kind, why.clone())))
+        Self::nothing_to_read(st)
     }
 
     /// Bytes that a read would return now without waiting (`FIONREAD`).
@@ -812,6 +817,13 @@ impl Conn {
                 "shutdown: no credit for the EOF within the linger time"
             );
         }
+    }
+
+    /// True while this side's EOF waits for a credit (polls the CQs first).
+    pub(crate) fn eof_pending(&self) -> bool {
+        let mut st = lock(&self.state);
+        self.progress(&mut st);
+        st.eof_out == EofOut::Pending && st.error.is_none()
     }
 
     /// Ends the reading side: later reads return EOF (bytes still arriving are dropped).

@@ -375,6 +375,28 @@ impl IwarpStream {
         }
     }
 
+    /// `shutdown(Write)` that never waits for the EOF's credit; then
+    /// [`IwarpStream::eof_pending`] says whether it left (for the async wrapper).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn shutdown_write_nowait(&self) -> io::Result<()> {
+        match &self.inner {
+            Inner::Tcp(t) => t.shutdown(Shutdown::Write),
+            Inner::Iwarp(c) => {
+                c.shutdown_write(false);
+                Ok(())
+            }
+        }
+    }
+
+    /// True while an iWARP stream's EOF waits for a credit.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn eof_pending(&self) -> bool {
+        match &self.inner {
+            Inner::Tcp(_) => false,
+            Inner::Iwarp(c) => c.eof_pending(),
+        }
+    }
+
     /// Non-blocking mode: reads and writes that would wait return `WouldBlock`.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         if let Inner::Tcp(t) = &self.inner {
