@@ -415,23 +415,11 @@ mod tests {
     fn fpdus_follow_the_mss_except_to_this_host_itself() {
         let at = |s: &str| s.parse::<SocketAddr>().unwrap();
         let max = softwarp_wire::mpa::fpdu::MAX_FPDU_LEN;
-        assert_eq!(
-            default_max_fpdu(32768, at("127.0.0.1:1"), at("127.0.0.1:2")),
-            max
-        );
+        assert_eq!(default_max_fpdu(32768, at("127.0.0.1:1"), at("127.0.0.1:2")), max);
         assert_eq!(default_max_fpdu(32768, at("[::1]:1"), at("[::1]:2")), max);
         // Another address of this host: the kernel routes it over loopback too.
-        assert_eq!(
-            default_max_fpdu(1448, at("10.0.0.5:1"), at("10.0.0.5:2")),
-            max
-        );
-        assert_eq!(
-            default_max_fpdu(1448, at("10.0.0.5:1"), at("10.0.0.6:2")),
-            1448
-        );
-        assert_eq!(
-            default_max_fpdu(8948, at("[fd00::1]:1"), at("[fd00::2]:2")),
-            8948
-        );
+        assert_eq!(default_max_fpdu(1448, at("10.0.0.5:1"), at("10.0.0.5:2")), max);
+        assert_eq!(default_max_fpdu(1448, at("10.0.0.5:1"), at("10.0.0.6:2")), 1448);
+        assert_eq!(default_max_fpdu(8948, at("[fd00::1]:1"), at("[fd00::2]:2")), 8948);
     }
 }
