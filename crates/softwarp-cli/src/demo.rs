@@ -390,8 +390,10 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         wr_id: 0,
         sgl: SgList::single(advert_buf.sge(0, 256)?),
     })?;
-    // The server accepts after posting its first receive; wait for it to listen.
-    let info = client.qp.connect(addr, &opts)?;
+    // The server speaks first (its advert), and a responder sends nothing before the
+    // initiator's first FPDU (RFC 5044): the client negotiates RFC 6581 peer-to-peer mode,
+    // whose RTR message is that first FPDU.
+    let info = client.qp.connect(addr, &opts.clone().peer_to_peer(true))?;
     let advert_wc = wait_wc(&client.rcq)?;
     let mut advert = vec![0u8; advert_wc.byte_len as usize];
     advert_buf.read_at(0, &mut advert)?;

@@ -22,6 +22,10 @@
 //!   [`event::AsyncEvent::CqError`] and hands the completion back (never dropped silently).
 //! - [`srq::Srq`]: shared receive queue with the armed limit event.
 //! - [`qp::Qp`]: one reliable connection.
+//! - [`mpa`]: MPA connection setup as pure functions (RFC 5044, RFC 6581): the initiator's
+//!   Request and its check of the Reply, the responder's screening and Reply, and what the
+//!   exchange settles ([`mpa::Negotiated::stream_config`], the QP's [`qp::StreamConfig`]).
+//!   The runtime moves the frames.
 //!
 //! # Driving a QP
 //!
@@ -35,7 +39,7 @@
 //!
 //! ```text
 //! create:     Qp::new(QpConfig)                       -> Idle; post_recv allowed
-//! connected:  qp.establish(StreamConfig)              -> RTS (after MPA negotiation)
+//! connected:  qp.establish(negotiated.stream_config(mss, &offer)) -> RTS (mpa module)
 //! receive:    qp.recv_from(&mut reader, stage, &mut budget, until, &mut mrs_and_srq)
 //! transmit:   qp.send_to(&mut writer, Some(&mut batch), &mut budget)
 //! outputs:    while let Some((cq, wc)) = qp.poll_completion() { push to the send or recv CQ }
@@ -150,6 +154,7 @@ pub mod event;
 pub mod fault;
 #[allow(unsafe_code)]
 pub mod memory;
+pub mod mpa;
 pub mod mr;
 pub mod qp;
 pub(crate) mod ring;

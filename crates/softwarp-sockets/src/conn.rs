@@ -210,7 +210,11 @@ impl Conn {
             slots: recv_slots,
             slot_size: opts.slot_size,
         };
+        // Either end of a socket may write first; an MPA responder may not send before the
+        // initiator's first FPDU (RFC 5044), so the initiator negotiates RFC 6581
+        // peer-to-peer mode, whose RTR message opens the responder's way at once.
         let copts = ConnectOptions::default()
+            .peer_to_peer(true)
             .crc_mode(opts.crc)
             .timeout(opts.connect_timeout)
             .first_fpdu_delay(Duration::ZERO)

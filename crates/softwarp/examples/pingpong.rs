@@ -10,6 +10,11 @@
 //! Send with Invalidate of the server's STag. Both sides check every byte, print one line
 //! per operation, and exit with status 0 on success. Options: `--size BYTES` (default
 //! 1048576), `--no-crc`.
+//!
+//! The server (the MPA responder) speaks first. RFC 5044 lets a responder send nothing
+//! before the initiator's first FPDU, and Softwarp holds its posted work until then; so the
+//! client negotiates RFC 6581 peer-to-peer mode, whose ready-to-receive message (RTR) is
+//! that first FPDU and opens the server's way at once.
 #![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
@@ -170,7 +175,8 @@ fn client(addr: &str, opts: &ConnectOptions) -> Result<()> {
     let bye_buf = pd.reg_mr(64, lw)?;
     recv(&qp, &advert_buf, 1)?;
     recv(&qp, &bye_buf, 2)?;
-    let info = qp.connect(addr, opts)?;
+    // The server speaks first: see the module docs.
+    let info = qp.connect(addr, &opts.clone().peer_to_peer(true))?;
     println!(
         "pingpong client: connected to {} (MPA rev {}, CRC {}, FPDU {} B)",
         info.peer_addr, info.revision, info.crc, info.max_fpdu_len

@@ -9,6 +9,7 @@ use std::io;
 use std::time::Duration;
 
 use softwarp_engine::memory::MemoryError;
+use softwarp_engine::mpa::NegotiationError;
 use softwarp_engine::mr::MrError;
 use softwarp_engine::qp::QpError;
 use softwarp_engine::srq::SrqError;
@@ -183,6 +184,43 @@ pub enum MpaError {
     /// The connection attempt was cancelled locally before it was established.
     #[error("the connection attempt was cancelled")]
     Cancelled,
+}
+
+/// The engine's negotiation errors, mapped once: the peer's part of the exchange is an
+/// [`MpaError`] of the same name, local settings that cannot work are an invalid argument or
+/// a limit.
+impl From<NegotiationError> for Error {
+    fn from(e: NegotiationError) -> Self {
+        use NegotiationError as N;
+        match e {
+            N::BadFrame(w) => MpaError::BadFrame(w).into(),
+            N::WrongFrameKind { expected } => MpaError::WrongFrameKind { expected }.into(),
+            N::Rejected { private_data } => MpaError::Rejected { private_data }.into(),
+            N::MarkersRequired => MpaError::MarkersRequired.into(),
+            N::RevisionMismatch { peer, local } => {
+                MpaError::RevisionMismatch { peer, local }.into()
+            }
+            N::PrivateDataTooLong { len, max } => MpaError::PrivateDataTooLong { len, max }.into(),
+            N::CrcNotConfirmed => MpaError::CrcNotConfirmed.into(),
+            N::InsufficientIrd { peer_ord, max_ird } => {
+                MpaError::InsufficientIrd { peer_ord, max_ird }.into()
+            }
+            N::NoMatchingRtr => MpaError::NoMatchingRtr.into(),
+            N::Limit {
+                what,
+                requested,
+                limit,
+            } => Error::Limit {
+                what,
+                requested,
+                limit,
+            },
+            N::InvalidOffer(why) => Error::InvalidArgument(why),
+            N::Encode { .. } => Error::InvalidArgument("an MPA frame or Terminate does not encode"),
+            // `NegotiationError` is non-exhaustive: a variant this runtime does not know yet.
+            _ => Error::InvalidArgument("MPA negotiation failed"),
+        }
+    }
 }
 
 /// Result with [`enum@Error`].

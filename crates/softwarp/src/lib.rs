@@ -8,8 +8,9 @@
 //!   ([`Device::get_async_event`]). Every call returns a typed [`Error`].
 //! - **Runtime**: one progress thread per device (epoll over the QPs' non-blocking TCP
 //!   sockets), inline transmission on the posting thread, the connection manager ([`cm`]:
-//!   [`CmEventChannel`], listeners, connection requests, events) and the minimal blocking
-//!   connection path ([`Listener`], [`QueuePair::connect`]), both with full MPA negotiation.
+//!   [`CmEventChannel`], listeners, connection requests, events) and its blocking helpers
+//!   ([`Listener`], [`QueuePair::connect`]: the same connection path on the calling thread,
+//!   without events).
 //!
 //! Protocol decisions (RDMAP/DDP/MPA) are made by the sans-IO engine
 //! (`softwarp-engine`); the runtime only moves bytes between sockets and the places the

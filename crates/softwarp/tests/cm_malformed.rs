@@ -11,24 +11,13 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use cm_support::raw::*;
 use cm_support::*;
 use softwarp::*;
 use softwarp_wire::mpa::fpdu::Fpdu;
 use softwarp_wire::mpa::frame::MpaFrame;
 use softwarp_wire::rdmap::{Message, Segment};
 use util::*;
-
-fn frame(key: &[u8; 16], flags: u8, rev: u8, pd: &[u8]) -> Vec<u8> {
-    let mut v = key.to_vec();
-    v.push(flags);
-    v.push(rev);
-    v.extend_from_slice(&(pd.len() as u16).to_be_bytes());
-    v.extend_from_slice(pd);
-    v
-}
-
-const REQ: &[u8; 16] = b"MPA ID Req Frame";
-const REP: &[u8; 16] = b"MPA ID Rep Frame";
 
 fn quick() -> ConnectOptions {
     ConnectOptions::default().timeout(Duration::from_millis(500))
@@ -45,21 +34,6 @@ fn cm_listener(ch: &CmEventChannel, opts: ConnectOptions) -> CmListener {
         &ListenOptions::default().options(opts.timeout(Duration::from_millis(400))),
     )
     .unwrap()
-}
-
-/// Connects, writes `bytes`, and returns everything the listener sends until it closes.
-fn raw_initiator(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(WAIT)).unwrap();
-    s.write_all(bytes).unwrap();
-    let mut got = Vec::new();
-    let t0 = Instant::now();
-    let _ = s.read_to_end(&mut got);
-    assert!(
-        t0.elapsed() < WAIT,
-        "the listener never closed the connection"
-    );
-    got
 }
 
 #[test]
@@ -314,44 +288,6 @@ fn silent_and_vanishing_initiators_are_dropped_without_delaying_others() {
 // ---------------------------------------------------------------------------------------
 // The CM's initiator against a raw responder
 // ---------------------------------------------------------------------------------------
-
-/// What a raw responder saw: the Request, and the bytes that followed it.
-type Seen = (Vec<u8>, Vec<u8>);
-
-/// Reads one whole MPA Request from `s` (bounded by [`WAIT`]), byte counts from the wire
-/// crate's incremental `needed`.
-fn read_request(s: &mut TcpStream) -> Vec<u8> {
-    s.set_read_timeout(Some(WAIT)).unwrap();
-    let mut req = Vec::new();
-    loop {
-        let need = MpaFrame::needed(&req).unwrap();
-        if need == 0 {
-            return req;
-        }
-        let mut b = vec![0u8; need];
-        s.read_exact(&mut b).unwrap();
-        req.extend_from_slice(&b);
-    }
-}
-
-/// A raw responder: reads the MPA Request, answers `reply` (or nothing), then returns the
-/// Request and everything the initiator sent after it until it closed.
-fn raw_responder(reply: Option<Vec<u8>>) -> (SocketAddr, JoinHandle<Seen>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let h = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        let req = read_request(&mut s);
-        match reply {
-            Some(r) => s.write_all(&r).unwrap(),
-            None => std::thread::sleep(Duration::from_millis(800)),
-        }
-        let mut after = Vec::new();
-        let _ = s.read_to_end(&mut after);
-        (req, after)
-    });
-    (addr, h)
-}
 
 /// Connects through the CM to `addr` and returns the event that ended the attempt.
 fn attempt(addr: SocketAddr, opts: &ConnectOptions) -> (End, CmEvent) {

@@ -134,6 +134,8 @@ fn interleaved(crc: bool) {
     };
     let (mut peer, _info) = RawPeer::connect(Role::Initiator, &end.qp, &opts, offer);
     assert_eq!(peer.crc, crc);
+    // The stack (the responder) sends the first Read Request: the peer speaks first.
+    peer.speak_first();
 
     let mut expect_sink = sink.target_before().to_vec();
     let mut expect_rbuf = rbuf.target_before().to_vec();

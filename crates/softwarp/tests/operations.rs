@@ -305,20 +305,8 @@ fn every_stream_option_carries_send_write_and_read() {
             sgl: sgl(&dst, 0, len, 2),
         })
         .unwrap();
-        // b (the responder) sends first after the RTR: the Read of a's memory.
-        b.qp.post_send(&send_wr(
-            5,
-            SendOp::Read {
-                remote_addr: src.addr(),
-                rkey: src.rkey(),
-            },
-            Payload::Sgl(SgList::single(dst.sge(0, len as u32).unwrap())),
-        ))
-        .unwrap();
-        let wc = wait_wcs(&b.scq, 1);
-        assert_eq!(wc[0].status, WcStatus::Success, "variant {v}: {wc:?}");
-        assert!(dst.to_vec().unwrap() == data, "variant {v}: Read bytes");
-        dst.fill(0, len, 0).unwrap();
+        // a (the initiator) speaks first: RFC 5044 holds b's first FPDU until a's arrived
+        // (or, with peer-to-peer mode, a's RTR).
         a.qp.post_send(&send_wr(
             1,
             SendOp::Write {
@@ -337,11 +325,26 @@ fn every_stream_option_carries_send_write_and_read() {
         let wcs = wait_wcs(&a.scq, 2);
         assert!(
             wcs.iter().all(|w| w.status == WcStatus::Success),
-            "variant {v}"
+            "variant {v}: {wcs:?}"
         );
+        // The Send lands behind the Write, in the same buffer, with the same bytes.
         let rwc = wait_wcs(&b.rcq, 1);
         assert_eq!(rwc[0].byte_len as usize, len, "variant {v}");
         assert!(dst.to_vec().unwrap() == data, "variant {v}: Send bytes");
+        dst.fill(0, len, 0).unwrap();
+        // Then b reads a's memory.
+        b.qp.post_send(&send_wr(
+            5,
+            SendOp::Read {
+                remote_addr: src.addr(),
+                rkey: src.rkey(),
+            },
+            Payload::Sgl(SgList::single(dst.sge(0, len as u32).unwrap())),
+        ))
+        .unwrap();
+        let wc = wait_wcs(&b.scq, 1);
+        assert_eq!(wc[0].status, WcStatus::Success, "variant {v}: {wc:?}");
+        assert!(dst.to_vec().unwrap() == data, "variant {v}: Read bytes");
     }
 }
 

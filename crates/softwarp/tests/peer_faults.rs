@@ -45,9 +45,13 @@ fn child_peer_role() {
     let payload = vec![0xc3u8; SEG];
     match scenario.as_str() {
         // Reads nothing: the stack's Write fills the socket buffers and stalls.
-        "write" => println!("READY"),
+        "write" => {
+            peer.speak_first();
+            println!("READY")
+        }
         // Answers the stack's Read Request with half of the Response.
         "read" => {
+            peer.speak_first();
             let r = peer.next_fpdu().expect("a Read Request");
             let Message::RdmaReadRequest(req) = Segment::parse(&r.ulpdu).unwrap().message else {
                 panic!("expected a Read Request");

@@ -125,8 +125,13 @@ fn two_processes_exchange_every_operation() {
             })
             .unwrap();
         }
-        e.qp.connect(("127.0.0.1", port), &ConnectOptions::default())
-            .unwrap();
+        // The server (the MPA responder) speaks first: peer-to-peer mode's RTR is the
+        // initiator's first FPDU that RFC 5044 has the responder wait for.
+        e.qp.connect(
+            ("127.0.0.1", port),
+            &ConnectOptions::default().peer_to_peer(true),
+        )
+        .unwrap();
         let wc = wait_wcs(&e.rcq, 1);
         let mut a = [0u8; 12];
         small.read_at(0, &mut a).unwrap();

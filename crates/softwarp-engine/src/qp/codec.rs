@@ -43,8 +43,9 @@ pub(crate) fn fpdu_len(ulpdu_len: usize) -> usize {
     fpdu::fpdu_len(ulpdu_len)
 }
 
-/// The shortest marker-free FPDU (for the marker positions known before ULPDU_Length is).
-pub(crate) const MIN_FPDU_LEN: usize = fpdu::MIN_FPDU_LEN;
+/// The shortest marker-free FPDU (for the marker positions known before ULPDU_Length is);
+/// not [`super::MIN_FPDU_LEN`], the smallest `max_fpdu_len` a stream accepts.
+pub(crate) const SHORTEST_FPDU_LEN: usize = fpdu::MIN_FPDU_LEN;
 
 /// Where the markers of an FPDU of `fpdu_len` marker-free octets starting at stream offset
 /// `stream_offset` go; `None` when the wire crate refuses the layout (misaligned offset, or

@@ -228,7 +228,10 @@ impl RxMarkers {
         self.wire_pos = 0;
         self.have = 0;
         if self.on {
-            self.set_layout(codec::marker_layout(self.fpdu_offset, codec::MIN_FPDU_LEN));
+            self.set_layout(codec::marker_layout(
+                self.fpdu_offset,
+                codec::SHORTEST_FPDU_LEN,
+            ));
         } else {
             self.set_layout(None);
         }

@@ -17,9 +17,16 @@
 //! [`CmListener::get_request`], [`CmListener::accept`].
 //!
 //! Negotiation (MPA revision 1 and 2, CRC, markers, RFC 6581 IRD/ORD and peer-to-peer RTR)
-//! follows RFC 5044 and RFC 6581 as the table in the `negotiate` module's docs says; its
-//! rules are pure functions, shared with the minimal path ([`crate::Listener`],
-//! [`crate::QueuePair::connect`]).
+//! follows RFC 5044 and RFC 6581 as the table in [`softwarp_engine::mpa`] says: the rules
+//! are the engine's pure functions; [`ConnectOptions`] converts to the engine's offer in one
+//! place and the engine's error maps to [`crate::Error`] in one place.
+//!
+//! The blocking helpers ([`crate::Listener::accept`], [`crate::QueuePair::connect`],
+//! [`crate::QueuePair::connect_stream`] / [`crate::QueuePair::accept_stream`]) are thin
+//! wrappers over the same path (module `attempt`): the same negotiation steps, deadlines
+//! and errors, and the same establishment, so a responder gates its first FPDU the same
+//! way on both (RFC 5044, or the RFC 6581 RTR). They run it on the calling thread instead
+//! of the channel's, and report no events.
 //!
 //! The channel's thread does the socket work of connections still negotiating; established
 //! connections belong to the device's progress thread, whose QP hook reports their end.
@@ -43,14 +50,15 @@
 //! | listener bound | `backlog` (1024) connections negotiating or unanswered | | [`ListenOptions::backlog`]; beyond it peers wait in the kernel's accept queue ([`CmListener::stats`]) |
 
 mod admission;
+pub(crate) mod attempt;
 mod channel;
 mod event;
 pub(crate) mod frame_io;
 mod id;
 mod listener;
-pub(crate) mod negotiate;
 pub(crate) mod options;
 mod request;
+mod worker;
 
 pub use admission::ListenerStats;
 #[cfg(feature = "tokio")]

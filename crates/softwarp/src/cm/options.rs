@@ -4,159 +4,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use softwarp_engine::mpa::Offer;
+pub use softwarp_engine::mpa::{CrcMode, MarkerMode, Role, RtrTypes};
 use softwarp_engine::qp::{RtrKind, TerminateLayout};
 use softwarp_wire::mpa::frame::MpaRevision;
-
-/// When CRC32c protects FPDUs (RFC 5044 section 7.1: CRC is used when either side asks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum CrcMode {
-    /// Do not ask for CRC (C = 0); use it anyway when the peer asks, as the RFC requires.
-    /// Linux siw's default.
-    Off,
-    /// Ask for CRC (C = 1); it is then in use whatever the peer says.
-    #[default]
-    Preferred,
-    /// Ask for CRC and insist on the peer confirming it: as initiator, a Reply with C = 0 ends
-    /// the connection ([`crate::MpaError::CrcNotConfirmed`]), like siw's `mpa_crc_required`.
-    /// As responder the same as [`CrcMode::Preferred`] (the Reply always says C = 1).
-    Required,
-}
-
-impl CrcMode {
-    /// The C bit this side sends.
-    pub fn asks(self) -> bool {
-        !matches!(self, CrcMode::Off)
-    }
-}
-
-/// A mode equals the C bit it sends: `Off` equals `false`, `Preferred` and `Required` equal
-/// `true` (so `info.crc == opts.crc` says whether a connection uses the CRC it asked for).
-impl PartialEq<bool> for CrcMode {
-    fn eq(&self, other: &bool) -> bool {
-        self.asks() == *other
-    }
-}
-
-/// See `impl PartialEq<bool> for CrcMode`.
-impl PartialEq<CrcMode> for bool {
-    fn eq(&self, other: &CrcMode) -> bool {
-        other.asks() == *self
-    }
-}
-
-/// Whether MPA markers (RFC 5044 section 4.3) are used. Each direction is negotiated on its
-/// own: the M bit of a frame asks the other side to insert markers into what it sends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum MarkerMode {
-    /// Never use markers (M = 0), and refuse a peer that asks for them: a Request with M = 1
-    /// is answered with a reject Reply, a Reply with M = 1 ends the connection. Linux siw's
-    /// behaviour (it never sends markers and rejects M = 1).
-    #[default]
-    Off,
-    /// Do not ask for markers (M = 0), but insert them into the FPDUs we send when the peer
-    /// asks.
-    Accept,
-    /// Ask the peer to insert markers (M = 1), and insert them when the peer asks too.
-    Request,
-}
-
-impl MarkerMode {
-    /// The M bit this side sends.
-    pub fn asks(self) -> bool {
-        matches!(self, MarkerMode::Request)
-    }
-
-    /// True when this side agrees to insert markers for a peer that asks.
-    pub fn sends_on_request(self) -> bool {
-        !matches!(self, MarkerMode::Off)
-    }
-}
-
-/// A set of RFC 6581 ready-to-receive (RTR) message types: offered by an initiator in
-/// peer-to-peer mode, accepted by a responder. A responder chooses, among the types offered
-/// and accepted, the zero-length RDMA Write first, then the zero-length Read, then the
-/// zero-length Send (siw prefers the Write too).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RtrTypes {
-    /// Zero-length RDMA Write.
-    pub write: bool,
-    /// Zero-length RDMA Read (needs ORD >= 1 on the initiator, IRD >= 1 on the responder).
-    pub read: bool,
-    /// Zero-length Send (consumes no receive work request at the responder).
-    pub send: bool,
-}
-
-impl RtrTypes {
-    /// Every type.
-    pub const ALL: RtrTypes = RtrTypes {
-        write: true,
-        read: true,
-        send: true,
-    };
-    /// No type (peer-to-peer mode refused).
-    pub const NONE: RtrTypes = RtrTypes {
-        write: false,
-        read: false,
-        send: false,
-    };
-    /// What Linux siw offers and accepts: Write and Read.
-    pub const WRITE_OR_READ: RtrTypes = RtrTypes {
-        write: true,
-        read: true,
-        send: false,
-    };
-
-    /// The set with exactly `kind`.
-    pub const fn only(kind: RtrKind) -> RtrTypes {
-        RtrTypes {
-            write: matches!(kind, RtrKind::Write),
-            read: matches!(kind, RtrKind::Read),
-            send: matches!(kind, RtrKind::Send),
-        }
-    }
-
-    /// True when no type is in the set.
-    pub const fn is_empty(self) -> bool {
-        !(self.write || self.read || self.send)
-    }
-
-    /// True when `kind` is in the set.
-    pub const fn contains(self, kind: RtrKind) -> bool {
-        match kind {
-            RtrKind::Write => self.write,
-            RtrKind::Read => self.read,
-            RtrKind::Send => self.send,
-        }
-    }
-
-    /// The types in both sets.
-    pub const fn intersect(self, other: RtrTypes) -> RtrTypes {
-        RtrTypes {
-            write: self.write && other.write,
-            read: self.read && other.read,
-            send: self.send && other.send,
-        }
-    }
-
-    /// The preferred type of the set: Write, then Read, then Send.
-    pub const fn preferred(self) -> Option<RtrKind> {
-        if self.write {
-            Some(RtrKind::Write)
-        } else if self.read {
-            Some(RtrKind::Read)
-        } else if self.send {
-            Some(RtrKind::Send)
-        } else {
-            None
-        }
-    }
-}
-
-impl Default for RtrTypes {
-    fn default() -> Self {
-        RtrTypes::ALL
-    }
-}
 
 /// Settings of MPA connection establishment, for both ends: what an initiator asks for
 /// (connect) and what a responder accepts and answers (listen, accept). The defaults are
@@ -209,10 +60,14 @@ pub struct ConnectOptions {
     /// Layout of the Terminate messages this side sends.
     pub terminate_layout: TerminateLayout,
     /// Responder without peer-to-peer mode: send no FPDU before one arrived from the
-    /// initiator, as RFC 5044 section 7.1 requires (on by default). Linux siw does not
-    /// enforce this; turn it off only for an application protocol in which the responder
-    /// speaks first and whose peers tolerate it. The connection manager honours it; the
-    /// minimal [`crate::Listener`] path never holds FPDUs back.
+    /// initiator, as RFC 5044 section 7.1 requires (on by default). Work the responder
+    /// posts meanwhile is held in the QP, not failed: it leaves as soon as the initiator's
+    /// first FPDU arrives. So in an application protocol where the responder speaks first,
+    /// the initiator must send something first or negotiate RFC 6581 peer-to-peer mode
+    /// ([`ConnectOptions::peer_to_peer`]: the RTR opens the gate at once). Linux siw does
+    /// not enforce this; turn it off only for peers that tolerate a responder speaking first.
+    /// Every connection path honours it: the connection manager and the blocking
+    /// [`crate::Listener::accept`] / [`crate::QueuePair::accept_stream`].
     pub responder_waits_for_initiator: bool,
     /// Initiator: how long to wait after the MPA Reply before the QP may send its first FPDU
     /// (default 20 ms; zero: no wait).
@@ -253,43 +108,58 @@ pub struct ConnectOptions {
 
 impl Default for ConnectOptions {
     fn default() -> Self {
-        Self {
-            crc: CrcMode::Preferred,
-            markers: MarkerMode::Off,
-            revision: MpaRevision::Rev2,
-            peer_to_peer: false,
-            rtr_types: RtrTypes::ALL,
-            private_data: Vec::new(),
-            ird: None,
-            ord: None,
-            timeout: Duration::from_secs(5),
-            max_fpdu_len: None,
-            terminate_layout: TerminateLayout::Rfc5040,
-            responder_waits_for_initiator: true,
-            first_fpdu_delay: Duration::from_millis(20),
-            rx_stall_timeout: Duration::from_secs(30),
-            rfc7306: true,
-            tcp_user_timeout: None,
-        }
+        Self::from_offer(Offer::default())
     }
 }
 
 impl ConnectOptions {
+    /// Options carrying `o`'s negotiation settings (without private data), and the
+    /// runtime's own defaults for the rest.
+    fn from_offer(o: Offer<'_>) -> Self {
+        Self {
+            crc: o.crc,
+            markers: o.markers,
+            revision: o.revision,
+            peer_to_peer: o.peer_to_peer,
+            rtr_types: o.rtr_types,
+            private_data: o.private_data.to_vec(),
+            ird: o.ird,
+            ord: o.ord,
+            timeout: Duration::from_secs(5),
+            max_fpdu_len: None,
+            terminate_layout: o.terminate_layout,
+            responder_waits_for_initiator: o.responder_waits,
+            first_fpdu_delay: Duration::from_millis(20),
+            rx_stall_timeout: Duration::from_secs(30),
+            rfc7306: o.rfc7306,
+            tcp_user_timeout: None,
+        }
+    }
+
+    /// What the engine's MPA negotiation needs of these options: the one place they are
+    /// converted ([`softwarp_engine::mpa`]).
+    pub(crate) fn offer(&self) -> Offer<'_> {
+        Offer {
+            crc: self.crc,
+            markers: self.markers,
+            revision: self.revision,
+            peer_to_peer: self.peer_to_peer,
+            rtr_types: self.rtr_types,
+            private_data: &self.private_data,
+            ird: self.ird,
+            ord: self.ord,
+            terminate_layout: self.terminate_layout,
+            rfc7306: self.rfc7306,
+            responder_waits: self.responder_waits_for_initiator,
+        }
+    }
+
     /// The settings Linux siw uses by default (Debian 6.1): MPA revision 2 with IRD/ORD, CRC
     /// off (used when the peer asks), no markers (refused), no peer-to-peer mode (Write and
     /// Read RTR accepted when a peer asks), siw's Terminate layout, and FPDUs sent as soon as
     /// the connection is up.
     pub fn linux_siw() -> Self {
-        Self {
-            crc: CrcMode::Off,
-            markers: MarkerMode::Off,
-            revision: MpaRevision::Rev2,
-            peer_to_peer: false,
-            rtr_types: RtrTypes::WRITE_OR_READ,
-            terminate_layout: TerminateLayout::LinuxSiw,
-            responder_waits_for_initiator: false,
-            ..Self::default()
-        }
+        Self::from_offer(Offer::linux_siw())
     }
 
     /// Asks for CRC ([`CrcMode::Preferred`]) or not ([`CrcMode::Off`]).
@@ -382,15 +252,6 @@ impl ConnectOptions {
     }
 }
 
-/// Which end of the MPA exchange this side was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Role {
-    /// Sent the MPA Request (connected).
-    Initiator,
-    /// Sent the MPA Reply (accepted).
-    Responder,
-}
-
 /// What connection establishment settled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -431,32 +292,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rtr_preference_is_write_then_read_then_send() {
-        assert_eq!(RtrTypes::ALL.preferred(), Some(RtrKind::Write));
-        let rs = RtrTypes {
-            write: false,
-            ..RtrTypes::ALL
-        };
-        assert_eq!(rs.preferred(), Some(RtrKind::Read));
-        assert_eq!(
-            RtrTypes::only(RtrKind::Send).preferred(),
-            Some(RtrKind::Send)
-        );
-        assert_eq!(RtrTypes::NONE.preferred(), None);
-        assert!(RtrTypes::only(RtrKind::Read)
-            .intersect(RtrTypes::WRITE_OR_READ)
-            .contains(RtrKind::Read));
-        assert!(RtrTypes::only(RtrKind::Send)
-            .intersect(RtrTypes::WRITE_OR_READ)
-            .is_empty());
-    }
-
-    #[test]
     fn crc_builder_keeps_the_boolean_meaning() {
         assert_eq!(ConnectOptions::default().crc(false).crc, CrcMode::Off);
         assert_eq!(ConnectOptions::default().crc(true).crc, CrcMode::Preferred);
-        assert!(CrcMode::Required.asks() && !CrcMode::Off.asks());
-        assert!(MarkerMode::Request.asks() && !MarkerMode::Accept.asks());
-        assert!(MarkerMode::Accept.sends_on_request() && !MarkerMode::Off.sends_on_request());
+    }
+
+    #[test]
+    fn the_offer_carries_every_negotiation_setting() {
+        let o = ConnectOptions::linux_siw()
+            .private_data(b"pd")
+            .ird(3)
+            .ord(4)
+            .markers(MarkerMode::Accept)
+            .rfc7306(false);
+        let offer = o.offer();
+        assert_eq!(
+            offer,
+            Offer {
+                markers: MarkerMode::Accept,
+                private_data: b"pd",
+                ird: Some(3),
+                ord: Some(4),
+                rfc7306: false,
+                ..Offer::linux_siw()
+            }
+        );
+        // The defaults are the engine's.
+        let d = ConnectOptions::default();
+        assert_eq!(d.offer(), Offer::default());
     }
 }

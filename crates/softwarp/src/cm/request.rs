@@ -1,21 +1,21 @@
 //! [`ConnectRequest`]: a peer's MPA Request waiting at a listener for the application to
 //! accept it into a QP or reject it.
 
-use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use softwarp_engine::mpa::{self, PeerRequest};
+
 use super::admission::Slot;
+use super::attempt;
 use super::channel::ChannelShared;
 use super::event::{ConnId, ListenerId};
 use super::id::{CmId, IdShared};
-use super::negotiate::{self, FrameOut, PeerRequest};
 use super::options::{ConnectOptions, ConnectionInfo, Role};
-use crate::connect::map_io;
 use crate::device::lock;
 use crate::error::{Error, Result};
-use crate::qp::{Establish, QueuePair};
+use crate::qp::QueuePair;
 
 /// A peer's MPA Request, delivered as [`super::CmEvent::ConnectRequest`] (after
 /// `RDMA_CM_EVENT_CONNECT_REQUEST`): the peer waits for the Reply.
@@ -118,7 +118,7 @@ impl ConnectRequest {
     /// The most private data a Reply under `opts` can carry (508 or 512 bytes, by the
     /// revision it answers with).
     pub fn max_reply_private_data(&self, opts: &ConnectOptions) -> usize {
-        negotiate::max_private_data(self.req.revision.min(opts.revision))
+        mpa::max_private_data(self.req.revision.min(opts.revision))
     }
 
     /// Accepts the request into `qp` (Idle, receives posted) with the settings `opts`
@@ -130,35 +130,22 @@ impl ConnectRequest {
             return Err(Error::AlreadyAnswered);
         }
         let shared = qp.shared();
-        let local = shared.local_params(opts)?;
-        let (reply, neg) = negotiate::accept(&self.req, opts, &local)?;
-        let bytes = reply.encode()?;
+        let (bytes, neg) = attempt::reply_for(shared, &self.req, opts)?;
         shared.begin_connect()?;
-        let Some(mut stream) = slot.take() else {
+        let Some(stream) = slot.take() else {
             shared.abandon_connect();
             return Err(Error::AlreadyAnswered);
         };
         drop(slot);
         self.answered();
-        if let Err(e) = write_blocking(&mut stream, &bytes, opts.timeout) {
-            shared.abandon_connect();
-            return Err(e);
-        }
         let id = IdShared::new(
             self.conn_id,
             Role::Responder,
             self.channel.clone(),
             Arc::downgrade(shared),
         );
-        let info: ConnectionInfo = shared.finish_connect(
-            Ok((stream, neg)),
-            Establish {
-                opts,
-                observer: Some(id.clone()),
-                gate: opts.responder_waits_for_initiator,
-                hold: std::time::Duration::ZERO,
-            },
-        )?;
+        let info: ConnectionInfo =
+            attempt::send_reply(shared, stream, &bytes, neg, opts, Some(id.clone()))?;
         id.established(info);
         Ok(CmId { shared: id })
     }
@@ -173,15 +160,20 @@ impl ConnectRequest {
     /// then the connection is closed.
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
         let revision = self.req.revision.min(self.opts.revision);
-        negotiate::check_private_data(private_data, revision)?;
+        mpa::check_private_data(private_data, revision)?;
         let mut slot = lock(&self.stream);
         let Some(mut stream) = slot.take() else {
             return Err(Error::AlreadyAnswered);
         };
         drop(slot);
         self.answered();
-        let reply = negotiate::reject_reply(Some(&self.req), self.opts.revision, private_data);
-        send_and_close(&mut stream, &reply, self.opts.timeout)
+        attempt::reject(
+            &mut stream,
+            Some(&self.req),
+            &self.opts,
+            private_data,
+            self.opts.timeout,
+        )
     }
 }
 
@@ -194,26 +186,13 @@ impl Drop for ConnectRequest {
             .take();
         if let Some(mut stream) = slot {
             tracing::debug!(conn = %self.conn_id, "unanswered connection request rejected");
-            let reply = negotiate::reject_reply(Some(&self.req), self.opts.revision, &[]);
-            let _ = send_and_close(&mut stream, &reply, Duration::from_millis(100));
+            let _ = attempt::reject(
+                &mut stream,
+                Some(&self.req),
+                &self.opts,
+                &[],
+                Duration::from_millis(100),
+            );
         }
     }
-}
-
-fn write_blocking(stream: &mut TcpStream, bytes: &[u8], timeout: Duration) -> Result<()> {
-    stream
-        .set_nonblocking(false)
-        .map_err(|e| Error::io("clear O_NONBLOCK", e))?;
-    stream
-        .set_write_timeout(Some(timeout.max(Duration::from_millis(1))))
-        .map_err(|e| Error::io("set socket timeout", e))?;
-    stream
-        .write_all(bytes)
-        .map_err(|e| map_io("write MPA frame", e, timeout))
-}
-
-fn send_and_close(stream: &mut TcpStream, reply: &FrameOut, timeout: Duration) -> Result<()> {
-    let r = write_blocking(stream, &reply.encode()?, timeout);
-    let _ = stream.shutdown(std::net::Shutdown::Both);
-    r
 }

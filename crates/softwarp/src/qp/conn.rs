@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mio::{Registry, Token};
+use softwarp_engine::mpa::{Negotiated, QpLimits, Role};
 use softwarp_engine::qp::{QpState, StreamConfig};
 use softwarp_ras::deadline::Deadline;
 
 use super::pump::{TxEnd, PASS_BUDGET};
 use super::{state_name, QpInner, QpShared};
-use crate::cm::negotiate::{Local, Negotiated};
-use crate::cm::options::{ConnectOptions, ConnectionInfo, Role};
+use crate::cm::options::{ConnectOptions, ConnectionInfo};
 use crate::error::{Error, Result};
 use crate::sys;
 
@@ -46,10 +46,9 @@ pub(crate) struct Conn {
     /// Our FIN was sent.
     pub(super) shut_wr: bool,
     pub(super) linger_until: Option<Instant>,
-    /// Initiator: no FPDU goes out before this deadline ([`ConnectOptions::first_fpdu_delay`]
-    /// on the connection manager's path; a delay the clock cannot represent holds until
-    /// the QP fails). Posted work waits in the QP meanwhile; the progress thread retries on
-    /// its timer (nobody sleeps).
+    /// Initiator: no FPDU goes out before this deadline ([`ConnectOptions::first_fpdu_delay`];
+    /// a delay the clock cannot represent holds until the QP fails). Posted work waits in the
+    /// QP meanwhile; the progress thread retries on its timer (nobody sleeps).
     pub(super) hold_until: Option<Deadline>,
     /// [`ConnectOptions::rx_stall_timeout`] (`None`: no limit).
     pub(super) rx_stall: Option<Duration>,
@@ -95,32 +94,6 @@ pub(crate) enum LinkDown {
     Destroyed,
 }
 
-/// Everything [`QpShared::finish_connect`] needs besides the negotiation result.
-#[derive(Debug)]
-pub(crate) struct Establish<'a> {
-    pub(crate) opts: &'a ConnectOptions,
-    /// Connection manager hook (none for the minimal path).
-    pub(crate) observer: Option<Arc<dyn ConnObserver>>,
-    /// Hold FPDUs back until the initiator's first FPDU (RFC 5044 responder).
-    pub(crate) gate: bool,
-    /// Initiator: hold every FPDU back for this long after establishment (zero: none).
-    pub(crate) hold: Duration,
-}
-
-impl<'a> Establish<'a> {
-    /// The blocking paths (`QueuePair::connect`, `Listener::accept`, the stream handover of
-    /// `connect_stream`/`accept_stream`): no connection manager, no responder gate, no hold
-    /// (the blocking initiator waited `first_fpdu_delay` out before returning).
-    pub(crate) fn blocking(opts: &'a ConnectOptions) -> Self {
-        Self {
-            opts,
-            observer: None,
-            gate: false,
-            hold: Duration::ZERO,
-        }
-    }
-}
-
 /// Tells the connection manager (if it manages the QP) that the connection went away.
 pub(super) fn link_down(inner: &QpInner, why: LinkDown) {
     if let Some(o) = &inner.observer {
@@ -134,7 +107,6 @@ fn prepare_stream(
     stream: std::net::TcpStream,
     opts: &ConnectOptions,
     neg: &Negotiated,
-    gate: bool,
 ) -> Result<(mio::net::TcpStream, ConnectionInfo, StreamConfig)> {
     stream
         .set_nodelay(true)
@@ -162,7 +134,7 @@ fn prepare_stream(
     let max_fpdu = opts
         .max_fpdu_len
         .unwrap_or_else(|| default_max_fpdu(mss, local_addr, peer_addr));
-    let cfg = neg.stream_config(max_fpdu, opts, gate);
+    let cfg = neg.stream_config(max_fpdu, &opts.offer());
     let max_fpdu_len = cfg.max_fpdu_len;
     let info = ConnectionInfo {
         local_addr,
@@ -319,34 +291,35 @@ impl QpShared {
         Ok(())
     }
 
-    /// Ends a connection attempt that failed before [`QpShared::finish_connect`].
+    /// Ends a connection attempt that failed before [`QpShared::finish_connect`] (which
+    /// ends it itself, established or not).
     pub(crate) fn abandon_connect(&self) {
         self.lock().connecting = false;
     }
 
     /// The QP's read queue limits under `opts`.
-    pub(crate) fn local_params(&self, opts: &ConnectOptions) -> Result<Local> {
+    pub(crate) fn local_params(&self, opts: &ConnectOptions) -> Result<QpLimits> {
         let g = self.lock();
         let cfg = g.qp.config();
-        Local::new(cfg.max_ird, cfg.max_ord, opts)
+        Ok(QpLimits::new(cfg.max_ird, cfg.max_ord, &opts.offer())?)
     }
 
-    /// Second half of connect/accept: establishes the engine QP on the negotiated stream
-    /// and hands the socket to the progress thread.
+    /// Second half of connect/accept, the same on every path: establishes the engine QP on
+    /// the negotiated stream (the stream parameters from `opts`, the responder's gate on the
+    /// first FPDU among them) and hands the socket to the progress thread. An initiator's QP
+    /// holds its FPDUs for `hold` (the first-FPDU hold-off still to run: the connection
+    /// manager's thread cannot wait it out, a blocking caller already did); `observer` is
+    /// the connection manager's hook (none on the blocking path).
     pub(crate) fn finish_connect(
         self: &Arc<Self>,
-        result: Result<(std::net::TcpStream, Negotiated)>,
-        est: Establish<'_>,
+        stream: std::net::TcpStream,
+        neg: Negotiated,
+        opts: &ConnectOptions,
+        observer: Option<Arc<dyn ConnObserver>>,
+        hold: Duration,
     ) -> Result<ConnectionInfo> {
         let s = self;
-        let (stream, neg) = match result {
-            Ok(v) => v,
-            Err(e) => {
-                s.lock().connecting = false;
-                return Err(e);
-            }
-        };
-        let prepared = prepare_stream(stream, est.opts, &neg, est.gate);
+        let prepared = prepare_stream(stream, opts, &neg);
         let mut g = s.lock();
         g.connecting = false;
         let (stream, info, cfg) = prepared?;
@@ -364,14 +337,13 @@ impl QpShared {
             write_failed: false,
             shut_wr: false,
             linger_until: None,
-            hold_until: (neg.role == Role::Initiator && !est.hold.is_zero())
-                .then(|| Deadline::after(est.hold)),
-            rx_stall: (est.opts.rx_stall_timeout != Duration::MAX)
-                .then_some(est.opts.rx_stall_timeout),
+            hold_until: (neg.role == Role::Initiator && !hold.is_zero())
+                .then(|| Deadline::after(hold)),
+            rx_stall: (opts.rx_stall_timeout != Duration::MAX).then_some(opts.rx_stall_timeout),
             stall_mark: None,
         });
         g.info = Some(info.clone());
-        g.observer = est.observer;
+        g.observer = observer;
         // Anything already queued (an RFC 6581 RTR) goes out now.
         let mut budget = usize::MAX;
         let _ = s.tx_pass(&mut g, &mut budget);

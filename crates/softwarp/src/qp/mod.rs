@@ -63,10 +63,10 @@ mod poller;
 mod pump;
 
 use conn::Conn;
-pub(crate) use conn::{ConnObserver, Establish, LinkDown};
+pub(crate) use conn::{ConnObserver, LinkDown};
 use pump::TxEnd;
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::ToSocketAddrs;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -78,8 +78,8 @@ use softwarp_engine::stats::QpStats;
 use softwarp_engine::wr::{Payload, RecvWr, SendWr};
 use softwarp_ras::deadline::Deadline;
 
+use crate::cm::attempt;
 use crate::cm::options::{ConnectOptions, ConnectionInfo};
-use crate::connect;
 use crate::cq::{CompletionQueue, CqShared};
 use crate::device::{lock, CountGuard, DeviceShared};
 use crate::error::{Error, Result};
@@ -550,26 +550,19 @@ impl QueuePair {
 
     /// Connects to a listening peer (`addr`) and performs the MPA Request/Reply exchange
     /// (RFC 5044 section 7.1, RFC 6581) on this thread, then moves the QP to RTS. The QP
-    /// must be Idle; post receives first if the peer may send at once. The connection
-    /// manager ([`crate::CmEventChannel::connect`]) does the same asynchronously, with
-    /// events.
+    /// must be Idle; post receives first if the peer may send at once. This is the
+    /// connection manager's path ([`crate::CmEventChannel::connect_blocking`]) run on the
+    /// calling thread, without a channel or events: the same steps, deadline
+    /// ([`ConnectOptions::timeout`]) and errors, and the same first-FPDU hold-off
+    /// ([`ConnectOptions::first_fpdu_delay`]: work posted meanwhile waits in the QP).
     pub fn connect<A: ToSocketAddrs>(
         &self,
         addr: A,
         opts: &ConnectOptions,
     ) -> Result<ConnectionInfo> {
-        let addrs: Vec<SocketAddr> = addr
-            .to_socket_addrs()
-            .map_err(|e| Error::io("resolve address", e))?
-            .collect();
-        let local = self.shared.local_params(opts)?;
-        self.shared.begin_connect()?;
-        let result = connect::initiate(&addrs, opts, &local);
-        self.shared.finish_connect(
-            result,
-            // `connect::initiate` already waited `first_fpdu_delay` after the Reply.
-            Establish::blocking(opts),
-        )
+        let addrs = crate::cm::resolve(addr)?;
+        let a = attempt::Initiator::new(&self.shared, addrs, opts)?;
+        attempt::initiate_blocking(a)
     }
 
     /// Like [`QueuePair::connect`], over a TCP connection the caller already established
@@ -584,29 +577,22 @@ impl QueuePair {
         stream: std::net::TcpStream,
         opts: &ConnectOptions,
     ) -> Result<ConnectionInfo> {
-        let local = self.shared.local_params(opts)?;
-        let request = crate::cm::negotiate::request(opts, &local)?;
-        self.shared.begin_connect()?;
-        let deadline = softwarp_ras::deadline::Deadline::after(opts.timeout);
-        let result = connect::initiate_on(stream, request, opts, &local, deadline);
-        self.shared
-            .finish_connect(result, Establish::blocking(opts))
+        let a = attempt::Initiator::on_stream(&self.shared, stream, opts)?;
+        attempt::initiate_blocking(a)
     }
 
     /// The responder side of [`QueuePair::connect_stream`] (and of a [`QueuePair::connect`]
     /// whose TCP connection the caller accepted itself): reads and checks the MPA Request on
-    /// `stream`, sends the Reply (or a reject) and moves the QP to RTS. Bounded by
+    /// `stream`, sends the Reply (or a reject) and moves the QP to RTS, as
+    /// [`crate::Listener::accept`] does (the same gate on the first FPDU). Bounded by
     /// [`ConnectOptions::timeout`]; on failure the stream is closed and the QP stays Idle.
     pub fn accept_stream(
         &self,
         stream: std::net::TcpStream,
         opts: &ConnectOptions,
     ) -> Result<ConnectionInfo> {
-        let local = self.shared.local_params(opts)?;
-        self.shared.begin_connect()?;
-        let result = connect::respond(stream, opts, &local);
-        self.shared
-            .finish_connect(result, Establish::blocking(opts))
+        attempt::claim_responder(&self.shared, opts)?;
+        attempt::respond_blocking(&self.shared, stream, opts)
     }
 
     pub(crate) fn shared(&self) -> &Arc<QpShared> {

@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod matrix;
+pub mod raw;
 
 use std::time::{Duration, Instant};
 

@@ -14,7 +14,7 @@ use softwarp_wire::mpa::fpdu::{self, Fpdu};
 use softwarp_wire::mpa::frame::{
     EnhancedParams, MpaFrame, MpaFrameKind, MpaRevision, RtrFlags, HEADER_LEN, MAX_PRIVATE_DATA_LEN,
 };
-use softwarp_wire::rdmap::{Message, Segment};
+use softwarp_wire::rdmap::{Message, Placement, Segment};
 
 use crate::util::WAIT;
 
@@ -190,6 +190,22 @@ impl RawPeer {
         let u = ulpdu(seg);
         self.send_ulpdu(&u);
         u
+    }
+
+    /// Sends the initiator's first FPDU when the test wants the stack, as MPA responder, to
+    /// send first: RFC 5044 holds a responder's FPDUs until the initiator's first one
+    /// arrived. A zero-length RDMA Write to STag 1 (the form of Linux siw's RTR): it places
+    /// nothing and completes nothing at the stack.
+    pub fn speak_first(&mut self) {
+        self.send(&Segment {
+            last: true,
+            placement: Placement::Tagged {
+                stag: 1,
+                tagged_offset: 0,
+            },
+            message: Message::RdmaWrite,
+            payload: &[],
+        });
     }
 
     /// Frames and sends a ULPDU (possibly corrupted by the test before framing).
