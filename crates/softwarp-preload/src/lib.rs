@@ -10,7 +10,8 @@
 //! `listen` (`crates/softwarp-sockets/include/softwarp_sockets.h`), or when `SOFTWARP_SOCKETS=all` says every TCP
 //! socket should (within `SOFTWARP_SOCKETS_PORTS` / `SOFTWARP_SOCKETS_DENY_PORTS`, see
 //! [`config`]). Both ends must be iWARP: a connection whose peer does not answer the MPA
-//! exchange fails (`ECONNREFUSED` on connect, `ECONNABORTED` on accept).
+//! exchange fails (`ECONNREFUSED` on connect, unless `SOFTWARP_SOCKETS_FALLBACK=tcp`
+//! connects again over plain TCP; `ECONNRESET` at the first use of an accepted one).
 //!
 //! # How an iWARP socket's descriptor becomes readable
 //!
