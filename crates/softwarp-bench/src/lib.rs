@@ -33,6 +33,7 @@ mod session;
 mod spec;
 mod spin;
 mod tcp;
+pub mod ucx;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
@@ -133,6 +134,13 @@ pub struct BenchArgs {
     /// Skip the raw TCP baseline.
     #[arg(long)]
     no_tcp: bool,
+    /// Also run UCX's `ucx_perftest` over UCX's TCP transport on loopback (Debian:
+    /// ucx-utils) for every write and send shape and size, with the same iterations,
+    /// runs and placement, and print it under each row with Softwarp's ratio to it
+    /// (`put_bw`/`put_lat` through UCT, `tag_bw`/`tag_lat` through UCP; reads have no UCX
+    /// counterpart over TCP). Both ends in this process only (`--loopback`).
+    #[arg(long)]
+    ucx: bool,
     /// Print one JSON document instead of the table.
     #[arg(long)]
     json: bool,
@@ -519,7 +527,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             Role::Client(peer) => {
                 let addr = resolve(peer, args.port)?;
                 let client = Client::connect(addr, false)?;
-                run_client(args, &plan, client, &mut out)?;
+                run_client(args, &plan, client, &mut out, false)?;
             }
             // (The server returned above.)
             Role::Loopback | Role::Server => {
@@ -535,7 +543,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                         session::serve(&l, Some(Duration::from_secs(60)), None)
                     })?;
                 let client = Client::connect(addr, true)?;
-                let r = run_client(args, &plan, client, &mut out);
+                let r = run_client(args, &plan, client, &mut out, true);
                 let s = server
                     .join()
                     .map_err(|_| anyhow!("the server thread panicked"))?;
@@ -745,6 +753,7 @@ fn run_perftest(args: &BenchArgs, plan: &Plan, role: &Role) -> Result<()> {
                     iters: r.iters,
                     sw: vec![r.timed],
                     tcp: Vec::new(),
+                    ucx: None,
                 });
             }
         }
@@ -776,8 +785,41 @@ fn iters_for(secs: u64, default: u64, mut run: impl FnMut(u64) -> Result<Timed>)
     Ok(((secs as f64 / per_iter).ceil() as u64).clamp(probe, u64::from(u32::MAX)))
 }
 
-fn run_client(args: &BenchArgs, plan: &Plan, mut client: Client, out: &mut Output) -> Result<()> {
+/// `--ucx`: the installed `ucx_perftest`, or why there is no UCX row (a note).
+fn ucx_binary(
+    args: &BenchArgs,
+    role_is_loopback: bool,
+    out: &mut Output,
+) -> Option<std::path::PathBuf> {
+    if !args.ucx {
+        return None;
+    }
+    if !role_is_loopback {
+        out.note("--ucx: UCX runs on loopback only (both ucx_perftest ends on this machine): use --loopback; no UCX rows");
+        return None;
+    }
+    if args.bidirectional || args.qps.unwrap_or(1) > 1 {
+        out.note("--ucx: no UCX rows with -b or -q above 1 (ucx_perftest's tests here are one direction, one endpoint)");
+        return None;
+    }
+    let bin = ucx::find();
+    if bin.is_none() {
+        out.note(
+            "--ucx: ucx_perftest is not installed (Debian: apt install ucx-utils); no UCX rows",
+        );
+    }
+    bin
+}
+
+fn run_client(
+    args: &BenchArgs,
+    plan: &Plan,
+    mut client: Client,
+    out: &mut Output,
+    loopback: bool,
+) -> Result<()> {
     let tcp = !args.no_tcp;
+    let ucx_bin = ucx_binary(args, loopback, out);
     let mut todo = Vec::new();
     for &shape in &plan.shapes {
         if shape == Shape::ALL[3] && args.wait_mode() == Mode::Event {
@@ -839,13 +881,16 @@ fn run_client(args: &BenchArgs, plan: &Plan, mut client: Client, out: &mut Outpu
                     }
                     (None, None) => default_iters(shape.kind, size),
                 };
+                let ucx_test = ucx_bin.as_ref().and_then(|_| ucx::test_for(shape));
                 let mut row = Row {
                     spec,
                     size,
                     iters,
                     sw: Vec::new(),
                     tcp: Vec::new(),
+                    ucx: ucx_test.map(|t| (t, Vec::new())),
                 };
+                let mut ucx_failed = None;
                 for r in 0..args.runs {
                     // Alternate the two stacks so both see the same machine.
                     bar.label(format!(
@@ -866,8 +911,36 @@ fn run_client(args: &BenchArgs, plan: &Plan, mut client: Client, out: &mut Outpu
                         row.tcp.push(conn.run(Which::Tcp, size, iters)?);
                         bar.inc(1);
                     }
+                    if let (Some(bin), Some((test, runs)), None) =
+                        (&ucx_bin, row.ucx.as_mut(), &ucx_failed)
+                    {
+                        bar.label(format!(
+                            "{shape} {} run {}/{} UCX {}",
+                            fmt_size(size),
+                            r + 1,
+                            args.runs,
+                            test.name
+                        ));
+                        let p = ucx::Params {
+                            size,
+                            iters,
+                            pin: args.pin.then(server_cpu),
+                        };
+                        match ucx::run(bin, *test, &p) {
+                            Ok(u) => runs.push(u),
+                            Err(e) => ucx_failed = Some(e),
+                        }
+                    }
                 }
                 bar.finish();
+                if let Some(e) = ucx_failed {
+                    row.ucx = None;
+                    out.note(&format!("--ucx: {shape} {}: {e:#}", fmt_size(size)));
+                } else if ucx_bin.is_some() && row.ucx.is_none() && size == sizes[0] {
+                    out.note(&format!(
+                        "--ucx: {shape} has no UCX counterpart over TCP (UCX's tcp transport has no get)"
+                    ));
+                }
                 out.row(row);
             }
             Ok(())

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::session::Timed;
 use super::spec::{fmt_size, Kind, Mode, Op, Spec};
+use super::ucx::{self, UcxRun};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -70,6 +71,8 @@ pub struct Row {
     pub sw: Vec<Timed>,
     /// The TCP baseline's runs (empty with `--no-tcp`).
     pub tcp: Vec<Timed>,
+    /// `--ucx`: the UCX test that stands for the shape and its runs.
+    pub ucx: Option<(ucx::Test, Vec<UcxRun>)>,
 }
 
 /// The median run: by typical round trip for latency runs, by time otherwise.
@@ -136,6 +139,22 @@ impl Row {
         Some(match self.spec.shape.kind {
             Kind::Bw => s.gbit_per_s / t.gbit_per_s.max(1e-12),
             Kind::Lat => s.lat_us / t.lat_us.max(1e-12),
+        })
+    }
+
+    /// UCX's median run (`--ucx`).
+    pub fn ucx(&self) -> Option<UcxRun> {
+        self.ucx
+            .as_ref()
+            .and_then(|(_, runs)| ucx::median(runs, self.spec.shape.kind))
+    }
+
+    /// Softwarp relative to UCX, as [`Row::ratio`] to TCP.
+    pub fn ucx_ratio(&self) -> Option<f64> {
+        let (s, u) = (self.softwarp()?, self.ucx()?);
+        Some(match self.spec.shape.kind {
+            Kind::Bw => s.mb_per_s / u.mb_per_s.max(1e-12),
+            Kind::Lat => s.lat_us / u.lat_typical_us.max(1e-12),
         })
     }
 
@@ -206,6 +225,29 @@ impl Row {
                 "", f.lat_min_us, f.lat_us, f.lat_avg_us, stdev, f.lat_p99_us, p99_9, max
             ));
         }
+        if let (Some((test, _)), Some(u)) = (&self.ucx, self.ucx()) {
+            let figure = match (self.spec.shape.kind, unit) {
+                (Kind::Bw, BwUnit::Gbps) => format!(
+                    "{:.2} Gbit/s {:.3} Mmsg/s",
+                    u.gbit_per_s(),
+                    u.msg_per_s / 1e6
+                ),
+                (Kind::Bw, BwUnit::MiBps) => {
+                    format!("{:.2} MB/s {:.3} Mmsg/s", u.mb_per_s, u.msg_per_s / 1e6)
+                }
+                (Kind::Lat, _) => {
+                    format!("typical {:.2} avg {:.2} us", u.lat_typical_us, u.lat_avg_us)
+                }
+            };
+            let ratio = self
+                .ucx_ratio()
+                .map_or("-".into(), |r| format!("softwarp / UCX {r:.3}"));
+            line.push_str(&format!(
+                "\n{:>26}UCX      {} {figure}, {ratio}",
+                "",
+                test.label()
+            ));
+        }
         line
     }
 
@@ -244,6 +286,14 @@ impl Row {
             softwarp: stack(self.softwarp(), &self.sw),
             tcp: stack(self.baseline(), &self.tcp),
             ratio: self.ratio().filter(|r| r.is_finite()),
+            ucx: self.ucx.as_ref().and_then(|(test, runs)| {
+                Some(UcxResult {
+                    test: test.label(),
+                    median: self.ucx()?,
+                    runs: runs.clone(),
+                    ratio: self.ucx_ratio().filter(|r| r.is_finite()),
+                })
+            }),
         }
     }
 }
@@ -344,6 +394,22 @@ pub struct ResultRow {
     pub tcp: Option<StackResult>,
     /// Softwarp relative to TCP (bandwidth: higher is better; latency: lower is better).
     pub ratio: Option<f64>,
+    /// `--ucx`: UCX's figures for the same shape and size (missing in older documents).
+    #[serde(default)]
+    pub ucx: Option<UcxResult>,
+}
+
+/// UCX's `ucx_perftest` beside a row (`--ucx`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UcxResult {
+    /// The UCX test and transport, e.g. `put_bw (UCT tcp/lo, zcopy)`.
+    pub test: String,
+    /// The median run (by bandwidth, or by typical latency).
+    pub median: UcxRun,
+    /// Every run, in order.
+    pub runs: Vec<UcxRun>,
+    /// Softwarp relative to UCX, as `ratio` is to TCP.
+    pub ratio: Option<f64>,
 }
 
 /// One stack's figures (from the median run) and every run's seconds.
@@ -408,6 +474,7 @@ mod tests {
             iters: 1024,
             sw: vec![t(4.0), t(1.0), t(2.0)],
             tcp: vec![t(1.0)],
+            ucx: None,
         };
         let s = row.softwarp().unwrap();
         assert_eq!(s.secs, 2.0);
@@ -437,6 +504,7 @@ mod tests {
             iters: 1000,
             sw: vec![t(0.01)],
             tcp: vec![t(0.008)],
+            ucx: None,
         };
         assert!((row.softwarp().unwrap().lat_us - 5.0).abs() < 1e-9);
         assert!((row.ratio().unwrap() - 1.25).abs() < 1e-9);
@@ -465,6 +533,7 @@ mod tests {
                 ..t(0.51)
             }],
             tcp: vec![],
+            ucx: None,
         };
         let f = row.softwarp().unwrap();
         // Half a round trip for Send.
@@ -487,6 +556,7 @@ mod tests {
             iters: 10,
             sw: vec![t(1.0)],
             tcp: vec![],
+            ucx: None,
         };
         let json = serde_json::to_string(&row.result()).unwrap();
         assert!(json.contains("\"tcp\":null,\"ratio\":null"), "{json}");

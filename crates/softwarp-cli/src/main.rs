@@ -86,6 +86,10 @@ enum Command {
     /// Write a component dump of running processes (their whole RAS state) to a file or a
     /// TCP collector; `softwarp decode` reads it.
     Dump(admin::dump::DumpArgs),
+    /// Inject a device fault into a running process, or show the state, fault, recovery
+    /// and holders of every device.
+    #[command(subcommand)]
+    Fault(admin::fault::FaultCommand),
     /// Check this host's configuration for Softwarp (MTU, offloads, socket buffers, clock
     /// source, open-file limit) and give advice.
     Doctor(admin::doctor::DoctorArgs),
@@ -314,6 +318,7 @@ fn main() -> ExitCode {
         Command::Trace(args) => admin_run(|o, e| admin::trace::run(args, o, e)),
         Command::Snapshots(args) => admin_run(|o, e| admin::snapshots::run(args, o, e)),
         Command::Dump(args) => admin_run(|o, e| admin::dump::run(args, o, e)),
+        Command::Fault(cmd) => admin_run(|o, e| admin::fault::run(cmd, o, e)),
         Command::Doctor(args) => admin_run(|o, _| admin::doctor::run(args, o)),
         Command::Exec(args) => exec(args),
     };

@@ -493,6 +493,47 @@ fn resources_lists_the_qps_of_a_process_until_it_is_killed() {
 }
 
 #[test]
+fn fault_inject_fails_a_device_and_the_holders_are_named_with_their_lines() {
+    let dir = RuntimeDir::new("fault");
+    let mut peer = Peer::spawn(&dir.0, "sends 1 64");
+    let done = peer.line();
+    let f: Vec<&str> = done.split_whitespace().collect();
+    let (client, created_at) = (f[1], f[5]);
+    let pid_s = peer.pid().to_string();
+    assert!(ok(&dir.0, &["resources", "--holders"]).contains("no device has failed"));
+
+    let out = ok(
+        &dir.0,
+        &["fault", "inject", "--pid", &pid_s, "--device", client],
+    );
+    assert!(out.contains(&format!("{client}: ")), "{out}");
+    assert!(out.contains("fault injected"), "{out}");
+    let status: Json = serde_json::from_str(&ok(&dir.0, &["fault", "status", "--json"])).unwrap();
+    let devices = status["devices"].as_array().unwrap();
+    let dev = devices.iter().find(|d| d["device"] == client).unwrap();
+    assert_ne!(dev["state"], "operational", "{status}");
+    assert_eq!(dev["fault"]["kind"], "injected");
+    assert_eq!(dev["fault"]["generation"], 1);
+    // Who holds what, created where (the QP of the child's line among them).
+    let holders = ok(&dir.0, &["resources", "--holders", "--pid", &pid_s]);
+    assert!(holders.contains("PID"), "{holders}");
+    assert!(
+        holders.contains(created_at),
+        "{created_at} not in\n{holders}"
+    );
+    assert!(holders.contains(" qp "), "{holders}");
+
+    // A kind that does not exist changes nothing and says why.
+    let r = softwarp(
+        &dir.0,
+        &["fault", "inject", "--pid", &pid_s, "--kind", "nope"],
+    );
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("unknown fault kind"), "{}", r.stderr);
+    peer.finish();
+}
+
+#[test]
 fn a_leaked_qp_is_in_the_error_log_with_the_line_that_created_it() {
     let dir = RuntimeDir::new("leak");
     let mut peer = Peer::spawn(&dir.0, "leak");

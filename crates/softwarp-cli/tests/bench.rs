@@ -141,6 +141,85 @@ fn every_shape_runs_in_busy_mode_with_the_tcp_baseline_and_prints_json() {
     }
 }
 
+/// `ucx_perftest` on `PATH` (Debian: ucx-utils), or why the UCX test skips.
+fn ucx_perftest() -> Option<std::path::PathBuf> {
+    let found = softwarp_bench::ucx::find();
+    if found.is_none() {
+        eprintln!("skipped: ucx_perftest is not installed (Debian: ucx-utils)");
+    }
+    found
+}
+
+#[test]
+fn ucx_runs_beside_the_write_and_send_shapes_and_reads_get_a_note() {
+    if ucx_perftest().is_none() {
+        return;
+    }
+    let v = json(&[
+        "write_bw,send_bw,read_bw,write_lat,send_lat",
+        "--loopback",
+        "-s",
+        "4K",
+        "-n",
+        "200",
+        "--runs",
+        "2",
+        "--ucx",
+    ]);
+    for r in results(&v) {
+        assert_measured(r, true);
+        let expect = match r.shape.as_str() {
+            "write_bw" => Some("put_bw (UCT tcp/lo, zcopy)"),
+            "write_lat" => Some("put_lat (UCT tcp/lo, zcopy)"),
+            "send_bw" => Some("tag_bw (UCP over tcp/lo)"),
+            "send_lat" => Some("tag_lat (UCP over tcp/lo)"),
+            _ => None,
+        };
+        match (expect, &r.ucx) {
+            (None, None) => {}
+            (Some(test), Some(u)) => {
+                assert_eq!(u.test, test, "{r:?}");
+                assert_eq!(u.runs.len(), 2, "one UCX run per --runs: {r:?}");
+                assert!(u.runs.iter().all(|x| x.iters == 200), "{r:?}");
+                if r.kind == "bw" {
+                    assert!(u.median.mb_per_s > 0.0, "{r:?}");
+                } else {
+                    assert!(u.median.lat_typical_us > 0.0, "{r:?}");
+                }
+                assert!(u.ratio.unwrap() > 0.0, "{r:?}");
+            }
+            other => panic!("{}: UCX {other:?}", r.shape),
+        }
+    }
+    assert!(
+        v.notes
+            .iter()
+            .any(|n| n.contains("read_bw has no UCX counterpart")),
+        "{:?}",
+        v.notes
+    );
+}
+
+#[test]
+fn ucx_is_refused_politely_outside_loopback_and_with_bidirectional_runs() {
+    let v = json(&[
+        "write_bw",
+        "--loopback",
+        "-s",
+        "4K",
+        "-n",
+        "20",
+        "-b",
+        "--ucx",
+    ]);
+    assert!(results(&v).iter().all(|r| r.ucx.is_none()));
+    assert!(
+        v.notes.iter().any(|n| n.contains("no UCX rows with -b")),
+        "{:?}",
+        v.notes
+    );
+}
+
 #[test]
 fn spin_and_event_modes_run_bidirectional_bandwidth_without_crc() {
     for mode in ["spin", "event"] {

@@ -344,3 +344,97 @@ fn a_capture_of_exec_sockets_decodes_as_iwarp_and_opt_in_stays_tcp() {
         return;
     }
 }
+
+/// RAS: the QPs of a preloaded program (`SOFTWARP_RAS=on`) appear in `softwarp resources`
+/// under the program's pid and name while its connection is open.
+#[test]
+fn resources_lists_a_preloaded_programs_qps_with_its_name() {
+    let Some(lib) = library() else {
+        eprintln!("skipped: libsoftwarp_preload.so not built (cargo build -p softwarp-preload)");
+        return;
+    };
+    if !have("socat") {
+        eprintln!("skipped: socat is not installed");
+        return;
+    }
+    // Short: control socket paths must stay under 108 bytes.
+    let rt = std::env::temp_dir().join(format!("swsock-ras-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&rt);
+    std::fs::create_dir_all(&rt).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let exec = |args: &[&str]| {
+        let mut c = softwarp();
+        c.args(["exec", "--sockets", "--library"])
+            .arg(&lib)
+            .arg("--")
+            .args(args)
+            .env("SOFTWARP_RAS", "on")
+            .env("SOFTWARP_RUNTIME_DIR", &rt)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let mut server = exec(&[
+        "socat",
+        "-u",
+        &format!("TCP-LISTEN:{port},reuseaddr"),
+        "STDOUT",
+    ])
+    .spawn()
+    .unwrap();
+    let server_pid = u64::from(server.id());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut found = None;
+    let mut client = None;
+    let mut last = String::new();
+    while Instant::now() < deadline && found.is_none() {
+        // A client that holds the connection open (its stdin stays open).
+        if client.is_none() {
+            let mut c = exec(&["socat", "-u", "STDIN", &format!("TCP:127.0.0.1:{port}")])
+                .spawn()
+                .unwrap();
+            use std::io::Write;
+            let _ = c.stdin.as_mut().unwrap().write_all(b"hello\n");
+            client = Some(c);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        if let Some(c) = client.as_mut() {
+            if c.try_wait().unwrap().is_some() {
+                client = None; // refused (the server did not listen yet): again
+                continue;
+            }
+        }
+        let out = softwarp()
+            .args(["resources", "--json", "--kind", "qp"])
+            .env("SOFTWARP_RUNTIME_DIR", &rt)
+            .output()
+            .unwrap();
+        last = String::from_utf8_lossy(&out.stdout).to_string();
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&last) else {
+            continue;
+        };
+        found = v["resources"].as_array().and_then(|rows| {
+            rows.iter()
+                .find(|r| r["pid"].as_u64() == Some(server_pid))
+                .cloned()
+        });
+    }
+    let mut client = client.expect("a client");
+    drop(client.stdin.take());
+    let _ = client.wait();
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&rt);
+    let qp = found.unwrap_or_else(|| panic!("no QP of pid {server_pid} in\n{last}"));
+    assert_eq!(qp["process"], "socat", "{qp}");
+    assert_eq!(qp["details"]["state"], "RTS", "{qp}");
+}

@@ -6,6 +6,7 @@
 //! | `SOFTWARP_SOCKETS_PORTS` | in `all` mode, only these ports (destination port for `connect`, local port for `listen`): `5201,6379,8000-8100`; unset: every port |
 //! | `SOFTWARP_SOCKETS_DENY_PORTS` | in `all` mode, never these ports |
 //! | `SOFTWARP_SOCKETS_STATS` | `1`: print one line per iWARP stream on stderr when it closes (its QP's counters) |
+//! | `SOFTWARP_SOCKETS_FALLBACK` | `tcp`: when the peer of a connecting socket does not answer the MPA exchange, connect again over plain TCP (a new connection to the same address; a line on stderr says so); unset or `none`: the connect fails with `ECONNREFUSED` |
 
 use std::sync::OnceLock;
 
@@ -24,6 +25,8 @@ pub enum Mode {
 pub struct Config {
     pub mode: Mode,
     pub stats: bool,
+    /// `SOFTWARP_SOCKETS_FALLBACK=tcp`.
+    pub fallback_tcp: bool,
     allow: Vec<(u16, u16)>,
     deny: Vec<(u16, u16)>,
 }
@@ -53,6 +56,7 @@ impl Config {
         Self {
             mode,
             stats: std::env::var("SOFTWARP_SOCKETS_STATS").is_ok_and(|v| v == "1"),
+            fallback_tcp: std::env::var("SOFTWARP_SOCKETS_FALLBACK").is_ok_and(|v| v == "tcp"),
             allow: ranges("SOFTWARP_SOCKETS_PORTS"),
             deny: ranges("SOFTWARP_SOCKETS_DENY_PORTS"),
         }

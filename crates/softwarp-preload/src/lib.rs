@@ -10,7 +10,8 @@
 //! `listen` (`crates/softwarp-sockets/include/softwarp_sockets.h`), or when `SOFTWARP_SOCKETS=all` says every TCP
 //! socket should (within `SOFTWARP_SOCKETS_PORTS` / `SOFTWARP_SOCKETS_DENY_PORTS`, see
 //! [`config`]). Both ends must be iWARP: a connection whose peer does not answer the MPA
-//! exchange fails (`ECONNREFUSED` on connect, `ECONNABORTED` on accept).
+//! exchange fails (`ECONNREFUSED` on connect, unless `SOFTWARP_SOCKETS_FALLBACK=tcp`
+//! connects again over plain TCP; `ECONNRESET` at the first use of an accepted one).
 //!
 //! # How an iWARP socket's descriptor becomes readable
 //!
@@ -28,14 +29,32 @@
 //! at most 50 ms (another thread may have consumed the wake-up). A socketpair fed by the
 //! library was the alternative; it needs a thread to feed it and a copy of every byte.
 //!
+//! # Socket semantics, as the kernel's TCP
+//!
+//! - A non-blocking `connect` returns `EINPROGRESS`; the MPA exchange runs when the TCP
+//!   handshake is done and the program next looks at the socket (`poll`, `select`,
+//!   `epoll_wait`, `getsockopt(SO_ERROR)`, I/O; at most the connect timeout, 5 s), then the
+//!   socket is writable and `SO_ERROR` is 0, or the error (`ECONNREFUSED` when nobody
+//!   listens or the peer does not answer MPA). A second `connect` meanwhile: `EALREADY`.
+//! - `SO_RCVTIMEO` / `SO_SNDTIMEO`: a blocking read or write that waited that long fails
+//!   with `EAGAIN` (or returns the bytes it moved).
+//! - A signal interrupting a blocking read or write: `EINTR`, or the call restarts when
+//!   every caught signal's handler has `SA_RESTART` (see [`restart_after_signal`]).
+//!   `poll`, `select` and `epoll_wait` always return `EINTR`, as the kernel's.
+//! - `MSG_PEEK` (with `MSG_DONTWAIT`, `MSG_WAITALL`), `MSG_WAITALL`.
+//! - A write after the peer closed or after `shutdown(SHUT_WR)`: `EPIPE` and `SIGPIPE`
+//!   (none with `MSG_NOSIGNAL`); after a reset `ECONNRESET`.
+//! - `epoll`: level-triggered, `EPOLLET` (an event is reported once per change: data, the
+//!   EOF, room to write, an error), `EPOLLONESHOT`; `EPOLLRDHUP`/`POLLRDHUP` after the
+//!   peer's EOF, `POLLHUP` once both directions are closed, `POLLERR` after a failure.
+//!
 //! # Limits
 //!
-//! Not intercepted: `sendfile`, `splice`, `recvmmsg`/`sendmmsg`, `MSG_PEEK` (refused with
-//! `EOPNOTSUPP`), `SIGPIPE` (a write after the peer closed returns `EPIPE` without a
-//! signal), `SO_RCVTIMEO`/`SO_SNDTIMEO` (accepted, not applied). A non-blocking `connect`
-//! completes before it returns (it returns 0, never `EINPROGRESS`). After `fork`, the
-//! child's copies of iWARP sockets fail with `EIO` (closing them is fine); the parent's keep
-//! working. `unsafe` is confined to this file: every block is a call through libc's ABI.
+//! `sendfile` to a stream reads the file into a buffer (at most 1 MiB a call) and writes it;
+//! `sendmmsg`/`recvmmsg` are `sendmsg`/`recvmsg` per message (the `recvmmsg` timeout is not
+//! applied). Not intercepted: `splice` (`vmsplice`, `tee`). After `fork`, the child's copies
+//! of the parent's iWARP streams fail with `EIO` (closing them is fine; the parent's keep
+//! working); connections accepted but not used yet, and new sockets, work in the child. `unsafe` is confined to this file: every block is a call through libc's ABI.
 #![allow(unsafe_code)]
 // The exported functions are libc's, with libc's contracts (see their man pages).
 #![allow(clippy::missing_safety_doc)]
@@ -47,7 +66,7 @@ mod table;
 use std::ffi::{c_int, c_void};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,7 +75,7 @@ use libc::{
     timespec, timeval,
 };
 use softwarp_sockets::{
-    IwarpOptions, IwarpStream, Side, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE,
+    IwarpOptions, IwarpStream, Readiness, Side, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE,
 };
 
 use config::Mode;
@@ -150,6 +169,26 @@ real!(
     real_sendmsg,
     c"sendmsg",
     fn(c_int, *const msghdr, c_int) -> ssize_t
+);
+real!(
+    real_sendfile,
+    c"sendfile",
+    fn(c_int, c_int, *mut libc::off_t, size_t) -> ssize_t
+);
+real!(
+    real_sendfile64,
+    c"sendfile64",
+    fn(c_int, c_int, *mut libc::off64_t, size_t) -> ssize_t
+);
+real!(
+    real_sendmmsg,
+    c"sendmmsg",
+    fn(c_int, *mut libc::mmsghdr, libc::c_uint, c_int) -> c_int
+);
+real!(
+    real_recvmmsg,
+    c"recvmmsg",
+    fn(c_int, *mut libc::mmsghdr, libc::c_uint, c_int, *mut timespec) -> c_int
 );
 real!(real_close, c"close", fn(c_int) -> c_int);
 real!(real_shutdown, c"shutdown", fn(c_int, c_int) -> c_int);
@@ -247,6 +286,7 @@ fn errno_of(e: &io::Error) -> c_int {
         io::ErrorKind::TimedOut => libc::ETIMEDOUT,
         io::ErrorKind::InvalidInput => libc::EINVAL,
         io::ErrorKind::Unsupported => libc::EOPNOTSUPP,
+        io::ErrorKind::Interrupted => libc::EINTR,
         _ => libc::EIO,
     }
 }
@@ -256,8 +296,10 @@ fn fail<T: From<i8>>(e: c_int) -> T {
     T::from(-1)
 }
 
-fn forked() -> bool {
-    table::FORKED.load(Ordering::Relaxed)
+/// True for a stream this process inherited through `fork` (unusable: the parent's
+/// progress thread did not come along).
+fn inherited(s: &StreamEntry) -> bool {
+    table::FORKED.load(Ordering::Relaxed) && s.pid != std::process::id()
 }
 
 // ---- socket creation and options ----------------------------------------------------------
@@ -269,7 +311,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
     let tcp = (domain == libc::AF_INET || domain == libc::AF_INET6)
         && (ty & 0xf) == libc::SOCK_STREAM
         && (protocol == 0 || protocol == libc::IPPROTO_TCP);
-    if fd >= 0 && tcp && config::get().mode == Mode::All && !forked() {
+    if fd >= 0 && tcp && config::get().mode == Mode::All {
         table::insert(fd, Entry::Pending);
     }
     fd
@@ -290,10 +332,6 @@ pub unsafe extern "C" fn setsockopt(
         if name != SO_IWARP_MODE {
             return fail(libc::ENOPROTOOPT);
         }
-        if forked() {
-            // The child of a fork has no progress thread: its new sockets stay TCP.
-            return fail(libc::EOPNOTSUPP);
-        }
         if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
             return fail(libc::EINVAL);
         }
@@ -313,11 +351,53 @@ pub unsafe extern "C" fn setsockopt(
         return 0;
     }
     let target = match table::stream(fd) {
-        Some(s) => std::os::fd::AsRawFd::as_raw_fd(&s.tcp),
+        Some(s) => {
+            if level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO)
+            {
+                // The stream applies them (the QP's socket keeps its own settings).
+                if val.is_null() || (len as usize) < std::mem::size_of::<timeval>() {
+                    return fail(libc::EINVAL);
+                }
+                // SAFETY: the caller passes `len` >= sizeof(timeval) readable bytes.
+                let tv = unsafe { std::ptr::read_unaligned(val.cast::<timeval>()) };
+                if tv.tv_usec < 0 || tv.tv_usec >= 1_000_000 {
+                    return fail(libc::EDOM);
+                }
+                let t = timeout_of(&tv);
+                let r = if name == libc::SO_RCVTIMEO {
+                    s.stream.set_read_timeout(t)
+                } else {
+                    s.stream.set_write_timeout(t)
+                };
+                return match r {
+                    Ok(()) => 0,
+                    Err(e) => fail(errno_of(&e)),
+                };
+            }
+            std::os::fd::AsRawFd::as_raw_fd(&s.tcp)
+        }
         None => fd,
     };
     // SAFETY: libc's setsockopt with the caller's arguments (on the TCP socket of a stream).
     unsafe { real_setsockopt()(target, level, name, val, len) }
+}
+
+/// Writes an option value of `T` for `getsockopt` into the caller's buffer (truncated to
+/// `*len`, as the kernel does). Returns 0 or -1 with errno.
+///
+/// # Safety
+/// `val` and `len` are the caller's, valid or null.
+unsafe fn put_option<T: Copy>(v: T, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    if val.is_null() || len.is_null() {
+        return fail(libc::EFAULT);
+    }
+    // SAFETY: the caller's `*len` writable bytes at `val`.
+    unsafe {
+        let n = (*len as usize).min(std::mem::size_of::<T>());
+        std::ptr::copy_nonoverlapping((&raw const v).cast::<u8>(), val.cast::<u8>(), n);
+        *len = n as socklen_t;
+    }
+    0
 }
 
 #[no_mangle]
@@ -328,6 +408,12 @@ pub unsafe extern "C" fn getsockopt(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
+    if level == SOL_SOFTWARP && name == SO_IWARP_ACTIVE {
+        // Active once the deferred MPA exchange ran (an accepted connection: now).
+        if let Some(side) = deferred_side(fd) {
+            finish(fd, side == Side::Responder);
+        }
+    }
     let entry = table::get(fd);
     if level == SOL_SOFTWARP {
         let v: c_int = match name {
@@ -345,7 +431,37 @@ pub unsafe extern "C" fn getsockopt(
         }
         return 0;
     }
+    let sol = level == libc::SOL_SOCKET;
     match entry {
+        Some(Entry::Deferred(_) | Entry::Failed(_)) if sol && name == libc::SO_ERROR => {
+            let err = match finish(fd, false) {
+                Progress::Pending | Progress::Connected => 0,
+                Progress::Failed(_) => match table::get(fd) {
+                    Some(Entry::Failed(e)) => e.swap(0, Ordering::Relaxed),
+                    _ => 0,
+                },
+            };
+            // SAFETY: the caller's buffers.
+            unsafe { put_option::<c_int>(err, val, len) }
+        }
+        Some(Entry::Stream(s))
+            if sol && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO) =>
+        {
+            let t = if name == libc::SO_RCVTIMEO {
+                s.stream.read_timeout()
+            } else {
+                s.stream.write_timeout()
+            }
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+            let tv = timeval {
+                tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+                tv_usec: libc::suseconds_t::from(t.subsec_micros()),
+            };
+            // SAFETY: the caller's buffers.
+            unsafe { put_option(tv, val, len) }
+        }
         Some(Entry::Stream(s)) => {
             let tcp = std::os::fd::AsRawFd::as_raw_fd(&s.tcp);
             // SAFETY: libc's getsockopt on the stream's TCP socket with the caller's buffers.
@@ -407,79 +523,13 @@ fn still_iwarp(fd: c_int, port: Option<u16>) -> bool {
 
 // ---- connecting -------------------------------------------------------------------------
 
-/// Runs the MPA exchange over the connected TCP socket `fd` and puts the stream behind
-/// `fd`. Returns 0 or -1 with errno.
-fn adopt(fd: c_int, side: Side, nonblocking: bool) -> c_int {
-    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on the program's connected socket.
-    let qp_fd = unsafe { real_fcntl()(fd, libc::F_DUPFD_CLOEXEC, 0) };
-    if qp_fd < 0 {
-        return -1;
-    }
-    // SAFETY: as above, a second duplicate for options and addresses.
-    let opt_fd = unsafe { real_fcntl()(fd, libc::F_DUPFD_CLOEXEC, 0) };
-    if opt_fd < 0 {
-        let e = errno();
-        // SAFETY: closing the duplicate made above.
-        unsafe { real_close()(qp_fd) };
-        return fail(e);
-    }
-    // SAFETY: both descriptors were just created by us and are owned by nothing else.
-    let (tcp, keep) = unsafe {
-        (
-            std::net::TcpStream::from_raw_fd(qp_fd),
-            OwnedFd::from_raw_fd(opt_fd),
-        )
-    };
-    let stream = match IwarpStream::from_connected(tcp, side, &IwarpOptions::default()) {
-        Ok(s) => s,
-        Err(e) => {
-            drop(keep);
-            // The peer is not an iWARP peer: no plain bytes may follow on this connection.
-            // SAFETY: shutdown of the program's socket.
-            unsafe { real_shutdown()(fd, libc::SHUT_RDWR) };
-            let code = match side {
-                Side::Initiator => libc::ECONNREFUSED,
-                Side::Responder => libc::ECONNABORTED,
-            };
-            eprintln!("softwarp preload: fd {fd}: iWARP connection failed: {e}");
-            return fail(code);
-        }
-    };
-    // SAFETY: F_GETFD on the program's descriptor.
-    let cloexec = unsafe { real_fcntl()(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
-    let event_fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
-    // SAFETY: dup3 of the stream's channel over the program's descriptor number; the TCP
-    // socket lives on in the two duplicates.
-    if unsafe { real_dup3()(event_fd, fd, flags) } < 0 {
-        return -1;
-    }
-    table::insert(
-        fd,
-        Entry::Stream(Arc::new(StreamEntry {
-            stream,
-            tcp: keep,
-            nonblocking: nonblocking.into(),
-        })),
-    );
-    AT_EXIT.call_once(|| {
-        // SAFETY: registers a plain `extern "C" fn()` with libc; it stays loaded until exit.
-        if unsafe { libc::atexit(close_all_at_exit) } != 0 {
-            eprintln!("softwarp preload: atexit failed: streams are not flushed at exit");
-        }
-    });
-    0
-}
-
 static AT_EXIT: std::sync::Once = std::sync::Once::new();
 
 /// At exit, closes every stream the program left open: bytes still queued in user space
 /// go out (bounded by the linger time), then the EOF, as the kernel would do for a TCP
-/// socket. Registered when the first iWARP stream is set up.
+/// socket. Registered when the first iWARP stream is set up. In the child of a `fork`, the
+/// parent's streams are only forgotten ([`release`]).
 extern "C" fn close_all_at_exit() {
-    if forked() {
-        return;
-    }
     for (_, s) in table::drain_streams() {
         release(Some(Entry::Stream(s)));
     }
@@ -506,27 +556,358 @@ fn set_blocking(fd: c_int, nonblocking: bool) {
     }
 }
 
+/// A socket option of `fd` as raw bytes (at most 32), for copying it to another socket.
+fn raw_option(fd: c_int, level: c_int, name: c_int) -> Option<([u8; 32], socklen_t)> {
+    let mut buf = [0u8; 32];
+    let mut len = buf.len() as socklen_t;
+    // SAFETY: getsockopt into our buffer of `len` bytes.
+    let r = unsafe { real_getsockopt()(fd, level, name, buf.as_mut_ptr().cast(), &mut len) };
+    (r == 0).then_some((buf, len))
+}
+
+/// A `timeval` socket option (`SO_RCVTIMEO`, `SO_SNDTIMEO`) as a timeout (`None`: zero,
+/// no timeout).
+fn timeval_option(fd: c_int, name: c_int) -> Option<Duration> {
+    let (buf, len) = raw_option(fd, libc::SOL_SOCKET, name)?;
+    if (len as usize) < std::mem::size_of::<timeval>() {
+        return None;
+    }
+    // SAFETY: the kernel wrote a timeval into the buffer's first bytes.
+    let tv = unsafe { std::ptr::read_unaligned(buf.as_ptr().cast::<timeval>()) };
+    timeout_of(&tv)
+}
+
+fn timeout_of(tv: &timeval) -> Option<Duration> {
+    let d = Duration::new(
+        u64::try_from(tv.tv_sec).unwrap_or(0),
+        u32::try_from(tv.tv_usec.clamp(0, 999_999))
+            .unwrap_or(0)
+            .saturating_mul(1000),
+    );
+    (!d.is_zero()).then_some(d)
+}
+
+/// Runs the MPA exchange over the connected TCP socket `fd` and puts the stream behind
+/// `fd`. Returns 0 or -1 with errno. An initiator whose peer does not answer falls back to
+/// a new plain TCP connection when `SOFTWARP_SOCKETS_FALLBACK=tcp` says so.
+fn adopt(fd: c_int, side: Side, nonblocking: bool) -> c_int {
+    // The program's timeouts, set on the TCP socket before connect/accept; the stream
+    // applies them from now on (the QP's socket has its own settings).
+    let timeouts = (
+        timeval_option(fd, libc::SO_RCVTIMEO),
+        timeval_option(fd, libc::SO_SNDTIMEO),
+    );
+    // The peer's address, for a fallback (a refused MPA exchange may leave the socket
+    // reset, without one).
+    let peer = (side == Side::Initiator && config::get().fallback_tcp).then(|| peer_of(fd));
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on the program's connected socket.
+    let qp_fd = unsafe { real_fcntl()(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if qp_fd < 0 {
+        return -1;
+    }
+    // SAFETY: as above, a second duplicate for options and addresses.
+    let opt_fd = unsafe { real_fcntl()(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if opt_fd < 0 {
+        let e = errno();
+        // SAFETY: closing the duplicate made above.
+        unsafe { real_close()(qp_fd) };
+        return fail(e);
+    }
+    // SAFETY: both descriptors were just created by us and are owned by nothing else.
+    let (tcp, keep) = unsafe {
+        (
+            std::net::TcpStream::from_raw_fd(qp_fd),
+            OwnedFd::from_raw_fd(opt_fd),
+        )
+    };
+    let stream = match IwarpStream::from_connected(tcp, side, &IwarpOptions::default()) {
+        Ok(s) => s,
+        Err(e) => {
+            drop(keep);
+            if let Some(peer) = peer {
+                eprintln!(
+                    "softwarp preload: fd {fd}: the peer did not answer the MPA exchange ({e}); \
+                     connecting again over plain TCP (SOFTWARP_SOCKETS_FALLBACK=tcp)"
+                );
+                return match peer {
+                    Some((ss, len)) => fall_back_to_tcp(fd, &ss, len, nonblocking),
+                    None => fail(libc::ECONNREFUSED),
+                };
+            }
+            // The peer is not an iWARP peer: no plain bytes may follow on this connection.
+            // SAFETY: shutdown of the program's socket.
+            unsafe { real_shutdown()(fd, libc::SHUT_RDWR) };
+            if nonblocking {
+                set_blocking(fd, true);
+            }
+            let code = match side {
+                Side::Initiator => libc::ECONNREFUSED,
+                Side::Responder => libc::ECONNABORTED,
+            };
+            eprintln!("softwarp preload: fd {fd}: iWARP connection failed: {e}");
+            return fail(code);
+        }
+    };
+    let _ = stream.set_read_timeout(timeouts.0);
+    let _ = stream.set_write_timeout(timeouts.1);
+    stream.set_report_interrupts(true);
+    // SAFETY: F_GETFD on the program's descriptor.
+    let cloexec = unsafe { real_fcntl()(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
+    let event_fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+    let regs = epoll_detach(fd);
+    // SAFETY: dup3 of the stream's channel over the program's descriptor number; the TCP
+    // socket lives on in the two duplicates.
+    if unsafe { real_dup3()(event_fd, fd, flags) } < 0 {
+        return -1;
+    }
+    table::insert(
+        fd,
+        Entry::Stream(Arc::new(StreamEntry {
+            stream,
+            tcp: keep,
+            nonblocking: nonblocking.into(),
+            pid: std::process::id(),
+        })),
+    );
+    epoll_attach(fd, &regs, true);
+    AT_EXIT.call_once(|| {
+        // SAFETY: registers a plain `extern "C" fn()` with libc; it stays loaded until exit.
+        if unsafe { libc::atexit(close_all_at_exit) } != 0 {
+            eprintln!("softwarp preload: atexit failed: streams are not flushed at exit");
+        }
+    });
+    0
+}
+
+/// Socket options a program may have set before `connect` that the fallback connection
+/// copies (`SO_RCVBUF`/`SO_SNDBUF` are not: the kernel reports them doubled).
+const COPIED_OPTIONS: [(c_int, c_int); 6] = [
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::SOL_SOCKET, libc::SO_RCVTIMEO),
+    (libc::SOL_SOCKET, libc::SO_SNDTIMEO),
+    (libc::SOL_SOCKET, libc::SO_LINGER),
+    (libc::SOL_SOCKET, libc::SO_REUSEADDR),
+    (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+];
+
+/// `SOFTWARP_SOCKETS_FALLBACK=tcp`: replaces the program's socket `fd` (connected to a peer
+/// that did not answer MPA) with a new plain TCP connection to the same address, with the
+/// same options and flags, bounded by the connect timeout. Returns 0 or -1 with errno.
+fn fall_back_to_tcp(
+    fd: c_int,
+    ss: &libc::sockaddr_storage,
+    len: socklen_t,
+    nonblocking: bool,
+) -> c_int {
+    // SAFETY: libc's socket.
+    let new = unsafe {
+        real_socket()(
+            c_int::from(ss.ss_family),
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if new < 0 {
+        return -1;
+    }
+    let close_new = |e: c_int| {
+        // SAFETY: closing the socket made above.
+        unsafe { real_close()(new) };
+        fail::<c_int>(e)
+    };
+    for (level, name) in COPIED_OPTIONS {
+        if let Some((buf, n)) = raw_option(fd, level, name) {
+            // SAFETY: setsockopt from our buffer of `n` bytes.
+            unsafe { real_setsockopt()(new, level, name, buf.as_ptr().cast(), n) };
+        }
+    }
+    // SAFETY: libc's connect with the peer's address as getpeername gave it.
+    if unsafe { real_connect()(new, (ss as *const libc::sockaddr_storage).cast(), len) } < 0 {
+        let e = errno();
+        if e != libc::EINPROGRESS {
+            return close_new(e);
+        }
+        let mut p = pollfd {
+            fd: new,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        let ms = ms_of(Some(IwarpOptions::default().connect_timeout));
+        // SAFETY: libc's poll over our one pollfd.
+        if unsafe { real_poll()(&mut p, 1, ms) } <= 0 {
+            return close_new(libc::ETIMEDOUT);
+        }
+        let err = so_error(new);
+        if err != 0 {
+            return close_new(err);
+        }
+    }
+    // SAFETY: F_GETFD on the program's descriptor.
+    let cloexec = unsafe { real_fcntl()(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
+    let regs = epoll_detach(fd);
+    // SAFETY: dup3 of the new connection over the program's descriptor number (closing the
+    // failed connection), then closing our own number of it.
+    let r = unsafe { real_dup3()(new, fd, if cloexec { libc::O_CLOEXEC } else { 0 }) };
+    if r < 0 {
+        return close_new(errno());
+    }
+    // SAFETY: as above.
+    unsafe { real_close()(new) };
+    set_blocking(fd, nonblocking);
+    table::remove(fd);
+    epoll_attach(fd, &regs, false);
+    0
+}
+
+/// The peer address of socket `fd`.
+fn peer_of(fd: c_int) -> Option<(libc::sockaddr_storage, socklen_t)> {
+    // SAFETY: a zeroed sockaddr_storage is a valid out buffer for getpeername.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    // SAFETY: getpeername into our buffer of `len` bytes.
+    let r = unsafe { real_getpeername()(fd, (&raw mut ss).cast(), &mut len) };
+    (r == 0).then_some((ss, len))
+}
+
+/// The pending error of socket `fd` (`SO_ERROR`, which clears it).
+fn so_error(fd: c_int) -> c_int {
+    let mut err: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: getsockopt of an int into ours.
+    let r = unsafe {
+        real_getsockopt()(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            (&raw mut err).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        errno()
+    } else {
+        err
+    }
+}
+
+/// Where a non-blocking connect is.
+enum Progress {
+    /// The TCP handshake is still under way.
+    Pending,
+    /// Connected: iWARP, or plain TCP after a fallback.
+    Connected,
+    /// Failed with this errno.
+    Failed(c_int),
+}
+
+/// Runs a deferred MPA exchange ([`table::Deferred`]) when its socket is ready for it:
+/// writable (a connect) or readable (an accepted connection; with `block`, at once: the
+/// exchange waits for the peer's MPA Request, at most the connect timeout). Then the stream
+/// is behind `fd`; a failure is kept for `SO_ERROR` and I/O.
+fn finish(fd: c_int, block: bool) -> Progress {
+    let d = match table::get(fd) {
+        Some(Entry::Deferred(d)) => d,
+        Some(Entry::Failed(e)) => return Progress::Failed(e.load(Ordering::Relaxed)),
+        _ => return Progress::Connected,
+    };
+    let guard = d.lock.lock().unwrap_or_else(|p| p.into_inner());
+    // Another thread may have finished it while this one waited for the lock.
+    if !matches!(table::get(fd), Some(Entry::Deferred(_))) {
+        drop(guard);
+        return finish(fd, block);
+    }
+    let ready = |events: i16| {
+        let mut p = pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        // SAFETY: libc's poll over our one pollfd, without waiting.
+        unsafe { real_poll()(&mut p, 1, 0) > 0 }
+    };
+    let nonblocking = is_nonblocking(fd);
+    let failed = |e: c_int| {
+        table::insert(fd, Entry::Failed(Arc::new(e.into())));
+        Progress::Failed(e)
+    };
+    // The entry stays `Deferred` (other threads wait on the lock) until `adopt` puts the
+    // stream there, or the fallback removes it.
+    match d.side {
+        Side::Initiator => {
+            if !ready(libc::POLLOUT) {
+                return Progress::Pending;
+            }
+            let err = so_error(fd);
+            if err != 0 {
+                return failed(err);
+            }
+            if adopt(fd, Side::Initiator, nonblocking) == 0 {
+                return Progress::Connected;
+            }
+            failed(errno())
+        }
+        Side::Responder => {
+            if !block && !ready(libc::POLLIN) {
+                return Progress::Pending;
+            }
+            if adopt(fd, Side::Responder, nonblocking) == 0 {
+                return Progress::Connected;
+            }
+            failed(libc::ECONNRESET)
+        }
+    }
+}
+
+/// A deferred socket's side, if `fd` is one.
+fn deferred_side(fd: c_int) -> Option<Side> {
+    match table::get(fd) {
+        Some(Entry::Deferred(d)) => Some(d.side),
+        _ => None,
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    if !matches!(table::get(fd), Some(Entry::Pending)) || !still_iwarp(fd, port_of(addr)) {
-        // SAFETY: libc's connect with the caller's arguments.
-        return unsafe { real_connect()(fd, addr, len) };
+    match table::get(fd) {
+        // A second connect while a non-blocking one runs: as the kernel answers (0 the
+        // first time it finds the connection made, EISCONN after that).
+        Some(Entry::Deferred(d)) if d.side == Side::Responder => return fail(libc::EISCONN),
+        Some(Entry::Deferred(_)) => {
+            return match finish(fd, false) {
+                Progress::Pending => fail(libc::EALREADY),
+                Progress::Connected => 0,
+                Progress::Failed(e) => fail(e),
+            }
+        }
+        Some(Entry::Stream(_)) => return fail(libc::EISCONN),
+        Some(Entry::Pending) if still_iwarp(fd, port_of(addr)) => {}
+        _ => {
+            // SAFETY: libc's connect with the caller's arguments.
+            return unsafe { real_connect()(fd, addr, len) };
+        }
     }
-    let nonblocking = is_nonblocking(fd);
-    if nonblocking {
-        set_blocking(fd, false);
+    if is_nonblocking(fd) {
+        // SAFETY: libc's connect with the caller's arguments, on a non-blocking socket.
+        let r = unsafe { real_connect()(fd, addr, len) };
+        if r < 0 {
+            let e = errno();
+            if e != libc::EINPROGRESS {
+                return fail(e);
+            }
+        }
+        // Connected or not, the MPA exchange is still to come: the socket becomes
+        // writable when it is done (or failed, with SO_ERROR set).
+        table::insert(fd, Entry::Deferred(table::Deferred::new(Side::Initiator)));
+        return fail(libc::EINPROGRESS);
     }
     // SAFETY: libc's connect with the caller's arguments, on a blocking socket.
     let r = unsafe { real_connect()(fd, addr, len) };
     if r < 0 {
-        let e = errno();
-        if nonblocking {
-            set_blocking(fd, true);
-        }
-        return fail(e);
+        return -1;
     }
     table::remove(fd);
-    adopt(fd, Side::Initiator, nonblocking)
+    adopt(fd, Side::Initiator, false)
 }
 
 #[no_mangle]
@@ -556,77 +937,108 @@ pub unsafe extern "C" fn accept4(
     if k < 0 || !matches!(table::get(fd), Some(Entry::Listener)) {
         return k;
     }
-    if flags & libc::SOCK_NONBLOCK != 0 {
-        set_blocking(k, false);
-    }
-    if adopt(k, Side::Responder, flags & libc::SOCK_NONBLOCK != 0) < 0 {
-        let e = errno();
-        // SAFETY: closing the connection we accepted and could not set up.
-        unsafe { real_close()(k) };
-        return fail(e);
-    }
+    // The MPA exchange runs when the program first uses the connection.
+    table::insert(k, Entry::Deferred(table::Deferred::new(Side::Responder)));
     k
 }
 
 // ---- data ----------------------------------------------------------------------------------
 
+/// After a signal interrupted a blocking call on an iWARP stream: restart it (as the
+/// kernel does when the handler was installed with `SA_RESTART`) or fail with `EINTR`.
+///
+/// Which signal came is not known here (the wait is a `poll` on the eventfd, which the
+/// kernel never restarts), so the call is restarted only when every caught asynchronous
+/// signal's handler has `SA_RESTART`: a program with one handler without it gets `EINTR`,
+/// as it would for that handler's signal.
+fn restart_after_signal() -> bool {
+    const SYNCHRONOUS: [c_int; 7] = [
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGILL,
+        libc::SIGFPE,
+        libc::SIGTRAP,
+        libc::SIGKILL,
+        libc::SIGSTOP,
+    ];
+    for sig in 1..=libc::SIGRTMAX() {
+        if SYNCHRONOUS.contains(&sig) {
+            continue;
+        }
+        // SAFETY: a zeroed sigaction is a valid out buffer.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: sigaction only reads the disposition (no new one is given).
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+            continue;
+        }
+        let caught = old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN;
+        if caught && old.sa_flags & libc::SA_RESTART == 0 {
+            return false;
+        }
+    }
+    true
+}
+
 fn stream_read(s: &StreamEntry, buf: &mut [u8], flags: c_int) -> ssize_t {
-    if forked() {
+    if inherited(s) {
         return fail(libc::EIO);
     }
-    if flags & libc::MSG_PEEK != 0 {
-        return fail(libc::EOPNOTSUPP);
-    }
     let nb = s.nonblocking.load(Ordering::Relaxed) || flags & libc::MSG_DONTWAIT != 0;
+    let waitall = flags & libc::MSG_WAITALL != 0;
+    if flags & libc::MSG_PEEK != 0 {
+        loop {
+            match s.stream.peek_with(buf, waitall, nb) {
+                Ok(n) => return n as ssize_t,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted && restart_after_signal() => {}
+                Err(e) => return fail(errno_of(&e)),
+            }
+        }
+    }
     let mut got = 0usize;
     loop {
-        match s.stream.read_with(&mut buf[got..], nb || got > 0) {
+        // After the first bytes only MSG_WAITALL waits for more (and stops at a timeout,
+        // a signal or an error with what it has, as the kernel does).
+        match s
+            .stream
+            .read_with(&mut buf[got..], nb || (got > 0 && !waitall))
+        {
             Ok(0) => return got as ssize_t,
             Ok(n) => {
                 got = got.saturating_add(n);
-                if flags & libc::MSG_WAITALL == 0 || got >= buf.len() {
+                if !waitall || got >= buf.len() {
                     return got as ssize_t;
                 }
             }
-            Err(e) if got > 0 && e.kind() == io::ErrorKind::WouldBlock => {
-                if nb {
-                    return got as ssize_t;
-                }
-                // MSG_WAITALL: wait for the rest.
-                match s.stream.read_with(&mut buf[got..], false) {
-                    Ok(0) => return got as ssize_t,
-                    Ok(n) => got = got.saturating_add(n),
-                    Err(_) => return got as ssize_t,
-                }
-                if got >= buf.len() {
-                    return got as ssize_t;
-                }
-            }
-            Err(e) if got > 0 => {
-                let _ = e;
-                return got as ssize_t;
-            }
+            Err(_) if got > 0 => return got as ssize_t,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted && restart_after_signal() => {}
             Err(e) => return fail(errno_of(&e)),
         }
     }
 }
 
 fn stream_write(s: &StreamEntry, buf: &[u8], flags: c_int) -> ssize_t {
-    if forked() {
+    if inherited(s) {
         return fail(libc::EIO);
     }
     let nb = s.nonblocking.load(Ordering::Relaxed) || flags & libc::MSG_DONTWAIT != 0;
     let mut sent = 0usize;
-    // A blocking socket's write takes every byte (as the kernel's does, barring signals).
+    // A blocking socket's write takes every byte (as the kernel's does, barring signals,
+    // timeouts and errors, which end it with the count so far).
     while sent < buf.len() {
         match s.stream.write_with(&buf[sent..], nb) {
             Ok(n) => sent = sent.saturating_add(n),
-            Err(e) if sent > 0 && e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if sent > 0 => {
-                let _ = e;
-                break;
+            Err(_) if sent > 0 => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted && restart_after_signal() => {}
+            Err(e) => {
+                let code = errno_of(&e);
+                if code == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+                    // As the kernel: EPIPE comes with SIGPIPE to the calling thread.
+                    // SAFETY: raise sends a signal to this thread; its disposition is the
+                    // program's (the default ends the process, as it would over TCP).
+                    unsafe { libc::raise(libc::SIGPIPE) };
+                }
+                return fail(code);
             }
-            Err(e) => return fail(errno_of(&e)),
         }
         if nb {
             break;
@@ -696,13 +1108,41 @@ fn writev_stream(s: &StreamEntry, iov: &[iovec], flags: c_int) -> ssize_t {
     stream_write(s, &tmp, flags)
 }
 
+/// Where an I/O call on `fd` goes.
+enum Route {
+    Stream(Arc<StreamEntry>),
+    /// The real call (not ours, or plain TCP).
+    Real,
+    /// Fails with this errno (a connect still under way, or its pending error).
+    Errno(c_int),
+}
+
+fn route(fd: c_int) -> Route {
+    match table::get(fd) {
+        None | Some(Entry::Pending | Entry::Listener) => Route::Real,
+        Some(Entry::Stream(s)) => Route::Stream(s),
+        Some(Entry::Deferred(d)) => {
+            match finish(fd, !is_nonblocking(fd) && d.side == Side::Responder) {
+                Progress::Pending => Route::Errno(libc::EAGAIN),
+                Progress::Connected => table::stream(fd).map_or(Route::Real, Route::Stream),
+                Progress::Failed(_) => route(fd),
+            }
+        }
+        Some(Entry::Failed(e)) => match e.swap(0, Ordering::Relaxed) {
+            0 => Route::Real,
+            err => Route::Errno(err),
+        },
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    match table::stream(fd) {
+    match route(fd) {
         // SAFETY: the caller's buffer of `n` bytes.
-        Some(s) => stream_read(&s, unsafe { slice_mut(buf, n) }, 0),
+        Route::Stream(s) => stream_read(&s, unsafe { slice_mut(buf, n) }, 0),
+        Route::Errno(e) => fail(e),
         // SAFETY: libc's read with the caller's arguments.
-        None => unsafe { real_read()(fd, buf, n) },
+        Route::Real => unsafe { real_read()(fd, buf, n) },
     }
 }
 
@@ -723,41 +1163,45 @@ pub unsafe extern "C" fn __read_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    match table::stream(fd) {
+    match route(fd) {
         // SAFETY: the caller's buffer of `n` bytes.
-        Some(s) => stream_write(&s, unsafe { slice_ref(buf, n) }, 0),
+        Route::Stream(s) => stream_write(&s, unsafe { slice_ref(buf, n) }, 0),
+        Route::Errno(e) => fail(e),
         // SAFETY: libc's write with the caller's arguments.
-        None => unsafe { real_write()(fd, buf, n) },
+        Route::Real => unsafe { real_write()(fd, buf, n) },
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    match table::stream(fd) {
+    match route(fd) {
         // SAFETY: the caller's iovec array.
-        Some(s) => readv_stream(&s, unsafe { iovecs(iov, cnt) }, 0),
+        Route::Stream(s) => readv_stream(&s, unsafe { iovecs(iov, cnt) }, 0),
+        Route::Errno(e) => fail(e),
         // SAFETY: libc's readv with the caller's arguments.
-        None => unsafe { real_readv()(fd, iov, cnt) },
+        Route::Real => unsafe { real_readv()(fd, iov, cnt) },
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    match table::stream(fd) {
+    match route(fd) {
         // SAFETY: the caller's iovec array.
-        Some(s) => writev_stream(&s, unsafe { iovecs(iov, cnt) }, 0),
+        Route::Stream(s) => writev_stream(&s, unsafe { iovecs(iov, cnt) }, 0),
+        Route::Errno(e) => fail(e),
         // SAFETY: libc's writev with the caller's arguments.
-        None => unsafe { real_writev()(fd, iov, cnt) },
+        Route::Real => unsafe { real_writev()(fd, iov, cnt) },
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    match table::stream(fd) {
+    match route(fd) {
         // SAFETY: the caller's buffer of `n` bytes.
-        Some(s) => stream_read(&s, unsafe { slice_mut(buf, n) }, flags),
+        Route::Stream(s) => stream_read(&s, unsafe { slice_mut(buf, n) }, flags),
+        Route::Errno(e) => fail(e),
         // SAFETY: libc's recv with the caller's arguments.
-        None => unsafe { real_recv()(fd, buf, n, flags) },
+        Route::Real => unsafe { real_recv()(fd, buf, n, flags) },
     }
 }
 
@@ -779,11 +1223,12 @@ pub unsafe extern "C" fn __recv_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    match table::stream(fd) {
+    match route(fd) {
         // SAFETY: the caller's buffer of `n` bytes.
-        Some(s) => stream_write(&s, unsafe { slice_ref(buf, n) }, flags),
+        Route::Stream(s) => stream_write(&s, unsafe { slice_ref(buf, n) }, flags),
+        Route::Errno(e) => fail(e),
         // SAFETY: libc's send with the caller's arguments.
-        None => unsafe { real_send()(fd, buf, n, flags) },
+        Route::Real => unsafe { real_send()(fd, buf, n, flags) },
     }
 }
 
@@ -796,8 +1241,8 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    match table::stream(fd) {
-        Some(s) => {
+    match route(fd) {
+        Route::Stream(s) => {
             if !alen.is_null() {
                 // SAFETY: the caller's address length (a connected stream reports none).
                 unsafe { *alen = 0 };
@@ -805,8 +1250,9 @@ pub unsafe extern "C" fn recvfrom(
             // SAFETY: the caller's buffer of `n` bytes.
             stream_read(&s, unsafe { slice_mut(buf, n) }, flags)
         }
+        Route::Errno(e) => fail(e),
         // SAFETY: libc's recvfrom with the caller's arguments.
-        None => unsafe { real_recvfrom()(fd, buf, n, flags, addr, alen) },
+        Route::Real => unsafe { real_recvfrom()(fd, buf, n, flags, addr, alen) },
     }
 }
 
@@ -837,19 +1283,20 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> ssize_t {
-    match table::stream(fd) {
+    match route(fd) {
         // SAFETY: the caller's buffer of `n` bytes (the address of a connected stream is
         // ignored, as TCP does).
-        Some(s) => stream_write(&s, unsafe { slice_ref(buf, n) }, flags),
+        Route::Stream(s) => stream_write(&s, unsafe { slice_ref(buf, n) }, flags),
+        Route::Errno(e) => fail(e),
         // SAFETY: libc's sendto with the caller's arguments.
-        None => unsafe { real_sendto()(fd, buf, n, flags, addr, alen) },
+        Route::Real => unsafe { real_sendto()(fd, buf, n, flags, addr, alen) },
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    match table::stream(fd) {
-        Some(s) if !msg.is_null() => {
+    match route(fd) {
+        Route::Stream(s) if !msg.is_null() => {
             // SAFETY: the caller's msghdr and its iovecs.
             unsafe {
                 (*msg).msg_namelen = 0;
@@ -859,24 +1306,181 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
                 readv_stream(&s, iov, flags)
             }
         }
-        Some(_) => fail(libc::EFAULT),
+        Route::Stream(_) => fail(libc::EFAULT),
+        Route::Errno(e) => fail(e),
         // SAFETY: libc's recvmsg with the caller's arguments.
-        None => unsafe { real_recvmsg()(fd, msg, flags) },
+        Route::Real => unsafe { real_recvmsg()(fd, msg, flags) },
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    match table::stream(fd) {
-        Some(s) if !msg.is_null() => {
+    match route(fd) {
+        Route::Stream(s) if !msg.is_null() => {
             // SAFETY: the caller's msghdr and its iovecs.
             let iov = unsafe { iovecs((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
             writev_stream(&s, iov, flags)
         }
-        Some(_) => fail(libc::EFAULT),
+        Route::Stream(_) => fail(libc::EFAULT),
+        Route::Errno(e) => fail(e),
         // SAFETY: libc's sendmsg with the caller's arguments.
-        None => unsafe { real_sendmsg()(fd, msg, flags) },
+        Route::Real => unsafe { real_sendmsg()(fd, msg, flags) },
     }
+}
+
+/// `sendfile` to a stream: reads up to 1 MiB of `in_fd` (at `*offset`, or at its file
+/// position) and writes it to the stream; returns what the stream took (the file position
+/// or `*offset` advance by that much). One copy more than the kernel's sendfile: the bytes
+/// go through a buffer into the registered send slots.
+///
+/// # Safety
+/// `offset` is null or the caller's `off_t`.
+unsafe fn sendfile_stream(
+    s: &StreamEntry,
+    in_fd: c_int,
+    offset: *mut i64,
+    count: size_t,
+) -> ssize_t {
+    let mut buf = vec![0u8; count.min(1 << 20)];
+    if buf.is_empty() {
+        return 0;
+    }
+    let n = if offset.is_null() {
+        // SAFETY: libc's read into our buffer.
+        unsafe { real_read()(in_fd, buf.as_mut_ptr().cast(), buf.len()) }
+    } else {
+        // SAFETY: libc's pread into our buffer at the caller's offset.
+        unsafe { libc::pread64(in_fd, buf.as_mut_ptr().cast(), buf.len(), *offset) }
+    };
+    let Ok(got) = usize::try_from(n) else {
+        return -1;
+    };
+    if got == 0 {
+        return 0;
+    }
+    let w = stream_write(s, &buf[..got], 0);
+    let took = usize::try_from(w).unwrap_or(0);
+    let back = i64::try_from(got.saturating_sub(took)).unwrap_or(0);
+    if offset.is_null() {
+        if back > 0 {
+            // Give back what the stream did not take. SAFETY: libc's lseek on the caller's file.
+            unsafe { libc::lseek64(in_fd, back.saturating_neg(), libc::SEEK_CUR) };
+        }
+    } else {
+        // SAFETY: the caller's offset.
+        unsafe { *offset = (*offset).saturating_add(i64::try_from(took).unwrap_or(0)) };
+    }
+    w
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut libc::off_t,
+    count: size_t,
+) -> ssize_t {
+    match route(out_fd) {
+        // SAFETY: the caller's offset (off_t is 64 bits here).
+        Route::Stream(s) => unsafe { sendfile_stream(&s, in_fd, offset.cast(), count) },
+        Route::Errno(e) => fail(e),
+        // SAFETY: libc's sendfile with the caller's arguments.
+        Route::Real => unsafe { real_sendfile()(out_fd, in_fd, offset, count) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut libc::off64_t,
+    count: size_t,
+) -> ssize_t {
+    match route(out_fd) {
+        // SAFETY: the caller's offset.
+        Route::Stream(s) => unsafe { sendfile_stream(&s, in_fd, offset, count) },
+        Route::Errno(e) => fail(e),
+        // SAFETY: libc's sendfile64 with the caller's arguments.
+        Route::Real => unsafe { real_sendfile64()(out_fd, in_fd, offset, count) },
+    }
+}
+
+/// # Safety
+/// `msgs` points to `vlen` valid `mmsghdr`s (or `vlen` is 0).
+unsafe fn mmsgs<'a>(msgs: *mut libc::mmsghdr, vlen: libc::c_uint) -> &'a mut [libc::mmsghdr] {
+    if msgs.is_null() || vlen == 0 {
+        return &mut [];
+    }
+    // SAFETY: per this function's contract.
+    unsafe { std::slice::from_raw_parts_mut(msgs, vlen as usize) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    let s = match route(fd) {
+        Route::Stream(s) => s,
+        Route::Errno(e) => return fail(e),
+        // SAFETY: libc's sendmmsg with the caller's arguments.
+        Route::Real => return unsafe { real_sendmmsg()(fd, msgs, vlen, flags) },
+    };
+    let mut done: c_int = 0;
+    // SAFETY: the caller's array of `vlen` messages.
+    for m in unsafe { mmsgs(msgs, vlen) } {
+        // SAFETY: the caller's iovecs of this message.
+        let iov = unsafe { iovecs(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int) };
+        let r = writev_stream(&s, iov, flags);
+        if r < 0 {
+            // As the kernel: the count so far, or the error of the first.
+            return if done > 0 { done } else { -1 };
+        }
+        m.msg_len = libc::c_uint::try_from(r).unwrap_or(libc::c_uint::MAX);
+        done = done.saturating_add(1);
+    }
+    done
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+    timeout: *mut timespec,
+) -> c_int {
+    let s = match route(fd) {
+        Route::Stream(s) => s,
+        Route::Errno(e) => return fail(e),
+        // SAFETY: libc's recvmmsg with the caller's arguments.
+        Route::Real => return unsafe { real_recvmmsg()(fd, msgs, vlen, flags, timeout) },
+    };
+    let mut done: c_int = 0;
+    let mut f = flags & !libc::MSG_WAITFORONE;
+    // SAFETY: the caller's array of `vlen` messages.
+    for m in unsafe { mmsgs(msgs, vlen) } {
+        // SAFETY: the caller's iovecs of this message.
+        let iov = unsafe { iovecs(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int) };
+        m.msg_hdr.msg_namelen = 0;
+        m.msg_hdr.msg_controllen = 0;
+        m.msg_hdr.msg_flags = 0;
+        let r = readv_stream(&s, iov, f);
+        if r < 0 {
+            return if done > 0 { done } else { -1 };
+        }
+        m.msg_len = libc::c_uint::try_from(r).unwrap_or(libc::c_uint::MAX);
+        done = done.saturating_add(1);
+        if r == 0 {
+            break;
+        }
+        if flags & libc::MSG_WAITFORONE != 0 {
+            f |= libc::MSG_DONTWAIT;
+        }
+    }
+    done
 }
 
 // ---- closing, duplicating, flags ---------------------------------------------------------
@@ -885,7 +1489,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 /// disconnected); in a forked child nothing of the parent's stack is touched.
 fn release(e: Option<Entry>) {
     if let Some(Entry::Stream(s)) = e {
-        if forked() {
+        if inherited(&s) {
             std::mem::forget(s);
             return;
         }
@@ -922,7 +1526,14 @@ fn print_stats(s: &StreamEntry) {
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    release(table::remove(fd));
+    let e = table::remove(fd);
+    if e.is_some() {
+        // A stream's eventfd stays open in the stack: its epoll registrations go with the
+        // program's descriptor, as a socket's would.
+        epoll_detach(fd);
+        epoll_reg::with(|r| r.retain(|x| x.fd != fd));
+    }
+    release(e);
     // SAFETY: libc's close.
     unsafe { real_close()(fd) }
 }
@@ -939,6 +1550,11 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
         libc::SHUT_RDWR => std::net::Shutdown::Both,
         _ => return fail(libc::EINVAL),
     };
+    // A blocking socket's shutdown waits until the EOF has left (the stream's own rule);
+    // a non-blocking one returns at once, as the kernel's.
+    let _ = s
+        .stream
+        .set_nonblocking(s.nonblocking.load(Ordering::Relaxed));
     match s.stream.shutdown(how) {
         Ok(()) => 0,
         Err(e) => fail(errno_of(&e)),
@@ -1049,19 +1665,19 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     // SAFETY: libc's fork.
     let pid = unsafe { real_fork()() };
     if pid == 0 {
+        // The parent's streams stay unusable here (`EIO`); connections accepted but not
+        // yet set up, and new sockets, get a device of the child's own.
         table::FORKED.store(true, Ordering::Relaxed);
+        softwarp_sockets::forget_default_device_after_fork();
     }
     pid
 }
 
 // ---- readiness -------------------------------------------------------------------------------
 
-/// Readiness of our descriptor `fd` as poll bits for `events`, arming it when nothing is.
-fn stream_revents(s: &StreamEntry, events: i16) -> i16 {
-    if forked() {
-        return libc::POLLERR;
-    }
-    let r = s.stream.arm_readiness();
+/// Readiness as poll bits for `events` (`POLLHUP` and `POLLERR` are always reported, as
+/// by the kernel).
+fn revents_of(r: &Readiness, events: i16) -> i16 {
     let mut rev = 0;
     if r.readable {
         rev |= events & (libc::POLLIN | libc::POLLRDNORM);
@@ -1069,7 +1685,27 @@ fn stream_revents(s: &StreamEntry, events: i16) -> i16 {
     if r.writable {
         rev |= events & (libc::POLLOUT | libc::POLLWRNORM);
     }
+    if r.peer_closed {
+        rev |= events & libc::POLLRDHUP;
+    }
+    if r.hangup {
+        rev |= libc::POLLHUP;
+    }
+    if r.error {
+        rev |= libc::POLLERR;
+    }
     rev
+}
+
+/// Readiness of a stream, arming it when nothing is ready.
+fn stream_readiness(s: &StreamEntry) -> Readiness {
+    if inherited(s) {
+        return Readiness {
+            error: true,
+            ..Readiness::default()
+        };
+    }
+    s.stream.arm_readiness()
 }
 
 fn deadline_of(timeout_ms: c_int) -> Option<Instant> {
@@ -1078,23 +1714,68 @@ fn deadline_of(timeout_ms: c_int) -> Option<Instant> {
         .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms)))
 }
 
-/// poll(2) over a set that holds at least one iWARP descriptor.
+/// What a connect that failed reports: writable, readable (the EOF), hung up, and the
+/// error while `SO_ERROR` did not take it.
+fn failed_revents(e: &AtomicI32, events: i16) -> i16 {
+    let mut rev = libc::POLLHUP | (events & (libc::POLLOUT | libc::POLLIN | libc::POLLRDHUP));
+    if e.load(Ordering::Relaxed) != 0 {
+        rev |= libc::POLLERR;
+    }
+    rev
+}
+
+/// What kind of descriptor of ours a poll set holds.
+#[derive(Clone)]
+enum Polled {
+    Stream(Arc<StreamEntry>),
+    /// Waiting for the socket to be ready for the MPA exchange: writable (a connect) or
+    /// readable (an accepted connection).
+    Deferred(Side),
+    Failed(Arc<AtomicI32>),
+    Other,
+}
+
+fn polled(fd: c_int) -> Polled {
+    match table::get(fd) {
+        Some(Entry::Stream(s)) => Polled::Stream(s),
+        Some(Entry::Deferred(d)) => Polled::Deferred(d.side),
+        Some(Entry::Failed(e)) => Polled::Failed(e),
+        _ => Polled::Other,
+    }
+}
+
+fn special(fd: c_int) -> bool {
+    !matches!(polled(fd), Polled::Other)
+}
+
+/// poll(2) over a set that holds at least one descriptor of ours (a stream, a connect in
+/// progress or a failed one).
 fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c_int {
-    let streams: Vec<Option<Arc<StreamEntry>>> = fds.iter().map(|p| table::stream(p.fd)).collect();
     let mut tmp: Vec<pollfd> = fds.to_vec();
     loop {
+        let kinds: Vec<Polled> = fds.iter().map(|p| polled(p.fd)).collect();
         let mut ours_ready = 0;
         for (i, p) in fds.iter_mut().enumerate() {
-            if let Some(s) = &streams[i] {
-                p.revents = stream_revents(s, p.events);
-                if p.revents != 0 {
+            tmp[i] = pollfd {
+                fd: p.fd,
+                events: p.events,
+                revents: 0,
+            };
+            match &kinds[i] {
+                Polled::Stream(s) => {
+                    p.revents = revents_of(&stream_readiness(s), p.events);
+                    if p.revents != 0 {
+                        ours_ready += 1;
+                    }
+                    tmp[i].events = libc::POLLIN;
+                }
+                Polled::Deferred(Side::Initiator) => tmp[i].events = libc::POLLOUT,
+                Polled::Deferred(Side::Responder) => tmp[i].events = libc::POLLIN,
+                Polled::Failed(e) => {
+                    p.revents = failed_revents(e, p.events);
                     ours_ready += 1;
                 }
-                tmp[i] = pollfd {
-                    fd: p.fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
+                Polled::Other => {}
             }
         }
         let wait = if ours_ready > 0 {
@@ -1113,13 +1794,24 @@ fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c
             return -1;
         }
         let mut others = 0;
+        let mut changed = false;
         for (i, p) in fds.iter_mut().enumerate() {
-            if streams[i].is_none() {
-                p.revents = tmp[i].revents;
-                if p.revents != 0 {
-                    others += 1;
+            match &kinds[i] {
+                Polled::Other => {
+                    p.revents = tmp[i].revents;
+                    if p.revents != 0 {
+                        others += 1;
+                    }
                 }
+                // Ready for the MPA exchange: run it, then look again.
+                Polled::Deferred(_) if tmp[i].revents != 0 => {
+                    changed |= !matches!(finish(p.fd, false), Progress::Pending);
+                }
+                _ => {}
             }
+        }
+        if changed {
+            continue;
         }
         if ours_ready + others > 0 {
             return ours_ready + others;
@@ -1131,7 +1823,7 @@ fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c
 }
 
 fn any_stream(fds: &[pollfd]) -> bool {
-    fds.iter().any(|p| table::stream(p.fd).is_some())
+    fds.iter().any(|p| special(p.fd))
 }
 
 #[no_mangle]
@@ -1224,7 +1916,7 @@ unsafe fn select_mixed(
             ev |= libc::POLLPRI;
         }
         if ev != 0 {
-            mine |= table::stream(fd).is_some();
+            mine |= special(fd);
             fds.push(pollfd {
                 fd,
                 events: ev,
@@ -1323,15 +2015,62 @@ pub unsafe extern "C" fn pselect(
 // ---- epoll -----------------------------------------------------------------------------------
 
 mod epoll_reg {
-    //! The iWARP descriptors registered in each epoll set, with the program's events and
+    //! The descriptors of ours registered in each epoll set, with the program's events and
     //! data: `epoll_wait` reports them from the streams' readiness.
     use std::sync::Mutex;
 
-    /// (epoll fd, fd, events, data).
-    pub static REG: Mutex<Vec<(i32, i32, u32, u64)>> = Mutex::new(Vec::new());
+    /// One registration.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Reg {
+        pub epfd: i32,
+        pub fd: i32,
+        /// The program's events (`EPOLLET`, `EPOLLONESHOT` included).
+        pub events: u32,
+        pub data: u64,
+        /// Edge-triggered: the stream's event counts when last reported.
+        pub last: Option<(u64, u64)>,
+        /// `EPOLLONESHOT` reported: silent until `EPOLL_CTL_MOD`.
+        pub disabled: bool,
+    }
 
-    pub fn with<T>(f: impl FnOnce(&mut Vec<(i32, i32, u32, u64)>) -> T) -> T {
+    pub static REG: Mutex<Vec<Reg>> = Mutex::new(Vec::new());
+
+    pub fn with<T>(f: impl FnOnce(&mut Vec<Reg>) -> T) -> T {
         f(&mut REG.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+use epoll_reg::Reg;
+
+/// Before `fd` changes what it refers to (`dup3` in [`adopt`]): takes the kernel's
+/// registrations of `fd` out of the epoll sets that hold it; returns them.
+fn epoll_detach(fd: c_int) -> Vec<Reg> {
+    let regs: Vec<Reg> = epoll_reg::with(|r| r.iter().filter(|e| e.fd == fd).copied().collect());
+    for r in &regs {
+        // SAFETY: libc's epoll_ctl on the program's epoll set.
+        unsafe { real_epoll_ctl()(r.epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+    }
+    regs
+}
+
+/// After `fd` changed: registers it again in the same sets, as a stream (its eventfd, for
+/// wake-ups) or, `stream` false, as the plain socket it now is (then the kernel reports
+/// it and our record goes).
+fn epoll_attach(fd: c_int, regs: &[Reg], stream: bool) {
+    for r in regs {
+        let mut ev = epoll_event {
+            events: if stream {
+                libc::EPOLLIN as u32
+            } else {
+                r.events
+            },
+            u64: r.data,
+        };
+        // SAFETY: libc's epoll_ctl on the program's epoll set with our event.
+        unsafe { real_epoll_ctl()(r.epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    }
+    if !stream {
+        epoll_reg::with(|all| all.retain(|e| e.fd != fd));
     }
 }
 
@@ -1342,35 +2081,101 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     ev: *mut epoll_event,
 ) -> c_int {
-    if table::stream(fd).is_none() {
+    let kind = polled(fd);
+    if matches!(kind, Polled::Other) {
         if op == libc::EPOLL_CTL_DEL {
-            epoll_reg::with(|r| r.retain(|e| !(e.0 == epfd && e.1 == fd)));
+            epoll_reg::with(|r| r.retain(|e| !(e.epfd == epfd && e.fd == fd)));
         }
         // SAFETY: libc's epoll_ctl with the caller's arguments.
         return unsafe { real_epoll_ctl()(epfd, op, fd, ev) };
     }
-    // The kernel watches the eventfd for wake-ups (level-triggered, input only).
     let (events, data) = if ev.is_null() {
         (0, 0)
     } else {
         // SAFETY: the caller's epoll_event.
         unsafe { ((*ev).events, (*ev).u64) }
     };
+    // The kernel watches for wake-ups only: a stream's eventfd (level-triggered, input),
+    // or a deferred socket's readiness for the MPA exchange (edge-triggered: once).
+    let wake_events = match kind {
+        Polled::Stream(_) => libc::EPOLLIN as u32,
+        Polled::Deferred(Side::Responder) => (libc::EPOLLIN | libc::EPOLLET) as u32,
+        _ => (libc::EPOLLOUT | libc::EPOLLET) as u32,
+    };
     let mut wake = epoll_event {
-        events: libc::EPOLLIN as u32,
+        events: wake_events,
         u64: data,
     };
-    // SAFETY: libc's epoll_ctl with our event for the eventfd behind `fd`.
+    // SAFETY: libc's epoll_ctl with our event for the descriptor behind `fd`.
     let r = unsafe { real_epoll_ctl()(epfd, op, fd, &mut wake) };
     if r == 0 {
         epoll_reg::with(|reg| {
-            reg.retain(|e| !(e.0 == epfd && e.1 == fd));
+            reg.retain(|e| !(e.epfd == epfd && e.fd == fd));
             if op != libc::EPOLL_CTL_DEL {
-                reg.push((epfd, fd, events, data));
+                reg.push(Reg {
+                    epfd,
+                    fd,
+                    events,
+                    data,
+                    last: None,
+                    disabled: false,
+                });
             }
         });
     }
     r
+}
+
+const IN_BITS: u32 = (libc::EPOLLIN | libc::EPOLLRDNORM | libc::EPOLLRDHUP) as u32;
+const OUT_BITS: u32 = (libc::EPOLLOUT | libc::EPOLLWRNORM) as u32;
+
+/// What one registration reports now (updating its edge-triggered state), or 0.
+fn reg_events(reg: &mut Reg) -> u32 {
+    if reg.disabled {
+        return 0;
+    }
+    let want = (reg.events & (IN_BITS | OUT_BITS)) as i16;
+    let (rev, counts) = match polled(reg.fd) {
+        Polled::Stream(s) => {
+            let r = stream_readiness(&s);
+            // Only the events of the registered direction count as a new edge (a send
+            // completing does not report EPOLLIN again, as in the kernel).
+            let rx = if reg.events & IN_BITS != 0 {
+                r.rx_events
+            } else {
+                0
+            };
+            let tx = if reg.events & OUT_BITS != 0 {
+                r.tx_events
+            } else {
+                0
+            };
+            (revents_of(&r, want), (rx, tx))
+        }
+        Polled::Deferred(_) => {
+            return match finish(reg.fd, false) {
+                Progress::Pending => 0,
+                // Now a stream, a failed connect or (after a fallback) a plain socket.
+                Progress::Connected | Progress::Failed(_) => reg_events(reg),
+            };
+        }
+        Polled::Failed(e) => (failed_revents(&e, want), (1, 1)),
+        Polled::Other => return 0,
+    };
+    let mut rev = u32::from(rev as u16);
+    if reg.events & libc::EPOLLET as u32 != 0 {
+        // Reported when something happened since the last report: the current readiness
+        // then, as the kernel reports it after a wake-up.
+        if reg.last == Some(counts) {
+            rev = 0;
+        } else if rev != 0 {
+            reg.last = Some(counts);
+        }
+    }
+    if rev != 0 && reg.events & libc::EPOLLONESHOT as u32 != 0 {
+        reg.disabled = true;
+    }
+    rev
 }
 
 fn epoll_mixed(
@@ -1380,10 +2185,9 @@ fn epoll_mixed(
     timeout: c_int,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    let regs: Vec<(i32, i32, u32, u64)> =
-        epoll_reg::with(|r| r.iter().filter(|e| e.0 == epfd).copied().collect());
+    let has_regs = epoll_reg::with(|r| r.iter().any(|e| e.epfd == epfd));
     let cap = usize::try_from(max).unwrap_or(0);
-    if regs.is_empty() || cap == 0 || out.is_null() {
+    if !has_regs || cap == 0 || out.is_null() {
         if mask.is_null() {
             // SAFETY: libc's epoll_wait with the caller's arguments.
             return unsafe { real_epoll_wait()(epfd, out, max, timeout) };
@@ -1396,22 +2200,35 @@ fn epoll_mixed(
     let deadline = deadline_of(timeout);
     let mut buf = vec![epoll_event { events: 0, u64: 0 }; cap];
     loop {
+        let mut regs: Vec<Reg> =
+            epoll_reg::with(|r| r.iter().filter(|e| e.epfd == epfd).copied().collect());
         let mut n = 0usize;
-        for &(_, fd, events, data) in &regs {
+        for reg in &mut regs {
             if n >= cap {
                 break;
             }
-            let Some(s) = table::stream(fd) else { continue };
-            let want = (events & (libc::EPOLLIN | libc::EPOLLOUT) as u32) as i16;
-            let rev = stream_revents(&s, want);
+            let rev = reg_events(reg);
             if rev != 0 {
                 outs[n] = epoll_event {
-                    events: rev as u32,
-                    u64: data,
+                    events: rev,
+                    u64: reg.data,
                 };
                 n += 1;
             }
         }
+        // Keep the edge-triggered and one-shot state (the program may have changed the
+        // set meanwhile: only registrations still there are updated).
+        epoll_reg::with(|all| {
+            for r in &regs {
+                if let Some(e) = all
+                    .iter_mut()
+                    .find(|e| e.epfd == r.epfd && e.fd == r.fd && e.events == r.events)
+                {
+                    e.last = r.last;
+                    e.disabled = r.disabled;
+                }
+            }
+        });
         let wait = if n > 0 {
             0
         } else {
@@ -1431,9 +2248,9 @@ fn epoll_mixed(
                 return -1;
             }
             for e in buf.iter().take(usize::try_from(got).unwrap_or(0)) {
-                // Wake-ups of our eventfds were answered above from the streams.
+                // Wake-ups of our descriptors were answered above from the streams.
                 let data = e.u64;
-                if regs.iter().any(|r| r.3 == data) {
+                if regs.iter().any(|r| r.data == data) {
                     continue;
                 }
                 outs[n] = *e;

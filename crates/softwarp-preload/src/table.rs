@@ -6,10 +6,10 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use softwarp_sockets::IwarpStream;
+use softwarp_sockets::{IwarpStream, Side};
 
 /// A connected iWARP stream behind a descriptor (shared by its `dup`s).
 #[derive(Debug)]
@@ -21,6 +21,33 @@ pub struct StreamEntry {
     pub tcp: OwnedFd,
     /// `O_NONBLOCK` as the program set it (shared by dups, as the open file description's).
     pub nonblocking: AtomicBool,
+    /// The process that set the stream up: in the child of a `fork` the parent's streams
+    /// are unusable (their progress thread did not survive the fork).
+    pub pid: u32,
+}
+
+/// A socket whose MPA exchange runs later, when the program first looks at it (`poll`,
+/// `select`, `epoll_wait`, `getsockopt`, I/O):
+/// - [`Side::Initiator`]: a non-blocking `connect` in progress (`EINPROGRESS`); the MPA
+///   exchange runs once the TCP handshake is done (the socket is writable).
+/// - [`Side::Responder`]: an accepted connection; the MPA exchange runs once the peer's MPA
+///   Request is there (the socket is readable), or at the first blocking call. Deferring it
+///   keeps `accept` from blocking, and lets the child of a forking server (`socat fork`)
+///   run it with a device of its own.
+#[derive(Debug)]
+pub struct Deferred {
+    pub side: Side,
+    /// One thread runs the exchange; others wait, then see the stream.
+    pub lock: Mutex<()>,
+}
+
+impl Deferred {
+    pub fn new(side: Side) -> Arc<Self> {
+        Arc::new(Self {
+            side,
+            lock: Mutex::new(()),
+        })
+    }
 }
 
 /// What a descriptor of ours is.
@@ -28,6 +55,11 @@ pub struct StreamEntry {
 pub enum Entry {
     /// A TCP socket in iWARP mode, not yet connected or listening.
     Pending,
+    /// A connected TCP socket whose MPA exchange is still to run ([`Deferred`]).
+    Deferred(Arc<Deferred>),
+    /// A connect that failed (TCP or MPA): the socket is shut down; the error is reported
+    /// once by `getsockopt(SO_ERROR)` (then 0), as the kernel's pending socket error.
+    Failed(Arc<AtomicI32>),
     /// A listening socket in iWARP mode: accepted connections run MPA.
     Listener,
     /// An iWARP stream: the descriptor is a duplicate of its completion channel.
@@ -37,8 +69,8 @@ pub enum Entry {
 const FAST: usize = 1 << 16;
 static MARK: [AtomicU8; FAST] = [const { AtomicU8::new(0) }; FAST];
 static MAP: Mutex<Option<HashMap<i32, Entry>>> = Mutex::new(None);
-/// Set in the child of a `fork`: its copies of the streams are unusable (no progress
-/// thread), so they fail with an error and closing them only forgets them.
+/// Set in the child of a `fork`: its copies of the parent's streams are unusable (no
+/// progress thread), so they fail with `EIO` and closing them only forgets them.
 pub static FORKED: AtomicBool = AtomicBool::new(false);
 
 fn map() -> MutexGuard<'static, Option<HashMap<i32, Entry>>> {

@@ -14,6 +14,8 @@
 //! | `{"op":"flight-recorder","tail":100}` (or `"after":<seq>`) | [`FlightRecorderDump`] |
 //! | `{"op":"snapshots"}` (optional `"qpn"`, `"device"`, `"id"`) | [`SnapshotsResult`] |
 //! | `{"op":"dump"}` (optional `"reason"`) | [`DumpResult`]: a [component dump](crate::dump) |
+//! | `{"op":"fault-status"}` | [`FaultStatusResult`]: state, fault, recovery and holders of every device |
+//! | `{"op":"fault-inject"}` (optional `"device"`, `"kind"`) | [`FaultStatusResult`] of the failed devices |
 //!
 //! Every reply is `{"ok":true,"pid":..,"process":..,"result":..}` or
 //! `{"ok":false,"pid":..,"process":..,"error":"..."}`.
@@ -109,6 +111,17 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         id: Option<u64>,
     },
+    /// Injects a device fault (containment and, when configured, recovery follow).
+    FaultInject {
+        /// Only this device instance (`softwarp0/1`) or name (`softwarp0`); all when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device: Option<String>,
+        /// The kind of fault (default `injected`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kind: Option<String>,
+    },
+    /// The state, fault, recovery and holders of every device.
+    FaultStatus,
     /// A component dump of the whole process.
     Dump {
         /// Why (goes into the dump; default `on demand`).
@@ -196,6 +209,13 @@ pub struct ResourcesResult {
     pub memory: Vec<MemoryUsage>,
 }
 
+/// The `fault-status` and `fault-inject` result.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FaultStatusResult {
+    /// Every device (for `fault-inject`: the ones that were failed).
+    pub devices: Vec<crate::health::DeviceHealthReport>,
+}
+
 /// What a process answers; the `softwarp` crate implements it (usually overriding nothing
 /// or only [`ControlHandler::stats`]). Methods run on the control thread, one request at a
 /// time per connection; they must not block for long.
@@ -237,6 +257,29 @@ pub trait ControlHandler: Send + Sync + 'static {
     /// Flight recorder records. Default: the process-wide [`trace::flight_recorder`].
     fn flight_recorder(&self, tail: Option<usize>, after: Option<u64>) -> FlightRecorderDump {
         trace::flight_recorder().dump(tail, after)
+    }
+
+    /// Device health. Default: every device given to [`crate::health::register_target`].
+    fn fault_status(&self) -> FaultStatusResult {
+        FaultStatusResult {
+            devices: crate::health::status_all(),
+        }
+    }
+
+    /// Injects a fault. Default: [`crate::health::inject_all`].
+    fn fault_inject(
+        &self,
+        device: Option<&str>,
+        kind: Option<&str>,
+    ) -> Result<FaultStatusResult, String> {
+        crate::sw_event!(
+            Ras,
+            1,
+            "device fault injected over the control socket (device {:?}, kind {:?})",
+            device,
+            kind
+        );
+        crate::health::inject_all(device, kind).map(|devices| FaultStatusResult { devices })
     }
 
     /// QP snapshots. Default: the process-wide [`snapshot::history`].
@@ -287,6 +330,13 @@ pub fn dispatch(handler: &dyn ControlHandler, line: &str) -> Reply {
         }
         Request::Snapshots { qpn, device, id } => {
             to_value(&handler.snapshots(&SnapshotFilter { qpn, device, id }))
+        }
+        Request::FaultStatus => to_value(&handler.fault_status()),
+        Request::FaultInject { device, kind } => {
+            match handler.fault_inject(device.as_deref(), kind.as_deref()) {
+                Ok(r) => to_value(&r),
+                Err(e) => Reply::err(e),
+            }
         }
         Request::Dump { reason } => {
             let reason = reason.unwrap_or_else(|| "on demand".to_string());
@@ -780,6 +830,14 @@ mod tests {
                 r#"{"op":"snapshots","qpn":3}"#,
             ),
             (Request::Dump { reason: None }, r#"{"op":"dump"}"#),
+            (Request::FaultStatus, r#"{"op":"fault-status"}"#),
+            (
+                Request::FaultInject {
+                    device: Some("softwarp0/1".into()),
+                    kind: None,
+                },
+                r#"{"op":"fault-inject","device":"softwarp0/1"}"#,
+            ),
         ];
         for (req, json) in cases {
             assert_eq!(serde_json::to_string(&req).unwrap(), json);

@@ -30,6 +30,11 @@ pub enum CriticalKind {
     TerminateReceived,
     /// A device failed (injected, or its network interface went away).
     DeviceFatal,
+    /// A recovery of a failed device ended: recovered, or timed out with holders left.
+    DeviceRecovery,
+    /// A QP's network went away under it (its local address was removed, its interface
+    /// went down or disappeared): it was terminated at once.
+    NetworkGone,
     /// A device closed with resources still allocated.
     LeakAtClose,
     /// The connection manager shed load: a listener stopped accepting at its backlog of
@@ -47,6 +52,8 @@ impl CriticalKind {
             CriticalKind::QpFatal => "qp_fatal",
             CriticalKind::TerminateReceived => "terminate_received",
             CriticalKind::DeviceFatal => "device_fatal",
+            CriticalKind::DeviceRecovery => "device_recovery",
+            CriticalKind::NetworkGone => "network_gone",
             CriticalKind::LeakAtClose => "leak_at_close",
             CriticalKind::CmOverload => "cm_overload",
             CriticalKind::ControlRefused => "control_refused",
@@ -71,6 +78,17 @@ impl CriticalKind {
                 "Every QP of the device is in error: check the network interface (ip link), \
                  then have applications release their resources so the device can recover; \
                  softwarp resources names the processes that still hold some."
+            }
+            CriticalKind::DeviceRecovery => {
+                "See the outcome in the detail. Timed out: the processes and source lines \
+                 listed still hold resources of the failed device (softwarp resources \
+                 --holders); have them destroy those objects (or add their names to the \
+                 recovery's terminate list) and retry (Device::recover). Recovered: \
+                 applications may create objects and connect again."
+            }
+            CriticalKind::NetworkGone => {
+                "The local address or the network interface the connection used went away \
+                 (ip addr, ip link): restore it, then destroy the QP and reconnect."
             }
             CriticalKind::LeakAtClose => {
                 "Fix the application to destroy every listed resource before closing the \

@@ -11,6 +11,7 @@
 //! | [`registry`] | host registry: one JSON file per process in the runtime directory; stale entries detected and cleaned |
 //! | [`control`] | control socket (JSON lines over a Unix socket) with a handler trait; the client the CLI uses |
 //! | [`stats`] | counters and gauges as JSON and Prometheus text; TCP_INFO sampling; the opt-in `/metrics` endpoint |
+//! | [`health`] | device states, faults and bounded recovery (holders here and in other processes, termination of listed processes); the devices that answer `fault-inject`/`fault-status` |
 //! | [`errlog`] | critical events as JSON lines with a recommended action, rotated by size |
 //! | [`snapshot`] | bounded history of QP snapshots (state, counters, TCP_INFO, records) taken when a QP fails |
 //! | [`dump`] | component dump: the whole RAS state in a self-describing file; its parser; automatic dumps |
@@ -83,6 +84,7 @@ pub mod control;
 pub mod deadline;
 pub mod dump;
 pub mod errlog;
+pub mod health;
 pub mod registry;
 pub mod service;
 pub mod snapshot;

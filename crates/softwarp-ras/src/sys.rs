@@ -104,6 +104,22 @@ pub fn pid_exists(pid: u32) -> bool {
     }
 }
 
+/// Sends `SIGTERM` (or `SIGKILL` when `kill`) to process `pid` (a recovery terminating a
+/// process that holds a failed device's resources).
+pub fn signal_process(pid: u32, kill: bool) -> io::Result<()> {
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .filter(|p| p.as_raw_pid() > 0)
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let sig = if kill {
+        rustix::process::Signal::KILL
+    } else {
+        rustix::process::Signal::TERM
+    };
+    rustix::process::kill_process(pid, sig).map_err(io::Error::from)
+}
+
 /// The start time of process `pid` in clock ticks since boot (field 22 of
 /// `/proc/<pid>/stat`). Together with the pid it names one process for the life of the
 /// host: a reused pid has a different start time.

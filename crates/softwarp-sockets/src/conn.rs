@@ -33,6 +33,9 @@ use crate::wire::{self, Header, Hello, Kind, WindowAd, HEADER_LEN};
 /// progress for all, and a sleeper notices it within this time at the latest.
 const WAIT_SLICE: Duration = Duration::from_millis(20);
 
+/// Longest [`Conn::close`] waits for the peer's end of the graceful close.
+const CLOSE_WAIT: Duration = Duration::from_secs(3);
+
 /// Send work request ids: kind in the top byte, slot (and operation number) below.
 const WR_SLOT: u64 = 1 << 56;
 const WR_ONE_SIDED: u64 = 2 << 56;
@@ -101,6 +104,11 @@ struct State {
     /// Local windows (kept registered while the stream lives).
     windows: Vec<Arc<MemoryRegion>>,
     closed: bool,
+    /// Counts of events that may make a read newly possible (data, EOF, an error), and a
+    /// write (a send slot freed, credits granted): edge-triggered readiness reports a
+    /// change of these once.
+    rx_events: u64,
+    tx_events: u64,
 }
 
 /// The iWARP connection of a stream.
@@ -122,6 +130,28 @@ pub(crate) struct Conn {
     recv_slots: u32,
     send_slots: u32,
     linger: Duration,
+}
+
+/// What a stream can do without waiting, and what happened to it (the bits `poll` and
+/// `epoll` report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Readiness {
+    /// A read returns bytes, EOF or an error.
+    pub readable: bool,
+    /// A write accepts bytes or returns an error.
+    pub writable: bool,
+    /// The peer closed its sending side (`POLLRDHUP`), or the connection failed.
+    pub peer_closed: bool,
+    /// Both directions are closed, or the connection failed (`POLLHUP`).
+    pub hangup: bool,
+    /// The connection failed (`POLLERR`).
+    pub error: bool,
+    /// A count that changes whenever data, the EOF or an error arrives: edge-triggered
+    /// readiness reports `readable` again only after it changed.
+    pub rx_events: u64,
+    /// A count that changes whenever room to send may have appeared (a send completed,
+    /// credits came back, an error).
+    pub tx_events: u64,
 }
 
 /// Which end of the MPA exchange a stream runs.
@@ -226,6 +256,8 @@ impl Conn {
             orphans: Vec::new(),
             windows: Vec::new(),
             closed: false,
+            rx_events: 0,
+            tx_events: 0,
         };
         Ok(Arc::new(Conn {
             qp,
@@ -348,6 +380,12 @@ impl Conn {
             }
         };
         st.credits.on_receive(u32::from(h.grant));
+        if h.grant > 0 {
+            st.tx_events = st.tx_events.wrapping_add(1);
+        }
+        if matches!(h.kind, Kind::Data | Kind::Eof) {
+            st.rx_events = st.rx_events.wrapping_add(1);
+        }
         match h.kind {
             // After shutdown(Read) bytes are dropped as they come (the peer keeps its credits).
             Kind::Data if st.read_shut => self.repost(st, slot),
@@ -386,6 +424,7 @@ impl Conn {
 
     fn on_send(&self, st: &mut State, wc: &WorkCompletion) {
         let slot = (wc.wr_id & 0xffff_ffff) as u32;
+        st.tx_events = st.tx_events.wrapping_add(1);
         match wc.wr_id & WR_KIND_MASK {
             WR_SLOT => st.free_tx.push(slot),
             WR_ONE_SIDED => {
@@ -495,10 +534,25 @@ impl Conn {
 
     /// Polls the CQs and says whether a read and a write would make progress now (data,
     /// EOF or an error to report; room to send or an error to report).
-    pub(crate) fn poll_ready(&self) -> (bool, bool) {
+    pub(crate) fn poll_ready(&self) -> Readiness {
         let mut st = lock(&self.state);
         self.progress(&mut st);
-        (self.readable(&st), self.writable(&st))
+        self.readiness(&st)
+    }
+
+    fn readiness(&self, st: &State) -> Readiness {
+        // As the kernel's TCP: the peer's EOF is a half close (POLLRDHUP); both directions
+        // closed, or a reset, is a hang-up (POLLHUP).
+        let peer_closed = st.eof_in && !st.read_shut;
+        Readiness {
+            readable: self.readable(st),
+            writable: self.writable(st),
+            peer_closed: peer_closed || st.error.is_some(),
+            hangup: st.error.is_some() || (st.eof_in && st.eof_out != EofOut::Open),
+            error: st.error.is_some(),
+            rx_events: st.rx_events,
+            tx_events: st.tx_events,
+        }
     }
 
     fn readable(&self, st: &State) -> bool {
@@ -517,23 +571,41 @@ impl Conn {
         self.channel.as_raw_fd()
     }
 
+    /// [`Conn::event_fd`], borrowed.
+    pub(crate) fn event_fd_borrowed(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.channel)
+    }
+
     /// Arms both CQs, then polls them once more: afterwards, either something is ready or
     /// the next completion makes [`Conn::event_fd`] readable. Returns the readiness.
-    pub(crate) fn arm(&self) -> (bool, bool) {
+    pub(crate) fn arm(&self) -> Readiness {
         let mut st = lock(&self.state);
         self.progress(&mut st);
         let _ = self.recv_cq.req_notify(false);
         let _ = self.send_cq.req_notify(false);
         self.progress(&mut st);
-        (self.readable(&st), self.writable(&st))
+        self.readiness(&st)
     }
 
     /// Runs `attempt` until it returns `Some`, waiting for completions in between (at most
-    /// until `timeout`, or not at all when `nonblocking`).
+    /// until `timeout`, or not at all when `nonblocking`). A signal during the wait is not
+    /// reported: the wait goes on.
     fn run<T>(
         &self,
         nonblocking: bool,
         timeout: Option<Duration>,
+        attempt: impl FnMut(&Conn, &mut State) -> Option<io::Result<T>>,
+    ) -> io::Result<T> {
+        self.run_inner(nonblocking, timeout, false, attempt)
+    }
+
+    /// [`Conn::run`], returning `Interrupted` when a signal interrupts the wait (as a
+    /// blocking socket call returns `EINTR`) with `interruptible`.
+    fn run_inner<T>(
+        &self,
+        nonblocking: bool,
+        timeout: Option<Duration>,
+        interruptible: bool,
         mut attempt: impl FnMut(&Conn, &mut State) -> Option<io::Result<T>>,
     ) -> io::Result<T> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
@@ -562,23 +634,30 @@ impl Conn {
                 }
                 slice = slice.min(left);
             }
-            wait_readable(&self.channel, slice)?;
+            match wait_readable(&self.channel, slice) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted && !interruptible => {}
+                r => r?,
+            }
         }
     }
 
     // ---- the stream --------------------------------------------------------------------
 
     /// Reads stream bytes: 0 at the end of the stream.
+    /// `interruptible`: a signal ends the wait with `Interrupted`.
     pub(crate) fn read(
         &self,
         buf: &mut [u8],
         nonblocking: bool,
         timeout: Option<Duration>,
+        interruptible: bool,
     ) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
-        self.run(nonblocking, timeout, |c, st| c.try_read(st, buf))
+        self.run_inner(nonblocking, timeout, interruptible, |c, st| {
+            c.try_read(st, buf)
+        })
     }
 
     fn try_read(&self, st: &mut State, buf: &mut [u8]) -> Option<io::Result<usize>> {
@@ -587,13 +666,11 @@ impl Conn {
             let Some(m) = st.rx_ready.front_mut() else {
                 break;
             };
-            let take = (m.end.saturating_sub(m.at)).min(buf.len().saturating_sub(n));
-            let from = self.slot_off(m.slot).saturating_add(m.at);
-            let to = n.saturating_add(take);
-            if let Err(e) = self.rx.read_at(from, &mut buf[n..to]) {
-                return Some(Err(io::Error::other(e)));
-            }
-            n = to;
+            let take = match self.copy_out(m, &mut buf[n..]) {
+                Ok(t) => t,
+                Err(e) => return Some(Err(e)),
+            };
+            n = n.saturating_add(take);
             m.at = m.at.saturating_add(take);
             if m.at >= m.end {
                 let slot = m.slot;
@@ -605,12 +682,66 @@ impl Conn {
             self.flush_control(st);
             return Some(Ok(n));
         }
+        Self::nothing_to_read(st)
+    }
+
+    /// Copies the unread bytes of `m` (as many as fit) to the start of `dst`.
+    fn copy_out(&self, m: &RxMsg, dst: &mut [u8]) -> io::Result<usize> {
+        let take = (m.end.saturating_sub(m.at)).min(dst.len());
+        let from = self.slot_off(m.slot).saturating_add(m.at);
+        self.rx
+            .read_at(from, &mut dst[..take])
+            .map_err(io::Error::other)?;
+        Ok(take)
+    }
+
+    /// What a read with no bytes to give returns: 0 at the EOF, the error, or (`None`) wait.
+    fn nothing_to_read(st: &State) -> Option<io::Result<usize>> {
         if st.eof_in {
             return Some(Ok(0));
         }
         st.error
             .as_ref()
             .map(|(kind, why)| Err(io::Error::new(*kind, why.clone())))
+    }
+
+    /// Copies stream bytes without consuming them (`MSG_PEEK`): waits until at least one
+    /// byte (with `all`, `buf.len()` bytes, as `MSG_PEEK | MSG_WAITALL`), the EOF or an
+    /// error is there.
+    pub(crate) fn peek(
+        &self,
+        buf: &mut [u8],
+        all: bool,
+        nonblocking: bool,
+        timeout: Option<Duration>,
+        interruptible: bool,
+    ) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        self.run_inner(nonblocking, timeout, interruptible, |c, st| {
+            c.try_peek(st, buf, all)
+        })
+    }
+
+    fn try_peek(&self, st: &mut State, buf: &mut [u8], all: bool) -> Option<io::Result<usize>> {
+        let avail: usize = st.rx_ready.iter().map(|m| m.end.saturating_sub(m.at)).sum();
+        let want = if all { buf.len() } else { 1 };
+        let ended = st.eof_in || st.error.is_some();
+        if avail >= want || (avail > 0 && ended) {
+            let mut n = 0;
+            for m in &st.rx_ready {
+                if n >= buf.len() {
+                    break;
+                }
+                match self.copy_out(m, &mut buf[n..]) {
+                    Ok(t) => n = n.saturating_add(t),
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            return Some(Ok(n));
+        }
+        Self::nothing_to_read(st)
     }
 
     /// Bytes that a read would return now without waiting (`FIONREAD`).
@@ -627,11 +758,14 @@ impl Conn {
         buf: &[u8],
         nonblocking: bool,
         timeout: Option<Duration>,
+        interruptible: bool,
     ) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
-        self.run(nonblocking, timeout, |c, st| c.try_write(st, buf))
+        self.run_inner(nonblocking, timeout, interruptible, |c, st| {
+            c.try_write(st, buf)
+        })
     }
 
     fn try_write(&self, st: &mut State, buf: &[u8]) -> Option<io::Result<usize>> {
@@ -663,13 +797,37 @@ impl Conn {
     }
 
     /// Ends this side's sending stream: the peer reads EOF after the bytes already written.
-    /// Never blocks: the EOF leaves as soon as a credit allows.
-    pub(crate) fn shutdown_write(&self) {
-        let mut st = lock(&self.state);
-        if st.eof_out == EofOut::Open {
-            st.eof_out = EofOut::Pending;
+    /// The EOF leaves as soon as a credit allows; `wait`: waits for that (at most the linger
+    /// time), since with no thread of its own a stream whose program stops calling into it
+    /// would keep an EOF that found no credit (the peer's grant arrives, nobody reads it).
+    pub(crate) fn shutdown_write(&self, wait: bool) {
+        {
+            let mut st = lock(&self.state);
+            if st.eof_out == EofOut::Open {
+                st.eof_out = EofOut::Pending;
+            }
+            self.progress(&mut st);
+            if !wait || st.eof_out != EofOut::Pending {
+                return;
+            }
         }
+        let sent = self.run(false, Some(self.linger), |_, st| {
+            (st.eof_out != EofOut::Pending || st.error.is_some()).then_some(Ok(()))
+        });
+        if sent.is_err() {
+            tracing::debug!(
+                target: "softwarp::sockets",
+                qpn = self.qp.qp_num(), linger = ?self.linger,
+                "shutdown: no credit for the EOF within the linger time"
+            );
+        }
+    }
+
+    /// True while this side's EOF waits for a credit (polls the CQs first).
+    pub(crate) fn eof_pending(&self) -> bool {
+        let mut st = lock(&self.state);
         self.progress(&mut st);
+        st.eof_out == EofOut::Pending && st.error.is_none()
     }
 
     /// Ends the reading side: later reads return EOF (bytes still arriving are dropped).
@@ -686,7 +844,7 @@ impl Conn {
     /// Closes the connection: sends the EOF, waits (at most the linger time) until every
     /// Send was handed to TCP, then disconnects the QP gracefully.
     pub(crate) fn close(&self) {
-        self.shutdown_write();
+        self.shutdown_write(false);
         let deadline = Instant::now().checked_add(self.linger);
         let drained = self.run(false, Some(self.linger), |c, st| {
             let done = st.error.is_some()
@@ -703,6 +861,15 @@ impl Conn {
         }
         lock(&self.state).closed = true;
         let _ = self.qp.disconnect();
+        // Wait for the graceful close to finish (our FIN out, the peer's in; the runtime
+        // gives up after its own linger of 2 s): a process that exits right after closing
+        // would otherwise close the TCP socket with unread bytes (the peer's last grants),
+        // and the kernel would answer with a reset that throws away the bytes still in
+        // its send buffer (the capture test lost the tail of its data this way).
+        let left = deadline.map_or(Duration::ZERO, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        let _ = self.qp.wait_closed(left.min(CLOSE_WAIT));
     }
 
     // ---- one-sided extensions ------------------------------------------------------------
@@ -994,6 +1161,8 @@ fn fail(st: &mut State, kind: io::ErrorKind, why: String) {
     if st.error.is_none() {
         tracing::debug!(target: "softwarp::sockets", %why, "iWARP stream failed");
         st.error = Some((kind, why));
+        st.rx_events = st.rx_events.wrapping_add(1);
+        st.tx_events = st.tx_events.wrapping_add(1);
     }
 }
 
@@ -1010,7 +1179,7 @@ fn post_slot(
     })
 }
 
-/// Waits until `fd` is readable or `timeout` passes.
+/// Waits until `fd` is readable or `timeout` passes (`Interrupted` when a signal came).
 fn wait_readable(fd: impl std::os::fd::AsFd, timeout: Duration) -> io::Result<()> {
     let mut fds = [rustix::event::PollFd::new(
         &fd,
@@ -1021,7 +1190,7 @@ fn wait_readable(fd: impl std::os::fd::AsFd, timeout: Duration) -> io::Result<()
         tv_nsec: i64::from(timeout.subsec_nanos()),
     };
     match rustix::event::poll(&mut fds, Some(&ts)) {
-        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Ok(_) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }

@@ -10,6 +10,8 @@
 //!   timeouts, `AsRawFd`, addresses; [`IwarpStream::connect_iwarp`],
 //!   [`IwarpStream::handover`] (adopt an established `TcpStream` when both ends agree).
 //! - [`IwarpListener`]: `bind`, `accept`, `incoming`; [`IwarpListener::bind_iwarp`].
+//! - With the `tokio` feature, `AsyncIwarpStream`: `AsyncRead`/`AsyncWrite` over an iWARP
+//!   stream, woken by the connection's completion channel through tokio's `AsyncFd`.
 //! - One-sided: [`IwarpStream::expose`] → [`Window`] (zero-copy receive),
 //!   [`IwarpStream::write_remote`], [`IwarpStream::read_remote`],
 //!   [`IwarpStream::write_remote_notify`] / [`IwarpStream::recv_write_notice`].
@@ -42,11 +44,19 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 #![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 
+#[cfg(feature = "tokio")]
+mod aio;
 mod conn;
 pub mod credits;
 mod options;
 mod stream;
 pub mod wire;
 
-pub use options::{default_device, IwarpOptions, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE};
+pub use options::{
+    default_device, forget_default_device_after_fork, IwarpOptions, SOL_SOFTWARP, SO_IWARP_ACTIVE,
+    SO_IWARP_MODE,
+};
 pub use stream::{IwarpListener, IwarpStream, Readiness, Side, Socket, Window};
+
+#[cfg(feature = "tokio")]
+pub use aio::AsyncIwarpStream;

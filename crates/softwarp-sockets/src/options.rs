@@ -88,3 +88,14 @@ pub fn default_device() -> io::Result<Device> {
     *g = Some(d.clone());
     Ok(d)
 }
+
+/// In the child of a `fork`: forgets the parent's default device (its threads did not
+/// survive the fork) without touching it, so that the next stream opens a new one. The
+/// parent's streams in the child stay unusable.
+pub fn forget_default_device_after_fork() {
+    if let Ok(mut g) = DEFAULT_DEVICE.try_lock() {
+        if let Some(d) = g.take() {
+            std::mem::forget(d);
+        }
+    }
+}

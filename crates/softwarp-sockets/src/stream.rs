@@ -11,7 +11,7 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, SockAddr, Type};
 
 use crate::conn::Conn;
-pub use crate::conn::Side;
+pub use crate::conn::{Readiness, Side};
 use crate::options::{IwarpOptions, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE};
 
 /// Time a one-sided call waits for the peer's window and for its completions.
@@ -219,6 +219,7 @@ enum Inner {
 #[derive(Debug, Default)]
 struct Modes {
     nonblocking: AtomicBool,
+    interrupts: AtomicBool,
     read_timeout: Mutex<Option<Duration>>,
     write_timeout: Mutex<Option<Duration>>,
 }
@@ -229,19 +230,14 @@ struct Modes {
 /// it becomes readable when a completion arrives, so a `poll`/`epoll` loop wakes when the
 /// stream may read or write; the wake-up may be early (call [`IwarpStream::poll_ready`], or
 /// read and write in non-blocking mode and expect `WouldBlock`).
+///
+/// A read or write that waited for its timeout returns `WouldBlock`. A signal during a
+/// blocking read or write does not end it, unless [`IwarpStream::set_report_interrupts`]
+/// asks for `Interrupted` (the preload library's `EINTR`).
 #[derive(Debug, Clone)]
 pub struct IwarpStream {
     inner: Inner,
     modes: Arc<Modes>,
-}
-
-/// What a stream can do without waiting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Readiness {
-    /// A read returns bytes, EOF or an error.
-    pub readable: bool,
-    /// A write accepts bytes or returns an error.
-    pub writable: bool,
 }
 
 impl IwarpStream {
@@ -359,19 +355,45 @@ impl IwarpStream {
     }
 
     /// Shuts down reading, writing or both. Writing: the peer reads EOF after every byte
-    /// written before (in iWARP mode an EOF message, sent as soon as a credit allows).
+    /// written before (in iWARP mode an EOF message, sent as soon as a credit allows; a
+    /// blocking stream waits for that credit, at most the linger time, because with no
+    /// thread of its own an EOF left waiting would go out only at the program's next call
+    /// into the stream).
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         match &self.inner {
             Inner::Tcp(t) => t.shutdown(how),
             Inner::Iwarp(c) => {
                 if matches!(how, Shutdown::Write | Shutdown::Both) {
-                    c.shutdown_write();
+                    // A blocking stream waits until the EOF has left (see Conn).
+                    c.shutdown_write(!self.nonblocking());
                 }
                 if matches!(how, Shutdown::Read | Shutdown::Both) {
                     c.shutdown_read();
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// `shutdown(Write)` that never waits for the EOF's credit; then
+    /// [`IwarpStream::eof_pending`] says whether it left (for the async wrapper).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn shutdown_write_nowait(&self) -> io::Result<()> {
+        match &self.inner {
+            Inner::Tcp(t) => t.shutdown(Shutdown::Write),
+            Inner::Iwarp(c) => {
+                c.shutdown_write(false);
+                Ok(())
+            }
+        }
+    }
+
+    /// True while an iWARP stream's EOF waits for a credit.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn eof_pending(&self) -> bool {
+        match &self.inner {
+            Inner::Tcp(_) => false,
+            Inner::Iwarp(c) => c.eof_pending(),
         }
     }
 
@@ -459,11 +481,9 @@ impl IwarpStream {
             Inner::Tcp(_) => Readiness {
                 readable: true,
                 writable: true,
+                ..Readiness::default()
             },
-            Inner::Iwarp(c) => {
-                let (readable, writable) = c.poll_ready();
-                Readiness { readable, writable }
-            }
+            Inner::Iwarp(c) => c.poll_ready(),
         }
     }
 
@@ -472,7 +492,23 @@ impl IwarpStream {
     pub fn read_with(&self, buf: &mut [u8], nonblocking: bool) -> io::Result<usize> {
         match &self.inner {
             Inner::Tcp(t) => (&**t).read(buf),
-            Inner::Iwarp(c) => c.read(buf, nonblocking, self.read_timeout()?),
+            Inner::Iwarp(c) => c.read(buf, nonblocking, self.read_timeout()?, self.interrupts()),
+        }
+    }
+
+    /// Copies the next bytes without consuming them (`MSG_PEEK`; with `all`, waits for
+    /// `buf.len()` bytes or the end, as `MSG_PEEK | MSG_WAITALL`), honouring the read
+    /// timeout. Plain TCP: `peek` of the socket.
+    pub fn peek_with(&self, buf: &mut [u8], all: bool, nonblocking: bool) -> io::Result<usize> {
+        match &self.inner {
+            Inner::Tcp(t) => t.peek(buf),
+            Inner::Iwarp(c) => c.peek(
+                buf,
+                all,
+                nonblocking,
+                self.read_timeout()?,
+                self.interrupts(),
+            ),
         }
     }
 
@@ -481,7 +517,7 @@ impl IwarpStream {
     pub fn write_with(&self, buf: &[u8], nonblocking: bool) -> io::Result<usize> {
         match &self.inner {
             Inner::Tcp(t) => (&**t).write(buf),
-            Inner::Iwarp(c) => c.write(buf, nonblocking, self.write_timeout()?),
+            Inner::Iwarp(c) => c.write(buf, nonblocking, self.write_timeout()?, self.interrupts()),
         }
     }
 
@@ -491,10 +527,7 @@ impl IwarpStream {
     pub fn arm_readiness(&self) -> Readiness {
         match &self.inner {
             Inner::Tcp(_) => self.poll_ready(),
-            Inner::Iwarp(c) => {
-                let (readable, writable) = c.arm();
-                Readiness { readable, writable }
-            }
+            Inner::Iwarp(c) => c.arm(),
         }
     }
 
@@ -527,6 +560,17 @@ impl IwarpStream {
 
     fn nonblocking(&self) -> bool {
         self.modes.nonblocking.load(Ordering::Relaxed)
+    }
+
+    fn interrupts(&self) -> bool {
+        self.modes.interrupts.load(Ordering::Relaxed)
+    }
+
+    /// With `on`, a signal that arrives while a read or write waits ends it with
+    /// `ErrorKind::Interrupted` (when it moved no bytes yet), as `EINTR` ends a blocking
+    /// socket call; off (the default), the wait goes on. Shared by clones.
+    pub fn set_report_interrupts(&self, on: bool) {
+        self.modes.interrupts.store(on, Ordering::Relaxed);
     }
 
     // ---- one-sided extensions --------------------------------------------------------
@@ -586,7 +630,12 @@ impl Read for &IwarpStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match &self.inner {
             Inner::Tcp(t) => (&**t).read(buf),
-            Inner::Iwarp(c) => c.read(buf, self.nonblocking(), self.read_timeout()?),
+            Inner::Iwarp(c) => c.read(
+                buf,
+                self.nonblocking(),
+                self.read_timeout()?,
+                self.interrupts(),
+            ),
         }
     }
 }
@@ -601,7 +650,12 @@ impl Write for &IwarpStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match &self.inner {
             Inner::Tcp(t) => (&**t).write(buf),
-            Inner::Iwarp(c) => c.write(buf, self.nonblocking(), self.write_timeout()?),
+            Inner::Iwarp(c) => c.write(
+                buf,
+                self.nonblocking(),
+                self.write_timeout()?,
+                self.interrupts(),
+            ),
         }
     }
 
@@ -624,6 +678,16 @@ impl From<TcpStream> for IwarpStream {
     /// A plain TCP stream (see [`IwarpStream::into_iwarp`]).
     fn from(tcp: TcpStream) -> Self {
         Self::from_tcp(tcp)
+    }
+}
+
+impl std::os::fd::AsFd for IwarpStream {
+    /// As [`AsRawFd`]: the TCP socket, or in iWARP mode the completion channel.
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match &self.inner {
+            Inner::Tcp(t) => t.as_fd(),
+            Inner::Iwarp(c) => c.event_fd_borrowed(),
+        }
     }
 }
 

@@ -385,3 +385,32 @@ fn shutdown_read_drops_later_bytes_without_stalling_the_writer() {
     (&c).read_exact(&mut b).unwrap();
     assert_eq!(&b, b"still");
 }
+
+#[test]
+fn peek_copies_without_consuming_and_waitall_waits_for_the_rest() {
+    let (c, s) = pair();
+    (&s).write_all(b"hello").unwrap();
+    let mut buf = [0u8; 16];
+    // Blocking peek: the bytes, still there afterwards.
+    assert_eq!(c.peek_with(&mut buf[..3], false, false).unwrap(), 3);
+    assert_eq!(&buf[..3], b"hel");
+    // Not all 16 are there: a non-blocking peek of all says WouldBlock.
+    let e = c.peek_with(&mut buf, true, true).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::WouldBlock);
+    s.shutdown(Shutdown::Write).unwrap();
+    // At the end of the stream, peeking all gives what there is.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let n = loop {
+        match c.peek_with(&mut buf, true, true) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
+                thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(&buf[..n], b"hello");
+    let mut r = &c;
+    assert_eq!(r.read(&mut buf).unwrap(), 5);
+    assert_eq!(r.read(&mut buf).unwrap(), 0, "EOF after the peeked bytes");
+}

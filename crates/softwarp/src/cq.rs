@@ -296,6 +296,22 @@ impl CompletionQueue {
         Ok(n)
     }
 
+    /// Why the CQ is in error: it overflowed, or its device failed (its QPs' work requests
+    /// complete here with a flush status, which polling still returns). `None` while it is
+    /// usable.
+    pub fn error_reason(&self) -> Option<crate::recovery::CqErrorReason> {
+        {
+            let st = lock(&self.shared.state);
+            if st.cq.is_error() {
+                return Some(crate::recovery::CqErrorReason::Overflow {
+                    capacity: st.cq.capacity(),
+                });
+            }
+        }
+        crate::recovery::device_failure(&self.shared.device)
+            .map(crate::recovery::CqErrorReason::DeviceFault)
+    }
+
     /// Takes the oldest completion, if any.
     pub fn poll_one(&self) -> Option<WorkCompletion> {
         if self.shared.busy_poll.load(Ordering::Relaxed) && self.is_empty() {

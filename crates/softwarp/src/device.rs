@@ -21,6 +21,9 @@ use crate::pd::ProtectionDomain;
 use crate::progress::Progress;
 use crate::qp::QpShared;
 use crate::ras::{DeviceRas, Tracked};
+use crate::recovery::{
+    DeviceFault, DeviceState, FaultKind, Health, RecoveryConfig, RecoveryReport,
+};
 use crate::sys;
 use crate::RasConfig;
 
@@ -234,6 +237,8 @@ pub(crate) struct DeviceShared {
     pub(crate) counts: Counts,
     /// Resource tracker, statistics export, leak report (see `crate::ras`).
     pub(crate) ras: DeviceRas,
+    /// State, fault, recovery (see `crate::recovery`).
+    pub(crate) health: Health,
 }
 
 /// Live object counts, for the limits in [`DeviceAttr`].
@@ -282,6 +287,12 @@ impl CountGuard {
 }
 
 impl DeviceShared {
+    /// `Ok` while the device is operational; else [`Error::DeviceFailed`] naming the fault
+    /// (one relaxed load on the way to `Ok`).
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        self.health.check(self.ras.instance())
+    }
+
     pub(crate) fn mrs_read(&self) -> RwLockReadGuard<'_, MrTable> {
         self.mrs.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -408,6 +419,7 @@ struct DeviceOwner {
 impl Drop for DeviceOwner {
     fn drop(&mut self) {
         crate::ras::device_closed(&self.shared, &self.ras);
+        self.shared.health.closed();
     }
 }
 
@@ -440,6 +452,10 @@ pub struct Device {
 pub struct DeviceBuilder {
     name: String,
     ras: Option<RasConfig>,
+    interface: Option<String>,
+    watch_network: Option<bool>,
+    recovery: Option<RecoveryConfig>,
+    automatic_recovery: Option<bool>,
 }
 
 impl DeviceBuilder {
@@ -457,10 +473,45 @@ impl DeviceBuilder {
         self
     }
 
+    /// Binds the device to a network interface (`eth0`): the device fails when the
+    /// interface goes down, disappears or loses its last address (watched through
+    /// rtnetlink, which this option turns on).
+    pub fn interface(mut self, name: impl Into<String>) -> Self {
+        self.interface = Some(name.into());
+        self
+    }
+
+    /// Watches the network through rtnetlink (a netlink socket in the progress thread's
+    /// epoll, in the network namespace of the thread that opens the device): a QP whose
+    /// local address is removed, or whose interface goes down or disappears, is terminated
+    /// at once. On by default when the RAS services run or an interface is bound; `false`
+    /// turns it off even then.
+    pub fn watch_network(mut self, on: bool) -> Self {
+        self.watch_network = Some(on);
+        self
+    }
+
+    /// Recovers automatically after every fault, with `config` (bound, processes that may
+    /// be terminated): on a thread of its own that lives at most the bound. Without this,
+    /// automatic recovery runs only while the RAS services run (with
+    /// `RecoveryConfig::from_env()`); otherwise the device stays failed until
+    /// [`Device::recover`].
+    pub fn recovery(mut self, config: RecoveryConfig) -> Self {
+        self.recovery = Some(config);
+        self
+    }
+
+    /// `false`: no automatic recovery at all, even while the RAS services run; the device
+    /// stays failed until the application calls [`Device::recover`].
+    pub fn automatic_recovery(mut self, on: bool) -> Self {
+        self.automatic_recovery = Some(on);
+        self
+    }
+
     /// Opens the device.
     #[track_caller]
     pub fn open(self) -> Result<Device> {
-        Device::open_with(&self.name, self.ras.as_ref())
+        Device::open_with(self)
     }
 }
 
@@ -470,6 +521,10 @@ impl Device {
         DeviceBuilder {
             name: DEVICE_NAME.to_string(),
             ras: None,
+            interface: None,
+            watch_network: None,
+            recovery: None,
+            automatic_recovery: None,
         }
     }
 
@@ -481,15 +536,38 @@ impl Device {
     /// for them with [`Device::builder`]`().ras(..)` or [`enable_ras`](crate::enable_ras).
     #[track_caller]
     pub fn open(name: &str) -> Result<Self> {
-        Self::open_with(name, None)
+        Self::builder().name(name).open()
     }
 
     #[track_caller]
-    fn open_with(name: &str, ras: Option<&RasConfig>) -> Result<Self> {
+    fn open_with(b: DeviceBuilder) -> Result<Self> {
+        let name = b.name.as_str();
         if name != DEVICE_NAME {
             return Err(Error::DeviceNotFound(name.to_string()));
         }
-        crate::ras::init(ras);
+        crate::ras::init(b.ras.as_ref());
+        let ras_on = softwarp_ras::service::global().is_some();
+        let auto = b
+            .recovery
+            .clone()
+            .or_else(|| ras_on.then(RecoveryConfig::from_env))
+            .filter(|_| b.automatic_recovery != Some(false));
+        let asked = b.interface.is_some() || b.watch_network == Some(true);
+        let watch = b.watch_network.unwrap_or(ras_on || asked);
+        // The netlink socket lives in the network namespace of the opening thread, as the
+        // sockets of the QPs the application makes on it usually do. Asked for by the
+        // application, a failure fails the open; implied by the RAS services, it is
+        // reported and the device opens without the watch.
+        let netwatch = match watch.then(|| crate::netwatch::NetWatch::open(b.interface.as_deref()))
+        {
+            Some(Ok(w)) => Some(w),
+            Some(Err(e)) if asked => return Err(e),
+            Some(Err(e)) => {
+                softwarp_ras::sw_event!(Runtime, 1, error = %e, "the network is not watched");
+                None
+            }
+            None => None,
+        };
         let attr = DeviceAttr::softwarp();
         let progress = Progress::start(name)?;
         let ras = DeviceRas::new(name);
@@ -503,10 +581,17 @@ impl Device {
             ids: Arc::new(IdSpace::new(u32::MAX)),
             counts: Counts::default(),
             ras,
+            health: Health::new(b.interface.clone(), auto),
         });
         // The shared state and the progress thread's 64 KiB scratch buffer (approximate).
         let bytes = std::mem::size_of::<DeviceShared>() + 64 * 1024;
         let ras = crate::ras::device_opened(&shared, bytes as u64);
+        Health::register_target(&shared);
+        if let Some(w) = netwatch {
+            shared
+                .progress
+                .net_watch(w.attach(Arc::downgrade(&shared)))?;
+        }
         Ok(Self {
             _owner: Arc::new(DeviceOwner {
                 shared: Arc::clone(&shared),
@@ -542,6 +627,7 @@ impl Device {
     /// Allocates a protection domain.
     #[track_caller]
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        self.shared.check_usable()?;
         let guard = Counts::take(
             &self.shared.counts.pd,
             self.shared.attr.max_pd,
@@ -562,6 +648,7 @@ impl Device {
         cqe: usize,
         channel: Option<&CompletionChannel>,
     ) -> Result<CompletionQueue> {
+        self.shared.check_usable()?;
         CompletionQueue::new(&self.shared, cqe, channel)
     }
 
@@ -607,28 +694,46 @@ impl Device {
         self.shared.events.lost.load(Ordering::Relaxed)
     }
 
-    /// Simulates a device failure (fault injection): every QP of the device goes to the
-    /// Error state (outstanding work requests flush, connections close) and a
-    /// [`AsyncEvent::DeviceFatal`] is reported. Each QP is snapshotted (`softwarp
-    /// snapshots`), the failure goes to the error log, and, while the RAS services run, an
-    /// automatic component dump is written into the runtime directory (at most one per
-    /// second; `SOFTWARP_AUTO_DUMPS`).
+    /// Simulates a device failure (fault injection, [`FaultKind::Injected`]): the device
+    /// becomes [`DeviceState::Failed`] and the fault is contained: every QP of the device
+    /// goes to the Error state with the fault as its error reason (outstanding and later
+    /// work requests flush, connections close) and one [`AsyncEvent::DeviceFatal`] is
+    /// reported. Each QP is snapshotted (`softwarp snapshots`), the failure goes to the
+    /// error log with the recommended action, and, while the RAS services run, an automatic
+    /// component dump is written into the runtime directory (at most one per second;
+    /// `SOFTWARP_AUTO_DUMPS`). A device that has failed already is left as it is (no second
+    /// event). Recovery follows as configured ([`DeviceBuilder::recovery`],
+    /// [`Device::recover`]). `softwarp fault inject --pid P` does the same from outside.
     pub fn inject_fatal_error(&self) {
-        let qps = self.shared.live_qps();
-        let mut snapshots = Vec::new();
-        for qp in &qps {
-            qp.set_error_and_kick();
-            snapshots.extend(qp.take_snapshot(
-                softwarp_ras::errlog::CriticalKind::DeviceFatal,
-                format!(
-                    "device {} failed (fatal error injected): QP {} moved to Error",
-                    self.shared.ras.instance(),
-                    qp.qp_num()
-                ),
-            ));
-        }
-        self.shared.events.push(AsyncEvent::DeviceFatal);
-        crate::ras::device_fault_injected(&self.shared, qps.len(), &snapshots);
+        crate::recovery::contain(&self.shared, FaultKind::Injected);
+    }
+
+    /// The device's state: [`DeviceState::Operational`], `Failed` after a fault,
+    /// `Recovering` while a recovery waits for the holders of its resources.
+    pub fn state(&self) -> DeviceState {
+        self.shared.health.state()
+    }
+
+    /// The current fault while the device is failed or recovering, else the last one (its
+    /// generation tells which), or `None` if it never failed.
+    pub fn fault(&self) -> Option<DeviceFault> {
+        self.shared.health.fault()
+    }
+
+    /// The current (while recovering) or last recovery.
+    pub fn last_recovery(&self) -> Option<RecoveryReport> {
+        self.shared.health.recovery()
+    }
+
+    /// Recovers a failed device on this thread: waits (at most `config.bound`) until every
+    /// object created on it before the fault was dropped, in this process and in other
+    /// registered processes whose instance of the device failed too (terminating those
+    /// named in `config.terminate`), then makes it operational again. Returns the report:
+    /// its outcome is `TimedOut`, with the holders (pid, process, thread, file:line), when
+    /// the bound ran out; the device then stays failed. If a recovery runs already, waits
+    /// for it and returns its report. An error when the device has not failed.
+    pub fn recover(&self, config: &RecoveryConfig) -> Result<RecoveryReport> {
+        crate::recovery::recover(&self.shared, config)
     }
 }
 

@@ -90,6 +90,27 @@ pub enum Error {
     /// A connection request was already accepted or rejected.
     #[error("the connection request was already answered")]
     AlreadyAnswered,
+    /// The device has failed (or is recovering): nothing can be created on it, and its QPs
+    /// cannot connect, until it recovers (`Device::state`, `Device::recover`). Nothing
+    /// touched the network.
+    #[error("device {device} is {}: {fault}", state.as_str())]
+    DeviceFailed {
+        /// The device instance.
+        device: String,
+        /// Failed or recovering.
+        state: crate::recovery::DeviceState,
+        /// What happened.
+        fault: Box<crate::recovery::DeviceFault>,
+    },
+    /// The QP is in Error for this reason (`QueuePair::error_reason`); destroy it (or reset
+    /// it, once its device is operational) and connect again. Nothing touched the network.
+    #[error("queue pair {qpn} is in Error: {reason}")]
+    QpFailed {
+        /// The QP.
+        qpn: u32,
+        /// Why.
+        reason: crate::recovery::QpErrorReason,
+    },
     /// Work requests still use a registered buffer (posted and not completed): wait for
     /// their completions, then try again.
     #[error("{users} in-flight work request(s) still use the buffer")]

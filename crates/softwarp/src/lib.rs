@@ -56,7 +56,7 @@
 //! | 5 | a CQ's queue (`CqShared::state`) | completions pushed, `poll`, `req_notify` | nothing (the channel is signalled after it is released) |
 //! | 6 | a completion channel's fired list | CQ notification, `get_cq_event` | nothing |
 //! | 7 | a CM identifier's state (`cm::id`) | the connection's observer (called under the QP lock), CM verbs | the CM event queue |
-//! | - | leaves: the device's event queue, QP list and number spaces, the progress thread's command sender, the CM event queue, RAS state (addresses, `TCP_INFO` sampler, CQ list), object counts | | nothing |
+//! | - | leaves: the device's event queue, QP list and number spaces, the device's health (`recovery::Health`), the progress thread's command sender, the CM event queue, RAS state (addresses, `TCP_INFO` sampler, CQ list), object counts | | nothing |
 //!
 //! The STag table being a leaf is what lets deregistration run from any thread, even one
 //! that holds a QP (a drop inside a completion handler): [`MemoryRegion`]'s drop takes the
@@ -100,11 +100,13 @@ mod connect;
 mod cq;
 mod device;
 mod error;
+mod netwatch;
 pub mod owned;
 mod pd;
 mod progress;
 mod qp;
 mod ras;
+pub mod recovery;
 mod srq;
 #[allow(unsafe_code)]
 mod sys;
@@ -123,6 +125,10 @@ pub use error::{Error, MpaError, Result};
 pub use owned::{EditGuard, OwnedBuf, OwnedMr, OwnedRelease};
 pub use pd::{AccessFlags, MemoryRegion, MrRelease, ProtectionDomain};
 pub use qp::{QpCap, QpInitAttr, QueuePair};
+pub use recovery::{
+    CqErrorReason, DeviceFault, DeviceState, FaultKind, QpErrorReason, RecoveryConfig,
+    RecoveryOutcome, RecoveryReport,
+};
 pub use srq::{SharedReceiveQueue, SrqInitAttr};
 
 pub use softwarp_engine::cq::CqId;

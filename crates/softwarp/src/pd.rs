@@ -119,6 +119,7 @@ impl ProtectionDomain {
 
     #[track_caller]
     fn register(&self, region: Arc<Region>, access: AccessFlags) -> Result<MemoryRegion> {
+        self.inner.device.check_usable()?;
         if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
             // libibverbs: IBV_ACCESS_REMOTE_WRITE requires IBV_ACCESS_LOCAL_WRITE.
             return Err(Error::InvalidArgument(
@@ -178,12 +179,14 @@ impl ProtectionDomain {
     /// Creates a reliable-connected QP in this PD (Idle until connected or accepted).
     #[track_caller]
     pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
+        self.inner.device.check_usable()?;
         QueuePair::new(self, attr)
     }
 
     /// Creates a shared receive queue in this PD.
     #[track_caller]
     pub fn create_srq(&self, attr: &SrqInitAttr) -> Result<SharedReceiveQueue> {
+        self.inner.device.check_usable()?;
         SharedReceiveQueue::new(self, attr)
     }
 

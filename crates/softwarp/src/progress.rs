@@ -21,6 +21,8 @@ use crate::error::{Error, Result};
 use crate::qp::QpShared;
 
 const WAKE: Token = Token(0);
+/// The device's rtnetlink socket (`crate::netwatch`), when it watches the network.
+const NETLINK: Token = Token(usize::MAX);
 /// Delay before retrying QPs that wait for the peer's FIN or for completions to be taken.
 const RETRY: Duration = Duration::from_millis(5);
 /// Size of the buffer that swallows bytes arriving after a QP stopped receiving.
@@ -74,6 +76,8 @@ pub(crate) enum Cmd {
     /// Look at a busy-polled QP's write watchdog after a delay (by its token).
     Watch(Token),
     CqOverflow(Arc<CqShared>),
+    /// Watch the network with this rtnetlink socket (registered for readability).
+    NetWatch(Box<crate::netwatch::NetWatch>),
     Shutdown,
 }
 
@@ -130,6 +134,12 @@ impl Progress {
         }
     }
 
+    /// Hands the device's rtnetlink watcher to the progress thread (its socket joins the
+    /// epoll set: no thread of its own).
+    pub(crate) fn net_watch(&self, w: crate::netwatch::NetWatch) -> Result<()> {
+        self.send(Cmd::NetWatch(Box::new(w)))
+    }
+
     /// Moves every QP of `cq` to Error (the CQ overflowed).
     pub(crate) fn cq_overflow(&self, cq: Arc<CqShared>) {
         if let Err(e) = self.send(Cmd::CqOverflow(cq)) {
@@ -166,6 +176,7 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
     let mut delayed: BTreeSet<Token> = BTreeSet::new();
     let mut scratch = vec![0u8; SCRATCH_LEN];
     let mut stall = StallLooks::default();
+    let mut netwatch: Option<Box<crate::netwatch::NetWatch>> = None;
     loop {
         let timeout = if !again.is_empty() {
             Some(Duration::ZERO)
@@ -186,8 +197,11 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
         }
         let mut todo: BTreeSet<Token> = std::mem::take(&mut again);
         todo.extend(std::mem::take(&mut delayed));
+        let mut net_readable = false;
         for ev in events.iter() {
-            if ev.token() != WAKE {
+            if ev.token() == NETLINK {
+                net_readable = true;
+            } else if ev.token() != WAKE {
                 todo.insert(ev.token());
             }
         }
@@ -222,11 +236,28 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
                         }
                     }
                 }
+                Ok(Cmd::NetWatch(mut w)) => match w.register(poll.registry(), NETLINK) {
+                    Ok(()) => {
+                        // Events that came before the registration are read now.
+                        net_readable = true;
+                        netwatch = Some(w);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "rtnetlink socket: epoll registration failed; the network is not watched");
+                    }
+                },
                 Ok(Cmd::Shutdown) | Err(TryRecvError::Disconnected) => {
                     tracing::debug!("progress thread stops");
                     return;
                 }
                 Err(TryRecvError::Empty) => break,
+            }
+        }
+        if net_readable {
+            if let Some(w) = netwatch.as_mut() {
+                // QPs it terminates are kicked through the command channel: serviced at
+                // the next turn.
+                w.readable();
             }
         }
         if stall.due(Instant::now()) {

@@ -251,13 +251,15 @@ pub(crate) fn device_closed(dev: &DeviceShared, device: &Tracked) {
 /// the ids): reports the device fatal error, then writes an automatic component dump if the
 /// RAS services run (file
 /// and network I/O: call it with no lock held).
-pub(crate) fn device_fault_injected(dev: &DeviceShared, qps: usize, snapshots: &[u64]) {
+/// A device fault was contained (`crate::recovery::contain`): the error log line with the
+/// recommended action.
+pub(crate) fn device_failed(dev: &DeviceShared, fault: &str, qps: usize, snapshots: &[u64]) {
     let ids: Vec<String> = snapshots.iter().map(u64::to_string).collect();
     errlog::report(
         &CriticalEvent::new(
             CriticalKind::DeviceFatal,
             format!(
-                "fatal error injected: {qps} QP(s) moved to Error (snapshots: {})",
+                "{fault}: {qps} QP(s) moved to Error (snapshots: {})",
                 if ids.is_empty() {
                     "none".to_string()
                 } else {
@@ -267,18 +269,86 @@ pub(crate) fn device_fault_injected(dev: &DeviceShared, qps: usize, snapshots: &
         )
         .with_device(dev.ras.tracker.name()),
     );
-    let reason = format!(
-        "device fatal: {} (fatal error injected)",
-        dev.ras.instance()
-    );
+}
+
+/// The automatic dump of a device fault (while the RAS services run; at most one a second).
+pub(crate) fn device_fault_dump(fault: &str) {
+    let reason = format!("device fatal: {fault}");
     dump::auto_dump(&AutoDumpConfig::from_env(), &DefaultHandler, &reason);
+}
+
+/// A recovery ended: the error log line (outcome, time, holders, terminations) and a level
+/// 1 or 2 record.
+pub(crate) fn device_recovery(dev: &DeviceShared, r: &softwarp_ras::health::RecoveryReport) {
+    let holders = crate::recovery::holder_lines(&r.holders);
+    let terminated: Vec<String> = r
+        .terminated
+        .iter()
+        .map(|t| {
+            format!(
+                "{} to pid {} ({}) at {} ms",
+                t.signal, t.pid, t.process, t.at_ms
+            )
+        })
+        .collect();
+    let mut detail = format!(
+        "recovery {} after {} ms (bound {} ms)",
+        r.outcome.as_str(),
+        r.elapsed_ms,
+        r.bound_ms
+    );
+    if !terminated.is_empty() {
+        detail.push_str(&format!("; signals: {}", terminated.join(", ")));
+    }
+    if !holders.is_empty() {
+        detail.push_str(&format!("; still held: {}", holders.join("; ")));
+    }
+    if !r.unreachable.is_empty() {
+        detail.push_str(&format!("; not answering: {}", r.unreachable.join("; ")));
+    }
+    sw_event!(Runtime, 2, device = dev.ras.instance(), "{}", detail);
+    errlog::report(
+        &CriticalEvent::new(CriticalKind::DeviceRecovery, detail)
+            .with_device(dev.ras.tracker.name()),
+    );
+}
+
+/// A QP whose network went away was terminated: the error log line, naming its snapshot.
+pub(crate) fn network_gone(dev: &DeviceShared, qpn: u32, detail: &str, snapshot: Option<u64>) {
+    let event = CriticalEvent::new(
+        CriticalKind::NetworkGone,
+        format!("QP {qpn} terminated at once (unexpected close): {detail}"),
+    )
+    .with_device(dev.ras.tracker.name())
+    .with_qpn(qpn);
+    errlog::report(&match snapshot {
+        Some(id) => event.with_snapshot(id),
+        None => event,
+    });
 }
 
 impl DescribeResource for DeviceShared {
     fn describe(&self) -> ResourceDetails {
         ResourceDetails {
-            state: Some("OPEN".to_string()),
+            state: Some(self.health.state().as_str().to_string()),
             attrs: attrs([
+                (
+                    "fault",
+                    self.health
+                        .fault()
+                        .map_or_else(|| "-".to_string(), |f| f.to_string()),
+                ),
+                (
+                    "interface",
+                    self.health.interface.clone().unwrap_or_else(|| "-".into()),
+                ),
+                (
+                    "recovery",
+                    self.health.recovery().map_or_else(
+                        || "-".to_string(),
+                        |r| format!("{} {} ms", r.outcome.as_str(), r.elapsed_ms),
+                    ),
+                ),
                 ("fw_ver", self.attr.fw_ver.clone()),
                 ("transport", self.attr.transport.to_string()),
                 (
@@ -325,6 +395,7 @@ impl StatsSource for DeviceShared {
             &[("device", dev)],
             self.events.lost_count(),
         );
+        self.health.collect(out, dev);
         for qp in self.live_qps() {
             qp.ras_view().collect(out, dev);
         }

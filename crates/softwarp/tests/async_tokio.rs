@@ -300,6 +300,7 @@ async fn device_events_are_awaited_and_streamed() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!waiter.is_finished(), "no event yet");
     dev.inject_fatal_error();
+    // A fault of a failed device is no second event.
     dev.inject_fatal_error();
     let first = tokio::time::timeout(WAIT, waiter)
         .await
@@ -307,6 +308,11 @@ async fn device_events_are_awaited_and_streamed() {
         .unwrap()
         .unwrap();
     assert_eq!(first, AsyncEvent::DeviceFatal);
+    // The device holds nothing: it recovers at once (unless an automatic recovery did
+    // already), and the next fault is the next event.
+    let _ = dev.recover(&RecoveryConfig::default());
+    assert_eq!(dev.state(), DeviceState::Operational);
+    dev.inject_fatal_error();
     let second = tokio::time::timeout(WAIT, poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)))
         .await
         .unwrap()

@@ -211,8 +211,11 @@ fn a_flood_of_raw_peers_is_held_to_the_backlog_and_a_good_client_is_served_after
     good_client_is_served(&l);
     let s = l.stats();
     assert_eq!((s.negotiating, s.unanswered), (0, 0), "{s:?}");
+    // The good client's two devices may still linger (their QPs wait up to 2 s for the
+    // peer's FIN): per device an epoll, two eventfds, a TCP socket and, with the RAS
+    // services on, the rtnetlink socket of its network watch.
     assert!(
-        open_fds() <= baseline + 8,
+        open_fds() <= baseline + 10,
         "descriptors left: {} (baseline {baseline})",
         open_fds()
     );

@@ -17,6 +17,7 @@
 //! when its tools are missing. Corruption above TCP is `tests/net_faults.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod netns;
 mod util;
 
 use std::cmp::Reverse;
@@ -28,89 +29,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use netns::{unavailable, Ns};
 use softwarp::*;
 use util::{pattern, wait_wcs, End, WAIT};
 
 // ---------------------------------------------------------------------------------------
 // Namespaces and links
 // ---------------------------------------------------------------------------------------
-
-/// Runs a command; `Err` with its output when it fails or cannot start.
-fn run(cmd: &str, args: &[&str]) -> Result<(), String> {
-    match Command::new(cmd).args(args).output() {
-        Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(format!(
-            "{cmd} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Err(e) => Err(format!("{cmd}: {e}")),
-    }
-}
-
-fn have(cmd: &str) -> bool {
-    Command::new(cmd).arg("--version").output().is_ok()
-        || Command::new(cmd).arg("-V").output().is_ok()
-}
-
-/// Why this machine cannot run the namespace cases, if it cannot.
-fn unavailable(tools: &[&str]) -> Option<String> {
-    if !rustix::process::geteuid().is_root() {
-        return Some("not root (network namespaces need CAP_SYS_ADMIN)".into());
-    }
-    for t in tools {
-        if !have(t) {
-            return Some(format!("`{t}` is not installed"));
-        }
-    }
-    None
-}
-
-/// A network namespace created for one case, deleted on drop.
-struct Ns(String);
-
-impl Ns {
-    fn new(tag: &str) -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let name = format!(
-            "swt{}{tag}{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        run("ip", &["netns", "add", &name]).unwrap();
-        run("ip", &["-n", &name, "link", "set", "lo", "up"]).unwrap();
-        Self(name)
-    }
-
-    fn ip(&self, args: &[&str]) {
-        let mut all = vec!["-n", &self.0];
-        all.extend_from_slice(args);
-        run("ip", &all).unwrap();
-    }
-
-    fn exec(&self, cmd: &str, args: &[&str]) {
-        let mut all = vec!["netns", "exec", &self.0, cmd];
-        all.extend_from_slice(args);
-        run("ip", &all).unwrap();
-    }
-
-    /// Moves the calling thread into this namespace: sockets it creates from now on live
-    /// there (threads it spawns inherit it).
-    fn enter(&self) {
-        let f = std::fs::File::open(format!("/run/netns/{}", self.0)).unwrap();
-        rustix::thread::move_into_link_name_space(
-            std::os::fd::AsFd::as_fd(&f),
-            Some(rustix::thread::LinkNameSpaceType::Network),
-        )
-        .unwrap();
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = run("ip", &["netns", "del", &self.0]);
-    }
-}
 
 /// Two namespaces joined by a link; `b_addr` is the responder's address in `b`.
 struct Net {

@@ -347,3 +347,18 @@ fn every_stream_option_carries_send_write_and_read() {
         assert!(dst.to_vec().unwrap() == data, "variant {v}: Read bytes");
     }
 }
+
+/// Without a chosen FPDU length, a connection to this host itself sends MPA's largest FPDUs
+/// (segments on loopback are never cut or placed by a NIC); the MSS is reported beside it.
+#[test]
+fn loopback_connections_send_the_largest_fpdus_by_default() {
+    let (a, b) = pair(&ConnectOptions::default());
+    for info in [a.info.clone().unwrap(), b.info.clone().unwrap()] {
+        assert_eq!(
+            info.max_fpdu_len,
+            softwarp_wire::mpa::fpdu::MAX_FPDU_LEN,
+            "{info:?}"
+        );
+        assert!(info.mss > 0 && info.mss < info.max_fpdu_len, "{info:?}");
+    }
+}

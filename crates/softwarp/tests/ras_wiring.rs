@@ -197,7 +197,7 @@ fn every_object_is_listed_with_the_line_that_created_it() {
             .details
             .as_ref()
             .and_then(|d| d.state.as_deref()),
-        Some("OPEN")
+        Some("OPERATIONAL")
     );
 
     // Destroying an object unregisters it at once.

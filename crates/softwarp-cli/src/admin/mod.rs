@@ -1,4 +1,5 @@
-//! The operator commands: `resources`, `stat`, `trace`, `snapshots`, `dump` and `doctor`.
+//! The operator commands: `resources`, `stat`, `trace`, `snapshots`, `dump`, `fault` and
+//! `doctor`.
 //!
 //! All but `doctor` ask running Softwarp processes: every process that opened a device is in
 //! the host registry (one file per process in the runtime directory, `$SOFTWARP_RUNTIME_DIR`
@@ -15,6 +16,7 @@
 
 pub mod doctor;
 pub mod dump;
+pub mod fault;
 pub mod resources;
 pub mod snapshots;
 pub mod stat;

@@ -25,6 +25,11 @@ pub struct ResourcesArgs {
     /// One JSON document instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Instead of the resources: the devices that failed (state, fault, last recovery with
+    /// its outcome and time) and who holds resources of a failed one (pid, process, thread,
+    /// creating source line), as during a recovery.
+    #[arg(long)]
+    pub holders: bool,
 }
 
 /// Memory of one device's resource tables in one process.
@@ -174,6 +179,9 @@ pub fn memory_lines(memory: &[ProcessMemory]) -> Vec<String> {
 
 /// Runs `softwarp resources`; returns the exit status.
 pub fn run(args: &ResourcesArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8> {
+    if args.holders {
+        return super::fault::holders(&args.select, args.json, out, err);
+    }
     let listing = gather(args, err)?;
     if args.json {
         serde_json::to_writer_pretty(&mut *out, &listing)?;

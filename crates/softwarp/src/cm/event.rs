@@ -50,8 +50,14 @@ pub enum DisconnectReason {
     /// The connection failed: reset by the peer, or a read or write error.
     ConnectionLost,
     /// The QP entered the Error state (a Terminate was sent or received, the QP was moved
-    /// to Error, the device failed), and the connection was closed.
+    /// to Error), and the connection was closed.
     QpError,
+    /// The device failed (`Device::fault` says how); the QP is in Error.
+    DeviceFailed,
+    /// The network under the connection went away: its local address was removed, or its
+    /// interface went down or disappeared ("unexpected close"; `QueuePair::error_reason`
+    /// has the detail). The QP was terminated at once.
+    NetworkGone,
 }
 
 /// An event of the connection manager.

@@ -137,6 +137,8 @@ impl ConnObserver for IdShared {
             LinkDown::ConnectionLost => DisconnectReason::ConnectionLost,
             LinkDown::QpFailed => DisconnectReason::QpError,
             LinkDown::Destroyed => DisconnectReason::Local,
+            LinkDown::DeviceFailed => DisconnectReason::DeviceFailed,
+            LinkDown::NetworkGone => DisconnectReason::NetworkGone,
         };
         if st.reason.is_none() {
             st.reason = Some(reason);

@@ -52,7 +52,10 @@ pub struct ConnectOptions {
     /// (`MPAREQ_TIMEOUT`). The same bound applies on the CM path and on the blocking
     /// [`crate::Listener::accept`] path.
     pub timeout: Duration,
-    /// Largest FPDU to send; `None`: the TCP maximum segment size (`TCP_MAXSEG`).
+    /// Largest FPDU to send; `None`: the TCP maximum segment size (`TCP_MAXSEG`), so that
+    /// FPDUs stay aligned with segments (RFC 5044), except on a connection to this host
+    /// itself (loopback), where segments are never cut or placed by a NIC: there MPA's
+    /// largest FPDU (a 65,535-byte ULPDU), which halves the receiver's reads per MiB.
     pub max_fpdu_len: Option<usize>,
     /// Layout of the Terminate messages this side sends.
     pub terminate_layout: TerminateLayout,

@@ -3,7 +3,7 @@
 //! what the connection manager hears ([`ConnObserver`]). No bytes are moved here (see
 //! `pump`).
 
-use std::net::Shutdown;
+use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -92,6 +92,11 @@ pub(crate) enum LinkDown {
     QpFailed,
     /// The QP was destroyed.
     Destroyed,
+    /// The device failed (its QPs were moved to Error).
+    DeviceFailed,
+    /// The network under the connection went away (local address removed, interface
+    /// down or gone).
+    NetworkGone,
 }
 
 /// Tells the connection manager (if it manages the QP) that the connection went away.
@@ -131,7 +136,10 @@ fn prepare_stream(
     let peer_addr = stream
         .peer_addr()
         .map_err(|e| Error::io("getpeername", e))?;
-    let cfg = neg.stream_config(opts.max_fpdu_len.unwrap_or(mss), &opts.offer());
+    let max_fpdu = opts
+        .max_fpdu_len
+        .unwrap_or_else(|| default_max_fpdu(mss, local_addr, peer_addr));
+    let cfg = neg.stream_config(max_fpdu, &opts.offer());
     let max_fpdu_len = cfg.max_fpdu_len;
     let info = ConnectionInfo {
         local_addr,
@@ -150,6 +158,21 @@ fn prepare_stream(
         peer_private_data: neg.peer_private_data.clone(),
     };
     Ok((mio::net::TcpStream::from_std(stream), info, cfg))
+}
+
+/// The largest FPDU to send when the application did not choose one
+/// ([`ConnectOptions::max_fpdu_len`]): the TCP maximum segment size, so that every FPDU
+/// starts a segment and a hardware receiver can place each segment on its own (RFC 5044's
+/// FPDU alignment); but MPA's largest FPDU on a connection to this host itself, which the
+/// kernel carries over loopback where segments are never cut by a NIC nor placed by one.
+/// Any conforming receiver takes FPDUs up to the 16-bit ULPDU length; fewer, larger FPDUs
+/// halve the receiver's reads per MiB (BENCHMARKS-history.md, "Larger FPDUs on loopback").
+fn default_max_fpdu(mss: usize, local: SocketAddr, peer: SocketAddr) -> usize {
+    if peer.ip().is_loopback() || peer.ip() == local.ip() {
+        softwarp_wire::mpa::fpdu::MAX_FPDU_LEN
+    } else {
+        mss
+    }
 }
 
 impl QpShared {
@@ -256,9 +279,19 @@ impl QpShared {
         Ok(())
     }
 
-    /// Claims an Idle QP for a connection attempt.
+    /// Claims an Idle QP for a connection attempt. A QP of a failed device, or one in Error
+    /// with a reason, is refused with that reason before anything touches the network.
     pub(crate) fn begin_connect(&self) -> Result<()> {
+        self.device.check_usable()?;
         let mut g = self.lock();
+        if g.qp.state() == QpState::Error {
+            if let Some(reason) = self.failure.get() {
+                return Err(Error::QpFailed {
+                    qpn: self.qp_num,
+                    reason,
+                });
+            }
+        }
         if g.destroyed {
             return Err(Error::Qp(softwarp_engine::qp::QpError::Destroyed));
         }
@@ -358,5 +391,101 @@ impl QpShared {
     pub(crate) fn set_error_and_kick(self: &Arc<Self>) {
         self.set_error();
         self.device.progress.kick(Arc::clone(self));
+    }
+
+    /// Containment of a device fault: the QP records the fault as its reason, the
+    /// connection manager hears that the device failed, and the QP goes to Error
+    /// ([`QpShared::set_error_and_kick`]).
+    pub(crate) fn fail_device(self: &Arc<Self>, fault: &crate::recovery::DeviceFault) {
+        self.failure
+            .set(crate::recovery::QpErrorReason::DeviceFault(fault.clone()));
+        {
+            let g = self.lock();
+            if let Some(o) = &g.observer {
+                o.link_down(LinkDown::DeviceFailed);
+            }
+        }
+        self.set_error_and_kick();
+    }
+
+    /// The local address of the QP's connection, while it has one.
+    pub(crate) fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        let g = self.lock();
+        g.conn.as_ref()?;
+        g.info.as_ref().map(|i| i.local_addr)
+    }
+
+    /// The network under the connection went away (`detail`: its local address was
+    /// removed, its interface went down or disappeared): the QP is terminated at once
+    /// ("unexpected close": the socket is reset, the QP goes to Error and flushes, the
+    /// connection manager hears `NetworkGone`), instead of when TCP gives up minutes later.
+    /// A snapshot and an error log line record it. False when the QP had no connection.
+    pub(crate) fn network_gone(self: &Arc<Self>, detail: &str) -> bool {
+        {
+            let mut g = self.lock();
+            let inner = &mut *g;
+            let Some(conn) = inner.conn.take() else {
+                return false;
+            };
+            self.failure
+                .set(crate::recovery::QpErrorReason::NetworkGone {
+                    detail: detail.to_string(),
+                });
+            if let Some(o) = &inner.observer {
+                o.link_down(LinkDown::NetworkGone);
+            }
+            if let Err(e) = sys::set_linger_zero(conn.stream.as_fd()) {
+                tracing::debug!(qp = self.qp_num, error = %e, "SO_LINGER 0 failed");
+            }
+            // Closing the descriptor also removes it from the progress thread's epoll.
+            drop(conn);
+            if matches!(
+                inner.qp.state(),
+                QpState::Rts | QpState::Closing | QpState::Terminate
+            ) {
+                inner.qp.handle_llp_closed();
+            }
+            if inner.qp.state() != QpState::Error {
+                let _ = inner.qp.modify(QpState::Error);
+            }
+            self.drain(inner);
+            self.connection_gone(inner);
+        }
+        self.device.progress.kick(Arc::clone(self));
+        let snapshot = self.take_snapshot(
+            softwarp_ras::errlog::CriticalKind::NetworkGone,
+            format!("QP {} terminated: {detail}", self.qp_num),
+        );
+        crate::ras::network_gone(&self.device, self.qp_num, detail, snapshot);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fpdus_follow_the_mss_except_to_this_host_itself() {
+        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let max = softwarp_wire::mpa::fpdu::MAX_FPDU_LEN;
+        assert_eq!(
+            default_max_fpdu(32768, at("127.0.0.1:1"), at("127.0.0.1:2")),
+            max
+        );
+        assert_eq!(default_max_fpdu(32768, at("[::1]:1"), at("[::1]:2")), max);
+        // Another address of this host: the kernel routes it over loopback too.
+        assert_eq!(
+            default_max_fpdu(1448, at("10.0.0.5:1"), at("10.0.0.5:2")),
+            max
+        );
+        assert_eq!(
+            default_max_fpdu(1448, at("10.0.0.5:1"), at("10.0.0.6:2")),
+            1448
+        );
+        assert_eq!(
+            default_max_fpdu(8948, at("[fd00::1]:1"), at("[fd00::2]:2")),
+            8948
+        );
     }
 }

@@ -184,6 +184,8 @@ pub(crate) struct QpShared {
     _number: crate::device::IdLease,
     /// Resource registration, state-change tracing, critical events, TCP_INFO.
     ras: crate::ras::QpRas,
+    /// Why the QP failed (`QueuePair::error_reason`).
+    failure: crate::recovery::ErrorBlock,
 }
 
 impl Drop for QpShared {
@@ -207,6 +209,10 @@ impl QpShared {
             self.recv_cq.push_all(|| qp.poll_recv_completion());
         }
         while let Some(ev) = inner.qp.poll_event() {
+            if let Some(cause) = crate::recovery::event_cause(&ev) {
+                self.failure
+                    .set(crate::recovery::QpErrorReason::Cause(cause));
+            }
             let fd = inner.conn.as_ref().map(|c| c.stream.as_fd());
             self.ras.on_event(&ev, &inner.qp, inner.info.as_ref(), fd);
             let link_closed = matches!(
@@ -356,6 +362,7 @@ impl QueuePair {
             count: Mutex::new(count),
             _number: number,
             ras,
+            failure: crate::recovery::ErrorBlock::default(),
         });
         let tracked = crate::ras::QpRas::track(&shared, qp_bytes(&attr.cap));
         device.add_qp(&shared);
@@ -372,6 +379,14 @@ impl QueuePair {
     /// The QP number (reported in completions and events).
     pub fn qp_num(&self) -> u32 {
         self.shared.qp_num
+    }
+
+    /// Why the QP is in the Error state: its device's fault, the network that went away
+    /// under its connection ("unexpected close"), or the engine's cause (a Terminate sent
+    /// or received, the connection closed, the application's modify to Error). `None`
+    /// while it has not failed (and after a reset).
+    pub fn error_reason(&self) -> Option<crate::recovery::QpErrorReason> {
+        self.shared.failure.get()
     }
 
     /// The current state.
@@ -519,6 +534,7 @@ impl QueuePair {
     /// Resets a QP in the Error state whose connection is closed back to Idle (queues
     /// emptied without completions), so that it can be connected again.
     pub fn reset(&self) -> Result<()> {
+        self.shared.device.check_usable()?;
         let mut g = self.shared.lock();
         if g.conn.is_some() {
             return Err(Error::AlreadyConnected);
@@ -526,6 +542,7 @@ impl QueuePair {
         g.qp.modify(QpState::Idle)?;
         g.info = None;
         g.close_kicked = false;
+        self.shared.failure.clear();
         Ok(())
     }
 

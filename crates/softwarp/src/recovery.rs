@@ -1,0 +1,683 @@
+//! Device health: the state machine (operational → failed → recovering → operational, or
+//! closed), containment of a fault, error blocks and bounded recovery.
+//!
+//! - **Containment** ([`contain`]): the first fault of an operational device moves it to
+//!   Failed (an atomic state the creating verbs check, one relaxed load), gives every QP the
+//!   fault as its error reason and moves it to Error (outstanding and later work requests
+//!   complete with a flush status), reports exactly one [`AsyncEvent::DeviceFatal`], takes a
+//!   snapshot per QP, writes one error-log line with the recommended action and one
+//!   automatic dump (while the RAS services run). A fault of a device that has failed
+//!   already is recorded as a level 2 record only.
+//! - **Error blocks**: creating anything on a failed or recovering device returns
+//!   [`Error::DeviceFailed`] with the fault at once; a QP carries its
+//!   [`QpErrorReason`] (`QueuePair::error_reason`), and connecting it returns
+//!   [`Error::QpFailed`] without touching the network.
+//! - **Recovery** ([`recover`]): Recovering while `softwarp_ras::health::recover` waits
+//!   (bounded) for every holder to release what it held: this instance's objects (the
+//!   tracker's, with pid, thread and file:line), and those of other registered processes
+//!   whose instance of the same device (name and interface) is failed too; listed process
+//!   names are terminated. Recovered: Operational again; timed out: Failed, with the
+//!   holders reported. Runs on a thread of its own (`<device>-recovery`, living at most the
+//!   bound) only when the application configured automatic recovery
+//!   ([`crate::DeviceBuilder::recovery`]) or the RAS services run; otherwise on the thread
+//!   that calls `Device::recover`.
+//!
+//! Nothing here is on the data path except the state check of the creating verbs.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime};
+
+use softwarp_engine::event::AsyncEvent;
+use softwarp_engine::fault::Cause;
+use softwarp_ras::errlog::CriticalKind;
+use softwarp_ras::health::{self, DeviceHealthReport, FaultInfo, FaultTarget, RecoverySubject};
+use softwarp_ras::sw_event;
+use softwarp_ras::tracker::{ResourceInfo, ResourceKind};
+
+pub use softwarp_ras::health::{DeviceState, RecoveryConfig, RecoveryOutcome, RecoveryReport};
+
+use crate::device::{lock, DeviceShared};
+use crate::error::{Error, Result};
+
+/// What made a device fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FaultKind {
+    /// Injected: `Device::inject_fatal_error`, `Device::inject_fault` or `softwarp fault
+    /// inject`.
+    Injected,
+    /// The device's network interface went down (administratively or lost its carrier).
+    InterfaceDown {
+        /// The interface.
+        interface: String,
+    },
+    /// The device's network interface disappeared.
+    InterfaceRemoved {
+        /// The interface.
+        interface: String,
+    },
+    /// The last address of the device's network interface was removed.
+    AddressRemoved {
+        /// The interface.
+        interface: String,
+        /// The address.
+        addr: IpAddr,
+    },
+}
+
+impl FaultKind {
+    /// The kind's name (`fault-status`, the error log): `injected`, `interface_down`,
+    /// `interface_removed`, `address_removed`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FaultKind::Injected => "injected",
+            FaultKind::InterfaceDown { .. } => "interface_down",
+            FaultKind::InterfaceRemoved { .. } => "interface_removed",
+            FaultKind::AddressRemoved { .. } => "address_removed",
+        }
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FaultKind::Injected => f.write_str("fault injected"),
+            FaultKind::InterfaceDown { interface } => write!(f, "interface {interface} went down"),
+            FaultKind::InterfaceRemoved { interface } => {
+                write!(f, "interface {interface} disappeared")
+            }
+            FaultKind::AddressRemoved { interface, addr } => {
+                write!(
+                    f,
+                    "address {addr} of interface {interface} was removed (none left)"
+                )
+            }
+        }
+    }
+}
+
+/// A device's fault: what, when, and its number on the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceFault {
+    /// The device instance (`softwarp0/1`).
+    pub device: String,
+    /// What happened.
+    pub kind: FaultKind,
+    /// When.
+    pub time: SystemTime,
+    /// 1 for the device's first fault, 2 for the next ...
+    pub generation: u64,
+}
+
+impl fmt::Display for DeviceFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "device {} failed: {}", self.device, self.kind)
+    }
+}
+
+/// Why a QP is in the Error state (`QueuePair::error_reason`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QpErrorReason {
+    /// Its device failed.
+    DeviceFault(DeviceFault),
+    /// The network under the connection went away (its local address was removed, its
+    /// interface went down or disappeared): the QP was terminated at once.
+    NetworkGone {
+        /// What went away.
+        detail: String,
+    },
+    /// The engine's cause: a Terminate sent or received, the connection closed, the
+    /// application moved the QP to Error, a work request failed locally.
+    Cause(Cause),
+}
+
+impl fmt::Display for QpErrorReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QpErrorReason::DeviceFault(d) => d.fmt(f),
+            QpErrorReason::NetworkGone { detail } => {
+                write!(f, "unexpected close: {detail}")
+            }
+            QpErrorReason::Cause(Cause::PeerTerminate { layer, etype, code }) => write!(
+                f,
+                "the peer sent a Terminate (layer {layer}, error type {etype}, code {code:#04x})"
+            ),
+            QpErrorReason::Cause(Cause::Detected(fault)) => {
+                write!(
+                    f,
+                    "{fault:?} detected in the peer's stream; a Terminate was sent"
+                )
+            }
+            QpErrorReason::Cause(Cause::LlpClosed) => {
+                f.write_str("the TCP connection closed or failed")
+            }
+            QpErrorReason::Cause(Cause::Application) => {
+                f.write_str("the application moved the QP to Error")
+            }
+            QpErrorReason::Cause(Cause::LocalOperation) => {
+                f.write_str("a work request failed local validation")
+            }
+            QpErrorReason::Cause(other) => write!(f, "{other:?}"),
+        }
+    }
+}
+
+/// Why a CQ is in error (`CompletionQueue::error_reason`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CqErrorReason {
+    /// It overflowed (more completions than its capacity); its QPs went to Error.
+    Overflow {
+        /// Its capacity.
+        capacity: usize,
+    },
+    /// Its device failed.
+    DeviceFault(DeviceFault),
+}
+
+impl fmt::Display for CqErrorReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CqErrorReason::Overflow { capacity } => {
+                write!(f, "the CQ overflowed (capacity {capacity})")
+            }
+            CqErrorReason::DeviceFault(d) => d.fmt(f),
+        }
+    }
+}
+
+/// The fault of `dev` while it is failed or recovering.
+pub(crate) fn device_failure(dev: &DeviceShared) -> Option<DeviceFault> {
+    match dev.health.state() {
+        DeviceState::Failed | DeviceState::Recovering => dev.health.fault(),
+        DeviceState::Operational | DeviceState::Closed => None,
+    }
+}
+
+/// The cause an engine event reports, if it is a QP error.
+pub(crate) fn event_cause(ev: &AsyncEvent) -> Option<Cause> {
+    match *ev {
+        AsyncEvent::QpFatal { cause, .. }
+        | AsyncEvent::QpRequestError { cause, .. }
+        | AsyncEvent::QpAccessError { cause, .. } => Some(cause),
+        _ => None,
+    }
+}
+
+/// A QP's error reason: set once, by the first failure (a later one does not replace it).
+#[derive(Debug, Default)]
+pub(crate) struct ErrorBlock(Mutex<Option<QpErrorReason>>);
+
+impl ErrorBlock {
+    /// Records `reason` unless one is recorded.
+    pub(crate) fn set(&self, reason: QpErrorReason) {
+        let mut r = lock(&self.0);
+        if r.is_none() {
+            *r = Some(reason);
+        }
+    }
+
+    pub(crate) fn get(&self) -> Option<QpErrorReason> {
+        lock(&self.0).clone()
+    }
+
+    /// Forgets the reason (the QP was reset to Idle).
+    pub(crate) fn clear(&self) {
+        *lock(&self.0) = None;
+    }
+}
+
+const OPERATIONAL: u8 = DeviceState::Operational.code();
+
+fn state_of(code: u8) -> DeviceState {
+    match code {
+        0 => DeviceState::Operational,
+        1 => DeviceState::Failed,
+        2 => DeviceState::Recovering,
+        _ => DeviceState::Closed,
+    }
+}
+
+/// The health of one device instance.
+#[derive(Debug)]
+pub(crate) struct Health {
+    /// A [`DeviceState::code`]; written under `inner`'s lock, read without it.
+    state: AtomicU8,
+    inner: Mutex<HealthInner>,
+    /// Signalled when a recovery ends.
+    ended: Condvar,
+    /// The network interface the device is bound to.
+    pub(crate) interface: Option<String>,
+    /// Automatic recovery after every fault.
+    auto: Option<RecoveryConfig>,
+    /// What the control socket's fault requests reach (holds the device weakly).
+    target: Mutex<Option<Arc<Target>>>,
+}
+
+#[derive(Debug, Default)]
+struct HealthInner {
+    fault: Option<DeviceFault>,
+    recovery: Option<RecoveryReport>,
+    generation: u64,
+    recovering: bool,
+    faults: u64,
+    recovered: u64,
+    timed_out: u64,
+    /// Faults reported while the device had failed already.
+    repeated: u64,
+}
+
+impl Health {
+    pub(crate) fn new(interface: Option<String>, auto: Option<RecoveryConfig>) -> Self {
+        Self {
+            state: AtomicU8::new(OPERATIONAL),
+            inner: Mutex::new(HealthInner::default()),
+            ended: Condvar::new(),
+            interface,
+            auto,
+            target: Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HealthInner> {
+        lock(&self.inner)
+    }
+
+    fn set_state(&self, st: DeviceState) {
+        self.state.store(st.code(), Ordering::Release);
+    }
+
+    pub(crate) fn state(&self) -> DeviceState {
+        state_of(self.state.load(Ordering::Acquire))
+    }
+
+    /// The current or last fault.
+    pub(crate) fn fault(&self) -> Option<DeviceFault> {
+        self.lock().fault.clone()
+    }
+
+    /// The current or last recovery.
+    pub(crate) fn recovery(&self) -> Option<RecoveryReport> {
+        self.lock().recovery.clone()
+    }
+
+    /// `Ok` while operational (one relaxed load); else the error naming the fault.
+    pub(crate) fn check(&self, device: &str) -> Result<()> {
+        if self.state.load(Ordering::Relaxed) == OPERATIONAL {
+            return Ok(());
+        }
+        self.refusal(device)
+    }
+
+    #[cold]
+    fn refusal(&self, device: &str) -> Result<()> {
+        let g = self.lock();
+        let state = self.state();
+        match (&g.fault, state) {
+            (_, DeviceState::Operational) => Ok(()),
+            (Some(fault), _) => Err(Error::DeviceFailed {
+                device: device.to_string(),
+                state,
+                fault: Box::new(fault.clone()),
+            }),
+            (None, _) => Err(Error::DeviceStopped),
+        }
+    }
+
+    /// The device's last handle was dropped.
+    pub(crate) fn closed(&self) {
+        let _g = self.lock();
+        self.set_state(DeviceState::Closed);
+    }
+
+    /// Statistics of the device's health.
+    pub(crate) fn collect(&self, out: &mut softwarp_ras::stats::StatsBuilder, dev: &str) {
+        let g = self.lock();
+        let labels = [("device", dev)];
+        out.gauge_int(
+            "softwarp_device_state",
+            "Device state: 0 operational, 1 failed, 2 recovering, 3 closed.",
+            &labels,
+            u64::from(self.state().code()),
+        );
+        out.counter(
+            "softwarp_device_faults_total",
+            "Device faults contained (a fault of a device that had failed already is not counted).",
+            &labels,
+            g.faults,
+        );
+        for (outcome, n) in [("recovered", g.recovered), ("timed_out", g.timed_out)] {
+            out.counter(
+                "softwarp_device_recoveries_total",
+                "Recoveries of the device that ended, per outcome.",
+                &[("device", dev), ("outcome", outcome)],
+                n,
+            );
+        }
+        if let Some(r) = &g.recovery {
+            out.gauge(
+                "softwarp_device_last_recovery_seconds",
+                "How long the last recovery took (or has taken so far).",
+                &labels,
+                Duration::from_millis(r.elapsed_ms).as_secs_f64(),
+            );
+            out.gauge_int(
+                "softwarp_device_recovery_holders",
+                "Resources still held at the end of the last recovery (or now, while it runs).",
+                &labels,
+                r.holders.len() as u64,
+            );
+        }
+    }
+
+    /// Registers the device with the control socket's fault requests.
+    pub(crate) fn register_target(dev: &Arc<DeviceShared>) {
+        let target = Arc::new(Target(Arc::downgrade(dev)));
+        let as_dyn: Arc<dyn FaultTarget> = Arc::clone(&target) as Arc<dyn FaultTarget>;
+        health::register_target(Arc::downgrade(&as_dyn));
+        *lock(&dev.health.target) = Some(target);
+    }
+}
+
+/// The device as the control socket's fault requests see it.
+#[derive(Debug)]
+struct Target(Weak<DeviceShared>);
+
+impl FaultTarget for Target {
+    fn health(&self) -> DeviceHealthReport {
+        match self.0.upgrade() {
+            Some(dev) => report(&dev),
+            None => DeviceHealthReport {
+                device: String::new(),
+                name: String::new(),
+                interface: None,
+                state: DeviceState::Closed,
+                fault: None,
+                recovery: None,
+                holders: Vec::new(),
+            },
+        }
+    }
+
+    fn inject(&self, kind: Option<&str>) -> std::result::Result<DeviceHealthReport, String> {
+        let dev = self.0.upgrade().ok_or("the device is closed")?;
+        let interface = dev
+            .health
+            .interface
+            .clone()
+            .unwrap_or_else(|| "(none)".to_string());
+        let kind = match kind.unwrap_or("injected") {
+            "injected" => FaultKind::Injected,
+            "interface-down" | "interface_down" => FaultKind::InterfaceDown { interface },
+            "interface-removed" | "interface_removed" => FaultKind::InterfaceRemoved { interface },
+            other => {
+                return Err(format!(
+                    "unknown fault kind {other:?} (injected, interface-down, interface-removed)"
+                ))
+            }
+        };
+        contain(&dev, kind);
+        Ok(report(&dev))
+    }
+}
+
+/// The device's health report (`fault-status`).
+pub(crate) fn report(dev: &DeviceShared) -> DeviceHealthReport {
+    let (fault, recovery) = {
+        let g = dev.health.lock();
+        (g.fault.clone(), g.recovery.clone())
+    };
+    let state = dev.health.state();
+    DeviceHealthReport {
+        device: dev.ras.instance().to_string(),
+        name: dev.attr.name.clone(),
+        interface: dev.health.interface.clone(),
+        state,
+        fault: fault.map(|f| FaultInfo {
+            kind: f.kind.as_str().to_string(),
+            detail: f.to_string(),
+            time: softwarp_ras::clock::rfc3339(f.time),
+            generation: f.generation,
+        }),
+        recovery,
+        holders: if state == DeviceState::Operational {
+            Vec::new()
+        } else {
+            local_holders(dev)
+        },
+    }
+}
+
+/// This instance's resources other than the device itself (created before the fault:
+/// nothing can be created after it).
+fn local_holders(dev: &DeviceShared) -> Vec<ResourceInfo> {
+    let mut held = dev.ras.tracker.resources();
+    held.retain(|r| r.kind != ResourceKind::Device);
+    held
+}
+
+/// Contains a fault of `dev` (see the module docs). Returns false when the device had
+/// failed already (nothing is done again).
+pub(crate) fn contain(dev: &Arc<DeviceShared>, kind: FaultKind) -> bool {
+    let fault = {
+        let mut g = dev.health.lock();
+        if dev.health.state() != DeviceState::Operational {
+            g.repeated = g.repeated.saturating_add(1);
+            drop(g);
+            sw_event!(
+                Runtime,
+                2,
+                device = dev.ras.instance(),
+                "{kind} while the device has failed already: nothing more to contain"
+            );
+            return false;
+        }
+        g.generation = g.generation.saturating_add(1);
+        g.faults = g.faults.saturating_add(1);
+        let fault = DeviceFault {
+            device: dev.ras.instance().to_string(),
+            kind,
+            time: SystemTime::now(),
+            generation: g.generation,
+        };
+        g.fault = Some(fault.clone());
+        g.recovery = None;
+        dev.health.set_state(DeviceState::Failed);
+        fault
+    };
+    sw_event!(
+        Runtime,
+        1,
+        device = dev.ras.instance(),
+        "{fault}: containing"
+    );
+    let qps = dev.live_qps();
+    let mut snapshots = Vec::new();
+    for qp in &qps {
+        qp.fail_device(&fault);
+        snapshots.extend(qp.take_snapshot(
+            CriticalKind::DeviceFatal,
+            format!("{fault}: QP {} moved to Error", qp.qp_num()),
+        ));
+    }
+    dev.events.push(AsyncEvent::DeviceFatal);
+    let text = fault.to_string();
+    crate::ras::device_failed(dev, &text, qps.len(), &snapshots);
+    // The recovery starts before the dump is written (tens of milliseconds): its time
+    // counts from the fault.
+    if let Some(config) = dev.health.auto.clone() {
+        let d = Arc::clone(dev);
+        let spawned = std::thread::Builder::new()
+            .name(format!("{}-recovery", dev.attr.name))
+            .spawn(move || {
+                let _ = recover(&d, &config);
+            });
+        if let Err(e) = spawned {
+            sw_event!(Runtime, 1, error = %e, "cannot start the recovery thread; Device::recover recovers");
+        }
+    }
+    crate::ras::device_fault_dump(&text);
+    true
+}
+
+/// The device seen by `softwarp_ras::health::recover`.
+struct Subject<'a>(&'a DeviceShared);
+
+impl RecoverySubject for Subject<'_> {
+    fn local_holders(&self) -> Vec<ResourceInfo> {
+        local_holders(self.0)
+    }
+    fn scope(&self) -> (String, Option<String>) {
+        (self.0.attr.name.clone(), self.0.health.interface.clone())
+    }
+    fn progress(&self, report: &RecoveryReport) {
+        self.0.health.lock().recovery = Some(report.clone());
+    }
+}
+
+/// Threads still inside verbs entry points of the device must have left before it is
+/// declared operational again. Wiring point of the per-device in-flight counter (issue 16,
+/// in-flight tracking): until it lands, no verbs entry point is counted and this returns at
+/// once with `true`.
+fn threads_left_verbs(_dev: &DeviceShared, _within: Duration) -> bool {
+    true
+}
+
+/// Recovers `dev` (see the module docs); waits for a recovery already running instead of
+/// starting a second one. An error when the device is operational or closed.
+pub(crate) fn recover(dev: &Arc<DeviceShared>, config: &RecoveryConfig) -> Result<RecoveryReport> {
+    {
+        let mut g = dev.health.lock();
+        match dev.health.state() {
+            DeviceState::Operational => {
+                return Err(Error::InvalidArgument(
+                    "the device has not failed: nothing to recover",
+                ))
+            }
+            DeviceState::Closed => return Err(Error::DeviceStopped),
+            DeviceState::Failed | DeviceState::Recovering => {}
+        }
+        if g.recovering {
+            let deadline = softwarp_ras::deadline::Deadline::after(config.bound.saturating_mul(2));
+            while g.recovering {
+                let left = deadline.remaining().unwrap_or(Duration::from_millis(100));
+                if left.is_zero() {
+                    return Err(Error::Timeout(config.bound));
+                }
+                g = dev
+                    .health
+                    .ended
+                    .wait_timeout(g, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            return g.recovery.clone().ok_or(Error::DeviceStopped);
+        }
+        g.recovering = true;
+        dev.health.set_state(DeviceState::Recovering);
+    }
+    sw_event!(Runtime, 2, device = dev.ras.instance(), bound = ?config.bound, "recovery starts");
+    let registry = softwarp_ras::service::global().and_then(|s| s.registry());
+    let mut report = health::recover(&Subject(dev), config, registry);
+    let left = Duration::from_millis(report.bound_ms.saturating_sub(report.elapsed_ms));
+    if report.outcome == RecoveryOutcome::Recovered && !threads_left_verbs(dev, left) {
+        report.outcome = RecoveryOutcome::TimedOut;
+    }
+    {
+        let mut g = dev.health.lock();
+        g.recovering = false;
+        g.recovery = Some(report.clone());
+        let next = match report.outcome {
+            RecoveryOutcome::Recovered => {
+                g.recovered = g.recovered.saturating_add(1);
+                DeviceState::Operational
+            }
+            _ => {
+                g.timed_out = g.timed_out.saturating_add(1);
+                DeviceState::Failed
+            }
+        };
+        // The last handle may have been dropped meanwhile: closed stays closed.
+        if dev.health.state() != DeviceState::Closed {
+            dev.health.set_state(next);
+        }
+    }
+    dev.health.ended.notify_all();
+    crate::ras::device_recovery(dev, &report);
+    Ok(report)
+}
+
+/// One line per holder: `pid 42 (app) thread main: qp 3 at src/main.rs:17:9`.
+pub(crate) fn holder_lines(holders: &[ResourceInfo]) -> Vec<String> {
+    holders
+        .iter()
+        .map(|h| {
+            format!(
+                "pid {} ({}) thread {}: {} {} at {}",
+                h.pid,
+                h.process,
+                h.thread,
+                h.kind,
+                h.id,
+                h.location()
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_say_what_happened() {
+        let f = DeviceFault {
+            device: "softwarp0/1".into(),
+            kind: FaultKind::InterfaceRemoved {
+                interface: "sw0".into(),
+            },
+            time: SystemTime::now(),
+            generation: 1,
+        };
+        assert_eq!(
+            f.to_string(),
+            "device softwarp0/1 failed: interface sw0 disappeared"
+        );
+        let r = QpErrorReason::NetworkGone {
+            detail: "local address 10.0.0.1 removed".into(),
+        };
+        assert_eq!(
+            r.to_string(),
+            "unexpected close: local address 10.0.0.1 removed"
+        );
+    }
+
+    #[test]
+    fn the_first_reason_stays() {
+        let b = ErrorBlock::default();
+        b.set(QpErrorReason::Cause(Cause::LlpClosed));
+        b.set(QpErrorReason::Cause(Cause::Application));
+        assert_eq!(b.get(), Some(QpErrorReason::Cause(Cause::LlpClosed)));
+        b.clear();
+        assert_eq!(b.get(), None);
+    }
+
+    #[test]
+    fn an_operational_device_refuses_nothing_and_states_map_back() {
+        let h = Health::new(None, None);
+        assert!(h.check("d").is_ok());
+        for s in [
+            DeviceState::Operational,
+            DeviceState::Failed,
+            DeviceState::Recovering,
+            DeviceState::Closed,
+        ] {
+            assert_eq!(state_of(s.code()), s);
+        }
+    }
+}

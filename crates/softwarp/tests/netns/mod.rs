@@ -1,0 +1,83 @@
+//! Network namespaces for tests (root only): create, run `ip` in them, move a thread
+//! into one; deleted on drop. Used by `net_matrix.rs` and `device_recovery.rs`.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Runs a command; `Err` with its output when it fails or cannot start.
+pub fn run(cmd: &str, args: &[&str]) -> Result<(), String> {
+    match Command::new(cmd).args(args).output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("{cmd}: {e}")),
+    }
+}
+
+pub fn have(cmd: &str) -> bool {
+    Command::new(cmd).arg("--version").output().is_ok()
+        || Command::new(cmd).arg("-V").output().is_ok()
+}
+
+/// Why this machine cannot run the namespace cases, if it cannot.
+pub fn unavailable(tools: &[&str]) -> Option<String> {
+    if !rustix::process::geteuid().is_root() {
+        return Some("not root (network namespaces need CAP_SYS_ADMIN)".into());
+    }
+    for t in tools {
+        if !have(t) {
+            return Some(format!("`{t}` is not installed"));
+        }
+    }
+    None
+}
+
+/// A network namespace created for one case, deleted on drop.
+pub struct Ns(pub String);
+
+impl Ns {
+    pub fn new(tag: &str) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "swt{}{tag}{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        run("ip", &["netns", "add", &name]).unwrap();
+        run("ip", &["-n", &name, "link", "set", "lo", "up"]).unwrap();
+        Self(name)
+    }
+
+    pub fn ip(&self, args: &[&str]) {
+        let mut all = vec!["-n", &self.0];
+        all.extend_from_slice(args);
+        run("ip", &all).unwrap();
+    }
+
+    pub fn exec(&self, cmd: &str, args: &[&str]) {
+        let mut all = vec!["netns", "exec", &self.0, cmd];
+        all.extend_from_slice(args);
+        run("ip", &all).unwrap();
+    }
+
+    /// Moves the calling thread into this namespace: sockets it creates from now on live
+    /// there (threads it spawns inherit it).
+    pub fn enter(&self) {
+        let f = std::fs::File::open(format!("/run/netns/{}", self.0)).unwrap();
+        rustix::thread::move_into_link_name_space(
+            std::os::fd::AsFd::as_fd(&f),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )
+        .unwrap();
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = run("ip", &["netns", "del", &self.0]);
+    }
+}
