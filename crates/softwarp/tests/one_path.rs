@@ -185,6 +185,29 @@ fn a_bad_or_rejecting_responder_gives_the_same_error_on_every_path() {
     assert_eq!(a, b);
 }
 
+/// A listener whose accept queue is full: the kernel drops further SYNs, so a connect to it
+/// never completes. Returns the listener and the connections that fill its queue.
+fn syn_black_hole() -> (TcpListener, Vec<TcpStream>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    rustix::net::listen(&l, 0).unwrap();
+    let addr = l.local_addr().unwrap();
+    let fill = (0..4)
+        .filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok())
+        .collect();
+    (l, fill)
+}
+
+#[test]
+fn a_tcp_connect_that_never_completes_times_out_the_same_way_on_both_initiator_paths() {
+    let (l, _fill) = syn_black_hole();
+    let addr = l.local_addr().unwrap();
+    let opts = ConnectOptions::default().timeout(Duration::from_millis(300));
+    let blocking = initiator_error(Path::Blocking, addr, &opts);
+    let cm = initiator_error(Path::Cm, addr, &opts);
+    assert!(matches!(blocking, Error::Timeout(_)), "{blocking:?}");
+    assert_eq!(format!("{blocking:?}"), format!("{cm:?}"));
+}
+
 /// The error a responder reports for a peer that sends `bytes` on `path` (the CM reports
 /// it as a `RequestError` event), and what the peer got back.
 fn responder_error(path: Path, bytes: &[u8], opts: &ConnectOptions) -> (Error, Vec<u8>) {
