@@ -654,7 +654,7 @@ fn snapshots_and_dump_of_a_running_process_read_back_through_decode() {
         "== resources ==",
         "== snapshots ==",
         "== flight-recorder ==",
-        "the dump is complete (6 sections)",
+        "the dump is complete (7 sections)",
     ] {
         assert!(text.contains(needle), "{needle} not in the decoded dump");
     }

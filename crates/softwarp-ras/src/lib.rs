@@ -83,6 +83,7 @@ pub mod control;
 pub mod deadline;
 pub mod dump;
 pub mod errlog;
+pub mod markers;
 pub mod registry;
 pub mod service;
 pub mod snapshot;

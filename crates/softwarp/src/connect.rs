@@ -268,6 +268,7 @@ impl Listener {
         opts: &ConnectOptions,
         timeout: Option<Duration>,
     ) -> Result<ConnectionInfo> {
+        crate::context::check_blocking("Listener::accept")?;
         let shared: &Arc<_> = qp.shared();
         let local = shared.local_params(opts)?;
         shared.begin_connect()?;

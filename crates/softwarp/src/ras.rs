@@ -214,7 +214,7 @@ impl DeviceRas {
         cqs.push(Arc::downgrade(cq));
     }
 
-    fn live_cqs(&self) -> Vec<Arc<CqShared>> {
+    pub(crate) fn live_cqs(&self) -> Vec<Arc<CqShared>> {
         lock(&self.cqs).iter().filter_map(Weak::upgrade).collect()
     }
 }
@@ -247,17 +247,17 @@ pub(crate) fn device_closed(dev: &DeviceShared, device: &Tracked) {
     }
 }
 
-/// `Device::inject_fatal_error` moved `qps` QPs to Error and snapshotted them (`snapshots`:
-/// the ids): reports the device fatal error, then writes an automatic component dump if the
-/// RAS services run (file
-/// and network I/O: call it with no lock held).
-pub(crate) fn device_fault_injected(dev: &DeviceShared, qps: usize, snapshots: &[u64]) {
+/// The device failed (`why`: `fatal error injected`, a damaged structure marker ...) and
+/// `qps` QPs were moved to Error and snapshotted (`snapshots`: the ids): reports the device
+/// fatal error, then writes an automatic component dump if the RAS services run (file and
+/// network I/O: call it with no lock held).
+pub(crate) fn device_fault(dev: &DeviceShared, why: &str, qps: usize, snapshots: &[u64]) {
     let ids: Vec<String> = snapshots.iter().map(u64::to_string).collect();
     errlog::report(
         &CriticalEvent::new(
             CriticalKind::DeviceFatal,
             format!(
-                "fatal error injected: {qps} QP(s) moved to Error (snapshots: {})",
+                "{why}: {qps} QP(s) moved to Error (snapshots: {})",
                 if ids.is_empty() {
                     "none".to_string()
                 } else {
@@ -267,10 +267,7 @@ pub(crate) fn device_fault_injected(dev: &DeviceShared, qps: usize, snapshots: &
         )
         .with_device(dev.ras.tracker.name()),
     );
-    let reason = format!(
-        "device fatal: {} (fatal error injected)",
-        dev.ras.instance()
-    );
+    let reason = format!("device fatal: {} ({why})", dev.ras.instance());
     dump::auto_dump(&AutoDumpConfig::from_env(), &DefaultHandler, &reason);
 }
 
@@ -286,6 +283,7 @@ impl DescribeResource for DeviceShared {
                     self.ras.tracker.len().saturating_sub(1).to_string(),
                 ),
             ]),
+            markers: self.marker_words(),
             ..ResourceDetails::default()
         }
     }
@@ -809,6 +807,7 @@ impl QpView {
             local_addr: self.addrs.map(|(l, _)| l),
             peer_addr: self.addrs.map(|(_, p)| p),
             attrs,
+            markers: Vec::new(),
         }
     }
 
@@ -976,7 +975,9 @@ fn collect_ops(
 
 impl DescribeResource for QpShared {
     fn describe(&self) -> ResourceDetails {
-        self.ras_view().details()
+        let mut details = self.ras_view().details();
+        details.markers = self.marker_words();
+        details
     }
 }
 
@@ -1071,7 +1072,9 @@ impl CqView {
 
 impl DescribeResource for CqShared {
     fn describe(&self) -> ResourceDetails {
-        self.ras_view().details()
+        let mut details = self.ras_view().details();
+        details.markers = self.marker_words();
+        details
     }
 }
 

@@ -248,6 +248,7 @@ impl CmEventChannel {
         timeout: Option<Duration>,
         pred: impl FnMut(&CmEvent) -> bool,
     ) -> Result<CmEvent> {
+        crate::context::check_wait("CmEventChannel::get_event", timeout)?;
         self.shared
             .events
             .take(timeout, pred)
@@ -354,6 +355,7 @@ impl CmEventChannel {
         addr: A,
         opts: &ConnectOptions,
     ) -> Result<(CmId, ConnectionInfo)> {
+        crate::context::check_blocking("CmEventChannel::connect_blocking")?;
         let id = self.connect(qp, addr, opts)?;
         let conn = id.conn_id();
         // The thread reports within `opts.timeout`; the margin only guards against a stuck
@@ -497,6 +499,7 @@ struct Worker {
 
 impl Worker {
     fn run(mut self) {
+        crate::context::mark_cm_thread();
         let mut events = Events::with_capacity(1024);
         loop {
             let timeout = self.next_deadline().map(|d| {

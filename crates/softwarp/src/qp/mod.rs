@@ -77,12 +77,15 @@ use softwarp_engine::qp::{Qp, QpConfig, QpState};
 use softwarp_engine::stats::QpStats;
 use softwarp_engine::wr::{Payload, RecvWr, SendWr};
 use softwarp_ras::deadline::Deadline;
+use softwarp_ras::markers::MarkerWord;
 
 use crate::cm::options::{ConnectOptions, ConnectionInfo};
 use crate::connect;
 use crate::cq::{CompletionQueue, CqShared};
 use crate::device::{lock, CountGuard, DeviceShared};
 use crate::error::{Error, Result};
+use crate::inflight::{Entry, Inflight};
+use crate::markers;
 use crate::pd::ProtectionDomain;
 use crate::srq::{SharedReceiveQueue, SrqShared};
 
@@ -168,9 +171,12 @@ pub(crate) struct QpInner {
     watch_takeovers: u64,
 }
 
-/// State shared between a [`QueuePair`] handle and the progress thread.
+/// State shared between a [`QueuePair`] handle and the progress thread. `repr(C)`: the
+/// structure markers begin and end it.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct QpShared {
+    begin: markers::Begin,
     qp_num: u32,
     pub(crate) device: Arc<DeviceShared>,
     send_cq: Arc<CqShared>,
@@ -184,6 +190,7 @@ pub(crate) struct QpShared {
     _number: crate::device::IdLease,
     /// Resource registration, state-change tracing, critical events, TCP_INFO.
     ras: crate::ras::QpRas,
+    end: markers::End,
 }
 
 impl Drop for QpShared {
@@ -258,6 +265,54 @@ impl QpShared {
 
     pub(crate) fn qp_num(&self) -> u32 {
         self.qp_num
+    }
+
+    /// Whether the QP's begin and end words are intact (two loads).
+    #[inline]
+    fn markers_intact(&self) -> bool {
+        markers::intact(markers::Kind::Qp, &self.begin, &self.end)
+    }
+
+    /// The QP's markers and the guard words of its rings, as found (takes the QP lock).
+    pub(crate) fn marker_words(&self) -> Vec<MarkerWord> {
+        let mut words = markers::words(markers::Kind::Qp, &self.begin, &self.end);
+        words.extend(markers::ring_words(&self.lock().qp.ring_guards()));
+        words
+    }
+
+    /// Checks every marker of the QP; a damaged one fails the device. Takes the QP lock:
+    /// call with no lock held.
+    pub(crate) fn check_markers(&self, check: &'static str) -> Result<()> {
+        let words = self.marker_words();
+        if words.iter().all(MarkerWord::is_intact) {
+            return Ok(());
+        }
+        Err(self.markers_damaged(check))
+    }
+
+    /// Reports damaged markers (fails the device). Call with no lock held.
+    #[cold]
+    #[inline(never)]
+    fn markers_damaged(&self, check: &'static str) -> Error {
+        let words = self.marker_words();
+        markers::damaged(
+            &self.device,
+            markers::Kind::Qp.name(),
+            u64::from(self.qp_num),
+            &words,
+            check,
+        )
+    }
+
+    /// Enters entry point `entry` (in-flight tracking) after checking the device's and
+    /// the QP's markers.
+    #[inline]
+    fn enter(&self, entry: Entry) -> Result<Inflight<'_>> {
+        let inside = self.device.enter(entry)?;
+        if !self.markers_intact() {
+            return Err(self.markers_damaged(entry.name()));
+        }
+        Ok(inside)
     }
 }
 
@@ -334,6 +389,7 @@ impl QueuePair {
         };
         let ras = crate::ras::QpRas::new(device, qp_num, qp_attrs(pd, attr));
         let shared = Arc::new(QpShared {
+            begin: markers::Begin::new(markers::Kind::Qp),
             qp_num,
             device: Arc::clone(device),
             send_cq: Arc::clone(&attr.send_cq.shared),
@@ -356,6 +412,7 @@ impl QueuePair {
             count: Mutex::new(count),
             _number: number,
             ras,
+            end: markers::End::new(markers::Kind::Qp),
         });
         let tracked = crate::ras::QpRas::track(&shared, qp_bytes(&attr.cap));
         device.add_qp(&shared);
@@ -417,7 +474,12 @@ impl QueuePair {
     /// as few system calls as the socket allows (their FPDUs share a `sendmsg`).
     pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, Error)> {
         let s = &self.shared;
+        let _inside = s.enter(Entry::PostSend).map_err(|e| (0, e))?;
         let mut g = s.lock();
+        if !g.qp.sq_guards_intact() {
+            drop(g);
+            return Err((0, s.markers_damaged("QueuePair::post_send")));
+        }
         let inner = &mut *g;
         let mut failed = None;
         {
@@ -483,7 +545,12 @@ impl QueuePair {
     /// first that fails and returns its index with the error (those before it are posted).
     pub fn post_recv_list(&self, wrs: &[RecvWr]) -> Result<(), (usize, Error)> {
         let s = &self.shared;
+        let _inside = s.enter(Entry::PostRecv).map_err(|e| (0, e))?;
         let mut g = s.lock();
+        if !g.qp.rq_guards_intact() {
+            drop(g);
+            return Err((0, s.markers_damaged("QueuePair::post_recv")));
+        }
         let mut failed = None;
         for (i, wr) in wrs.iter().enumerate() {
             softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, "post_recv");
@@ -507,18 +574,21 @@ impl QueuePair {
     /// `WrFlushErr`; from RTS a Terminate (local catastrophic error) is sent to the peer;
     /// then the connection closes.
     pub fn modify_to_error(&self) -> Result<()> {
+        let _inside = self.shared.enter(Entry::ModifyToError)?;
         self.shared.set_error_and_kick();
         Ok(())
     }
 
     /// Graceful close: no new sends; once outstanding work is done the connection closes.
     pub fn disconnect(&self) -> Result<()> {
+        let _inside = self.shared.enter(Entry::Disconnect)?;
         self.shared.disconnect()
     }
 
     /// Resets a QP in the Error state whose connection is closed back to Idle (queues
     /// emptied without completions), so that it can be connected again.
     pub fn reset(&self) -> Result<()> {
+        let _inside = self.shared.enter(Entry::Reset)?;
         let mut g = self.shared.lock();
         if g.conn.is_some() {
             return Err(Error::AlreadyConnected);
@@ -531,7 +601,11 @@ impl QueuePair {
 
     /// Waits (at most `timeout`) until the connection is closed and the QP is no longer
     /// in RTS, Closing or Terminate.
+    ///
+    /// [`Error::WouldDeadlock`] on a thread where waiting would deadlock (the progress
+    /// thread closes the connection: it cannot wait for itself).
     pub fn wait_closed(&self, timeout: Duration) -> Result<QpState> {
+        crate::context::check_wait("QueuePair::wait_closed", Some(timeout))?;
         let deadline = Deadline::after(timeout);
         loop {
             {
@@ -558,6 +632,7 @@ impl QueuePair {
         addr: A,
         opts: &ConnectOptions,
     ) -> Result<ConnectionInfo> {
+        crate::context::check_blocking("QueuePair::connect")?;
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
             .map_err(|e| Error::io("resolve address", e))?
@@ -584,6 +659,7 @@ impl QueuePair {
         stream: std::net::TcpStream,
         opts: &ConnectOptions,
     ) -> Result<ConnectionInfo> {
+        crate::context::check_blocking("QueuePair::connect_stream")?;
         let local = self.shared.local_params(opts)?;
         let request = crate::cm::negotiate::request(opts, &local)?;
         self.shared.begin_connect()?;
@@ -602,6 +678,7 @@ impl QueuePair {
         stream: std::net::TcpStream,
         opts: &ConnectOptions,
     ) -> Result<ConnectionInfo> {
+        crate::context::check_blocking("QueuePair::accept_stream")?;
         let local = self.shared.local_params(opts)?;
         self.shared.begin_connect()?;
         let result = connect::respond(stream, opts, &local);
@@ -611,6 +688,24 @@ impl QueuePair {
 
     pub(crate) fn shared(&self) -> &Arc<QpShared> {
         &self.shared
+    }
+
+    /// Fault injection for RAS tests (not for applications): flips one of the QP's marker
+    /// words, `begin`, `end`, or a ring guard (`sq.lo`, `sq.hi`, `rq.lo`, ... `events.hi`).
+    /// The next entry point on the QP (or `Device::close`) sees the damage.
+    #[doc(hidden)]
+    pub fn damage_marker_for_testing(&self, which: &str) -> Result<()> {
+        let s = &self.shared;
+        match markers::ring_guard_name(which) {
+            Some((ring, hi)) => {
+                if s.lock().qp.damage_ring_guard(ring, hi) {
+                    Ok(())
+                } else {
+                    Err(Error::InvalidArgument("no such ring"))
+                }
+            }
+            None => markers::damage(&s.begin, &s.end, which),
+        }
     }
 }
 
@@ -652,6 +747,8 @@ fn state_name(s: QpState) -> &'static str {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let s = &self.shared;
+        // Counted while the device is open; a destroy always runs.
+        let _inside = s.device.inflight.enter(Entry::DestroyQp).ok();
         let connected = {
             let mut g = s.lock();
             if let Some(o) = &g.observer {
