@@ -1,5 +1,5 @@
 //! `Device::close` racing with 8 threads posting and polling (issue 16): four connected QPs
-//! on the closing device, each with a thread posting RDMA Writes as fast as it can and a
+//! on the closing device, each with a thread posting RDMA Writes and Reads as fast as it can and a
 //! thread polling its send CQ, while the main thread closes the device after a few
 //! milliseconds. Every work request that `post_send` accepted must complete exactly once
 //! (success, or a flush if the close caught it), none may complete that was not accepted,
@@ -22,6 +22,9 @@ use softwarp::*;
 use util::*;
 
 const QPS: usize = 4;
+/// Bytes per RDMA Write and Read. Reads complete only when their response arrives, so some
+/// work is always outstanding when the close comes (it flushes those).
+const LEN: usize = 4096;
 /// Most posts per thread per round (a bound besides the close).
 const MAX_POSTS: u64 = 200_000;
 
@@ -37,7 +40,7 @@ fn round(seed: u64) -> (usize, usize, usize) {
     let peer_dev = Device::open_default().unwrap();
     let pd = dev.alloc_pd().unwrap();
     let peer_pd = peer_dev.alloc_pd().unwrap();
-    let src = pd.reg_mr(4096, AccessFlags::NONE).unwrap();
+    let src = pd.reg_mr(LEN, AccessFlags::LOCAL_WRITE).unwrap();
     let mut sides = Vec::new();
     let mut peers = Vec::new();
     let mut sinks = Vec::new();
@@ -49,7 +52,10 @@ fn round(seed: u64) -> (usize, usize, usize) {
         let pcq = peer_dev.create_cq(64, None).unwrap();
         let pqp = peer_pd.create_qp(&QpInitAttr::new(&pcq, &pcq)).unwrap();
         let sink = peer_pd
-            .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .reg_mr(
+                LEN,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            )
             .unwrap();
         let l = Listener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
@@ -76,13 +82,18 @@ fn round(seed: u64) -> (usize, usize, usize) {
                 start.wait();
                 let mut accepted = Vec::new();
                 for id in 0..MAX_POSTS {
+                    // Writes and Reads alternate (the Reads land in `src`, which nothing
+                    // checks: the test is about completions).
+                    let (remote_addr, rkey) = (sink.addr(), sink.rkey());
+                    let op = if id % 2 == 0 {
+                        SendOp::Write { remote_addr, rkey }
+                    } else {
+                        SendOp::Read { remote_addr, rkey }
+                    };
                     let wr = SendWr {
                         wr_id: id,
-                        op: SendOp::Write {
-                            remote_addr: sink.addr(),
-                            rkey: sink.rkey(),
-                        },
-                        payload: Payload::Sgl(SgList::single(src.sge(0, 64).unwrap())),
+                        op,
+                        payload: Payload::Sgl(SgList::single(src.sge(0, LEN as u32).unwrap())),
                         signaled: true,
                         fence: false,
                     };
@@ -133,7 +144,7 @@ fn round(seed: u64) -> (usize, usize, usize) {
         }
         start.wait();
         // Let the threads get going, then close under them.
-        std::thread::sleep(Duration::from_millis(2 + seed % 20));
+        std::thread::sleep(Duration::from_millis(5 + seed % 20));
         let closer = dev.clone();
         match closer.close(Duration::from_secs(5)) {
             Ok(()) => {}
@@ -202,10 +213,12 @@ fn close_racing_eight_posting_and_polling_threads_completes_every_wr_exactly_onc
         .map(Duration::from_secs);
     let t0 = Instant::now();
     let mut rounds = 0u64;
+    let mut all_flushed = 0;
     loop {
         let (total, ok, flushed) = round(rounds.wrapping_mul(7919).wrapping_add(3));
         println!("round {rounds}: {total} WRs accepted, {ok} completed, {flushed} flushed");
         assert_eq!(total, ok + flushed);
+        all_flushed += flushed;
         rounds += 1;
         let more = match soak {
             Some(d) => t0.elapsed() < d,
@@ -216,4 +229,6 @@ fn close_racing_eight_posting_and_polling_threads_completes_every_wr_exactly_onc
         }
     }
     println!("{rounds} rounds in {:?}", t0.elapsed());
+    // The close caught work in flight (the sockets were full): the flush path ran.
+    assert!(all_flushed > 0, "no work request was in flight at any close");
 }
