@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use softwarp::*;
 use softwarp_ras::dump::{self, Section};
+use softwarp_ras::tracker::ResourceKind;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -84,7 +85,9 @@ fn a_damaged_marker_fails_the_device_shows_in_the_dump_and_decode_flags_it() {
         .iter()
         .find_map(|s| match s {
             Section::Resources(r) => r.resources.iter().find(|res| {
-                res.tracker == dev.instance_name() && res.id == u64::from(qp.qp_num())
+                res.tracker == dev.instance_name()
+                    && res.kind == ResourceKind::Qp
+                    && res.id == u64::from(qp.qp_num())
             }),
             _ => None,
         })
@@ -118,6 +121,9 @@ fn a_damaged_marker_fails_the_device_shows_in_the_dump_and_decode_flags_it() {
     assert!(text.contains("MARKERS DAMAGED: markers begin=DAMAGED(found "), "{text}");
     assert!(text.contains("expected SWQP-BEG)"), "{text}");
     assert!(text.contains("DAMAGED STRUCTURE MARKER(S)"), "{text}");
+    for line in text.lines().filter(|l| l.contains("DAMAGED")) {
+        println!("{line}");
+    }
     let json = Command::new(env!("CARGO_BIN_EXE_softwarp"))
         .args(["decode", "--json", new[0].to_str().unwrap()])
         .output()
