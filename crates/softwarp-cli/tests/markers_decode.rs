@@ -56,7 +56,11 @@ fn a_damaged_marker_fails_the_device_shows_in_the_dump_and_decode_flags_it() {
         fence: false,
     };
     match qp.post_send(&wr) {
-        Err(Error::MarkerDamaged { object: "qp", marker, .. }) => assert_eq!(marker, "begin"),
+        Err(Error::MarkerDamaged {
+            object: "qp",
+            marker,
+            ..
+        }) => assert_eq!(marker, "begin"),
         other => panic!("post on a damaged QP: {other:?}"),
     }
     // The fault: DeviceFatal, the QP in Error.
@@ -95,7 +99,9 @@ fn a_damaged_marker_fails_the_device_shows_in_the_dump_and_decode_flags_it() {
         .expect("the QP in the dump's resources")
         .markers;
     assert!(
-        qp_markers.iter().any(|w| w.name == "begin" && !w.is_intact()),
+        qp_markers
+            .iter()
+            .any(|w| w.name == "begin" && !w.is_intact()),
         "{qp_markers:?}"
     );
     let damage = parsed
@@ -117,8 +123,15 @@ fn a_damaged_marker_fails_the_device_shows_in_the_dump_and_decode_flags_it() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("MARKERS DAMAGED: markers begin=DAMAGED(found "), "{text}");
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("MARKERS DAMAGED: markers begin=DAMAGED(found "),
+        "{text}"
+    );
     assert!(text.contains("expected SWQP-BEG)"), "{text}");
     assert!(text.contains("DAMAGED STRUCTURE MARKER(S)"), "{text}");
     for line in text.lines().filter(|l| l.contains("DAMAGED")) {

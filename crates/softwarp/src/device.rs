@@ -317,10 +317,13 @@ impl DeviceShared {
     }
 
     /// Enters entry point `entry` of the device (in-flight tracking) after checking the
-    /// device's markers.
-    #[inline]
+    /// device's markers (object creation and the other entry points that are not per
+    /// message; the per-message ones check their own object's markers only).
     pub(crate) fn enter(&self, entry: Entry) -> Result<Inflight<'_>> {
-        let inside = self.inflight.enter(entry)?;
+        let inside = self
+            .inflight
+            .enter(entry)
+            .map_err(crate::inflight::refused)?;
         if !markers::intact(markers::Kind::Device, &self.begin, &self.end) {
             return Err(self.markers_damaged(entry.name()));
         }
@@ -706,7 +709,12 @@ impl Device {
         for qp in sh.live_qps() {
             qp.set_error_and_kick();
         }
-        softwarp_ras::sw_event!(Runtime, 4, device = sh.ras.instance(), "device closed by close()");
+        softwarp_ras::sw_event!(
+            Runtime,
+            4,
+            device = sh.ras.instance(),
+            "device closed by close()"
+        );
         drop(self);
         waited.map_err(Error::StillInside)?;
         checked

@@ -123,10 +123,10 @@ pub use cm::{
 };
 pub use connect::Listener;
 pub use context::BlockingContext;
-pub use inflight::{InflightReport, InsideThread};
 pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION};
 pub use device::{list_devices, Device, DeviceAttr, DeviceBuilder, Quiesced, DEVICE_NAME};
 pub use error::{Error, MpaError, Result};
+pub use inflight::{InflightReport, InsideThread};
 pub use owned::{EditGuard, OwnedBuf, OwnedMr, OwnedRelease};
 pub use pd::{AccessFlags, MemoryRegion, MrRelease, ProtectionDomain};
 pub use qp::{QpCap, QpInitAttr, QueuePair};

@@ -198,7 +198,10 @@ fn round(seed: u64) -> (usize, usize, usize) {
         total += acc.len();
     }
     // New objects cannot be made on a closed device.
-    assert!(matches!(pd.reg_mr(64, AccessFlags::NONE), Err(Error::DeviceClosed)));
+    assert!(matches!(
+        pd.reg_mr(64, AccessFlags::NONE),
+        Err(Error::DeviceClosed)
+    ));
     drop(sides);
     drop(peers);
     drop(sinks);
@@ -230,5 +233,8 @@ fn close_racing_eight_posting_and_polling_threads_completes_every_wr_exactly_onc
     }
     println!("{rounds} rounds in {:?}", t0.elapsed());
     // The close caught work in flight (the sockets were full): the flush path ran.
-    assert!(all_flushed > 0, "no work request was in flight at any close");
+    assert!(
+        all_flushed > 0,
+        "no work request was in flight at any close"
+    );
 }

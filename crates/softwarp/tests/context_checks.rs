@@ -156,7 +156,9 @@ impl<S: Subscriber> Layer<S> for Callbacks {
             }
         } else if msg.0 == "memory registered" && INSIDE_ARMED.swap(false, Ordering::AcqRel) {
             let channel = INSIDE_CHANNEL.lock().unwrap().clone().unwrap();
-            let r = channel.get_cq_event(Some(Duration::from_secs(2))).map(|_| ());
+            let r = channel
+                .get_cq_event(Some(Duration::from_secs(2)))
+                .map(|_| ());
             *INSIDE_RESULT.lock().unwrap() = Some(r);
         }
     }
@@ -222,7 +224,10 @@ fn blocking_calls_from_callbacks_on_the_progress_thread_or_inside_a_call_are_ref
             }) => {
                 assert_eq!(named, call);
                 let text = r.as_ref().unwrap_err().to_string();
-                assert!(text.contains(call) && text.contains("progress thread"), "{text}");
+                assert!(
+                    text.contains(call) && text.contains("progress thread"),
+                    "{text}"
+                );
             }
             other => panic!("{call} on the progress thread: {other:?}"),
         }
@@ -264,7 +269,10 @@ fn blocking_calls_from_callbacks_on_the_progress_thread_or_inside_a_call_are_ref
             .unwrap();
         let deadline = Instant::now() + WAIT;
         while !STUCK_INSIDE.load(Ordering::Acquire) {
-            assert!(Instant::now() < deadline, "the thread never got inside reg_mr");
+            assert!(
+                Instant::now() < deadline,
+                "the thread never got inside reg_mr"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
         let t0 = Instant::now();
@@ -294,7 +302,10 @@ fn blocking_calls_from_callbacks_on_the_progress_thread_or_inside_a_call_are_ref
             pd.reg_mr(64, AccessFlags::NONE),
             Err(Error::DeviceQuiesced)
         ));
-        assert!(matches!(dev.quiesce(Duration::ZERO), Err(Error::DeviceQuiesced)));
+        assert!(matches!(
+            dev.quiesce(Duration::ZERO),
+            Err(Error::DeviceQuiesced)
+        ));
         q.end();
         assert!(dev.alloc_pd().is_ok());
     });

@@ -68,7 +68,10 @@ fn a_damaged_qp_marker_fails_the_device_at_the_next_post_and_every_post_after() 
     for _ in 0..2 {
         match a.qp.post_send(&write_wr(1)) {
             Err(Error::MarkerDamaged { object, id, marker }) => {
-                assert_eq!((object, id, marker.as_str()), ("qp", u64::from(qpn), "begin"));
+                assert_eq!(
+                    (object, id, marker.as_str()),
+                    ("qp", u64::from(qpn), "begin")
+                );
             }
             other => panic!("post on a damaged QP: {other:?}"),
         }
@@ -123,7 +126,10 @@ fn ring_guards_cq_mr_and_device_markers_are_checked_where_they_are_used() {
     mr.damage_marker_for_testing("end").unwrap();
     match mr.write_at(0, b"x") {
         Err(Error::MarkerDamaged { object, id, marker }) => {
-            assert_eq!((object, id, marker.as_str()), ("mr", u64::from(mr.stag().0), "end"));
+            assert_eq!(
+                (object, id, marker.as_str()),
+                ("mr", u64::from(mr.stag().0), "end")
+            );
         }
         other => panic!("write to a damaged MR: {other:?}"),
     }

@@ -132,8 +132,7 @@ pub fn table(resources: &[ResourceInfo]) -> Table {
     for r in resources {
         let d = r.details.clone().unwrap_or_default();
         let dash = || "-".to_string();
-        let mut details: Vec<String> =
-            d.attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut details: Vec<String> = d.attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
         // Intact structure markers say nothing; a damaged one is what the operator must see.
         details.extend(
             d.markers

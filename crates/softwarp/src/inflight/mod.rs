@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use crate::device::lock;
 use crate::error::{Error, Result};
 
-pub(crate) use gate::{CLOSED, QUIESCED};
+pub(crate) use gate::{Refused, CLOSED, QUIESCED};
 
 /// The entry points that are counted (their names are what reports show).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,9 +94,7 @@ impl Entry {
 }
 
 fn entry_name(code: u16) -> Option<&'static str> {
-    ENTRY_NAMES
-        .get(usize::from(code).checked_sub(1)?)
-        .copied()
+    ENTRY_NAMES.get(usize::from(code).checked_sub(1)?).copied()
 }
 
 /// A device's gate, on a cache line of its own (every thread of the device writes it), with
@@ -106,6 +104,8 @@ fn entry_name(code: u16) -> Option<&'static str> {
 pub(crate) struct DeviceGate {
     gate: gate::Gate,
     number: u32,
+    /// `number << 16`: what the slots hold besides the entry point.
+    tag: u64,
 }
 
 impl DeviceGate {
@@ -116,31 +116,23 @@ impl DeviceGate {
         Self {
             gate: gate::Gate::new(),
             number,
+            tag: u64::from(number) << 16,
         }
     }
 
-    /// The calling thread enters `entry`: counted until the guard drops. Refused (with the
-    /// error the entry point returns) once the device is closed or while it is quiesced.
-    #[inline]
-    pub(crate) fn enter(&self, entry: Entry) -> Result<Inflight<'_>> {
-        if let Err(r) = self.gate.enter() {
-            return Err(if r.closed() {
-                Error::DeviceClosed
-            } else {
-                Error::DeviceQuiesced
-            });
-        }
-        let slot = SLOT.with(Cell::get).or_else(register);
-        let now = (u64::from(self.number) << 16) | entry as u64;
-        // Only this thread writes its slot: a load and a store, no read-modify-write.
-        let prev = match slot {
-            Some(s) => {
-                let prev = s.now.load(Ordering::Relaxed);
-                s.now.store(now, Ordering::Relaxed);
-                prev
-            }
-            None => 0,
+    /// The calling thread enters `entry`: counted until the guard drops. Refused once the
+    /// device is closed or while it is quiesced ([`refused`] makes the error the entry point
+    /// returns). Inlined into every entry point: the error is a word, the rest is cold.
+    #[inline(always)]
+    pub(crate) fn enter(&self, entry: Entry) -> Result<Inflight<'_>, Refused> {
+        self.gate.enter()?;
+        let slot = match SLOT.with(Cell::get) {
+            Some(s) => s,
+            None => register(),
         };
+        // Only this thread writes its slot: a load and a store, no read-modify-write.
+        let prev = slot.now.load(Ordering::Relaxed);
+        slot.now.store(self.tag | entry as u64, Ordering::Relaxed);
         Ok(Inflight {
             gate: &self.gate,
             slot,
@@ -210,21 +202,29 @@ impl DeviceGate {
     }
 }
 
+/// The error an entry point returns when the gate refused it.
+#[cold]
+pub(crate) fn refused(r: Refused) -> Error {
+    if r.closed() {
+        Error::DeviceClosed
+    } else {
+        Error::DeviceQuiesced
+    }
+}
+
 /// A thread inside an entry point (see [`DeviceGate::enter`]); leaves when dropped.
 #[derive(Debug)]
 #[must_use = "the thread leaves the entry point when this is dropped"]
 pub(crate) struct Inflight<'a> {
     gate: &'a gate::Gate,
-    slot: Option<&'static ThreadSlot>,
+    slot: &'static ThreadSlot,
     prev: u64,
 }
 
 impl Drop for Inflight<'_> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
-        if let Some(s) = self.slot {
-            s.now.store(self.prev, Ordering::Relaxed);
-        }
+        self.slot.now.store(self.prev, Ordering::Relaxed);
         self.gate.leave();
     }
 }
@@ -290,6 +290,15 @@ struct ThreadSlot {
 /// same time).
 static POOL: Mutex<Vec<&'static ThreadSlot>> = Mutex::new(Vec::new());
 
+/// The slot of threads that enter while their thread-local storage is torn down (shared by
+/// them, outside the pool: reports do not read it, so they are counted but not named). A
+/// slot always exists, so the entry path has no branch for it.
+static NO_SLOT: ThreadSlot = ThreadSlot {
+    now: AtomicU64::new(0),
+    in_use: AtomicBool::new(true),
+    who: Mutex::new((String::new(), 0)),
+};
+
 thread_local! {
     /// The calling thread's slot (no destructor: readable in every thread-local destructor).
     static SLOT: Cell<Option<&'static ThreadSlot>> = const { Cell::new(None) };
@@ -308,11 +317,11 @@ impl Drop for SlotOwner {
     }
 }
 
-/// The calling thread's first entry: takes a slot from the pool. `None` while the thread's
-/// storage is being torn down.
+/// The calling thread's first entry: takes a slot from the pool ([`NO_SLOT`] while the
+/// thread's storage is being torn down).
 #[cold]
 #[inline(never)]
-fn register() -> Option<&'static ThreadSlot> {
+fn register() -> &'static ThreadSlot {
     OWNER
         .try_with(|owner| {
             let mut owner = owner.try_borrow_mut().ok()?;
@@ -326,13 +335,11 @@ fn register() -> Option<&'static ThreadSlot> {
         })
         .ok()
         .flatten()
+        .unwrap_or(&NO_SLOT)
 }
 
 fn take_slot() -> &'static ThreadSlot {
-    let who = (
-        softwarp_ras::sys::thread_name(),
-        softwarp_ras::sys::tid(),
-    );
+    let who = (softwarp_ras::sys::thread_name(), softwarp_ras::sys::tid());
     let mut pool = lock(&POOL);
     let free = pool.iter().copied().find(|s| {
         s.in_use
@@ -384,7 +391,8 @@ mod tests {
         rx.recv().unwrap();
         assert_eq!(g.shut(QUIESCED), 0);
         // Refused while quiesced.
-        assert!(matches!(g.enter(Entry::Poll), Err(Error::DeviceQuiesced)));
+        let r = g.enter(Entry::Poll).unwrap_err();
+        assert!(matches!(refused(r), Error::DeviceQuiesced));
         let r = g.wait_empty(Duration::from_millis(20), "dev").unwrap_err();
         assert_eq!(r.inside, 1);
         assert_eq!(r.threads.len(), 1, "{r}");
@@ -399,7 +407,10 @@ mod tests {
         assert_eq!(DeviceGate::current_entry(), None);
         g.shut(CLOSED);
         assert_eq!(g.gate.flags(), CLOSED);
-        assert!(matches!(g.enter(Entry::Poll), Err(Error::DeviceClosed)));
+        assert!(matches!(
+            refused(g.enter(Entry::Poll).unwrap_err()),
+            Error::DeviceClosed
+        ));
     }
 
     #[test]

@@ -304,15 +304,33 @@ impl QpShared {
         )
     }
 
-    /// Enters entry point `entry` (in-flight tracking) after checking the device's and
-    /// the QP's markers.
-    #[inline]
+    /// Enters entry point `entry` (in-flight tracking) after checking the QP's markers
+    /// (the device's are checked by the device's own entry points and at close). Inlined:
+    /// the fast path is the gate and two compares; failures go to a cold function.
+    #[inline(always)]
     fn enter(&self, entry: Entry) -> Result<Inflight<'_>> {
-        let inside = self.device.enter(entry)?;
-        if !self.markers_intact() {
-            return Err(self.markers_damaged(entry.name()));
+        match self.device.inflight.enter(entry) {
+            Ok(inside) if self.markers_intact() => Ok(inside),
+            other => Err(self.enter_failed(other, entry)),
         }
-        Ok(inside)
+    }
+
+    /// Why [`QpShared::enter`] failed (the gate refused, or a marker is damaged: then the
+    /// thread leaves first).
+    #[cold]
+    #[inline(never)]
+    fn enter_failed(
+        &self,
+        entered: std::result::Result<Inflight<'_>, crate::inflight::Refused>,
+        entry: Entry,
+    ) -> Error {
+        match entered {
+            Err(r) => crate::inflight::refused(r),
+            Ok(inside) => {
+                drop(inside);
+                self.markers_damaged(entry.name())
+            }
+        }
     }
 }
 
