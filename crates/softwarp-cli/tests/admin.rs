@@ -685,7 +685,8 @@ fn snapshots_and_dump_of_a_running_process_read_back_through_decode() {
             "resources",
             "stats",
             "snapshots",
-            "flight-recorder"
+            "flight-recorder",
+            "markers"
         ]
     );
     let records = decoded["sections"][5]["body"]["records"]

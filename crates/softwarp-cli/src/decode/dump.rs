@@ -248,7 +248,9 @@ mod tests {
         write_text(&d, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(
-            text.contains("MARKERS DAMAGED: markers begin=DAMAGED(found 0x"),
+            text.contains(
+                "MARKERS DAMAGED: markers begin=DAMAGED(found RWQP-BEG, expected SWQP-BEG)"
+            ),
             "{text}"
         );
         assert!(text.contains("end=0x0000000000000007"), "{text}");
