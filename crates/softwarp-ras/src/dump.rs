@@ -812,7 +812,8 @@ mod tests {
                 "resources",
                 "stats",
                 "snapshots",
-                "flight-recorder"
+                "flight-recorder",
+                "markers"
             ]
         );
     }
