@@ -10,8 +10,9 @@
 //!
 //! Checks: the entry points check the markers of the object they work on (two relaxed
 //! loads and compares; `QueuePair::post_send` and `post_recv` also the guard words of the
-//! ring they fill, `CompletionQueue::poll` those of the completion ring) and
-//! `Device::close` checks every object of the device. A damaged word is never used
+//! ring they fill, `CompletionQueue::poll` those of the completion ring; the device's words
+//! at the device's own entry points, not at the per-message ones) and `Device::close` (and
+//! `Device::check_markers`) checks every object of the device and every ring. A damaged word is never used
 //! silently: the call returns [`Error::MarkerDamaged`], the damage is recorded
 //! ([`softwarp_ras::markers::record`], the `markers` section of every dump) and the device
 //! fails as `Device::inject_fatal_error` makes it fail (every QP to Error, work flushed, one

@@ -15,7 +15,8 @@
 //!   another). A quiesce that runs out of time reads the slots: thread name, kernel thread
 //!   id and entry point of every thread still inside ([`InflightReport`]). A thread that
 //!   enters while its thread-local storage is being torn down (a verb in a thread-local
-//!   destructor) is counted but has no slot; the report says how many it could not name.
+//!   destructor) is counted but has no slot of its own (it writes a shared one the reports
+//!   do not read); the report says how many it could not name.
 //!   The pool keeps one small slot per thread alive at the same time (it never shrinks:
 //!   reused, not freed).
 //! - Blocking waits (get_cq_event, wait_closed, blocking connects) are not entries: a
