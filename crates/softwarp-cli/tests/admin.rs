@@ -695,7 +695,7 @@ fn snapshots_and_dump_of_a_running_process_read_back_through_decode() {
         "== resources ==",
         "== snapshots ==",
         "== flight-recorder ==",
-        "the dump is complete (6 sections)",
+        "the dump is complete (7 sections)",
     ] {
         assert!(text.contains(needle), "{needle} not in the decoded dump");
     }
@@ -726,7 +726,8 @@ fn snapshots_and_dump_of_a_running_process_read_back_through_decode() {
             "resources",
             "stats",
             "snapshots",
-            "flight-recorder"
+            "flight-recorder",
+            "markers"
         ]
     );
     let records = decoded["sections"][5]["body"]["records"]

@@ -8,7 +8,7 @@
 use thiserror::Error;
 
 use crate::event::AsyncEvent;
-use crate::ring::Ring;
+use crate::ring::{Ring, RingGuard};
 use crate::wr::WorkCompletion;
 
 /// Identifies a CQ in the runtime's tables (the engine only reports it back in events).
@@ -85,6 +85,21 @@ impl Cq {
     /// Completions refused (overflow and after), for statistics and error reports.
     pub fn refused(&self) -> u64 {
         self.refused
+    }
+    /// Whether the guard words of the completion ring are intact (two loads).
+    #[inline]
+    pub fn guards_intact(&self) -> bool {
+        self.ring.guards_intact()
+    }
+    /// The guard words of the completion ring, as found.
+    pub fn ring_guard(&self) -> RingGuard {
+        self.ring.guard("cq")
+    }
+    /// Fault injection for RAS tests (not for applications): flips a guard word of the
+    /// ring (the word after it when `hi`).
+    #[doc(hidden)]
+    pub fn damage_ring_guard(&mut self, hi: bool) {
+        self.ring.damage_guard(hi);
     }
 
     /// Queues a completion. On overflow the CQ enters the error state, queues a

@@ -158,6 +158,7 @@ pub mod mpa;
 pub mod mr;
 pub mod qp;
 pub(crate) mod ring;
+pub use ring::{RingGuard, RING_GUARD_HI, RING_GUARD_LO};
 pub mod srq;
 pub mod stats;
 pub mod wr;

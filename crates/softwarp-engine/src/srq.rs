@@ -6,7 +6,7 @@ use thiserror::Error;
 
 use crate::event::AsyncEvent;
 use crate::mr::PdId;
-use crate::ring::Ring;
+use crate::ring::{Ring, RingGuard};
 use crate::wr::RecvWr;
 
 /// Identifies an SRQ in the runtime's tables.
@@ -51,6 +51,15 @@ impl Srq {
     /// This SRQ's id.
     pub fn id(&self) -> SrqId {
         self.id
+    }
+    /// Whether the guard words of the receive ring are intact (two loads).
+    #[inline]
+    pub fn guards_intact(&self) -> bool {
+        self.ring.guards_intact()
+    }
+    /// The guard words of the receive ring, as found.
+    pub fn ring_guard(&self) -> RingGuard {
+        self.ring.guard("srq")
     }
     /// The protection domain receive buffers are checked against.
     pub fn pd(&self) -> PdId {

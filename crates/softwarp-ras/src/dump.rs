@@ -14,12 +14,13 @@
 //! {"pid":4242,...}            <- exactly 312 bytes of JSON, then a newline
 //! === SOFTWARP-DUMP SECTION levels 118 fnv1a64:... ===
 //! ...
-//! === SOFTWARP-DUMP END 6 ===
+//! === SOFTWARP-DUMP END 7 ===
 //! ```
 //!
 //! Sections in order: `process` ([`DumpProcess`]), `levels` ([`TraceLevels`]),
 //! `resources` ([`ResourcesResult`]), `stats` ([`StatsSnapshot`]), `snapshots`
-//! ([`SnapshotsResult`]), `flight-recorder` ([`FlightRecorderDump`]). Each body's length
+//! ([`SnapshotsResult`]), `flight-recorder` ([`FlightRecorderDump`]), `markers`
+//! ([`MarkersResult`]: structure markers found damaged). Each body's length
 //! and an FNV-1a 64 hash of its name and body are in its marker, and the end marker counts the sections: a
 //! truncated dump lacks the end marker (or bytes of a body), a damaged one fails a hash.
 //! Readers keep sections they do not know (as JSON), so later versions may add some.
@@ -37,6 +38,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::control::{ControlHandler, ResourcesResult};
+use crate::markers::MarkersResult;
 use crate::snapshot::{SnapshotFilter, SnapshotsResult};
 use crate::stats::StatsSnapshot;
 use crate::trace::{FlightRecorderDump, TraceLevels};
@@ -197,6 +199,7 @@ pub fn collect(handler: &dyn ControlHandler, reason: &str) -> io::Result<Vec<u8>
     w.section("stats", &handler.stats())?;
     w.section("snapshots", &handler.snapshots(&SnapshotFilter::default()))?;
     w.section("flight-recorder", &handler.flight_recorder(None, None))?;
+    w.section("markers", &crate::markers::history())?;
     Ok(w.finish())
 }
 
@@ -276,6 +279,8 @@ pub enum Section {
     Snapshots(SnapshotsResult),
     /// `flight-recorder`.
     FlightRecorder(FlightRecorderDump),
+    /// `markers`: structure markers found damaged in this process.
+    Markers(MarkersResult),
     /// A section this reader does not know, as JSON.
     Other {
         /// Its name.
@@ -295,6 +300,7 @@ impl Section {
             Section::Stats(_) => "stats",
             Section::Snapshots(_) => "snapshots",
             Section::FlightRecorder(_) => "flight-recorder",
+            Section::Markers(_) => "markers",
             Section::Other { name, .. } => name,
         }
     }
@@ -307,6 +313,7 @@ impl Section {
             "stats" => Section::Stats(serde_json::from_slice(body)?),
             "snapshots" => Section::Snapshots(serde_json::from_slice(body)?),
             "flight-recorder" => Section::FlightRecorder(serde_json::from_slice(body)?),
+            "markers" => Section::Markers(serde_json::from_slice(body)?),
             other => Section::Other {
                 name: other.to_string(),
                 body: serde_json::from_slice(body)?,
@@ -323,6 +330,7 @@ impl Section {
             Section::Stats(v) => serde_json::to_value(v),
             Section::Snapshots(v) => serde_json::to_value(v),
             Section::FlightRecorder(v) => serde_json::to_value(v),
+            Section::Markers(v) => serde_json::to_value(v),
             Section::Other { body, .. } => Ok(body.clone()),
         };
         v.unwrap_or(serde_json::Value::Null)
@@ -804,7 +812,8 @@ mod tests {
                 "resources",
                 "stats",
                 "snapshots",
-                "flight-recorder"
+                "flight-recorder",
+                "markers"
             ]
         );
     }

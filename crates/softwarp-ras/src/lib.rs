@@ -85,6 +85,7 @@ pub mod deadline;
 pub mod dump;
 pub mod errlog;
 pub mod health;
+pub mod markers;
 pub mod registry;
 pub mod service;
 pub mod snapshot;

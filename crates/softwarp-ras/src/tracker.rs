@@ -110,6 +110,10 @@ pub struct ResourceDetails {
     /// Anything else, by name (`pd`, `send_cq`, `stag`, `cqe` ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub attrs: BTreeMap<String, String>,
+    /// The object's structure markers as found when it was described (its begin and end
+    /// words, the guard words of its rings); see [`crate::markers`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub markers: Vec<crate::markers::MarkerWord>,
 }
 
 /// Implemented by the owner of a resource to report live details on demand (when resources

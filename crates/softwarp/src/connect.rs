@@ -78,6 +78,7 @@ impl Listener {
         opts: &ConnectOptions,
         timeout: Option<Duration>,
     ) -> Result<ConnectionInfo> {
+        crate::context::check_blocking("Listener::accept")?;
         let shared: &Arc<_> = qp.shared();
         attempt::claim_responder(shared, opts)?;
         let stream = match self.wait_accept(timeout) {

@@ -17,11 +17,14 @@ use std::time::Duration;
 use softwarp_engine::cq::{Cq, CqError, CqId};
 use softwarp_engine::wr::{WcOpcode, WcStatus, WorkCompletion};
 use softwarp_ras::deadline::Deadline;
+use softwarp_ras::markers::MarkerWord;
 use softwarp_ras::sw_event;
 use softwarp_ras::tracker::{DescribeResource, ResourceKind};
 
 use crate::device::{lock, CountGuard, Counts, DeviceShared};
 use crate::error::{Error, Result};
+use crate::inflight::Entry;
+use crate::markers;
 use crate::qp::QpShared;
 use crate::ras::{CqView, Tracked};
 use crate::sys;
@@ -51,8 +54,11 @@ struct CqState {
     notifications: u64,
 }
 
+/// `repr(C)`: the structure markers begin and end it.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct CqShared {
+    begin: markers::Begin,
     device: Arc<DeviceShared>,
     state: Mutex<CqState>,
     channel: Option<Arc<ChannelShared>>,
@@ -67,6 +73,7 @@ pub(crate) struct CqShared {
     /// Busy-poll mode: [`CompletionQueue::poll`] moves the bytes of the QPs that receive
     /// into this CQ, and their sockets do not wake the progress thread for reading.
     pub(crate) busy_poll: AtomicBool,
+    end: markers::End,
 }
 
 impl Drop for CqShared {
@@ -154,6 +161,43 @@ impl CqShared {
         }
     }
 
+    /// Whether the CQ's begin and end words are intact (two loads).
+    #[inline]
+    fn markers_intact(&self) -> bool {
+        markers::intact(markers::Kind::Cq, &self.begin, &self.end)
+    }
+
+    /// The CQ's markers and the guard words of its ring, as found (takes the CQ lock).
+    pub(crate) fn marker_words(&self) -> Vec<MarkerWord> {
+        let mut words = markers::words(markers::Kind::Cq, &self.begin, &self.end);
+        words.extend(markers::ring_words(&[lock(&self.state).cq.ring_guard()]));
+        words
+    }
+
+    /// Checks every marker of the CQ; a damaged one fails the device. Call with no lock
+    /// held.
+    pub(crate) fn check_markers(&self, check: &'static str) -> Result<()> {
+        if self.marker_words().iter().all(MarkerWord::is_intact) {
+            return Ok(());
+        }
+        Err(self.markers_damaged(check))
+    }
+
+    /// Reports damaged markers (fails the device). Call with no lock held.
+    #[cold]
+    #[inline(never)]
+    fn markers_damaged(&self, check: &'static str) -> Error {
+        let words = self.marker_words();
+        let id = lock(&self.state).cq.id().0;
+        markers::damaged(
+            &self.device,
+            markers::Kind::Cq.name(),
+            u64::from(id),
+            &words,
+            check,
+        )
+    }
+
     /// Counters and state for RAS (statistics, `softwarp resources`).
     pub(crate) fn ras_view(&self) -> CqView {
         let st = lock(&self.state);
@@ -208,6 +252,7 @@ impl CompletionQueue {
             bytes as u64,
         ));
         let shared = Arc::new(CqShared {
+            begin: markers::Begin::new(markers::Kind::Cq),
             device: Arc::clone(device),
             state: Mutex::new(CqState {
                 cq: Cq::new(id, cqe),
@@ -223,6 +268,7 @@ impl CompletionQueue {
             _number: number,
             ras: Arc::downgrade(&ras),
             busy_poll: AtomicBool::new(false),
+            end: markers::End::new(markers::Kind::Cq),
         });
         ras.describe_with(Arc::downgrade(&shared) as Weak<dyn DescribeResource>);
         device.ras.add_cq(&shared);
@@ -269,11 +315,25 @@ impl CompletionQueue {
     ///
     /// Completions queued before an overflow are still returned; once they are gone, a CQ
     /// that overflowed returns [`Error::CqOverflowed`].
+    ///
+    /// After [`crate::Device::close`] (or while the device is quiesced) a poll still
+    /// returns what is queued (the completions the close flushed) but moves no bytes.
+    /// [`Error::MarkerDamaged`] when the CQ's structure markers are damaged (the device
+    /// failed).
     pub fn poll(&self, wcs: &mut [WorkCompletion]) -> Result<usize> {
-        if self.shared.busy_poll.load(Ordering::Relaxed) && self.is_empty() {
-            self.shared.drive();
+        let sh = &self.shared;
+        let inside = sh.device.inflight.enter(Entry::Poll);
+        if !sh.markers_intact() {
+            return Err(sh.markers_damaged("CompletionQueue::poll"));
         }
-        let mut st = lock(&self.shared.state);
+        if inside.is_ok() && sh.busy_poll.load(Ordering::Relaxed) && self.is_empty() {
+            sh.drive();
+        }
+        let mut st = lock(&sh.state);
+        if !st.cq.guards_intact() {
+            drop(st);
+            return Err(sh.markers_damaged("CompletionQueue::poll"));
+        }
         let mut n = 0;
         for slot in wcs.iter_mut() {
             match st.cq.poll() {
@@ -313,11 +373,25 @@ impl CompletionQueue {
     }
 
     /// Takes the oldest completion, if any.
+    ///
+    /// As [`CompletionQueue::poll`] after a close; `None` when the CQ's structure markers
+    /// are damaged (the device failed: a `DeviceFatal` event says so).
     pub fn poll_one(&self) -> Option<WorkCompletion> {
-        if self.shared.busy_poll.load(Ordering::Relaxed) && self.is_empty() {
-            self.shared.drive();
+        let sh = &self.shared;
+        let inside = sh.device.inflight.enter(Entry::PollOne);
+        if !sh.markers_intact() {
+            sh.markers_damaged("CompletionQueue::poll_one");
+            return None;
         }
-        let mut st = lock(&self.shared.state);
+        if inside.is_ok() && sh.busy_poll.load(Ordering::Relaxed) && self.is_empty() {
+            sh.drive();
+        }
+        let mut st = lock(&sh.state);
+        if !st.cq.guards_intact() {
+            drop(st);
+            sh.markers_damaged("CompletionQueue::poll_one");
+            return None;
+        }
         let wc = st.cq.poll();
         if let Some(wc) = &wc {
             st.polled += 1;
@@ -353,6 +427,22 @@ impl CompletionQueue {
         self.shared.busy_poll.load(Ordering::Relaxed)
     }
 
+    /// Fault injection for RAS tests (not for applications): flips one of the CQ's marker
+    /// words, `begin`, `end`, `cq.lo` or `cq.hi` (the completion ring's guards). The next
+    /// poll (or `Device::close`) sees the damage.
+    #[doc(hidden)]
+    pub fn damage_marker_for_testing(&self, which: &str) -> Result<()> {
+        let s = &self.shared;
+        match markers::ring_guard_name(which) {
+            Some(("cq", hi)) => {
+                lock(&s.state).cq.damage_ring_guard(hi);
+                Ok(())
+            }
+            Some(_) => Err(Error::InvalidArgument("a CQ has one ring, cq")),
+            None => markers::damage(&s.begin, &s.end, which),
+        }
+    }
+
     /// Arms the CQ: the channel is signalled at the next completion queued after this call
     /// (with `solicited_only`: the next receive of a message with the Solicited Event flag,
     /// or the next completion with an error status). One notification per arming.
@@ -360,6 +450,10 @@ impl CompletionQueue {
     /// As with verbs, poll the CQ once more after arming: a completion that arrived before
     /// the arming does not signal.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        let _inside = self.shared.device.enter(Entry::ReqNotify)?;
+        if !self.shared.markers_intact() {
+            return Err(self.shared.markers_damaged("CompletionQueue::req_notify"));
+        }
         if self.shared.channel.is_none() {
             return Err(Error::InvalidArgument(
                 "req_notify needs a CQ created with a completion channel",
@@ -433,7 +527,12 @@ impl CompletionChannel {
 
     /// Waits until an armed CQ of this channel fires and returns it (`None`: no time limit).
     /// The CQ is disarmed: call [`CompletionQueue::req_notify`] again for the next event.
+    ///
+    /// [`Error::WouldDeadlock`] on a thread where waiting would deadlock (a device's
+    /// progress thread, which makes the completions; a callback inside a Softwarp call),
+    /// unless `timeout` is zero.
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<CompletionQueue> {
+        crate::context::check_wait("CompletionChannel::get_cq_event", timeout)?;
         let deadline = Deadline::from_timeout(timeout);
         loop {
             if let Some(cq) = self.shared.take() {

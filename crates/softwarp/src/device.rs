@@ -17,6 +17,8 @@ use softwarp_engine::wr::{MAX_INLINE, MAX_SGE};
 
 use crate::cq::{CompletionChannel, CompletionQueue};
 use crate::error::{Error, Result};
+use crate::inflight::{DeviceGate, Entry, Inflight};
+use crate::markers;
 use crate::pd::ProtectionDomain;
 use crate::progress::Progress;
 use crate::qp::QpShared;
@@ -220,9 +222,15 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// State shared by a device and everything created from it.
+/// State shared by a device and everything created from it. `repr(C)`: the structure
+/// markers begin and end it.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct DeviceShared {
+    begin: markers::Begin,
+    /// Threads inside the device's entry points; closed by [`Device::close`], held by
+    /// [`Device::quiesce`].
+    pub(crate) inflight: DeviceGate,
     pub(crate) attr: DeviceAttr,
     /// The STag table. Locked only to register, look up or validate (never across I/O).
     mrs: RwLock<MrTable>,
@@ -239,6 +247,7 @@ pub(crate) struct DeviceShared {
     pub(crate) ras: DeviceRas,
     /// State, fault, recovery (see `crate::recovery`).
     pub(crate) health: Health,
+    end: markers::End,
 }
 
 /// Live object counts, for the limits in [`DeviceAttr`].
@@ -314,6 +323,51 @@ impl DeviceShared {
     }
     pub(crate) fn live_qps(&self) -> Vec<Arc<QpShared>> {
         lock(&self.qps).iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Enters entry point `entry` of the device (in-flight tracking) after checking the
+    /// device's markers (object creation and the other entry points that are not per
+    /// message; the per-message ones check their own object's markers only).
+    pub(crate) fn enter(&self, entry: Entry) -> Result<Inflight<'_>> {
+        let inside = self
+            .inflight
+            .enter(entry)
+            .map_err(crate::inflight::refused)?;
+        if !markers::intact(markers::Kind::Device, &self.begin, &self.end) {
+            return Err(self.markers_damaged(entry.name()));
+        }
+        Ok(inside)
+    }
+
+    /// The device's markers as found.
+    pub(crate) fn marker_words(&self) -> Vec<softwarp_ras::markers::MarkerWord> {
+        markers::words(markers::Kind::Device, &self.begin, &self.end)
+    }
+
+    #[cold]
+    fn markers_damaged(&self, check: &'static str) -> Error {
+        markers::damaged(
+            self,
+            markers::Kind::Device.name(),
+            0,
+            &self.marker_words(),
+            check,
+        )
+    }
+
+    /// Checks the markers of the device and of every QP and CQ of it (and the guard words of
+    /// their rings); the first damage found fails the device. At close and on demand.
+    pub(crate) fn check_all_markers(&self, check: &'static str) -> Result<()> {
+        if !markers::intact(markers::Kind::Device, &self.begin, &self.end) {
+            return Err(self.markers_damaged(check));
+        }
+        for qp in self.live_qps() {
+            qp.check_markers(check)?;
+        }
+        for cq in self.ras.live_cqs() {
+            cq.check_markers(check)?;
+        }
+        Ok(())
     }
 
     /// Deregisters `stag` at once (no later access validates); in-flight work that holds its
@@ -572,6 +626,8 @@ impl Device {
         let progress = Progress::start(name)?;
         let ras = DeviceRas::new(name);
         let shared = Arc::new(DeviceShared {
+            begin: markers::Begin::new(markers::Kind::Device),
+            inflight: DeviceGate::new(),
             mrs: RwLock::new(MrTable::new(attr.max_mr)),
             attr,
             events: EventQueue::new().map_err(|e| Error::io("eventfd", e))?,
@@ -582,6 +638,7 @@ impl Device {
             counts: Counts::default(),
             ras,
             health: Health::new(b.interface.clone(), auto),
+            end: markers::End::new(markers::Kind::Device),
         });
         // The shared state and the progress thread's 64 KiB scratch buffer (approximate).
         let bytes = std::mem::size_of::<DeviceShared>() + 64 * 1024;
@@ -627,6 +684,7 @@ impl Device {
     /// Allocates a protection domain.
     #[track_caller]
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        let _inside = self.shared.enter(Entry::AllocPd)?;
         self.shared.check_usable()?;
         let guard = Counts::take(
             &self.shared.counts.pd,
@@ -648,6 +706,7 @@ impl Device {
         cqe: usize,
         channel: Option<&CompletionChannel>,
     ) -> Result<CompletionQueue> {
+        let _inside = self.shared.enter(Entry::CreateCq)?;
         self.shared.check_usable()?;
         CompletionQueue::new(&self.shared, cqe, channel)
     }
@@ -659,16 +718,22 @@ impl Device {
 
     /// Waits for the next asynchronous event (QP fatal/access/request error, CQ error, SRQ
     /// limit, device fatal), without a time limit.
-    pub fn get_async_event(&self) -> AsyncEvent {
+    ///
+    /// Fails only with [`Error::WouldDeadlock`], on a thread where waiting would deadlock
+    /// (a device's progress thread, a callback inside a Softwarp call).
+    pub fn get_async_event(&self) -> Result<AsyncEvent> {
+        crate::context::check_blocking("Device::get_async_event")?;
         loop {
             if let Some(ev) = self.shared.events.take(None) {
-                return ev;
+                return Ok(ev);
             }
         }
     }
 
-    /// Waits at most `timeout` for the next asynchronous event.
+    /// Waits at most `timeout` for the next asynchronous event ([`Error::WouldDeadlock`]
+    /// where waiting would deadlock, unless `timeout` is zero).
     pub fn get_async_event_timeout(&self, timeout: Duration) -> Result<AsyncEvent> {
+        crate::context::check_wait("Device::get_async_event_timeout", Some(timeout))?;
         self.shared
             .events
             .take(Some(timeout))
@@ -734,6 +799,105 @@ impl Device {
     /// for it and returns its report. An error when the device has not failed.
     pub fn recover(&self, config: &RecoveryConfig) -> Result<RecoveryReport> {
         crate::recovery::recover(&self.shared, config)
+    }
+
+    /// Closes the device, for every handle of it: new work is refused
+    /// ([`Error::DeviceClosed`]), threads inside its entry points are waited for (at most
+    /// `bound`), the structure markers of the device and of every QP and CQ are checked,
+    /// and every QP goes to Error, so that every work request posted before completes
+    /// (flushed if it had not finished) and the connections close. Polls keep returning
+    /// those completions; the objects can still be dropped, in any order.
+    ///
+    /// What is still allocated is reported as leaked when the last `Device` handle goes, as
+    /// when the device is simply dropped.
+    ///
+    /// Errors: [`Error::WouldDeadlock`] on a thread where waiting would deadlock (nothing
+    /// is done); [`Error::StillInside`] when threads were still inside after `bound` (named
+    /// in the report; the device is closed all the same and they return normally);
+    /// [`Error::MarkerDamaged`] when a marker was found damaged (the device failed; it is
+    /// closed all the same).
+    pub fn close(self, bound: Duration) -> Result<()> {
+        crate::context::check_blocking("Device::close")?;
+        let sh = &self.shared;
+        sh.inflight.shut(crate::inflight::CLOSED);
+        let waited = sh.inflight.wait_empty(bound, sh.ras.instance());
+        let checked = sh.check_all_markers("Device::close");
+        for qp in sh.live_qps() {
+            qp.set_error_and_kick();
+        }
+        softwarp_ras::sw_event!(
+            Runtime,
+            4,
+            device = sh.ras.instance(),
+            "device closed by close()"
+        );
+        drop(self);
+        waited.map_err(Error::StillInside)?;
+        checked
+    }
+
+    /// Quiesces the device for a recovery (or anything that must replace device state no
+    /// entry point may see half done): new entries are refused ([`Error::DeviceQuiesced`])
+    /// and the threads inside entry points are waited for, at most `bound`. The device stays
+    /// quiesced until the returned guard is dropped (or [`Quiesced::end`]).
+    ///
+    /// Errors: [`Error::StillInside`] with the threads still inside after `bound` (the
+    /// device is let go again: nothing is held); [`Error::DeviceQuiesced`] while another
+    /// quiesce holds it; [`Error::DeviceClosed`] after [`Device::close`];
+    /// [`Error::WouldDeadlock`] on a thread where waiting would deadlock (a progress thread,
+    /// or inside an entry point: the wait would be for the caller itself).
+    pub fn quiesce(&self, bound: Duration) -> Result<Quiesced> {
+        crate::context::check_blocking("Device::quiesce")?;
+        let sh = &self.shared;
+        let before = sh.inflight.shut(crate::inflight::QUIESCED);
+        if before & crate::inflight::CLOSED != 0 {
+            if before & crate::inflight::QUIESCED == 0 {
+                sh.inflight.open(crate::inflight::QUIESCED);
+            }
+            return Err(Error::DeviceClosed);
+        }
+        if before & crate::inflight::QUIESCED != 0 {
+            return Err(Error::DeviceQuiesced);
+        }
+        if let Err(report) = sh.inflight.wait_empty(bound, sh.ras.instance()) {
+            sh.inflight.open(crate::inflight::QUIESCED);
+            return Err(Error::StillInside(report));
+        }
+        Ok(Quiesced {
+            shared: Arc::clone(sh),
+        })
+    }
+
+    /// Checks the structure markers of the device and of every QP and CQ of it, and the
+    /// guard words of their rings (what [`Device::close`] does); a damaged one fails the
+    /// device ([`Error::MarkerDamaged`]).
+    pub fn check_markers(&self) -> Result<()> {
+        self.shared.check_all_markers("Device::check_markers")
+    }
+
+    /// Fault injection for RAS tests (not for applications): flips the device's `begin` or
+    /// `end` marker word. The next entry point sees the damage.
+    #[doc(hidden)]
+    pub fn damage_marker_for_testing(&self, which: &str) -> Result<()> {
+        markers::damage(&self.shared.begin, &self.shared.end, which)
+    }
+}
+
+/// A quiesced device ([`Device::quiesce`]): entry points are refused until this is dropped.
+#[derive(Debug)]
+#[must_use = "the device is let go again when this is dropped"]
+pub struct Quiesced {
+    shared: Arc<DeviceShared>,
+}
+
+impl Quiesced {
+    /// Ends the quiesce (as dropping does).
+    pub fn end(self) {}
+}
+
+impl Drop for Quiesced {
+    fn drop(&mut self) {
+        self.shared.inflight.open(crate::inflight::QUIESCED);
     }
 }
 

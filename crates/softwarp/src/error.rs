@@ -16,6 +16,9 @@ use softwarp_engine::srq::SrqError;
 use softwarp_wire::WireError;
 use thiserror::Error;
 
+use crate::context::BlockingContext;
+use crate::inflight::InflightReport;
+
 /// What a Softwarp call can fail with.
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -117,6 +120,39 @@ pub enum Error {
     InUse {
         /// How many in-flight operations hold the registration's memory.
         users: usize,
+    },
+    /// A blocking call was made where it would deadlock (see [`BlockingContext`]): make it
+    /// from one of the application's own threads, outside Softwarp's callbacks.
+    #[error("{call} would deadlock here: it was called on {context}; make blocking calls from the application's own threads")]
+    WouldDeadlock {
+        /// The blocking call, e.g. `CompletionChannel::get_cq_event`.
+        call: &'static str,
+        /// Where it was called.
+        context: BlockingContext,
+    },
+    /// The device was closed ([`crate::Device::close`]): nothing new is accepted (polls
+    /// still return the completions the close flushed).
+    #[error("the device is closed")]
+    DeviceClosed,
+    /// The device is quiesced ([`crate::Device::quiesce`], e.g. during a recovery): try
+    /// again when it ends.
+    #[error("the device is quiesced (recovery in progress)")]
+    DeviceQuiesced,
+    /// Threads were still inside the device's entry points when a close or quiesce ran out
+    /// of time; the report names them. (A close still closed the device.)
+    #[error("{0}")]
+    StillInside(InflightReport),
+    /// A structure marker of an object was found damaged (memory written over by foreign
+    /// code or a hardware fault): the device failed (every QP in Error, a `DeviceFatal`
+    /// event, a dump); the object must not be used.
+    #[error("structure marker {marker:?} of {object} {id} is damaged: the device failed")]
+    MarkerDamaged {
+        /// The kind of object (`qp`, `cq`, `mr`, `device`).
+        object: &'static str,
+        /// Its number (QP number, CQ id, STag; 0 for the device).
+        id: u64,
+        /// The damaged word (`begin`, `end`, `sq.lo` ...).
+        marker: String,
     },
 }
 

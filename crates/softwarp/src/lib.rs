@@ -56,7 +56,10 @@
 //! | 5 | a CQ's queue (`CqShared::state`) | completions pushed, `poll`, `req_notify` | nothing (the channel is signalled after it is released) |
 //! | 6 | a completion channel's fired list | CQ notification, `get_cq_event` | nothing |
 //! | 7 | a CM identifier's state (`cm::id`) | the connection's observer (called under the QP lock), CM verbs | the CM event queue |
-//! | - | leaves: the device's event queue, QP list and number spaces, the device's health (`recovery::Health`), the progress thread's command sender, the CM event queue, RAS state (addresses, `TCP_INFO` sampler, CQ list), object counts | | nothing |
+//! | - | leaves: the device's event queue, QP list and number spaces, the device's health (`recovery::Health`), the progress thread's command sender, the CM event queue, RAS state (addresses, `TCP_INFO` sampler, CQ list), object counts, the in-flight thread-slot pool (a thread's first entry, reports), the structure-marker damage history | | nothing |
+//!
+//! The in-flight count of a device (`Device::close`, `Device::quiesce`) is an atomic word,
+//! not a lock: entry points add and subtract without waiting.
 //!
 //! The STag table being a leaf is what lets deregistration run from any thread, even one
 //! that holds a QP (a drop inside a completion handler): [`MemoryRegion`]'s drop takes the
@@ -97,9 +100,12 @@
 pub mod aio;
 pub mod cm;
 mod connect;
+mod context;
 mod cq;
 mod device;
 mod error;
+mod inflight;
+mod markers;
 mod netwatch;
 pub mod owned;
 mod pd;
@@ -119,9 +125,11 @@ pub use cm::{
     MarkerMode, Role, RtrTypes, MAX_QUEUED_REQUEST_ERRORS,
 };
 pub use connect::Listener;
+pub use context::BlockingContext;
 pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION};
-pub use device::{list_devices, Device, DeviceAttr, DeviceBuilder, DEVICE_NAME};
+pub use device::{list_devices, Device, DeviceAttr, DeviceBuilder, Quiesced, DEVICE_NAME};
 pub use error::{Error, MpaError, Result};
+pub use inflight::{InflightReport, InsideThread};
 pub use owned::{EditGuard, OwnedBuf, OwnedMr, OwnedRelease};
 pub use pd::{AccessFlags, MemoryRegion, MrRelease, ProtectionDomain};
 pub use qp::{QpCap, QpInitAttr, QueuePair};

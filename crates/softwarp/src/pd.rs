@@ -18,6 +18,8 @@ use softwarp_ras::tracker::{ResourceDetails, ResourceKind};
 use crate::cq::CompletionQueue;
 use crate::device::{CountGuard, Counts, DeviceShared, IdLease};
 use crate::error::{Error, Result};
+use crate::inflight::Entry;
+use crate::markers;
 use crate::qp::{QpInitAttr, QueuePair};
 use crate::ras::{attrs, Tracked};
 use crate::srq::{SharedReceiveQueue, SrqInitAttr};
@@ -84,6 +86,7 @@ impl ProtectionDomain {
     /// The tagged offsets of the region start at its address ([`MemoryRegion::addr`]).
     #[track_caller]
     pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
+        let _inside = self.inner.device.enter(Entry::RegMr)?;
         let region = Region::new_zeroed(len)?;
         self.register(Arc::new(region), access)
     }
@@ -112,6 +115,7 @@ impl ProtectionDomain {
         len: usize,
         access: AccessFlags,
     ) -> Result<MemoryRegion> {
+        let _inside = self.inner.device.enter(Entry::RegMr)?;
         // SAFETY: forwarded from this function's contract, which is `Region::from_raw`'s.
         let region = unsafe { Region::from_raw(ptr, len) }?;
         self.register(Arc::new(region), access)
@@ -165,6 +169,7 @@ impl ProtectionDomain {
             },
         );
         Ok(MemoryRegion {
+            begin: markers::Begin::new(markers::Kind::Mr),
             device: Arc::clone(&self.inner.device),
             pd: self.inner.id,
             region,
@@ -173,12 +178,14 @@ impl ProtectionDomain {
             iova,
             access,
             _ras: ras,
+            end: markers::End::new(markers::Kind::Mr),
         })
     }
 
     /// Creates a reliable-connected QP in this PD (Idle until connected or accepted).
     #[track_caller]
     pub fn create_qp(&self, attr: &QpInitAttr<'_>) -> Result<QueuePair> {
+        let _inside = self.inner.device.enter(Entry::CreateQp)?;
         self.inner.device.check_usable()?;
         QueuePair::new(self, attr)
     }
@@ -186,6 +193,7 @@ impl ProtectionDomain {
     /// Creates a shared receive queue in this PD.
     #[track_caller]
     pub fn create_srq(&self, attr: &SrqInitAttr) -> Result<SharedReceiveQueue> {
+        let _inside = self.inner.device.enter(Entry::CreateSrq)?;
         self.inner.device.check_usable()?;
         SharedReceiveQueue::new(self, attr)
     }
@@ -209,8 +217,13 @@ impl ProtectionDomain {
 /// peer that names it gets the Terminate for an invalid STag. Work that validated it earlier
 /// finishes with the memory (which stays alive until then); [`MemoryRegion::deregister`]
 /// returns a handle to wait for that.
+///
+/// It is framed by structure markers (`SWMR-BEG` ... `SWMR-END`), checked by its copies and
+/// when it is dropped: a damaged one fails the device ([`Error::MarkerDamaged`]).
 #[derive(Debug)]
+#[repr(C)]
 pub struct MemoryRegion {
+    begin: markers::Begin,
     device: Arc<DeviceShared>,
     pd: PdId,
     region: Arc<Region>,
@@ -220,9 +233,32 @@ pub struct MemoryRegion {
     iova: u64,
     access: AccessFlags,
     _ras: Tracked,
+    end: markers::End,
 }
 
 impl MemoryRegion {
+    /// Checks the region's markers (two loads); a damaged one fails the device.
+    #[inline]
+    fn check(&self, check: &'static str) -> Result<()> {
+        if markers::intact(markers::Kind::Mr, &self.begin, &self.end) {
+            return Ok(());
+        }
+        Err(markers::damaged(
+            &self.device,
+            markers::Kind::Mr.name(),
+            u64::from(self.stag.0),
+            &markers::words(markers::Kind::Mr, &self.begin, &self.end),
+            check,
+        ))
+    }
+
+    /// Fault injection for RAS tests (not for applications): flips the region's `begin` or
+    /// `end` marker word. Its next copy (or its drop) sees the damage.
+    #[doc(hidden)]
+    pub fn damage_marker_for_testing(&self, which: &str) -> Result<()> {
+        markers::damage(&self.begin, &self.end, which)
+    }
+
     /// The STag naming this registration (iWARP has one STag for local and remote use).
     pub fn stag(&self) -> Stag {
         self.stag
@@ -265,14 +301,17 @@ impl MemoryRegion {
 
     /// Copies `buf.len()` bytes at `offset` out of the region.
     pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+        self.check("MemoryRegion::read_at")?;
         Ok(self.region.read_at(offset, buf)?)
     }
     /// Copies `buf` into the region at `offset`.
     pub fn write_at(&self, offset: usize, buf: &[u8]) -> Result<()> {
+        self.check("MemoryRegion::write_at")?;
         Ok(self.region.write_at(offset, buf)?)
     }
     /// Sets `len` bytes at `offset` to `byte`.
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
+        self.check("MemoryRegion::fill")?;
         Ok(self.region.fill(offset, len, byte)?)
     }
     /// Copies the whole region into a new vector.
@@ -343,6 +382,10 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
+        // Counted while the device is open; a deregistration always runs.
+        let _inside = self.device.inflight.enter(Entry::DeregMr).ok();
+        // A damaged marker fails the device (reported there); the STag goes all the same.
+        let _ = self.check("MemoryRegion::drop");
         self.device.deregister(self.stag);
     }
 }
@@ -383,7 +426,11 @@ impl MrRelease {
     /// Releases are rare and the last reference can go on any thread, inside any lock, so
     /// this looks at the reference count with a short, growing sleep (up to 2 ms) instead of
     /// making every release signal a waiter.
+    ///
+    /// [`Error::WouldDeadlock`] on a thread where waiting would deadlock (the progress
+    /// thread ends the work that holds the memory), unless `timeout` is zero.
     pub fn wait(&self, timeout: Duration) -> Result<()> {
+        crate::context::check_wait("MrRelease::wait", Some(timeout))?;
         let deadline = Deadline::after(timeout);
         let mut nap = Duration::from_micros(50);
         loop {

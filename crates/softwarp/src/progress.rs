@@ -164,6 +164,7 @@ impl Drop for Progress {
 }
 
 fn run(mut poll: Poll, rx: Receiver<Cmd>) {
+    crate::context::mark_progress_thread();
     let mut events = Events::with_capacity(1024);
     let mut qps: HashMap<Token, Arc<QpShared>> = HashMap::new();
     // Token of each registered QP, by the address of its shared state (for kicks).

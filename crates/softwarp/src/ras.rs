@@ -214,7 +214,7 @@ impl DeviceRas {
         cqs.push(Arc::downgrade(cq));
     }
 
-    fn live_cqs(&self) -> Vec<Arc<CqShared>> {
+    pub(crate) fn live_cqs(&self) -> Vec<Arc<CqShared>> {
         lock(&self.cqs).iter().filter_map(Weak::upgrade).collect()
     }
 }
@@ -356,6 +356,7 @@ impl DescribeResource for DeviceShared {
                     self.ras.tracker.len().saturating_sub(1).to_string(),
                 ),
             ]),
+            markers: self.marker_words(),
             ..ResourceDetails::default()
         }
     }
@@ -880,6 +881,7 @@ impl QpView {
             local_addr: self.addrs.map(|(l, _)| l),
             peer_addr: self.addrs.map(|(_, p)| p),
             attrs,
+            markers: Vec::new(),
         }
     }
 
@@ -1047,7 +1049,9 @@ fn collect_ops(
 
 impl DescribeResource for QpShared {
     fn describe(&self) -> ResourceDetails {
-        self.ras_view().details()
+        let mut details = self.ras_view().details();
+        details.markers = self.marker_words();
+        details
     }
 }
 
@@ -1142,7 +1146,9 @@ impl CqView {
 
 impl DescribeResource for CqShared {
     fn describe(&self) -> ResourceDetails {
-        self.ras_view().details()
+        let mut details = self.ras_view().details();
+        details.markers = self.marker_words();
+        details
     }
 }
 

@@ -66,6 +66,13 @@ pub enum FaultKind {
         /// The address.
         addr: IpAddr,
     },
+    /// A structure marker of the device or of one of its objects was found damaged
+    /// (`Error::MarkerDamaged`). No automatic recovery follows: the damaged words stay
+    /// damaged, and every call that checks them fails again.
+    MarkerDamaged {
+        /// What was found, e.g. `structure marker damaged: QP 3 begin=... (QueuePair::post_send)`.
+        what: String,
+    },
 }
 
 impl FaultKind {
@@ -77,6 +84,7 @@ impl FaultKind {
             FaultKind::InterfaceDown { .. } => "interface_down",
             FaultKind::InterfaceRemoved { .. } => "interface_removed",
             FaultKind::AddressRemoved { .. } => "address_removed",
+            FaultKind::MarkerDamaged { .. } => "marker_damaged",
         }
     }
 }
@@ -95,6 +103,7 @@ impl fmt::Display for FaultKind {
                     "address {addr} of interface {interface} was removed (none left)"
                 )
             }
+            FaultKind::MarkerDamaged { what } => f.write_str(what),
         }
     }
 }
@@ -464,6 +473,17 @@ fn local_holders(dev: &DeviceShared) -> Vec<ResourceInfo> {
 /// Contains a fault of `dev` (see the module docs). Returns false when the device had
 /// failed already (nothing is done again).
 pub(crate) fn contain(dev: &Arc<DeviceShared>, kind: FaultKind) -> bool {
+    contain_in(dev, kind, Some(dev))
+}
+
+/// [`contain`] where the caller has no `Arc` of the device (a marker check inside the
+/// device's own entry point): `recover_with` is the device to hand to an automatic
+/// recovery, if one may start.
+pub(crate) fn contain_in(
+    dev: &DeviceShared,
+    kind: FaultKind,
+    recover_with: Option<&Arc<DeviceShared>>,
+) -> bool {
     let fault = {
         let mut g = dev.health.lock();
         if dev.health.state() != DeviceState::Operational {
@@ -510,8 +530,11 @@ pub(crate) fn contain(dev: &Arc<DeviceShared>, kind: FaultKind) -> bool {
     crate::ras::device_failed(dev, &text, qps.len(), &snapshots);
     // The recovery starts before the dump is written (tens of milliseconds): its time
     // counts from the fault.
-    if let Some(config) = dev.health.auto.clone() {
-        let d = Arc::clone(dev);
+    let auto = match (&fault.kind, recover_with) {
+        (FaultKind::MarkerDamaged { .. }, _) | (_, None) => None,
+        (_, Some(d)) => dev.health.auto.clone().map(|c| (c, Arc::clone(d))),
+    };
+    if let Some((config, d)) = auto {
         let spawned = std::thread::Builder::new()
             .name(format!("{}-recovery", dev.attr.name))
             .spawn(move || {
@@ -540,12 +563,37 @@ impl RecoverySubject for Subject<'_> {
     }
 }
 
-/// Threads still inside verbs entry points of the device must have left before it is
-/// declared operational again. Wiring point of the per-device in-flight counter (issue 16,
-/// in-flight tracking): until it lands, no verbs entry point is counted and this returns at
-/// once with `true`.
-fn threads_left_verbs(_dev: &DeviceShared, _within: Duration) -> bool {
-    true
+/// Waits, at most `within`, until no thread is inside one of the device's verbs entry points
+/// (the in-flight gate: new entries are refused meanwhile), so that no call that began
+/// before the fault still runs when the device is declared operational again; then lets
+/// entries in again (they see the device's state). False, with the threads still inside
+/// in the error log, when the bound ran out. A closed device has nothing to wait for; a
+/// device another caller holds quiesced is waited for without taking it over.
+fn threads_left_verbs(dev: &DeviceShared, within: Duration) -> bool {
+    use crate::inflight::{CLOSED, QUIESCED};
+    let before = dev.inflight.shut(QUIESCED);
+    if before & CLOSED != 0 {
+        if before & QUIESCED == 0 {
+            dev.inflight.open(QUIESCED);
+        }
+        return true;
+    }
+    let waited = dev.inflight.wait_empty(within, dev.ras.instance());
+    if before & QUIESCED == 0 {
+        dev.inflight.open(QUIESCED);
+    }
+    match waited {
+        Ok(()) => true,
+        Err(report) => {
+            sw_event!(
+                Runtime,
+                1,
+                device = dev.ras.instance(),
+                "recovery: threads still inside verbs calls after the bound: {report}"
+            );
+            false
+        }
+    }
 }
 
 /// Recovers `dev` (see the module docs); waits for a recovery already running instead of

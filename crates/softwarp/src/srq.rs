@@ -10,6 +10,7 @@ use softwarp_ras::tracker::{DescribeResource, ResourceDetails, ResourceKind};
 
 use crate::device::{lock, CountGuard, Counts, DeviceShared};
 use crate::error::{Error, Result};
+use crate::inflight::Entry;
 use crate::pd::ProtectionDomain;
 use crate::ras::{attrs, Tracked};
 
@@ -59,6 +60,7 @@ impl SrqShared {
                         .map_or_else(|| "-".to_string(), |l| l.to_string()),
                 ),
             ]),
+            markers: crate::markers::ring_words(&[srq.ring_guard()]),
             ..ResourceDetails::default()
         }
     }
@@ -161,12 +163,26 @@ impl SharedReceiveQueue {
 
     /// Queues a receive work request for any QP attached to this SRQ.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        if wr.sgl.len() > self.shared.max_sge {
+        let s = &self.shared;
+        let _inside = s.device.enter(Entry::PostSrqRecv)?;
+        if wr.sgl.len() > s.max_sge {
             return Err(Error::InvalidArgument(
                 "receive work request has more SGEs than the SRQ's max_sge",
             ));
         }
-        self.shared.lock().post_recv(*wr)?;
+        let mut srq = s.lock();
+        if !srq.guards_intact() {
+            let (id, guard) = (srq.id(), srq.ring_guard());
+            drop(srq);
+            return Err(crate::markers::damaged(
+                &s.device,
+                "srq",
+                u64::from(id.0),
+                &crate::markers::ring_words(&[guard]),
+                "SharedReceiveQueue::post_recv",
+            ));
+        }
+        srq.post_recv(*wr)?;
         Ok(())
     }
 

@@ -137,7 +137,14 @@ pub fn table(resources: &[ResourceInfo]) -> Table {
     for r in resources {
         let d = r.details.clone().unwrap_or_default();
         let dash = || "-".to_string();
-        let details: Vec<String> = d.attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut details: Vec<String> = d.attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        // Intact structure markers say nothing; a damaged one is what the operator must see.
+        details.extend(
+            d.markers
+                .iter()
+                .filter(|w| !w.is_intact())
+                .map(|w| format!("MARKER {w}")),
+        );
         t.push(vec![
             r.pid.to_string(),
             r.process.clone(),
@@ -227,6 +234,7 @@ mod tests {
                 local_addr: "127.0.0.1:7174".parse().ok(),
                 peer_addr: "127.0.0.1:40000".parse().ok(),
                 attrs: [("crc".to_string(), "on".to_string())].into(),
+                ..ResourceDetails::default()
             }),
         }
     }

@@ -6,6 +6,7 @@
 use std::io::{self, Write};
 
 use softwarp_ras::dump::{ParsedDump, Section};
+use softwarp_ras::markers::MarkerWord;
 
 /// Writes `dump` as text: one `== <section> ==` heading per section, then the state in the
 /// form the operator commands print it, and a last line that says whether the dump is
@@ -42,6 +43,16 @@ pub fn write_text(dump: &ParsedDump, out: &mut dyn Write) -> io::Result<()> {
                     if !attrs.is_empty() {
                         writeln!(out, "    {}", attrs.join(" "))?;
                     }
+                    if !d.markers.is_empty() {
+                        let words: Vec<String> =
+                            d.markers.iter().map(ToString::to_string).collect();
+                        let flag = if d.markers.iter().all(MarkerWord::is_intact) {
+                            ""
+                        } else {
+                            "MARKERS DAMAGED: "
+                        };
+                        writeln!(out, "    {flag}markers {}", words.join(" "))?;
+                    }
                 }
                 for m in &r.memory {
                     writeln!(out, "memory {}: {} bytes", m.tracker, m.total_bytes)?;
@@ -74,12 +85,30 @@ pub fn write_text(dump: &ParsedDump, out: &mut dyn Write) -> io::Result<()> {
                     writeln!(out, "{r}")?;
                 }
             }
+            Section::Markers(m) => {
+                writeln!(
+                    out,
+                    "{} damaged structure marker(s) found by checks ({} recorded here)",
+                    m.detected,
+                    m.damage.len()
+                )?;
+                for d in &m.damage {
+                    writeln!(out, "DAMAGED {d}")?;
+                }
+            }
             other => {
                 let text = serde_json::to_string_pretty(&other.to_json())
                     .unwrap_or_else(|e| format!("(cannot print: {e})"));
                 writeln!(out, "{text}")?;
             }
         }
+    }
+    let damaged = damaged_markers(dump);
+    if damaged > 0 {
+        writeln!(
+            out,
+            "== {damaged} DAMAGED STRUCTURE MARKER(S): the process's memory was written over (see above) =="
+        )?;
     }
     match &dump.error {
         None => writeln!(
@@ -91,13 +120,33 @@ pub fn write_text(dump: &ParsedDump, out: &mut dyn Write) -> io::Result<()> {
     }
 }
 
-/// The dump as one JSON object: `{format, version, complete, error, sections: [{name,
-/// body}]}`.
+/// Damaged structure markers in a dump: words of live resources that do not hold what
+/// they must, plus the damage records of the `markers` section.
+pub fn damaged_markers(dump: &ParsedDump) -> usize {
+    dump.sections
+        .iter()
+        .map(|s| match s {
+            Section::Resources(r) => r
+                .resources
+                .iter()
+                .filter_map(|res| res.details.as_ref())
+                .flat_map(|d| d.markers.iter())
+                .filter(|w| !w.is_intact())
+                .count(),
+            Section::Markers(m) => m.damage.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The dump as one JSON object: `{format, version, complete, error, damaged_markers,
+/// sections: [{name, body}]}`.
 pub fn to_json(dump: &ParsedDump) -> serde_json::Value {
     serde_json::json!({
         "format": "softwarp-dump",
         "version": dump.version,
         "complete": dump.is_complete(),
+        "damaged_markers": damaged_markers(dump),
         "error": dump.error.as_ref().map(ToString::to_string),
         "sections": dump
             .sections
@@ -124,7 +173,7 @@ mod tests {
             assert!(text.contains(&format!("== {s} ==")), "{s}: {text}");
         }
         assert!(
-            text.ends_with("the dump is complete (6 sections) ==\n"),
+            text.ends_with("the dump is complete (7 sections) ==\n"),
             "{text}"
         );
         let cut = dump::parse(&bytes[..bytes.len() - 10]).unwrap();
@@ -138,5 +187,78 @@ mod tests {
         let j = to_json(&cut);
         assert_eq!(j["complete"], false);
         assert_eq!(j["sections"][0]["name"], "process");
+    }
+
+    #[test]
+    fn damaged_structure_markers_are_flagged() {
+        use softwarp_ras::control::ResourcesResult;
+        use softwarp_ras::markers::{MarkerDamage, MarkersResult};
+        use softwarp_ras::tracker::{ResourceDetails, ResourceInfo, ResourceKind};
+        let word = u64::from_le_bytes(*b"SWQP-BEG");
+        let mut w = dump::DumpWriter::new();
+        let details = ResourceDetails {
+            markers: vec![
+                MarkerWord::new("begin", word, word ^ 1),
+                MarkerWord::new("end", 7, 7),
+            ],
+            ..ResourceDetails::default()
+        };
+        let res = ResourceInfo {
+            tracker: "softwarp0/1".into(),
+            kind: ResourceKind::Qp,
+            id: 5,
+            pid: 1,
+            process: "p".into(),
+            thread: "t".into(),
+            tid: 1,
+            file: "f.rs".into(),
+            line: 1,
+            column: 1,
+            created_unix_ms: 0,
+            created: "-".into(),
+            bytes: 0,
+            details: Some(details),
+        };
+        w.section(
+            "resources",
+            &ResourcesResult {
+                resources: vec![res],
+                memory: vec![],
+            },
+        )
+        .unwrap();
+        w.section(
+            "markers",
+            &MarkersResult {
+                damage: vec![MarkerDamage {
+                    device: "softwarp0/1".into(),
+                    object: "qp".into(),
+                    id: 5,
+                    marker: MarkerWord::new("begin", word, word ^ 1),
+                    check: "QueuePair::post_send".into(),
+                    time_unix_ms: 0,
+                }],
+                detected: 1,
+            },
+        )
+        .unwrap();
+        let d = dump::parse(&w.finish()).unwrap();
+        assert_eq!(damaged_markers(&d), 2);
+        let mut out = Vec::new();
+        write_text(&d, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains(
+                "MARKERS DAMAGED: markers begin=DAMAGED(found RWQP-BEG, expected SWQP-BEG)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("end=0x0000000000000007"), "{text}");
+        assert!(
+            text.contains("DAMAGED softwarp0/1 qp 5: begin=DAMAGED"),
+            "{text}"
+        );
+        assert!(text.contains("== 2 DAMAGED STRUCTURE MARKER(S)"), "{text}");
+        assert_eq!(to_json(&d)["damaged_markers"], 2);
     }
 }

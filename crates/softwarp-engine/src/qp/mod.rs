@@ -24,7 +24,7 @@ use thiserror::Error;
 use crate::event::AsyncEvent;
 use crate::fault::{Cause, EventKind, Fault};
 use crate::mr::{Access, MrMemory, MrTable, PdId, Validated};
-use crate::ring::Ring;
+use crate::ring::{Ring, RingGuard};
 use crate::srq::Srq;
 use crate::stats::QpStats;
 use crate::wr::{
@@ -458,6 +458,44 @@ impl Qp {
     /// Receive WRs posted to the own RQ and not yet used.
     pub fn rq_len(&self) -> usize {
         self.rq.len()
+    }
+    /// Whether the guard words of the send queue ring are intact (checked by the runtime
+    /// at every post; two loads).
+    #[inline]
+    pub fn sq_guards_intact(&self) -> bool {
+        self.sq.guards_intact()
+    }
+    /// Whether the guard words of the receive queue ring are intact.
+    #[inline]
+    pub fn rq_guards_intact(&self) -> bool {
+        self.rq.guards_intact()
+    }
+    /// The guard words of every ring of the QP, as found.
+    pub fn ring_guards(&self) -> [RingGuard; 6] {
+        [
+            self.sq.guard("sq"),
+            self.rq.guard("rq"),
+            self.rx_done.guard("rx_done"),
+            self.orq.guard("orq"),
+            self.irq.guard("irq"),
+            self.events.guard("events"),
+        ]
+    }
+    /// Fault injection for RAS tests (not for applications): flips a guard word of the
+    /// ring named `ring` (as [`Qp::ring_guards`] names them), the word after it when `hi`.
+    /// False when there is no such ring.
+    #[doc(hidden)]
+    pub fn damage_ring_guard(&mut self, ring: &str, hi: bool) -> bool {
+        match ring {
+            "sq" => self.sq.damage_guard(hi),
+            "rq" => self.rq.damage_guard(hi),
+            "rx_done" => self.rx_done.damage_guard(hi),
+            "orq" => self.orq.damage_guard(hi),
+            "irq" => self.irq.damage_guard(hi),
+            "events" => self.events.damage_guard(hi),
+            _ => return false,
+        }
+        true
     }
     /// RDMA Reads outstanding (ORQ occupancy).
     pub fn outstanding_reads(&self) -> usize {

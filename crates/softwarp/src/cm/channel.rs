@@ -209,6 +209,7 @@ impl CmEventChannel {
         timeout: Option<Duration>,
         pred: impl FnMut(&CmEvent) -> bool,
     ) -> Result<CmEvent> {
+        crate::context::check_wait("CmEventChannel::get_event", timeout)?;
         self.shared
             .events
             .take(timeout, pred)
@@ -301,6 +302,7 @@ impl CmEventChannel {
         addr: A,
         opts: &ConnectOptions,
     ) -> Result<(CmId, ConnectionInfo)> {
+        crate::context::check_blocking("CmEventChannel::connect_blocking")?;
         let id = self.connect(qp, addr, opts)?;
         let conn = id.conn_id();
         // The thread reports within `opts.timeout`; the margin only guards against a stuck

@@ -90,6 +90,7 @@ impl CmListener {
     /// The next connection request of this listener, waiting at most `timeout` (`None`: no
     /// limit). Other events stay queued on the channel.
     pub fn get_request(&self, timeout: Option<Duration>) -> Result<ConnectRequest> {
+        crate::context::check_wait("CmListener::get_request", timeout)?;
         let id = self.id;
         let ev = self
             .channel

@@ -110,6 +110,7 @@ impl Worker {
 
     /// Runs until the channel is dropped (or epoll fails).
     pub(super) fn run(mut self) {
+        crate::context::mark_cm_thread();
         let mut events = Events::with_capacity(1024);
         loop {
             let timeout = self.next_deadline().map(|d| {

@@ -77,12 +77,15 @@ use softwarp_engine::qp::{Qp, QpConfig, QpState};
 use softwarp_engine::stats::QpStats;
 use softwarp_engine::wr::{Payload, RecvWr, SendWr};
 use softwarp_ras::deadline::Deadline;
+use softwarp_ras::markers::MarkerWord;
 
 use crate::cm::attempt;
 use crate::cm::options::{ConnectOptions, ConnectionInfo};
 use crate::cq::{CompletionQueue, CqShared};
 use crate::device::{lock, CountGuard, DeviceShared};
 use crate::error::{Error, Result};
+use crate::inflight::{Entry, Inflight};
+use crate::markers;
 use crate::pd::ProtectionDomain;
 use crate::srq::{SharedReceiveQueue, SrqShared};
 
@@ -168,9 +171,12 @@ pub(crate) struct QpInner {
     watch_takeovers: u64,
 }
 
-/// State shared between a [`QueuePair`] handle and the progress thread.
+/// State shared between a [`QueuePair`] handle and the progress thread. `repr(C)`: the
+/// structure markers begin and end it.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct QpShared {
+    begin: markers::Begin,
     qp_num: u32,
     pub(crate) device: Arc<DeviceShared>,
     send_cq: Arc<CqShared>,
@@ -186,6 +192,7 @@ pub(crate) struct QpShared {
     ras: crate::ras::QpRas,
     /// Why the QP failed (`QueuePair::error_reason`).
     failure: crate::recovery::ErrorBlock,
+    end: markers::End,
 }
 
 impl Drop for QpShared {
@@ -265,6 +272,72 @@ impl QpShared {
     pub(crate) fn qp_num(&self) -> u32 {
         self.qp_num
     }
+
+    /// Whether the QP's begin and end words are intact (two loads).
+    #[inline]
+    fn markers_intact(&self) -> bool {
+        markers::intact(markers::Kind::Qp, &self.begin, &self.end)
+    }
+
+    /// The QP's markers and the guard words of its rings, as found (takes the QP lock).
+    pub(crate) fn marker_words(&self) -> Vec<MarkerWord> {
+        let mut words = markers::words(markers::Kind::Qp, &self.begin, &self.end);
+        words.extend(markers::ring_words(&self.lock().qp.ring_guards()));
+        words
+    }
+
+    /// Checks every marker of the QP; a damaged one fails the device. Takes the QP lock:
+    /// call with no lock held.
+    pub(crate) fn check_markers(&self, check: &'static str) -> Result<()> {
+        let words = self.marker_words();
+        if words.iter().all(MarkerWord::is_intact) {
+            return Ok(());
+        }
+        Err(self.markers_damaged(check))
+    }
+
+    /// Reports damaged markers (fails the device). Call with no lock held.
+    #[cold]
+    #[inline(never)]
+    fn markers_damaged(&self, check: &'static str) -> Error {
+        let words = self.marker_words();
+        markers::damaged(
+            &self.device,
+            markers::Kind::Qp.name(),
+            u64::from(self.qp_num),
+            &words,
+            check,
+        )
+    }
+
+    /// Enters entry point `entry` (in-flight tracking) after checking the QP's markers
+    /// (the device's are checked by the device's own entry points and at close). Inlined:
+    /// the fast path is the gate and two compares; failures go to a cold function.
+    #[inline(always)]
+    fn enter(&self, entry: Entry) -> Result<Inflight<'_>> {
+        match self.device.inflight.enter(entry) {
+            Ok(inside) if self.markers_intact() => Ok(inside),
+            other => Err(self.enter_failed(other, entry)),
+        }
+    }
+
+    /// Why [`QpShared::enter`] failed (the gate refused, or a marker is damaged: then the
+    /// thread leaves first).
+    #[cold]
+    #[inline(never)]
+    fn enter_failed(
+        &self,
+        entered: std::result::Result<Inflight<'_>, crate::inflight::Refused>,
+        entry: Entry,
+    ) -> Error {
+        match entered {
+            Err(r) => crate::inflight::refused(r),
+            Ok(inside) => {
+                drop(inside);
+                self.markers_damaged(entry.name())
+            }
+        }
+    }
 }
 
 /// A reliable-connected queue pair.
@@ -340,6 +413,7 @@ impl QueuePair {
         };
         let ras = crate::ras::QpRas::new(device, qp_num, qp_attrs(pd, attr));
         let shared = Arc::new(QpShared {
+            begin: markers::Begin::new(markers::Kind::Qp),
             qp_num,
             device: Arc::clone(device),
             send_cq: Arc::clone(&attr.send_cq.shared),
@@ -363,6 +437,7 @@ impl QueuePair {
             _number: number,
             ras,
             failure: crate::recovery::ErrorBlock::default(),
+            end: markers::End::new(markers::Kind::Qp),
         });
         let tracked = crate::ras::QpRas::track(&shared, qp_bytes(&attr.cap));
         device.add_qp(&shared);
@@ -432,7 +507,12 @@ impl QueuePair {
     /// as few system calls as the socket allows (their FPDUs share a `sendmsg`).
     pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, Error)> {
         let s = &self.shared;
+        let _inside = s.enter(Entry::PostSend).map_err(|e| (0, e))?;
         let mut g = s.lock();
+        if !g.qp.sq_guards_intact() {
+            drop(g);
+            return Err((0, s.markers_damaged("QueuePair::post_send")));
+        }
         let inner = &mut *g;
         let mut failed = None;
         {
@@ -498,7 +578,12 @@ impl QueuePair {
     /// first that fails and returns its index with the error (those before it are posted).
     pub fn post_recv_list(&self, wrs: &[RecvWr]) -> Result<(), (usize, Error)> {
         let s = &self.shared;
+        let _inside = s.enter(Entry::PostRecv).map_err(|e| (0, e))?;
         let mut g = s.lock();
+        if !g.qp.rq_guards_intact() {
+            drop(g);
+            return Err((0, s.markers_damaged("QueuePair::post_recv")));
+        }
         let mut failed = None;
         for (i, wr) in wrs.iter().enumerate() {
             softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, "post_recv");
@@ -522,18 +607,21 @@ impl QueuePair {
     /// `WrFlushErr`; from RTS a Terminate (local catastrophic error) is sent to the peer;
     /// then the connection closes.
     pub fn modify_to_error(&self) -> Result<()> {
+        let _inside = self.shared.enter(Entry::ModifyToError)?;
         self.shared.set_error_and_kick();
         Ok(())
     }
 
     /// Graceful close: no new sends; once outstanding work is done the connection closes.
     pub fn disconnect(&self) -> Result<()> {
+        let _inside = self.shared.enter(Entry::Disconnect)?;
         self.shared.disconnect()
     }
 
     /// Resets a QP in the Error state whose connection is closed back to Idle (queues
     /// emptied without completions), so that it can be connected again.
     pub fn reset(&self) -> Result<()> {
+        let _inside = self.shared.enter(Entry::Reset)?;
         self.shared.device.check_usable()?;
         let mut g = self.shared.lock();
         if g.conn.is_some() {
@@ -548,7 +636,11 @@ impl QueuePair {
 
     /// Waits (at most `timeout`) until the connection is closed and the QP is no longer
     /// in RTS, Closing or Terminate.
+    ///
+    /// [`Error::WouldDeadlock`] on a thread where waiting would deadlock (the progress
+    /// thread closes the connection: it cannot wait for itself).
     pub fn wait_closed(&self, timeout: Duration) -> Result<QpState> {
+        crate::context::check_wait("QueuePair::wait_closed", Some(timeout))?;
         let deadline = Deadline::after(timeout);
         loop {
             {
@@ -577,6 +669,7 @@ impl QueuePair {
         addr: A,
         opts: &ConnectOptions,
     ) -> Result<ConnectionInfo> {
+        crate::context::check_blocking("QueuePair::connect")?;
         let addrs = crate::cm::resolve(addr)?;
         let a = attempt::Initiator::new(&self.shared, addrs, opts)?;
         attempt::initiate_blocking(a)
@@ -594,6 +687,7 @@ impl QueuePair {
         stream: std::net::TcpStream,
         opts: &ConnectOptions,
     ) -> Result<ConnectionInfo> {
+        crate::context::check_blocking("QueuePair::connect_stream")?;
         let a = attempt::Initiator::on_stream(&self.shared, stream, opts)?;
         attempt::initiate_blocking(a)
     }
@@ -608,12 +702,31 @@ impl QueuePair {
         stream: std::net::TcpStream,
         opts: &ConnectOptions,
     ) -> Result<ConnectionInfo> {
+        crate::context::check_blocking("QueuePair::accept_stream")?;
         attempt::claim_responder(&self.shared, opts)?;
         attempt::respond_blocking(&self.shared, stream, opts)
     }
 
     pub(crate) fn shared(&self) -> &Arc<QpShared> {
         &self.shared
+    }
+
+    /// Fault injection for RAS tests (not for applications): flips one of the QP's marker
+    /// words, `begin`, `end`, or a ring guard (`sq.lo`, `sq.hi`, `rq.lo`, ... `events.hi`).
+    /// The next entry point on the QP (or `Device::close`) sees the damage.
+    #[doc(hidden)]
+    pub fn damage_marker_for_testing(&self, which: &str) -> Result<()> {
+        let s = &self.shared;
+        match markers::ring_guard_name(which) {
+            Some((ring, hi)) => {
+                if s.lock().qp.damage_ring_guard(ring, hi) {
+                    Ok(())
+                } else {
+                    Err(Error::InvalidArgument("no such ring"))
+                }
+            }
+            None => markers::damage(&s.begin, &s.end, which),
+        }
     }
 }
 
@@ -655,6 +768,8 @@ fn state_name(s: QpState) -> &'static str {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let s = &self.shared;
+        // Counted while the device is open; a destroy always runs.
+        let _inside = s.device.inflight.enter(Entry::DestroyQp).ok();
         let connected = {
             let mut g = s.lock();
             if let Some(o) = &g.observer {
