@@ -4,8 +4,11 @@
  * (softwarp-cli/tests/exec.rs) checks that every object's CREATED-AT names the function
  * that created it rather than a line of the library.
  *
- *   cc -rdynamic -O0 -o created_at created_at.c -libverbs -lrdmacm   (-O0: no sibling calls,
- *   which would hide the function from the return address)
+ *   cc -O1 -fno-optimize-sibling-calls -rdynamic -o created_at created_at.c -libverbs -lrdmacm
+ *
+ * No sibling calls: a tail call would return to the function's caller, not to it. At least
+ * -O1: verbs.h's static inline functions (ibv_create_qp_ex) are inlined into their callers;
+ * at -O0 the program has a local copy of each, which dladdr cannot name.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,7 +91,8 @@ NOINLINE struct ibv_srq *make_srq(struct ibv_pd *pd)
 	return ibv_create_srq(pd, &a);
 }
 
-/* A listener made by rdma_listen on an id bound to 127.0.0.1:0. */
+/* A listener made by rdma_listen on an id bound to 127.0.0.1:0 (the bind opens the connection
+ * manager's device). */
 NOINLINE int make_listener(struct rdma_cm_id *id)
 {
 	struct sockaddr_in sin;
