@@ -120,11 +120,16 @@ fn resources_of_a_c_program_name_the_c_function_that_created_each() {
     let dir = std::env::temp_dir().join(format!("swx-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("runtime directory");
-    let src =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../softwarp-verbs/tests/c/created_at.c");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../softwarp-verbs/tests/c/created_at.c");
     let exe = dir.join("created_at");
     let built = Command::new("cc")
-        .args(["-O1", "-fno-optimize-sibling-calls", "-rdynamic", "-Wall", "-o"])
+        .args([
+            "-O1",
+            "-fno-optimize-sibling-calls",
+            "-rdynamic",
+            "-Wall",
+            "-o",
+        ])
         .arg(&exe)
         .arg(&src)
         .args(["-libverbs", "-lrdmacm"])

@@ -52,9 +52,15 @@ pub fn resolve(addr: usize) -> String {
 extern "C" {
     /// The trampoline in `verbs_context.create_qp_ex` (exports.rs): `swvc_create_qp_ex`
     /// with the caller's return address.
-    pub fn swv_create_qp_ex_op(ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+    pub fn swv_create_qp_ex_op(
+        ctx: *mut ibv_context,
+        attr: *mut ibv_qp_init_attr_ex,
+    ) -> *mut ibv_qp;
     /// The trampoline in `verbs_context.create_cq_ex`: `swvc_create_cq_ex` with the caller.
-    pub fn swv_create_cq_ex_op(ctx: *mut ibv_context, attr: *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
+    pub fn swv_create_cq_ex_op(
+        ctx: *mut ibv_context,
+        attr: *mut ibv_cq_init_attr_ex,
+    ) -> *mut ibv_cq_ex;
 }
 
 /// Runs `f` with `addr` as the creator of what it registers.
@@ -78,15 +84,17 @@ macro_rules! caller_wrappers {
     };
 }
 
+use crate::cm::id::{swv_rdma_bind_addr, swv_rdma_get_devices, swv_rdma_resolve_addr};
 use crate::cm::id::{
     swv_rdma_create_ep, swv_rdma_create_qp, swv_rdma_create_qp_ex, swv_rdma_create_srq,
     swv_rdma_create_srq_ex, swv_rdma_get_request, swv_rdma_listen,
 };
-use crate::cm::id::{swv_rdma_bind_addr, swv_rdma_get_devices, swv_rdma_resolve_addr};
 use crate::verbs::context::swv_ibv_open_device;
 use crate::verbs::cq::swv_ibv_create_cq;
 use crate::verbs::cq_ex::create_cq_ex;
-use crate::verbs::mr::{swv_ibv_alloc_pd, swv_ibv_reg_mr, swv_ibv_reg_mr_iova, swv_ibv_reg_mr_iova2};
+use crate::verbs::mr::{
+    swv_ibv_alloc_pd, swv_ibv_reg_mr, swv_ibv_reg_mr_iova, swv_ibv_reg_mr_iova2,
+};
 use crate::verbs::qp::{create_qp_ex, swv_ibv_create_qp, swv_ibv_create_srq};
 
 // The argument counts here and in `exports.rs` (which register carries `caller`) must

@@ -21,13 +21,47 @@
 /// The x86-64 (System V) register of integer argument `n` (0-based).
 #[cfg(target_arch = "x86_64")]
 macro_rules! arg_reg {
-    (0) => { "rdi" }; (1) => { "rsi" }; (2) => { "rdx" }; (3) => { "rcx" }; (4) => { "r8" }; (5) => { "r9" };
+    (0) => {
+        "rdi"
+    };
+    (1) => {
+        "rsi"
+    };
+    (2) => {
+        "rdx"
+    };
+    (3) => {
+        "rcx"
+    };
+    (4) => {
+        "r8"
+    };
+    (5) => {
+        "r9"
+    };
 }
 
 /// The AArch64 (AAPCS64) register of integer argument `n` (0-based).
 #[cfg(target_arch = "aarch64")]
 macro_rules! arg_reg {
-    (0) => { "x0" }; (1) => { "x1" }; (2) => { "x2" }; (3) => { "x3" }; (4) => { "x4" }; (5) => { "x5" };
+    (0) => {
+        "x0"
+    };
+    (1) => {
+        "x1"
+    };
+    (2) => {
+        "x2"
+    };
+    (3) => {
+        "x3"
+    };
+    (4) => {
+        "x4"
+    };
+    (5) => {
+        "x5"
+    };
 }
 
 /// Trampolines that pass the caller's return address as argument `n` to `swvc_NAME`; with

@@ -523,9 +523,7 @@ fn build_c(name: &str, libs: &[&str]) -> Option<PathBuf> {
         "/usr/include/rdma/rdma_cma.h",
     ] {
         if !Path::new(header).exists() {
-            println!(
-                "skipped: {header} missing (apt-get install libibverbs-dev librdmacm-dev)"
-            );
+            println!("skipped: {header} missing (apt-get install libibverbs-dev librdmacm-dev)");
             return None;
         }
     }

@@ -17,7 +17,9 @@ use crate::verbs::cq::{
     swv_ibv_destroy_cq,
 };
 use crate::verbs::mr::{swv_ibv_alloc_pd, swv_ibv_dealloc_pd};
-use crate::verbs::qp::{create_qp_ex, swv_ibv_create_srq, swv_ibv_destroy_qp, swv_ibv_destroy_srq, Qp};
+use crate::verbs::qp::{
+    create_qp_ex, swv_ibv_create_srq, swv_ibv_destroy_qp, swv_ibv_destroy_srq, Qp,
+};
 
 /// The most RDMA Reads a QP of this library has outstanding either way (its IRD and ORD);
 /// larger `responder_resources`/`initiator_depth` are lowered to it, as providers do with
