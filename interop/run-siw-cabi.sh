@@ -55,7 +55,7 @@ echo "building softwarp and its C libraries..."
 (cd "$REPO" && cargo build --release -q -p softwarp-cli -p softwarp-verbs) || { echo "build failed" >&2; exit 2; }
 SW=$REPO/target/release/softwarp
 echo "captures and logs: $OUT"
-echo "host: $(dpkg-query -W -f='rdmacm-utils ${Version}, perftest ${Version}' rdmacm-utils perftest 2>/dev/null | tr '\n' ' ')"
+echo "host: $(dpkg-query -W -f='${Package} ${Version}; ' rdmacm-utils perftest 2>/dev/null)"
 
 PASS=0 FAIL=0
 PORT=${IWARP_CABI_PORT:-19600}
