@@ -81,3 +81,146 @@ fn exec_without_a_library_says_where_it_looked() {
         "{err}"
     );
 }
+
+/// Reads `child`'s first stdout line within 30 s (the child is killed past that), and the
+/// rest of its output in the background.
+fn first_line(child: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let out = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = std::io::BufReader::new(out);
+        let mut line = String::new();
+        let _ = reader.read_line(&mut line);
+        let _ = tx.send(line);
+        // The rest is read too: the program's last line must not meet a closed pipe.
+        let _ = std::io::copy(&mut reader, &mut std::io::sink());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+        Ok(line) => line,
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no line from the C program within 30 s");
+        }
+    }
+}
+
+#[test]
+fn resources_of_a_c_program_name_the_c_function_that_created_each() {
+    use std::path::Path;
+    use std::process::Stdio;
+    let cc_found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("cc").is_file()));
+    if !cc_found || !Path::new("/usr/include/rdma/rdma_cma.h").exists() {
+        println!("skipped: cc or the rdma-core headers are missing (apt-get install gcc libibverbs-dev librdmacm-dev)");
+        return;
+    }
+    // Short: the control socket's path must stay under 108 bytes.
+    let dir = std::env::temp_dir().join(format!("swx-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("runtime directory");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../softwarp-verbs/tests/c/created_at.c");
+    let exe = dir.join("created_at");
+    let built = Command::new("cc")
+        .args([
+            "-O1",
+            "-fno-optimize-sibling-calls",
+            "-rdynamic",
+            "-Wall",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(&src)
+        .args(["-libverbs", "-lrdmacm"])
+        .output()
+        .expect("run cc");
+    if !built.status.success() {
+        let err = String::from_utf8_lossy(&built.stderr);
+        let _ = std::fs::remove_dir_all(&dir);
+        if err.contains("cannot find -l") {
+            println!("skipped: no libibverbs.so/librdmacm.so to link with (apt-get install libibverbs-dev librdmacm-dev)");
+            return;
+        }
+        panic!("cc failed: {err}");
+    }
+    let ras_env = [
+        "SOFTWARP_TRACE",
+        "SOFTWARP_METRICS",
+        "SOFTWARP_ERRLOG",
+        "SOFTWARP_CONTROL",
+        "SOFTWARP_TRACE_CONSOLE",
+        "SOFTWARP_FLIGHT_RECORDER",
+    ];
+    let with_env = |c: &mut Command| {
+        c.env("SOFTWARP_RUNTIME_DIR", &dir);
+        for v in ras_env {
+            c.env_remove(v);
+        }
+    };
+    let mut program = softwarp();
+    program
+        .args(["exec", "--ras", "--"])
+        .arg(&exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    with_env(&mut program);
+    let mut child = program.spawn().expect("run the C program");
+    let ready = first_line(&mut child);
+    let qpns: Vec<u64> = ready
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(ready.starts_with("ready ") && qpns.len() == 2, "{ready:?}");
+
+    let mut listing = softwarp();
+    listing.args(["resources", "--json"]);
+    with_env(&mut listing);
+    let listed = listing.output().expect("run softwarp resources");
+    let mut table = softwarp();
+    table.args(["resources"]);
+    with_env(&mut table);
+    let table = table.output().expect("run softwarp resources");
+    drop(child.stdin.take());
+    let status = child.wait().expect("wait for the C program");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(status.success(), "the C program failed: {status}");
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+
+    let json: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON");
+    let resources = json["resources"].as_array().expect("a resource list");
+    // Every object the program made, each with the function that made it: the second
+    // device is the connection manager's, opened by the `rdma_bind_addr` of make_listener.
+    let expected = [
+        ("device", None, "make_context"),
+        ("pd", None, "make_pd"),
+        ("mr", None, "make_mr"),
+        ("cq", None, "make_cq"),
+        ("qp", Some(qpns[0]), "make_qp"),
+        ("qp", Some(qpns[1]), "make_qp_ex"),
+        ("srq", None, "make_srq"),
+        ("device", None, "make_listener"),
+    ];
+    assert_eq!(resources.len(), expected.len(), "{json}");
+    for (kind, id, function) in expected {
+        // `dladdr` names the main program by its argv[0]: the path it was run with.
+        let want = format!("{}({function}+0x", exe.display());
+        let found = resources.iter().any(|r| {
+            r["kind"] == kind
+                && id.is_none_or(|id| r["id"].as_u64() == Some(id))
+                && r["caller"].as_str().is_some_and(|c| c.starts_with(&want))
+        });
+        assert!(found, "no {kind} {id:?} created at {want}... in {json}");
+    }
+    let table = String::from_utf8_lossy(&table.stdout);
+    let qp_row = table
+        .lines()
+        .find(|l| l.contains(" qp ") && l.contains(&format!(" {} ", qpns[0])))
+        .unwrap_or_else(|| panic!("no QP row in\n{table}"));
+    assert!(qp_row.contains("created_at(make_qp+0x"), "{qp_row}");
+}

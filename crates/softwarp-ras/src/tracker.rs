@@ -4,6 +4,11 @@
 //! object that unregisters on drop; a [`LeakReport`] of what is still registered when the
 //! device closes. No I/O here.
 //!
+//! Objects made through a foreign-language interface (the C ABI of `softwarp-verbs`) were
+//! created by a line the `#[track_caller]` chain cannot see: the C entry point records the
+//! C caller's code address, resolved as text, with [`with_caller`]; it is listed as
+//! [`ResourceInfo::caller`] beside the Rust location.
+//!
 //! Every live tracker of the process is reachable through [`all_trackers`], so the control
 //! socket lists resources without the verbs layer doing more than holding its handles.
 //!
@@ -21,6 +26,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
+use std::cell::Cell;
 
 use crate::{clock, sys};
 
@@ -150,6 +156,10 @@ pub struct ResourceInfo {
     pub created_unix_ms: u64,
     /// Creation time, RFC 3339 UTC.
     pub created: String,
+    /// The foreign (C) code that created it, when it was made through a foreign-language
+    /// interface ([`with_caller`]): e.g. `/usr/bin/rping(+0x3a2f)` or `./app(make_qp+0x2b)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<String>,
     /// Approximate memory it holds, in bytes.
     pub bytes: u64,
     /// Live details from its owner, if it attached a [`DescribeResource`] that is still
@@ -159,10 +169,49 @@ pub struct ResourceInfo {
 }
 
 impl ResourceInfo {
-    /// `file:line:column` of the creating call.
+    /// The creating call: the foreign caller if there is one, else `file:line:column`.
     pub fn location(&self) -> String {
-        format!("{}:{}:{}", self.file, self.line, self.column)
+        match &self.caller {
+            Some(c) => c.clone(),
+            None => format!("{}:{}:{}", self.file, self.line, self.column),
+        }
     }
+}
+
+/// A foreign (C) caller's code address and how to turn it into text (e.g. with `dladdr`),
+/// which happens only when a resource is registered.
+#[derive(Debug, Clone, Copy)]
+pub struct ForeignCaller {
+    /// The return address into the caller.
+    pub addr: usize,
+    /// Resolves `addr` (e.g. to `./app(make_qp+0x2b)`).
+    pub resolve: fn(usize) -> String,
+}
+
+thread_local! {
+    /// The foreign caller [`with_caller`] set on this thread.
+    static FOREIGN_CALLER: Cell<Option<ForeignCaller>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with `caller` recorded as the creator of every resource registered on this
+/// thread meanwhile, in addition to the Rust location. Costs two thread-local stores when
+/// nothing is registered. Nested calls restore the outer caller when they return (or
+/// unwind).
+pub fn with_caller<R>(caller: ForeignCaller, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<ForeignCaller>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FOREIGN_CALLER.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(FOREIGN_CALLER.with(|c| c.replace(Some(caller))));
+    f()
+}
+
+fn foreign_caller() -> Option<Arc<str>> {
+    FOREIGN_CALLER
+        .with(Cell::get)
+        .map(|c| Arc::from((c.resolve)(c.addr)))
 }
 
 /// Count and memory of one kind of resource.
@@ -191,6 +240,7 @@ struct Entry {
     thread: String,
     tid: u32,
     location: &'static Location<'static>,
+    caller: Option<Arc<str>>,
     created: SystemTime,
     bytes: u64,
     describer: Option<Weak<dyn DescribeResource>>,
@@ -271,6 +321,7 @@ impl Tracker {
             thread: sys::thread_name(),
             tid: sys::tid(),
             location,
+            caller: foreign_caller(),
             created: SystemTime::now(),
             bytes,
             describer: None,
@@ -339,6 +390,7 @@ impl Tracker {
             column: e.location.column(),
             created_unix_ms: clock::unix_ms(e.created),
             created: clock::rfc3339(e.created),
+            caller: e.caller.as_deref().map(str::to_string),
             bytes: e.bytes,
             details: None,
         }
@@ -552,6 +604,40 @@ mod tests {
         assert_eq!(list[0].file, file!());
         drop(h);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_foreign_caller_is_recorded_only_inside_with_caller() {
+        let t = Tracker::new("unit-caller");
+        let plain = t.register(ResourceKind::Pd, 1, 0);
+        let caller = |addr| ForeignCaller {
+            addr,
+            resolve: |a| {
+                if a == 0x2b {
+                    "./app(make_qp+0x2b)".to_string()
+                } else {
+                    format!("./app(+{a:#x})")
+                }
+            },
+        };
+        let (outer, inner, after) = with_caller(caller(0x2b), || {
+            let outer = t.register(ResourceKind::Qp, 2, 0);
+            let inner = with_caller(caller(0x10), || t.register(ResourceKind::Cq, 3, 0));
+            let after = t.register(ResourceKind::Mr, 4, 0);
+            (outer, inner, after)
+        });
+        let last = t.register(ResourceKind::Srq, 5, 0);
+        let by_id = |id| t.resources().into_iter().find(|r| r.id == id).unwrap();
+        assert_eq!(by_id(1).caller, None);
+        assert_eq!(by_id(2).caller.as_deref(), Some("./app(make_qp+0x2b)"));
+        assert_eq!(by_id(3).caller.as_deref(), Some("./app(+0x10)"));
+        assert_eq!(by_id(4).caller.as_deref(), Some("./app(make_qp+0x2b)"));
+        assert_eq!(by_id(5).caller, None);
+        assert_eq!(by_id(2).location(), "./app(make_qp+0x2b)");
+        assert!(by_id(1).location().starts_with(file!()));
+        let json = serde_json::to_string(&by_id(1)).unwrap();
+        assert!(!json.contains("\"caller\""), "{json}");
+        drop((plain, outer, inner, after, last));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! | `SOFTWARP_MPA_REV` | `1`, `2` | `2` |
 //! | `SOFTWARP_MARKERS` | `off`, `accept`, `request` | `off` |
 //! | `SOFTWARP_TERMINATE` | `rfc5040`, `siw` | `rfc5040` (`siw` with `SOFTWARP_SIW=1`) |
-//! | `SOFTWARP_FIRST_FPDU_DELAY_MS` | milliseconds the initiator waits after the MPA Reply | 20 (0 with `SOFTWARP_SIW=1`) |
+//! | `SOFTWARP_FIRST_FPDU_DELAY_MS` | milliseconds the initiator waits after the MPA Reply | 20 (also with `SOFTWARP_SIW=1`) |
 //! | `SOFTWARP_P2P` | `0`: no RFC 6581 peer-to-peer mode (RTR) as initiator | on: rdma_cm programs may send first from either end once both saw ESTABLISHED (perftest's `ib_write_lat` server does), and an MPA responder may not send before the initiator's first FPDU (RFC 5044), so the initiator sends a zero-length RTR |
 //! | `SOFTWARP_RFC7306` | `on`, `off`: Immediate Data and atomics | on |
 //! | `SOFTWARP_MPA_TIMEOUT_MS` | TCP connect and MPA exchange bound | 5000 |

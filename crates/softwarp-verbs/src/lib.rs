@@ -39,6 +39,7 @@
 #![allow(clippy::missing_safety_doc)]
 #![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 
+pub mod caller;
 pub mod cm;
 pub mod env;
 pub mod errno;

@@ -514,36 +514,46 @@ fn rdma_server_and_rdma_client_with_synchronous_ids() {
     assert_eq!(s.stdout, "rdma_server: start\nrdma_server: end 0\n");
 }
 
-#[test]
-fn c_program_built_with_debian_headers_gets_rdma_core_errors_and_state_rules() {
-    let _serial = serial();
-    let Some(cc) = tool("cc", "gcc") else {
-        return;
-    };
-    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
-        println!(
-            "skipped: /usr/include/infiniband/verbs.h missing (apt-get install libibverbs-dev)"
-        );
-        return;
+/// Builds `tests/c/NAME.c` with `cc` against Debian's headers and libraries; `None` after
+/// saying why when the compiler, a header or a library is missing.
+fn build_c(name: &str, libs: &[&str]) -> Option<PathBuf> {
+    let cc = tool("cc", "gcc")?;
+    for header in [
+        "/usr/include/infiniband/verbs.h",
+        "/usr/include/rdma/rdma_cma.h",
+    ] {
+        if !Path::new(header).exists() {
+            println!("skipped: {header} missing (apt-get install libibverbs-dev librdmacm-dev)");
+            return None;
+        }
     }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/verbs_errors.c");
-    let exe = lib_dir().join(format!("verbs_errors-{}", std::process::id()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = lib_dir().join(format!("{name}-{}", std::process::id()));
     let built = Command::new(&cc)
         .arg("-Wall")
         .arg("-o")
         .arg(&exe)
         .arg(&src)
-        .arg("-libverbs")
+        .args(libs)
         .output()
         .expect("run cc");
     if !built.status.success() {
         let err = String::from_utf8_lossy(&built.stderr);
-        if err.contains("cannot find -libverbs") {
-            println!("skipped: no libibverbs.so to link with (apt-get install libibverbs-dev)");
-            return;
+        if err.contains("cannot find -l") {
+            println!("skipped: a library to link with is missing: {err}");
+            return None;
         }
         panic!("cc failed: {err}");
     }
+    Some(exe)
+}
+
+#[test]
+fn c_program_built_with_debian_headers_gets_rdma_core_errors_and_state_rules() {
+    let _serial = serial();
+    let Some(exe) = build_c("verbs_errors", &["-libverbs"]) else {
+        return;
+    };
     let out = finish(
         command(&exe).spawn().expect("run the program"),
         Duration::from_secs(20),
@@ -552,6 +562,82 @@ fn c_program_built_with_debian_headers_gets_rdma_core_errors_and_state_rules() {
     let _ = std::fs::remove_file(&exe);
     assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
     assert_eq!(out.stdout, "ok: 50 checks\n");
+}
+
+#[test]
+fn c_program_uses_iova_rereg_mr_rdma_create_srq_and_sees_no_memory_windows() {
+    let _serial = serial();
+    let Some(exe) = build_c("more_verbs", &["-libverbs", "-lrdmacm"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(20),
+        "more_verbs",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, "ok: 52 checks\n");
+}
+
+#[test]
+fn c_program_sees_immediate_data_send_with_invalidate_and_async_events_live() {
+    let _serial = serial();
+    let Some(exe) = build_c("live_ops", &["-libverbs", "-lrdmacm"]) else {
+        return;
+    };
+    let port = free_port().to_string();
+    let out = finish(
+        command(&exe).arg(&port).spawn().expect("run the program"),
+        Duration::from_secs(40),
+        "live_ops",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    // Server and client print concurrently: compare the sorted lines.
+    let mut lines: Vec<&str> = out.stdout.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        [
+            "client: 29 checks",
+            "client: RDMA Write to the invalidated rkey completed locally (success), then the peer's Terminate: async event local access violation work queue error, QP in IBV_QPS_ERR",
+            "client: Write with Immediate, Send with Immediate, Send with Invalidate completed",
+            "ok: 45 server checks",
+            "server: QP in IBV_QPS_ERR, the invalidated MR's bytes unchanged",
+            "server: RDMA Write to the invalidated rkey: async event local access violation work queue error on its QP",
+            "server: RDMA Write with Immediate: IBV_WC_RECV_RDMA_WITH_IMM, imm_data 0x11223344 (network order), 17 bytes written",
+            "server: Send with Immediate: IBV_WC_RECV of 5 bytes, then IBV_WC_RECV with IBV_WC_WITH_IMM, imm_data 0x55667788, 0 bytes",
+            "server: Send with Invalidate: IBV_WC_RECV, IBV_WC_WITH_INV, invalidated_rkey is the MR's rkey",
+        ],
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn c_msgrate_twin_of_the_rust_example_moves_its_messages_busy_polled() {
+    let _serial = serial();
+    let Some(exe) = build_c("msgrate", &["-O2", "-libverbs", "-lrdmacm"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe)
+            .args(["3000", "--list", "16"])
+            .env("SOFTWARP_BUSY_POLL", "1")
+            .spawn()
+            .expect("run the program"),
+        Duration::from_secs(30),
+        "msgrate",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout
+            .starts_with("msgrate: 3000 messages of 64 B in lists of 16: "),
+        "{}",
+        out.stdout
+    );
 }
 
 #[test]

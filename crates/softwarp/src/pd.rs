@@ -88,7 +88,7 @@ impl ProtectionDomain {
     pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
         let _inside = self.inner.device.enter(Entry::RegMr)?;
         let region = Region::new_zeroed(len)?;
-        self.register(Arc::new(region), access)
+        self.register(Arc::new(region), None, access)
     }
 
     /// Registers memory the caller owns (for FFI and application buffers).
@@ -118,11 +118,36 @@ impl ProtectionDomain {
         let _inside = self.inner.device.enter(Entry::RegMr)?;
         // SAFETY: forwarded from this function's contract, which is `Region::from_raw`'s.
         let region = unsafe { Region::from_raw(ptr, len) }?;
-        self.register(Arc::new(region), access)
+        self.register(Arc::new(region), None, access)
+    }
+
+    /// [`ProtectionDomain::reg_mr_raw`] with tagged offsets (local and remote) starting at
+    /// `iova` instead of the memory's address (`ibv_reg_mr_iova`): byte `i` of the memory
+    /// is addressed as `iova + i`.
+    ///
+    /// # Safety
+    /// As [`ProtectionDomain::reg_mr_raw`].
+    #[allow(unsafe_code)]
+    #[track_caller]
+    pub unsafe fn reg_mr_raw_iova(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        // SAFETY: forwarded from this function's contract, which is `Region::from_raw`'s.
+        let region = unsafe { Region::from_raw(ptr, len) }?;
+        self.register(Arc::new(region), Some(iova), access)
     }
 
     #[track_caller]
-    fn register(&self, region: Arc<Region>, access: AccessFlags) -> Result<MemoryRegion> {
+    fn register(
+        &self,
+        region: Arc<Region>,
+        iova: Option<u64>,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
         self.inner.device.check_usable()?;
         if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
             // libibverbs: IBV_ACCESS_REMOTE_WRITE requires IBV_ACCESS_LOCAL_WRITE.
@@ -138,7 +163,7 @@ impl ProtectionDomain {
                 limit: self.inner.device.attr.max_mr_size as usize,
             });
         }
-        let iova = region.addr();
+        let iova = iova.unwrap_or_else(|| region.addr());
         let (stag, memory) = {
             let mut mrs = self.inner.device.mrs_write();
             let stag = mrs.register(

@@ -120,6 +120,15 @@ fn file_name(path: &str) -> &str {
     path
 }
 
+/// Where the resource was created: the C caller for objects made through the C ABI
+/// (`softwarp-verbs`), else the Rust `file:line`.
+fn created_at(r: &ResourceInfo) -> String {
+    match &r.caller {
+        Some(c) => c.clone(),
+        None => format!("{}:{}", file_name(&r.file), r.line),
+    }
+}
+
 /// The table of `resources` (one row each).
 pub fn table(resources: &[ResourceInfo]) -> Table {
     let mut t = Table::new(&[
@@ -154,7 +163,7 @@ pub fn table(resources: &[ResourceInfo]) -> Table {
             d.state.unwrap_or_else(dash),
             d.local_addr.map_or_else(dash, |a| a.to_string()),
             d.peer_addr.map_or_else(dash, |a| a.to_string()),
-            format!("{}:{}", file_name(&r.file), r.line),
+            created_at(r),
             details.join(" "),
         ]);
     }
@@ -228,6 +237,7 @@ mod tests {
             column: 5,
             created_unix_ms: 0,
             created: String::new(),
+            caller: None,
             bytes: 1000,
             details: Some(ResourceDetails {
                 state: Some("RTS".into()),
@@ -273,6 +283,17 @@ mod tests {
         table(&[r]).render(&mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("mr    0x00001234  -      -      -"), "{text}");
+    }
+
+    #[test]
+    fn a_c_callers_address_replaces_the_rust_line() {
+        let mut r = qp();
+        r.caller = Some("/usr/bin/rping(+0x3a2f)".into());
+        let mut out = Vec::new();
+        table(&[r]).render(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains(" /usr/bin/rping(+0x3a2f) "), "{text}");
+        assert!(!text.contains("pingpong.rs"), "{text}");
     }
 
     #[test]

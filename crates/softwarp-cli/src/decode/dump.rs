@@ -216,6 +216,7 @@ mod tests {
             column: 1,
             created_unix_ms: 0,
             created: "-".into(),
+            caller: None,
             bytes: 0,
             details: Some(details),
         };

@@ -17,7 +17,9 @@ use crate::verbs::cq::{
     swv_ibv_destroy_cq,
 };
 use crate::verbs::mr::{swv_ibv_alloc_pd, swv_ibv_dealloc_pd};
-use crate::verbs::qp::{create_qp_ex, swv_ibv_destroy_qp, Qp};
+use crate::verbs::qp::{
+    create_qp_ex, swv_ibv_create_srq, swv_ibv_destroy_qp, swv_ibv_destroy_srq, Qp,
+};
 
 /// The most RDMA Reads a QP of this library has outstanding either way (its IRD and ORD);
 /// larger `responder_resources`/`initiator_depth` are lowered to it, as providers do with
@@ -519,6 +521,10 @@ unsafe fn create_qp_on(id: *mut rdma_cm_id, attr: &mut ibv_qp_init_attr_ex) -> c
         return err(e);
     }
     attr.comp_mask |= IBV_QP_INIT_ATTR_PD;
+    // An SRQ made with `rdma_create_srq` serves the QP unless the attributes name one.
+    if attr.srq.is_null() {
+        attr.srq = i.c.srq;
+    }
     // SAFETY: the PD is the application's or ours.
     let ctx = unsafe { (*attr.pd).context };
     if !i.c.verbs.is_null() && ctx != i.c.verbs {
@@ -581,6 +587,89 @@ pub unsafe extern "C" fn swv_rdma_create_qp_ex(
     };
     // SAFETY: forwarded.
     unsafe { create_qp_on(id, a) }
+}
+
+/// `rdma_create_srq_ex`: an SRQ on the id's device, in `attr.pd` (else the id's PD), kept in
+/// `id->srq` for the QP `rdma_create_qp` makes next. Basic SRQs only (XRC is InfiniBand's).
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_create_srq_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> c_int {
+    const CALL: &str = "rdma_create_srq_ex";
+    // SAFETY: the caller's id and attributes.
+    let (Some(i), Some(a)) = (unsafe { Id::from_c(id) }, unsafe { attr.as_mut() }) else {
+        return err(libc::EINVAL);
+    };
+    if a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE == 0 {
+        return err(libc::EINVAL);
+    }
+    if a.srq_type != IBV_SRQT_BASIC {
+        return err(errno::unsupported(CALL, "SRQ types other than basic"));
+    }
+    if a.comp_mask & IBV_SRQ_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        a.pd = i.c.pd;
+        a.comp_mask |= IBV_SRQ_INIT_ATTR_PD;
+    }
+    let mut basic = ibv_srq_init_attr {
+        srq_context: a.srq_context,
+        attr: a.attr,
+    };
+    // SAFETY: the PD is the application's (or the id's); the attributes are ours.
+    let srq = unsafe { swv_ibv_create_srq(a.pd, &mut basic) };
+    a.attr = basic.attr;
+    if srq.is_null() {
+        return -1;
+    }
+    let idp = i.ptr();
+    // SAFETY: the id's C fields, as rdma-core sets them.
+    unsafe {
+        if (*idp).pd.is_null() {
+            (*idp).pd = a.pd;
+        }
+        (*idp).srq = srq;
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_create_srq(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_srq_init_attr,
+) -> c_int {
+    // SAFETY: the caller's attributes.
+    let Some(a) = (unsafe { attr.as_mut() }) else {
+        return err(libc::EINVAL);
+    };
+    // SAFETY: plain C data; all-zero is valid.
+    let mut ex: ibv_srq_init_attr_ex = unsafe { std::mem::zeroed() };
+    ex.srq_context = a.srq_context;
+    ex.attr = a.attr;
+    ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+    ex.srq_type = IBV_SRQT_BASIC;
+    ex.pd = pd;
+    // SAFETY: forwarded.
+    let rc = unsafe { swv_rdma_create_srq_ex(id, &mut ex) };
+    a.attr = ex.attr;
+    rc
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rdma_destroy_srq(id: *mut rdma_cm_id) {
+    // SAFETY: the caller's id.
+    let Some(i) = (unsafe { Id::from_c(id) }) else {
+        return;
+    };
+    let idp = i.ptr();
+    // SAFETY: the id's SRQ is NULL or the one `rdma_create_srq` made; rdma-core destroys it
+    // the same way (and ignores the result).
+    unsafe {
+        let srq = std::mem::replace(&mut (*idp).srq, std::ptr::null_mut());
+        if !srq.is_null() {
+            let _ = swv_ibv_destroy_srq(srq);
+        }
+    }
 }
 
 #[no_mangle]
@@ -1019,9 +1108,10 @@ pub unsafe extern "C" fn swv_rdma_destroy_ep(id: *mut rdma_cm_id) {
     if id.is_null() {
         return;
     }
-    // SAFETY: the caller's id; its QP and the objects made for it go first.
+    // SAFETY: the caller's id; its QP, its SRQ and the objects made for it go first.
     unsafe {
         swv_rdma_destroy_qp(id);
+        swv_rdma_destroy_srq(id);
         swv_rdma_destroy_id(id);
     }
 }

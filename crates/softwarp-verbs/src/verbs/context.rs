@@ -219,7 +219,9 @@ pub fn open_context() -> softwarp::Result<*mut ibv_context> {
     v.sz = size_of::<verbs_context>();
     v.query_port = Some(query_port_ex);
     v.query_device_ex = Some(query_device_ex);
-    v.create_qp_ex = Some(qp::create_qp_ex);
+    // The trampoline that records the caller of the inline `ibv_create_qp_ex` (caller.rs).
+    v.create_qp_ex = Some(crate::caller::swv_create_qp_ex_op);
+    v.create_cq_ex = Some(crate::caller::swv_create_cq_ex_op);
     let ic = &mut v.context;
     ic.device = device();
     ic.cmd_fd = -1;

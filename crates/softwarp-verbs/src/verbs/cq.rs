@@ -26,12 +26,27 @@ pub struct Channel {
     watch: Watch,
 }
 
-/// `struct ibv_cq` followed by Softwarp's CQ.
+/// `struct ibv_cq_ex` (whose first members are `struct ibv_cq`, which `ibv_create_cq`
+/// returns; `ibv_cq_ex_to_cq` is a cast) followed by Softwarp's CQ and the completion the
+/// `ibv_cq_ex` poll functions made current (cq_ex.rs).
 #[repr(C)]
 pub struct Cq {
-    pub ibv: ibv_cq,
+    pub ibv: ibv_cq_ex,
     pub cq: CompletionQueue,
+    pub current: Mutex<ibv_wc>,
 }
+
+// `struct ibv_cq` is a prefix of `struct ibv_cq_ex` (rdma-core's design).
+const _: () = {
+    assert!(std::mem::offset_of!(ibv_cq, context) == std::mem::offset_of!(ibv_cq_ex, context));
+    assert!(std::mem::offset_of!(ibv_cq, cqe) == std::mem::offset_of!(ibv_cq_ex, cqe));
+    assert!(std::mem::offset_of!(ibv_cq, mutex) == std::mem::offset_of!(ibv_cq_ex, mutex));
+    assert!(
+        std::mem::offset_of!(ibv_cq, async_events_completed)
+            == std::mem::offset_of!(ibv_cq_ex, async_events_completed)
+    );
+    assert!(std::mem::size_of::<ibv_cq>() <= std::mem::offset_of!(ibv_cq_ex, comp_mask));
+};
 
 impl Cq {
     /// # Safety
@@ -101,52 +116,71 @@ pub unsafe extern "C" fn swv_ibv_create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ibv_cq {
+    // SAFETY: forwarded.
+    match unsafe { create("ibv_create_cq", ctx, cqe, cq_context, channel, comp_vector) } {
+        Ok(cq) => cq.cast(),
+        Err(e) => {
+            errno::set(e);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// A CQ (`ibv_create_cq`, and `ibv_create_cq_ex` before it fills the poll functions).
+///
+/// # Safety
+/// `ctx` must be NULL or a context of this library, `channel` NULL or one of its channels.
+pub unsafe fn create(
+    call: &'static str,
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> Result<*mut Cq, c_int> {
     // SAFETY: contexts come from `ibv_open_device`.
     let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
-        errno::set(libc::EINVAL);
-        return std::ptr::null_mut();
+        return Err(libc::EINVAL);
     };
     let Ok(n) = usize::try_from(cqe) else {
-        errno::set(libc::EINVAL);
-        return std::ptr::null_mut();
+        return Err(libc::EINVAL);
     };
     if n == 0 || comp_vector < 0 || comp_vector >= c.vctx.context.num_comp_vectors {
-        errno::set(libc::EINVAL);
-        return std::ptr::null_mut();
+        return Err(libc::EINVAL);
     }
     // SAFETY: channels come from `ibv_create_comp_channel`.
     let ch = unsafe { channel.cast::<Channel>().as_mut() };
-    let made = c.dev.create_cq(n, ch.as_ref().map(|ch| &ch.ch));
-    let cq = match made {
-        Ok(cq) => cq,
-        Err(e) => {
-            errno::set(errno::fail("ibv_create_cq", &e));
-            return std::ptr::null_mut();
-        }
-    };
+    let cq = c
+        .dev
+        .create_cq(n, ch.as_ref().map(|ch| &ch.ch))
+        .map_err(|e| errno::fail(call, &e))?;
     if ch.is_none() && crate::env::busy_poll() {
         cq.set_busy_poll(true);
     }
     let id = cq.id();
     let capacity = c_int::try_from(cq.capacity()).unwrap_or(c_int::MAX);
     // SAFETY: plain C data; all-zero is valid (a zeroed mutex/condition variable is the
-    // static initialiser on glibc).
-    let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
+    // static initialiser on glibc, the poll functions are None until cq_ex.rs fills them).
+    let mut ibv: ibv_cq_ex = unsafe { std::mem::zeroed() };
     ibv.context = ctx;
     ibv.channel = channel;
     ibv.cq_context = cq_context;
     ibv.handle = id.0;
     ibv.cqe = capacity;
-    let ptr = Box::into_raw(Box::new(Cq { ibv, cq }));
+    let ptr = Box::into_raw(Box::new(Cq {
+        ibv,
+        cq,
+        current: Mutex::new(to_ibv_wc(&EMPTY_COMPLETION)),
+    }));
     if let Some(ch) = ch {
         ch.ibv.refcnt = ch.ibv.refcnt.saturating_add(1);
         lock(&ch.cqs).insert(id, ptr as usize);
     }
     c.objects().cqs.insert(id, ptr as usize);
-    ptr.cast()
+    Ok(ptr)
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -2,6 +2,7 @@
 
 pub mod context;
 pub mod cq;
+pub mod cq_ex;
 pub mod mr;
 pub mod qp;
 pub mod qp_ex;

@@ -1,5 +1,7 @@
 //! Protection domains and memory registration on application memory
-//! (`ProtectionDomain::reg_mr_raw`).
+//! (`ProtectionDomain::reg_mr_raw_iova`), with an iova other than the address
+//! (`ibv_reg_mr_iova`), and re-registration (`ibv_rereg_mr`: a new registration, then the
+//! old one deregistered, so a failure leaves the MR as it was; its keys change).
 
 use std::ffi::{c_int, c_void};
 use std::time::Duration;
@@ -31,6 +33,8 @@ impl Pd {
 pub struct Mr {
     pub ibv: ibv_mr,
     pub mr: Option<MemoryRegion>,
+    /// The access flags it was registered with (`ibv_rereg_mr` keeps them unless told).
+    pub access: c_int,
 }
 
 /// How long `ibv_dereg_mr` waits for in-flight work to let go of the memory before it
@@ -105,6 +109,39 @@ pub fn access_flags(access: c_int) -> Option<AccessFlags> {
     Some(f)
 }
 
+/// Checks a registration's arguments as rdma-core and the kernel do, and registers.
+fn register(
+    call: &'static str,
+    p: &Pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> Result<MemoryRegion, c_int> {
+    if addr.is_null() || len == 0 {
+        return Err(errno::invalid(call, "NULL address or zero length"));
+    }
+    let Some(flags) = access_flags(access) else {
+        return Err(errno::unsupported(
+            call,
+            "access flags (on-demand paging, zero-based, ...)",
+        ));
+    };
+    if access as u32 & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0
+        && access as u32 & IBV_ACCESS_LOCAL_WRITE == 0
+    {
+        return Err(errno::invalid(
+            call,
+            "remote write/atomic access without local write",
+        ));
+    }
+    // SAFETY: the application registers `len` bytes at `addr` that it owns and keeps until
+    // `ibv_dereg_mr` returns, which waits until nothing references them (the verbs
+    // contract, and `reg_mr_raw_iova`'s).
+    unsafe { p.pd.reg_mr_raw_iova(addr.cast(), len, iova, flags) }
+        .map_err(|e| errno::fail(call, &e))
+}
+
 fn reg(
     call: &'static str,
     pd: *mut ibv_pd,
@@ -118,34 +155,7 @@ fn reg(
         errno::set(libc::EINVAL);
         return std::ptr::null_mut();
     };
-    if addr.is_null() || len == 0 {
-        errno::set(errno::invalid(call, "NULL address or zero length"));
-        return std::ptr::null_mut();
-    }
-    if iova != addr as u64 {
-        errno::set(errno::unsupported(call, "an iova other than the address"));
-        return std::ptr::null_mut();
-    }
-    let Some(flags) = access_flags(access) else {
-        errno::set(errno::unsupported(
-            call,
-            "access flags (on-demand paging, zero-based, ...)",
-        ));
-        return std::ptr::null_mut();
-    };
-    if access as u32 & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) != 0
-        && access as u32 & IBV_ACCESS_LOCAL_WRITE == 0
-    {
-        errno::set(errno::invalid(
-            call,
-            "remote write/atomic access without local write",
-        ));
-        return std::ptr::null_mut();
-    }
-    // SAFETY: the application registers `len` bytes at `addr` that it owns and keeps until
-    // `ibv_dereg_mr` returns, which waits until nothing references them (the verbs
-    // contract, and `reg_mr_raw`'s).
-    match unsafe { p.pd.reg_mr_raw(addr.cast(), len, flags) } {
+    match register(call, p, addr, len, iova, access) {
         Ok(mr) => {
             let stag = mr.stag().0;
             Box::into_raw(Box::new(Mr {
@@ -159,11 +169,12 @@ fn reg(
                     rkey: stag,
                 },
                 mr: Some(mr),
+                access,
             }))
             .cast()
         }
         Err(e) => {
-            errno::set(errno::fail(call, &e));
+            errno::set(e);
             std::ptr::null_mut()
         }
     }
@@ -203,17 +214,80 @@ pub unsafe extern "C" fn swv_ibv_reg_mr_iova2(
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_rereg_mr(
-    _mr: *mut ibv_mr,
-    _flags: c_int,
-    _pd: *mut ibv_pd,
-    _addr: *mut c_void,
-    _len: usize,
-    _access: c_int,
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
 ) -> c_int {
-    errno::unsupported(
-        "ibv_rereg_mr",
-        "re-registration (deregister and register again)",
-    )
+    const CALL: &str = "ibv_rereg_mr";
+    // rdma-core's own checks (libibverbs/verbs.c), before the provider is asked.
+    let input = |e: c_int| {
+        errno::set(e);
+        IBV_REREG_MR_ERR_INPUT
+    };
+    let f = flags as u32;
+    if mr.is_null() || f & !IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+        return input(libc::EINVAL);
+    }
+    let translation = f & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+    if translation && (len == 0 || addr.is_null()) {
+        return input(libc::EINVAL);
+    }
+    if access != 0 && f & IBV_REREG_MR_CHANGE_ACCESS == 0 {
+        return input(libc::EINVAL);
+    }
+    // SAFETY: MRs come from `ibv_reg_mr` (Box) and stay allocated until `ibv_dereg_mr`.
+    let m = unsafe { &mut *mr.cast::<Mr>() };
+    let new_pd = if f & IBV_REREG_MR_CHANGE_PD != 0 {
+        pd
+    } else {
+        m.ibv.pd
+    };
+    let (new_addr, new_len) = if translation {
+        (addr, len)
+    } else {
+        (m.ibv.addr, m.ibv.length)
+    };
+    let new_access = if f & IBV_REREG_MR_CHANGE_ACCESS != 0 {
+        access
+    } else {
+        m.access
+    };
+    let cmd = |e: c_int| {
+        errno::set(e);
+        IBV_REREG_MR_ERR_CMD
+    };
+    // SAFETY: PDs come from `ibv_alloc_pd`.
+    let Some(p) = (unsafe { Pd::from_ibv(new_pd) }) else {
+        return cmd(libc::EINVAL);
+    };
+    let Some(old) = m.mr.take() else {
+        return cmd(libc::EINVAL);
+    };
+    // The iova of a re-registration is its address, as rdma-core passes it.
+    let new = match register(CALL, p, new_addr, new_len, new_addr as u64, new_access) {
+        Ok(new) => new,
+        Err(e) => {
+            m.mr = Some(old);
+            return cmd(e);
+        }
+    };
+    let release = old.deregister();
+    if let Err(e) = release.wait(DEREG_WAIT) {
+        tracing::error!(target: "softwarp::verbs", error = %e, "ibv_rereg_mr: the old memory is still in use");
+    }
+    let stag = new.stag().0;
+    m.ibv.pd = new_pd;
+    m.ibv.addr = new_addr;
+    m.ibv.length = new_len;
+    m.ibv.handle = stag;
+    m.ibv.lkey = stag;
+    m.ibv.rkey = stag;
+    m.access = new_access;
+    m.mr = Some(new);
+    0
 }
 
 #[no_mangle]

@@ -15,6 +15,8 @@ use softwarp::{
     SharedReceiveQueue, SrqInitAttr, Stag, MAX_INLINE, MAX_SGE,
 };
 
+use arrayvec::ArrayVec;
+
 use crate::errno;
 use crate::ffi::*;
 use crate::verbs::context::Context;
@@ -406,17 +408,10 @@ pub unsafe fn gather_inline(
     Ok(&buf[..len])
 }
 
-/// One C send work request as Softwarp's.
-///
-/// # Safety
-/// `w`'s SGL (and inline data) must be readable.
-unsafe fn send_wr<'b>(
-    w: &ibv_send_wr,
-    inline: &'b mut [u8; MAX_INLINE],
-) -> Result<SendWr<'b>, c_int> {
-    let flags = w.send_flags;
-    let solicited = flags & IBV_SEND_SOLICITED != 0;
-    // SAFETY: union members as the opcode selects them.
+/// The operation of a C send work request.
+fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
+    let solicited = w.send_flags & IBV_SEND_SOLICITED != 0;
+    // SAFETY: union members as the opcode selects them (plain integers).
     let (rdma, atomic, imm, inv) = unsafe {
         (
             w.wr.rdma,
@@ -425,7 +420,7 @@ unsafe fn send_wr<'b>(
             w.__bindgen_anon_1.invalidate_rkey,
         )
     };
-    let op = match w.opcode {
+    Ok(match w.opcode {
         IBV_WR_SEND => SendOp::Send {
             solicited,
             invalidate: None,
@@ -465,7 +460,19 @@ unsafe fn send_wr<'b>(
                 "opcode (local invalidate, bind MW, TSO)",
             ))
         }
-    };
+    })
+}
+
+/// A C send work request as Softwarp's, its inline data (if any) gathered into `inline`.
+///
+/// # Safety
+/// `w.sg_list` must point to `w.num_sge` SGEs.
+unsafe fn send_wr<'b>(
+    w: &ibv_send_wr,
+    inline: &'b mut [u8; MAX_INLINE],
+) -> Result<SendWr<'b>, c_int> {
+    let op = send_op(w)?;
+    let flags = w.send_flags;
     let payload = if flags & IBV_SEND_INLINE != 0 && !op.awaits_response() {
         // SAFETY: forwarded from this function's contract.
         Payload::Inline(unsafe { gather_inline(w.sg_list, w.num_sge, inline) }?)
@@ -482,39 +489,115 @@ unsafe fn send_wr<'b>(
     })
 }
 
-/// `ibv_context_ops.post_send`.
+/// Work requests handed to one `post_send_list`/`post_recv_list` call: a C list is posted in
+/// runs of this many, so that it is queued whole before anything is sent (its small
+/// messages share system calls, as with the native API) at no allocation.
+const POST_BATCH: usize = 32;
+
+/// A run of converted work requests and the C work requests they came from.
+struct Run<W, C> {
+    wrs: ArrayVec<W, POST_BATCH>,
+    from: ArrayVec<*mut C, POST_BATCH>,
+}
+
+impl<W, C> Run<W, C> {
+    fn new() -> Self {
+        Self {
+            wrs: ArrayVec::new(),
+            from: ArrayVec::new(),
+        }
+    }
+
+    /// Posts the run with `post`; on failure, the C work request that failed and the errno.
+    fn flush(
+        &mut self,
+        call: &'static str,
+        post: impl Fn(&[W]) -> Result<(), (usize, softwarp::Error)>,
+    ) -> Result<(), (*mut C, c_int)> {
+        if self.wrs.is_empty() {
+            return Ok(());
+        }
+        let r = post(&self.wrs).map_err(|(i, e)| {
+            (
+                self.from.get(i).copied().unwrap_or(std::ptr::null_mut()),
+                errno::fail(call, &e),
+            )
+        });
+        self.wrs.clear();
+        self.from.clear();
+        r
+    }
+}
+
+/// `ibv_context_ops.post_send`: the list in runs of [`POST_BATCH`] (`post_send_list`); a work
+/// request with inline data is posted on its own, after those before it.
 pub unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
+    const CALL: &str = "ibv_post_send";
     // SAFETY: the caller's QP.
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
     };
+    let post = |wrs: &[SendWr<'_>]| q.qp.post_send_list(wrs);
+    let mut run: Run<SendWr<'static>, ibv_send_wr> = Run::new();
     let mut cur = wr;
-    let mut inline = [0u8; MAX_INLINE];
-    while !cur.is_null() {
-        // SAFETY: the caller's list of work requests.
-        let w = unsafe { &*cur };
-        // SAFETY: the work request's buffers are the application's.
-        let rc = match unsafe { send_wr(w, &mut inline) } {
-            Ok(s) => match q.qp.post_send(&s) {
-                Ok(()) => 0,
-                Err(e) => errno::fail("ibv_post_send", &e),
-            },
-            Err(e) => e,
-        };
-        if rc != 0 {
-            if !bad.is_null() {
-                // SAFETY: `bad` is writable.
-                unsafe { *bad = cur };
+    let result = (|| {
+        while !cur.is_null() {
+            // SAFETY: the caller's list of work requests.
+            let w = unsafe { &*cur };
+            let inline = w.send_flags & IBV_SEND_INLINE != 0;
+            if inline || run.wrs.is_full() {
+                run.flush(CALL, post)?;
             }
-            return rc;
+            if inline {
+                let mut buf = [0u8; MAX_INLINE];
+                // SAFETY: the work request's SGEs are the application's.
+                let one = unsafe { send_wr(w, &mut buf) }.map_err(|e| (cur, e))?;
+                q.qp.post_send(&one)
+                    .map_err(|e| (cur, errno::fail(CALL, &e)))?;
+            } else {
+                // SAFETY: as above.
+                let converted =
+                    send_op(w).and_then(|op| Ok((op, unsafe { sgl(w.sg_list, w.num_sge) }?)));
+                let (op, sgl) = match converted {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Those before it are posted, as rdma-core's providers do.
+                        run.flush(CALL, post)?;
+                        return Err((cur, e));
+                    }
+                };
+                run.wrs.push(SendWr {
+                    wr_id: w.wr_id,
+                    op,
+                    payload: Payload::Sgl(sgl),
+                    signaled: w.send_flags & IBV_SEND_SIGNALED != 0,
+                    fence: w.send_flags & IBV_SEND_FENCE != 0,
+                });
+                run.from.push(cur);
+            }
+            cur = w.next;
         }
-        cur = w.next;
+        run.flush(CALL, post)
+    })();
+    finish(result, bad)
+}
+
+/// The return code of a post, `*bad` set to the failed work request as rdma-core does.
+fn finish<C>(result: Result<(), (*mut C, c_int)>, bad: *mut *mut C) -> c_int {
+    match result {
+        Ok(()) => 0,
+        Err((at, e)) => {
+            if !bad.is_null() {
+                // SAFETY: `bad` is the caller's, writable.
+                unsafe { *bad = at };
+            }
+            e
+        }
     }
-    0
 }
 
 /// `ibv_context_ops.post_recv`.
@@ -528,44 +611,47 @@ pub unsafe extern "C" fn post_recv(
         return libc::EINVAL;
     };
     // SAFETY: forwarded.
-    unsafe { post_recv_list(wr, bad, |r| q.qp.post_recv(r), "ibv_post_recv") }
+    unsafe { post_recv_list(wr, bad, |r| q.qp.post_recv_list(r), "ibv_post_recv") }
 }
 
-/// Posts a C list of receive work requests one by one with `post`.
+/// Posts a C list of receive work requests with `post`, in runs of [`POST_BATCH`].
 ///
 /// # Safety
 /// `wr` is a valid list of the application's work requests.
 unsafe fn post_recv_list(
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
-    post: impl Fn(&RecvWr) -> softwarp::Result<()>,
+    post: impl Fn(&[RecvWr]) -> Result<(), (usize, softwarp::Error)>,
     call: &'static str,
 ) -> c_int {
+    let mut run: Run<RecvWr, ibv_recv_wr> = Run::new();
     let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: the caller's list.
-        let w = unsafe { &*cur };
-        // SAFETY: the SGL array of the work request.
-        let rc = match unsafe { sgl(w.sg_list, w.num_sge) } {
-            Ok(sgl) => match post(&RecvWr {
+    let result = (|| {
+        while !cur.is_null() {
+            // SAFETY: the caller's list.
+            let w = unsafe { &*cur };
+            if run.wrs.is_full() {
+                run.flush(call, &post)?;
+            }
+            // SAFETY: the SGL array of the work request.
+            let sgl = match unsafe { sgl(w.sg_list, w.num_sge) } {
+                Ok(sgl) => sgl,
+                Err(e) => {
+                    // Those before it are posted.
+                    run.flush(call, &post)?;
+                    return Err((cur, e));
+                }
+            };
+            run.wrs.push(RecvWr {
                 wr_id: w.wr_id,
                 sgl,
-            }) {
-                Ok(()) => 0,
-                Err(e) => errno::fail(call, &e),
-            },
-            Err(e) => e,
-        };
-        if rc != 0 {
-            if !bad.is_null() {
-                // SAFETY: `bad` is writable.
-                unsafe { *bad = cur };
-            }
-            return rc;
+            });
+            run.from.push(cur);
+            cur = w.next;
         }
-        cur = w.next;
-    }
-    0
+        run.flush(call, &post)
+    })();
+    finish(result, bad)
 }
 
 /// `ibv_context_ops.post_srq_recv`.
@@ -579,7 +665,19 @@ pub unsafe extern "C" fn post_srq_recv(
         return libc::EINVAL;
     };
     // SAFETY: forwarded.
-    unsafe { post_recv_list(wr, bad, |r| s.srq.post_recv(r), "ibv_post_srq_recv") }
+    unsafe {
+        post_recv_list(
+            wr,
+            bad,
+            |r| {
+                // One at a time: the SRQ has no list call.
+                r.iter()
+                    .enumerate()
+                    .try_for_each(|(i, w)| s.srq.post_recv(w).map_err(|e| (i, e)))
+            },
+            "ibv_post_srq_recv",
+        )
+    }
 }
 
 #[no_mangle]
