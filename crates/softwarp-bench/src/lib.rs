@@ -439,10 +439,17 @@ fn cpufreq_warning(cpus: &std::path::Path) -> Option<String> {
     })
 }
 
+/// How many CPUs this process may use, read once, before any thread is pinned: a pinned
+/// thread's `available_parallelism` is 1, and the threads (and `ucx_perftest` processes) it
+/// starts inherit its placement, so reading it later would put both ends on CPU 0.
+fn cpus() -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// The CPU of the server side: 1, or 0 on a one-CPU machine.
 fn server_cpu() -> usize {
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-    usize::from(n > 1)
+    usize::from(cpus() > 1)
 }
 
 impl BenchArgs {
@@ -458,6 +465,8 @@ impl BenchArgs {
 
 /// Runs `softwarp bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
+    // Before any thread is pinned (see `cpus`).
+    let _ = cpus();
     let devices = softwarp::list_devices();
     ensure!(
         devices.contains(&args.device),
@@ -991,7 +1000,7 @@ impl Output {
             duration_secs: args.duration,
             max_fpdu: args.fpdu.unwrap_or(0),
             pinned: args.pin,
-            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpus: cpus(),
             load_1m: loadavg(),
         };
         Self {
@@ -1117,6 +1126,29 @@ mod tests {
     struct Cmd {
         #[command(flatten)]
         args: BenchArgs,
+    }
+
+    /// `--pin` in one process: the client pins the main thread to CPU 0 and then starts the
+    /// server thread (and UCX's processes), which must still go to CPU 1. Reading the CPU
+    /// count in the pinned thread put both ends on CPU 0 (2026-11-28).
+    #[test]
+    fn a_pinned_client_still_places_the_server_on_cpu_1() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let _ = cpus(); // as `run` does before pinning
+        std::thread::spawn(move || {
+            if n < 2 || !cpu::pin_current_thread(0) {
+                eprintln!("skipped: one CPU, or pinning refused");
+                return;
+            }
+            assert_eq!(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+                1
+            );
+            let inner = std::thread::spawn(server_cpu).join().unwrap();
+            assert_eq!((server_cpu(), inner), (1, 1));
+        })
+        .join()
+        .unwrap();
     }
 
     fn args(v: &[&str]) -> Result<BenchArgs, clap::Error> {

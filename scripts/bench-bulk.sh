@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Issue 18's target matrix in one command: bandwidth at 1 MiB (write/send/read) and latency at
+# 4 KiB-1 MiB (write/send), CRC on and off, pinned (client cpu0, server cpu1) and unpinned,
+# each row with raw TCP and UCX (`ucx_perftest` over tcp, when installed) measured in the same
+# `softwarp bench` invocation, repeated ROUNDS times; then event-mode CPU seconds per GiB.
+# Prints one markdown table (ratios to TCP and to UCX) and keeps the JSON under OUT.
+#
+#   scripts/bench-bulk.sh [ROUNDS] [OUT]      (default 3 rounds, OUT=target/bench-bulk)
+#
+# Build first: cargo build --release -p softwarp-cli. Every run is bounded by `timeout`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+out=${2:-target/bench-bulk}
+bin=target/release/softwarp
+[ -x "$bin" ] || { echo "build first: cargo build --release -p softwarp-cli" >&2; exit 2; }
+mkdir -p "$out"
+ucx=(--ucx)
+command -v ucx_perftest >/dev/null 2>&1 || { ucx=(); echo "ucx_perftest missing (Debian: ucx-utils): no UCX rows" >&2; }
+echo "# $(date -u +%FT%TZ) $(uptime)" > "$out/meta.txt"
+run() { # name, args...
+  local name=$1; shift
+  timeout 300 "$bin" bench --loopback --json "$@" > "$out/$name.json" 2> "$out/$name.err" \
+    || echo "run $name failed (rc $?): see $out/$name.err" >&2
+}
+for r in $(seq 1 "$rounds"); do
+  for pin in off on; do
+    for crc in on off; do
+      run "r$r-bw-pin$pin-crc$crc" write_bw,send_bw,read_bw -s 1M -n 2000 --pin "$pin" --crc "$crc" "${ucx[@]}"
+      run "r$r-lat-pin$pin-crc$crc" write_lat,send_lat -s 4K,64K,256K,1M -n 1000 --pin "$pin" --crc "$crc" "${ucx[@]}"
+    done
+  done
+  run "r$r-event-pinoff-crcon" write_bw,send_bw -s 1M -n 2000 --mode event
+done
+echo "# end $(date -u +%FT%TZ) $(uptime)" >> "$out/meta.txt"
+python3 - "$out" <<'PY'
+import json, glob, os, re, sys
+out = sys.argv[1]
+rows = []
+for f in sorted(glob.glob(os.path.join(out, "r*.json"))):
+    name = os.path.basename(f)[:-5]
+    try:
+        doc = json.load(open(f))
+    except Exception as e:
+        print(f"<!-- {name}: unreadable ({e}) -->"); continue
+    rnd = name.split("-")[0]
+    for res in doc["results"]:
+        s, t, u = res["softwarp"], res.get("tcp"), res.get("ucx")
+        bw = res["kind"] == "bw"
+        key = "gbit_per_s" if bw else "lat_us"
+        sv, tv = s[key], (t or {}).get(key)
+        uv = None
+        if u:
+            m = u["median"]
+            uv = m["mb_per_s"] * 1048576 * 8 / 1e9 if bw else m["lat_typical_us"]
+        ratio = (sv / tv) if tv else None
+        ur = (sv / uv) if uv else None
+        rows.append((res["shape"], res["size"], doc["config"]["pinned"], res["crc"], res["mode"], rnd,
+                     sv, tv, ratio, uv, ur, s["cpu_s_per_gib"], (t or {}).get("cpu_s_per_gib"),
+                     doc["config"]["load_1m"]))
+rows.sort(key=lambda r: (r[4], r[0], r[1], r[2], not r[3], r[5]))
+f = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"
+print("| shape | size | pinned | CRC | mode | round | Softwarp | raw TCP | ratio to TCP | UCX | ratio to UCX | CPU s/GiB (TCP) | load |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for (shape, size, pin, crc, mode, rnd, sv, tv, ratio, uv, ur, cs, ct, load) in rows:
+    unit = "Gbit/s" if shape.endswith("_bw") else "us"
+    sz = f"{size // 1048576}M" if size >= 1048576 else f"{size // 1024}K"
+    print(f"| {shape} | {sz} | {'yes' if pin else 'no'} | {'on' if crc else 'off'} | {mode} | {rnd} | "
+          f"{f(sv)} {unit} | {f(tv)} | {f(ratio)} | {f(uv)} | {f(ur)} | {f(cs)} ({f(ct)}) | {load:.2f} |")
+PY
