@@ -6,13 +6,17 @@
 # Prints one markdown table (ratios to TCP and to UCX) and keeps the JSON under OUT.
 #
 #   scripts/bench-bulk.sh [ROUNDS] [OUT]      (default 3 rounds, OUT=target/bench-bulk)
+#   scripts/bench-bulk.sh --summarize OUT     (the table again from OUT's JSON files)
 #
 # Build first: cargo build --release -p softwarp-cli. Every run is bounded by `timeout`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+summarize_only=false
+if [ "${1:-}" = --summarize ]; then summarize_only=true; shift; set -- 0 "$@"; fi
 rounds=${1:-3}
 out=${2:-target/bench-bulk}
 bin=target/release/softwarp
+if ! $summarize_only; then
 [ -x "$bin" ] || { echo "build first: cargo build --release -p softwarp-cli" >&2; exit 2; }
 mkdir -p "$out"
 ucx=(--ucx)
@@ -33,6 +37,7 @@ for r in $(seq 1 "$rounds"); do
   run "r$r-event-pinoff-crcon" write_bw,send_bw -s 1M -n 2000 --mode event
 done
 echo "# end $(date -u +%FT%TZ) $(uptime)" >> "$out/meta.txt"
+fi
 python3 - "$out" <<'PY'
 import json, glob, os, re, sys
 out = sys.argv[1]
@@ -60,11 +65,26 @@ for f in sorted(glob.glob(os.path.join(out, "r*.json"))):
                      doc["config"]["load_1m"]))
 rows.sort(key=lambda r: (r[4], r[0], r[1], r[2], not r[3], r[5]))
 f = lambda v, d=2: "-" if v is None else f"{v:.{d}f}"
-print("| shape | size | pinned | CRC | mode | round | Softwarp | raw TCP | ratio to TCP | UCX | ratio to UCX | CPU s/GiB (TCP) | load |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-for (shape, size, pin, crc, mode, rnd, sv, tv, ratio, uv, ur, cs, ct, load) in rows:
+def rng(vals, d=2):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "-"
+    lo, hi = min(vals), max(vals)
+    return f(lo, d) if f(lo, d) == f(hi, d) else f"{f(lo, d)}-{f(hi, d)}"
+# One line per configuration: the range over the rounds of each figure, and of the
+# per-round ratios (each ratio is Softwarp against TCP or UCX of the same invocation).
+groups = {}
+for r in rows:
+    groups.setdefault(r[:5], []).append(r)
+print(f"{len({r[5] for r in rows})} round(s); ranges are min-max over the rounds")
+print()
+print("| shape | size | pinned | CRC | mode | Softwarp | raw TCP | ratio to TCP | UCX | ratio to UCX | CPU s/GiB Softwarp (TCP) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for (shape, size, pin, crc, mode), g in groups.items():
     unit = "Gbit/s" if shape.endswith("_bw") else "us"
     sz = f"{size // 1048576}M" if size >= 1048576 else f"{size // 1024}K"
-    print(f"| {shape} | {sz} | {'yes' if pin else 'no'} | {'on' if crc else 'off'} | {mode} | {rnd} | "
-          f"{f(sv)} {unit} | {f(tv)} | {f(ratio)} | {f(uv)} | {f(ur)} | {f(cs)} ({f(ct)}) | {load:.2f} |")
+    col = lambda i: [x[i] for x in g]
+    print(f"| {shape} | {sz} | {'yes' if pin else 'no'} | {'on' if crc else 'off'} | {mode} | "
+          f"{rng(col(6))} {unit} | {rng(col(7))} | {rng(col(8))} | {rng(col(9))} | {rng(col(10))} | "
+          f"{rng(col(11))} ({rng(col(12))}) |")
 PY
