@@ -58,6 +58,16 @@ in_mode() {
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 
+# Waits for server $1 to exit after its client left: at most 10 s, then stops it.
+reap() {
+  for _ in $(seq 100); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+
 # sockperf, server and client, in mode $1.
 sockperf() {
   local mode=$1 api=std p=$port
@@ -72,7 +82,7 @@ sockperf() {
     echo "bench-sockets: sockperf $mode failed:" >&2
     cat "$out/$mode.client" "$out/$mode.server" >&2
   fi
-  wait "$spid" || true
+  reap "$spid"
   grep '^RESULT' "$out/$mode.client" >>"$out/results" || true
 }
 
@@ -85,28 +95,31 @@ iperf() {
   local spid=$!
   pids+=("$spid")
   echo "iperf3 $mode $name (load $(load))" >&2
-  local json=$out/iperf-$mode-$name.json ok=0
+  local json=$out/iperf-$mode-$name.json
+  # The server may not listen yet: iperf3 says so (with exit status 0 under -J).
   for _ in $(seq 100); do
-    if in_mode "$mode" iperf3 -c 127.0.0.1 -p "$p" -t "$IPERF_SECONDS" -J "$@" >"$json" 2>&1; then
-      ok=1
-      break
-    fi
-    grep -q 'unable to connect' "$json" || break
+    in_mode "$mode" iperf3 -c 127.0.0.1 -p "$p" -t "$IPERF_SECONDS" -J "$@" >"$json" 2>"$json.err" || true
+    grep -q 'unable to connect' "$json" "$json.err" || break
     sleep 0.1
   done
-  if [ $ok = 1 ]; then
-    python3 - "$json" "$mode" "$name" >>"$out/results" <<'EOF'
+  if [ -s "$json" ]; then
+    python3 - "$json" "$mode" "$name" >>"$out/results" <<'EOF' || true
 import json, sys
-d = json.load(open(sys.argv[1]))
-gbit = d["end"]["sum_received"]["bits_per_second"] / 1e9
+try:
+    d = json.load(open(sys.argv[1]))
+    gbit = d["end"]["sum_received"]["bits_per_second"] / 1e9
+except (ValueError, KeyError) as e:
+    err = d.get("error") if isinstance(locals().get("d"), dict) else None
+    print(f"bench-sockets: iperf3 {sys.argv[2]} {sys.argv[3]}: no result ({err or e!r})",
+          file=sys.stderr)
+    sys.exit(1)
 print(f"RESULT label={sys.argv[2]} api=iperf3 test={sys.argv[3]} size=0 gbit_s={gbit:.2f}")
 EOF
   else
     echo "bench-sockets: iperf3 $mode $name failed:" >&2
-    cat "$json" >&2
-    kill "$spid" 2>/dev/null || true
+    cat "$json" "$json.err" >&2
   fi
-  wait "$spid" || true
+  reap "$spid"
 }
 
 started=$(date -u '+%Y-%m-%d %H:%M')
