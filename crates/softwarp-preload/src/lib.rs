@@ -60,11 +60,12 @@
 //!
 //! # Pass-through
 //!
-//! A call on a descriptor that is not ours costs a load of its byte in a 64 Ki-entry bitmap
-//! ([`table`]) and the call through a cached pointer to libc's function; `select` scans its
-//! sets for a marked descriptor before anything else, and `epoll_wait`/`epoll_ctl` read a
-//! count of registrations before taking their lock
-//! (`scripts/preload-passthrough-instr.sh` counts what each call adds).
+//! A data call on a descriptor that is not ours ([`dispatch`], inlined into each interposer)
+//! loads the descriptor's byte in the table's 64 Ki-entry bitmap and libc's function
+//! pointer cached at its first use, and jumps to it; `poll`, `select` (and their `p`
+//! forms) jump to libc while no descriptor is ours, `epoll_wait` while no registration
+//! exists. `scripts/preload-passthrough-instr.sh` counts what each call adds (9-17
+//! instructions).
 //!
 //! `unsafe` is confined to this file: every block is a call through libc's ABI.
 #![allow(unsafe_code)]
