@@ -6,7 +6,7 @@
 //! | `SOFTWARP_SOCKETS_PORTS` | in `all` mode, only these ports (destination port for `connect`, local port for `listen`): `5201,6379,8000-8100`; unset: every port |
 //! | `SOFTWARP_SOCKETS_DENY_PORTS` | in `all` mode, never these ports |
 //! | `SOFTWARP_SOCKETS_STATS` | `1`: print one line per iWARP stream on stderr when it closes (its QP's counters) |
-//! | `SOFTWARP_SOCKETS_FALLBACK` | `tcp`: when the peer of a connecting socket does not answer the MPA exchange, connect again over plain TCP (a new connection to the same address; a line on stderr says so); unset or `none`: the connect fails with `ECONNREFUSED` |
+//! | `SOFTWARP_SOCKETS_FALLBACK` | `tcp`: when the peer of a connecting socket does not answer the MPA exchange, connect again over plain TCP (a new connection to the same address; a line on stderr says so), and serve an accepted connection whose client sends no MPA Request over plain TCP; unset or `none`: the connect fails with `ECONNREFUSED`, the accepted connection reads as a reset |
 
 use std::sync::OnceLock;
 

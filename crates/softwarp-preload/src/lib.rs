@@ -11,7 +11,8 @@
 //! socket should (within `SOFTWARP_SOCKETS_PORTS` / `SOFTWARP_SOCKETS_DENY_PORTS`, see
 //! [`config`]). Both ends must be iWARP: a connection whose peer does not answer the MPA
 //! exchange fails (`ECONNREFUSED` on connect, unless `SOFTWARP_SOCKETS_FALLBACK=tcp`
-//! connects again over plain TCP; `ECONNRESET` at the first use of an accepted one).
+//! connects again over plain TCP; `ECONNRESET` at the first use of an accepted one, unless
+//! the fallback, seeing no MPA Request, leaves it plain TCP).
 //!
 //! # How an iWARP socket's descriptor becomes readable
 //!
@@ -51,10 +52,22 @@
 //! # Limits
 //!
 //! `sendfile` to a stream reads the file into a buffer (at most 1 MiB a call) and writes it;
-//! `sendmmsg`/`recvmmsg` are `sendmsg`/`recvmsg` per message (the `recvmmsg` timeout is not
-//! applied). Not intercepted: `splice` (`vmsplice`, `tee`). After `fork`, the child's copies
-//! of the parent's iWARP streams fail with `EIO` (closing them is fine; the parent's keep
-//! working); connections accepted but not used yet, and new sockets, work in the child. `unsafe` is confined to this file: every block is a call through libc's ABI.
+//! `sendmmsg`/`recvmmsg` are `sendmsg`/`recvmsg` per message (the `recvmmsg` timeout as the
+//! kernel applies it: looked at after each message). Not intercepted: `splice` (`vmsplice`,
+//! `tee`). After `fork`, the child's copies of the parent's iWARP streams fail with `EIO`
+//! and one line on stderr (closing them is fine; the parent's keep working); connections
+//! accepted but not used yet, and new sockets, work in the child.
+//!
+//! # Pass-through
+//!
+//! A data call on a descriptor that is not ours ([`dispatch`], inlined into each interposer)
+//! loads the descriptor's byte in the table's 64 Ki-entry bitmap and libc's function
+//! pointer cached at its first use, and jumps to it; `poll`, `select` (and their `p`
+//! forms) jump to libc while no descriptor is ours, `epoll_wait` while no registration
+//! exists. `scripts/preload-passthrough-instr.sh` counts what each call adds (9-17
+//! instructions).
+//!
+//! `unsafe` is confined to this file: every block is a call through libc's ABI.
 #![allow(unsafe_code)]
 // The exported functions are libc's, with libc's contracts (see their man pages).
 #![allow(clippy::missing_safety_doc)]
@@ -86,26 +99,56 @@ const SLICE: Duration = Duration::from_millis(50);
 
 // ---- the real functions -----------------------------------------------------------------
 
+/// `real!(real_read, c"read", fn(...) -> ...)`: `real_read()` is libc's `read` (resolved at
+/// the first call), `real_read::cached()` the same once resolved (`None` before), for the
+/// pass-through's fast path.
 macro_rules! real {
     ($name:ident, $sym:literal, fn($($arg:ty),* $(,)?) -> $ret:ty) => {
+        mod $name {
+            use super::*;
+
+            pub static P: AtomicUsize = AtomicUsize::new(0);
+
+            // Only the calls with a pass-through fast path use it.
+            #[allow(dead_code)]
+            #[inline(always)]
+            pub fn cached() -> Option<unsafe extern "C" fn($($arg),*) -> $ret> {
+                let p = P.load(Ordering::Relaxed);
+                // SAFETY: a non-zero `p` is the address of the next definition of this libc
+                // function ([`resolve`]), whose C prototype is the one spelled here.
+                (p != 0).then(|| unsafe {
+                    std::mem::transmute::<usize, unsafe extern "C" fn($($arg),*) -> $ret>(p)
+                })
+            }
+        }
+
+        #[inline]
         fn $name() -> unsafe extern "C" fn($($arg),*) -> $ret {
-            static P: AtomicUsize = AtomicUsize::new(0);
-            let mut p = P.load(Ordering::Relaxed);
+            let mut p = $name::P.load(Ordering::Relaxed);
             if p == 0 {
-                // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated symbol name; it only reads
-                // the loader's tables.
-                p = unsafe { libc::dlsym(libc::RTLD_NEXT, $sym.as_ptr()) } as usize;
-                if p == 0 {
-                    eprintln!("softwarp preload: libc has no {:?}", $sym);
-                    std::process::abort();
-                }
-                P.store(p, Ordering::Relaxed);
+                p = resolve(&$name::P, $sym);
             }
             // SAFETY: `p` is the address of the next definition of this libc function, whose
             // C prototype is the one spelled here.
             unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($arg),*) -> $ret>(p) }
         }
     };
+}
+
+/// The address of the next definition of `sym` (libc's), kept in `slot`: the first call of
+/// each `real_*` function.
+#[cold]
+#[inline(never)]
+fn resolve(slot: &AtomicUsize, sym: &std::ffi::CStr) -> usize {
+    // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated symbol name; it only reads the
+    // loader's tables.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, sym.as_ptr()) } as usize;
+    if p == 0 {
+        eprintln!("softwarp preload: libc has no {sym:?}");
+        std::process::abort();
+    }
+    slot.store(p, Ordering::Relaxed);
+    p
 }
 
 real!(real_socket, c"socket", fn(c_int, c_int, c_int) -> c_int);
@@ -851,11 +894,53 @@ fn finish(fd: c_int, block: bool) -> Progress {
             if !block && !ready(libc::POLLIN) {
                 return Progress::Pending;
             }
+            if config::get().fallback_tcp && !peer_sends_mpa(fd) {
+                eprintln!(
+                    "softwarp preload: fd {fd}: the peer sent no MPA Request; serving it over \
+                     plain TCP (SOFTWARP_SOCKETS_FALLBACK=tcp)"
+                );
+                let regs = epoll_detach(fd);
+                table::remove(fd);
+                epoll_attach(fd, &regs, false);
+                return Progress::Connected;
+            }
             if adopt(fd, Side::Responder, nonblocking) == 0 {
                 return Progress::Connected;
             }
             failed(libc::ECONNRESET)
         }
+    }
+}
+
+/// With `SOFTWARP_SOCKETS_FALLBACK=tcp`, the first bytes of an accepted connection decide
+/// its kind: an MPA Request (or the start of one) goes iWARP; other bytes, the EOF, an error,
+/// or nothing within the connect timeout (a client that waits for the server to speak
+/// first) leave it plain TCP. The bytes stay in the socket (`MSG_PEEK`).
+fn peer_sends_mpa(fd: c_int) -> bool {
+    let key = softwarp_wire::mpa::frame::KEY_REQUEST;
+    let mut p = pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = ms_of(Some(IwarpOptions::default().connect_timeout));
+    // SAFETY: libc's poll over our one pollfd.
+    if unsafe { real_poll()(&mut p, 1, ms) } <= 0 {
+        return false;
+    }
+    let mut buf = [0u8; 16];
+    // SAFETY: recv into our buffer of `buf.len()` bytes, peeking, without waiting.
+    let n = unsafe {
+        real_recv()(
+            fd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match usize::try_from(n) {
+        Ok(n) if n > 0 => buf.get(..n) == key.get(..n),
+        _ => false,
     }
 }
 
@@ -979,9 +1064,24 @@ fn restart_after_signal() -> bool {
     true
 }
 
+/// I/O on a stream inherited through `fork`: `EIO`, and once per process a line on stderr
+/// that says why.
+fn inherited_eio() -> ssize_t {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        eprintln!(
+            "softwarp preload: pid {}: an iWARP stream set up before fork() is used in the \
+             child: EIO (the stack that moves its bytes stayed in the parent, whose copy keeps \
+             working; set connections up in the child, e.g. accept or connect there)",
+            std::process::id()
+        );
+    }
+    fail(libc::EIO)
+}
+
 fn stream_read(s: &StreamEntry, buf: &mut [u8], flags: c_int) -> ssize_t {
     if inherited(s) {
-        return fail(libc::EIO);
+        return inherited_eio();
     }
     let nb = s.nonblocking.load(Ordering::Relaxed) || flags & libc::MSG_DONTWAIT != 0;
     let waitall = flags & libc::MSG_WAITALL != 0;
@@ -1018,7 +1118,7 @@ fn stream_read(s: &StreamEntry, buf: &mut [u8], flags: c_int) -> ssize_t {
 
 fn stream_write(s: &StreamEntry, buf: &[u8], flags: c_int) -> ssize_t {
     if inherited(s) {
-        return fail(libc::EIO);
+        return inherited_eio();
     }
     let nb = s.nonblocking.load(Ordering::Relaxed) || flags & libc::MSG_DONTWAIT != 0;
     let mut sent = 0usize;
@@ -1117,6 +1217,7 @@ enum Route {
     Errno(c_int),
 }
 
+/// Where an I/O call on `fd` goes (running a deferred MPA exchange when it is time).
 fn route(fd: c_int) -> Route {
     match table::get(fd) {
         None | Some(Entry::Pending | Entry::Listener) => Route::Real,
@@ -1135,15 +1236,56 @@ fn route(fd: c_int) -> Route {
     }
 }
 
+/// A libc function: `real_x::cached` (once resolved) and `real_x` (resolving it).
+type Libc<F> = (fn() -> Option<F>, fn() -> F);
+
+/// Runs an I/O call on `fd` with `call` (libc's function, `cached` once resolved, else
+/// `resolved()`) or, on a stream, `stream`. Inlined into each interposer, the pass-through
+/// is a load of the descriptor's byte in the table's bitmap, a load of the cached function,
+/// and a jump to it; anything else (a descriptor that may be ours, a function not resolved
+/// yet) goes through [`dispatch_ours`].
+#[inline(always)]
+fn dispatch<F, R: From<i8>>(
+    fd: c_int,
+    (cached, resolved): Libc<F>,
+    call: impl FnOnce(F) -> R,
+    stream: impl FnOnce(Arc<StreamEntry>) -> R,
+) -> R {
+    if table::surely_not_ours(fd) {
+        if let Some(f) = cached() {
+            return call(f);
+        }
+    }
+    dispatch_ours(fd, move || call(resolved()), stream)
+}
+
+/// [`dispatch`] of a descriptor that may be ours, by its [`route`]: its stream, the errno
+/// of a connect under way or failed, or libc's function (a listener, a socket not connected
+/// yet, a fallback to TCP).
+#[cold]
+#[inline(never)]
+fn dispatch_ours<R: From<i8>>(
+    fd: c_int,
+    real: impl FnOnce() -> R,
+    stream: impl FnOnce(Arc<StreamEntry>) -> R,
+) -> R {
+    match route(fd) {
+        Route::Stream(s) => stream(s),
+        Route::Errno(e) => fail(e),
+        Route::Real => real(),
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    match route(fd) {
-        // SAFETY: the caller's buffer of `n` bytes.
-        Route::Stream(s) => stream_read(&s, unsafe { slice_mut(buf, n) }, 0),
-        Route::Errno(e) => fail(e),
+    dispatch(
+        fd,
+        (real_read::cached, real_read),
         // SAFETY: libc's read with the caller's arguments.
-        Route::Real => unsafe { real_read()(fd, buf, n) },
-    }
+        move |real| unsafe { real(fd, buf, n) },
+        // SAFETY: the caller's buffer of `n` bytes.
+        move |s| stream_read(&s, unsafe { slice_mut(buf, n) }, 0),
+    )
 }
 
 #[no_mangle]
@@ -1163,46 +1305,50 @@ pub unsafe extern "C" fn __read_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    match route(fd) {
-        // SAFETY: the caller's buffer of `n` bytes.
-        Route::Stream(s) => stream_write(&s, unsafe { slice_ref(buf, n) }, 0),
-        Route::Errno(e) => fail(e),
+    dispatch(
+        fd,
+        (real_write::cached, real_write),
         // SAFETY: libc's write with the caller's arguments.
-        Route::Real => unsafe { real_write()(fd, buf, n) },
-    }
+        move |real| unsafe { real(fd, buf, n) },
+        // SAFETY: the caller's buffer of `n` bytes.
+        move |s| stream_write(&s, unsafe { slice_ref(buf, n) }, 0),
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    match route(fd) {
-        // SAFETY: the caller's iovec array.
-        Route::Stream(s) => readv_stream(&s, unsafe { iovecs(iov, cnt) }, 0),
-        Route::Errno(e) => fail(e),
+    dispatch(
+        fd,
+        (real_readv::cached, real_readv),
         // SAFETY: libc's readv with the caller's arguments.
-        Route::Real => unsafe { real_readv()(fd, iov, cnt) },
-    }
+        move |real| unsafe { real(fd, iov, cnt) },
+        // SAFETY: the caller's iovec array.
+        move |s| readv_stream(&s, unsafe { iovecs(iov, cnt) }, 0),
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    match route(fd) {
-        // SAFETY: the caller's iovec array.
-        Route::Stream(s) => writev_stream(&s, unsafe { iovecs(iov, cnt) }, 0),
-        Route::Errno(e) => fail(e),
+    dispatch(
+        fd,
+        (real_writev::cached, real_writev),
         // SAFETY: libc's writev with the caller's arguments.
-        Route::Real => unsafe { real_writev()(fd, iov, cnt) },
-    }
+        move |real| unsafe { real(fd, iov, cnt) },
+        // SAFETY: the caller's iovec array.
+        move |s| writev_stream(&s, unsafe { iovecs(iov, cnt) }, 0),
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    match route(fd) {
-        // SAFETY: the caller's buffer of `n` bytes.
-        Route::Stream(s) => stream_read(&s, unsafe { slice_mut(buf, n) }, flags),
-        Route::Errno(e) => fail(e),
+    dispatch(
+        fd,
+        (real_recv::cached, real_recv),
         // SAFETY: libc's recv with the caller's arguments.
-        Route::Real => unsafe { real_recv()(fd, buf, n, flags) },
-    }
+        move |real| unsafe { real(fd, buf, n, flags) },
+        // SAFETY: the caller's buffer of `n` bytes.
+        move |s| stream_read(&s, unsafe { slice_mut(buf, n) }, flags),
+    )
 }
 
 #[no_mangle]
@@ -1223,13 +1369,14 @@ pub unsafe extern "C" fn __recv_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    match route(fd) {
-        // SAFETY: the caller's buffer of `n` bytes.
-        Route::Stream(s) => stream_write(&s, unsafe { slice_ref(buf, n) }, flags),
-        Route::Errno(e) => fail(e),
+    dispatch(
+        fd,
+        (real_send::cached, real_send),
         // SAFETY: libc's send with the caller's arguments.
-        Route::Real => unsafe { real_send()(fd, buf, n, flags) },
-    }
+        move |real| unsafe { real(fd, buf, n, flags) },
+        // SAFETY: the caller's buffer of `n` bytes.
+        move |s| stream_write(&s, unsafe { slice_ref(buf, n) }, flags),
+    )
 }
 
 #[no_mangle]
@@ -1241,19 +1388,20 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    match route(fd) {
-        Route::Stream(s) => {
+    dispatch(
+        fd,
+        (real_recvfrom::cached, real_recvfrom),
+        // SAFETY: libc's recvfrom with the caller's arguments.
+        move |real| unsafe { real(fd, buf, n, flags, addr, alen) },
+        move |s| {
             if !alen.is_null() {
                 // SAFETY: the caller's address length (a connected stream reports none).
                 unsafe { *alen = 0 };
             }
             // SAFETY: the caller's buffer of `n` bytes.
             stream_read(&s, unsafe { slice_mut(buf, n) }, flags)
-        }
-        Route::Errno(e) => fail(e),
-        // SAFETY: libc's recvfrom with the caller's arguments.
-        Route::Real => unsafe { real_recvfrom()(fd, buf, n, flags, addr, alen) },
-    }
+        },
+    )
 }
 
 #[no_mangle]
@@ -1283,20 +1431,28 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> ssize_t {
-    match route(fd) {
+    dispatch(
+        fd,
+        (real_sendto::cached, real_sendto),
+        // SAFETY: libc's sendto with the caller's arguments.
+        move |real| unsafe { real(fd, buf, n, flags, addr, alen) },
         // SAFETY: the caller's buffer of `n` bytes (the address of a connected stream is
         // ignored, as TCP does).
-        Route::Stream(s) => stream_write(&s, unsafe { slice_ref(buf, n) }, flags),
-        Route::Errno(e) => fail(e),
-        // SAFETY: libc's sendto with the caller's arguments.
-        Route::Real => unsafe { real_sendto()(fd, buf, n, flags, addr, alen) },
-    }
+        move |s| stream_write(&s, unsafe { slice_ref(buf, n) }, flags),
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    match route(fd) {
-        Route::Stream(s) if !msg.is_null() => {
+    dispatch(
+        fd,
+        (real_recvmsg::cached, real_recvmsg),
+        // SAFETY: libc's recvmsg with the caller's arguments.
+        move |real| unsafe { real(fd, msg, flags) },
+        move |s| {
+            if msg.is_null() {
+                return fail(libc::EFAULT);
+            }
             // SAFETY: the caller's msghdr and its iovecs.
             unsafe {
                 (*msg).msg_namelen = 0;
@@ -1305,27 +1461,26 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
                 let iov = iovecs((*msg).msg_iov, (*msg).msg_iovlen as c_int);
                 readv_stream(&s, iov, flags)
             }
-        }
-        Route::Stream(_) => fail(libc::EFAULT),
-        Route::Errno(e) => fail(e),
-        // SAFETY: libc's recvmsg with the caller's arguments.
-        Route::Real => unsafe { real_recvmsg()(fd, msg, flags) },
-    }
+        },
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    match route(fd) {
-        Route::Stream(s) if !msg.is_null() => {
+    dispatch(
+        fd,
+        (real_sendmsg::cached, real_sendmsg),
+        // SAFETY: libc's sendmsg with the caller's arguments.
+        move |real| unsafe { real(fd, msg, flags) },
+        move |s| {
+            if msg.is_null() {
+                return fail(libc::EFAULT);
+            }
             // SAFETY: the caller's msghdr and its iovecs.
             let iov = unsafe { iovecs((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
             writev_stream(&s, iov, flags)
-        }
-        Route::Stream(_) => fail(libc::EFAULT),
-        Route::Errno(e) => fail(e),
-        // SAFETY: libc's sendmsg with the caller's arguments.
-        Route::Real => unsafe { real_sendmsg()(fd, msg, flags) },
-    }
+        },
+    )
 }
 
 /// `sendfile` to a stream: reads up to 1 MiB of `in_fd` (at `*offset`, or at its file
@@ -1380,13 +1535,14 @@ pub unsafe extern "C" fn sendfile(
     offset: *mut libc::off_t,
     count: size_t,
 ) -> ssize_t {
-    match route(out_fd) {
-        // SAFETY: the caller's offset (off_t is 64 bits here).
-        Route::Stream(s) => unsafe { sendfile_stream(&s, in_fd, offset.cast(), count) },
-        Route::Errno(e) => fail(e),
+    dispatch(
+        out_fd,
+        (real_sendfile::cached, real_sendfile),
         // SAFETY: libc's sendfile with the caller's arguments.
-        Route::Real => unsafe { real_sendfile()(out_fd, in_fd, offset, count) },
-    }
+        move |real| unsafe { real(out_fd, in_fd, offset, count) },
+        // SAFETY: the caller's offset (off_t is 64 bits here).
+        move |s| unsafe { sendfile_stream(&s, in_fd, offset.cast(), count) },
+    )
 }
 
 #[no_mangle]
@@ -1396,13 +1552,14 @@ pub unsafe extern "C" fn sendfile64(
     offset: *mut libc::off64_t,
     count: size_t,
 ) -> ssize_t {
-    match route(out_fd) {
-        // SAFETY: the caller's offset.
-        Route::Stream(s) => unsafe { sendfile_stream(&s, in_fd, offset, count) },
-        Route::Errno(e) => fail(e),
+    dispatch(
+        out_fd,
+        (real_sendfile64::cached, real_sendfile64),
         // SAFETY: libc's sendfile64 with the caller's arguments.
-        Route::Real => unsafe { real_sendfile64()(out_fd, in_fd, offset, count) },
-    }
+        move |real| unsafe { real(out_fd, in_fd, offset, count) },
+        // SAFETY: the caller's offset.
+        move |s| unsafe { sendfile_stream(&s, in_fd, offset, count) },
+    )
 }
 
 /// # Safety
@@ -1422,18 +1579,32 @@ pub unsafe extern "C" fn sendmmsg(
     vlen: libc::c_uint,
     flags: c_int,
 ) -> c_int {
-    let s = match route(fd) {
-        Route::Stream(s) => s,
-        Route::Errno(e) => return fail(e),
+    dispatch(
+        fd,
+        (real_sendmmsg::cached, real_sendmmsg),
         // SAFETY: libc's sendmmsg with the caller's arguments.
-        Route::Real => return unsafe { real_sendmmsg()(fd, msgs, vlen, flags) },
-    };
+        move |real| unsafe { real(fd, msgs, vlen, flags) },
+        // SAFETY: the caller's array of `vlen` messages.
+        move |s| unsafe { sendmmsg_stream(&s, msgs, vlen, flags) },
+    )
+}
+
+/// `sendmmsg` to a stream: a `writev` per message.
+///
+/// # Safety
+/// `msgs` points to `vlen` valid `mmsghdr`s (or `vlen` is 0).
+unsafe fn sendmmsg_stream(
+    s: &StreamEntry,
+    msgs: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+) -> c_int {
     let mut done: c_int = 0;
     // SAFETY: the caller's array of `vlen` messages.
     for m in unsafe { mmsgs(msgs, vlen) } {
         // SAFETY: the caller's iovecs of this message.
         let iov = unsafe { iovecs(m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen as c_int) };
-        let r = writev_stream(&s, iov, flags);
+        let r = writev_stream(s, iov, flags);
         if r < 0 {
             // As the kernel: the count so far, or the error of the first.
             return if done > 0 { done } else { -1 };
@@ -1452,11 +1623,39 @@ pub unsafe extern "C" fn recvmmsg(
     flags: c_int,
     timeout: *mut timespec,
 ) -> c_int {
-    let s = match route(fd) {
-        Route::Stream(s) => s,
-        Route::Errno(e) => return fail(e),
+    dispatch(
+        fd,
+        (real_recvmmsg::cached, real_recvmmsg),
         // SAFETY: libc's recvmmsg with the caller's arguments.
-        Route::Real => return unsafe { real_recvmmsg()(fd, msgs, vlen, flags, timeout) },
+        move |real| unsafe { real(fd, msgs, vlen, flags, timeout) },
+        // SAFETY: the caller's array of `vlen` messages and timespec.
+        move |s| unsafe { recvmmsg_stream(&s, msgs, vlen, flags, timeout) },
+    )
+}
+
+/// `recvmmsg` from a stream: a `readv` per message.
+///
+/// # Safety
+/// `msgs` points to `vlen` valid `mmsghdr`s (or `vlen` is 0), `timeout` is null or valid.
+unsafe fn recvmmsg_stream(
+    s: &StreamEntry,
+    msgs: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+    timeout: *mut timespec,
+) -> c_int {
+    // As the kernel: the timeout is looked at after each message (a wait for the next one
+    // is not cut short), and what is left of it is written back.
+    let deadline = if timeout.is_null() {
+        None
+    } else {
+        // SAFETY: the caller's timespec.
+        let ts = unsafe { *timeout };
+        if ts.tv_sec < 0 || !(0..1_000_000_000).contains(&ts.tv_nsec) {
+            return fail(libc::EINVAL);
+        }
+        let d = Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
+        Some(Instant::now().checked_add(d))
     };
     let mut done: c_int = 0;
     let mut f = flags & !libc::MSG_WAITFORONE;
@@ -1467,7 +1666,7 @@ pub unsafe extern "C" fn recvmmsg(
         m.msg_hdr.msg_namelen = 0;
         m.msg_hdr.msg_controllen = 0;
         m.msg_hdr.msg_flags = 0;
-        let r = readv_stream(&s, iov, f);
+        let r = readv_stream(s, iov, f);
         if r < 0 {
             return if done > 0 { done } else { -1 };
         }
@@ -1478,6 +1677,22 @@ pub unsafe extern "C" fn recvmmsg(
         }
         if flags & libc::MSG_WAITFORONE != 0 {
             f |= libc::MSG_DONTWAIT;
+        }
+        if let Some(deadline) = deadline {
+            // `None`: a deadline past what `Instant` holds, never reached.
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            if deadline.is_some() {
+                // SAFETY: the caller's timespec.
+                unsafe {
+                    (*timeout).tv_sec = libc::time_t::try_from(left.as_secs()).unwrap_or(0);
+                    (*timeout).tv_nsec = left.subsec_nanos() as libc::c_long;
+                }
+            }
+            if left.is_zero() {
+                break;
+            }
         }
     }
     done
@@ -1826,15 +2041,39 @@ fn any_stream(fds: &[pollfd]) -> bool {
     fds.iter().any(|p| special(p.fd))
 }
 
+/// libc's function, once resolved, when no descriptor is ours: the pass-through of `poll`
+/// and `select`, before they look at their descriptors.
+#[inline(always)]
+fn none_ours<F>(cached: fn() -> Option<F>) -> Option<F> {
+    if table::any_ours() {
+        return None;
+    }
+    cached()
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    if let Some(real) = none_ours(real_poll::cached) {
+        // SAFETY: libc's poll with the caller's arguments.
+        return unsafe { real(fds, n, timeout) };
+    }
+    // SAFETY: the caller's arguments, as libc's poll takes them.
+    unsafe { poll_ours(fds, n, timeout) }
+}
+
+/// `poll` when some descriptor is ours.
+///
+/// # Safety
+/// As libc's `poll`.
+#[inline(never)]
+unsafe fn poll_ours(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     let set: &mut [pollfd] = if fds.is_null() || n == 0 {
         &mut []
     } else {
         // SAFETY: the caller's array of `n` pollfds.
         unsafe { std::slice::from_raw_parts_mut(fds, n as usize) }
     };
-    if !any_stream(set) {
+    if !table::any_ours() || !any_stream(set) {
         // SAFETY: libc's poll with the caller's arguments.
         return unsafe { real_poll()(fds, n, timeout) };
     }
@@ -1867,13 +2106,32 @@ pub unsafe extern "C" fn ppoll(
     ts: *const timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    if let Some(real) = none_ours(real_ppoll::cached) {
+        // SAFETY: libc's ppoll with the caller's arguments.
+        return unsafe { real(fds, n, ts, mask) };
+    }
+    // SAFETY: the caller's arguments, as libc's ppoll takes them.
+    unsafe { ppoll_ours(fds, n, ts, mask) }
+}
+
+/// `ppoll` when some descriptor is ours.
+///
+/// # Safety
+/// As libc's `ppoll`.
+#[inline(never)]
+unsafe fn ppoll_ours(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
     let set: &mut [pollfd] = if fds.is_null() || n == 0 {
         &mut []
     } else {
         // SAFETY: the caller's array of `n` pollfds.
         unsafe { std::slice::from_raw_parts_mut(fds, n as usize) }
     };
-    if !any_stream(set) {
+    if !table::any_ours() || !any_stream(set) {
         // SAFETY: libc's ppoll with the caller's arguments.
         return unsafe { real_ppoll()(fds, n, ts, mask) };
     }
@@ -1902,8 +2160,14 @@ unsafe fn select_mixed(
     let n = nfds.clamp(0, libc::FD_SETSIZE as c_int);
     // SAFETY: FD_ISSET on the caller's sets for descriptors below FD_SETSIZE.
     let isset = |set: *mut fd_set, fd: c_int| !set.is_null() && unsafe { libc::FD_ISSET(fd, set) };
+    // Pass-through first: no descriptor of ours at all, or none in the sets (one bitmap
+    // load per descriptor set): the real call, with nothing allocated.
+    if !table::any_ours()
+        || !(0..n).any(|fd| (isset(r, fd) || isset(w, fd) || isset(x, fd)) && special(fd))
+    {
+        return None;
+    }
     let mut fds = Vec::new();
-    let mut mine = false;
     for fd in 0..n {
         let mut ev = 0;
         if isset(r, fd) {
@@ -1916,16 +2180,12 @@ unsafe fn select_mixed(
             ev |= libc::POLLPRI;
         }
         if ev != 0 {
-            mine |= special(fd);
             fds.push(pollfd {
                 fd,
                 events: ev,
                 revents: 0,
             });
         }
-    }
-    if !mine {
-        return None;
     }
     let ms = ms_of(timeout);
     let got = poll_mixed(&mut fds, deadline_of(ms), ms < 0);
@@ -1973,6 +2233,26 @@ pub unsafe extern "C" fn select(
     x: *mut fd_set,
     tv: *mut timeval,
 ) -> c_int {
+    if let Some(real) = none_ours(real_select::cached) {
+        // SAFETY: libc's select with the caller's arguments.
+        return unsafe { real(nfds, r, w, x, tv) };
+    }
+    // SAFETY: the caller's arguments, as libc's select takes them.
+    unsafe { select_ours(nfds, r, w, x, tv) }
+}
+
+/// `select` when some descriptor is ours.
+///
+/// # Safety
+/// As libc's `select`.
+#[inline(never)]
+unsafe fn select_ours(
+    nfds: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    x: *mut fd_set,
+    tv: *mut timeval,
+) -> c_int {
     // SAFETY: the caller's timeval, if any.
     let t = (!tv.is_null()).then(|| unsafe {
         Duration::new(
@@ -1990,6 +2270,27 @@ pub unsafe extern "C" fn select(
 
 #[no_mangle]
 pub unsafe extern "C" fn pselect(
+    nfds: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    x: *mut fd_set,
+    ts: *const timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if let Some(real) = none_ours(real_pselect::cached) {
+        // SAFETY: libc's pselect with the caller's arguments.
+        return unsafe { real(nfds, r, w, x, ts, mask) };
+    }
+    // SAFETY: the caller's arguments, as libc's pselect takes them.
+    unsafe { pselect_ours(nfds, r, w, x, ts, mask) }
+}
+
+/// `pselect` when some descriptor is ours.
+///
+/// # Safety
+/// As libc's `pselect`.
+#[inline(never)]
+unsafe fn pselect_ours(
     nfds: c_int,
     r: *mut fd_set,
     w: *mut fd_set,
@@ -2017,6 +2318,7 @@ pub unsafe extern "C" fn pselect(
 mod epoll_reg {
     //! The descriptors of ours registered in each epoll set, with the program's events and
     //! data: `epoll_wait` reports them from the streams' readiness.
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
 
     /// One registration.
@@ -2033,10 +2335,21 @@ mod epoll_reg {
         pub disabled: bool,
     }
 
-    pub static REG: Mutex<Vec<Reg>> = Mutex::new(Vec::new());
+    static REG: Mutex<Vec<Reg>> = Mutex::new(Vec::new());
+    /// How many registrations there are: `epoll_wait` and `epoll_ctl` of a program with
+    /// none (pass-through) read this instead of taking the lock.
+    static COUNT: AtomicUsize = AtomicUsize::new(0);
 
     pub fn with<T>(f: impl FnOnce(&mut Vec<Reg>) -> T) -> T {
-        f(&mut REG.lock().unwrap_or_else(|p| p.into_inner()))
+        let mut g = REG.lock().unwrap_or_else(|p| p.into_inner());
+        let r = f(&mut g);
+        COUNT.store(g.len(), Ordering::Relaxed);
+        r
+    }
+
+    /// True when some descriptor of ours is registered in an epoll set.
+    pub fn any() -> bool {
+        COUNT.load(Ordering::Relaxed) != 0
     }
 }
 
@@ -2083,7 +2396,7 @@ pub unsafe extern "C" fn epoll_ctl(
 ) -> c_int {
     let kind = polled(fd);
     if matches!(kind, Polled::Other) {
-        if op == libc::EPOLL_CTL_DEL {
+        if op == libc::EPOLL_CTL_DEL && epoll_reg::any() {
             epoll_reg::with(|r| r.retain(|e| !(e.epfd == epfd && e.fd == fd)));
         }
         // SAFETY: libc's epoll_ctl with the caller's arguments.
@@ -2185,7 +2498,7 @@ fn epoll_mixed(
     timeout: c_int,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    let has_regs = epoll_reg::with(|r| r.iter().any(|e| e.epfd == epfd));
+    let has_regs = epoll_reg::any() && epoll_reg::with(|r| r.iter().any(|e| e.epfd == epfd));
     let cap = usize::try_from(max).unwrap_or(0);
     if !has_regs || cap == 0 || out.is_null() {
         if mask.is_null() {
@@ -2273,6 +2586,12 @@ pub unsafe extern "C" fn epoll_wait(
     max: c_int,
     timeout: c_int,
 ) -> c_int {
+    if !epoll_reg::any() {
+        if let Some(real) = real_epoll_wait::cached() {
+            // SAFETY: libc's epoll_wait with the caller's arguments.
+            return unsafe { real(epfd, out, max, timeout) };
+        }
+    }
     epoll_mixed(epfd, out, max, timeout, std::ptr::null())
 }
 
@@ -2284,5 +2603,11 @@ pub unsafe extern "C" fn epoll_pwait(
     timeout: c_int,
     mask: *const libc::sigset_t,
 ) -> c_int {
+    if !epoll_reg::any() {
+        if let Some(real) = real_epoll_pwait::cached() {
+            // SAFETY: libc's epoll_pwait with the caller's arguments.
+            return unsafe { real(epfd, out, max, timeout, mask) };
+        }
+    }
     epoll_mixed(epfd, out, max, timeout, mask)
 }

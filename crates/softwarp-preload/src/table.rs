@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use softwarp_sockets::{IwarpStream, Side};
@@ -69,6 +69,8 @@ pub enum Entry {
 const FAST: usize = 1 << 16;
 static MARK: [AtomicU8; FAST] = [const { AtomicU8::new(0) }; FAST];
 static MAP: Mutex<Option<HashMap<i32, Entry>>> = Mutex::new(None);
+/// How many descriptors the map holds (stored under its lock after each change).
+static OURS: AtomicUsize = AtomicUsize::new(0);
 /// Set in the child of a `fork`: its copies of the parent's streams are unusable (no
 /// progress thread), so they fail with `EIO` and closing them only forgets them.
 pub static FORKED: AtomicBool = AtomicBool::new(false);
@@ -83,20 +85,51 @@ fn mark(fd: i32, on: bool) {
     }
 }
 
-/// True when `fd` may be ours (always true above the bitmap's range when the map has it).
+/// True when some descriptor is ours: when not, `poll` and `select` go to libc without
+/// looking at their descriptors.
+#[inline]
+pub fn any_ours() -> bool {
+    OURS.load(Ordering::Relaxed) != 0
+}
+
+/// True when `fd` is in the bitmap's range and not marked: certainly not ours. No call,
+/// so that it can sit in the pass-through's fast path ([`maybe_ours`] for the rest).
+#[inline(always)]
+pub fn surely_not_ours(fd: i32) -> bool {
+    usize::try_from(fd)
+        .ok()
+        .and_then(|i| MARK.get(i))
+        .is_some_and(|m| m.load(Ordering::Acquire) == 0)
+}
+
+/// True when `fd` may be ours (above the bitmap's range: when the map has it). The first
+/// question of every intercepted call, so inlined: a load of the descriptor's byte.
+#[inline]
 pub fn maybe_ours(fd: i32) -> bool {
-    match usize::try_from(fd).ok() {
-        Some(i) if i < FAST => MARK[i].load(Ordering::Acquire) != 0,
-        Some(_) => map().as_ref().is_some_and(|m| m.contains_key(&fd)),
-        None => false,
+    match usize::try_from(fd) {
+        Ok(i) if i < FAST => MARK[i].load(Ordering::Acquire) != 0,
+        Ok(_) => in_map(fd),
+        Err(_) => false,
     }
 }
 
+#[cold]
+#[inline(never)]
+fn in_map(fd: i32) -> bool {
+    map().as_ref().is_some_and(|m| m.contains_key(&fd))
+}
+
 /// The entry of `fd`.
+#[inline]
 pub fn get(fd: i32) -> Option<Entry> {
     if !maybe_ours(fd) {
         return None;
     }
+    entry(fd)
+}
+
+#[inline(never)]
+fn entry(fd: i32) -> Option<Entry> {
     map().as_ref().and_then(|m| m.get(&fd).cloned())
 }
 
@@ -110,18 +143,31 @@ pub fn stream(fd: i32) -> Option<Arc<StreamEntry>> {
 
 /// Records `fd` (replacing what it was); returns the old entry.
 pub fn insert(fd: i32, e: Entry) -> Option<Entry> {
-    let old = map().get_or_insert_with(HashMap::new).insert(fd, e);
+    let mut g = map();
+    let m = g.get_or_insert_with(HashMap::new);
+    let old = m.insert(fd, e);
+    OURS.store(m.len(), Ordering::Relaxed);
     mark(fd, true);
     old
 }
 
 /// Forgets `fd`; returns its entry (the caller drops it outside the lock).
+#[inline]
 pub fn remove(fd: i32) -> Option<Entry> {
     if !maybe_ours(fd) {
         return None;
     }
+    forget(fd)
+}
+
+#[inline(never)]
+fn forget(fd: i32) -> Option<Entry> {
     mark(fd, false);
-    map().as_mut().and_then(|m| m.remove(&fd))
+    let mut g = map();
+    let m = g.as_mut()?;
+    let old = m.remove(&fd);
+    OURS.store(m.len(), Ordering::Relaxed);
+    old
 }
 
 /// Takes every stream entry out of the map (process exit).
@@ -142,5 +188,6 @@ pub fn drain_streams() -> Vec<(i32, Arc<StreamEntry>)> {
             out.push((fd, s));
         }
     }
+    OURS.store(m.len(), Ordering::Relaxed);
     out
 }

@@ -543,6 +543,9 @@ fn socket_semantics_match_the_kernels() {
         "epoll_edge_and_level",
         "hangup_bits",
         "sendfile_and_mmsg",
+        "recvmmsg_timeout",
+        "plain_client",
+        "fork_inherited",
     ];
     for mode in ["tcp", "iwarp", "fallback"] {
         let mut cmd = if mode == "tcp" {

@@ -61,6 +61,34 @@ pub(crate) fn io_err(e: softwarp::Error) -> io::Error {
     }
 }
 
+/// How a call may wait for the connection: not at all (`nonblocking`: `WouldBlock`), at most
+/// `timeout` (then `WouldBlock`), and whether a signal ends the wait (`interruptible`:
+/// `Interrupted`, as a blocking socket call returns `EINTR`; otherwise the wait goes on).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Wait {
+    pub(crate) nonblocking: bool,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) interruptible: bool,
+}
+
+impl Wait {
+    /// Blocking, at most `timeout`, signals ignored.
+    fn at_most(timeout: Duration) -> Self {
+        Self {
+            timeout: Some(timeout),
+            ..Self::default()
+        }
+    }
+}
+
+/// The data side of a one-sided operation.
+enum OneSided<'a> {
+    /// An RDMA Write of these bytes.
+    Write(&'a [u8]),
+    /// An RDMA Read into this buffer.
+    Read(&'a mut [u8]),
+}
+
 /// Where the end of this side's sending stream is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EofOut {
@@ -109,6 +137,15 @@ struct State {
     /// change of these once.
     rx_events: u64,
     tx_events: u64,
+}
+
+impl State {
+    /// The connection's failure as an error, once it failed.
+    fn failure(&self) -> Option<io::Error> {
+        self.error
+            .as_ref()
+            .map(|(kind, why)| io::Error::new(*kind, why.clone()))
+    }
 }
 
 /// The iWARP connection of a stream.
@@ -302,9 +339,21 @@ impl Conn {
     /// Takes every completion and acts on it, sends what waited for credits, and grants.
     fn progress(&self, st: &mut State) {
         while self.channel.try_get_cq_event().is_some() {}
+        self.drain(st, &self.recv_cq, Self::on_recv);
+        self.drain(st, &self.send_cq, Self::on_send);
+        self.flush_control(st);
+    }
+
+    /// Polls `cq` until it is empty, handing each completion to `on`.
+    fn drain(
+        &self,
+        st: &mut State,
+        cq: &CompletionQueue,
+        on: fn(&Self, &mut State, &WorkCompletion),
+    ) {
         let mut wcs = [softwarp::EMPTY_COMPLETION; 32];
         loop {
-            let n = match self.recv_cq.poll(&mut wcs) {
+            let n = match cq.poll(&mut wcs) {
                 Ok(n) => n,
                 Err(e) => {
                     fail(st, io::ErrorKind::Other, e.to_string());
@@ -312,28 +361,18 @@ impl Conn {
                 }
             };
             for wc in wcs.iter().take(n) {
-                self.on_recv(st, wc);
+                on(self, st, wc);
             }
             if n < wcs.len() {
                 break;
             }
         }
-        loop {
-            let n = match self.send_cq.poll(&mut wcs) {
-                Ok(n) => n,
-                Err(e) => {
-                    fail(st, io::ErrorKind::Other, e.to_string());
-                    0
-                }
-            };
-            for wc in wcs.iter().take(n) {
-                self.on_send(st, wc);
-            }
-            if n < wcs.len() {
-                break;
-            }
-        }
-        self.flush_control(st);
+    }
+
+    /// Asks both CQs to signal the completion channel at their next completion.
+    fn arm_cqs(&self) {
+        let _ = self.recv_cq.req_notify(false);
+        let _ = self.send_cq.req_notify(false);
     }
 
     fn on_recv(&self, st: &mut State, wc: &WorkCompletion) {
@@ -581,33 +620,23 @@ impl Conn {
     pub(crate) fn arm(&self) -> Readiness {
         let mut st = lock(&self.state);
         self.progress(&mut st);
-        let _ = self.recv_cq.req_notify(false);
-        let _ = self.send_cq.req_notify(false);
+        self.arm_cqs();
         self.progress(&mut st);
         self.readiness(&st)
     }
 
-    /// Runs `attempt` until it returns `Some`, waiting for completions in between (at most
-    /// until `timeout`, or not at all when `nonblocking`). A signal during the wait is not
-    /// reported: the wait goes on.
+    /// Runs `attempt` until it returns `Some`, waiting for completions in between as `wait`
+    /// allows: the one blocking-wait loop of every call on the connection.
     fn run<T>(
         &self,
-        nonblocking: bool,
-        timeout: Option<Duration>,
-        attempt: impl FnMut(&Conn, &mut State) -> Option<io::Result<T>>,
-    ) -> io::Result<T> {
-        self.run_inner(nonblocking, timeout, false, attempt)
-    }
-
-    /// [`Conn::run`], returning `Interrupted` when a signal interrupts the wait (as a
-    /// blocking socket call returns `EINTR`) with `interruptible`.
-    fn run_inner<T>(
-        &self,
-        nonblocking: bool,
-        timeout: Option<Duration>,
-        interruptible: bool,
+        wait: Wait,
         mut attempt: impl FnMut(&Conn, &mut State) -> Option<io::Result<T>>,
     ) -> io::Result<T> {
+        let Wait {
+            nonblocking,
+            timeout,
+            interruptible,
+        } = wait;
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
             {
@@ -619,8 +648,7 @@ impl Conn {
                 if nonblocking {
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
-                let _ = self.recv_cq.req_notify(false);
-                let _ = self.send_cq.req_notify(false);
+                self.arm_cqs();
                 self.progress(&mut st);
                 if let Some(r) = attempt(self, &mut st) {
                     return r;
@@ -644,20 +672,11 @@ impl Conn {
     // ---- the stream --------------------------------------------------------------------
 
     /// Reads stream bytes: 0 at the end of the stream.
-    /// `interruptible`: a signal ends the wait with `Interrupted`.
-    pub(crate) fn read(
-        &self,
-        buf: &mut [u8],
-        nonblocking: bool,
-        timeout: Option<Duration>,
-        interruptible: bool,
-    ) -> io::Result<usize> {
+    pub(crate) fn read(&self, buf: &mut [u8], wait: Wait) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
-        self.run_inner(nonblocking, timeout, interruptible, |c, st| {
-            c.try_read(st, buf)
-        })
+        self.run(wait, |c, st| c.try_read(st, buf))
     }
 
     fn try_read(&self, st: &mut State, buf: &mut [u8]) -> Option<io::Result<usize>> {
@@ -700,28 +719,17 @@ impl Conn {
         if st.eof_in {
             return Some(Ok(0));
         }
-        st.error
-            .as_ref()
-            .map(|(kind, why)| Err(io::Error::new(*kind, why.clone())))
+        st.failure().map(Err)
     }
 
     /// Copies stream bytes without consuming them (`MSG_PEEK`): waits until at least one
     /// byte (with `all`, `buf.len()` bytes, as `MSG_PEEK | MSG_WAITALL`), the EOF or an
     /// error is there.
-    pub(crate) fn peek(
-        &self,
-        buf: &mut [u8],
-        all: bool,
-        nonblocking: bool,
-        timeout: Option<Duration>,
-        interruptible: bool,
-    ) -> io::Result<usize> {
+    pub(crate) fn peek(&self, buf: &mut [u8], all: bool, wait: Wait) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
-        self.run_inner(nonblocking, timeout, interruptible, |c, st| {
-            c.try_peek(st, buf, all)
-        })
+        self.run(wait, |c, st| c.try_peek(st, buf, all))
     }
 
     fn try_peek(&self, st: &mut State, buf: &mut [u8], all: bool) -> Option<io::Result<usize>> {
@@ -752,25 +760,17 @@ impl Conn {
     }
 
     /// Writes stream bytes: as many as credits and free send slots allow at once (at least
-    /// one, waiting for room unless `nonblocking`).
-    pub(crate) fn write(
-        &self,
-        buf: &[u8],
-        nonblocking: bool,
-        timeout: Option<Duration>,
-        interruptible: bool,
-    ) -> io::Result<usize> {
+    /// one, waiting for room as `wait` allows).
+    pub(crate) fn write(&self, buf: &[u8], wait: Wait) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
-        self.run_inner(nonblocking, timeout, interruptible, |c, st| {
-            c.try_write(st, buf)
-        })
+        self.run(wait, |c, st| c.try_write(st, buf))
     }
 
     fn try_write(&self, st: &mut State, buf: &[u8]) -> Option<io::Result<usize>> {
-        if let Some((kind, why)) = &st.error {
-            return Some(Err(io::Error::new(*kind, why.clone())));
+        if let Some(e) = st.failure() {
+            return Some(Err(e));
         }
         if st.eof_out != EofOut::Open || st.closed {
             return Some(Err(io::Error::new(
@@ -791,9 +791,7 @@ impl Conn {
         if n > 0 {
             return Some(Ok(n));
         }
-        st.error
-            .as_ref()
-            .map(|(kind, why)| Err(io::Error::new(*kind, why.clone())))
+        st.failure().map(Err)
     }
 
     /// Ends this side's sending stream: the peer reads EOF after the bytes already written.
@@ -811,7 +809,7 @@ impl Conn {
                 return;
             }
         }
-        let sent = self.run(false, Some(self.linger), |_, st| {
+        let sent = self.run(Wait::at_most(self.linger), |_, st| {
             (st.eof_out != EofOut::Pending || st.error.is_some()).then_some(Ok(()))
         });
         if sent.is_err() {
@@ -846,7 +844,7 @@ impl Conn {
     pub(crate) fn close(&self) {
         self.shutdown_write(false);
         let deadline = Instant::now().checked_add(self.linger);
-        let drained = self.run(false, Some(self.linger), |c, st| {
+        let drained = self.run(Wait::at_most(self.linger), |c, st| {
             let done = st.error.is_some()
                 || (st.eof_out == EofOut::Sent && st.free_tx.len() == c.send_slots as usize);
             done.then_some(Ok(()))
@@ -904,8 +902,8 @@ impl Conn {
                 "too many windows on this stream",
             ));
         }
-        if let Some((kind, why)) = &st.error {
-            return Err(io::Error::new(*kind, why.clone()));
+        if let Some(e) = st.failure() {
+            return Err(e);
         }
         st.windows.push(Arc::clone(&mr));
         st.ctrl_out.push_back((Kind::Window, ad.encode().to_vec()));
@@ -921,7 +919,12 @@ impl Conn {
         len: u64,
         timeout: Option<Duration>,
     ) -> io::Result<WindowAd> {
-        self.run(timeout.is_none(), timeout, |_, st| {
+        let wait = Wait {
+            nonblocking: timeout.is_none(),
+            timeout,
+            interruptible: false,
+        };
+        self.run(wait, |_, st| {
             if let Some(w) = st
                 .peer_windows
                 .iter()
@@ -929,9 +932,7 @@ impl Conn {
             {
                 return Some(Ok(*w));
             }
-            st.error
-                .as_ref()
-                .map(|(kind, why)| Err(io::Error::new(*kind, why.clone())))
+            st.failure().map(Err)
         })
         .map_err(|e| {
             if e.kind() == io::ErrorKind::WouldBlock {
@@ -965,36 +966,7 @@ impl Conn {
         notify: bool,
         timeout: Duration,
     ) -> io::Result<()> {
-        let w = self.peer_window(offset, data.len() as u64, None)?;
-        self.one_sided(
-            timeout,
-            data.len(),
-            |c, st, slot, at, take| {
-                let base = c.slot_off(slot);
-                let remote = w.locate(offset.wrapping_add(at as u64), take as u64)?;
-                let r =
-                    c.tx.write_at(base, &data[at..at.saturating_add(take)])
-                        .and_then(|()| c.tx.sge(base, take as u32))
-                        .and_then(|sge| {
-                            c.qp.post_send(&SendWr {
-                                wr_id: WR_ONE_SIDED | u64::from(slot),
-                                op: SendOp::Write {
-                                    remote_addr: remote,
-                                    rkey: Stag(w.stag),
-                                },
-                                payload: Payload::Sgl(SgList::single(sge)),
-                                signaled: true,
-                                fence: false,
-                            })
-                        });
-                if let Err(e) = r {
-                    fail(st, io::ErrorKind::BrokenPipe, e.to_string());
-                    return None;
-                }
-                Some(())
-            },
-            |_, _, _, _| Ok(()),
-        )?;
+        self.one_sided(OneSided::Write(data), offset, data.len(), timeout)?;
         if notify {
             let mut st = lock(&self.state);
             st.ctrl_out.push_back((
@@ -1014,54 +986,66 @@ impl Conn {
         timeout: Duration,
     ) -> io::Result<()> {
         let len = buf.len();
-        let w = self.peer_window(offset, len as u64, None)?;
-        self.one_sided(
-            timeout,
-            len,
-            |c, st, slot, at, take| {
-                let base = c.slot_off(slot);
-                let remote = w.locate(offset.wrapping_add(at as u64), take as u64)?;
-                let r = c.tx.sge(base, take as u32).and_then(|sge| {
-                    c.qp.post_send(&SendWr {
-                        wr_id: WR_ONE_SIDED | u64::from(slot),
-                        op: SendOp::Read {
-                            remote_addr: remote,
-                            rkey: Stag(w.stag),
-                        },
-                        payload: Payload::Sgl(SgList::single(sge)),
-                        signaled: true,
-                        fence: false,
-                    })
-                });
-                if let Err(e) = r {
-                    fail(st, io::ErrorKind::BrokenPipe, e.to_string());
-                    return None;
-                }
-                Some(())
-            },
-            |c, slot, at, take| {
-                c.tx.read_at(c.slot_off(slot), &mut buf[at..at.saturating_add(take)])
-                    .map_err(io::Error::other)
-            },
-        )
+        self.one_sided(OneSided::Read(buf), offset, len, timeout)
     }
 
-    /// Posts one-sided operations over `len` bytes in slot-sized pieces (as many at once as
-    /// free slots allow) and waits for all of them. `post` posts one piece (`None`: failed,
-    /// the error is in the state); `finish` sees each completion, under the state lock.
+    /// Posts one slot-sized piece of a one-sided operation at `offset` of the peer's window
+    /// `w`: `(slot, at, take)`, `take` bytes at `at` of the operation, from (a Write: copied
+    /// into) or into (a Read) send slot `slot`. `None`: the piece is outside the window, or
+    /// the post failed (then the error is in the state).
+    fn post_piece(
+        &self,
+        st: &mut State,
+        op: &OneSided<'_>,
+        w: &WindowAd,
+        offset: u64,
+        (slot, at, take): (u32, usize, usize),
+    ) -> Option<()> {
+        let base = self.slot_off(slot);
+        let remote_addr = w.locate(offset.wrapping_add(at as u64), take as u64)?;
+        let rkey = Stag(w.stag);
+        let (copied, op) = match op {
+            OneSided::Write(data) => (
+                self.tx.write_at(base, &data[at..at.saturating_add(take)]),
+                SendOp::Write { remote_addr, rkey },
+            ),
+            OneSided::Read(_) => (Ok(()), SendOp::Read { remote_addr, rkey }),
+        };
+        let posted = copied
+            .and_then(|()| self.tx.sge(base, take as u32))
+            .and_then(|sge| {
+                self.qp.post_send(&SendWr {
+                    wr_id: WR_ONE_SIDED | u64::from(slot),
+                    op,
+                    payload: Payload::Sgl(SgList::single(sge)),
+                    signaled: true,
+                    fence: false,
+                })
+            });
+        if let Err(e) = posted {
+            fail(st, io::ErrorKind::BrokenPipe, e.to_string());
+            return None;
+        }
+        Some(())
+    }
+
+    /// Runs a one-sided operation over `len` bytes at `offset` of the peer's windows, in
+    /// slot-sized pieces (as many at once as free slots allow), and waits for all of them
+    /// (a Read's bytes are copied out of the slot as each piece completes).
     fn one_sided(
         &self,
-        timeout: Duration,
+        mut op: OneSided<'_>,
+        offset: u64,
         len: usize,
-        mut post: impl FnMut(&Conn, &mut State, u32, usize, usize) -> Option<()>,
-        mut finish: impl FnMut(&Conn, u32, usize, usize) -> io::Result<()>,
+        timeout: Duration,
     ) -> io::Result<()> {
+        let w = self.peer_window(offset, len as u64, None)?;
         // Reads are bounded by the ORD: keep fewer than 16 outstanding.
         let max_outstanding = (self.send_slots as usize).min(8);
         let mut at = 0usize;
         // (slot, offset in the operation, length) of each piece in flight.
         let mut outstanding: Vec<(u32, usize, usize)> = Vec::new();
-        let result = self.run(false, Some(timeout), |c, st| {
+        let result = self.run(Wait::at_most(timeout), |c, st| {
             let done: Vec<(u32, WcStatus)> = st
                 .one_sided_done
                 .iter()
@@ -1082,24 +1066,28 @@ impl Conn {
                         format!("one-sided operation completed with {status:?}"),
                     )));
                 }
-                if let Err(e) = finish(c, slot, piece_at, piece_len) {
-                    return Some(Err(e));
+                if let OneSided::Read(buf) = &mut op {
+                    let dst = &mut buf[piece_at..piece_at.saturating_add(piece_len)];
+                    if let Err(e) = c.tx.read_at(c.slot_off(slot), dst) {
+                        return Some(Err(io::Error::other(e)));
+                    }
                 }
             }
-            if let Some((kind, why)) = &st.error {
-                return Some(Err(io::Error::new(*kind, why.clone())));
+            if let Some(e) = st.failure() {
+                return Some(Err(e));
             }
             while at < len && outstanding.len() < max_outstanding {
                 let Some(slot) = st.free_tx.pop() else {
                     break;
                 };
                 let take = len.saturating_sub(at).min(c.slot_size);
-                if post(c, st, slot, at, take).is_none() {
+                if c.post_piece(st, &op, &w, offset, (slot, at, take))
+                    .is_none()
+                {
                     st.free_tx.push(slot);
-                    return Some(Err(st.error.as_ref().map_or_else(
-                        || io::Error::new(io::ErrorKind::InvalidInput, "outside the peer's window"),
-                        |(kind, why)| io::Error::new(*kind, why.clone()),
-                    )));
+                    return Some(Err(st.failure().unwrap_or_else(|| {
+                        io::Error::new(io::ErrorKind::InvalidInput, "outside the peer's window")
+                    })));
                 }
                 outstanding.push((slot, at, take));
                 at = at.saturating_add(take);
@@ -1132,13 +1120,15 @@ impl Conn {
         nonblocking: bool,
         timeout: Duration,
     ) -> io::Result<(u64, u64)> {
-        self.run(nonblocking, Some(timeout), |_, st| {
+        let wait = Wait {
+            nonblocking,
+            ..Wait::at_most(timeout)
+        };
+        self.run(wait, |_, st| {
             if let Some(n) = st.wrote.pop_front() {
                 return Some(Ok(n));
             }
-            st.error
-                .as_ref()
-                .map(|(kind, why)| Err(io::Error::new(*kind, why.clone())))
+            st.failure().map(Err)
         })
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockAddr, Type};
 
-use crate::conn::Conn;
+use crate::conn::{Conn, Wait};
 pub use crate::conn::{Readiness, Side};
 use crate::options::{IwarpOptions, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE};
 
@@ -492,7 +492,7 @@ impl IwarpStream {
     pub fn read_with(&self, buf: &mut [u8], nonblocking: bool) -> io::Result<usize> {
         match &self.inner {
             Inner::Tcp(t) => (&**t).read(buf),
-            Inner::Iwarp(c) => c.read(buf, nonblocking, self.read_timeout()?, self.interrupts()),
+            Inner::Iwarp(c) => c.read(buf, self.wait(nonblocking, self.read_timeout()?)),
         }
     }
 
@@ -502,13 +502,7 @@ impl IwarpStream {
     pub fn peek_with(&self, buf: &mut [u8], all: bool, nonblocking: bool) -> io::Result<usize> {
         match &self.inner {
             Inner::Tcp(t) => t.peek(buf),
-            Inner::Iwarp(c) => c.peek(
-                buf,
-                all,
-                nonblocking,
-                self.read_timeout()?,
-                self.interrupts(),
-            ),
+            Inner::Iwarp(c) => c.peek(buf, all, self.wait(nonblocking, self.read_timeout()?)),
         }
     }
 
@@ -517,7 +511,7 @@ impl IwarpStream {
     pub fn write_with(&self, buf: &[u8], nonblocking: bool) -> io::Result<usize> {
         match &self.inner {
             Inner::Tcp(t) => (&**t).write(buf),
-            Inner::Iwarp(c) => c.write(buf, nonblocking, self.write_timeout()?, self.interrupts()),
+            Inner::Iwarp(c) => c.write(buf, self.wait(nonblocking, self.write_timeout()?)),
         }
     }
 
@@ -564,6 +558,16 @@ impl IwarpStream {
 
     fn interrupts(&self) -> bool {
         self.modes.interrupts.load(Ordering::Relaxed)
+    }
+
+    /// How a call on the connection may wait: `nonblocking` for this call, at most
+    /// `timeout`, ended by a signal when [`IwarpStream::set_report_interrupts`] asked.
+    fn wait(&self, nonblocking: bool, timeout: Option<Duration>) -> Wait {
+        Wait {
+            nonblocking,
+            timeout,
+            interruptible: self.interrupts(),
+        }
     }
 
     /// With `on`, a signal that arrives while a read or write waits ends it with
@@ -628,15 +632,7 @@ impl IwarpStream {
 
 impl Read for &IwarpStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match &self.inner {
-            Inner::Tcp(t) => (&**t).read(buf),
-            Inner::Iwarp(c) => c.read(
-                buf,
-                self.nonblocking(),
-                self.read_timeout()?,
-                self.interrupts(),
-            ),
-        }
+        self.read_with(buf, self.nonblocking())
     }
 }
 
@@ -648,15 +644,7 @@ impl Read for IwarpStream {
 
 impl Write for &IwarpStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match &self.inner {
-            Inner::Tcp(t) => (&**t).write(buf),
-            Inner::Iwarp(c) => c.write(
-                buf,
-                self.nonblocking(),
-                self.write_timeout()?,
-                self.interrupts(),
-            ),
-        }
+        self.write_with(buf, self.nonblocking())
     }
 
     fn flush(&mut self) -> io::Result<()> {

@@ -28,6 +28,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -537,6 +538,93 @@ static const char *sendfile_and_mmsg(void) {
     return NULL;
 }
 
+/* A plain TCP client (raw system calls: the preload library never sees its socket) reaching
+ * the server: the kernel's TCP and an iWARP server with the TCP fallback serve it (the echo
+ * comes back); an iWARP server without the fallback refuses it (EOF or reset, no echo). */
+static const char *plain_client(void) {
+    int fd = syscall(SYS_socket, AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = loopback(port);
+    struct timeval tv = { 0, 100000 };
+    if (fd < 0 || syscall(SYS_setsockopt, fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) ||
+        syscall(SYS_connect, fd, &a, sizeof a))
+        return FAILED("raw connect: %s", strerror(errno));
+    const char msg[] = "Eplain client, no MPA Request here";
+    size_t len = sizeof msg - 1;
+    if (syscall(SYS_write, fd, msg, len) != (long)len) return "raw write";
+    char back[64];
+    size_t got = 0;
+    double end = now_ms() + 10000;
+    while (got < len - 1 && now_ms() < end) {
+        long r = syscall(SYS_read, fd, back + got, sizeof back - got);
+        if (r > 0) got += r;
+        else if (r == 0 || errno != EAGAIN) break;
+    }
+    syscall(SYS_close, fd);
+    if (iwarp) {
+        if (got) return FAILED("an iWARP server without the fallback answered %zu bytes", got);
+    } else if (got != len - 1 || memcmp(back, msg + 1, len - 1)) {
+        return FAILED("echo: %zu of %zu bytes", got, len - 1);
+    }
+    return NULL;
+}
+
+/* A connection set up before fork(): the kernel's TCP socket works in the child; an iWARP
+ * stream's copy in the child fails with EIO (its stack stayed in the parent). Either way
+ * the parent's keeps working. */
+static const char *fork_inherited(void) {
+    int fd = dial('E');
+    char buf[8];
+    if (write_all(fd, "one", 3) || read_exact(fd, buf, 3) || memcmp(buf, "one", 3))
+        return "no echo before the fork";
+    pid_t child = fork();
+    if (child < 0) return "fork";
+    if (child == 0) {
+        ssize_t w = write(fd, "two", 3);
+        int e = errno;
+        if (iwarp || fallback) _exit(w == -1 && e == EIO ? 0 : 10 + (w < 0 ? e : 0));
+        _exit(w == 3 && read_exact(fd, buf, 3) == 0 && memcmp(buf, "two", 3) == 0 ? 0 : 3);
+    }
+    int status = -1;
+    for (int i = 0; i < 500 && waitpid(child, &status, WNOHANG) == 0; i++) msleep(10);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        return FAILED("the child: status %#x", status);
+    }
+    if (write_all(fd, "three", 5) || read_exact(fd, buf, 5) || memcmp(buf, "three", 5))
+        return "no echo in the parent after the fork";
+    close(fd);
+    return NULL;
+}
+
+/* recvmmsg's timeout, as the kernel applies it: looked at after each message, with what is
+ * left written back. The 'W' server sends three 1000-byte pieces 50 ms apart. */
+static const char *recvmmsg_timeout(void) {
+    static char b[3][1000];
+    struct iovec rv[3] = { { b[0], 1000 }, { b[1], 1000 }, { b[2], 1000 } };
+    struct mmsghdr m[3];
+    for (int round = 0; round < 2; round++) {
+        int fd = dial('W');
+        memset(m, 0, sizeof m);
+        for (int i = 0; i < 3; i++) { m[i].msg_hdr.msg_iov = &rv[i]; m[i].msg_hdr.msg_iovlen = 1; }
+        /* 20 ms: over after the first piece (50 ms); 10 s: all three, time left. */
+        struct timespec ts = { round ? 10 : 0, round ? 0 : 20000000 };
+        int n = recvmmsg(fd, m, 3, 0, &ts);
+        if (round == 0 && (n != 1 || m[0].msg_len != 1000 || ts.tv_sec || ts.tv_nsec))
+            return FAILED("20 ms: %d messages (%s), %ld.%09ld s left", n,
+                          n < 0 ? strerror(errno) : "", (long)ts.tv_sec, ts.tv_nsec);
+        if (round == 1 && (n != 3 || m[2].msg_len != 1000 || ts.tv_sec < 9 || ts.tv_sec > 9))
+            return FAILED("10 s: %d messages (%s), %ld.%09ld s left", n,
+                          n < 0 ? strerror(errno) : "", (long)ts.tv_sec, ts.tv_nsec);
+        close(fd);
+    }
+    struct timespec bad = { 0, 1000000000 };
+    int fd = dial('W');
+    if (recvmmsg(fd, m, 3, 0, &bad) != -1 || errno != EINVAL) return "tv_nsec 1e9 not EINVAL";
+    close(fd);
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "tcp";
     iwarp = strcmp(mode, "iwarp") == 0;
@@ -573,6 +661,9 @@ int main(int argc, char **argv) {
         { "epoll_edge_and_level", epoll_edge_and_level, 0 },
         { "hangup_bits", hangup_bits, 0 },
         { "sendfile_and_mmsg", sendfile_and_mmsg, 0 },
+        { "recvmmsg_timeout", recvmmsg_timeout, 0 },
+        { "plain_client", plain_client, 0 },
+        { "fork_inherited", fork_inherited, 0 },
     };
     const char *only = argc > 2 ? argv[2] : NULL;
     for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++) {
