@@ -2,7 +2,7 @@
 //! pattern) around and between the target ranges keep their values while the receiver
 //! reads several FPDUs per system call (payload straight into the region, the trailer and
 //! the next header into the read-ahead buffer). Multi-FPDU Writes followed by a Write that
-//! is not their continuation, adjacent Writes, a Send in between, all posted as one list so
+//! is not their continuation, adjacent Writes, Sends in between and last, all posted as one list so
 //! that they sit in the socket together; busy polling and the progress thread; the default
 //! (largest) FPDUs and odd-sized ones.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -31,11 +31,13 @@ fn run(busy: bool, fpdu: Option<usize>) {
     );
     let (rbuf, rguard) = b.mr(RBUF, AccessFlags::LOCAL_WRITE, 98);
     let (src, data) = a.mr(SINK, AccessFlags::NONE, 7);
-    b.qp.post_recv(&RecvWr {
-        wr_id: 100,
-        sgl: SgList::single(rbuf.sge(0, RBUF as u32).unwrap()),
-    })
-    .unwrap();
+    for wr_id in [100, 101] {
+        b.qp.post_recv(&RecvWr {
+            wr_id,
+            sgl: SgList::single(rbuf.sge(0, RBUF as u32).unwrap()),
+        })
+        .unwrap();
+    }
     let opts = ConnectOptions::default().max_fpdu_len(fpdu);
     connect(&mut a, &mut b, &opts);
 
@@ -68,12 +70,19 @@ fn run(busy: bool, fpdu: Option<usize>) {
         ));
         expect[off..off + len].copy_from_slice(&data[off..off + len]);
     }
+    // A last Send: its completion at b says every Write before it was placed (a send WR
+    // completes when handed to TCP, not when the peer has it).
+    wrs.push(send_wr(
+        51,
+        send_op(false, None),
+        Payload::Sgl(SgList::single(src.sge(0, SEND_LEN as u32).unwrap())),
+    ));
     a.qp.post_send_list(&wrs).unwrap();
 
     let deadline = Instant::now() + WAIT;
     let (mut sent, mut received) = (0, 0);
     let mut wc = [EMPTY_COMPLETION; 8];
-    while sent < wrs.len() || received < 1 {
+    while sent < wrs.len() || received < 2 {
         let n = a.scq.poll(&mut wc).unwrap();
         assert!(
             wc[..n].iter().all(|c| c.status == WcStatus::Success),
@@ -81,13 +90,14 @@ fn run(busy: bool, fpdu: Option<usize>) {
         );
         sent += n;
         let n = b.rcq.poll(&mut wc).unwrap();
-        if n > 0 {
-            assert_eq!(wc[0].byte_len, SEND_LEN as u32);
-        }
+        assert!(
+            wc[..n].iter().all(|c| c.byte_len == SEND_LEN as u32),
+            "{wc:?}"
+        );
         received += n;
         assert!(
             Instant::now() < deadline,
-            "busy {busy}, fpdu {fpdu:?}: sent {sent} of {}, received {received} of 1",
+            "busy {busy}, fpdu {fpdu:?}: sent {sent} of {}, received {received} of 2",
             wrs.len()
         );
     }
