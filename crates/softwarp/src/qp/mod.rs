@@ -31,7 +31,9 @@
 //!    header, region ranges (`Region::ptr_range`) and trailer, written by `sendmsg`, then
 //!    `tx_commit`.
 //! 4. A full socket (`SendEnd::Full`) arms the write watchdog of a busy-polled QP (poller);
-//!    otherwise the progress thread finishes on write readiness (`service`).
+//!    otherwise the progress thread finishes on write readiness (`service`). Until a pass
+//!    writes again (`Conn::tx_full`), later posts and busy polls do not ask the full socket:
+//!    they queue for the progress thread, or first ask `poll(POLLOUT)` when busy-polled.
 //! 5. `QpShared::drain` moves the completion to the send CQ when the WR is signalled.
 //!
 //! # Walk of received bytes
