@@ -215,13 +215,3 @@ fn posts_behind_a_full_socket_queue_for_the_progress_thread() {
     assert_eq!(rbuf.to_vec().unwrap(), data);
     assert_eq!(a.qp.state(), QpState::Rts);
 }
-
-/// A detail of `e`'s QP in the RAS resources.
-fn qp_detail(e: &End, key: &str) -> Option<String> {
-    softwarp_ras::tracker::all_resources()
-        .into_iter()
-        .filter(|r| {
-            r.tracker == e.dev.instance_name() && r.kind == softwarp_ras::tracker::ResourceKind::Qp
-        })
-        .find_map(|r| r.details.and_then(|d| d.attrs.get(key).cloned()))
-}
