@@ -222,6 +222,20 @@ pub(crate) fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io
     }
 }
 
+/// True when a `poll(2)` with no wait reports `fd` writable (or in error or hung up: a
+/// write then does not block either). TCP answers from `tcp_poll` without the socket lock,
+/// and says writable only once the free send space is at least half of what is queued, so
+/// a writer gated by it writes in large pieces instead of trickling into a nearly full
+/// socket; a failed `poll` says writable (the write then reports the error).
+pub(crate) fn writable_now(fd: BorrowedFd<'_>) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(&fd, PollFlags::OUT)];
+    !matches!(
+        rustix::event::poll(&mut fds, Some(&Timespec::default())),
+        Ok(0)
+    )
+}
+
 /// A Linux eventfd in non-blocking mode: a counter that is readable while non-zero.
 #[derive(Debug)]
 pub(crate) struct EventFd {

@@ -203,16 +203,6 @@ fn watchdog(e: &End) -> Option<(u64, u64)> {
     Some((num("armed=")?, num("took_over=")?))
 }
 
-/// A detail of `e`'s QP in the RAS resources.
-fn qp_detail(e: &End, key: &str) -> Option<String> {
-    softwarp_ras::tracker::all_resources()
-        .into_iter()
-        .filter(|r| {
-            r.tracker == e.dev.instance_name() && r.kind == softwarp_ras::tracker::ResourceKind::Qp
-        })
-        .find_map(|r| r.details.and_then(|d| d.attrs.get(key).cloned()))
-}
-
 /// Who writes `e`'s QP's socket when it drains (its `tx_by` detail in the RAS resources).
 fn tx_by(e: &End) -> Option<&'static str> {
     let found = qp_detail(e, "tx_by")?;

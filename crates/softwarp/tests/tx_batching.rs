@@ -151,3 +151,67 @@ fn receives_posted_as_a_list_are_used_in_order_and_a_bad_one_stops_the_list() {
     }
     assert_eq!(b.qp.state(), QpState::Rts);
 }
+
+/// Behind a full socket that the progress thread watches for write readiness (a QP that
+/// is not busy-polled), a post only queues its work: writing now would only fail with
+/// EAGAIN. The progress thread sends it when the socket drains; everything arrives, in
+/// order. (Counted by the QP's `tx_deferred` detail.)
+#[test]
+fn posts_behind_a_full_socket_queue_for_the_progress_thread() {
+    const MSG: usize = 64 * 1024;
+    const COUNT: usize = 200;
+    let deep = |a: &mut QpInitAttr<'_>| {
+        a.cap.max_send_wr = 1024;
+        a.cap.max_recv_wr = 1024;
+    };
+    let mut a = End::with(None, None, deep);
+    let mut b = End::with(None, None, deep);
+    // b reads only when polled: a's socket fills up (COUNT * MSG is 12.5 MiB).
+    b.rcq.set_busy_poll(true);
+    let (rbuf, _) = b.mr(MSG, AccessFlags::LOCAL_WRITE, 0);
+    for i in 0..COUNT {
+        b.qp.post_recv(&RecvWr {
+            wr_id: i as u64,
+            sgl: SgList::single(rbuf.sge(0, MSG as u32).unwrap()),
+        })
+        .unwrap();
+    }
+    connect(&mut a, &mut b, &ConnectOptions::default());
+    let (src, data) = a.mr(MSG, AccessFlags::NONE, 4);
+    for i in 0..COUNT {
+        let wr = SendWr {
+            wr_id: i as u64,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            payload: Payload::Sgl(SgList::single(src.sge(0, MSG as u32).unwrap())),
+            signaled: false,
+            fence: false,
+        };
+        a.qp.post_send(&wr).unwrap();
+    }
+    let deferred = qp_detail(&a, "tx_deferred").and_then(|v| v.parse::<u64>().ok());
+    assert!(
+        deferred.is_some_and(|d| d >= 1),
+        "no post was queued behind the full socket: {deferred:?}"
+    );
+    let deadline = Instant::now() + WAIT;
+    let mut got = 0;
+    let mut wcs = [EMPTY_COMPLETION; 64];
+    while got < COUNT {
+        let n = b.rcq.poll(&mut wcs).unwrap();
+        for wc in &wcs[..n] {
+            assert_eq!(wc.status, WcStatus::Success);
+            assert_eq!(wc.wr_id, got as u64, "receives complete in order");
+            assert_eq!(wc.byte_len as usize, MSG);
+            got += 1;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {got} of {COUNT} Sends arrived"
+        );
+    }
+    assert_eq!(rbuf.to_vec().unwrap(), data);
+    assert_eq!(a.qp.state(), QpState::Rts);
+}

@@ -114,3 +114,54 @@ fn small_sends_are_read_ahead_and_counted() {
     // Each whole small FPDU is read ahead and copied (one system call for many).
     assert_eq!(b.qp.stats().rx_staged_payload_bytes - before, 20 * 64);
 }
+
+/// One 64 KiB Send at a time (a ping-pong's traffic): each message is a 65,535-byte FPDU
+/// and a small last FPDU. That small FPDU used to switch the receiver back to reading
+/// ahead, so the next message's first FPDU went through the read-ahead buffer and was
+/// copied out of it (all but the tail of every message). Now only the first message's is.
+#[test]
+fn successive_large_messages_are_not_copied_after_their_small_last_fpdus() {
+    const MSG: usize = 64 * 1024;
+    const COUNT: usize = 40;
+    for busy in [true, false] {
+        let (a, b) = pair(&ConnectOptions::default());
+        for cq in [&a.scq, &a.rcq, &b.scq, &b.rcq] {
+            cq.set_busy_poll(busy);
+        }
+        let (rbuf, _) = b.mr(MSG, AccessFlags::LOCAL_WRITE, 0);
+        let (src, data) = a.mr(MSG, AccessFlags::NONE, 5);
+        let before = b.qp.stats().rx_staged_payload_bytes;
+        let mut wc = [EMPTY_COMPLETION; 4];
+        for i in 0..COUNT as u64 {
+            b.qp.post_recv(&RecvWr {
+                wr_id: i,
+                sgl: SgList::single(rbuf.sge(0, MSG as u32).unwrap()),
+            })
+            .unwrap();
+            a.qp.post_send(&send_wr(
+                i,
+                send_op(false, None),
+                Payload::Sgl(SgList::single(src.sge(0, MSG as u32).unwrap())),
+            ))
+            .unwrap();
+            let deadline = Instant::now() + WAIT;
+            let (mut sent, mut received) = (0, 0);
+            while sent < 1 || received < 1 {
+                sent += a.scq.poll(&mut wc).unwrap();
+                let n = b.rcq.poll(&mut wc).unwrap();
+                if n > 0 {
+                    assert_eq!(wc[0].byte_len, MSG as u32);
+                }
+                received += n;
+                assert!(Instant::now() < deadline, "message {i}: no completion");
+            }
+        }
+        assert_eq!(rbuf.to_vec().unwrap(), data);
+        let staged = b.qp.stats().rx_staged_payload_bytes - before;
+        assert!(
+            staged < (COUNT * MSG / 10) as u64,
+            "busy {busy}: {staged} of {} payload bytes copied out of the read-ahead buffer",
+            COUNT * MSG
+        );
+    }
+}

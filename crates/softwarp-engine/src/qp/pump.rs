@@ -10,8 +10,13 @@
 //! follows. Staged bytes go to the engine's next targets by copying, the whole FPDUs at
 //! their start in one step each ([`Qp::rx_whole_fpdu`], with the small-Send fast path).
 //! A new FPDU is read into the staging buffer only (its header would otherwise cost a
-//! read of its own). After a large payload only a header's worth is staged, so that large
-//! payloads keep landing without a copy. QPs on an SRQ never stage: their receiver may hold
+//! read of its own). While messages are large (a payload of [`BIG_PAYLOAD`] bytes or
+//! more, until two messages in a row start with a small FPDU) only a header's worth is
+//! staged behind each read: one read takes a payload into its destination and the trailer
+//! and next header behind it, so that large payloads keep landing without a copy, the
+//! first FPDU of the next large message included. That is one read per large FPDU: the
+//! next FPDU's destination is known only once its header is in, and nothing is placed
+//! before its header named it. QPs on an SRQ never stage: their receiver may hold
 //! a header back until completions are polled, with staged bytes it could not take. Once
 //! the QP no longer receives, reads go to the staging buffer and are dropped, so the end
 //! of the stream is still seen.
@@ -47,9 +52,10 @@ const SMALL_STAGE: usize = 64;
 pub const COALESCE_MAX: usize = 2048;
 /// Largest batch of coalesced FPDUs per write.
 pub const BATCH_CAP: usize = 32 * 1024;
-/// About how many bytes of large FPDUs one write gathers (several 64 KiB FPDUs on
-/// loopback).
-const GATHER_BYTES: usize = 256 * 1024;
+/// About how many bytes of large FPDUs one write gathers: 16 FPDUs of 64 KiB on loopback,
+/// a message of 1 MiB in one `sendmsg` when the socket has room (a runtime that writes
+/// only once the socket has drained to half of what it holds offers that much).
+const GATHER_BYTES: usize = 1024 * 1024;
 
 /// Where a read puts its first bytes: a buffer inside the QP, or a range of a registered
 /// region. A reader that hands the region range to the kernel gets its address from
@@ -230,7 +236,6 @@ impl Qp {
             let small_stage = self.rx.big;
             let ahead =
                 staging && !small_stage && !stage.is_empty() && self.rx_expects_whole_fpdu();
-            let mut big = false;
             let (r, target_len, asked) = if ahead {
                 // A new FPDU starts: read it and what follows into the staging buffer only,
                 // from where whole FPDUs go to the engine in one step each.
@@ -255,7 +260,7 @@ impl Qp {
                         offset,
                         len,
                     } => {
-                        big = len >= BIG_PAYLOAD;
+                        let big = len >= BIG_PAYLOAD;
                         let extra = stage_len(staging, small_stage || big, stage.len());
                         let extra = stage.get_mut(..extra).unwrap_or_default();
                         let asked = len + extra.len();
@@ -291,7 +296,6 @@ impl Qp {
                     }
                 }
             };
-            self.rx.big |= big;
             let Some(r) = r else {
                 // Let the receiver advance, but never spin.
                 empty_targets += 1;
@@ -336,19 +340,18 @@ impl Qp {
         staged: usize,
         res: &mut impl RxResources,
     ) -> Option<RecvEnd> {
+        // Whole FPDUs keep the staging hint through their headers (`RxState::note_fpdu`):
+        // after a large one, the following payloads are read straight into their
+        // destinations (FPDUs that fit the staging buffer exactly, as 32 KiB ones on a
+        // 32 KiB-MSS loopback do in pairs, would otherwise never leave it).
         while let Some(n) = self.rx_whole_fpdu(stage.get(*fed..staged).unwrap_or_default(), res) {
             *fed += n;
-            // A whole small FPDU came through the staging buffer: keep reading ahead. A
-            // large one was copied out of it: read the following payloads straight into
-            // their destinations (FPDUs that fit the staging buffer exactly, as 32 KiB ones
-            // on a 32 KiB-MSS loopback do in pairs, would otherwise never leave it).
-            self.rx.big = n >= BIG_PAYLOAD;
         }
         if *fed >= staged {
             return None;
         }
         let bytes = stage.get(*fed..staged).unwrap_or_default();
-        let mut small_payload = None;
+        let mut staged_payload = false;
         let n = match self.rx_target() {
             RxTarget::Buffer(b) => {
                 let n = b.len().min(bytes.len());
@@ -369,8 +372,7 @@ impl Qp {
                 {
                     return Some(RecvEnd::Bug("unusable rx target"));
                 }
-                // A whole (small) payload came through the staging buffer.
-                small_payload = Some(n == len && len < BIG_PAYLOAD);
+                staged_payload = true;
                 n
             }
             // Only QPs on an SRQ block, and they do not stage.
@@ -381,10 +383,7 @@ impl Qp {
                 return None;
             }
         };
-        if let Some(whole_small) = small_payload {
-            if whole_small {
-                self.rx.big = false;
-            }
+        if staged_payload {
             self.stats.rx_staged_payload_bytes += n as u64;
         }
         if n == 0 {

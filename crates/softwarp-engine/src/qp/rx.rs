@@ -32,7 +32,7 @@ use crate::fault::{Cause, Fault};
 use crate::memory::Region;
 use crate::mr::{Access, AccessError, MrError, MrMemory, MrTable, Stag};
 use crate::qp::codec::{self, RxHeader};
-use crate::qp::pump::RxResources;
+use crate::qp::pump::{RxResources, BIG_PAYLOAD};
 use crate::qp::terminate::OffendingHeader;
 use crate::qp::{
     no_validated, IrqEntry, Qp, QpError, RtrKind, RxMsg, SqData, SqStatus, StreamConfig,
@@ -169,9 +169,13 @@ pub(crate) struct RxState {
     /// whole Send and of a whole Send with Solicited Event, as the codec emits them: what
     /// [`Qp::rx_small_send`] accepts.
     send_templates: [[u8; codec::SEND_PREFIX_LEN]; 2],
-    /// Recent payloads were large: [`Qp::recv_from`] stages only a header's worth behind
-    /// each read.
+    /// Recent messages were large: [`Qp::recv_from`] stages only a header's worth behind
+    /// each read, so that their payloads land without a copy (see [`RxState::note_fpdu`]).
     pub(crate) big: bool,
+    /// Messages in a row, since the last large payload, whose first FPDU was small.
+    small_starts: u8,
+    /// The last FPDU ended its message (DDP Last flag): the next one starts a message.
+    prev_last: bool,
 }
 
 /// Offset of the MSN and of the MO in an untagged header.
@@ -274,7 +278,30 @@ impl RxState {
             last_write: None,
             send_templates: codec::send_prefixes(),
             big: false,
+            small_starts: 0,
+            prev_last: true,
         }
+    }
+
+    /// Keeps [`RxState::big`], the staging hint of [`Qp::recv_from`], for an FPDU whose
+    /// header arrived: a payload of [`BIG_PAYLOAD`] bytes or more sets it; it is cleared
+    /// only by the second message in a row whose first FPDU is small. The small last FPDU
+    /// of a large message (the 15 bytes left of a 64 KiB Write by 65,535-byte FPDUs) and a
+    /// lone small message between large ones leave it set: otherwise the next large
+    /// message's first FPDU would be read ahead into the staging buffer and copied out of
+    /// it (64 KiB per message; BENCHMARKS.md, issue 18). A hint only: it decides how much is
+    /// read ahead, never where a byte goes.
+    fn note_fpdu(&mut self, payload_len: usize, last: bool) {
+        if payload_len >= BIG_PAYLOAD {
+            self.big = true;
+            self.small_starts = 0;
+        } else if self.prev_last && self.big {
+            self.small_starts = self.small_starts.saturating_add(1);
+            if self.small_starts >= 2 {
+                self.big = false;
+            }
+        }
+        self.prev_last = last;
     }
 
     pub(crate) fn on_establish(&mut self, s: &StreamConfig) {
@@ -774,6 +801,11 @@ impl Qp {
         self.tx.gate_until_rx = false;
         self.rx_msn[0] = msn.wrapping_add(1);
         self.rx.last_write = None;
+        // A whole small message: one call to the staging hint only while it is set.
+        if self.rx.big {
+            self.rx.note_fpdu(payload.len(), true);
+        }
+        self.rx.prev_last = true;
         let mut wc = self.recv_wc(wr_id, WcStatus::Success, len as u32);
         wc.solicited = solicited;
         let _ = self.rx_done.push(wc);
@@ -899,6 +931,12 @@ impl Qp {
     /// Validates the complete header and decides where the payload goes.
     fn process_header(&mut self, mrs: &mut MrTable, srq: Option<&mut Srq>) {
         self.rx.phase = Phase::Payload;
+        let last = self
+            .rx
+            .hdr
+            .get(2)
+            .is_some_and(|c| c & softwarp_wire::ddp::FLAG_LAST != 0);
+        self.rx.note_fpdu(self.rx.payload_len, last);
         if self.rx.deferred.is_none() {
             let parsed = codec::parse_rx_header(
                 self.rx.hdr.get(2..self.rx.hdr_need).unwrap_or(&[]),

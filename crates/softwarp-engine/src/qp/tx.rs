@@ -195,7 +195,7 @@ impl<'a> TxFpdu<'a> {
 }
 
 /// Most FPDUs one [`Qp::poll_tx_gather`] offers.
-pub(crate) const MAX_GATHER_FPDUS: usize = 8;
+pub(crate) const MAX_GATHER_FPDUS: usize = 16;
 /// Most pieces one [`TxGather`] holds (an FPDU without markers has at most
 /// `MAX_SGE + 2`).
 const GATHER_PIECES: usize = 64;

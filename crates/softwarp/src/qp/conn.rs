@@ -45,6 +45,13 @@ pub(crate) struct Conn {
     pub(super) write_failed: bool,
     /// Our FIN was sent.
     pub(super) shut_wr: bool,
+    /// The last transmit pass ended on a full socket with bytes pending (`EAGAIN`). Until a
+    /// pass writes again, a post or busy poll does not ask the full socket again (an
+    /// `EAGAIN` `sendmsg` takes the socket lock, after building the gather list): when the
+    /// progress thread watches the socket for write readiness, a post only queues its work
+    /// (see [`Conn::wants_write`]); otherwise a lockless `poll` says when the socket has
+    /// room again.
+    pub(super) tx_full: bool,
     pub(super) linger_until: Option<Instant>,
     /// Initiator: no FPDU goes out before this deadline ([`ConnectOptions::first_fpdu_delay`];
     /// a delay the clock cannot represent holds until the QP fails). Posted work waits in the
@@ -58,6 +65,15 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// Whether a transmit pass now could write: not while the last one ended on a full
+    /// socket that has not drained since (the progress thread, registered for write
+    /// readiness, then writes when it does; for a busy-polled socket a `poll` without wait
+    /// tells). Saves the gather list and the failing `sendmsg` per post and per busy poll
+    /// of a sender that waits for the socket to drain.
+    pub(super) fn wants_write(&self) -> bool {
+        !self.tx_full || (!self.registered && crate::sys::writable_now(self.stream.as_fd()))
+    }
+
     /// Who writes the socket when it drains (the `tx_by` detail of `softwarp resources`):
     /// `progress` (registered with the progress thread's epoll for write readiness), `polls`
     /// (a busy-polled QP: the application's polls write), `polls+watchdog` (busy-polled with
@@ -356,6 +372,7 @@ impl QpShared {
                 .then(|| Deadline::after(hold)),
             rx_stall: (opts.rx_stall_timeout != Duration::MAX).then_some(opts.rx_stall_timeout),
             stall_mark: None,
+            tx_full: false,
         });
         g.info = Some(info.clone());
         g.observer = observer;

@@ -31,7 +31,9 @@
 //!    header, region ranges (`Region::ptr_range`) and trailer, written by `sendmsg`, then
 //!    `tx_commit`.
 //! 4. A full socket (`SendEnd::Full`) arms the write watchdog of a busy-polled QP (poller);
-//!    otherwise the progress thread finishes on write readiness (`service`).
+//!    otherwise the progress thread finishes on write readiness (`service`). Until a pass
+//!    writes again (`Conn::tx_full`), later posts and busy polls do not ask the full socket:
+//!    they queue for the progress thread, or first ask `poll(POLLOUT)` when busy-polled.
 //! 5. `QpShared::drain` moves the completion to the send CQ when the WR is signalled.
 //!
 //! # Walk of received bytes
@@ -169,6 +171,9 @@ pub(crate) struct QpInner {
     /// it (statistics: the `watchdog` detail of `softwarp resources`).
     watch_armed: u64,
     watch_takeovers: u64,
+    /// Posts that only queued their work behind a full socket (statistics: the
+    /// `tx_deferred` detail of `softwarp resources`).
+    tx_deferred: u64,
 }
 
 /// State shared between a [`QueuePair`] handle and the progress thread. `repr(C)`: the
@@ -261,6 +266,11 @@ impl QpShared {
         let view = match &g.conn {
             Some(c) => view.with_attr("tx_by", c.tx_by()),
             None => view,
+        };
+        let view = if g.tx_deferred > 0 {
+            view.with_attr("tx_deferred", &g.tx_deferred.to_string())
+        } else {
+            view
         };
         if g.watch_armed == 0 {
             return view;
@@ -432,6 +442,7 @@ impl QueuePair {
                 app_passes: 0,
                 watch_armed: 0,
                 watch_takeovers: 0,
+                tx_deferred: 0,
             }),
             count: Mutex::new(count),
             _number: number,
@@ -536,7 +547,16 @@ impl QueuePair {
         }
         inner.app_passes = inner.app_passes.wrapping_add(1);
         let mut budget = usize::MAX;
-        let tx = s.tx_pass(inner, &mut budget);
+        // Behind a full socket the work only queues (a write now would fail with EAGAIN):
+        // the progress thread sends it on write readiness, or the next busy poll once the
+        // socket has room.
+        let waits_for_space = inner.conn.as_ref().is_some_and(|c| !c.wants_write());
+        let tx = if waits_for_space {
+            inner.tx_deferred += 1;
+            TxEnd::Full
+        } else {
+            s.tx_pass(inner, &mut budget)
+        };
         s.drain(inner);
         // A held connection (first-FPDU hold-off) is retried by the progress thread.
         let kick = (tx == TxEnd::Dead && inner.conn.is_some()) || tx == TxEnd::Held;

@@ -288,7 +288,9 @@ impl QpShared {
             }
         }
         let mut sock = SockIo::new(conn.stream.as_fd(), self.qp_num);
-        match qp.send_to(&mut sock, batch, budget) {
+        let end = qp.send_to(&mut sock, batch, budget);
+        conn.tx_full = matches!(end, SendEnd::Full);
+        match end {
             SendEnd::Idle => TxEnd::Idle,
             SendEnd::Full => TxEnd::Full,
             SendEnd::Budget => TxEnd::More,
@@ -401,7 +403,10 @@ impl QpShared {
             })
             .unwrap_or_else(|_| self.rx_pass_unstaged(inner, &mut budget));
         let mut budget = PASS_BUDGET;
-        let _ = self.tx_pass(inner, &mut budget);
+        // A socket still full since the last pass: no gather list, no failing `sendmsg`.
+        if inner.conn.as_ref().is_some_and(|c| c.wants_write()) {
+            let _ = self.tx_pass(inner, &mut budget);
+        }
         self.drain(inner);
         let finished = rx == RxEnd::Closed || inner.qp.state() != QpState::Rts;
         if finished {

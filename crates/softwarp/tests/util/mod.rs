@@ -208,3 +208,13 @@ pub fn send_op(solicited: bool, invalidate: Option<Stag>) -> SendOp {
 }
 
 pub const SIZES: [usize; 5] = [0, 1, 4095, 1 << 20, 16 << 20];
+
+/// A detail of `e`'s QP in the RAS resources.
+pub fn qp_detail(e: &End, key: &str) -> Option<String> {
+    softwarp_ras::tracker::all_resources()
+        .into_iter()
+        .filter(|r| {
+            r.tracker == e.dev.instance_name() && r.kind == softwarp_ras::tracker::ResourceKind::Qp
+        })
+        .find_map(|r| r.details.and_then(|d| d.attrs.get(key).cloned()))
+}
