@@ -362,7 +362,17 @@ pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 ///
 /// # Safety
 /// `sg` must point to `n` readable `ibv_sge`s when `n > 0`.
+#[inline]
 pub unsafe fn sgl(sg: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
+    let sge = |s: &ibv_sge| Sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: Stag(s.lkey),
+    };
+    if n == 1 {
+        // SAFETY: the caller's array has one entry.
+        return Ok(SgList::single(sge(unsafe { &*sg })));
+    }
     let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
     if n > MAX_SGE {
         return Err(libc::EINVAL);
@@ -371,12 +381,7 @@ pub unsafe fn sgl(sg: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
     for i in 0..n {
         // SAFETY: the caller's array has `n` entries.
         let s = unsafe { &*sg.add(i) };
-        l.push(Sge {
-            addr: s.addr,
-            length: s.length,
-            lkey: Stag(s.lkey),
-        })
-        .map_err(|_| libc::EINVAL)?;
+        l.push(sge(s)).map_err(|_| libc::EINVAL)?;
     }
     Ok(l)
 }
