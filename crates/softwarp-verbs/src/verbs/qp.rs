@@ -515,7 +515,7 @@ struct CSendList<'a> {
     _inline: PhantomData<&'a [u8]>,
 }
 
-impl CSendList<'_> {
+impl<'a> CSendList<'a> {
     /// # Safety
     /// `wr` is NULL or the application's list of work requests, each with its `sg_list` of
     /// `num_sge` SGEs and, for inline data, readable bytes, valid while the list is used.
@@ -527,13 +527,17 @@ impl CSendList<'_> {
         }
     }
 
-    /// The work request at `cur` as Softwarp's.
+    /// The work request at `cur` as Softwarp's, built in place (no `Result` to unwrap);
+    /// `None` with `stop` set when it cannot be converted.
     ///
     /// # Safety
     /// As [`CSendList::new`], for `w`.
     #[inline]
-    unsafe fn convert<'a>(w: &ibv_send_wr) -> Result<SendWr<'a>, Stop> {
-        let op = send_op(w).map_err(Stop::Bad)?;
+    unsafe fn convert(&mut self, w: &ibv_send_wr) -> Option<SendWr<'a>> {
+        let op = match send_op(w) {
+            Ok(op) => op,
+            Err(e) => return self.stopped(Stop::Bad(e)),
+        };
         let flags = w.send_flags;
         let payload = if flags & IBV_SEND_INLINE != 0 && !op.awaits_response() {
             match w.num_sge {
@@ -543,7 +547,7 @@ impl CSendList<'_> {
                     let s = unsafe { &*w.sg_list };
                     let len = s.length as usize;
                     if len > MAX_INLINE {
-                        return Err(Stop::Bad(libc::EINVAL));
+                        return self.stopped(Stop::Bad(libc::EINVAL));
                     }
                     if len == 0 {
                         Payload::Inline(&[])
@@ -555,20 +559,30 @@ impl CSendList<'_> {
                         })
                     }
                 }
-                n if n > 1 => return Err(Stop::Gather),
-                _ => return Err(Stop::Bad(libc::EINVAL)),
+                n if n > 1 => return self.stopped(Stop::Gather),
+                _ => return self.stopped(Stop::Bad(libc::EINVAL)),
             }
         } else {
             // SAFETY: the work request's SGE array.
-            Payload::Sgl(unsafe { sgl(w.sg_list, w.num_sge) }.map_err(Stop::Bad)?)
+            match unsafe { sgl(w.sg_list, w.num_sge) } {
+                Ok(l) => Payload::Sgl(l),
+                Err(e) => return self.stopped(Stop::Bad(e)),
+            }
         };
-        Ok(SendWr {
+        self.cur = w.next;
+        Some(SendWr {
             wr_id: w.wr_id,
             op,
             payload,
             signaled: flags & IBV_SEND_SIGNALED != 0,
             fence: flags & IBV_SEND_FENCE != 0,
         })
+    }
+
+    #[cold]
+    fn stopped(&mut self, stop: Stop) -> Option<SendWr<'a>> {
+        self.stop = Some(stop);
+        None
     }
 }
 
@@ -580,16 +594,7 @@ impl<'a> Iterator for CSendList<'a> {
         // SAFETY: the application's list (`CSendList::new`).
         let w = unsafe { self.cur.as_ref() }?;
         // SAFETY: as above.
-        match unsafe { Self::convert(w) } {
-            Ok(wr) => {
-                self.cur = w.next;
-                Some(wr)
-            }
-            Err(stop) => {
-                self.stop = Some(stop);
-                None
-            }
-        }
+        unsafe { self.convert(w) }
     }
 }
 

@@ -203,6 +203,7 @@ impl Drop for QpShared {
 }
 
 impl QpShared {
+    #[inline]
     fn lock(&self) -> MutexGuard<'_, QpInner> {
         lock(&self.inner)
     }
