@@ -29,10 +29,12 @@ pub struct SgList {
 
 impl SgList {
     /// An empty list (a zero-length operation).
+    #[inline]
     pub fn new() -> Self {
         Self::default()
     }
     /// A list with one element.
+    #[inline]
     pub fn single(sge: Sge) -> Self {
         let mut l = Self::new();
         l.sges[0] = sge;
@@ -40,6 +42,7 @@ impl SgList {
         l
     }
     /// Builds a list from a slice; `None` when it has more than [`MAX_SGE`] elements.
+    #[inline]
     pub fn from_slice(sges: &[Sge]) -> Option<Self> {
         let mut l = Self::new();
         for s in sges {
@@ -48,6 +51,7 @@ impl SgList {
         Some(l)
     }
     /// Appends an element; gives it back when the list is full.
+    #[inline]
     pub fn push(&mut self, sge: Sge) -> Result<(), Sge> {
         match self.sges.get_mut(self.len) {
             Some(slot) => {
@@ -59,18 +63,22 @@ impl SgList {
         }
     }
     /// The elements.
+    #[inline]
     pub fn as_slice(&self) -> &[Sge] {
         self.sges.get(..self.len).unwrap_or(&[])
     }
     /// Number of elements.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
     /// True when the list has no elements.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
     /// Sum of the element lengths.
+    #[inline]
     pub fn total_len(&self) -> u64 {
         self.as_slice().iter().map(|s| u64::from(s.length)).sum()
     }
@@ -155,6 +163,7 @@ pub enum SendOp {
 impl SendOp {
     /// True for the operations that wait for a response (RDMA Read and the atomics): they
     /// are counted against ORD and write into the local SGL.
+    #[inline]
     pub fn awaits_response(&self) -> bool {
         matches!(
             self,
@@ -163,11 +172,13 @@ impl SendOp {
     }
 
     /// True for the atomics.
+    #[inline]
     pub fn is_atomic(&self) -> bool {
         matches!(self, SendOp::FetchAdd { .. } | SendOp::CmpSwap { .. })
     }
 
     /// The immediate value of Write/Send with Immediate.
+    #[inline]
     pub fn imm(&self) -> Option<u32> {
         match *self {
             SendOp::WriteWithImm { imm, .. } | SendOp::SendWithImm { imm, .. } => Some(imm),

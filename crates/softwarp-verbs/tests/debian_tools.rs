@@ -641,6 +641,49 @@ fn c_msgrate_twin_of_the_rust_example_moves_its_messages_busy_polled() {
 }
 
 #[test]
+fn c_program_closes_its_device_with_a_thread_polling_and_objects_alive() {
+    let _serial = serial();
+    let Some(exe) = build_c("close_device", &["-libverbs", "-lrdmacm", "-lpthread"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(20),
+        "close_device",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.stdout,
+        "closed with a thread polling: 3 flushed receives polled after the close\n\
+         after the close: posts refused with EIO, objects destroyed\n\
+         the rdma_cm's context stays open\n\
+         ok: 26 checks\n"
+    );
+}
+
+#[test]
+fn c_chained_lists_post_in_order_and_stop_at_the_bad_work_request() {
+    let _serial = serial();
+    let Some(exe) = build_c("post_lists", &["-libverbs", "-lrdmacm"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(20),
+        "post_lists",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.stdout,
+        "received in order: alpha bravo charlie delta echo foxtrot golf\n\
+         send completions: 3 12\n\
+         ok: 51 checks\n"
+    );
+}
+
+#[test]
 fn rping_capture_decodes_as_clean_iwarp_in_wireshark() {
     let _serial = serial();
     let Some(rping) = tool("rping", "rdmacm-utils") else {

@@ -1,6 +1,7 @@
 //! Completion queues and completion channels (after `ibv_cq` and `ibv_comp_channel`).
 //!
-//! Polling mode: [`CompletionQueue::poll`] copies completions into a slice. Event mode: a CQ
+//! Polling mode: [`CompletionQueue::poll`] copies completions into a slice
+//! ([`CompletionQueue::poll_with`] hands them to a closure). Event mode: a CQ
 //! created with a [`CompletionChannel`] and armed with [`CompletionQueue::req_notify`]
 //! signals the channel's file descriptor (an eventfd) at its next completion (or next
 //! solicited or error completion); [`CompletionChannel::get_cq_event`] waits for it and says
@@ -321,6 +322,29 @@ impl CompletionQueue {
     /// [`Error::MarkerDamaged`] when the CQ's structure markers are damaged (the device
     /// failed).
     pub fn poll(&self, wcs: &mut [WorkCompletion]) -> Result<usize> {
+        self.poll_each(wcs.iter_mut(), |slot, wc| *slot = wc)
+    }
+
+    /// Takes up to `max` completions, oldest first, handing each to `f`; returns how many.
+    /// The same as [`CompletionQueue::poll`] (errors, busy polling, closed devices) for a
+    /// caller that stores completions in a form of its own (a C `ibv_wc` array, a ring): no
+    /// slice of [`WorkCompletion`]s in between.
+    ///
+    /// `f` runs with the CQ locked: it must not call into Softwarp (on this thread, that
+    /// would deadlock), only store or look at the completion.
+    pub fn poll_with(&self, max: usize, mut f: impl FnMut(WorkCompletion)) -> Result<usize> {
+        self.poll_each(0..max, |_, wc| f(wc))
+    }
+
+    /// [`CompletionQueue::poll`] and [`CompletionQueue::poll_with`]: a completion for each
+    /// of `slots` while there are any, handed to `f` with its slot.
+    #[inline(always)]
+    fn poll_each<S>(
+        &self,
+        slots: impl ExactSizeIterator<Item = S>,
+        mut f: impl FnMut(S, WorkCompletion),
+    ) -> Result<usize> {
+        let max = slots.len();
         let sh = &self.shared;
         let inside = sh.device.inflight.enter(Entry::Poll);
         if !sh.markers_intact() {
@@ -335,16 +359,16 @@ impl CompletionQueue {
             return Err(sh.markers_damaged("CompletionQueue::poll"));
         }
         let mut n = 0;
-        for slot in wcs.iter_mut() {
+        for slot in slots {
             match st.cq.poll() {
                 Some(wc) => {
-                    *slot = wc;
+                    f(slot, wc);
                     n += 1;
                 }
                 None => break,
             }
         }
-        if n == 0 && st.cq.is_error() && !wcs.is_empty() {
+        if n == 0 && st.cq.is_error() && max > 0 {
             return Err(Error::CqOverflowed {
                 capacity: st.cq.capacity(),
             });

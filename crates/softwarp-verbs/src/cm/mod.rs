@@ -8,6 +8,7 @@ pub mod id;
 
 use std::ffi::c_int;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
 use crate::errno;
@@ -23,11 +24,17 @@ pub fn cm_context() -> Result<*mut ibv_context, c_int> {
         return Ok(c.0 as *mut ibv_context);
     }
     let made = context::open_context().map_err(|e| errno::fail("rdma_cm device", &e))?;
-    let c = CTX.get_or_init(|| Ctx(made as usize));
+    let c = CTX.get_or_init(|| {
+        // SAFETY: `made` came from `open_context`. `ibv_close_device` leaves it open.
+        if let Some(m) = unsafe { context::Context::from_ibv(made) } {
+            m.library_owned.store(true, Ordering::Release);
+        }
+        Ctx(made as usize)
+    });
     if c.0 != made as usize {
         // Another thread won the race: ours is not needed.
         // SAFETY: `made` came from `open_context` and nothing else has seen it.
-        unsafe { context::swv_ibv_close_device(made) };
+        unsafe { context::discard(made) };
     }
     Ok(c.0 as *mut ibv_context)
 }

@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::mem::{offset_of, size_of};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
 
 use softwarp::{AsyncEvent, CqId, Device, SrqId};
 
@@ -25,6 +27,9 @@ pub struct Context {
     pub objects: Mutex<Objects>,
     /// The application's `async_fd`, watching the device's event fd.
     pub async_watch: Watch,
+    /// The rdma_cm's context (`cm::cm_context`): librdmacm's own, which `ibv_close_device`
+    /// leaves open.
+    pub library_owned: AtomicBool,
 }
 
 #[derive(Default)]
@@ -32,6 +37,38 @@ pub struct Objects {
     pub qps: HashMap<u32, usize>,
     pub cqs: HashMap<CqId, usize>,
     pub srqs: HashMap<SrqId, usize>,
+    /// `ibv_close_device` closed the context while some of these lived: the destroy of the
+    /// last one frees it ([`forget`]).
+    pub closed: bool,
+}
+
+impl Objects {
+    fn is_empty(&self) -> bool {
+        self.qps.is_empty() && self.cqs.is_empty() && self.srqs.is_empty()
+    }
+}
+
+/// Removes a destroyed object from its context's objects (`remove`), and frees the context
+/// when `ibv_close_device` closed it and this was its last object.
+///
+/// # Safety
+/// `ctx` must be NULL or the context of a live object of this library; the caller uses it no
+/// more after this call.
+pub unsafe fn forget(ctx: *mut ibv_context, remove: impl FnOnce(&mut Objects)) {
+    // SAFETY: the caller's context.
+    let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+        return;
+    };
+    let last = {
+        let mut o = c.objects();
+        remove(&mut o);
+        o.closed && o.is_empty()
+    };
+    if last {
+        // SAFETY: the context was allocated with Box in `open_context`; closed, and its last
+        // object gone, nothing refers to it any more.
+        drop(unsafe { Box::from_raw((c as *const Context).cast_mut()) });
+    }
 }
 
 impl Context {
@@ -211,6 +248,7 @@ pub fn open_context() -> softwarp::Result<*mut ibv_context> {
         dev,
         objects: Mutex::new(Objects::default()),
         async_watch,
+        library_owned: AtomicBool::new(false),
     });
     let ctx = Box::into_raw(ctx);
     // SAFETY: `ctx` was just allocated and is exclusively ours until returned.
@@ -237,17 +275,68 @@ pub fn open_context() -> softwarp::Result<*mut ibv_context> {
     Ok(c.ibv())
 }
 
+/// How long `ibv_close_device` waits for threads inside calls on the device's objects (as
+/// `Device::close`'s bound).
+pub const CLOSE_BOUND: Duration = Duration::from_secs(2);
+
+/// Closes a context the application opened as `Device::close` closes a device: new calls
+/// on its objects are refused (`EIO`), threads inside calls are waited for (at most
+/// [`CLOSE_BOUND`]), its QPs go to Error (their work requests flush, which polls still
+/// return) and their connections close. The memory of the context goes at once when no QP,
+/// CQ or SRQ of it is left, else with the destroy of the last (an application may still
+/// destroy them, as rdma-core lets it). The rdma_cm's context (`rdma_get_devices`, `id->verbs`)
+/// is librdmacm's: it stays open and this returns 0.
+///
+/// Returns 0; `EDEADLK` when called where waiting would deadlock (a callback inside a
+/// Softwarp call; nothing is done); `EBUSY` when threads were still inside calls after the
+/// bound (the device is closed all the same; its memory is kept, as they may still use it);
+/// `EIO` when a damaged structure marker was found (the device failed; it is closed).
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_close_device(ctx: *mut ibv_context) -> c_int {
+    const CALL: &str = "ibv_close_device";
     // SAFETY: contexts come from `ibv_open_device`.
     let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
         return libc::EINVAL;
     };
-    let ptr = (c as *const Context).cast_mut();
-    // SAFETY: the context was allocated with Box in `open_context`; the application gives
-    // it up here.
-    drop(unsafe { Box::from_raw(ptr) });
-    0
+    if c.library_owned.load(Ordering::Acquire) {
+        tracing::debug!(target: "softwarp::verbs", call = CALL, "the rdma_cm's context stays open");
+        return 0;
+    }
+    let (rc, keep) = match c.dev.clone().close(CLOSE_BOUND) {
+        Ok(()) => (0, false),
+        Err(e @ softwarp::Error::WouldDeadlock { .. }) => {
+            errno::fail(CALL, &e);
+            return libc::EDEADLK;
+        }
+        Err(e @ softwarp::Error::StillInside(_)) => {
+            errno::fail(CALL, &e);
+            (libc::EBUSY, true)
+        }
+        Err(e) => (errno::fail(CALL, &e), false),
+    };
+    let free = {
+        let mut o = c.objects();
+        o.closed = true;
+        o.is_empty() && !keep
+    };
+    if free {
+        // SAFETY: the context was allocated with Box in `open_context`; the application
+        // gives it up here, and no object of it is left.
+        drop(unsafe { Box::from_raw((c as *const Context).cast_mut()) });
+    }
+    rc
+}
+
+/// Frees a context nobody has seen (`cm::cm_context` lost a race to open the rdma_cm's).
+///
+/// # Safety
+/// `ctx` came from [`open_context`] and was never handed out.
+pub unsafe fn discard(ctx: *mut ibv_context) {
+    // SAFETY: the caller's fresh context.
+    if let Some(c) = unsafe { Context::from_ibv(ctx) } {
+        // SAFETY: allocated with Box in `open_context`, unseen.
+        drop(unsafe { Box::from_raw((c as *const Context).cast_mut()) });
+    }
 }
 
 fn fill_device_attr(c: &Context, a: &mut ibv_device_attr) {

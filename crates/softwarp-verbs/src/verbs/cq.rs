@@ -13,7 +13,7 @@ use softwarp::{
 
 use crate::errno;
 use crate::ffi::*;
-use crate::verbs::context::Context;
+use crate::verbs::context::{self, Context};
 use crate::watch::Watch;
 
 /// `struct ibv_comp_channel` followed by Softwarp's channel and its CQs by id (to turn the
@@ -202,9 +202,11 @@ pub unsafe extern "C" fn swv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         ch.ibv.refcnt = ch.ibv.refcnt.saturating_sub(1);
     }
     // SAFETY: contexts outlive their CQs.
-    if let Some(c) = unsafe { Context::from_ibv(q.ibv.context) } {
-        c.objects().cqs.remove(&id);
-    }
+    unsafe {
+        context::forget(q.ibv.context, |o| {
+            o.cqs.remove(&id);
+        })
+    };
     // SAFETY: CQs are allocated with Box; the application gives it up.
     drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
     0
@@ -275,6 +277,7 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
 }
 
 /// A work completion as rdma-core fills `struct ibv_wc`.
+#[inline]
 pub fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
     // SAFETY: plain C data; all-zero is valid.
     let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
@@ -314,7 +317,8 @@ pub fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
     wc
 }
 
-/// `ibv_context_ops.poll_cq`: up to `n` completions into `wc`; the number, or -1 on error.
+/// `ibv_context_ops.poll_cq`: up to `n` completions into `wc`, each written in place as the
+/// CQ hands it over (`poll_with`); the number, or -1 on error.
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: CQs come from `ibv_create_cq`.
     let Some(q) = (unsafe { Cq::from_ibv(cq) }) else {
@@ -326,26 +330,20 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> 
     if want > 0 && wc.is_null() {
         return -1;
     }
-    const BATCH: usize = 32;
-    let mut buf = [EMPTY_COMPLETION; BATCH];
-    let mut done = 0usize;
-    while done < want {
-        let room = (want - done).min(BATCH);
-        let got = match q.cq.poll(&mut buf[..room]) {
-            Ok(got) => got,
-            Err(e) => {
-                errno::fail("ibv_poll_cq", &e);
-                return if done > 0 { done as c_int } else { -1 };
-            }
-        };
-        for w in &buf[..got] {
-            // SAFETY: the caller's array has room for `n` entries and `done < n`.
-            unsafe { wc.add(done).write(to_ibv_wc(w)) };
-            done += 1;
+    let mut next = wc;
+    let polled = q.cq.poll_with(want, |w| {
+        // SAFETY: the caller's array has room for `n` entries and the CQ hands over at
+        // most `n` completions.
+        unsafe {
+            next.write(to_ibv_wc(&w));
+            next = next.add(1);
         }
-        if got < room {
-            break;
+    });
+    match polled {
+        Ok(got) => c_int::try_from(got).unwrap_or(c_int::MAX),
+        Err(e) => {
+            errno::fail("ibv_poll_cq", &e);
+            -1
         }
     }
-    c_int::try_from(done).unwrap_or(c_int::MAX)
 }

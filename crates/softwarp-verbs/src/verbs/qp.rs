@@ -7,6 +7,7 @@
 //! to RESET work in any state; RTS without a connection, SQD and SQE are refused.
 
 use std::ffi::c_int;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
@@ -15,11 +16,9 @@ use softwarp::{
     SharedReceiveQueue, SrqInitAttr, Stag, MAX_INLINE, MAX_SGE,
 };
 
-use arrayvec::ArrayVec;
-
 use crate::errno;
 use crate::ffi::*;
-use crate::verbs::context::Context;
+use crate::verbs::context::{self, Context};
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::Pd;
 use crate::verbs::qp_ex::{self, WrBuilder};
@@ -347,10 +346,13 @@ pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
     };
+    let qpn = q.qp.qp_num();
     // SAFETY: contexts outlive their QPs.
-    if let Some(c) = unsafe { Context::from_ibv(q.ex.qp_base.context) } {
-        c.objects().qps.remove(&q.qp.qp_num());
-    }
+    unsafe {
+        context::forget(q.ex.qp_base.context, |o| {
+            o.qps.remove(&qpn);
+        })
+    };
     // SAFETY: QPs are allocated with Box in `create`; the application gives it up.
     drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
     0
@@ -360,7 +362,17 @@ pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 ///
 /// # Safety
 /// `sg` must point to `n` readable `ibv_sge`s when `n > 0`.
+#[inline]
 pub unsafe fn sgl(sg: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
+    let sge = |s: &ibv_sge| Sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: Stag(s.lkey),
+    };
+    if n == 1 {
+        // SAFETY: the caller's array has one entry.
+        return Ok(SgList::single(sge(unsafe { &*sg })));
+    }
     let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
     if n > MAX_SGE {
         return Err(libc::EINVAL);
@@ -369,12 +381,7 @@ pub unsafe fn sgl(sg: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
     for i in 0..n {
         // SAFETY: the caller's array has `n` entries.
         let s = unsafe { &*sg.add(i) };
-        l.push(Sge {
-            addr: s.addr,
-            length: s.length,
-            lkey: Stag(s.lkey),
-        })
-        .map_err(|_| libc::EINVAL)?;
+        l.push(sge(s)).map_err(|_| libc::EINVAL)?;
     }
     Ok(l)
 }
@@ -489,48 +496,125 @@ unsafe fn send_wr<'b>(
     })
 }
 
-/// Work requests handed to one `post_send_list`/`post_recv_list` call: a C list is posted in
-/// runs of this many, so that it is queued whole before anything is sent (its small
-/// messages share system calls, as with the native API) at no allocation.
-const POST_BATCH: usize = 32;
-
-/// A run of converted work requests and the C work requests they came from.
-struct Run<W, C> {
-    wrs: ArrayVec<W, POST_BATCH>,
-    from: ArrayVec<*mut C, POST_BATCH>,
+/// Why the conversion of a C list of send work requests stopped before its end.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// The work request cannot be posted: this errno.
+    Bad(c_int),
+    /// Inline data in several SGEs: gathered into a buffer and posted on its own.
+    Gather,
 }
 
-impl<W, C> Run<W, C> {
-    fn new() -> Self {
+/// The send work requests of a C list as Softwarp's, converted one at a time while the QP
+/// takes them (`QueuePair::post_send_iter`: no intermediate array). Ends at the end of the
+/// list, or at a work request it does not convert (`stop` says why; `cur` points to it).
+/// Inline data in one SGE is borrowed from the application for the post (the QP copies it).
+struct CSendList<'a> {
+    cur: *mut ibv_send_wr,
+    stop: Option<Stop>,
+    _inline: PhantomData<&'a [u8]>,
+}
+
+impl<'a> CSendList<'a> {
+    /// # Safety
+    /// `wr` is NULL or the application's list of work requests, each with its `sg_list` of
+    /// `num_sge` SGEs and, for inline data, readable bytes, valid while the list is used.
+    unsafe fn new(wr: *mut ibv_send_wr) -> Self {
         Self {
-            wrs: ArrayVec::new(),
-            from: ArrayVec::new(),
+            cur: wr,
+            stop: None,
+            _inline: PhantomData,
         }
     }
 
-    /// Posts the run with `post`; on failure, the C work request that failed and the errno.
-    fn flush(
-        &mut self,
-        call: &'static str,
-        post: impl Fn(&[W]) -> Result<(), (usize, softwarp::Error)>,
-    ) -> Result<(), (*mut C, c_int)> {
-        if self.wrs.is_empty() {
-            return Ok(());
-        }
-        let r = post(&self.wrs).map_err(|(i, e)| {
-            (
-                self.from.get(i).copied().unwrap_or(std::ptr::null_mut()),
-                errno::fail(call, &e),
-            )
-        });
-        self.wrs.clear();
-        self.from.clear();
-        r
+    /// The work request at `cur` as Softwarp's, built in place (no `Result` to unwrap);
+    /// `None` with `stop` set when it cannot be converted.
+    ///
+    /// # Safety
+    /// As [`CSendList::new`], for `w`.
+    #[inline]
+    unsafe fn convert(&mut self, w: &ibv_send_wr) -> Option<SendWr<'a>> {
+        let op = match send_op(w) {
+            Ok(op) => op,
+            Err(e) => return self.stopped(Stop::Bad(e)),
+        };
+        let flags = w.send_flags;
+        let payload = if flags & IBV_SEND_INLINE != 0 && !op.awaits_response() {
+            match w.num_sge {
+                0 => Payload::Inline(&[]),
+                1 => {
+                    // SAFETY: the work request has one SGE.
+                    let s = unsafe { &*w.sg_list };
+                    let len = s.length as usize;
+                    if len > MAX_INLINE {
+                        return self.stopped(Stop::Bad(libc::EINVAL));
+                    }
+                    if len == 0 {
+                        Payload::Inline(&[])
+                    } else {
+                        // SAFETY: the application's inline data is readable for `length`
+                        // bytes during the post, which copies it.
+                        Payload::Inline(unsafe {
+                            std::slice::from_raw_parts(s.addr as usize as *const u8, len)
+                        })
+                    }
+                }
+                n if n > 1 => return self.stopped(Stop::Gather),
+                _ => return self.stopped(Stop::Bad(libc::EINVAL)),
+            }
+        } else {
+            // SAFETY: the work request's SGE array.
+            match unsafe { sgl(w.sg_list, w.num_sge) } {
+                Ok(l) => Payload::Sgl(l),
+                Err(e) => return self.stopped(Stop::Bad(e)),
+            }
+        };
+        self.cur = w.next;
+        Some(SendWr {
+            wr_id: w.wr_id,
+            op,
+            payload,
+            signaled: flags & IBV_SEND_SIGNALED != 0,
+            fence: flags & IBV_SEND_FENCE != 0,
+        })
+    }
+
+    #[cold]
+    fn stopped(&mut self, stop: Stop) -> Option<SendWr<'a>> {
+        self.stop = Some(stop);
+        None
     }
 }
 
-/// `ibv_context_ops.post_send`: the list in runs of [`POST_BATCH`] (`post_send_list`); a work
-/// request with inline data is posted on its own, after those before it.
+impl<'a> Iterator for CSendList<'a> {
+    type Item = SendWr<'a>;
+
+    #[inline]
+    fn next(&mut self) -> Option<SendWr<'a>> {
+        // SAFETY: the application's list (`CSendList::new`).
+        let w = unsafe { self.cur.as_ref() }?;
+        // SAFETY: as above.
+        unsafe { self.convert(w) }
+    }
+}
+
+/// The `i`th work request of a C list from `start` (which has at least `i + 1`).
+///
+/// # Safety
+/// `start` is a list of the application's with at least `i + 1` work requests.
+unsafe fn nth<C>(start: *mut C, i: usize, next: impl Fn(&C) -> *mut C) -> *mut C {
+    let mut at = start;
+    for _ in 0..i {
+        // SAFETY: the list has more than `i` entries.
+        at = next(unsafe { &*at });
+    }
+    at
+}
+
+/// `ibv_context_ops.post_send`: the list converted as the QP takes it, all queued before
+/// anything is sent (`post_send_iter`: its small messages share system calls, as with the
+/// native API); a work request with inline data in several SGEs is gathered and posted on
+/// its own, after those before it.
 pub unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
@@ -541,48 +625,35 @@ pub unsafe extern "C" fn post_send(
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
     };
-    let post = |wrs: &[SendWr<'_>]| q.qp.post_send_list(wrs);
-    let mut run: Run<SendWr<'static>, ibv_send_wr> = Run::new();
-    let mut cur = wr;
-    let result = (|| {
-        while !cur.is_null() {
-            // SAFETY: the caller's list of work requests.
-            let w = unsafe { &*cur };
-            let inline = w.send_flags & IBV_SEND_INLINE != 0;
-            if inline || run.wrs.is_full() {
-                run.flush(CALL, post)?;
-            }
-            if inline {
-                let mut buf = [0u8; MAX_INLINE];
-                // SAFETY: the work request's SGEs are the application's.
-                let one = unsafe { send_wr(w, &mut buf) }.map_err(|e| (cur, e))?;
-                q.qp.post_send(&one)
-                    .map_err(|e| (cur, errno::fail(CALL, &e)))?;
-            } else {
-                // SAFETY: as above.
-                let converted =
-                    send_op(w).and_then(|op| Ok((op, unsafe { sgl(w.sg_list, w.num_sge) }?)));
-                let (op, sgl) = match converted {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Those before it are posted, as rdma-core's providers do.
-                        run.flush(CALL, post)?;
-                        return Err((cur, e));
-                    }
-                };
-                run.wrs.push(SendWr {
-                    wr_id: w.wr_id,
-                    op,
-                    payload: Payload::Sgl(sgl),
-                    signaled: w.send_flags & IBV_SEND_SIGNALED != 0,
-                    fence: w.send_flags & IBV_SEND_FENCE != 0,
-                });
-                run.from.push(cur);
-            }
-            cur = w.next;
+    // SAFETY: the caller's list of work requests.
+    let mut list = unsafe { CSendList::new(wr) };
+    let result = loop {
+        if list.cur.is_null() {
+            break Ok(());
         }
-        run.flush(CALL, post)
-    })();
+        let start = list.cur;
+        if let Err((i, e)) = q.qp.post_send_iter(&mut list) {
+            // SAFETY: the QP took `i + 1` work requests from `start`.
+            break Err((unsafe { nth(start, i, |w| w.next) }, errno::fail(CALL, &e)));
+        }
+        match list.stop.take() {
+            None => break Ok(()),
+            // Those before it are posted, as rdma-core's providers do.
+            Some(Stop::Bad(e)) => break Err((list.cur, e)),
+            Some(Stop::Gather) => {
+                // SAFETY: the work request the list stopped at.
+                let w = unsafe { &*list.cur };
+                let mut buf = [0u8; MAX_INLINE];
+                // SAFETY: as above.
+                let posted = unsafe { send_wr(w, &mut buf) }
+                    .and_then(|one| q.qp.post_send(&one).map_err(|e| errno::fail(CALL, &e)));
+                if let Err(e) = posted {
+                    break Err((list.cur, e));
+                }
+                list.cur = w.next;
+            }
+        }
+    };
     finish(result, bad)
 }
 
@@ -600,7 +671,51 @@ fn finish<C>(result: Result<(), (*mut C, c_int)>, bad: *mut *mut C) -> c_int {
     }
 }
 
-/// `ibv_context_ops.post_recv`.
+/// The receive work requests of a C list as Softwarp's, converted one at a time as the
+/// QP or SRQ takes them. Ends at the end of the list or at a work request whose SGL is
+/// refused (`stop`: the errno; `cur` points to it).
+struct CRecvList {
+    cur: *mut ibv_recv_wr,
+    stop: Option<c_int>,
+}
+
+impl CRecvList {
+    /// # Safety
+    /// `wr` is NULL or the application's list of work requests, each with its `sg_list` of
+    /// `num_sge` SGEs, valid while the list is used.
+    unsafe fn new(wr: *mut ibv_recv_wr) -> Self {
+        Self {
+            cur: wr,
+            stop: None,
+        }
+    }
+}
+
+impl Iterator for CRecvList {
+    type Item = RecvWr;
+
+    #[inline]
+    fn next(&mut self) -> Option<RecvWr> {
+        // SAFETY: the application's list (`CRecvList::new`).
+        let w = unsafe { self.cur.as_ref() }?;
+        // SAFETY: the work request's SGE array.
+        match unsafe { sgl(w.sg_list, w.num_sge) } {
+            Ok(sgl) => {
+                self.cur = w.next;
+                Some(RecvWr {
+                    wr_id: w.wr_id,
+                    sgl,
+                })
+            }
+            Err(e) => {
+                self.stop = Some(e);
+                None
+            }
+        }
+    }
+}
+
+/// `ibv_context_ops.post_recv`: the list converted as the QP takes it (`post_recv_iter`).
 pub unsafe extern "C" fn post_recv(
     qp: *mut ibv_qp,
     wr: *mut ibv_recv_wr,
@@ -610,51 +725,24 @@ pub unsafe extern "C" fn post_recv(
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
     };
-    // SAFETY: forwarded.
-    unsafe { post_recv_list(wr, bad, |r| q.qp.post_recv_list(r), "ibv_post_recv") }
-}
-
-/// Posts a C list of receive work requests with `post`, in runs of [`POST_BATCH`].
-///
-/// # Safety
-/// `wr` is a valid list of the application's work requests.
-unsafe fn post_recv_list(
-    wr: *mut ibv_recv_wr,
-    bad: *mut *mut ibv_recv_wr,
-    post: impl Fn(&[RecvWr]) -> Result<(), (usize, softwarp::Error)>,
-    call: &'static str,
-) -> c_int {
-    let mut run: Run<RecvWr, ibv_recv_wr> = Run::new();
-    let mut cur = wr;
-    let result = (|| {
-        while !cur.is_null() {
-            // SAFETY: the caller's list.
-            let w = unsafe { &*cur };
-            if run.wrs.is_full() {
-                run.flush(call, &post)?;
-            }
-            // SAFETY: the SGL array of the work request.
-            let sgl = match unsafe { sgl(w.sg_list, w.num_sge) } {
-                Ok(sgl) => sgl,
-                Err(e) => {
-                    // Those before it are posted.
-                    run.flush(call, &post)?;
-                    return Err((cur, e));
-                }
-            };
-            run.wrs.push(RecvWr {
-                wr_id: w.wr_id,
-                sgl,
-            });
-            run.from.push(cur);
-            cur = w.next;
-        }
-        run.flush(call, &post)
-    })();
+    if wr.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's list of work requests.
+    let mut list = unsafe { CRecvList::new(wr) };
+    let result = match q.qp.post_recv_iter(&mut list) {
+        // SAFETY: the QP took `i + 1` work requests from `wr`.
+        Err((i, e)) => Err((
+            unsafe { nth(wr, i, |w| w.next) },
+            errno::fail("ibv_post_recv", &e),
+        )),
+        // Those before it are posted.
+        Ok(()) => list.stop.map_or(Ok(()), |e| Err((list.cur, e))),
+    };
     finish(result, bad)
 }
 
-/// `ibv_context_ops.post_srq_recv`.
+/// `ibv_context_ops.post_srq_recv`: one work request at a time (the SRQ has no list call).
 pub unsafe extern "C" fn post_srq_recv(
     srq: *mut ibv_srq,
     wr: *mut ibv_recv_wr,
@@ -664,20 +752,18 @@ pub unsafe extern "C" fn post_srq_recv(
     let Some(s) = (unsafe { srq.cast::<Srq>().as_ref() }) else {
         return libc::EINVAL;
     };
-    // SAFETY: forwarded.
-    unsafe {
-        post_recv_list(
-            wr,
-            bad,
-            |r| {
-                // One at a time: the SRQ has no list call.
-                r.iter()
-                    .enumerate()
-                    .try_for_each(|(i, w)| s.srq.post_recv(w).map_err(|e| (i, e)))
-            },
-            "ibv_post_srq_recv",
-        )
-    }
+    // SAFETY: the caller's list of work requests.
+    let mut list = unsafe { CRecvList::new(wr) };
+    let result = loop {
+        let at = list.cur;
+        let Some(w) = list.next() else {
+            break list.stop.map_or(Ok(()), |e| Err((list.cur, e)));
+        };
+        if let Err(e) = s.srq.post_recv(&w) {
+            break Err((at, errno::fail("ibv_post_srq_recv", &e)));
+        }
+    };
+    finish(result, bad)
 }
 
 #[no_mangle]
@@ -774,10 +860,13 @@ pub unsafe extern "C" fn swv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     let Some(s) = (unsafe { srq.cast::<Srq>().as_ref() }) else {
         return libc::EINVAL;
     };
+    let id = s.srq.id();
     // SAFETY: contexts outlive their objects.
-    if let Some(c) = unsafe { Context::from_ibv(s.ibv.context) } {
-        c.objects().srqs.remove(&s.srq.id());
-    }
+    unsafe {
+        context::forget(s.ibv.context, |o| {
+            o.srqs.remove(&id);
+        })
+    };
     // SAFETY: SRQs are allocated with Box; the application gives it up.
     drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
     0

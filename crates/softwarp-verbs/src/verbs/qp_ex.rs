@@ -132,23 +132,22 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
         with(qp, |q, b, _, _| {
             if let Some(e) = b.error.take() {
                 rc = e;
-            } else {
-                for p in &b.wrs {
-                    let payload = match &p.data {
+            } else if !b.wrs.is_empty() {
+                // One post for the batch: queued whole, then sent (as `ibv_post_send`
+                // posts a chained list).
+                let inline = &b.inline;
+                let wrs = b.wrs.iter().map(|p| SendWr {
+                    wr_id: p.wr_id,
+                    op: p.op,
+                    payload: match &p.data {
                         Data::Sgl(l) => Payload::Sgl(*l),
-                        Data::Inline(r) => Payload::Inline(&b.inline[r.clone()]),
-                    };
-                    let wr = SendWr {
-                        wr_id: p.wr_id,
-                        op: p.op,
-                        payload,
-                        signaled: p.flags & IBV_SEND_SIGNALED != 0,
-                        fence: p.flags & IBV_SEND_FENCE != 0,
-                    };
-                    if let Err(e) = q.qp.post_send(&wr) {
-                        rc = errno::fail("ibv_wr_complete", &e);
-                        break;
-                    }
+                        Data::Inline(r) => Payload::Inline(&inline[r.clone()]),
+                    },
+                    signaled: p.flags & IBV_SEND_SIGNALED != 0,
+                    fence: p.flags & IBV_SEND_FENCE != 0,
+                });
+                if let Err((_, e)) = q.qp.post_send_iter(wrs) {
+                    rc = errno::fail("ibv_wr_complete", &e);
                 }
             }
             b.wrs.clear();
