@@ -347,6 +347,12 @@ pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
     };
+    // A responder's peer closes first (see `cm::teardown`).
+    crate::cm::teardown::let_initiator_close_first(
+        &q.qp,
+        crate::env::close_wait(),
+        "ibv_destroy_qp",
+    );
     // SAFETY: contexts outlive their QPs.
     if let Some(c) = unsafe { Context::from_ibv(q.ex.qp_base.context) } {
         c.objects().qps.remove(&q.qp.qp_num());
