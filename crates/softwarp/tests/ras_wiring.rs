@@ -249,6 +249,29 @@ fn a_connected_qp_shows_its_state_and_peer_and_a_listener_its_address() {
 }
 
 #[test]
+fn a_connection_manager_listener_is_listed_at_its_listen_line_while_it_lives() {
+    let ch = CmEventChannel::new().unwrap();
+    let l = ch.listen("127.0.0.1:0", &ListenOptions::default());
+    let l_line = line!() - 1;
+    let l = l.unwrap();
+    let addr = l.local_addr();
+    let listed = tracker::all_resources()
+        .into_iter()
+        .find(|r| r.kind == ResourceKind::Listener && r.id == u64::from(addr.port()))
+        .expect("the CM listener is listed");
+    assert_eq!(listed.tracker, "cm");
+    assert!(listed.file.ends_with("ras_wiring.rs"), "{}", listed.file);
+    assert_eq!(listed.line, l_line);
+    let d = listed.details.unwrap();
+    assert_eq!(d.state.as_deref(), Some("LISTEN"));
+    assert_eq!(d.local_addr, Some(addr));
+    drop(l);
+    assert!(!tracker::all_resources()
+        .iter()
+        .any(|r| r.kind == ResourceKind::Listener && r.id == u64::from(addr.port())));
+}
+
+#[test]
 fn a_leaked_qp_is_reported_at_device_close_with_its_file_and_line() {
     opt_in_ras();
     let dev = Device::open_default().unwrap();
