@@ -30,20 +30,7 @@
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 
-static const char *who = "?";
-static int checks;
-
-#define CHECK(cond, ...)                                                  \
-	do {                                                              \
-		if (!(cond)) {                                            \
-			fprintf(stderr, "%s: FAILED %s (line %d): ", who, \
-				#cond, __LINE__);                         \
-			fprintf(stderr, __VA_ARGS__);                     \
-			fprintf(stderr, " (errno %d)\n", errno);          \
-			exit(1);                                          \
-		}                                                         \
-		checks++;                                                 \
-	} while (0)
+#include "forked.h"
 
 #define SLOW_CLIENT_MS 300
 
@@ -52,29 +39,6 @@ static long now_ms(void)
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return t.tv_sec * 1000L + t.tv_nsec / 1000000L;
-}
-
-static struct rdma_addrinfo *addrinfo(const char *port, int passive)
-{
-	struct rdma_addrinfo hints, *res;
-	memset(&hints, 0, sizeof hints);
-	hints.ai_port_space = RDMA_PS_TCP;
-	if (passive)
-		hints.ai_flags = RAI_PASSIVE;
-	int rc = rdma_getaddrinfo("127.0.0.1", port, &hints, &res);
-	CHECK(rc == 0, "rdma_getaddrinfo");
-	return res;
-}
-
-static void init_attr(struct ibv_qp_init_attr *a)
-{
-	memset(a, 0, sizeof *a);
-	a->cap.max_send_wr = 4;
-	a->cap.max_recv_wr = 4;
-	a->cap.max_send_sge = 1;
-	a->cap.max_recv_sge = 1;
-	a->qp_type = IBV_QPT_RC;
-	a->sq_sig_all = 1;
 }
 
 static void server_round(struct rdma_cm_id *listen_id, int round)
@@ -128,7 +92,7 @@ static void client_round(const char *port, int round)
 	static char bye[64];
 	struct rdma_addrinfo *res = addrinfo(port, 0);
 	struct ibv_qp_init_attr attr;
-	init_attr(&attr);
+	init_attr(&attr, 4);
 	struct rdma_cm_id *id;
 	struct ibv_wc wc;
 	CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0, "rdma_create_ep");
@@ -181,7 +145,7 @@ int main(int argc, char **argv)
 	who = "server";
 	struct rdma_addrinfo *res = addrinfo(argv[1], 1);
 	struct ibv_qp_init_attr attr;
-	init_attr(&attr);
+	init_attr(&attr, 4);
 	struct rdma_cm_id *listen_id;
 	CHECK(rdma_create_ep(&listen_id, res, NULL, &attr) == 0, "rdma_create_ep");
 	rdma_freeaddrinfo(res);
