@@ -4,7 +4,12 @@
 # guest of the interop harness: rping (rdmacm-utils) and the six perftest tools with -R, in
 # both roles, at several sizes, with CRC on (we ask and siw follows; siw asks with
 # mpa_crc_required=1) and off, with and without RFC 6581 peer-to-peer (RTR), and with
-# `exec --siw`. Every connection is captured on the harness's tap and decoded with
+# `exec --siw` (ib_write_lat's server, which writes first, needs it against siw's stock
+# client). Our perftest clients run with SOFTWARP_CONNECT_RETRIES (default 30, 100 ms apart;
+# $CONNECT_RETRIES overrides): siw's perftest server listens for the data connection only
+# after the control exchange; and with a first-FPDU hold of 100 ms ($FIRST_FPDU_DELAY_MS),
+# as `softwarp bench -R` uses: siw as responder does not read an RTR that arrives before it
+# installed its socket callback, and under TCG 20 ms is not always enough. Every connection is captured on the harness's tap and decoded with
 # `softwarp decode` (and tshark's expert info when tshark is there).
 # Ends with "N passed, M failed".
 #
@@ -40,7 +45,7 @@ while [ $# -gt 0 ]; do
     --count) COUNT=$2; shift 2 ;;
     --iters) ITERS=$2; shift 2 ;;
     --up) UP=1; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -181,7 +186,9 @@ run_perftest() {  # run_perftest TOOL ROLE SIZE "SIW PARAMS" "OURS" CRC RTR [TAG
   if [ "$role" = client ]; then
     "$G" "rm -f /tmp/swc-$name.*; (timeout $limit $tool -R -F -d siw0 -p $port -s $size -n $ITERS >/tmp/swc-$name.log 2>&1; echo \$? >/tmp/swc-$name.rc) >/dev/null 2>&1 &"
     for _ in $(seq 50); do "$G" "ss -ltn | grep -q ':$port '" && break; sleep 0.2; done
-    timeout $((limit + 30)) "$H" "$SW" exec $ours -- "$tool" -R -F -p "$port" -s "$size" -n "$ITERS" "$GUEST_IP" >"$o" 2>&1
+    timeout $((limit + 30)) "$H" env SOFTWARP_CONNECT_RETRIES="${CONNECT_RETRIES:-30}" \
+      SOFTWARP_FIRST_FPDU_DELAY_MS="${FIRST_FPDU_DELAY_MS:-100}" \
+      "$SW" exec $ours -- "$tool" -R -F -p "$port" -s "$size" -n "$ITERS" "$GUEST_IP" >"$o" 2>&1
     ours_rc=$?
     "$G" "for i in \$(seq 150); do [ -f /tmp/swc-$name.rc ] && break; sleep 0.2; done; cat /tmp/swc-$name.log; echo rc=\$(cat /tmp/swc-$name.rc 2>/dev/null || echo timeout)" >"$s" 2>&1
   else
@@ -248,6 +255,13 @@ done
 for tool in ib_send_lat ib_write_lat ib_read_lat; do
   for role in client server; do
     rtr=no; [ $role = client ] && rtr=yes
+    if [ $tool = ib_write_lat ] && [ $role = server ]; then
+      # Our server writes first; siw's stock client offers no P2P and sends nothing first, so
+      # our responder must not wait for its first FPDU: --siw (CRC off, as siw).
+      run_perftest $tool $role 8 "" "--siw" off no siw
+      run_perftest $tool $role 4096 "" "--siw" off no siw
+      continue
+    fi
     run_perftest $tool $role 8 "" "" on $rtr
     run_perftest $tool $role 4096 "" "" on $rtr
   done

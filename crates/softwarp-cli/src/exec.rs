@@ -5,9 +5,11 @@
 //! `LD_LIBRARY_PATH`: a directory with the links `libibverbs.so.1` and `librdmacm.so.1` to
 //! it (one file, loaded once; see the `softwarp_verbs` crate docs), made per user under the
 //! temporary directory. Connection settings rdma-core has no knob for go in `SOFTWARP_*`
-//! environment variables, which the library reads.
+//! environment variables, which the library reads. The same directory serves programs built
+//! against Softwarp directly: it holds the `-l` links and a pkg-config file
+//! (`softwarp exec --print-env`).
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -54,8 +56,9 @@ fn check(p: PathBuf) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
-/// Makes (or refreshes) the directory of links `libibverbs.so.1` and `librdmacm.so.1` to
-/// `library` and returns it.
+/// Makes (or refreshes) the directory of links to `library` and returns it: `libibverbs.so.1`
+/// and `librdmacm.so.1` (what programs load), `libibverbs.so` and `librdmacm.so` (what
+/// `cc -libverbs -lrdmacm` links with), and `pkgconfig/softwarp-verbs.pc` ([`pc_file`]).
 pub fn library_dir(library: &Path) -> anyhow::Result<PathBuf> {
     let library = library
         .canonicalize()
@@ -72,7 +75,12 @@ pub fn library_dir(library: &Path) -> anyhow::Result<PathBuf> {
         .join(format!("softwarp-verbs-{uid}"))
         .join(format!("{hash:016x}"));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+    for name in [
+        "libibverbs.so.1",
+        "librdmacm.so.1",
+        "libibverbs.so",
+        "librdmacm.so",
+    ] {
         let link = dir.join(name);
         if std::fs::read_link(&link).is_ok_and(|t| t == library) {
             continue;
@@ -84,14 +92,64 @@ pub fn library_dir(library: &Path) -> anyhow::Result<PathBuf> {
             .with_context(|| format!("linking {}", tmp.display()))?;
         std::fs::rename(&tmp, &link).with_context(|| format!("placing {}", link.display()))?;
     }
+    let pc_dir = dir.join("pkgconfig");
+    std::fs::create_dir_all(&pc_dir).with_context(|| format!("creating {}", pc_dir.display()))?;
+    let pc = pc_dir.join("softwarp-verbs.pc");
+    let text = pc_file(&dir);
+    if std::fs::read_to_string(&pc).ok().as_deref() != Some(text.as_str()) {
+        // Written aside and renamed over: a concurrent reader sees the old file or the new.
+        let tmp = pc_dir.join(format!("softwarp-verbs.pc.{}", std::process::id()));
+        std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &pc).with_context(|| format!("placing {}", pc.display()))?;
+    }
     Ok(dir)
+}
+
+/// The pkg-config file of the library in `dir`: programs built with `pkg-config --cflags
+/// --libs softwarp-verbs` link with Softwarp's `libibverbs`/`librdmacm` and find them at run
+/// time through their RUNPATH, without `LD_LIBRARY_PATH`. The headers are rdma-core's
+/// (Debian's `libibverbs-dev`, `librdmacm-dev`, in the compiler's default path): the library
+/// implements their ABI (rdma-core v44).
+pub fn pc_file(dir: &Path) -> String {
+    format!(
+        "# Written by `softwarp exec --print-env`: Softwarp's libibverbs.so.1 and librdmacm.so.1.\n\
+         # Headers: rdma-core v44's (libibverbs-dev, librdmacm-dev).\n\
+         libdir={}\n\
+         \n\
+         Name: softwarp-verbs\n\
+         Description: rdma-core's libibverbs and librdmacm (v44 ABI) over Softwarp's user-space iWARP\n\
+         Version: {}\n\
+         Libs: -L${{libdir}} -Wl,-rpath,${{libdir}} -libverbs -lrdmacm\n\
+         Cflags:\n",
+        dir.display(),
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// `softwarp exec --print-env`: shell assignments (for `eval`) that put the library
+/// directory `dir` first on `LD_LIBRARY_PATH` and its `pkgconfig` on `PKG_CONFIG_PATH`, and
+/// name it in `SOFTWARP_VERBS_DIR`.
+pub fn print_env(dir: &Path) -> String {
+    let quote = |v: &OsStr| format!("'{}'", v.to_string_lossy().replace('\'', "'\\''"));
+    format!(
+        "SOFTWARP_VERBS_DIR={}\nLD_LIBRARY_PATH={}\nPKG_CONFIG_PATH={}\n\
+         export SOFTWARP_VERBS_DIR LD_LIBRARY_PATH PKG_CONFIG_PATH\n",
+        quote(dir.as_os_str()),
+        quote(&library_path(dir)),
+        quote(&prepended("PKG_CONFIG_PATH", &dir.join("pkgconfig"))),
+    )
 }
 
 /// `dir` in front of the current `LD_LIBRARY_PATH`.
 pub fn library_path(dir: &Path) -> OsString {
-    let mut paths = vec![dir.to_path_buf()];
-    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+    prepended("LD_LIBRARY_PATH", dir)
+}
+
+/// `first` in front of the paths in the environment variable `var`.
+fn prepended(var: &str, first: &Path) -> OsString {
+    let mut paths = vec![first.to_path_buf()];
+    if let Some(old) = std::env::var_os(var) {
         paths.extend(std::env::split_paths(&old).filter(|p| !p.as_os_str().is_empty()));
     }
-    std::env::join_paths(paths).unwrap_or_else(|_| dir.as_os_str().to_owned())
+    std::env::join_paths(paths).unwrap_or_else(|_| first.as_os_str().to_owned())
 }

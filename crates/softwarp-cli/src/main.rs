@@ -134,13 +134,23 @@ struct ExecArgs {
     /// polling thread moves the bytes, for programs that poll in a loop (perftest).
     #[arg(long)]
     busy_poll: bool,
+    /// Print shell assignments (for `eval`) that put the library directory on
+    /// LD_LIBRARY_PATH and its pkg-config file (softwarp-verbs.pc) on PKG_CONFIG_PATH, and
+    /// run nothing: `cc app.c $(pkg-config --cflags --libs softwarp-verbs)` then builds a
+    /// program that runs on Softwarp without LD_LIBRARY_PATH.
+    #[arg(long, conflicts_with = "sockets")]
+    print_env: bool,
     /// Preload the extended sockets library instead (its options below).
     #[arg(long)]
     sockets: bool,
     #[command(flatten)]
     sockets_args: exec_sockets::SocketsArgs,
     /// The program and its arguments.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    #[arg(
+        required_unless_present = "print_env",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
     command: Vec<std::ffi::OsString>,
 }
 
@@ -158,6 +168,13 @@ fn exec(args: &ExecArgs) -> anyhow::Result<ExitCode> {
     }
     let lib = softwarp_cli::exec::find_library(args.lib.as_deref())?;
     let dir = softwarp_cli::exec::library_dir(&lib)?;
+    if args.print_env {
+        if !args.command.is_empty() {
+            anyhow::bail!("--print-env runs no program");
+        }
+        print!("{}", softwarp_cli::exec::print_env(&dir));
+        return Ok(ExitCode::SUCCESS);
+    }
     let Some((program, rest)) = args.command.split_first() else {
         anyhow::bail!("no program given");
     };

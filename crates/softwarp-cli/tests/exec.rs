@@ -39,6 +39,93 @@ fn exec_puts_the_library_links_first_and_the_settings_in_the_environment() {
     }
 }
 
+/// True when `name` is a file in one of `PATH`'s directories.
+fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+}
+
+#[test]
+fn a_program_built_with_pkg_config_runs_on_softwarp_without_ld_library_path() {
+    use std::path::Path;
+    if !on_path("cc") || !on_path("pkg-config") {
+        println!("skipped: cc or pkg-config is missing (apt-get install gcc pkg-config)");
+        return;
+    }
+    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        println!("skipped: the rdma-core headers are missing (apt-get install libibverbs-dev)");
+        return;
+    }
+    let env = softwarp()
+        .args(["exec", "--print-env"])
+        .env_remove("PKG_CONFIG_PATH")
+        .output()
+        .expect("run softwarp exec --print-env");
+    assert!(
+        env.status.success(),
+        "{}",
+        String::from_utf8_lossy(&env.stderr)
+    );
+    let text = String::from_utf8(env.stdout).expect("UTF-8");
+    let value = |var: &str| -> String {
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{var}=")))
+            .unwrap_or_else(|| panic!("no {var} in\n{text}"));
+        line.trim_matches('\'').to_string()
+    };
+    let pc_path = value("PKG_CONFIG_PATH");
+    let lib_dir = value("SOFTWARP_VERBS_DIR");
+    assert_eq!(pc_path, format!("{lib_dir}/pkgconfig"));
+    assert!(value("LD_LIBRARY_PATH").starts_with(&lib_dir), "{text}");
+
+    let flags = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "softwarp-verbs"])
+        .env("PKG_CONFIG_PATH", &pc_path)
+        .output()
+        .expect("run pkg-config");
+    assert!(
+        flags.status.success(),
+        "{}",
+        String::from_utf8_lossy(&flags.stderr)
+    );
+    let flags = String::from_utf8(flags.stdout).expect("UTF-8");
+    assert!(flags.contains(&format!("-Wl,-rpath,{lib_dir}")), "{flags}");
+
+    let dir = std::env::temp_dir().join(format!("swpc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory for the program");
+    let exe = dir.join("verbs_errors");
+    let src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../softwarp-verbs/tests/c/verbs_errors.c");
+    let built = Command::new("cc")
+        .args(["-Wall", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(flags.split_whitespace())
+        .output()
+        .expect("run cc");
+    assert!(
+        built.status.success(),
+        "cc {flags}: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    // No LD_LIBRARY_PATH: the program finds Softwarp's libibverbs.so.1 through its RUNPATH
+    // (with Debian's, it would find no softwarp0 and fail its checks).
+    let run = Command::new(&exe)
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("SOFTWARP_RAS")
+        .output()
+        .expect("run the program");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        run.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&run.stdout), "ok: 59 checks\n");
+}
+
 #[test]
 fn exec_runs_ibv_devinfo_on_softwarp0() {
     let installed = std::env::var_os("PATH")
@@ -195,7 +282,8 @@ fn resources_of_a_c_program_name_the_c_function_that_created_each() {
     let json: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON");
     let resources = json["resources"].as_array().expect("a resource list");
     // Every object the program made, each with the function that made it: the second
-    // device is the connection manager's, opened by the `rdma_bind_addr` of make_listener.
+    // device is the connection manager's, opened by the `rdma_bind_addr` of make_listener,
+    // whose `rdma_listen` made the listener.
     let expected = [
         ("device", None, "make_context"),
         ("pd", None, "make_pd"),
@@ -205,6 +293,7 @@ fn resources_of_a_c_program_name_the_c_function_that_created_each() {
         ("qp", Some(qpns[1]), "make_qp_ex"),
         ("srq", None, "make_srq"),
         ("device", None, "make_listener"),
+        ("listener", None, "make_listener"),
     ];
     assert_eq!(resources.len(), expected.len(), "{json}");
     for (kind, id, function) in expected {

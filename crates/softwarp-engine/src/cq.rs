@@ -39,6 +39,17 @@ pub enum CqError {
     },
 }
 
+/// A CQ cannot be resized to a capacity below the completions waiting in it (rdma-core's
+/// providers refuse such an `ibv_resize_cq` with `EINVAL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("{pending} completions wait, more than the new capacity {capacity}")]
+pub struct ResizeError {
+    /// Completions waiting to be polled.
+    pub pending: usize,
+    /// The capacity asked for.
+    pub capacity: usize,
+}
+
 /// A completion queue.
 #[derive(Debug)]
 pub struct Cq {
@@ -127,6 +138,23 @@ impl Cq {
         }
     }
 
+    /// Changes the capacity to `capacity`, keeping the completions waiting, in order (a new
+    /// ring, allocated now). Refused when more completions wait than `capacity` holds. A CQ
+    /// in error after an overflow stays in error.
+    pub fn resize(&mut self, capacity: usize) -> Result<(), ResizeError> {
+        let pending = self.ring.len();
+        if pending > capacity {
+            return Err(ResizeError { pending, capacity });
+        }
+        let mut ring = Ring::new(capacity);
+        while let Some(wc) = self.ring.pop() {
+            // Cannot fail: `capacity` holds every waiting completion.
+            let _ = ring.push(wc);
+        }
+        self.ring = ring;
+        Ok(())
+    }
+
     /// Takes the oldest completion. Completions queued before an overflow stay pollable.
     pub fn poll(&mut self) -> Option<WorkCompletion> {
         self.ring.pop()
@@ -173,5 +201,34 @@ mod tests {
         assert_eq!(cq.refused(), 2);
         assert_eq!(cq.poll().map(|w| w.wr_id), Some(2));
         assert_eq!(cq.poll(), None);
+    }
+
+    #[test]
+    fn resize_keeps_waiting_completions_in_order_and_refuses_below_them() {
+        let mut cq = Cq::new(CqId(8), 4);
+        for id in 1..=3 {
+            cq.push(wc(id)).unwrap();
+        }
+        assert_eq!(
+            cq.resize(2),
+            Err(ResizeError {
+                pending: 3,
+                capacity: 2
+            })
+        );
+        assert_eq!(cq.capacity(), 4);
+        cq.resize(3).unwrap();
+        assert_eq!(cq.capacity(), 3);
+        assert!(matches!(cq.push(wc(4)), Err(CqError::Overflow { .. })));
+        let mut cq = Cq::new(CqId(9), 2);
+        cq.push(wc(1)).unwrap();
+        cq.push(wc(2)).unwrap();
+        cq.resize(8).unwrap();
+        for id in 3..=8 {
+            cq.push(wc(id)).unwrap();
+        }
+        let order: Vec<u64> = std::iter::from_fn(|| cq.poll().map(|w| w.wr_id)).collect();
+        assert_eq!(order, (1..=8).collect::<Vec<_>>());
+        assert!(!cq.is_error());
     }
 }

@@ -15,6 +15,9 @@
 //! | `SOFTWARP_RFC7306` | `on`, `off`: Immediate Data and atomics | on |
 //! | `SOFTWARP_MPA_TIMEOUT_MS` | TCP connect and MPA exchange bound | 5000 |
 //! | `SOFTWARP_BUSY_POLL` | `1`: CQs made without a completion channel are busy-polled (`CompletionQueue::set_busy_poll`: the thread polling the CQ moves its QPs' bytes; a QP whose receive CQ nobody polls then receives nothing) | off |
+//! | `SOFTWARP_CLOSE_WAIT_MS` | how long a responder's `rdma_disconnect`/`ibv_destroy_qp` waits for the initiator to close first ([`crate::cm::teardown`]); `0`: close at once | 2000 |
+//! | `SOFTWARP_CONNECT_RETRIES` | how many times `rdma_connect` tries again when the TCP connection is refused (nothing listens yet) | 0 |
+//! | `SOFTWARP_CONNECT_RETRY_MS` | the pause before each of those tries | 100 |
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -44,6 +47,70 @@ pub fn busy_poll() -> bool {
             Ok("1" | "on" | "yes" | "true")
         )
     })
+}
+
+/// The bound of a responder's wait for its peer to close first (`SOFTWARP_CLOSE_WAIT_MS`).
+pub fn close_wait() -> Duration {
+    static WAIT: OnceLock<Duration> = OnceLock::new();
+    *WAIT.get_or_init(|| {
+        reported(millis(&env_var, "SOFTWARP_CLOSE_WAIT_MS"))
+            .flatten()
+            .unwrap_or(DEFAULT_CLOSE_WAIT)
+    })
+}
+
+/// The default of [`close_wait`]: room for a peer under emulation (siw in a TCG guest) to
+/// finish its last Send and close.
+pub const DEFAULT_CLOSE_WAIT: Duration = Duration::from_millis(2000);
+
+/// Retries of a refused connect: how many, and the pause before each
+/// (`SOFTWARP_CONNECT_RETRIES`, `SOFTWARP_CONNECT_RETRY_MS`).
+pub fn connect_retry() -> (u32, Duration) {
+    static RETRY: OnceLock<(u32, Duration)> = OnceLock::new();
+    *RETRY.get_or_init(|| retry_from(&env_var))
+}
+
+/// The retries of a refused connect that `get` gives (the defaults, 0 and 100 ms, for what
+/// is unset or wrong; a wrong value is reported on stderr).
+pub fn retry_from(get: &dyn Fn(&str) -> Option<String>) -> (u32, Duration) {
+    let count = match get("SOFTWARP_CONNECT_RETRIES").filter(|v| !v.is_empty()) {
+        None => 0,
+        Some(v) => reported(
+            v.parse::<u32>()
+                .map_err(|_| ("SOFTWARP_CONNECT_RETRIES", v, "a number of tries")),
+        )
+        .unwrap_or(0),
+    };
+    let pause = reported(millis(get, "SOFTWARP_CONNECT_RETRY_MS"))
+        .flatten()
+        .unwrap_or(Duration::from_millis(100));
+    (count, pause)
+}
+
+fn env_var(k: &str) -> Option<String> {
+    std::env::var(k).ok()
+}
+
+/// The value, or `None` after reporting what is wrong on stderr.
+fn reported<T>(r: Result<T, Bad>) -> Option<T> {
+    r.map_err(|(var, value, expected)| {
+        eprintln!("softwarp: {var}={value:?} is not one of {expected}; using the default");
+    })
+    .ok()
+}
+
+/// `var` as a number of milliseconds (`None` when unset or empty).
+fn millis(
+    get: &dyn Fn(&str) -> Option<String>,
+    var: &'static str,
+) -> Result<Option<Duration>, Bad> {
+    match get(var).filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => v
+            .parse::<u64>()
+            .map(|ms| Some(Duration::from_millis(ms)))
+            .map_err(|_| (var, v, "a number of milliseconds")),
+    }
 }
 
 /// The settings that `get` (an environment) gives, or the variable that is wrong.
@@ -92,19 +159,10 @@ pub fn from(get: impl Fn(&str) -> Option<String>) -> Result<ConnectOptions, Bad>
             _ => return Err(("SOFTWARP_TERMINATE", v, "rfc5040, siw")),
         };
     }
-    let millis = |var: &'static str| -> Result<Option<Duration>, Bad> {
-        match get(var).filter(|v| !v.is_empty()) {
-            None => Ok(None),
-            Some(v) => v
-                .parse::<u64>()
-                .map(|ms| Some(Duration::from_millis(ms)))
-                .map_err(|_| (var, v, "a number of milliseconds")),
-        }
-    };
-    if let Some(d) = millis("SOFTWARP_FIRST_FPDU_DELAY_MS")? {
+    if let Some(d) = millis(&get, "SOFTWARP_FIRST_FPDU_DELAY_MS")? {
         o.first_fpdu_delay = d;
     }
-    if let Some(d) = millis("SOFTWARP_MPA_TIMEOUT_MS")? {
+    if let Some(d) = millis(&get, "SOFTWARP_MPA_TIMEOUT_MS")? {
         o.timeout = d;
     }
     if let Some(on) = flag("SOFTWARP_P2P", "1, 0")? {
@@ -171,6 +229,25 @@ mod tests {
         assert!(
             o.peer_to_peer,
             "rdma_cm programs may send first from the passive side"
+        );
+    }
+
+    #[test]
+    fn connect_retries_are_off_unless_asked_and_a_bad_value_keeps_the_default() {
+        assert_eq!(retry_from(&env(&[])), (0, Duration::from_millis(100)));
+        assert_eq!(
+            retry_from(&env(&[
+                ("SOFTWARP_CONNECT_RETRIES", "20"),
+                ("SOFTWARP_CONNECT_RETRY_MS", "50")
+            ])),
+            (20, Duration::from_millis(50))
+        );
+        assert_eq!(
+            retry_from(&env(&[
+                ("SOFTWARP_CONNECT_RETRIES", "many"),
+                ("SOFTWARP_CONNECT_RETRY_MS", "soon")
+            ])),
+            (0, Duration::from_millis(100))
         );
     }
 

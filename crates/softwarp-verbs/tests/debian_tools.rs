@@ -313,6 +313,44 @@ fn rping_client_without_server_is_rejected_with_econnrefused() {
     );
 }
 
+/// perftest's client over Softwarp connects its data QP before perftest's server over Linux
+/// siw listens for it. With `SOFTWARP_CONNECT_RETRIES` the refused connect is tried again
+/// inside `rdma_connect`'s event: rping's client, started 400 ms before its server, connects
+/// and validates its pings (without retries it is rejected, as the test above shows).
+#[test]
+fn rping_client_started_before_its_server_connects_with_connect_retries() {
+    let _serial = serial();
+    let Some(rping) = tool("rping", "rdmacm-utils") else {
+        return;
+    };
+    let port = free_port().to_string();
+    let started = Instant::now();
+    let client = command(&rping)
+        .args(["-c", "-a", "127.0.0.1", "-p", &port, "-C", "3", "-v", "-V"])
+        .env("SOFTWARP_CONNECT_RETRIES", "40")
+        .env("SOFTWARP_CONNECT_RETRY_MS", "50")
+        .spawn()
+        .expect("start rping -c");
+    std::thread::sleep(Duration::from_millis(400));
+    let server = command(&rping)
+        .args(["-s", "-a", "127.0.0.1", "-p", &port, "-C", "3"])
+        .spawn()
+        .expect("start rping -s");
+    let c = finish(client, Duration::from_secs(20), "rping -c with retries");
+    let s = finish(server, Duration::from_secs(10), "rping -s");
+    assert!(c.status.success(), "client: {}\n{}", c.stdout, c.stderr);
+    assert!(s.status.success(), "server: {}\n{}", s.stdout, s.stderr);
+    let lines: Vec<&str> = c.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [rping_line(0, 64), rping_line(1, 64), rping_line(2, 64)]
+    );
+    println!(
+        "rping: connected after retries, done in {:?}",
+        started.elapsed()
+    );
+}
+
 /// Runs a server and a client of the same program on loopback (`server_args`, then the
 /// client with `client_args`), both within `limit`; returns (server, client) output after
 /// checking both succeeded.
@@ -561,7 +599,7 @@ fn c_program_built_with_debian_headers_gets_rdma_core_errors_and_state_rules() {
     );
     let _ = std::fs::remove_file(&exe);
     assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
-    assert_eq!(out.stdout, "ok: 50 checks\n");
+    assert_eq!(out.stdout, "ok: 59 checks\n");
 }
 
 #[test]
@@ -580,23 +618,31 @@ fn c_program_uses_iova_rereg_mr_rdma_create_srq_and_sees_no_memory_windows() {
     assert_eq!(out.stdout, "ok: 52 checks\n");
 }
 
+/// Builds and runs `tests/c/NAME.c`, a program that forks a server and a client on
+/// 127.0.0.1:PORT, within `limit`; returns its stdout lines sorted (both print concurrently)
+/// after checking it succeeded, or `None` when it cannot be built here.
+fn run_forked_c(name: &str, limit: Duration, env_remove: &[&str]) -> Option<Vec<String>> {
+    let exe = build_c(name, &["-libverbs", "-lrdmacm"])?;
+    let port = free_port().to_string();
+    let mut cmd = command(&exe);
+    cmd.arg(&port);
+    for var in env_remove {
+        cmd.env_remove(var);
+    }
+    let out = finish(cmd.spawn().expect("run the program"), limit, name);
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    let mut lines: Vec<String> = out.stdout.lines().map(str::to_string).collect();
+    lines.sort_unstable();
+    Some(lines)
+}
+
 #[test]
 fn c_program_sees_immediate_data_send_with_invalidate_and_async_events_live() {
     let _serial = serial();
-    let Some(exe) = build_c("live_ops", &["-libverbs", "-lrdmacm"]) else {
+    let Some(lines) = run_forked_c("live_ops", Duration::from_secs(40), &[]) else {
         return;
     };
-    let port = free_port().to_string();
-    let out = finish(
-        command(&exe).arg(&port).spawn().expect("run the program"),
-        Duration::from_secs(40),
-        "live_ops",
-    );
-    let _ = std::fs::remove_file(&exe);
-    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
-    // Server and client print concurrently: compare the sorted lines.
-    let mut lines: Vec<&str> = out.stdout.lines().collect();
-    lines.sort_unstable();
     assert_eq!(
         lines,
         [
@@ -609,9 +655,35 @@ fn c_program_sees_immediate_data_send_with_invalidate_and_async_events_live() {
             "server: RDMA Write with Immediate: IBV_WC_RECV_RDMA_WITH_IMM, imm_data 0x11223344 (network order), 17 bytes written",
             "server: Send with Immediate: IBV_WC_RECV of 5 bytes, then IBV_WC_RECV with IBV_WC_WITH_IMM, imm_data 0x55667788, 0 bytes",
             "server: Send with Invalidate: IBV_WC_RECV, IBV_WC_WITH_INV, invalidated_rkey is the MR's rkey",
-        ],
-        "{}",
-        out.stderr
+        ]
+    );
+}
+
+/// perftest's server answers the client's last message and closes at once; a client that is
+/// slow to finish its last Send (Linux siw under emulation) then saw it fail. The server's
+/// `rdma_disconnect` and `ibv_destroy_qp` now wait for the initiator to close first
+/// (`cm::teardown`): the client's Send 300 ms after the server's last message completes, and
+/// the server's close returns once the client closed, well before the 2 s bound. With
+/// `SOFTWARP_CLOSE_WAIT_MS=0` both checks fail (the Send is flushed; the close returns at once).
+#[test]
+fn responder_close_waits_for_the_initiator_so_its_late_send_completes() {
+    let _serial = serial();
+    let Some(lines) = run_forked_c(
+        "close_order",
+        Duration::from_secs(30),
+        &["SOFTWARP_CLOSE_WAIT_MS", "SOFTWARP_BUSY_POLL"],
+    ) else {
+        return;
+    };
+    assert_eq!(
+        lines,
+        [
+            "client: round 1: the Send 300 ms after the server's last message completed",
+            "client: round 2: the Send 300 ms after the server's last message completed",
+            "ok: 34 server checks",
+            "server: round 1: rdma_disconnect returned once the client closed; its late Send arrived",
+            "server: round 2: ibv_destroy_qp returned once the client closed",
+        ]
     );
 }
 

@@ -307,6 +307,34 @@ impl CompletionQueue {
         lock(&self.shared.state).cq.len()
     }
 
+    /// Changes the capacity to `cqe` completions (`ibv_resize_cq`), keeping those waiting,
+    /// in order. [`Error::InvalidArgument`] for 0 or fewer than the completions waiting (the
+    /// CQ is unchanged), [`Error::Limit`] above the device's `max_cqe`. The completions
+    /// arriving meanwhile wait for the CQ's lock; a CQ in error after an overflow stays in
+    /// error.
+    pub fn resize(&self, cqe: usize) -> Result<()> {
+        let sh = &self.shared;
+        if cqe == 0 {
+            return Err(Error::InvalidArgument("a CQ needs at least one entry"));
+        }
+        if cqe > sh.device.attr.max_cqe {
+            return Err(Error::Limit {
+                what: "CQ entries",
+                requested: cqe,
+                limit: sh.device.attr.max_cqe,
+            });
+        }
+        lock(&sh.state).cq.resize(cqe).map_err(|_| {
+            Error::InvalidArgument("more completions wait than the new capacity holds")
+        })?;
+        if let Some(ras) = sh.ras.upgrade() {
+            let bytes =
+                std::mem::size_of::<CqShared>() + cqe * std::mem::size_of::<WorkCompletion>();
+            ras.handle().set_bytes(bytes as u64);
+        }
+        Ok(())
+    }
+
     /// True when no completion waits.
     pub fn is_empty(&self) -> bool {
         self.len() == 0

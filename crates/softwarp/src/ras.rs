@@ -1154,7 +1154,8 @@ impl DescribeResource for CqShared {
 
 // ----- listener -----
 
-/// Registers a listener bound to `local` (`#[track_caller]`: the application's `bind` line).
+/// Registers a listener bound to `local` (`#[track_caller]`: the application's `bind` or
+/// `listen` line).
 #[track_caller]
 pub(crate) fn listener(local: Option<SocketAddr>) -> Tracked {
     init(None);

@@ -219,19 +219,9 @@ fn a_connected_qp_shows_its_state_and_peer_and_a_listener_its_address() {
     let l = Listener::bind("127.0.0.1:0").unwrap();
     let l_line = line!() - 1;
     let addr = l.local_addr().unwrap();
-    let listed = tracker::all_resources()
-        .into_iter()
-        .find(|r| r.kind == ResourceKind::Listener && r.id == u64::from(addr.port()))
-        .expect("the listener is listed");
-    assert_eq!(listed.tracker, "cm");
-    assert_eq!(listed.line, l_line);
-    let d = listed.details.unwrap();
-    assert_eq!(d.state.as_deref(), Some("LISTEN"));
-    assert_eq!(d.local_addr, Some(addr));
+    check_listed_listener(addr, l_line);
     drop(l);
-    assert!(!tracker::all_resources()
-        .iter()
-        .any(|r| r.kind == ResourceKind::Listener && r.id == u64::from(addr.port())));
+    assert!(listed_listener(addr).is_none());
 
     let (a, b) = pair(&ConnectOptions::default());
     let qp = resources_of(&a.dev)
@@ -246,6 +236,36 @@ fn a_connected_qp_shows_its_state_and_peer_and_a_listener_its_address() {
     assert_eq!(d.attrs.get("crc").map(String::as_str), Some("on"));
     assert_eq!(d.attrs.get("mpa_rev").map(String::as_str), Some("2"));
     drop(b);
+}
+
+#[test]
+fn a_connection_manager_listener_is_listed_at_its_listen_line_while_it_lives() {
+    let ch = CmEventChannel::new().unwrap();
+    let l = ch.listen("127.0.0.1:0", &ListenOptions::default());
+    let l_line = line!() - 1;
+    let l = l.unwrap();
+    let addr = l.local_addr();
+    check_listed_listener(addr, l_line);
+    drop(l);
+    assert!(listed_listener(addr).is_none());
+}
+
+/// The tracker's entry of the listener on `addr`, if any.
+fn listed_listener(addr: std::net::SocketAddr) -> Option<ResourceInfo> {
+    tracker::all_resources()
+        .into_iter()
+        .find(|r| r.kind == ResourceKind::Listener && r.id == u64::from(addr.port()))
+}
+
+/// The listener on `addr` is listed in the `cm` tracker, made at this file's `line`, LISTEN.
+fn check_listed_listener(addr: std::net::SocketAddr, line: u32) {
+    let listed = listed_listener(addr).expect("the listener is listed");
+    assert_eq!(listed.tracker, "cm");
+    assert!(listed.file.ends_with("ras_wiring.rs"), "{}", listed.file);
+    assert_eq!(listed.line, line);
+    let d = listed.details.unwrap();
+    assert_eq!(d.state.as_deref(), Some("LISTEN"));
+    assert_eq!(d.local_addr, Some(addr));
 }
 
 #[test]

@@ -231,6 +231,11 @@ impl EvChannel {
             CmEvent::Unreachable { id, error } => {
                 let p = id_of(&id)?;
                 let e = errno::of(&error);
+                drop(st);
+                // SAFETY: registered ids are alive.
+                if e == libc::ECONNREFUSED && unsafe { &*p }.retry_refused(id) {
+                    return None;
+                }
                 // The kernel's iWARP CM reports a refused TCP connection as a reject.
                 let ty = if e == libc::ECONNREFUSED {
                     RDMA_CM_EVENT_REJECTED

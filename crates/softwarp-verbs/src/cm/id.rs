@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
 
 use softwarp::{
-    CmId, CmListener, ConnectOptions, ConnectRequest, ConnectionInfo, ListenOptions, Role,
+    CmId, CmListener, ConnId, ConnectOptions, ConnectRequest, ConnectionInfo, ListenOptions, Role,
 };
 
 use crate::cm::channel::{write_addr, EvChannel, Event};
@@ -53,6 +53,10 @@ struct IdState {
     /// returns.
     ep_qp_attr: Option<ibv_qp_init_attr>,
     ep_pd: usize,
+    /// What `rdma_connect` asked for, and the tries left when the TCP connection is refused
+    /// (`SOFTWARP_CONNECT_RETRIES`).
+    connect_opts: Option<ConnectOptions>,
+    retries_left: u32,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -174,6 +178,52 @@ impl Id {
             Event::new(p.cast(), RDMA_CM_EVENT_CONNECT_REQUEST, 0).conn(&private, rr, depth);
         ev.c.listen_id = listener.cast();
         Some(ev)
+    }
+
+    /// `rdma_connect` was refused at the TCP level (`conn`: nothing listened at the address):
+    /// when tries are left (`SOFTWARP_CONNECT_RETRIES`), waits `SOFTWARP_CONNECT_RETRY_MS`
+    /// and connects again with the same QP (Idle again after the failed attempt) and
+    /// settings. True when a new attempt is under way: the refusal is not reported.
+    ///
+    /// perftest's client connects its data QP as soon as the server's message arrives, and
+    /// perftest's server over Linux siw listens for it only a moment later; perftest's own
+    /// retry of a refused connect then reuses the ids it has just destroyed.
+    pub fn retry_refused(&self, conn: ConnId) -> bool {
+        let (pause, dst, opts) = {
+            let mut st = self.state();
+            if st.retries_left == 0 || st.conn.as_ref().map(CmId::conn_id) != Some(conn) {
+                return false;
+            }
+            let (Some(dst), Some(opts)) = (st.dst, st.connect_opts.clone()) else {
+                return false;
+            };
+            st.retries_left -= 1;
+            (crate::env::connect_retry().1, dst, opts)
+        };
+        let Some(q) = self.qp() else {
+            return false;
+        };
+        tracing::debug!(target: "softwarp::verbs", %dst, ?pause, "rdma_connect: refused, trying again");
+        std::thread::sleep(pause);
+        let mut st = self.state();
+        if st.conn.as_ref().map(CmId::conn_id) != Some(conn) {
+            // The application disconnected or connected again meanwhile.
+            return false;
+        }
+        let ch = self.channel();
+        let mut chs = ch.state();
+        match ch.inner.connect(&q.qp, dst, &opts) {
+            Ok(cm) => {
+                chs.conns.remove(&conn);
+                chs.conns.insert(cm.conn_id(), self.ptr() as usize);
+                st.conn = Some(cm);
+                true
+            }
+            Err(e) => {
+                tracing::debug!(target: "softwarp::verbs", %dst, error = %e, "rdma_connect: no new try");
+                false
+            }
+        }
     }
 
     /// In synchronous mode, waits for the event the last call started and returns its
@@ -744,6 +794,8 @@ pub unsafe extern "C" fn swv_rdma_connect(
             chs.conns.insert(cm.conn_id(), id as usize);
             st.conn = Some(cm);
             st.initiator = true;
+            st.retries_left = crate::env::connect_retry().0;
+            st.connect_opts = Some(opts);
         }
         Err(e) => return err(errno::fail(CALL, &e)),
     }
@@ -831,6 +883,13 @@ pub unsafe extern "C" fn swv_rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     let Some(conn) = conn else {
         return err(libc::EINVAL);
     };
+    if let Some(q) = i.qp() {
+        crate::cm::teardown::let_initiator_close_first(
+            &q.qp,
+            crate::env::close_wait(),
+            "rdma_disconnect",
+        );
+    }
     let rc = match conn.disconnect() {
         Ok(()) => 0,
         Err(softwarp::Error::NotConnected) => 0,

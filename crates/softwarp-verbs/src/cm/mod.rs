@@ -5,6 +5,7 @@
 pub mod addrinfo;
 pub mod channel;
 pub mod id;
+pub mod teardown;
 
 use std::ffi::c_int;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};

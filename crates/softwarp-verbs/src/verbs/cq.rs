@@ -184,9 +184,24 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `ibv_resize_cq`: the CQ holds `cqe` completions from now on (`cq->cqe` says so), those
+/// waiting kept in order; `EINVAL` for fewer than are waiting, as rdma-core's providers.
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
-    errno::unsupported("ibv_resize_cq", "resizing a CQ")
+pub unsafe extern "C" fn swv_ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    // SAFETY: CQs come from `ibv_create_cq`.
+    let Some(q) = (unsafe { Cq::from_ibv(cq) }) else {
+        return libc::EINVAL;
+    };
+    let Ok(n) = usize::try_from(cqe) else {
+        return libc::EINVAL;
+    };
+    if let Err(e) = q.cq.resize(n) {
+        return errno::fail("ibv_resize_cq", &e);
+    }
+    let capacity = c_int::try_from(q.cq.capacity()).unwrap_or(c_int::MAX);
+    // SAFETY: the application's view of the CQ; rdma-core's providers write `cqe` on resize.
+    unsafe { (*cq).cqe = capacity };
+    0
 }
 
 #[no_mangle]

@@ -346,6 +346,12 @@ pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
     };
+    // A responder's peer closes first (see `cm::teardown`).
+    crate::cm::teardown::let_initiator_close_first(
+        &q.qp,
+        crate::env::close_wait(),
+        "ibv_destroy_qp",
+    );
     let qpn = q.qp.qp_num();
     // SAFETY: contexts outlive their QPs.
     unsafe {

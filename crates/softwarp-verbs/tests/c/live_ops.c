@@ -37,21 +37,9 @@
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 
-static const char *who = "?";
-static int checks;
-static int ready_fd = -1; /* the server writes a byte here once it listens */
+#include "forked.h"
 
-#define CHECK(cond, ...)                                                  \
-	do {                                                              \
-		if (!(cond)) {                                            \
-			fprintf(stderr, "%s: FAILED %s (line %d): ", who, \
-				#cond, __LINE__);                         \
-			fprintf(stderr, __VA_ARGS__);                     \
-			fprintf(stderr, " (errno %d)\n", errno);          \
-			exit(1);                                          \
-		}                                                         \
-		checks++;                                                 \
-	} while (0)
+static int ready_fd = -1; /* the server writes a byte here once it listens */
 
 struct info {
 	uint64_t addr;
@@ -60,29 +48,6 @@ struct info {
 };
 
 static const char WRITTEN[] = "written-with-imm";
-
-static struct rdma_addrinfo *addrinfo(const char *port, int passive)
-{
-	struct rdma_addrinfo hints, *res;
-	memset(&hints, 0, sizeof hints);
-	hints.ai_port_space = RDMA_PS_TCP;
-	if (passive)
-		hints.ai_flags = RAI_PASSIVE;
-	int rc = rdma_getaddrinfo("127.0.0.1", port, &hints, &res);
-	CHECK(rc == 0, "rdma_getaddrinfo");
-	return res;
-}
-
-static void init_attr(struct ibv_qp_init_attr *a)
-{
-	memset(a, 0, sizeof *a);
-	a->cap.max_send_wr = 8;
-	a->cap.max_recv_wr = 8;
-	a->cap.max_send_sge = 1;
-	a->cap.max_recv_sge = 1;
-	a->qp_type = IBV_QPT_RC;
-	a->sq_sig_all = 1;
-}
 
 /* The next async event of `ctx` within `ms`, acknowledged; the QP it names in *qp. */
 static enum ibv_event_type async_event(struct ibv_context *ctx, int ms, struct ibv_qp **qp)
@@ -127,7 +92,7 @@ static int server(const char *port)
 	static char target[64], msgs[4][64], info_buf[sizeof(struct info)];
 	struct rdma_addrinfo *res = addrinfo(port, 1);
 	struct ibv_qp_init_attr attr;
-	init_attr(&attr);
+	init_attr(&attr, 8);
 	struct rdma_cm_id *listen_id, *id;
 	CHECK(rdma_create_ep(&listen_id, res, NULL, &attr) == 0, "rdma_create_ep");
 	rdma_freeaddrinfo(res);
@@ -220,7 +185,7 @@ static int client(const char *port)
 	static char info_buf[sizeof(struct info)], ack[64], data[64];
 	struct rdma_addrinfo *res = addrinfo(port, 0);
 	struct ibv_qp_init_attr attr;
-	init_attr(&attr);
+	init_attr(&attr, 8);
 	struct rdma_cm_id *id;
 	CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0, "rdma_create_ep");
 	rdma_freeaddrinfo(res);

@@ -65,7 +65,8 @@ int main(void)
 	CHECK(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) == 0);
 	struct ibv_cq *cq = ibv_create_cq(ctx, 16, buf, ch, 0);
 	CHECK(cq && cq->cqe >= 16 && cq->channel == ch && cq->cq_context == buf);
-	CHECK(ibv_resize_cq(cq, 32) == EOPNOTSUPP);
+	CHECK(ibv_resize_cq(cq, 32) == 0 && cq->cqe == 32);
+	CHECK(ibv_resize_cq(cq, 0) == EINVAL && cq->cqe == 32);
 	CHECK(ibv_req_notify_cq(cq, 0) == 0);
 	struct pollfd pfd = { .fd = ch->fd, .events = POLLIN };
 	CHECK(poll(&pfd, 1, 0) == 0);
@@ -96,6 +97,10 @@ int main(void)
 	errno = 0;
 	CHECK(ibv_create_qp(pd, &ia) == NULL && errno == EINVAL);
 	ia.cap.max_inline_data = 64;
+	/* Receives complete into a CQ of their own, to see ibv_resize_cq keep them. */
+	struct ibv_cq *rcq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+	CHECK(rcq);
+	ia.recv_cq = rcq;
 	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
 	CHECK(qp && qp->state == IBV_QPS_RESET && ia.cap.max_inline_data >= 64);
 	struct ibv_qp_attr qa = { .qp_state = IBV_QPS_INIT };
@@ -110,14 +115,27 @@ int main(void)
 	wr.opcode = IBV_WR_BIND_MW;
 	bad = NULL;
 	CHECK(ibv_post_send(qp, &wr, &bad) == EOPNOTSUPP && bad == &wr);
+	for (int i = 1; i <= 3; i++) {
+		struct ibv_recv_wr rw = { .wr_id = i, .sg_list = &sge, .num_sge = 1 }, *rb;
+		CHECK(ibv_post_recv(qp, &rw, &rb) == 0);
+	}
 	qa.qp_state = IBV_QPS_ERR;
 	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE) == 0 && qp->state == IBV_QPS_ERR);
+	/* The three flushed receives wait in rcq: a resize below them is refused (EINVAL, as
+	 * rdma-core's providers), one to exactly them keeps them in order. */
+	int cqe_before = rcq->cqe;
+	CHECK(ibv_resize_cq(rcq, 2) == EINVAL && rcq->cqe == cqe_before);
+	CHECK(ibv_resize_cq(rcq, 3) == 0 && rcq->cqe == 3);
+	struct ibv_wc rwc[4];
+	CHECK(ibv_poll_cq(rcq, 4, rwc) == 3 && rwc[0].wr_id == 1 && rwc[1].wr_id == 2 &&
+	      rwc[2].wr_id == 3 && rwc[2].status == IBV_WC_WR_FLUSH_ERR);
 	qa.qp_state = IBV_QPS_RESET;
 	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE) == 0 && qp->state == IBV_QPS_RESET);
 	struct ibv_qp_init_attr got;
 	CHECK(ibv_query_qp(qp, &qa, IBV_QP_STATE | IBV_QP_CAP, &got) == 0 &&
 	      qa.qp_state == IBV_QPS_RESET && got.send_cq == cq && got.qp_type == IBV_QPT_RC);
 	CHECK(ibv_destroy_qp(qp) == 0);
+	CHECK(ibv_destroy_cq(rcq) == 0);
 
 	/* SRQ attributes. */
 	struct ibv_srq_init_attr si = { .attr = { .max_wr = 32, .max_sge = 1, .srq_limit = 0 } };

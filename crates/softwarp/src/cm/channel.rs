@@ -238,6 +238,9 @@ impl CmEventChannel {
     /// accepting; further connections wait in the kernel's accept queue (`backlog` long,
     /// then the kernel drops SYNs and peers retry) until a place is given back. See
     /// [`CmListener::stats`].
+    /// The listener is in the resource tracker (`softwarp resources`) while it lives,
+    /// created at the caller's line.
+    #[track_caller]
     pub fn listen<A: ToSocketAddrs>(&self, addr: A, opts: &ListenOptions) -> Result<CmListener> {
         let std_listener =
             std::net::TcpListener::bind(addr).map_err(|e| Error::io("bind listener", e))?;

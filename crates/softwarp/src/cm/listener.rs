@@ -59,13 +59,18 @@ pub struct CmListener {
     local_addr: SocketAddr,
     state: Arc<ListenerState>,
     pub(crate) channel: Arc<ChannelShared>,
+    /// Its entry in the resource tracker (`softwarp resources`), made where the application
+    /// called [`crate::CmEventChannel::listen`].
+    _ras: crate::ras::Tracked,
 }
 
 impl CmListener {
+    #[track_caller]
     pub(crate) fn new(state: Arc<ListenerState>, channel: Arc<ChannelShared>) -> Self {
         Self {
             id: state.id,
             local_addr: state.local_addr,
+            _ras: crate::ras::listener(Some(state.local_addr)),
             state,
             channel,
         }

@@ -1,0 +1,162 @@
+/* The end of a connection, perftest's way: the server receives the client's last message,
+ * answers it, and closes at once; the client is slow to finish (Linux siw under emulation
+ * completes its last Send only after the server's answer arrived). The server's close must
+ * wait for the client to close first (SOFTWARP_CLOSE_WAIT_MS, 2 s by default), or the
+ * client's last Send fails (siw: "Bad wc status 2"; here: flushed, its QP in error).
+ *
+ * One process forks: the parent is the server, the child the client; synchronous librdmacm
+ * calls on 127.0.0.1:PORT. Two connections, one per way the server closes:
+ *
+ *   client: Send "last"; server: receives it, Sends "bye", and as soon as "bye" completed
+ *   closes: rdma_disconnect (round 1) or rdma_destroy_qp, i.e. ibv_destroy_qp (round 2)
+ *   client: receives "bye", waits 300 ms, Sends "late", which must complete successfully,
+ *   then disconnects; the server's close returns after that (not after its 2 s bound), and
+ *   in round 1 the server's receive of "late" completed successfully.
+ *
+ * Prints one line per round and side, and "ok: N server checks" at the end. Every wait is
+ * bounded (alarm).
+ *
+ *   cc -o close_order close_order.c -lrdmacm -libverbs && ./close_order 7472
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+
+#include "forked.h"
+
+#define SLOW_CLIENT_MS 300
+
+static long now_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1000L + t.tv_nsec / 1000000L;
+}
+
+static void server_round(struct rdma_cm_id *listen_id, int round)
+{
+	static char msgs[2][64];
+	struct rdma_cm_id *id;
+	struct ibv_wc wc;
+	CHECK(rdma_get_request(listen_id, &id) == 0, "rdma_get_request");
+	struct ibv_mr *mr = rdma_reg_msgs(id, msgs, sizeof msgs);
+	CHECK(mr, "rdma_reg_msgs");
+	memset(msgs, 0, sizeof msgs);
+	/* One receive for "last", one for "late" (perftest reposts after each message). */
+	CHECK(rdma_post_recv(id, (void *)0, msgs[0], 64, mr) == 0, "post_recv");
+	CHECK(rdma_post_recv(id, (void *)1, msgs[1], 64, mr) == 0, "post_recv");
+	CHECK(rdma_accept(id, NULL) == 0, "rdma_accept");
+	CHECK(rdma_get_recv_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "last");
+	CHECK(wc.byte_len == 4 && memcmp(msgs[0], "last", 4) == 0, "payload %.4s", msgs[0]);
+	CHECK(rdma_post_send(id, NULL, "bye", 3, NULL, IBV_SEND_INLINE | IBV_SEND_SIGNALED) == 0,
+	      "send bye");
+	CHECK(rdma_get_send_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "bye sent");
+
+	long start = now_ms();
+	const char *how;
+	if (round == 1) {
+		how = "rdma_disconnect";
+		CHECK(rdma_disconnect(id) == 0, "rdma_disconnect");
+	} else {
+		how = "ibv_destroy_qp";
+		rdma_destroy_qp(id);
+	}
+	long waited = now_ms() - start;
+	CHECK(waited >= SLOW_CLIENT_MS / 2, "%s returned after %ld ms, before the client closed",
+	      how, waited);
+	CHECK(waited < 1900, "%s returned after %ld ms: the bound, not the client's close", how,
+	      waited);
+	if (round == 1) {
+		CHECK(rdma_get_recv_comp(id, &wc) > 0, "late");
+		CHECK(wc.status == IBV_WC_SUCCESS, "late: %s", ibv_wc_status_str(wc.status));
+		CHECK(wc.byte_len == 4 && memcmp(msgs[1], "late", 4) == 0, "payload %.4s", msgs[1]);
+		printf("server: round 1: %s returned once the client closed; its late Send arrived\n",
+		       how);
+	} else {
+		printf("server: round 2: %s returned once the client closed\n", how);
+	}
+	rdma_dereg_mr(mr);
+	rdma_destroy_ep(id);
+}
+
+static void client_round(const char *port, int round)
+{
+	static char bye[64];
+	struct rdma_addrinfo *res = addrinfo(port, 0);
+	struct ibv_qp_init_attr attr;
+	init_attr(&attr, 4);
+	struct rdma_cm_id *id;
+	struct ibv_wc wc;
+	CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0, "rdma_create_ep");
+	rdma_freeaddrinfo(res);
+	struct ibv_mr *mr = rdma_reg_msgs(id, bye, sizeof bye);
+	CHECK(mr, "rdma_reg_msgs");
+	CHECK(rdma_post_recv(id, NULL, bye, sizeof bye, mr) == 0, "post_recv");
+	CHECK(rdma_connect(id, NULL) == 0, "rdma_connect");
+	CHECK(rdma_post_send(id, NULL, "last", 4, NULL, IBV_SEND_INLINE | IBV_SEND_SIGNALED) == 0,
+	      "send last");
+	CHECK(rdma_get_send_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "last sent");
+	CHECK(rdma_get_recv_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "bye");
+	CHECK(wc.byte_len == 3 && memcmp(bye, "bye", 3) == 0, "payload %.3s", bye);
+	usleep(SLOW_CLIENT_MS * 1000);
+	int rc = rdma_post_send(id, NULL, "late", 4, NULL, IBV_SEND_INLINE | IBV_SEND_SIGNALED);
+	CHECK(rc == 0, "post of the late Send refused: the server closed first");
+	CHECK(rdma_get_send_comp(id, &wc) > 0, "late sent");
+	CHECK(wc.status == IBV_WC_SUCCESS, "late Send: %s (the server closed first)",
+	      ibv_wc_status_str(wc.status));
+	printf("client: round %d: the Send %d ms after the server's last message completed\n",
+	       round, SLOW_CLIENT_MS);
+	rdma_disconnect(id);
+	rdma_dereg_mr(mr);
+	rdma_destroy_ep(id);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 2) {
+		fprintf(stderr, "usage: %s PORT\n", argv[0]);
+		return 2;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	alarm(30);
+	/* The client starts once the server listens (a byte on the pipe). */
+	int p[2];
+	CHECK(pipe(p) == 0, "pipe");
+	pid_t child = fork();
+	CHECK(child >= 0, "fork");
+	if (child == 0) {
+		char c;
+		who = "client";
+		close(p[1]);
+		CHECK(read(p[0], &c, 1) == 1, "the server did not start");
+		client_round(argv[1], 1);
+		client_round(argv[1], 2);
+		return 0;
+	}
+	close(p[0]);
+	who = "server";
+	struct rdma_addrinfo *res = addrinfo(argv[1], 1);
+	struct ibv_qp_init_attr attr;
+	init_attr(&attr, 4);
+	struct rdma_cm_id *listen_id;
+	CHECK(rdma_create_ep(&listen_id, res, NULL, &attr) == 0, "rdma_create_ep");
+	rdma_freeaddrinfo(res);
+	CHECK(rdma_listen(listen_id, 2) == 0, "rdma_listen");
+	CHECK(write(p[1], "l", 1) == 1, "tell the client");
+	server_round(listen_id, 1);
+	server_round(listen_id, 2);
+	rdma_destroy_ep(listen_id);
+	int status;
+	CHECK(waitpid(child, &status, 0) == child, "waitpid");
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "client status %#x", status);
+	printf("ok: %d server checks\n", checks);
+	return 0;
+}
