@@ -14,17 +14,7 @@
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 
-static int checks;
-
-#define CHECK(cond)                                                              \
-	do {                                                                     \
-		checks++;                                                        \
-		if (!(cond)) {                                                   \
-			fprintf(stderr, "%s:%d: failed: %s (errno %d)\n",        \
-				__FILE__, __LINE__, #cond, errno);               \
-			exit(1);                                                 \
-		}                                                                \
-	} while (0)
+#include "check.h"
 
 int main(void)
 {

@@ -16,17 +16,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
-static int checks;
-
-#define CHECK(cond)                                                              \
-	do {                                                                     \
-		checks++;                                                        \
-		if (!(cond)) {                                                   \
-			fprintf(stderr, "%s:%d: failed: %s (errno %d)\n",        \
-				__FILE__, __LINE__, #cond, errno);               \
-			exit(1);                                                 \
-		}                                                                \
-	} while (0)
+#include "check.h"
 
 #define SLOT 64
 #define RECEIVES 7

@@ -10,17 +10,7 @@
 #include <string.h>
 #include <infiniband/verbs.h>
 
-static int checks;
-
-#define CHECK(cond)                                                              \
-	do {                                                                     \
-		checks++;                                                        \
-		if (!(cond)) {                                                   \
-			fprintf(stderr, "%s:%d: failed: %s (errno %d)\n",        \
-				__FILE__, __LINE__, #cond, errno);               \
-			exit(1);                                                 \
-		}                                                                \
-	} while (0)
+#include "check.h"
 
 int main(void)
 {
