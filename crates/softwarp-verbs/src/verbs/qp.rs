@@ -346,10 +346,11 @@ pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
     };
-    // A responder's peer closes first (see `cm::teardown`).
-    crate::cm::teardown::let_initiator_close_first(
+    // The peer closes first, within a bound by role (see `cm::teardown`).
+    crate::cm::teardown::let_peer_close_first(
         &q.qp,
         crate::env::close_wait(),
+        crate::env::initiator_close_wait(),
         "ibv_destroy_qp",
     );
     let qpn = q.qp.qp_num();
