@@ -10,7 +10,12 @@ pub const MAX_INLINE: usize = 256;
 
 /// One scatter/gather element: `length` bytes at virtual address (TO) `addr` of the
 /// registration named by `lkey`.
+///
+/// `repr(C)` with the layout of libibverbs' `struct ibv_sge` (a `u64` address, a `u32`
+/// length, a `u32` key; 16 bytes), so that a C scatter/gather list can be used in place as
+/// a `&[Sge]` ([`SendWrRef`], [`RecvWrRef`]). The verbs crate asserts that the layouts match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
 pub struct Sge {
     /// Address (tagged offset) of the first byte, in the registration's IOVA space.
     pub addr: u64,
@@ -45,10 +50,21 @@ impl SgList {
     #[inline]
     pub fn from_slice(sges: &[Sge]) -> Option<Self> {
         let mut l = Self::new();
-        for s in sges {
-            l.push(*s).ok()?;
+        l.assign(sges).then_some(l)
+    }
+    /// Makes the list `sges` (copied in place, one element without a `memcpy` call); false,
+    /// the list unchanged, when `sges` has more than [`MAX_SGE`] elements.
+    #[inline]
+    pub fn assign(&mut self, sges: &[Sge]) -> bool {
+        match sges {
+            [one] => self.sges[0] = *one,
+            _ => match self.sges.get_mut(..sges.len()) {
+                Some(dst) => dst.copy_from_slice(sges),
+                None => return false,
+            },
         }
-        Some(l)
+        self.len = sges.len();
+        true
     }
     /// Appends an element; gives it back when the list is full.
     #[inline]
@@ -212,6 +228,51 @@ pub struct SendWr<'a> {
     pub fence: bool,
 }
 
+impl SendWr<'_> {
+    /// The work request as a [`SendWrRef`] (its SGL borrowed, nothing copied but the fields).
+    #[inline]
+    pub fn borrowed(&self) -> SendWrRef<'_> {
+        SendWrRef {
+            wr_id: self.wr_id,
+            op: self.op,
+            payload: match &self.payload {
+                Payload::Sgl(sgl) => PayloadRef::Sges(sgl.as_slice()),
+                Payload::Inline(bytes) => PayloadRef::Inline(bytes),
+            },
+            signaled: self.signaled,
+            fence: self.fence,
+        }
+    }
+}
+
+/// Where the data of a [`SendWrRef`] comes from: as [`Payload`], the SGL borrowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadRef<'a> {
+    /// Registered memory named by these scatter/gather elements (at most [`MAX_SGE`]; a
+    /// post refuses more).
+    Sges(&'a [Sge]),
+    /// Inline data, copied into the send queue at post time (at most [`MAX_INLINE`] bytes;
+    /// not valid for RDMA Read).
+    Inline(&'a [u8]),
+}
+
+/// A send work request whose scatter/gather list is borrowed (say, a C `ibv_send_wr`'s
+/// `sg_list` used in place): the same fields as [`SendWr`] without the inline
+/// [`SgList`], so that a post copies each element once, into the send queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendWrRef<'a> {
+    /// Opaque id returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// The data.
+    pub payload: PayloadRef<'a>,
+    /// Generate a completion on success (errors always complete).
+    pub signaled: bool,
+    /// Do not start this WR before every earlier RDMA Read has completed (IBV_SEND_FENCE).
+    pub fence: bool,
+}
+
 /// A receive queue work request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvWr {
@@ -219,6 +280,17 @@ pub struct RecvWr {
     pub wr_id: u64,
     /// Where an incoming Send's payload goes.
     pub sgl: SgList,
+}
+
+/// A receive work request whose scatter/gather list is borrowed (a C `ibv_recv_wr`'s
+/// `sg_list` used in place); the post copies the elements into the receive queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvWrRef<'a> {
+    /// Opaque id returned in the completion.
+    pub wr_id: u64,
+    /// Where an incoming Send's payload goes (at most [`MAX_SGE`] elements; a post
+    /// refuses more).
+    pub sges: &'a [Sge],
 }
 
 /// Completion status, named after `ibv_wc_status`.

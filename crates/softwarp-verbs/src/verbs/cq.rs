@@ -291,13 +291,11 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
     }
 }
 
-/// A work completion as rdma-core fills `struct ibv_wc`.
+/// A work completion as rdma-core fills `struct ibv_wc`: every field written once (no
+/// zeroed value overwritten field by field).
 #[inline]
 pub fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
-    // SAFETY: plain C data; all-zero is valid.
-    let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
-    wc.wr_id = w.wr_id;
-    wc.status = match w.status {
+    let status = match w.status {
         WcStatus::Success => IBV_WC_SUCCESS,
         WcStatus::LocLenErr => IBV_WC_LOC_LEN_ERR,
         WcStatus::LocQpOpErr => IBV_WC_LOC_QP_OP_ERR,
@@ -309,7 +307,7 @@ pub fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
         WcStatus::FatalErr => IBV_WC_FATAL_ERR,
         _ => IBV_WC_GENERAL_ERR,
     };
-    wc.opcode = match w.opcode {
+    let opcode = match w.opcode {
         WcOpcode::Send => IBV_WC_SEND,
         WcOpcode::RdmaWrite => IBV_WC_RDMA_WRITE,
         WcOpcode::RdmaRead => IBV_WC_RDMA_READ,
@@ -318,18 +316,31 @@ pub fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
         WcOpcode::RecvRdmaWithImm => IBV_WC_RECV_RDMA_WITH_IMM,
         _ => IBV_WC_RECV,
     };
-    // siw reports its own error cause here; ours is in the trace and the QP snapshot.
-    wc.vendor_err = u32::from(w.status != WcStatus::Success);
-    wc.byte_len = w.byte_len;
-    wc.qp_num = w.qp_num;
-    if let Some(imm) = w.imm {
-        wc.__bindgen_anon_1.imm_data = imm.to_be();
-        wc.wc_flags |= IBV_WC_WITH_IMM;
-    } else if let Some(stag) = w.invalidated_stag {
-        wc.__bindgen_anon_1.invalidated_rkey = stag.0;
-        wc.wc_flags |= IBV_WC_WITH_INV;
+    // The union holds the immediate value (big-endian, as on the wire) or the invalidated
+    // STag, as `wc_flags` says; zero otherwise.
+    let (wc_flags, extra) = match (w.imm, w.invalidated_stag) {
+        (Some(imm), _) => (IBV_WC_WITH_IMM, imm.to_be()),
+        (None, Some(stag)) => (IBV_WC_WITH_INV, stag.0),
+        (None, None) => (0, 0),
+    };
+    ibv_wc {
+        wr_id: w.wr_id,
+        status,
+        opcode,
+        // siw reports its own error cause here; ours is in the trace and the QP snapshot.
+        vendor_err: u32::from(w.status != WcStatus::Success),
+        byte_len: w.byte_len,
+        __bindgen_anon_1: ibv_wc__bindgen_ty_1 {
+            invalidated_rkey: extra,
+        },
+        qp_num: w.qp_num,
+        src_qp: 0,
+        wc_flags,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
     }
-    wc
 }
 
 /// `ibv_context_ops.poll_cq`: up to `n` completions into `wc`, each written in place as the
