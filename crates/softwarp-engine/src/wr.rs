@@ -293,49 +293,51 @@ pub struct RecvWrRef<'a> {
     pub sges: &'a [Sge],
 }
 
-/// Completion status, named after `ibv_wc_status`.
+/// Completion status, named after `ibv_wc_status`, whose values the discriminants are (so
+/// that the C ABI converts with a cast; the verbs crate tests each against rdma-core's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WcStatus {
     /// The work request completed.
-    Success,
+    Success = 0,
     /// A received message was longer than the receive buffer.
-    LocLenErr,
+    LocLenErr = 1,
     /// Local QP operation error (e.g. a malformed WR detected at execution).
-    LocQpOpErr,
+    LocQpOpErr = 2,
     /// Local protection error: an SGE's lkey, PD, rights or bounds are wrong.
-    LocProtErr,
+    LocProtErr = 4,
     /// The work request was flushed because the QP is in the Error state.
-    WrFlushErr,
+    WrFlushErr = 5,
     /// The peer reported a remote access error (its Terminate named a protection error).
-    RemAccessErr,
+    RemAccessErr = 10,
     /// The peer reported an invalid request (bad opcode, no buffer, message too long ...).
-    RemInvReqErr,
+    RemInvReqErr = 9,
     /// The peer reported a remote operation error.
-    RemOpErr,
+    RemOpErr = 11,
     /// A fatal error (e.g. a CRC error on the stream).
-    FatalErr,
+    FatalErr = 19,
     /// Any other error.
-    GeneralErr,
+    GeneralErr = 21,
 }
 
-/// Which kind of work request completed, named after `ibv_wc_opcode`.
+/// Which kind of work request completed, named after `ibv_wc_opcode`, whose values the
+/// discriminants are (as for [`WcStatus`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WcOpcode {
     /// A Send (any variant).
-    Send,
+    Send = 0,
     /// An RDMA Write.
-    RdmaWrite,
+    RdmaWrite = 1,
     /// An RDMA Read.
-    RdmaRead,
+    RdmaRead = 2,
     /// A receive.
-    Recv,
+    Recv = 128,
     /// An atomic FetchAdd (the original value is in the local SGL).
-    FetchAdd,
+    FetchAdd = 4,
     /// An atomic CmpSwap (the original value is in the local SGL).
-    CmpSwap,
+    CmpSwap = 3,
     /// A receive consumed by the Immediate Data of an RDMA Write with Immediate: `imm` holds
     /// the value and `byte_len` the length of the RDMA Write.
-    RecvRdmaWithImm,
+    RecvRdmaWithImm = 129,
 }
 
 /// One work completion.

@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 
 use softwarp::{
-    CompletionChannel, CompletionQueue, CqId, WcOpcode, WcStatus, WorkCompletion, EMPTY_COMPLETION,
+    CompletionChannel, CompletionQueue, CqId, WcStatus, WorkCompletion, EMPTY_COMPLETION,
 };
 
 use crate::errno;
@@ -295,27 +295,10 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
 /// zeroed value overwritten field by field).
 #[inline]
 pub fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
-    let status = match w.status {
-        WcStatus::Success => IBV_WC_SUCCESS,
-        WcStatus::LocLenErr => IBV_WC_LOC_LEN_ERR,
-        WcStatus::LocQpOpErr => IBV_WC_LOC_QP_OP_ERR,
-        WcStatus::LocProtErr => IBV_WC_LOC_PROT_ERR,
-        WcStatus::WrFlushErr => IBV_WC_WR_FLUSH_ERR,
-        WcStatus::RemAccessErr => IBV_WC_REM_ACCESS_ERR,
-        WcStatus::RemInvReqErr => IBV_WC_REM_INV_REQ_ERR,
-        WcStatus::RemOpErr => IBV_WC_REM_OP_ERR,
-        WcStatus::FatalErr => IBV_WC_FATAL_ERR,
-        _ => IBV_WC_GENERAL_ERR,
-    };
-    let opcode = match w.opcode {
-        WcOpcode::Send => IBV_WC_SEND,
-        WcOpcode::RdmaWrite => IBV_WC_RDMA_WRITE,
-        WcOpcode::RdmaRead => IBV_WC_RDMA_READ,
-        WcOpcode::FetchAdd => IBV_WC_FETCH_ADD,
-        WcOpcode::CmpSwap => IBV_WC_COMP_SWAP,
-        WcOpcode::RecvRdmaWithImm => IBV_WC_RECV_RDMA_WITH_IMM,
-        _ => IBV_WC_RECV,
-    };
+    // The discriminants are rdma-core's values (`WcStatus`, `WcOpcode`; the tests
+    // `wc_status_and_opcode_casts_are_rdma_core_values` check each).
+    let status = w.status as ibv_wc_status;
+    let opcode = w.opcode as ibv_wc_opcode;
     // The union holds the immediate value (big-endian, as on the wire) or the invalidated
     // STag, as `wc_flags` says; zero otherwise.
     let (wc_flags, extra) = match (w.imm, w.invalidated_stag) {

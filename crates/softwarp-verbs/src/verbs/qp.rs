@@ -437,51 +437,58 @@ pub unsafe fn gather_inline(
     Ok(&buf[..len])
 }
 
-/// The operation of a C send work request.
+/// The operation of a C send work request. Each union member is read only for the
+/// opcodes that use it, and a plain Send is tested first (the common case: no table jump).
+#[inline]
 fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
     let solicited = w.send_flags & IBV_SEND_SOLICITED != 0;
-    // SAFETY: union members as the opcode selects them (plain integers).
-    let (rdma, atomic, imm, inv) = unsafe {
-        (
-            w.wr.rdma,
-            w.wr.atomic,
-            u32::from_be(w.__bindgen_anon_1.imm_data),
-            w.__bindgen_anon_1.invalidate_rkey,
-        )
-    };
-    Ok(match w.opcode {
-        IBV_WR_SEND => SendOp::Send {
+    if w.opcode == IBV_WR_SEND {
+        return Ok(SendOp::Send {
             solicited,
             invalidate: None,
-        },
+        });
+    }
+    // SAFETY: union members as the opcode selects them (plain integers, whatever the
+    // application stored).
+    let imm = || u32::from_be(unsafe { w.__bindgen_anon_1.imm_data });
+    // SAFETY: as above.
+    let inv = || unsafe { w.__bindgen_anon_1.invalidate_rkey };
+    // SAFETY: as above.
+    let rdma = || unsafe { w.wr.rdma };
+    // SAFETY: as above.
+    let atomic = || unsafe { w.wr.atomic };
+    Ok(match w.opcode {
         IBV_WR_SEND_WITH_INV => SendOp::Send {
             solicited,
-            invalidate: Some(Stag(inv)),
+            invalidate: Some(Stag(inv())),
         },
-        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { solicited, imm },
+        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm {
+            solicited,
+            imm: imm(),
+        },
         IBV_WR_RDMA_WRITE => SendOp::Write {
-            remote_addr: rdma.remote_addr,
-            rkey: Stag(rdma.rkey),
+            remote_addr: rdma().remote_addr,
+            rkey: Stag(rdma().rkey),
         },
         IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
-            remote_addr: rdma.remote_addr,
-            rkey: Stag(rdma.rkey),
-            imm,
+            remote_addr: rdma().remote_addr,
+            rkey: Stag(rdma().rkey),
+            imm: imm(),
         },
         IBV_WR_RDMA_READ => SendOp::Read {
-            remote_addr: rdma.remote_addr,
-            rkey: Stag(rdma.rkey),
+            remote_addr: rdma().remote_addr,
+            rkey: Stag(rdma().rkey),
         },
         IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CmpSwap {
-            remote_addr: atomic.remote_addr,
-            rkey: Stag(atomic.rkey),
-            compare: atomic.compare_add,
-            swap: atomic.swap,
+            remote_addr: atomic().remote_addr,
+            rkey: Stag(atomic().rkey),
+            compare: atomic().compare_add,
+            swap: atomic().swap,
         },
         IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
-            remote_addr: atomic.remote_addr,
-            rkey: Stag(atomic.rkey),
-            add: atomic.compare_add,
+            remote_addr: atomic().remote_addr,
+            rkey: Stag(atomic().rkey),
+            add: atomic().compare_add,
         },
         _ => {
             return Err(errno::unsupported(
