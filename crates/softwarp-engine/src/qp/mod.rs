@@ -822,6 +822,18 @@ impl Qp {
         if wr.sges.len() > MAX_SGE {
             return Err(QpError::TooManySges(wr.sges.len()));
         }
+        if let [one] = wr.sges {
+            // The common case: the entry is built in the ring's slot.
+            if self.admit_recv(wr.wr_id, u64::from(one.length))? {
+                self.rq
+                    .push(RecvWr {
+                        wr_id: wr.wr_id,
+                        sgl: SgList::single(*one),
+                    })
+                    .map_err(|_| QpError::QueueFull("receive"))?;
+            }
+            return Ok(());
+        }
         let total = wr.sges.iter().map(|s| u64::from(s.length)).sum();
         if self.admit_recv(wr.wr_id, total)? {
             // An empty list goes in and the elements are copied into it there: no
