@@ -917,3 +917,64 @@ pub unsafe extern "C" fn swv_ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex 
     // Every QP of this library is an `ibv_qp_ex` with the `ibv_wr_*` operations filled.
     qp.cast()
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    /// `sges` reads a C `ibv_sge` array in place as `&[Sge]`: the layouts must agree (the
+    /// compile-time assertion above says so; this checks the values read through it).
+    #[test]
+    fn sge_is_ibv_sge() {
+        assert_eq!((size_of::<Sge>(), align_of::<Sge>()), (16, 8));
+        assert_eq!(
+            (size_of::<Sge>(), align_of::<Sge>()),
+            (size_of::<ibv_sge>(), align_of::<ibv_sge>())
+        );
+        assert_eq!(
+            [
+                offset_of!(Sge, addr),
+                offset_of!(Sge, length),
+                offset_of!(Sge, lkey)
+            ],
+            [
+                offset_of!(ibv_sge, addr),
+                offset_of!(ibv_sge, length),
+                offset_of!(ibv_sge, lkey)
+            ]
+        );
+        let c: Vec<ibv_sge> = (0..MAX_SGE as u32 + 1)
+            .map(|i| ibv_sge {
+                addr: 0x1122_3344_5566_7788 + u64::from(i),
+                length: 0x9900_0000 | i,
+                lkey: 0xabcd_ef00 | i,
+            })
+            .collect();
+        let n = MAX_SGE as c_int;
+        // SAFETY: `c` has more than `n` entries, alive for the test.
+        let got = unsafe { sges(c.as_ptr(), n) }.unwrap();
+        assert_eq!(got.len(), MAX_SGE);
+        for (s, w) in got.iter().zip(&c) {
+            assert_eq!(
+                *s,
+                Sge {
+                    addr: w.addr,
+                    length: w.length,
+                    lkey: Stag(w.lkey),
+                }
+            );
+        }
+        // The same list copied (`sgl`), and the refusals rdma-core's providers make.
+        // SAFETY: as above.
+        let copied = unsafe { sgl(c.as_ptr(), n) }.unwrap();
+        assert_eq!(copied.as_slice(), got);
+        // SAFETY: as above.
+        assert_eq!(unsafe { sges(c.as_ptr(), n + 1) }, Err(libc::EINVAL));
+        // SAFETY: a negative count reads nothing.
+        assert_eq!(unsafe { sges(c.as_ptr(), -1) }, Err(libc::EINVAL));
+        // SAFETY: a zero count reads nothing, not even a NULL array.
+        assert_eq!(unsafe { sges(std::ptr::null(), 0) }, Ok(&[][..]));
+    }
+}
