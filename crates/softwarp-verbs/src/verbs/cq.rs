@@ -443,7 +443,10 @@ mod tests {
         });
         assert_eq!(imm.wc_flags, IBV_WC_WITH_IMM);
         // SAFETY: plain integers.
-        assert_eq!(unsafe { imm.__bindgen_anon_1.imm_data }, 0x0102_0304u32.to_be());
+        assert_eq!(
+            unsafe { imm.__bindgen_anon_1.imm_data },
+            0x0102_0304u32.to_be()
+        );
         let inv = to_ibv_wc(&WorkCompletion {
             invalidated_stag: Some(Stag(0x4242)),
             ..base
