@@ -892,10 +892,10 @@ impl SendItem for SendWr<'_> {
     }
 }
 
-impl SendItem for &SendWr<'_> {
+impl<T: SendItem> SendItem for &T {
     #[inline(always)]
     fn wr(&self) -> SendWrRef<'_> {
-        self.borrowed()
+        (**self).wr()
     }
 }
 
@@ -929,18 +929,18 @@ impl RecvItem for RecvWr {
     }
 }
 
-impl RecvItem for &RecvWr {
+impl<T: RecvItem> RecvItem for &T {
     #[inline(always)]
     fn wr_id(&self) -> u64 {
-        self.wr_id
+        (**self).wr_id()
     }
     #[inline(always)]
     fn sge_count(&self) -> usize {
-        self.sgl.len()
+        (**self).sge_count()
     }
     #[inline(always)]
     fn post_to(&self, qp: &mut Qp) -> std::result::Result<(), softwarp_engine::qp::QpError> {
-        qp.post_recv_ref(self)
+        (**self).post_to(qp)
     }
 }
 
