@@ -1105,6 +1105,92 @@ mod tests {
         }
     }
 
+    /// True (after printing why) when this CPU cannot run the folding path, so a test of it
+    /// must skip.
+    #[cfg(target_arch = "x86_64")]
+    fn folding_unavailable() -> bool {
+        let ok = folding_available() && std::arch::is_x86_feature_detected!("sse4.2");
+        if !ok {
+            eprintln!("skipped: the CPU lacks AVX-512F, VPCLMULQDQ or SSE 4.2 (or Miri runs)");
+        }
+        !ok
+    }
+
+    /// A small deterministic generator (xorshift64) for offsets and lengths.
+    fn xorshift(s: &mut u64) -> u64 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn folding_crc_matches_crc32c_for_every_length_to_4096_at_every_offset_mod_64() {
+        if folding_unavailable() {
+            return;
+        }
+        let data = pattern(4096 + 64, 5);
+        let r = Region::new_zeroed(data.len()).unwrap();
+        r.write_at(0, &data).unwrap();
+        for len in 0..=4096 {
+            // Every byte alignment and every word of a 64-byte vector, in turn.
+            let offset = (len * 9) % 64;
+            let start = 0x9e37_79b9;
+            let want = crc32c::crc32c_append(start, &data[offset..offset + len]);
+            let fold = r.crc_with::<HwFold>(start, offset, len);
+            assert_eq!(fold, want, "offset {offset} len {len}");
+            // The three-stream CRC32-instruction path over the same range (a CPU without
+            // AVX-512 takes it), every 7th length to keep the test fast.
+            if len % 7 == 0 {
+                assert_eq!(
+                    r.crc_with::<Hw>(start, offset, len),
+                    want,
+                    "hw {offset} {len}"
+                );
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn folding_crc_matches_crc32c_over_large_random_ranges_of_owned_and_raw_regions() {
+        if folding_unavailable() {
+            return;
+        }
+        const LEN: usize = (1 << 20) + 77;
+        let data = pattern(LEN, 11);
+        let owned = Region::new_zeroed(LEN).unwrap();
+        owned.write_at(0, &data).unwrap();
+        let mut backing = vec![0u64; LEN / 8 + 2];
+        let raw = raw_at(&mut backing, 3, LEN);
+        raw.write_at(0, &data).unwrap();
+        let mut seed = 0x2545_f491_4f6c_dd1d;
+        for round in 0..24 {
+            let len = if round < 4 {
+                LEN - round // the whole region and nearly
+            } else {
+                (xorshift(&mut seed) % (LEN as u64 / 2)) as usize
+            };
+            let offset = (xorshift(&mut seed) % (LEN - len + 1) as u64) as usize;
+            let start = xorshift(&mut seed) as u32;
+            let want = crc32c::crc32c_append(start, &data[offset..offset + len]);
+            for (name, r) in [("owned", &owned), ("raw", &raw)] {
+                assert_eq!(
+                    r.crc_with::<HwFold>(start, offset, len),
+                    want,
+                    "{name} offset {offset} len {len}"
+                );
+                assert_eq!(
+                    r.crc32c_append(start, offset, len).unwrap(),
+                    want,
+                    "{name} offset {offset} len {len}"
+                );
+            }
+        }
+        drop(raw);
+    }
+
     #[test]
     fn crc_over_region_equals_crc_over_copy_for_unaligned_offsets_and_lengths_0_to_600_and_more() {
         let data = pattern(3100, 1);
