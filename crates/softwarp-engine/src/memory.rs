@@ -282,12 +282,13 @@ fn folding_available() -> bool {
         && std::arch::is_x86_feature_detected!("vpclmulqdq")
 }
 
-/// Word runs at least this long take [`Region::crc_words_folding`] (below it the
-/// three-stream CRC32-instruction loop is as fast: `examples/crc_speed`).
-const REGION_FOLDING_MIN: usize = 512;
-
 /// Bytes per round of [`Region::crc_words_folding`]: four 64-byte vectors.
 const FOLD_ROUND: usize = 256;
+
+/// Word runs at least this long take [`Region::crc_words_folding`]: one round already
+/// beats the three-stream CRC32-instruction loop (`examples/crc_speed`, 256-byte region
+/// CRC, best of five: 11.7 GB/s folding, 7.8 GB/s without; BENCHMARKS.md, issue 18).
+const REGION_FOLDING_MIN: usize = FOLD_ROUND;
 
 /// CRC32c's polynomial without its `x^32` term, normal (not reflected) bit order.
 const CRC32C_POLY: u64 = 0x1_1EDC_6F41;
