@@ -71,8 +71,19 @@
 //! holds no reference over the bytes they write (the runtime hands them raw pointers), and
 //! every Rust read of those bytes is an atomic load that really happens and is not assumed
 //! stable, which is the treatment the model gives to memory modified by another agent. The
-//! cost: no `memcpy` or SIMD CRC straight over region bytes; copies move a word per load and
-//! store and the CRC32 instruction eats one word per load (`BENCHMARKS-history.md`, "Memory model").
+//! cost: no `memcpy` or SIMD CRC straight over region bytes through Rust loads; copies move a
+//! word per load and store (`BENCHMARKS-history.md`, "Memory model").
+//!
+//! **The one exception: the CRC's vector loads.** On CPUs with AVX-512F and VPCLMULQDQ (asked
+//! at run time), [`Region::crc32c_append`] folds runs of 256 bytes and more with carry-less
+//! multiplication, and loads the region's words 64 bytes at a time with `vmovdqu64` inside
+//! `asm!` blocks (`Region::crc_words_folding`). An asm block's memory access is not a Rust
+//! access: like the kernel's, it happens outside the abstract machine, no reference over the
+//! bytes exists, and the compiler assumes nothing about what it reads (`readonly`, not `pure`:
+//! every load really happens). Each load covers eight whole aligned words of the word range,
+//! the bytes' own access unit, so a racing writer yields what eight relaxed `AtomicU64` loads
+//! would, a mix of old and new bytes, the contract above. Miri cannot run `asm!`, so under
+//! Miri the CRC keeps the word loads (`cfg!(miri)`).
 //!
 //! **Checking it.** The unit tests include a CRC over unaligned ranges of a region compared
 //! with the CRC of a copy, and racing writer/reader threads; `cargo +nightly miri test -p
@@ -683,10 +694,12 @@ impl Region {
     /// Continues a CRC32c computation over `len` bytes at `offset` (the engine's on-the-fly
     /// MPA CRC over placed or transmitted payload), from the standard CRC32c value `crc`.
     ///
-    /// The bytes are read by atomic loads (module docs), never through a slice, and each
-    /// loaded word goes straight into the CRC32 instruction: the aligned middle of the range
-    /// in three interleaved streams from 768 bytes on, the unaligned ends and a raw region's
-    /// byte units one piece at a time.
+    /// The bytes are never read through a slice (module docs). With AVX-512F and VPCLMULQDQ
+    /// (asked at run time), aligned word runs of 256 bytes and more are folded by carry-less
+    /// multiplication over `asm!` vector loads ([`Region::crc_words_folding`], as fast as
+    /// `crc_fast` over a slice); otherwise each atomically loaded word goes straight into the
+    /// CRC32 instruction, three interleaved streams from 768 bytes on; the unaligned ends and
+    /// a raw region's byte units go one piece at a time.
     #[inline]
     pub fn crc32c_append(&self, crc: u32, offset: usize, len: usize) -> Result<u32, MemoryError> {
         self.check(offset, len)?;
