@@ -294,18 +294,22 @@ fn folding_available() -> bool {
 }
 
 /// Bytes per round of [`Region::crc_words_folding`]: four 64-byte vectors.
+#[cfg(target_arch = "x86_64")]
 const FOLD_ROUND: usize = 256;
 
 /// Word runs at least this long take [`Region::crc_words_folding`]: one round already
 /// beats the three-stream CRC32-instruction loop (`examples/crc_speed`, 256-byte region
 /// CRC, best of five: 11.7 GB/s folding, 7.8 GB/s without; BENCHMARKS.md, issue 18).
+#[cfg(target_arch = "x86_64")]
 const REGION_FOLDING_MIN: usize = FOLD_ROUND;
 
 /// CRC32c's polynomial without its `x^32` term, normal (not reflected) bit order.
+#[cfg(target_arch = "x86_64")]
 const CRC32C_POLY: u64 = 0x1_1EDC_6F41;
 
 /// `x^n mod P` (CRC32c's polynomial), bit-reflected into 64 bits as the carry-less multiply
 /// of the reflected CRC takes it: bit `j` is the coefficient of `x^(63-j)`.
+#[cfg(target_arch = "x86_64")]
 const fn xpow_mod_reflected(n: u32) -> u64 {
     let mut r: u64 = 1;
     let mut i = 0;
@@ -324,15 +328,19 @@ const fn xpow_mod_reflected(n: u32) -> u64 {
 /// quadword (first in memory) holds `L · x^64` and the high one `H`, and a carry-less
 /// product of two reflected 64-bit values reads as the polynomial product times `x`, hence
 /// `x^(bits+63)` and `x^(bits-1)`.
+#[cfg(target_arch = "x86_64")]
 const fn fold_keys(bits: u32) -> [u64; 2] {
     [xpow_mod_reflected(bits + 63), xpow_mod_reflected(bits - 1)]
 }
 
 /// Keys of [`Region::crc_words_folding`], computed at compile time: one round forward.
+#[cfg(target_arch = "x86_64")]
 const KEYS_ROUND: [u64; 2] = fold_keys(8 * FOLD_ROUND as u32);
 /// One 64-byte vector forward.
+#[cfg(target_arch = "x86_64")]
 const KEYS_VECTOR: [u64; 2] = fold_keys(8 * 64);
 /// A vector's first three lanes onto its last: 48, 32 and 16 bytes forward.
+#[cfg(target_arch = "x86_64")]
 const KEYS_LANES: [[u64; 2]; 3] = [fold_keys(8 * 48), fold_keys(8 * 32), fold_keys(8 * 16)];
 
 impl Region {
