@@ -49,7 +49,7 @@ use crate::srq::Srq;
 pub const BIG_PAYLOAD: usize = 16 * 1024;
 /// Staging behind a large payload: room for the trailer, the next FPDU's header and a
 /// short FPDU after it, so that the last FPDU of a message (what is left after the
-/// 65,515-byte payloads of full FPDUs: 60 bytes of a 256 KiB Write, 240 of 1 MiB) comes
+/// 65,521-byte payloads of a Write's full FPDUs: 60 bytes of 256 KiB, 240 of 1 MiB) comes
 /// in with the read of the payload before it instead of costing a read of its own (a
 /// successful `readv` costs about 0.8 us on this kernel, a copy of 512 bytes some tens of
 /// nanoseconds). At most this many bytes of a following payload are copied per read.
@@ -59,10 +59,12 @@ const SMALL_STAGE: usize = 512;
 pub const COALESCE_MAX: usize = 2048;
 /// Largest batch of coalesced FPDUs per write.
 pub const BATCH_CAP: usize = 32 * 1024;
-/// About how many bytes of large FPDUs one write gathers: 16 FPDUs of 64 KiB on loopback,
-/// a message of 1 MiB in one `sendmsg` when the socket has room (a runtime that writes
-/// only once the socket has drained to half of what it holds offers that much).
-const GATHER_BYTES: usize = 1024 * 1024;
+/// About how many bytes of large FPDUs one write gathers: 16 FPDUs of 64 KiB on loopback
+/// and the short one after them, a message of 1 MiB in one `sendmsg` when the socket has
+/// room (a runtime that writes only once the socket has drained to half of what it holds
+/// offers that much). With exactly 1 MiB, the 16 full FPDUs (1,048,704 bytes) already
+/// passed it and the last 260 bytes of a 1 MiB Write went in a write of their own.
+const GATHER_BYTES: usize = 1024 * 1024 + 64 * 1024;
 
 /// Where a read puts its first bytes: a buffer inside the QP, or a range of a registered
 /// region. A reader that hands the region range to the kernel gets its address from
