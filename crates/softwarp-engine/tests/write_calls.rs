@@ -77,7 +77,7 @@ fn write_calls(len: usize, count: usize) -> Vec<usize> {
 
 #[test]
 fn a_lone_4_kib_write_goes_out_as_one_buffer() {
-    assert!(4096 + 20 <= LONE_COPY_MAX);
+    const { assert!(4096 + 20 <= LONE_COPY_MAX) };
     assert_eq!(write_calls(4096, 1), vec![1]);
 }
 
