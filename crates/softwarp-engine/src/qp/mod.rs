@@ -34,7 +34,7 @@ use crate::wr::{
 
 pub use pump::{
     copy_to_dest, ReadDest, ReadUntil, RecvEnd, RxEnv, RxResources, SendEnd, VectoredRead,
-    VectoredWrite, BATCH_CAP, BIG_PAYLOAD, COALESCE_MAX,
+    VectoredWrite, BATCH_CAP, BIG_PAYLOAD, COALESCE_MAX, LONE_COPY_MAX,
 };
 pub(crate) use rx::RxTarget;
 pub use terminate::TerminateLayout;

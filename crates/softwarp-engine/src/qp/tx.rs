@@ -194,8 +194,10 @@ impl<'a> TxFpdu<'a> {
     }
 }
 
-/// Most FPDUs one [`Qp::poll_tx_gather`] offers.
-pub(crate) const MAX_GATHER_FPDUS: usize = 16;
+/// Most FPDUs one [`Qp::poll_tx_gather`] offers: a 1 MiB message on loopback is 16 full
+/// FPDUs and a short one, all in one `sendmsg` (with 16 the short one went in a write of
+/// its own, and its receiver read it with a system call of its own).
+pub(crate) const MAX_GATHER_FPDUS: usize = 17;
 /// Most pieces one [`TxGather`] holds (an FPDU without markers has at most
 /// `MAX_SGE + 2`).
 const GATHER_PIECES: usize = 64;

@@ -1,0 +1,149 @@
+//! How many reads a large message costs the receiver, with the runtime's 64 KiB staging
+//! buffer and a source that has the whole message queued (a ping-pong's receiver, once its
+//! peer's `sendmsg` returned). Each read is a system call of about 0.8 us on the machine
+//! this was measured on (BENCHMARKS.md, issue 18): the count is the load-independent
+//! figure of the mid-size latency. Also: a read whose target is a buffer inside the QP (a
+//! header, a trailer) fills one buffer only, the staging buffer (the runtime then uses
+//! `recv` instead of the dearer two-buffer `readv`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod util;
+
+use softwarp_engine::mr::Access;
+use softwarp_engine::qp::{
+    copy_to_dest, ReadDest, ReadUntil, RecvEnd, RxEnv, StreamConfig, VectoredRead,
+};
+use softwarp_engine::wr::{Payload, SendOp, SendWr, SgList, WcStatus};
+use util::*;
+
+/// One read as the engine asked for it.
+#[derive(Debug, Clone, Copy)]
+struct Read {
+    /// The first buffer is a range of a region (zero copy), not a buffer inside the QP.
+    region: bool,
+    /// Bytes the first buffer takes.
+    dest: usize,
+    /// Bytes of staging behind it.
+    stage: usize,
+}
+
+/// A source with everything queued: each read takes all it asks for, as far as there is.
+struct Queued<'a> {
+    data: &'a [u8],
+    at: usize,
+    reads: Vec<Read>,
+}
+
+impl VectoredRead for Queued<'_> {
+    fn read_to(&mut self, dest: ReadDest<'_>, stage: &mut [u8]) -> std::io::Result<usize> {
+        let rest = &self.data[self.at..];
+        if rest.is_empty() {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        self.reads.push(Read {
+            region: matches!(dest, ReadDest::Region { .. }),
+            dest: dest.len(),
+            stage: stage.len(),
+        });
+        let got = copy_to_dest(rest, dest, stage)?;
+        self.at += got;
+        Ok(got)
+    }
+}
+
+/// Writes `len` bytes `count` times from `a` to `b`, each message received on its own
+/// before the next is sent; returns the reads of each message and checks the bytes.
+fn write_messages(len: usize, count: usize) -> Vec<Vec<Read>> {
+    let stream = StreamConfig::for_mss(65535);
+    let (mut a, mut b) = (Side::new(1, stream), Side::new(2, stream));
+    let (_src, sstag, siova, data) = a.filled_region(len, Access::NONE, 3);
+    let (sink, kstag, kiova) = b.region(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let mut stage = vec![0u8; 64 * 1024];
+    let mut per_message = Vec::new();
+    for i in 0..count {
+        let wr = SendWr {
+            wr_id: i as u64,
+            op: SendOp::Write {
+                remote_addr: kiova,
+                rkey: kstag,
+            },
+            payload: Payload::Sgl(SgList::single(sge(sstag, siova, 0, len as u32))),
+            signaled: true,
+            fence: false,
+        };
+        a.qp.post_send(&wr, &a.mrs).unwrap();
+        let mut wire = Vec::new();
+        a.transmit_with(&mut wire, true, || usize::MAX);
+        let mut src = Queued {
+            data: &wire,
+            at: 0,
+            reads: Vec::new(),
+        };
+        let mut budget = usize::MAX;
+        let mut res = RxEnv {
+            mrs: &mut b.mrs,
+            srq: None,
+        };
+        let end = b.qp.recv_from(
+            &mut src,
+            &mut stage,
+            &mut budget,
+            ReadUntil::ShortRead,
+            &mut res,
+        );
+        assert!(matches!(end, RecvEnd::Drained), "message {i}: {end:?}");
+        assert_eq!(src.at, wire.len(), "message {i}: not all read");
+        per_message.push(src.reads);
+        let wcs = a.send_wcs();
+        assert!(
+            wcs.iter().all(|wc| wc.status == WcStatus::Success),
+            "{wcs:?}"
+        );
+    }
+    assert_eq!(contents(&sink), data);
+    per_message
+}
+
+/// A 256 KiB Write on loopback is four full FPDUs (65,521 payload bytes each) and one of
+/// 60 bytes. Once the receiver knows messages are large, it reads the first header (with
+/// a little staging behind it), then each full payload straight into the sink with the
+/// trailer, the next header and (since the staging behind a payload holds a short FPDU)
+/// the whole last FPDU behind it: five reads. It was six, the last FPDU on its own.
+#[test]
+fn a_large_writes_short_last_fpdu_comes_with_the_payload_before_it() {
+    let reads = write_messages(256 * 1024, 3);
+    for (i, r) in reads.iter().enumerate().skip(1) {
+        assert_eq!(r.len(), 5, "message {i}: {r:?}");
+        assert_eq!(
+            r.iter().filter(|r| r.region).count(),
+            4,
+            "message {i}: {r:?}"
+        );
+    }
+}
+
+/// A 64 KiB Write: one full FPDU and one of 15 bytes; two reads (the header, then the
+/// payload with everything behind it). TCP's ping-pong reads it in one: the next FPDU's
+/// destination is known only once its header is in, and no byte is placed before that.
+#[test]
+fn a_64_kib_write_costs_two_reads_the_header_and_the_payload() {
+    let reads = write_messages(64 * 1024, 3);
+    for (i, r) in reads.iter().enumerate().skip(1) {
+        assert_eq!(r.len(), 2, "message {i}: {r:?}");
+        assert!(r[1].region, "message {i}: {r:?}");
+    }
+}
+
+/// A read that starts at a header (or any buffer inside the QP) fills only the staging
+/// buffer: one buffer per read, which the runtime reads with `recv`.
+#[test]
+fn header_reads_fill_one_buffer() {
+    for len in [4 * 1024, 64 * 1024, 256 * 1024] {
+        for (i, reads) in write_messages(len, 3).iter().enumerate() {
+            for r in reads.iter().filter(|r| !r.region) {
+                assert_eq!(r.dest, 0, "{len} B, message {i}: {reads:?}");
+                assert!(r.stage > 0, "{len} B, message {i}: {reads:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! The shape of the sender's writes for mid-size messages: a lone FPDU of up to
+//! `LONE_COPY_MAX` bytes (a ping-pong's 4 KiB message) goes out as one buffer (the runtime
+//! then uses `send`, cheaper than a three-piece `sendmsg` at that size), while a queue of
+//! them, and larger FPDUs, are still gathered from registered memory. The bytes that arrive
+//! are the same either way.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod util;
+
+use softwarp_engine::mr::Access;
+use softwarp_engine::qp::{StreamConfig, TxPiece, VectoredWrite, LONE_COPY_MAX};
+use softwarp_engine::wr::{Payload, SendOp, SendWr, SgList};
+use util::*;
+
+/// A writer that takes everything and records the non-empty pieces of each call.
+#[derive(Default)]
+struct Recorder {
+    out: Vec<u8>,
+    calls: Vec<usize>,
+}
+
+impl VectoredWrite for Recorder {
+    fn write_from(&mut self, pieces: &[TxPiece<'_>]) -> std::io::Result<usize> {
+        let mut n = 0;
+        let mut count = 0;
+        for p in pieces.iter().filter(|p| !p.is_empty()) {
+            let mut tmp = vec![0u8; p.len()];
+            assert_eq!(p.copy_to(&mut tmp), p.len());
+            self.out.extend_from_slice(&tmp);
+            n += p.len();
+            count += 1;
+        }
+        self.calls.push(count);
+        Ok(n)
+    }
+}
+
+/// Posts `count` Writes of `len` bytes, then transmits as the runtime does (with a batch
+/// buffer); returns the pieces of each write call, after checking what arrived.
+fn write_calls(len: usize, count: usize) -> Vec<usize> {
+    let stream = StreamConfig::for_mss(65535);
+    let (mut a, mut b) = (Side::new(1, stream), Side::new(2, stream));
+    let (_src, sstag, siova, data) = a.filled_region(len * count, Access::NONE, 9);
+    let (sink, kstag, kiova) = b.region(len * count, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    for i in 0..count {
+        let wr = SendWr {
+            wr_id: i as u64,
+            op: SendOp::Write {
+                remote_addr: kiova + (i * len) as u64,
+                rkey: kstag,
+            },
+            payload: Payload::Sgl(SgList::single(sge(
+                sstag,
+                siova,
+                (i * len) as u64,
+                len as u32,
+            ))),
+            signaled: true,
+            fence: false,
+        };
+        a.qp.post_send(&wr, &a.mrs).unwrap();
+    }
+    let mut rec = Recorder::default();
+    let mut batch = Vec::new();
+    for _ in 0..1000 {
+        let mut budget = usize::MAX;
+        let end = a.qp.send_to(&mut rec, Some(&mut batch), &mut budget);
+        if matches!(end, softwarp_engine::qp::SendEnd::Idle) {
+            break;
+        }
+    }
+    assert_eq!(b.receive_with(&rec.out, true, || usize::MAX), rec.out.len());
+    assert_eq!(contents(&sink), data, "{count} x {len} B");
+    assert_eq!(a.send_wcs().len(), count);
+    rec.calls
+}
+
+#[test]
+fn a_lone_4_kib_write_goes_out_as_one_buffer() {
+    const { assert!(4096 + 20 <= LONE_COPY_MAX) };
+    assert_eq!(write_calls(4096, 1), vec![1]);
+}
+
+#[test]
+fn a_queue_of_4_kib_writes_and_a_lone_16_kib_one_are_gathered() {
+    let calls = write_calls(4096, 4);
+    assert!(calls.iter().any(|&pieces| pieces > 1), "{calls:?}");
+    let calls = write_calls(16 * 1024, 1);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert!(calls[0] > 1, "{calls:?}");
+}
