@@ -123,9 +123,11 @@ static void server_round_late(struct rdma_cm_id *listen_id)
 	rdma_destroy_ep(id);
 }
 
-static void client_round_late(const char *port)
+/* The client's part before the end: connect with `nrecv` receives posted into msgs[0] and
+ * msgs[1], Send "last", receive the server's "bye" into msgs[0]. */
+static struct rdma_cm_id *client_exchange(const char *port, char (*msgs)[64], int nrecv,
+					  struct ibv_mr **mr)
 {
-	static char msgs[2][64];
 	struct rdma_addrinfo *res = addrinfo(port, 0);
 	struct ibv_qp_init_attr attr;
 	init_attr(&attr, 4);
@@ -133,22 +135,31 @@ static void client_round_late(const char *port)
 	struct ibv_wc wc;
 	CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0, "rdma_create_ep");
 	rdma_freeaddrinfo(res);
-	struct ibv_mr *mr = rdma_reg_msgs(id, msgs, sizeof msgs);
-	CHECK(mr, "rdma_reg_msgs");
-	memset(msgs, 0, sizeof msgs);
-	CHECK(rdma_post_recv(id, (void *)0, msgs[0], 64, mr) == 0, "post_recv");
-	CHECK(rdma_post_recv(id, (void *)1, msgs[1], 64, mr) == 0, "post_recv");
+	*mr = rdma_reg_msgs(id, msgs, 2 * 64);
+	CHECK(*mr, "rdma_reg_msgs");
+	memset(msgs, 0, 2 * 64);
+	for (int i = 0; i < nrecv; i++)
+		CHECK(rdma_post_recv(id, (void *)(intptr_t)i, msgs[i], 64, *mr) == 0, "post_recv");
 	CHECK(rdma_connect(id, NULL) == 0, "rdma_connect");
 	CHECK(rdma_post_send(id, NULL, "last", 4, NULL, IBV_SEND_INLINE | IBV_SEND_SIGNALED) == 0,
 	      "send last");
 	CHECK(rdma_get_send_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "last sent");
 	CHECK(rdma_get_recv_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "bye");
 	CHECK(wc.byte_len == 3 && memcmp(msgs[0], "bye", 3) == 0, "payload %.3s", msgs[0]);
+	return id;
+}
+
+static void client_round_late(const char *port)
+{
+	static char msgs[2][64];
+	struct ibv_mr *mr;
+	struct ibv_wc wc;
+	struct rdma_cm_id *id = client_exchange(port, msgs, 2, &mr);
 	long start = now_ms();
 	CHECK(rdma_disconnect(id) == 0, "rdma_disconnect");
 	long waited = now_ms() - start;
-	CHECK(waited >= SLOW_SERVER_MS, "rdma_disconnect returned after %ld ms, before the server's late Send",
-	      waited);
+	CHECK(waited >= SLOW_SERVER_MS,
+	      "rdma_disconnect returned after %ld ms, before the server's late Send", waited);
 	CHECK(rdma_get_recv_comp(id, &wc) > 0, "late");
 	CHECK(wc.status == IBV_WC_SUCCESS, "late: %s", ibv_wc_status_str(wc.status));
 	CHECK(wc.byte_len == 4 && memcmp(msgs[1], "late", 4) == 0, "payload %.4s", msgs[1]);
@@ -159,23 +170,10 @@ static void client_round_late(const char *port)
 
 static void client_round(const char *port, int round)
 {
-	static char bye[64];
-	struct rdma_addrinfo *res = addrinfo(port, 0);
-	struct ibv_qp_init_attr attr;
-	init_attr(&attr, 4);
-	struct rdma_cm_id *id;
+	static char msgs[2][64];
+	struct ibv_mr *mr;
 	struct ibv_wc wc;
-	CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0, "rdma_create_ep");
-	rdma_freeaddrinfo(res);
-	struct ibv_mr *mr = rdma_reg_msgs(id, bye, sizeof bye);
-	CHECK(mr, "rdma_reg_msgs");
-	CHECK(rdma_post_recv(id, NULL, bye, sizeof bye, mr) == 0, "post_recv");
-	CHECK(rdma_connect(id, NULL) == 0, "rdma_connect");
-	CHECK(rdma_post_send(id, NULL, "last", 4, NULL, IBV_SEND_INLINE | IBV_SEND_SIGNALED) == 0,
-	      "send last");
-	CHECK(rdma_get_send_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "last sent");
-	CHECK(rdma_get_recv_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "bye");
-	CHECK(wc.byte_len == 3 && memcmp(bye, "bye", 3) == 0, "payload %.3s", bye);
+	struct rdma_cm_id *id = client_exchange(port, msgs, 1, &mr);
 	usleep(SLOW_CLIENT_MS * 1000);
 	int rc = rdma_post_send(id, NULL, "late", 4, NULL, IBV_SEND_INLINE | IBV_SEND_SIGNALED);
 	CHECK(rc == 0, "post of the late Send refused: the server closed first");
