@@ -66,6 +66,7 @@ mod pump;
 
 use conn::Conn;
 pub(crate) use conn::{ConnObserver, LinkDown};
+pub(crate) use poller::RX_LOOK_PERIOD;
 use pump::TxEnd;
 
 use std::borrow::Borrow;
@@ -172,6 +173,15 @@ pub(crate) struct QpInner {
     /// it (statistics: the `watchdog` detail of `softwarp resources`).
     watch_armed: u64,
     watch_takeovers: u64,
+    /// Times the progress thread took the reading of this busy-polled QP over because its
+    /// polls had stopped, and times it handed it back (statistics: the `rx_takeover`
+    /// detail of `softwarp resources`).
+    rx_takeovers: u64,
+    rx_handbacks: u64,
+    /// Receive posts the application made so far: a QP whose polls stopped and whose
+    /// reading the progress thread took over is handed back once they go on (the
+    /// application takes receive completions and reposts).
+    recv_posts: u64,
     /// Posts that only queued their work behind a full socket (statistics: the
     /// `tx_deferred` detail of `softwarp resources`).
     tx_deferred: u64,
@@ -266,8 +276,19 @@ impl QpShared {
         let fd = g.conn.as_ref().map(|c| c.stream.as_fd());
         let view = crate::ras::QpView::take(&self.ras, &g.qp, g.info.as_ref(), fd);
         let view = match &g.conn {
-            Some(c) => view.with_attr("tx_by", c.tx_by()),
+            Some(c) => view
+                .with_attr("tx_by", c.tx_by())
+                .with_attr("rx_by", c.rx_by()),
             None => view,
+        };
+        let view = if g.rx_takeovers > 0 {
+            let t = format!(
+                "took_over={},handed_back={}",
+                g.rx_takeovers, g.rx_handbacks
+            );
+            view.with_attr("rx_takeover", &t)
+        } else {
+            view
         };
         let view = if g.tx_deferred > 0 {
             view.with_attr("tx_deferred", &g.tx_deferred.to_string())
@@ -444,6 +465,9 @@ impl QueuePair {
                 app_passes: 0,
                 watch_armed: 0,
                 watch_takeovers: 0,
+                rx_takeovers: 0,
+                rx_handbacks: 0,
+                recv_posts: 0,
                 tx_deferred: 0,
             }),
             count: Mutex::new(count),
@@ -676,6 +700,7 @@ impl QueuePair {
                 break;
             }
         }
+        g.recv_posts = g.recv_posts.wrapping_add(1);
         s.drain(&mut g);
         failed.map_or(Ok(()), Err)
     }
