@@ -147,6 +147,12 @@ impl CqShared {
         qps.push(Arc::downgrade(qp));
     }
 
+    /// Completions the application took from this CQ so far (statistics; the progress
+    /// thread's busy-poll receive look tells from it whether the application still polls).
+    pub(crate) fn polled(&self) -> u64 {
+        lock(&self.state).polled
+    }
+
     pub(crate) fn qps(&self) -> Vec<Arc<QpShared>> {
         lock(&self.qps).iter().filter_map(Weak::upgrade).collect()
     }
@@ -467,8 +473,9 @@ impl CompletionQueue {
     /// thread wake-up is then on the data path, which is what low latency needs on a
     /// machine where waking a thread on another core costs tens of microseconds.
     ///
-    /// A QP whose CQs nobody polls does not stall: when the application made no poll or
-    /// post on it for 10 to 20 ms and its socket has bytes to read, the progress thread
+    /// A QP whose CQs nobody polls does not stall: when bytes wait unread in its socket for
+    /// 10 to 20 ms while the application does nothing on it (no poll, post or completion
+    /// taken), the progress thread
     /// takes it over (reads and writes on readiness, as in the default mode) until the
     /// application's polls are back (it reposts receives, or its polls find the bytes
     /// first); likewise a full socket with bytes pending is written by the progress thread

@@ -39,10 +39,11 @@ pub(crate) struct Conn {
     /// (which writes as the socket drains) it leaves the socket alone, and once it stops,
     /// the progress thread registers for write readiness and sends the rest itself.
     pub(super) watch: Option<(u64, Instant)>,
-    /// The application's pass count at the progress thread's last receive look of a
-    /// busy-polled QP read by the polls (see [`QpShared::rx_look`]; `None` before the
-    /// first look and after a hand-back).
-    pub(super) rx_look: Option<u64>,
+    /// The application's activity (passes, receive posts and completions taken from its
+    /// CQs, summed) at the progress thread's last receive look of a busy-polled QP read by
+    /// the polls, and whether its socket was readable then (see [`QpShared::rx_look`];
+    /// `None` before the first look and after a hand-back).
+    pub(super) rx_look: Option<(u64, bool)>,
     /// Set while the progress thread reads a busy-polled QP whose polls stopped (receive
     /// take-over, [`QpShared::rx_look`]), until the polls are back
     /// ([`QpShared::rx_hand_back`]).

@@ -18,8 +18,9 @@ use crate::sys;
 const WATCH_PERIOD: Duration = Duration::from_millis(5);
 
 /// How often the progress thread looks whether the application still polls the CQs of its
-/// busy-polled QPs ([`QpShared::rx_look`]): a QP with bytes to read and no poll for between
-/// one and two periods is taken over.
+/// busy-polled QPs ([`QpShared::rx_look`]): a QP whose socket had bytes to read at two looks
+/// in a row, with no application activity on it in between, is taken over (10 to 20 ms
+/// after the application's last activity, or after the bytes came).
 pub(crate) const RX_LOOK_PERIOD: Duration = Duration::from_millis(10);
 
 /// Service passes in a row that find nothing to read while the application polls, after
@@ -172,8 +173,10 @@ impl QpShared {
     }
 
     /// The progress thread's receive look at a busy-polled QP that the application's polls
-    /// read: when the application made no pass (poll or post) since the previous look and
-    /// the socket has bytes to read (or an end of stream), nobody is polling its CQ; the
+    /// read: when the application did nothing on it since the previous look (no pass, that
+    /// is no post and no poll of an empty CQ; no receive posted; no completion taken from
+    /// its CQs) and the socket had bytes to read (or an end of stream) at both looks,
+    /// nobody is polling its CQ; the
     /// progress thread takes the QP over (its socket is registered for read and write
     /// readiness) until the polls are back ([`QpShared::rx_hand_back`]). Returns true then
     /// (the QP needs a service pass now). Skips a QP another thread holds: that thread is
@@ -189,6 +192,11 @@ impl QpShared {
             return false;
         }
         let passes = inner.app_passes;
+        // Each count only grows: their sum changes when any does.
+        let activity = passes
+            .wrapping_add(inner.recv_posts)
+            .wrapping_add(self.recv_cq.polled())
+            .wrapping_add(self.send_cq.polled());
         let Some(conn) = inner.conn.as_mut() else {
             return false;
         };
@@ -198,12 +206,13 @@ impl QpShared {
         if conn.read_interest || conn.read_closed {
             return false;
         }
-        if conn.rx_look != Some(passes) {
-            conn.rx_look = Some(passes);
-            return false;
-        }
         // A failed poll says readable: the service pass then meets the error.
-        if !sys::poll_readable(conn.stream.as_fd(), Some(Duration::ZERO)).unwrap_or(true) {
+        let readable =
+            sys::poll_readable(conn.stream.as_fd(), Some(Duration::ZERO)).unwrap_or(true);
+        let before = conn.rx_look.replace((activity, readable));
+        // Bytes that waited unread from one look to the next, with the application idle:
+        // not bytes that came just before its first poll (after a connect, say).
+        if before != Some((activity, true)) || !readable {
             return false;
         }
         let both = Interest::READABLE | Interest::WRITABLE;
