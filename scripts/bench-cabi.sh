@@ -14,16 +14,18 @@
 # C and native runs alternate (C, native, C, native, ...) so that a change in the machine's
 # state hits both.
 #
-# Polling, the same on both sides: busy where perftest can run busy (`softwarp exec
-# --busy-poll` and bench `--mode busy`: the thread polling the CQ moves the QP's bytes; a
-# side that never polls its CQ, the passive end of ib_write_bw/ib_read_bw, is taken over by
-# its progress thread after 10-20 ms), spin for write_lat (perftest's ib_write_lat spins on
-# the bytes of its buffer and polls its CQ only for its own sends, so only the progress
-# thread can read the peer's Write: bench `--mode spin` and plain `softwarp exec`).
-# `--mode spin` runs every row in spin mode. bench's loops yield after 32 empty polls by
-# default; perftest's never do, so bench runs with `--yield-every 0` (YIELD_EVERY=32 to
-# change it). perftest reports bandwidth and the typical (median) latency, half a round
-# trip for Send and Write, as bench does.
+# Polling, the same on both sides: spin. perftest (without -e) spins on ibv_poll_cq, and
+# ib_write_lat on the bytes of its buffer, while the device's progress thread moves the
+# bytes (plain `softwarp exec`); `softwarp bench -R` always runs so (it has no busy-poll
+# mode: send_bw's credit word and write_lat's byte are memory its loops wait on). bench's
+# loops yield after 32 empty polls by default; perftest's never do, so bench runs with
+# `--yield-every 0` (YIELD_EVERY=32 to change it). perftest reports bandwidth and the
+# typical (median) latency, half a round trip for Send and Write, as bench does. With
+# --busy, a further column runs perftest under `softwarp exec --busy-poll` (the thread
+# polling the CQ moves the bytes; a side that does not poll, such as the passive end of
+# ib_write_bw and ib_read_bw or ib_write_lat spinning on its buffer, is taken over by its
+# progress thread after 10-20 ms): C busy against C spin, not a comparison with the native
+# API.
 #
 # With --counts, the first C and native run of each row run under `perf stat` (both
 # processes): context switches and system calls (raw_syscalls:sys_enter) per message,
@@ -31,30 +33,29 @@
 #
 # Every process runs under `timeout`; a server that is not listening within 10 s is killed.
 # Wall clock: run it on a quiet machine (the table prints `uptime` before and after). Usage:
-#   scripts/bench-cabi.sh [--runs N] [--quick] [--no-build] [--mode busy|spin] [--counts]
+#   scripts/bench-cabi.sh [--runs N] [--quick] [--no-build] [--busy] [--counts]
 #                         [--only TOOL[,TOOL...]]
 #     --runs N    C and native runs per row (median; default 3); TCP: bench --runs N
 #     --quick     a tenth of the iterations (an indicative run on a busy machine)
 #     --no-build  use target/release as it is
-#     --mode M    busy (default: busy, spin for ib_write_lat) or spin (every row)
+#     --busy      also perftest under --busy-poll (median of N runs)
 #     --counts    context switches and system calls per message (needs perf)
 #     --only T    only these perftest tools' rows (e.g. ib_send_lat,ib_write_lat)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-runs=3 scale=1 build=1 mode=busy counts=0 only=
+runs=3 scale=1 build=1 busy=0 counts=0 only=
 while [ $# -gt 0 ]; do
   case $1 in
     --runs) runs=$2; shift 2 ;;
     --quick) scale=10; shift ;;
     --no-build) build=0; shift ;;
-    --mode) mode=$2; shift 2 ;;
+    --busy) busy=1; shift ;;
     --counts) counts=1; shift ;;
     --only) only=$2; shift 2 ;;
-    *) echo "usage: $0 [--runs N] [--quick] [--no-build] [--mode busy|spin] [--counts] [--only TOOLS]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--runs N] [--quick] [--no-build] [--busy] [--counts] [--only TOOLS]" >&2; exit 2 ;;
   esac
 done
-case $mode in busy | spin) ;; *) echo "--mode: busy or spin" >&2; exit 2 ;; esac
 need=(ib_write_bw ib_send_bw ib_read_bw ib_send_lat ib_write_lat python3 timeout)
 [ "$counts" = 1 ] && need+=(perf)
 for t in "${need[@]}"; do
@@ -79,14 +80,14 @@ listening() { # PORT: true once something listens on it (without connecting to i
     /proc/net/tcp /proc/net/tcp6 2>/dev/null
 }
 
-# pair PORT OUT COUNT SERVER-CMD... -- CLIENT-CMD...: runs the server, waits until it
+# pair PORT OUT COUNT SERVER-CMD... :: CLIENT-CMD...: runs the server, waits until it
 # listens on PORT, runs the client; OUT.srv/OUT.cli get their output. With COUNT=1 both
 # run under perf stat (OUT.srv.perf, OUT.cli.perf). False when either fails.
 pair() {
   local port=$1 out=$2 count=$3 srv i
   shift 3
   local scmd=() ccmd=()
-  while [ "$1" != -- ]; do scmd+=("$1"); shift; done
+  while [ "$1" != :: ]; do scmd+=("$1"); shift; done
   shift
   ccmd=("$@")
   local sp=() cp=()
@@ -137,7 +138,7 @@ c_once() {
   case $tool in *_bw) args+=(--report_gbits) ;; esac
   local ex=("$sw" exec)
   [ "$m" = busy ] && ex+=(--busy-poll)
-  if ! pair "$port" "$out" "$count" "${ex[@]}" -- "$tool" "${args[@]}" -- \
+  if ! pair "$port" "$out" "$count" "${ex[@]}" -- "$tool" "${args[@]}" :: \
     "${ex[@]}" -- "$tool" "${args[@]}" 127.0.0.1; then
     echo "- - -"
     return
@@ -171,7 +172,7 @@ native_once() {
   rm -f "$out".*
   local args=(-R -p "$port" -s "$size" -n "$iters" -t 128 -l 1 --mode "$m"
     --yield-every "$yield_every" --json)
-  if ! pair "$port" "$out" "$count" "$sw" bench "$shape" "${args[@]}" -- \
+  if ! pair "$port" "$out" "$count" "$sw" bench "$shape" "${args[@]}" :: \
     "$sw" bench "$shape" 127.0.0.1 "${args[@]}"; then
     echo "- - -"
     return
@@ -185,7 +186,7 @@ tcp() {
   local shape=$1 size=$2 iters=$3 m=$4 port out
   port=$(free_port)
   out=$tmp/t-$shape-$size
-  if ! pair "$port" "$out" 0 "$sw" bench -p "$port" --mode "$m" --yield-every "$yield_every" -- \
+  if ! pair "$port" "$out" 0 "$sw" bench -p "$port" --mode "$m" --yield-every "$yield_every" :: \
     "$sw" bench "$shape" 127.0.0.1 -p "$port" -s "$size" -n "$iters" -t 128 -l 1 --mode "$m" \
     --yield-every "$yield_every" --runs "$runs" --json; then
     echo "-"
@@ -202,41 +203,49 @@ print(f"{statistics.median(v):.3f}" if v else "-")
 EOF
 }
 
-echo "# scripts/bench-cabi.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD), runs $runs, iterations / $scale, mode $mode, yield-every $yield_every"
+echo "# scripts/bench-cabi.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD), runs $runs, iterations / $scale, mode spin, yield-every $yield_every"
 echo "# before: $(uptime)"
 echo
-hdr="| test | size | iterations | mode | perftest over the C ABI | softwarp bench -R (native) | raw TCP | C / native | C - native |"
-sep="|---|---|---|---|---|---|---|---|---|"
+hdr="| test | size | iterations | perftest over the C ABI | softwarp bench -R (native) | raw TCP | C / native | C - native |"
+sep="|---|---|---|---|---|---|---|---|"
 if [ "$counts" = 1 ]; then
   hdr="$hdr context switches / msg, C (native) | system calls / msg, C (native) |"
   sep="$sep---|---|"
 fi
+if [ "$busy" = 1 ]; then
+  hdr="$hdr perftest over the C ABI, --busy-poll |"
+  sep="$sep---|"
+fi
 echo "$hdr"
 echo "$sep"
 row() { # TOOL SHAPE SIZE ITERS
-  local tool=$1 shape=$2 size=$3 iters=$(( $4 / scale )) m=$mode i cv=() nv=() r
+  local tool=$1 shape=$2 size=$3 iters=$(( $4 / scale )) i cv=() nv=() bv=() r
   if [ -n "$only" ] && [[ ",$only," != *",$tool,"* ]]; then
     return
   fi
-  [ "$tool" = ib_write_lat ] && m=spin
   local ccnt="- -" ncnt="- -"
   for i in $(seq 1 "$runs"); do
     local first=0
     [ "$i" = 1 ] && first=$counts
-    r=$(c_once "$tool" "$size" "$iters" "$m" "$first")
+    r=$(c_once "$tool" "$size" "$iters" spin "$first")
     cv+=("${r%% *}")
     [ "$first" = 1 ] && ccnt=${r#* }
-    r=$(native_once "$shape" "$size" "$iters" "$m" "$first")
+    r=$(native_once "$shape" "$size" "$iters" spin "$first")
     nv+=("${r%% *}")
     [ "$first" = 1 ] && ncnt=${r#* }
+    if [ "$busy" = 1 ]; then
+      r=$(c_once "$tool" "$size" "$iters" busy 0)
+      bv+=("${r%% *}")
+    fi
   done
-  local c n t
+  local c n t b=-
   c=$(median "${cv[@]}")
   n=$(median "${nv[@]}")
-  t=$(tcp "$shape" "$size" "$iters" "$m")
-  python3 - "$tool" "$size" "$iters" "$m" "$c" "$n" "$t" "$counts" $ccnt $ncnt <<'EOF'
+  [ "$busy" = 1 ] && b=$(median "${bv[@]}")
+  t=$(tcp "$shape" "$size" "$iters" spin)
+  python3 - "$tool" "$size" "$iters" "$c" "$n" "$t" "$counts" "$busy" "$b" $ccnt $ncnt <<'EOF'
 import sys
-tool, size, iters, m, c, n, t, counts, ccs, csys, ncs, nsys = sys.argv[1:]
+tool, size, iters, c, n, t, counts, busy, b, ccs, csys, ncs, nsys = sys.argv[1:]
 bw = tool.endswith("_bw")
 unit = " Gbit/s" if bw else " us"
 def show(x):
@@ -246,9 +255,11 @@ if c != "-" and n != "-" and float(n) > 0:
     diff = "" if bw else f"{float(c) - float(n):+.2f} us"
 else:
     ratio, diff = "-", "-"
-line = f"| {tool} -R | {size} | {iters} | {m} | {show(c)} | {show(n)} | {show(t)} | {ratio} | {diff} |"
+line = f"| {tool} -R | {size} | {iters} | {show(c)} | {show(n)} | {show(t)} | {ratio} | {diff} |"
 if counts == "1":
     line += f" {ccs} ({ncs}) | {csys} ({nsys}) |"
+if busy == "1":
+    line += f" {show(b)} |"
 print(line)
 EOF
 }
