@@ -3,7 +3,7 @@
 //!
 //! The engine decides everything about the bytes, including how they are staged, coalesced
 //! and gated; the runtime hands it the socket, holds the locks, registers with epoll,
-//! closes and lingers, and runs the write watchdog. By job:
+//! closes and lingers, and runs the write watchdog and the receive take-over. By job:
 //!
 //! - this file: [`QueuePair`] (the verbs handle: create, post, modify, connect) and the
 //!   state it shares with the progress thread ([`QpShared`]: the QP lock, draining
@@ -13,7 +13,8 @@
 //! - `pump`: the passes that move bytes through [`Qp::recv_from`] and [`Qp::send_to`] (the
 //!   progress thread's `service`, a busy-polling thread's `busy_pass`, the posting thread's
 //!   transmit) and the receive stall look;
-//! - `poller`: epoll registration of busy-polled QPs and the write watchdog.
+//! - `poller`: epoll registration of busy-polled QPs, the write watchdog and the receive
+//!   take-over (the progress thread serves a busy-polled QP whose polls stopped).
 //!
 //! # Walk of a posted Send
 //!
