@@ -196,13 +196,18 @@ fn a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out() {
 /// `e`'s QP's write watchdog statistics (its `watchdog` detail): times armed, times the
 /// progress thread took over. `None` before it was first armed.
 fn watchdog(e: &End) -> Option<(u64, u64)> {
-    let d = qp_detail(e, "watchdog")?;
+    two_counts(e, "watchdog", "armed=", "took_over=")
+}
+
+/// Two counts of a `k1=N,k2=M` detail of `e`'s QP.
+fn two_counts(e: &End, detail: &str, k1: &str, k2: &str) -> Option<(u64, u64)> {
+    let d = qp_detail(e, detail)?;
     let num = |k: &str| -> Option<u64> {
         d.split(',')
             .find_map(|kv| kv.strip_prefix(k))
             .and_then(|v| v.parse().ok())
     };
-    Some((num("armed=")?, num("took_over=")?))
+    Some((num(k1)?, num(k2)?))
 }
 
 /// Who writes `e`'s QP's socket when it drains (its `tx_by` detail in the RAS resources).
@@ -303,11 +308,5 @@ fn a_busy_polled_qp_whose_cq_nobody_polls_still_receives() {
 /// `e`'s QP's receive take-over statistics (its `rx_takeover` detail): times the progress
 /// thread took the reading over, times it handed it back to the polls.
 fn rx_takeover(e: &End) -> Option<(u64, u64)> {
-    let d = qp_detail(e, "rx_takeover")?;
-    let num = |k: &str| -> Option<u64> {
-        d.split(',')
-            .find_map(|kv| kv.strip_prefix(k))
-            .and_then(|v| v.parse().ok())
-    };
-    Some((num("took_over=")?, num("handed_back=")?))
+    two_counts(e, "rx_takeover", "took_over=", "handed_back=")
 }
