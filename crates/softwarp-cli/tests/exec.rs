@@ -259,7 +259,8 @@ fn resources_of_a_c_program_name_the_c_function_that_created_each() {
         .split_whitespace()
         .filter_map(|w| w.parse().ok())
         .collect();
-    assert!(ready.starts_with("ready ") && qpns.len() == 2, "{ready:?}");
+    assert!(ready.starts_with("ready ") && qpns.len() == 3, "{ready:?}");
+    let port = qpns[2];
 
     let mut listing = softwarp();
     listing.args(["resources", "--json"]);
@@ -283,7 +284,8 @@ fn resources_of_a_c_program_name_the_c_function_that_created_each() {
     let resources = json["resources"].as_array().expect("a resource list");
     // Every object the program made, each with the function that made it: the second
     // device is the connection manager's, opened by the `rdma_bind_addr` of make_listener,
-    // whose `rdma_listen` made the listener.
+    // whose `rdma_listen` made the listener; the rdma_cm ids, with or without a QP, are
+    // listed too.
     let expected = [
         ("device", None, "make_context"),
         ("pd", None, "make_pd"),
@@ -294,6 +296,8 @@ fn resources_of_a_c_program_name_the_c_function_that_created_each() {
         ("srq", None, "make_srq"),
         ("device", None, "make_listener"),
         ("listener", None, "make_listener"),
+        ("cm_id", None, "make_id"),
+        ("cm_id", None, "make_resolved_id"),
     ];
     assert_eq!(resources.len(), expected.len(), "{json}");
     for (kind, id, function) in expected {
@@ -306,6 +310,30 @@ fn resources_of_a_c_program_name_the_c_function_that_created_each() {
         });
         assert!(found, "no {kind} {id:?} created at {want}... in {json}");
     }
+    // The ids' states and addresses as rdma-core names them.
+    let id_of = |function: &str| {
+        let want = format!("{}({function}+0x", exe.display());
+        resources
+            .iter()
+            .find(|r| {
+                r["kind"] == "cm_id" && r["caller"].as_str().is_some_and(|c| c.starts_with(&want))
+            })
+            .unwrap_or_else(|| panic!("no cm_id from {function} in {json}"))
+    };
+    let listening = id_of("make_id");
+    assert_eq!(listening["details"]["state"], "LISTEN", "{listening}");
+    assert_eq!(
+        listening["details"]["local_addr"],
+        format!("127.0.0.1:{port}"),
+        "{listening}"
+    );
+    let resolved = id_of("make_resolved_id");
+    assert_eq!(resolved["details"]["state"], "ADDR_RESOLVED", "{resolved}");
+    assert_eq!(
+        resolved["details"]["peer_addr"],
+        format!("127.0.0.1:{port}"),
+        "{resolved}"
+    );
     let table = String::from_utf8_lossy(&table.stdout);
     let qp_row = table
         .lines()

@@ -4,9 +4,11 @@
 //! `crc32c` crate both replace. (The short loop is compiled in for inputs under 512 bytes
 //! only; longer ones go to the `crc32c` crate, so its column repeats the crate's there.)
 //! The last column is the CRC the engine runs over payload in a registered region
-//! (`Region::crc32c_append`): words loaded atomically (the memory model of
-//! `softwarp_engine::memory`) straight into the CRC32 instruction, three interleaved streams
-//! from 768 bytes on.
+//! (`Region::crc32c_append`): from 256 bytes on, on CPUs with AVX-512F and VPCLMULQDQ,
+//! carry-less-multiply folding over 64-byte `asm!` loads (never a slice over region memory:
+//! the memory model of `softwarp_engine::memory`); otherwise, and for shorter ranges and the
+//! ends, words loaded atomically into the CRC32 instruction, three interleaved streams from
+//! 768 bytes on.
 //!
 //! ```text
 //! cargo run --release -p softwarp-engine --example crc_speed
@@ -57,7 +59,7 @@ fn main() {
         "{:>8}  {:>12}  {:>12}  {:>12}  {:>12}",
         "bytes", "crc_fast", "short loop", "crc32c crate", "region"
     );
-    for size in [88usize, 256, 4096, 65536, 1 << 20] {
+    for size in [88usize, 256, 512, 1024, 4096, 32768, 65536, 1 << 20] {
         let fast = gb_per_s(size, |b| {
             crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, b) as u32
         });

@@ -42,7 +42,9 @@ use thiserror::Error;
 use crate::memory::Region;
 
 /// Steering Tag: names a registered memory region on the wire (RFC 5040 section 2.1).
+/// `repr(transparent)`: laid out as its `u32` (an [`crate::wr::Sge`] is `ibv_sge`'s layout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[repr(transparent)]
 pub struct Stag(pub u32);
 
 impl Stag {

@@ -93,6 +93,11 @@ impl<T> Ring<T> {
     pub(crate) fn front_mut(&mut self) -> Option<&mut T> {
         self.items.front_mut()
     }
+    /// The newest item (the one the last push appended).
+    #[inline]
+    pub(crate) fn back_mut(&mut self) -> Option<&mut T> {
+        self.items.back_mut()
+    }
     pub(crate) fn get(&self, i: usize) -> Option<&T> {
         self.items.get(i)
     }

@@ -10,7 +10,12 @@ pub const MAX_INLINE: usize = 256;
 
 /// One scatter/gather element: `length` bytes at virtual address (TO) `addr` of the
 /// registration named by `lkey`.
+///
+/// `repr(C)` with the layout of libibverbs' `struct ibv_sge` (a `u64` address, a `u32`
+/// length, a `u32` key; 16 bytes), so that a C scatter/gather list can be used in place as
+/// a `&[Sge]` ([`SendWrRef`], [`RecvWrRef`]). The verbs crate asserts that the layouts match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
 pub struct Sge {
     /// Address (tagged offset) of the first byte, in the registration's IOVA space.
     pub addr: u64,
@@ -45,10 +50,21 @@ impl SgList {
     #[inline]
     pub fn from_slice(sges: &[Sge]) -> Option<Self> {
         let mut l = Self::new();
-        for s in sges {
-            l.push(*s).ok()?;
+        l.assign(sges).then_some(l)
+    }
+    /// Makes the list `sges` (copied in place, one element without a `memcpy` call); false,
+    /// the list unchanged, when `sges` has more than [`MAX_SGE`] elements.
+    #[inline]
+    pub fn assign(&mut self, sges: &[Sge]) -> bool {
+        match sges {
+            [one] => self.sges[0] = *one,
+            _ => match self.sges.get_mut(..sges.len()) {
+                Some(dst) => dst.copy_from_slice(sges),
+                None => return false,
+            },
         }
-        Some(l)
+        self.len = sges.len();
+        true
     }
     /// Appends an element; gives it back when the list is full.
     #[inline]
@@ -212,6 +228,51 @@ pub struct SendWr<'a> {
     pub fence: bool,
 }
 
+impl SendWr<'_> {
+    /// The work request as a [`SendWrRef`] (its SGL borrowed, nothing copied but the fields).
+    #[inline]
+    pub fn borrowed(&self) -> SendWrRef<'_> {
+        SendWrRef {
+            wr_id: self.wr_id,
+            op: self.op,
+            payload: match &self.payload {
+                Payload::Sgl(sgl) => PayloadRef::Sges(sgl.as_slice()),
+                Payload::Inline(bytes) => PayloadRef::Inline(bytes),
+            },
+            signaled: self.signaled,
+            fence: self.fence,
+        }
+    }
+}
+
+/// Where the data of a [`SendWrRef`] comes from: as [`Payload`], the SGL borrowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadRef<'a> {
+    /// Registered memory named by these scatter/gather elements (at most [`MAX_SGE`]; a
+    /// post refuses more).
+    Sges(&'a [Sge]),
+    /// Inline data, copied into the send queue at post time (at most [`MAX_INLINE`] bytes;
+    /// not valid for RDMA Read).
+    Inline(&'a [u8]),
+}
+
+/// A send work request whose scatter/gather list is borrowed (say, a C `ibv_send_wr`'s
+/// `sg_list` used in place): the same fields as [`SendWr`] without the inline
+/// [`SgList`], so that a post copies each element once, into the send queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendWrRef<'a> {
+    /// Opaque id returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// The data.
+    pub payload: PayloadRef<'a>,
+    /// Generate a completion on success (errors always complete).
+    pub signaled: bool,
+    /// Do not start this WR before every earlier RDMA Read has completed (IBV_SEND_FENCE).
+    pub fence: bool,
+}
+
 /// A receive queue work request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvWr {
@@ -221,49 +282,62 @@ pub struct RecvWr {
     pub sgl: SgList,
 }
 
-/// Completion status, named after `ibv_wc_status`.
+/// A receive work request whose scatter/gather list is borrowed (a C `ibv_recv_wr`'s
+/// `sg_list` used in place); the post copies the elements into the receive queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvWrRef<'a> {
+    /// Opaque id returned in the completion.
+    pub wr_id: u64,
+    /// Where an incoming Send's payload goes (at most [`MAX_SGE`] elements; a post
+    /// refuses more).
+    pub sges: &'a [Sge],
+}
+
+/// Completion status, named after `ibv_wc_status`, whose values the discriminants are (so
+/// that the C ABI converts with a cast; the verbs crate tests each against rdma-core's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WcStatus {
     /// The work request completed.
-    Success,
+    Success = 0,
     /// A received message was longer than the receive buffer.
-    LocLenErr,
+    LocLenErr = 1,
     /// Local QP operation error (e.g. a malformed WR detected at execution).
-    LocQpOpErr,
+    LocQpOpErr = 2,
     /// Local protection error: an SGE's lkey, PD, rights or bounds are wrong.
-    LocProtErr,
+    LocProtErr = 4,
     /// The work request was flushed because the QP is in the Error state.
-    WrFlushErr,
+    WrFlushErr = 5,
     /// The peer reported a remote access error (its Terminate named a protection error).
-    RemAccessErr,
+    RemAccessErr = 10,
     /// The peer reported an invalid request (bad opcode, no buffer, message too long ...).
-    RemInvReqErr,
+    RemInvReqErr = 9,
     /// The peer reported a remote operation error.
-    RemOpErr,
+    RemOpErr = 11,
     /// A fatal error (e.g. a CRC error on the stream).
-    FatalErr,
+    FatalErr = 19,
     /// Any other error.
-    GeneralErr,
+    GeneralErr = 21,
 }
 
-/// Which kind of work request completed, named after `ibv_wc_opcode`.
+/// Which kind of work request completed, named after `ibv_wc_opcode`, whose values the
+/// discriminants are (as for [`WcStatus`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WcOpcode {
     /// A Send (any variant).
-    Send,
+    Send = 0,
     /// An RDMA Write.
-    RdmaWrite,
+    RdmaWrite = 1,
     /// An RDMA Read.
-    RdmaRead,
+    RdmaRead = 2,
     /// A receive.
-    Recv,
+    Recv = 128,
     /// An atomic FetchAdd (the original value is in the local SGL).
-    FetchAdd,
+    FetchAdd = 4,
     /// An atomic CmpSwap (the original value is in the local SGL).
-    CmpSwap,
+    CmpSwap = 3,
     /// A receive consumed by the Immediate Data of an RDMA Write with Immediate: `imm` holds
     /// the value and `byte_len` the length of the RDMA Write.
-    RecvRdmaWithImm,
+    RecvRdmaWithImm = 129,
 }
 
 /// One work completion.

@@ -819,3 +819,71 @@ fn a_receive_wr_of_more_than_4_gib_is_refused_at_post_time_on_the_rq_and_the_srq
     .unwrap();
     assert_eq!(srq.len(), 1);
 }
+
+#[test]
+fn borrowed_work_requests_post_as_owned_ones_and_refuse_more_than_max_sge() {
+    use softwarp_engine::wr::{PayloadRef, RecvWrRef, SendWrRef, MAX_SGE};
+    let mut p = Pair::new(Split::Whole, stream());
+    let (_s, stag, iova, data) = p.a.filled_region(300, Access::NONE, 7);
+    let (dst, dstag, diova) = p.b.region(400, Access::LOCAL_WRITE);
+    // A receive of three SGEs and a Send gathered from two, both borrowed.
+    let rsges = [
+        sge(dstag, diova, 0, 100),
+        sge(dstag, diova, 200, 50),
+        sge(dstag, diova, 300, 100),
+    ];
+    p.b.qp
+        .post_recv_borrowed(RecvWrRef {
+            wr_id: 21,
+            sges: &rsges,
+        })
+        .unwrap();
+    let ssges = [sge(stag, iova, 0, 120), sge(stag, iova, 150, 80)];
+    let send = |wr_id, payload| SendWrRef {
+        wr_id,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        payload,
+        signaled: true,
+        fence: false,
+    };
+    p.a.qp
+        .post_send_ref(send(11, PayloadRef::Sges(&ssges)), &p.a.mrs)
+        .unwrap();
+    // More than MAX_SGE elements: refused on both queues, nothing queued.
+    let many = [sge(stag, iova, 0, 1); MAX_SGE + 1];
+    assert_eq!(
+        p.a.qp
+            .post_send_ref(send(12, PayloadRef::Sges(&many)), &p.a.mrs),
+        Err(QpError::TooManySges(MAX_SGE + 1))
+    );
+    assert_eq!(
+        p.b.qp.post_recv_borrowed(RecvWrRef {
+            wr_id: 22,
+            sges: &many,
+        }),
+        Err(QpError::TooManySges(MAX_SGE + 1))
+    );
+    p.drive();
+    let sent: Vec<u8> = [&data[..120], &data[150..230]].concat();
+    let got = contents(&dst);
+    assert_eq!(&got[..100], &sent[..100]);
+    assert_eq!(&got[200..250], &sent[100..150]);
+    assert_eq!(&got[300..350], &sent[150..200]);
+    let s = p.a.send_wcs();
+    let r = p.b.recv_wcs();
+    assert_eq!(
+        s.iter()
+            .map(|w| (w.wr_id, w.status, w.byte_len))
+            .collect::<Vec<_>>(),
+        [(11, WcStatus::Success, 200)]
+    );
+    assert_eq!(
+        r.iter()
+            .map(|w| (w.wr_id, w.status, w.byte_len))
+            .collect::<Vec<_>>(),
+        [(21, WcStatus::Success, 200)]
+    );
+}

@@ -50,11 +50,14 @@ pub enum ResourceKind {
     Srq,
     /// A connection listener.
     Listener,
+    /// A connection manager id (`struct rdma_cm_id` of the C library), with or without a QP.
+    #[serde(rename = "cm_id")]
+    CmId,
 }
 
 impl ResourceKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [ResourceKind; 8] = [
+    pub const ALL: [ResourceKind; 9] = [
         ResourceKind::Device,
         ResourceKind::Pd,
         ResourceKind::Mr,
@@ -63,6 +66,7 @@ impl ResourceKind {
         ResourceKind::Qp,
         ResourceKind::Srq,
         ResourceKind::Listener,
+        ResourceKind::CmId,
     ];
 
     /// The kind's name (`qp`, `mr`, ...).
@@ -76,6 +80,7 @@ impl ResourceKind {
             ResourceKind::Qp => "qp",
             ResourceKind::Srq => "srq",
             ResourceKind::Listener => "listener",
+            ResourceKind::CmId => "cm_id",
         }
     }
 }
@@ -88,7 +93,7 @@ impl fmt::Display for ResourceKind {
 
 /// The text is not a resource kind.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown resource kind {0:?} (device, pd, mr, mw, cq, qp, srq, listener)")]
+#[error("unknown resource kind {0:?} (device, pd, mr, mw, cq, qp, srq, listener, cm_id)")]
 pub struct UnknownKind(pub String);
 
 impl FromStr for ResourceKind {

@@ -84,7 +84,9 @@ macro_rules! caller_wrappers {
     };
 }
 
-use crate::cm::id::{swv_rdma_bind_addr, swv_rdma_get_devices, swv_rdma_resolve_addr};
+use crate::cm::id::{
+    swv_rdma_bind_addr, swv_rdma_create_id, swv_rdma_get_devices, swv_rdma_resolve_addr,
+};
 use crate::cm::id::{
     swv_rdma_create_ep, swv_rdma_create_qp, swv_rdma_create_qp_ex, swv_rdma_create_srq,
     swv_rdma_create_srq_ex, swv_rdma_get_request, swv_rdma_listen,
@@ -117,6 +119,9 @@ caller_wrappers! {
     swvc_create_qp_ex => create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
     swvc_create_cq_ex => create_cq_ex(ctx: *mut ibv_context, attr: *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
     swvc_rdma_get_devices => swv_rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_context;
+    swvc_rdma_create_id => swv_rdma_create_id(
+        channel: *mut rdma_event_channel, out: *mut *mut rdma_cm_id, context: *mut c_void,
+        ps: rdma_port_space) -> c_int;
     swvc_rdma_bind_addr => swv_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int;
     swvc_rdma_resolve_addr => swv_rdma_resolve_addr(
         id: *mut rdma_cm_id, src: *mut sockaddr, dst: *mut sockaddr, timeout_ms: c_int) -> c_int;
@@ -149,6 +154,7 @@ std::arch::global_asm!(
     ".hidden swv_ibv_create_srq",
     ".hidden swv_ibv_create_qp",
     ".hidden swv_rdma_get_devices",
+    ".hidden swv_rdma_create_id",
     ".hidden swv_rdma_bind_addr",
     ".hidden swv_rdma_resolve_addr",
     ".hidden swv_rdma_listen",

@@ -16,6 +16,7 @@
 //! | `SOFTWARP_MPA_TIMEOUT_MS` | TCP connect and MPA exchange bound | 5000 |
 //! | `SOFTWARP_BUSY_POLL` | `1`: CQs made without a completion channel are busy-polled (`CompletionQueue::set_busy_poll`: the thread polling the CQ moves its QPs' bytes; when its polls stop for 10-20 ms with bytes waiting, the progress thread moves them until they are back, so nothing stalls) | off |
 //! | `SOFTWARP_CLOSE_WAIT_MS` | how long a responder's `rdma_disconnect`/`ibv_destroy_qp` waits for the initiator to close first ([`crate::cm::teardown`]); `0`: close at once | 2000 |
+//! | `SOFTWARP_INITIATOR_CLOSE_WAIT_MS` | how long an initiator's `rdma_disconnect`/`ibv_destroy_qp` waits for the responder to close first ([`crate::cm::teardown`]); `0`: close at once | 50 |
 //! | `SOFTWARP_CONNECT_RETRIES` | how many times `rdma_connect` tries again when the TCP connection is refused (nothing listens yet) | 0 |
 //! | `SOFTWARP_CONNECT_RETRY_MS` | the pause before each of those tries | 100 |
 
@@ -62,6 +63,22 @@ pub fn close_wait() -> Duration {
 /// The default of [`close_wait`]: room for a peer under emulation (siw in a TCG guest) to
 /// finish its last Send and close.
 pub const DEFAULT_CLOSE_WAIT: Duration = Duration::from_millis(2000);
+
+/// The bound of an initiator's wait for its peer to close first
+/// (`SOFTWARP_INITIATOR_CLOSE_WAIT_MS`).
+pub fn initiator_close_wait() -> Duration {
+    static WAIT: OnceLock<Duration> = OnceLock::new();
+    *WAIT.get_or_init(|| {
+        reported(millis(&env_var, "SOFTWARP_INITIATOR_CLOSE_WAIT_MS"))
+            .flatten()
+            .unwrap_or(DEFAULT_INITIATOR_CLOSE_WAIT)
+    })
+}
+
+/// The default of [`initiator_close_wait`]: short, because a responder of this library
+/// waits for its initiator (so two ends of it close after this bound), yet room for a
+/// server that is still in the call that posted its last Send (siw under emulation).
+pub const DEFAULT_INITIATOR_CLOSE_WAIT: Duration = Duration::from_millis(50);
 
 /// Retries of a refused connect: how many, and the pause before each
 /// (`SOFTWARP_CONNECT_RETRIES`, `SOFTWARP_CONNECT_RETRY_MS`).

@@ -187,7 +187,7 @@ exports! {
         verbs_set_ops, verbs_uninit_context, verbs_init_cq, __verbs_log,
     ]
     "RDMACM_1.0": [
-        rdma_create_event_channel, rdma_destroy_event_channel, rdma_create_id, rdma_destroy_id,
+        rdma_create_event_channel, rdma_destroy_event_channel, rdma_destroy_id,
         rdma_resolve_route, rdma_destroy_qp, rdma_connect, rdma_accept, rdma_reject, rdma_notify,
         rdma_disconnect, rdma_get_cm_event, rdma_ack_cm_event, rdma_get_src_port,
         rdma_get_dst_port, rdma_free_devices, rdma_event_str, rdma_set_option,
@@ -210,6 +210,7 @@ caller_trampolines! {
     ibv_reg_mr_iova => swvc_ibv_reg_mr_iova(5) @ "IBVERBS_1.7";
     ibv_reg_mr_iova2 => swvc_ibv_reg_mr_iova2(5) @ "IBVERBS_1.8";
     rdma_get_devices => swvc_rdma_get_devices(1) @ "RDMACM_1.0";
+    rdma_create_id => swvc_rdma_create_id(4) @ "RDMACM_1.0";
     rdma_bind_addr => swvc_rdma_bind_addr(2) @ "RDMACM_1.0";
     rdma_resolve_addr => swvc_rdma_resolve_addr(4) @ "RDMACM_1.0";
     rdma_listen => swvc_rdma_listen(2) @ "RDMACM_1.0";

@@ -722,13 +722,20 @@ fn c_program_sees_immediate_data_send_with_invalidate_and_async_events_live() {
 /// (`cm::teardown`): the client's Send 300 ms after the server's last message completes, and
 /// the server's close returns once the client closed, well before the 2 s bound. With
 /// `SOFTWARP_CLOSE_WAIT_MS=0` both checks fail (the Send is flushed; the close returns at once).
+/// Round 3 is the mirror: the client closes as soon as it has the server's last message and
+/// waits (`SOFTWARP_INITIATOR_CLOSE_WAIT_MS`, 400 ms in the program) for the server, whose
+/// Send 100 ms later completes; with the variable at 0 it fails.
 #[test]
-fn responder_close_waits_for_the_initiator_so_its_late_send_completes() {
+fn each_end_lets_the_other_close_first_so_a_late_send_completes() {
     let _serial = serial();
     let Some(lines) = run_forked_c(
         "close_order",
         Duration::from_secs(30),
-        &["SOFTWARP_CLOSE_WAIT_MS", "SOFTWARP_BUSY_POLL"],
+        &[
+            "SOFTWARP_CLOSE_WAIT_MS",
+            "SOFTWARP_INITIATOR_CLOSE_WAIT_MS",
+            "SOFTWARP_BUSY_POLL",
+        ],
     ) else {
         return;
     };
@@ -737,9 +744,11 @@ fn responder_close_waits_for_the_initiator_so_its_late_send_completes() {
         [
             "client: round 1: the Send 300 ms after the server's last message completed",
             "client: round 2: the Send 300 ms after the server's last message completed",
-            "ok: 34 server checks",
+            "client: round 3: rdma_disconnect waited for the server; its late Send arrived",
+            "ok: 44 server checks",
             "server: round 1: rdma_disconnect returned once the client closed; its late Send arrived",
             "server: round 2: ibv_destroy_qp returned once the client closed",
+            "server: round 3: the Send 100 ms after the client's last receive completed",
         ]
     );
 }

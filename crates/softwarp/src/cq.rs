@@ -308,7 +308,9 @@ impl CompletionQueue {
         lock(&self.shared.state).cq.capacity()
     }
 
-    /// Completions waiting to be polled.
+    /// Completions waiting to be polled. (`#[inline]`, as [`CompletionQueue::is_empty`]:
+    /// called by [`CompletionQueue::poll_with`], whose instances live in other crates.)
+    #[inline]
     pub fn len(&self) -> usize {
         lock(&self.shared.state).cq.len()
     }
@@ -342,6 +344,7 @@ impl CompletionQueue {
     }
 
     /// True when no completion waits.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

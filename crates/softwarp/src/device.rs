@@ -302,6 +302,8 @@ impl DeviceShared {
         self.health.check(self.ras.instance())
     }
 
+    /// (`#[inline]`: the posts that call it are generic, instantiated in other crates.)
+    #[inline]
     pub(crate) fn mrs_read(&self) -> RwLockReadGuard<'_, MrTable> {
         self.mrs.read().unwrap_or_else(|e| e.into_inner())
     }

@@ -147,8 +147,8 @@ pub use softwarp_engine::qp::{QpState, RtrKind, TerminateLayout};
 pub use softwarp_engine::srq::SrqId;
 pub use softwarp_engine::stats::QpStats;
 pub use softwarp_engine::wr::{
-    Payload, RecvWr, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion, MAX_INLINE,
-    MAX_SGE,
+    Payload, PayloadRef, RecvWr, RecvWrRef, SendOp, SendWr, SendWrRef, SgList, Sge, WcOpcode,
+    WcStatus, WorkCompletion, MAX_INLINE, MAX_SGE,
 };
 pub use softwarp_wire::mpa::frame::MpaRevision;
 

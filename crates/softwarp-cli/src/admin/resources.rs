@@ -16,7 +16,7 @@ use super::{ask, human_bytes, processes, report_failures, Failure, Select};
 /// Options of `softwarp resources`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ResourcesArgs {
-    /// Only resources of this kind (device, pd, mr, mw, cq, qp, srq, listener).
+    /// Only resources of this kind (device, pd, mr, mw, cq, qp, srq, listener, cm_id).
     #[arg(long)]
     pub kind: Option<ResourceKind>,
     /// Which processes.

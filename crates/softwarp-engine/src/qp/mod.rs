@@ -28,8 +28,8 @@ use crate::ring::{Ring, RingGuard};
 use crate::srq::Srq;
 use crate::stats::QpStats;
 use crate::wr::{
-    CqTarget, Payload, RecvWr, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion,
-    MAX_INLINE, MAX_SGE,
+    CqTarget, PayloadRef, RecvWr, RecvWrRef, SendOp, SendWr, SendWrRef, SgList, Sge, WcOpcode,
+    WcStatus, WorkCompletion, MAX_INLINE, MAX_SGE,
 };
 
 pub use pump::{
@@ -227,6 +227,10 @@ pub enum QpError {
     /// A message longer than 2^32 - 1 bytes.
     #[error("message length {0} exceeds the 32-bit limit")]
     MessageTooLong(u64),
+    /// A borrowed scatter/gather list ([`SendWrRef`], [`RecvWrRef`]) longer than
+    /// [`MAX_SGE`] elements.
+    #[error("{0} scatter/gather elements (max {MAX_SGE})")]
+    TooManySges(usize),
     /// The stream configuration is not usable.
     #[error("invalid stream configuration: {0}")]
     InvalidStreamConfig(&'static str),
@@ -657,6 +661,14 @@ impl Qp {
     ///
     /// In the Error state the WR is accepted and completes at once with `WrFlushErr`.
     pub fn post_send(&mut self, wr: &SendWr<'_>, mrs: &MrTable) -> Result<(), QpError> {
+        self.post_send_ref(wr.borrowed(), mrs)
+    }
+
+    /// As [`Qp::post_send`], for a work request whose SGL is borrowed (copied once, into
+    /// the send queue). More than [`MAX_SGE`] elements are refused
+    /// ([`QpError::TooManySges`]).
+    #[inline]
+    pub fn post_send_ref(&mut self, wr: SendWrRef<'_>, mrs: &MrTable) -> Result<(), QpError> {
         self.check_alive()?;
         let in_error = matches!(self.state, QpState::Error | QpState::Terminate);
         if !(in_error || self.state == QpState::Rts) {
@@ -671,9 +683,9 @@ impl Qp {
         let is_read = wr.op.awaits_response();
         let mut status = SqStatus::Queued;
         // The side-table slot (a division) is computed only for entries that use one.
-        let (data, len) = match &wr.payload {
-            Payload::Inline(_) if wr.op.is_atomic() => return Err(QpError::AtomicSink),
-            Payload::Inline(bytes) => {
+        let (data, len) = match wr.payload {
+            PayloadRef::Inline(_) if wr.op.is_atomic() => return Err(QpError::AtomicSink),
+            PayloadRef::Inline(bytes) => {
                 if bytes.len() > MAX_INLINE || is_read {
                     return Err(QpError::Inline(bytes.len()));
                 }
@@ -690,15 +702,19 @@ impl Qp {
                 }
                 (SqData::Inline { len: bytes.len() }, bytes.len() as u64)
             }
-            Payload::Sgl(sgl) => {
-                if wr.op.is_atomic() && (sgl.len() != 1 || sgl.total_len() != 8) {
+            PayloadRef::Sges(sges) => {
+                if sges.len() > MAX_SGE {
+                    return Err(QpError::TooManySges(sges.len()));
+                }
+                let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+                if wr.op.is_atomic() && (sges.len() != 1 || total != 8) {
                     return Err(QpError::AtomicSink);
                 }
-                if is_read && sgl.len() > 1 {
+                if is_read && sges.len() > 1 {
                     return Err(QpError::ReadSinkSgl);
                 }
-                if sgl.total_len() > u64::from(u32::MAX) {
-                    return Err(QpError::MessageTooLong(sgl.total_len()));
+                if total > u64::from(u32::MAX) {
+                    return Err(QpError::MessageTooLong(total));
                 }
                 let required = if is_read {
                     Access::LOCAL_WRITE
@@ -716,7 +732,7 @@ impl Qp {
                     }
                     v.ok()
                 };
-                let data = match sgl.as_slice() {
+                let data = match sges {
                     [] => SqData::One {
                         sge: None,
                         mem: None,
@@ -733,7 +749,8 @@ impl Qp {
                                 .collect();
                         }
                         if let Some(side) = self.sq_sgls.get_mut(slot) {
-                            side.sgl = *sgl;
+                            // At most `MAX_SGE` (checked above).
+                            side.sgl.assign(sges);
                             for (m, sge) in side.mem.iter_mut().zip(sges) {
                                 *m = validate(sge, &mut status);
                             }
@@ -741,7 +758,7 @@ impl Qp {
                         SqData::Many
                     }
                 };
-                (data, sgl.total_len())
+                (data, total)
             }
         };
         if len > u64::from(u32::MAX) {
@@ -789,11 +806,61 @@ impl Qp {
 
     /// As [`Qp::post_recv`], copying the WR from `wr` straight into the receive queue.
     pub fn post_recv_ref(&mut self, wr: &RecvWr) -> Result<(), QpError> {
+        if self.admit_recv(wr.wr_id, wr.sgl.total_len())? {
+            self.rq
+                .push(*wr)
+                .map_err(|_| QpError::QueueFull("receive"))?;
+        }
+        Ok(())
+    }
+
+    /// As [`Qp::post_recv`], for a work request whose SGL is borrowed: its elements are
+    /// copied once, into the receive queue. More than [`MAX_SGE`] elements are refused
+    /// ([`QpError::TooManySges`]).
+    #[inline]
+    pub fn post_recv_borrowed(&mut self, wr: RecvWrRef<'_>) -> Result<(), QpError> {
+        if wr.sges.len() > MAX_SGE {
+            return Err(QpError::TooManySges(wr.sges.len()));
+        }
+        if let [one] = wr.sges {
+            // The common case: the entry is built in the ring's slot.
+            if self.admit_recv(wr.wr_id, u64::from(one.length))? {
+                self.rq
+                    .push(RecvWr {
+                        wr_id: wr.wr_id,
+                        sgl: SgList::single(*one),
+                    })
+                    .map_err(|_| QpError::QueueFull("receive"))?;
+            }
+            return Ok(());
+        }
+        let total = wr.sges.iter().map(|s| u64::from(s.length)).sum();
+        if self.admit_recv(wr.wr_id, total)? {
+            // An empty list goes in and the elements are copied into it there: no
+            // intermediate `RecvWr` (whose eight inline SGEs the compiler moved one field
+            // at a time).
+            self.rq
+                .push(RecvWr {
+                    wr_id: wr.wr_id,
+                    sgl: SgList::new(),
+                })
+                .map_err(|_| QpError::QueueFull("receive"))?;
+            if let Some(last) = self.rq.back_mut() {
+                // At most `MAX_SGE` elements (checked above).
+                last.sgl.assign(wr.sges);
+            }
+        }
+        Ok(())
+    }
+
+    /// The checks of a receive post (`total` bytes): true when the WR goes to the receive
+    /// queue, false when it was completed at once with `WrFlushErr` (Error state).
+    #[inline]
+    fn admit_recv(&mut self, wr_id: u64, total: u64) -> Result<bool, QpError> {
         self.check_alive()?;
         if self.cfg.use_srq {
             return Err(QpError::WrongReceiveQueue("receives from an SRQ"));
         }
-        let total = wr.sgl.total_len();
         if total > u64::from(u32::MAX) {
             return Err(QpError::MessageTooLong(total));
         }
@@ -803,13 +870,13 @@ impl Qp {
         }
         if matches!(self.state, QpState::Error | QpState::Terminate) {
             self.stats.flushed += 1;
-            let wc = self.recv_wc(wr.wr_id, WcStatus::WrFlushErr, 0);
-            return self
-                .rx_done
+            let wc = self.recv_wc(wr_id, WcStatus::WrFlushErr, 0);
+            self.rx_done
                 .push(wc)
-                .map_err(|_| QpError::QueueFull("receive"));
+                .map_err(|_| QpError::QueueFull("receive"))?;
+            return Ok(false);
         }
-        self.rq.push(*wr).map_err(|_| QpError::QueueFull("receive"))
+        Ok(true)
     }
 
     // ----- outputs -----

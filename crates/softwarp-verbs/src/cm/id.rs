@@ -2,7 +2,12 @@
 
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
+
+use softwarp_ras::tracker::{
+    DescribeResource, ResourceDetails, ResourceHandle, ResourceKind, Tracker,
+};
 
 use softwarp::{
     CmId, CmListener, ConnId, ConnectOptions, ConnectRequest, ConnectionInfo, ListenOptions, Role,
@@ -30,13 +35,26 @@ const QP_RD_ATOMIC: usize = 16;
 #[repr(C)]
 pub struct Id {
     pub c: rdma_cm_id,
-    st: Mutex<IdState>,
+    st: Arc<Shared>,
+    /// Its entry in `softwarp resources` (kind `cm_id`, tracker `rdma_cm`).
+    _ras: ResourceHandle,
     /// Synchronous mode (created without a channel, or a request of a synchronous
     /// listener): each call waits for its event.
     sync: bool,
     /// The private channel of an id created without one.
     own_channel: Option<Box<EvChannel>>,
 }
+
+/// An id's state, shared with its resource tracker entry (which describes it on demand).
+struct Shared(Mutex<IdState>);
+
+// SAFETY: the tracker's thread calls `describe`, which reads the id's state under its lock.
+// The only members that are not `Send` are the C pointers of `ep_qp_attr`, which this
+// library copies into the attributes of the QPs `rdma_get_request` makes (on the
+// application's thread) and never dereferences through the state.
+unsafe impl Send for Shared {}
+// SAFETY: as above; every access goes through the mutex.
+unsafe impl Sync for Shared {}
 
 #[derive(Default)]
 struct IdState {
@@ -57,6 +75,76 @@ struct IdState {
     /// (`SOFTWARP_CONNECT_RETRIES`).
     connect_opts: Option<ConnectOptions>,
     retries_left: u32,
+    /// `rdma_resolve_route` succeeded.
+    route_resolved: bool,
+    /// The number of the QP made on the id (`rdma_create_qp`, `rdma_create_ep`).
+    qpn: Option<u32>,
+}
+
+/// The tracker of this library's connection manager ids, named `rdma_cm` (rdma-core's ids
+/// belong to no device until they are bound or resolved).
+fn id_tracker() -> &'static Tracker {
+    static T: OnceLock<Tracker> = OnceLock::new();
+    T.get_or_init(|| Tracker::new("rdma_cm"))
+}
+
+impl DescribeResource for Shared {
+    /// The id's state in rdma-core's terms, its addresses and QP. An id whose lock a call
+    /// holds (a synchronous call waiting for its event) is described as busy rather than
+    /// waited for.
+    fn describe(&self) -> ResourceDetails {
+        let st = match self.0.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                return ResourceDetails {
+                    state: Some("BUSY".into()),
+                    ..ResourceDetails::default()
+                }
+            }
+        };
+        let conn = st.conn.as_ref().map(|c| (c.state(), c.connection()));
+        let state = if st.listener.is_some() {
+            "LISTEN"
+        } else if let Some((s, _)) = &conn {
+            match s {
+                softwarp::CmState::Connecting => "CONNECTING",
+                softwarp::CmState::Established => "CONNECTED",
+                softwarp::CmState::Disconnecting => "DISCONNECTING",
+                softwarp::CmState::Disconnected | softwarp::CmState::Closed => "DISCONNECTED",
+                softwarp::CmState::Failed => "FAILED",
+            }
+        } else if st.request.is_some() {
+            "CONNECT_REQUEST"
+        } else if st.route_resolved {
+            "ROUTE_RESOLVED"
+        } else if st.dst.is_some() {
+            "ADDR_RESOLVED"
+        } else if st.bound.is_some() {
+            "BOUND"
+        } else {
+            "IDLE"
+        };
+        let info = conn.and_then(|(_, i)| i);
+        let mut attrs = std::collections::BTreeMap::new();
+        if let Some(q) = st.qpn {
+            attrs.insert("qp".to_string(), q.to_string());
+        }
+        if st.initiator {
+            attrs.insert("role".to_string(), "active".to_string());
+        }
+        ResourceDetails {
+            state: Some(state.into()),
+            local_addr: info
+                .as_ref()
+                .map(|i| i.local_addr)
+                .or(st.listener.as_ref().map(CmListener::local_addr))
+                .or(st.bound),
+            peer_addr: info.as_ref().map(|i| i.peer_addr).or(st.dst),
+            attrs,
+            ..ResourceDetails::default()
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -64,8 +152,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Id {
+    /// A new id, registered with the `rdma_cm` tracker (`#[track_caller]`: the C caller
+    /// recorded by the creating call's trampoline, if any, else this library's line).
+    #[track_caller]
+    fn boxed(
+        c: rdma_cm_id,
+        st: IdState,
+        sync: bool,
+        own_channel: Option<Box<EvChannel>>,
+    ) -> Box<Id> {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let shared = Arc::new(Shared(Mutex::new(st)));
+        let ras = id_tracker().register(
+            ResourceKind::CmId,
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            std::mem::size_of::<Id>() as u64,
+        );
+        let describer: Arc<dyn DescribeResource> = shared.clone();
+        ras.set_describer(Arc::downgrade(&describer));
+        Box::new(Id {
+            c,
+            st: shared,
+            _ras: ras,
+            sync,
+            own_channel,
+        })
+    }
+
     fn state(&self) -> MutexGuard<'_, IdState> {
-        lock(&self.st)
+        lock(&self.st.0)
     }
 
     /// # Safety
@@ -153,19 +268,19 @@ impl Id {
             let st = l.state();
             (st.ep_qp_attr, st.ep_pd)
         };
-        let id = Box::new(Id {
+        let id = Id::boxed(
             c,
-            st: Mutex::new(IdState {
+            IdState {
                 bound: Some(local),
                 dst: Some(remote),
                 request: Some(req),
                 ep_qp_attr,
                 ep_pd,
                 ..IdState::default()
-            }),
-            sync: l.sync,
-            own_channel: None,
-        });
+            },
+            l.sync,
+            None,
+        );
         id.set_src(local);
         id.set_dst(remote);
         let p = Box::into_raw(id);
@@ -340,12 +455,8 @@ unsafe fn create_id(
     c.context = context;
     c.ps = ps;
     c.qp_type = qp_type;
-    let id = Box::new(Id {
-        c,
-        st: Mutex::new(IdState::default()),
-        sync: own_channel.is_some(),
-        own_channel,
-    });
+    let sync = own_channel.is_some();
+    let id = Id::boxed(c, IdState::default(), sync, own_channel);
     // SAFETY: `out` is writable.
     unsafe { *out = Box::into_raw(id).cast() };
     0
@@ -464,6 +575,7 @@ pub unsafe extern "C" fn swv_rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms
     if i.state().dst.is_none() {
         return err(libc::EINVAL);
     }
+    i.state().route_resolved = true;
     i.channel()
         .push(Event::new(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
     i.complete()
@@ -592,6 +704,7 @@ unsafe fn create_qp_on(id: *mut rdma_cm_id, attr: &mut ibv_qp_init_attr_ex) -> c
     unsafe {
         (*id).qp = qp;
         (*id).pd = attr.pd;
+        i.state().qpn = Some((*qp).qp_num);
     }
     0
 }
@@ -730,6 +843,7 @@ pub unsafe extern "C" fn swv_rdma_destroy_qp(id: *mut rdma_cm_id) {
     };
     let (own_pd, own_cqs) = {
         let mut st = i.state();
+        st.qpn = None;
         (
             std::mem::take(&mut st.own_pd),
             std::mem::take(&mut st.own_cqs),
@@ -884,9 +998,10 @@ pub unsafe extern "C" fn swv_rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
         return err(libc::EINVAL);
     };
     if let Some(q) = i.qp() {
-        crate::cm::teardown::let_initiator_close_first(
+        crate::cm::teardown::let_peer_close_first(
             &q.qp,
             crate::env::close_wait(),
+            crate::env::initiator_close_wait(),
             "rdma_disconnect",
         );
     }

@@ -13,10 +13,16 @@
 //! So a responder's graceful close (`rdma_disconnect`) and the destroy of its connected QP
 //! first wait, up to `SOFTWARP_CLOSE_WAIT_MS` (2 s by default, 0 to turn it off), for the
 //! initiator to close its side: when the initiator's FIN arrives the QP leaves RTS and the
-//! close goes on at once (our FIN answers the peer's). An initiator closes without waiting,
-//! so two ends of this library never wait for each other. Busy-polled QPs do not wait
-//! (nobody reads their socket while the application is inside the close). Nothing else
-//! changes: the close itself is the same graceful one (queued work goes out, then the FIN).
+//! close goes on at once (our FIN answers the peer's).
+//!
+//! The mirror case: a client reads the server's last message and closes at once, while the
+//! server (siw's `ib_send_lat` under emulation) is still in the call that posted it; siw then
+//! fails that Send the same way. So an initiator's close waits too, for a much shorter bound
+//! (`SOFTWARP_INITIATOR_CLOSE_WAIT_MS`, 50 ms by default): two ends of this library, whose
+//! responder waits for the initiator, then close after that bound, never a deadlock.
+//! Busy-polled QPs do not wait (nobody reads their socket while the application is inside
+//! the close). Nothing else changes: the close itself is the same graceful one (queued work
+//! goes out, then the FIN).
 
 use std::time::{Duration, Instant};
 
@@ -25,29 +31,39 @@ use softwarp::{QpState, QueuePair, Role};
 /// How often the wait looks at the QP's state (the progress thread moves it).
 const LOOK_EVERY: Duration = Duration::from_millis(2);
 
-/// Waits (at most `bound`) until the peer of `qp` has closed the connection, when `qp` is
-/// the responder of a connection still in RTS; returns at once otherwise. True when the
-/// peer closed within the bound (or there was nothing to wait for).
-pub fn let_initiator_close_first(qp: &QueuePair, bound: Duration, call: &'static str) -> bool {
-    if bound.is_zero() || qp.state() != QpState::Rts {
+/// Waits until the peer of `qp` has closed the connection, when `qp`'s connection is still
+/// in RTS: at most `responder` when `qp` is its responder, `initiator` when it is its
+/// initiator; returns at once otherwise. True when the peer closed within the bound (or
+/// there was nothing to wait for).
+pub fn let_peer_close_first(
+    qp: &QueuePair,
+    responder: Duration,
+    initiator: Duration,
+    call: &'static str,
+) -> bool {
+    if qp.state() != QpState::Rts {
         return true;
     }
-    if qp.connection().is_none_or(|c| c.role != Role::Responder) {
+    let Some(role) = qp.connection().map(|c| c.role) else {
         return true;
-    }
-    if qp.send_cq().busy_poll() || qp.recv_cq().busy_poll() {
+    };
+    let bound = match role {
+        Role::Responder => responder,
+        Role::Initiator => initiator,
+    };
+    if bound.is_zero() || qp.send_cq().busy_poll() || qp.recv_cq().busy_poll() {
         return true;
     }
     let start = Instant::now();
     while qp.state() == QpState::Rts {
         if start.elapsed() >= bound {
-            tracing::debug!(target: "softwarp::verbs", qpn = qp.qp_num(), ?bound, call,
-                "the initiator did not close within the bound: closing first");
+            tracing::debug!(target: "softwarp::verbs", qpn = qp.qp_num(), ?role, ?bound, call,
+                "the peer did not close within the bound: closing first");
             return false;
         }
         std::thread::sleep(LOOK_EVERY);
     }
-    tracing::debug!(target: "softwarp::verbs", qpn = qp.qp_num(), waited = ?start.elapsed(), call,
-        "the initiator closed first");
+    tracing::debug!(target: "softwarp::verbs", qpn = qp.qp_num(), ?role, waited = ?start.elapsed(),
+        call, "the peer closed first");
     true
 }

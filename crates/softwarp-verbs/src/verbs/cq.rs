@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 
 use softwarp::{
-    CompletionChannel, CompletionQueue, CqId, WcOpcode, WcStatus, WorkCompletion, EMPTY_COMPLETION,
+    CompletionChannel, CompletionQueue, CqId, WcStatus, WorkCompletion, EMPTY_COMPLETION,
 };
 
 use crate::errno;
@@ -291,45 +291,39 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
     }
 }
 
-/// A work completion as rdma-core fills `struct ibv_wc`.
+/// A work completion as rdma-core fills `struct ibv_wc`: every field written once (no
+/// zeroed value overwritten field by field).
 #[inline]
 pub fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
-    // SAFETY: plain C data; all-zero is valid.
-    let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
-    wc.wr_id = w.wr_id;
-    wc.status = match w.status {
-        WcStatus::Success => IBV_WC_SUCCESS,
-        WcStatus::LocLenErr => IBV_WC_LOC_LEN_ERR,
-        WcStatus::LocQpOpErr => IBV_WC_LOC_QP_OP_ERR,
-        WcStatus::LocProtErr => IBV_WC_LOC_PROT_ERR,
-        WcStatus::WrFlushErr => IBV_WC_WR_FLUSH_ERR,
-        WcStatus::RemAccessErr => IBV_WC_REM_ACCESS_ERR,
-        WcStatus::RemInvReqErr => IBV_WC_REM_INV_REQ_ERR,
-        WcStatus::RemOpErr => IBV_WC_REM_OP_ERR,
-        WcStatus::FatalErr => IBV_WC_FATAL_ERR,
-        _ => IBV_WC_GENERAL_ERR,
+    // The discriminants are rdma-core's values (`WcStatus`, `WcOpcode`; the tests
+    // `wc_status_and_opcode_casts_are_rdma_core_values` check each).
+    let status = w.status as ibv_wc_status;
+    let opcode = w.opcode as ibv_wc_opcode;
+    // The union holds the immediate value (big-endian, as on the wire) or the invalidated
+    // STag, as `wc_flags` says; zero otherwise.
+    let (wc_flags, extra) = match (w.imm, w.invalidated_stag) {
+        (Some(imm), _) => (IBV_WC_WITH_IMM, imm.to_be()),
+        (None, Some(stag)) => (IBV_WC_WITH_INV, stag.0),
+        (None, None) => (0, 0),
     };
-    wc.opcode = match w.opcode {
-        WcOpcode::Send => IBV_WC_SEND,
-        WcOpcode::RdmaWrite => IBV_WC_RDMA_WRITE,
-        WcOpcode::RdmaRead => IBV_WC_RDMA_READ,
-        WcOpcode::FetchAdd => IBV_WC_FETCH_ADD,
-        WcOpcode::CmpSwap => IBV_WC_COMP_SWAP,
-        WcOpcode::RecvRdmaWithImm => IBV_WC_RECV_RDMA_WITH_IMM,
-        _ => IBV_WC_RECV,
-    };
-    // siw reports its own error cause here; ours is in the trace and the QP snapshot.
-    wc.vendor_err = u32::from(w.status != WcStatus::Success);
-    wc.byte_len = w.byte_len;
-    wc.qp_num = w.qp_num;
-    if let Some(imm) = w.imm {
-        wc.__bindgen_anon_1.imm_data = imm.to_be();
-        wc.wc_flags |= IBV_WC_WITH_IMM;
-    } else if let Some(stag) = w.invalidated_stag {
-        wc.__bindgen_anon_1.invalidated_rkey = stag.0;
-        wc.wc_flags |= IBV_WC_WITH_INV;
+    ibv_wc {
+        wr_id: w.wr_id,
+        status,
+        opcode,
+        // siw reports its own error cause here; ours is in the trace and the QP snapshot.
+        vendor_err: u32::from(w.status != WcStatus::Success),
+        byte_len: w.byte_len,
+        __bindgen_anon_1: ibv_wc__bindgen_ty_1 {
+            invalidated_rkey: extra,
+        },
+        qp_num: w.qp_num,
+        src_qp: 0,
+        wc_flags,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
     }
-    wc
 }
 
 /// `ibv_context_ops.poll_cq`: up to `n` completions into `wc`, each written in place as the
@@ -360,5 +354,105 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> 
             errno::fail("ibv_poll_cq", &e);
             -1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softwarp::{Stag, WcOpcode};
+
+    /// `to_ibv_wc` casts the engine's status and opcode: each discriminant must be the
+    /// value rdma-core gives the name.
+    #[test]
+    fn wc_status_and_opcode_casts_are_rdma_core_values() {
+        let statuses = [
+            (WcStatus::Success, IBV_WC_SUCCESS),
+            (WcStatus::LocLenErr, IBV_WC_LOC_LEN_ERR),
+            (WcStatus::LocQpOpErr, IBV_WC_LOC_QP_OP_ERR),
+            (WcStatus::LocProtErr, IBV_WC_LOC_PROT_ERR),
+            (WcStatus::WrFlushErr, IBV_WC_WR_FLUSH_ERR),
+            (WcStatus::RemAccessErr, IBV_WC_REM_ACCESS_ERR),
+            (WcStatus::RemInvReqErr, IBV_WC_REM_INV_REQ_ERR),
+            (WcStatus::RemOpErr, IBV_WC_REM_OP_ERR),
+            (WcStatus::FatalErr, IBV_WC_FATAL_ERR),
+            (WcStatus::GeneralErr, IBV_WC_GENERAL_ERR),
+        ];
+        let opcodes = [
+            (WcOpcode::Send, IBV_WC_SEND),
+            (WcOpcode::RdmaWrite, IBV_WC_RDMA_WRITE),
+            (WcOpcode::RdmaRead, IBV_WC_RDMA_READ),
+            (WcOpcode::Recv, IBV_WC_RECV),
+            (WcOpcode::FetchAdd, IBV_WC_FETCH_ADD),
+            (WcOpcode::CmpSwap, IBV_WC_COMP_SWAP),
+            (WcOpcode::RecvRdmaWithImm, IBV_WC_RECV_RDMA_WITH_IMM),
+        ];
+        // Every variant is listed: a new one fails to compile here until it is added.
+        for (s, _) in statuses {
+            match s {
+                WcStatus::Success
+                | WcStatus::LocLenErr
+                | WcStatus::LocQpOpErr
+                | WcStatus::LocProtErr
+                | WcStatus::WrFlushErr
+                | WcStatus::RemAccessErr
+                | WcStatus::RemInvReqErr
+                | WcStatus::RemOpErr
+                | WcStatus::FatalErr
+                | WcStatus::GeneralErr => {}
+            }
+        }
+        for (o, _) in opcodes {
+            match o {
+                WcOpcode::Send
+                | WcOpcode::RdmaWrite
+                | WcOpcode::RdmaRead
+                | WcOpcode::Recv
+                | WcOpcode::FetchAdd
+                | WcOpcode::CmpSwap
+                | WcOpcode::RecvRdmaWithImm => {}
+            }
+        }
+        let base = WorkCompletion {
+            wr_id: 0x0123_4567_89ab_cdef,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 77,
+            qp_num: 9,
+            invalidated_stag: None,
+            solicited: false,
+            imm: None,
+        };
+        for (status, want) in statuses {
+            let wc = to_ibv_wc(&WorkCompletion { status, ..base });
+            assert_eq!(wc.status, want, "{status:?}");
+            assert_eq!(wc.vendor_err, u32::from(status != WcStatus::Success));
+        }
+        for (opcode, want) in opcodes {
+            assert_eq!(to_ibv_wc(&WorkCompletion { opcode, ..base }).opcode, want);
+        }
+        // The other fields, and the union as `wc_flags` says.
+        let wc = to_ibv_wc(&base);
+        assert_eq!(
+            (wc.wr_id, wc.byte_len, wc.qp_num, wc.wc_flags, wc.src_qp),
+            (base.wr_id, 77, 9, 0, 0)
+        );
+        let imm = to_ibv_wc(&WorkCompletion {
+            imm: Some(0x0102_0304),
+            ..base
+        });
+        assert_eq!(imm.wc_flags, IBV_WC_WITH_IMM);
+        // SAFETY: plain integers.
+        assert_eq!(
+            unsafe { imm.__bindgen_anon_1.imm_data },
+            0x0102_0304u32.to_be()
+        );
+        let inv = to_ibv_wc(&WorkCompletion {
+            invalidated_stag: Some(Stag(0x4242)),
+            ..base
+        });
+        assert_eq!(inv.wc_flags, IBV_WC_WITH_INV);
+        // SAFETY: plain integers.
+        assert_eq!(unsafe { inv.__bindgen_anon_1.invalidated_rkey }, 0x4242);
     }
 }

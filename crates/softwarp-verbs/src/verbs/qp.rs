@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use softwarp::{
-    Payload, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, SendOp, SendWr, SgList, Sge,
-    SharedReceiveQueue, SrqInitAttr, Stag, MAX_INLINE, MAX_SGE,
+    Payload, PayloadRef, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, RecvWrRef, SendOp, SendWr,
+    SendWrRef, SgList, Sge, SharedReceiveQueue, SrqInitAttr, Stag, MAX_INLINE, MAX_SGE,
 };
 
 use crate::errno;
@@ -346,10 +346,11 @@ pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
     };
-    // A responder's peer closes first (see `cm::teardown`).
-    crate::cm::teardown::let_initiator_close_first(
+    // The peer closes first, within a bound by role (see `cm::teardown`).
+    crate::cm::teardown::let_peer_close_first(
         &q.qp,
         crate::env::close_wait(),
+        crate::env::initiator_close_wait(),
         "ibv_destroy_qp",
     );
     let qpn = q.qp.qp_num();
@@ -364,32 +365,48 @@ pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     0
 }
 
-/// A scatter/gather list from C, or `EINVAL` when it is too long.
+// Softwarp's `Sge` is `ibv_sge` (`repr(C)`: u64 address, u32 length, u32 key), so that a C
+// scatter/gather list is used in place (`sges`). Checked at compile time here and by the
+// test `sge_is_ibv_sge`.
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<Sge>() == size_of::<ibv_sge>());
+    assert!(align_of::<Sge>() == align_of::<ibv_sge>());
+    assert!(offset_of!(Sge, addr) == offset_of!(ibv_sge, addr));
+    assert!(offset_of!(Sge, length) == offset_of!(ibv_sge, length));
+    assert!(offset_of!(Sge, lkey) == offset_of!(ibv_sge, lkey));
+    assert!(size_of::<Stag>() == size_of::<u32>());
+};
+
+/// A C scatter/gather list as Softwarp's, in place (no copy), or `EINVAL` when it has more
+/// than [`MAX_SGE`] elements or a negative count.
+///
+/// # Safety
+/// `sg` must point to `n` readable `ibv_sge`s when `n > 0`, which stay valid and unchanged
+/// for `'a`.
+#[inline]
+pub unsafe fn sges<'a>(sg: *const ibv_sge, n: c_int) -> Result<&'a [Sge], c_int> {
+    let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
+    if n > MAX_SGE {
+        return Err(libc::EINVAL);
+    }
+    if n == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: `Sge` has `ibv_sge`'s size, alignment and field layout (asserted above; the
+    // lkey is a `repr(transparent)` u32) and the caller's array has `n` entries, readable for
+    // `'a`.
+    Ok(unsafe { std::slice::from_raw_parts(sg.cast::<Sge>(), n) })
+}
+
+/// A scatter/gather list from C, copied, or `EINVAL` when it is too long.
 ///
 /// # Safety
 /// `sg` must point to `n` readable `ibv_sge`s when `n > 0`.
 #[inline]
 pub unsafe fn sgl(sg: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
-    let sge = |s: &ibv_sge| Sge {
-        addr: s.addr,
-        length: s.length,
-        lkey: Stag(s.lkey),
-    };
-    if n == 1 {
-        // SAFETY: the caller's array has one entry.
-        return Ok(SgList::single(sge(unsafe { &*sg })));
-    }
-    let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
-    if n > MAX_SGE {
-        return Err(libc::EINVAL);
-    }
-    let mut l = SgList::new();
-    for i in 0..n {
-        // SAFETY: the caller's array has `n` entries.
-        let s = unsafe { &*sg.add(i) };
-        l.push(sge(s)).map_err(|_| libc::EINVAL)?;
-    }
-    Ok(l)
+    // SAFETY: forwarded from this function's contract (the slice is copied at once).
+    SgList::from_slice(unsafe { sges(sg, n) }?).ok_or(libc::EINVAL)
 }
 
 /// Copies the bytes an inline send names (plain addresses, no lkeys) into `buf`.
@@ -421,51 +438,58 @@ pub unsafe fn gather_inline(
     Ok(&buf[..len])
 }
 
-/// The operation of a C send work request.
+/// The operation of a C send work request. Each union member is read only for the
+/// opcodes that use it, and a plain Send is tested first (the common case: no table jump).
+#[inline]
 fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
     let solicited = w.send_flags & IBV_SEND_SOLICITED != 0;
-    // SAFETY: union members as the opcode selects them (plain integers).
-    let (rdma, atomic, imm, inv) = unsafe {
-        (
-            w.wr.rdma,
-            w.wr.atomic,
-            u32::from_be(w.__bindgen_anon_1.imm_data),
-            w.__bindgen_anon_1.invalidate_rkey,
-        )
-    };
-    Ok(match w.opcode {
-        IBV_WR_SEND => SendOp::Send {
+    if w.opcode == IBV_WR_SEND {
+        return Ok(SendOp::Send {
             solicited,
             invalidate: None,
-        },
+        });
+    }
+    // SAFETY: union members as the opcode selects them (plain integers, whatever the
+    // application stored).
+    let imm = || u32::from_be(unsafe { w.__bindgen_anon_1.imm_data });
+    // SAFETY: as above.
+    let inv = || unsafe { w.__bindgen_anon_1.invalidate_rkey };
+    // SAFETY: as above.
+    let rdma = || unsafe { w.wr.rdma };
+    // SAFETY: as above.
+    let atomic = || unsafe { w.wr.atomic };
+    Ok(match w.opcode {
         IBV_WR_SEND_WITH_INV => SendOp::Send {
             solicited,
-            invalidate: Some(Stag(inv)),
+            invalidate: Some(Stag(inv())),
         },
-        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { solicited, imm },
+        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm {
+            solicited,
+            imm: imm(),
+        },
         IBV_WR_RDMA_WRITE => SendOp::Write {
-            remote_addr: rdma.remote_addr,
-            rkey: Stag(rdma.rkey),
+            remote_addr: rdma().remote_addr,
+            rkey: Stag(rdma().rkey),
         },
         IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
-            remote_addr: rdma.remote_addr,
-            rkey: Stag(rdma.rkey),
-            imm,
+            remote_addr: rdma().remote_addr,
+            rkey: Stag(rdma().rkey),
+            imm: imm(),
         },
         IBV_WR_RDMA_READ => SendOp::Read {
-            remote_addr: rdma.remote_addr,
-            rkey: Stag(rdma.rkey),
+            remote_addr: rdma().remote_addr,
+            rkey: Stag(rdma().rkey),
         },
         IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CmpSwap {
-            remote_addr: atomic.remote_addr,
-            rkey: Stag(atomic.rkey),
-            compare: atomic.compare_add,
-            swap: atomic.swap,
+            remote_addr: atomic().remote_addr,
+            rkey: Stag(atomic().rkey),
+            compare: atomic().compare_add,
+            swap: atomic().swap,
         },
         IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
-            remote_addr: atomic.remote_addr,
-            rkey: Stag(atomic.rkey),
-            add: atomic.compare_add,
+            remote_addr: atomic().remote_addr,
+            rkey: Stag(atomic().rkey),
+            add: atomic().compare_add,
         },
         _ => {
             return Err(errno::unsupported(
@@ -512,9 +536,10 @@ enum Stop {
 }
 
 /// The send work requests of a C list as Softwarp's, converted one at a time while the QP
-/// takes them (`QueuePair::post_send_iter`: no intermediate array). Ends at the end of the
-/// list, or at a work request it does not convert (`stop` says why; `cur` points to it).
-/// Inline data in one SGE is borrowed from the application for the post (the QP copies it).
+/// takes them (`QueuePair::post_send_refs`: no intermediate array, the SGL used in place).
+/// Ends at the end of the list, or at a work request it does not convert (`stop` says why;
+/// `cur` points to it). Inline data in one SGE is borrowed from the application for the
+/// post (the QP copies it).
 struct CSendList<'a> {
     cur: *mut ibv_send_wr,
     stop: Option<Stop>,
@@ -539,7 +564,7 @@ impl<'a> CSendList<'a> {
     /// # Safety
     /// As [`CSendList::new`], for `w`.
     #[inline]
-    unsafe fn convert(&mut self, w: &ibv_send_wr) -> Option<SendWr<'a>> {
+    unsafe fn convert(&mut self, w: &ibv_send_wr) -> Option<SendWrRef<'a>> {
         let op = match send_op(w) {
             Ok(op) => op,
             Err(e) => return self.stopped(Stop::Bad(e)),
@@ -547,7 +572,7 @@ impl<'a> CSendList<'a> {
         let flags = w.send_flags;
         let payload = if flags & IBV_SEND_INLINE != 0 && !op.awaits_response() {
             match w.num_sge {
-                0 => Payload::Inline(&[]),
+                0 => PayloadRef::Inline(&[]),
                 1 => {
                     // SAFETY: the work request has one SGE.
                     let s = unsafe { &*w.sg_list };
@@ -556,11 +581,11 @@ impl<'a> CSendList<'a> {
                         return self.stopped(Stop::Bad(libc::EINVAL));
                     }
                     if len == 0 {
-                        Payload::Inline(&[])
+                        PayloadRef::Inline(&[])
                     } else {
                         // SAFETY: the application's inline data is readable for `length`
                         // bytes during the post, which copies it.
-                        Payload::Inline(unsafe {
+                        PayloadRef::Inline(unsafe {
                             std::slice::from_raw_parts(s.addr as usize as *const u8, len)
                         })
                     }
@@ -569,14 +594,14 @@ impl<'a> CSendList<'a> {
                 _ => return self.stopped(Stop::Bad(libc::EINVAL)),
             }
         } else {
-            // SAFETY: the work request's SGE array.
-            match unsafe { sgl(w.sg_list, w.num_sge) } {
-                Ok(l) => Payload::Sgl(l),
+            // SAFETY: the work request's SGE array, valid during the post.
+            match unsafe { sges(w.sg_list, w.num_sge) } {
+                Ok(l) => PayloadRef::Sges(l),
                 Err(e) => return self.stopped(Stop::Bad(e)),
             }
         };
         self.cur = w.next;
-        Some(SendWr {
+        Some(SendWrRef {
             wr_id: w.wr_id,
             op,
             payload,
@@ -586,17 +611,17 @@ impl<'a> CSendList<'a> {
     }
 
     #[cold]
-    fn stopped(&mut self, stop: Stop) -> Option<SendWr<'a>> {
+    fn stopped(&mut self, stop: Stop) -> Option<SendWrRef<'a>> {
         self.stop = Some(stop);
         None
     }
 }
 
 impl<'a> Iterator for CSendList<'a> {
-    type Item = SendWr<'a>;
+    type Item = SendWrRef<'a>;
 
     #[inline]
-    fn next(&mut self) -> Option<SendWr<'a>> {
+    fn next(&mut self) -> Option<SendWrRef<'a>> {
         // SAFETY: the application's list (`CSendList::new`).
         let w = unsafe { self.cur.as_ref() }?;
         // SAFETY: as above.
@@ -618,7 +643,7 @@ unsafe fn nth<C>(start: *mut C, i: usize, next: impl Fn(&C) -> *mut C) -> *mut C
 }
 
 /// `ibv_context_ops.post_send`: the list converted as the QP takes it, all queued before
-/// anything is sent (`post_send_iter`: its small messages share system calls, as with the
+/// anything is sent (`post_send_refs`: its small messages share system calls, as with the
 /// native API); a work request with inline data in several SGEs is gathered and posted on
 /// its own, after those before it.
 pub unsafe extern "C" fn post_send(
@@ -638,7 +663,7 @@ pub unsafe extern "C" fn post_send(
             break Ok(());
         }
         let start = list.cur;
-        if let Err((i, e)) = q.qp.post_send_iter(&mut list) {
+        if let Err((i, e)) = q.qp.post_send_refs(&mut list) {
             // SAFETY: the QP took `i + 1` work requests from `start`.
             break Err((unsafe { nth(start, i, |w| w.next) }, errno::fail(CALL, &e)));
         }
@@ -678,14 +703,15 @@ fn finish<C>(result: Result<(), (*mut C, c_int)>, bad: *mut *mut C) -> c_int {
 }
 
 /// The receive work requests of a C list as Softwarp's, converted one at a time as the
-/// QP or SRQ takes them. Ends at the end of the list or at a work request whose SGL is
-/// refused (`stop`: the errno; `cur` points to it).
-struct CRecvList {
+/// QP or SRQ takes them, each SGL used in place. Ends at the end of the list or at a work
+/// request whose SGL is refused (`stop`: the errno; `cur` points to it).
+struct CRecvList<'a> {
     cur: *mut ibv_recv_wr,
     stop: Option<c_int>,
+    _sges: PhantomData<&'a [Sge]>,
 }
 
-impl CRecvList {
+impl CRecvList<'_> {
     /// # Safety
     /// `wr` is NULL or the application's list of work requests, each with its `sg_list` of
     /// `num_sge` SGEs, valid while the list is used.
@@ -693,24 +719,25 @@ impl CRecvList {
         Self {
             cur: wr,
             stop: None,
+            _sges: PhantomData,
         }
     }
 }
 
-impl Iterator for CRecvList {
-    type Item = RecvWr;
+impl<'a> Iterator for CRecvList<'a> {
+    type Item = RecvWrRef<'a>;
 
     #[inline]
-    fn next(&mut self) -> Option<RecvWr> {
+    fn next(&mut self) -> Option<RecvWrRef<'a>> {
         // SAFETY: the application's list (`CRecvList::new`).
         let w = unsafe { self.cur.as_ref() }?;
-        // SAFETY: the work request's SGE array.
-        match unsafe { sgl(w.sg_list, w.num_sge) } {
-            Ok(sgl) => {
+        // SAFETY: the work request's SGE array, valid while the list is used.
+        match unsafe { sges(w.sg_list, w.num_sge) } {
+            Ok(sges) => {
                 self.cur = w.next;
-                Some(RecvWr {
+                Some(RecvWrRef {
                     wr_id: w.wr_id,
-                    sgl,
+                    sges,
                 })
             }
             Err(e) => {
@@ -721,7 +748,7 @@ impl Iterator for CRecvList {
     }
 }
 
-/// `ibv_context_ops.post_recv`: the list converted as the QP takes it (`post_recv_iter`).
+/// `ibv_context_ops.post_recv`: the list converted as the QP takes it (`post_recv_refs`).
 pub unsafe extern "C" fn post_recv(
     qp: *mut ibv_qp,
     wr: *mut ibv_recv_wr,
@@ -736,7 +763,7 @@ pub unsafe extern "C" fn post_recv(
     }
     // SAFETY: the caller's list of work requests.
     let mut list = unsafe { CRecvList::new(wr) };
-    let result = match q.qp.post_recv_iter(&mut list) {
+    let result = match q.qp.post_recv_refs(&mut list) {
         // SAFETY: the QP took `i + 1` work requests from `wr`.
         Err((i, e)) => Err((
             unsafe { nth(wr, i, |w| w.next) },
@@ -764,6 +791,14 @@ pub unsafe extern "C" fn post_srq_recv(
         let at = list.cur;
         let Some(w) = list.next() else {
             break list.stop.map_or(Ok(()), |e| Err((list.cur, e)));
+        };
+        // At most `MAX_SGE` elements (`sges`).
+        let Some(sgl) = SgList::from_slice(w.sges) else {
+            break Err((at, libc::EINVAL));
+        };
+        let w = RecvWr {
+            wr_id: w.wr_id,
+            sgl,
         };
         if let Err(e) = s.srq.post_recv(&w) {
             break Err((at, errno::fail("ibv_post_srq_recv", &e)));
@@ -882,4 +917,65 @@ pub unsafe extern "C" fn swv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
 pub unsafe extern "C" fn swv_ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
     // Every QP of this library is an `ibv_qp_ex` with the `ibv_wr_*` operations filled.
     qp.cast()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    /// `sges` reads a C `ibv_sge` array in place as `&[Sge]`: the layouts must agree (the
+    /// compile-time assertion above says so; this checks the values read through it).
+    #[test]
+    fn sge_is_ibv_sge() {
+        assert_eq!((size_of::<Sge>(), align_of::<Sge>()), (16, 8));
+        assert_eq!(
+            (size_of::<Sge>(), align_of::<Sge>()),
+            (size_of::<ibv_sge>(), align_of::<ibv_sge>())
+        );
+        assert_eq!(
+            [
+                offset_of!(Sge, addr),
+                offset_of!(Sge, length),
+                offset_of!(Sge, lkey)
+            ],
+            [
+                offset_of!(ibv_sge, addr),
+                offset_of!(ibv_sge, length),
+                offset_of!(ibv_sge, lkey)
+            ]
+        );
+        let c: Vec<ibv_sge> = (0..MAX_SGE as u32 + 1)
+            .map(|i| ibv_sge {
+                addr: 0x1122_3344_5566_7788 + u64::from(i),
+                length: 0x9900_0000 | i,
+                lkey: 0xabcd_ef00 | i,
+            })
+            .collect();
+        let n = MAX_SGE as c_int;
+        // SAFETY: `c` has more than `n` entries, alive for the test.
+        let got = unsafe { sges(c.as_ptr(), n) }.unwrap();
+        assert_eq!(got.len(), MAX_SGE);
+        for (s, w) in got.iter().zip(&c) {
+            assert_eq!(
+                *s,
+                Sge {
+                    addr: w.addr,
+                    length: w.length,
+                    lkey: Stag(w.lkey),
+                }
+            );
+        }
+        // The same list copied (`sgl`), and the refusals rdma-core's providers make.
+        // SAFETY: as above.
+        let copied = unsafe { sgl(c.as_ptr(), n) }.unwrap();
+        assert_eq!(copied.as_slice(), got);
+        // SAFETY: as above.
+        assert_eq!(unsafe { sges(c.as_ptr(), n + 1) }, Err(libc::EINVAL));
+        // SAFETY: a negative count reads nothing.
+        assert_eq!(unsafe { sges(c.as_ptr(), -1) }, Err(libc::EINVAL));
+        // SAFETY: a zero count reads nothing, not even a NULL array.
+        assert_eq!(unsafe { sges(std::ptr::null(), 0) }, Ok(&[][..]));
+    }
 }

@@ -13,6 +13,13 @@
  *   then disconnects; the server's close returns after that (not after its 2 s bound), and
  *   in round 1 the server's receive of "late" completed successfully.
  *
+ * Round 3 is the mirror case (siw's ib_send_lat server under emulation was still in the call
+ * that posted its last Send when our client, having received it, closed): the client
+ * receives "bye" and closes at once; the server Sends "late" 100 ms after "bye". The
+ * client's rdma_disconnect waits for the server's close (SOFTWARP_INITIATOR_CLOSE_WAIT_MS,
+ * set to 400 here unless the environment sets it), so the server's late Send completes
+ * successfully and the client receives it. With the wait at 0, the Send fails.
+ *
  * Prints one line per round and side, and "ok: N server checks" at the end. Every wait is
  * bounded (alarm).
  *
@@ -33,6 +40,7 @@
 #include "forked.h"
 
 #define SLOW_CLIENT_MS 300
+#define SLOW_SERVER_MS 100
 
 static long now_ms(void)
 {
@@ -87,6 +95,68 @@ static void server_round(struct rdma_cm_id *listen_id, int round)
 	rdma_destroy_ep(id);
 }
 
+/* Round 3: the client closes as soon as it has the server's "bye"; the server is late. */
+static void server_round_late(struct rdma_cm_id *listen_id)
+{
+	static char msg[64];
+	struct rdma_cm_id *id;
+	struct ibv_wc wc;
+	CHECK(rdma_get_request(listen_id, &id) == 0, "rdma_get_request");
+	struct ibv_mr *mr = rdma_reg_msgs(id, msg, sizeof msg);
+	CHECK(mr, "rdma_reg_msgs");
+	CHECK(rdma_post_recv(id, NULL, msg, 64, mr) == 0, "post_recv");
+	CHECK(rdma_accept(id, NULL) == 0, "rdma_accept");
+	CHECK(rdma_get_recv_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "last");
+	CHECK(rdma_post_send(id, NULL, "bye", 3, NULL, IBV_SEND_INLINE | IBV_SEND_SIGNALED) == 0,
+	      "send bye");
+	CHECK(rdma_get_send_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "bye sent");
+	usleep(SLOW_SERVER_MS * 1000);
+	int rc = rdma_post_send(id, NULL, "late", 4, NULL, IBV_SEND_INLINE | IBV_SEND_SIGNALED);
+	CHECK(rc == 0, "post of the late Send refused: the client closed at once");
+	CHECK(rdma_get_send_comp(id, &wc) > 0, "late sent");
+	CHECK(wc.status == IBV_WC_SUCCESS, "late Send: %s (the client closed at once)",
+	      ibv_wc_status_str(wc.status));
+	printf("server: round 3: the Send %d ms after the client's last receive completed\n",
+	       SLOW_SERVER_MS);
+	rdma_disconnect(id);
+	rdma_dereg_mr(mr);
+	rdma_destroy_ep(id);
+}
+
+static void client_round_late(const char *port)
+{
+	static char msgs[2][64];
+	struct rdma_addrinfo *res = addrinfo(port, 0);
+	struct ibv_qp_init_attr attr;
+	init_attr(&attr, 4);
+	struct rdma_cm_id *id;
+	struct ibv_wc wc;
+	CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0, "rdma_create_ep");
+	rdma_freeaddrinfo(res);
+	struct ibv_mr *mr = rdma_reg_msgs(id, msgs, sizeof msgs);
+	CHECK(mr, "rdma_reg_msgs");
+	memset(msgs, 0, sizeof msgs);
+	CHECK(rdma_post_recv(id, (void *)0, msgs[0], 64, mr) == 0, "post_recv");
+	CHECK(rdma_post_recv(id, (void *)1, msgs[1], 64, mr) == 0, "post_recv");
+	CHECK(rdma_connect(id, NULL) == 0, "rdma_connect");
+	CHECK(rdma_post_send(id, NULL, "last", 4, NULL, IBV_SEND_INLINE | IBV_SEND_SIGNALED) == 0,
+	      "send last");
+	CHECK(rdma_get_send_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "last sent");
+	CHECK(rdma_get_recv_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "bye");
+	CHECK(wc.byte_len == 3 && memcmp(msgs[0], "bye", 3) == 0, "payload %.3s", msgs[0]);
+	long start = now_ms();
+	CHECK(rdma_disconnect(id) == 0, "rdma_disconnect");
+	long waited = now_ms() - start;
+	CHECK(waited >= SLOW_SERVER_MS, "rdma_disconnect returned after %ld ms, before the server's late Send",
+	      waited);
+	CHECK(rdma_get_recv_comp(id, &wc) > 0, "late");
+	CHECK(wc.status == IBV_WC_SUCCESS, "late: %s", ibv_wc_status_str(wc.status));
+	CHECK(wc.byte_len == 4 && memcmp(msgs[1], "late", 4) == 0, "payload %.4s", msgs[1]);
+	printf("client: round 3: rdma_disconnect waited for the server; its late Send arrived\n");
+	rdma_dereg_mr(mr);
+	rdma_destroy_ep(id);
+}
+
 static void client_round(const char *port, int round)
 {
 	static char bye[64];
@@ -126,6 +196,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	/* Before the library reads it (it does so once per process, at the first close). */
+	setenv("SOFTWARP_INITIATOR_CLOSE_WAIT_MS", "400", 0);
 	alarm(30);
 	/* The client starts once the server listens (a byte on the pipe). */
 	int p[2];
@@ -139,6 +211,7 @@ int main(int argc, char **argv)
 		CHECK(read(p[0], &c, 1) == 1, "the server did not start");
 		client_round(argv[1], 1);
 		client_round(argv[1], 2);
+		client_round_late(argv[1]);
 		return 0;
 	}
 	close(p[0]);
@@ -153,6 +226,7 @@ int main(int argc, char **argv)
 	CHECK(write(p[1], "l", 1) == 1, "tell the client");
 	server_round(listen_id, 1);
 	server_round(listen_id, 2);
+	server_round_late(listen_id);
 	rdma_destroy_ep(listen_id);
 	int status;
 	CHECK(waitpid(child, &status, 0) == child, "waitpid");

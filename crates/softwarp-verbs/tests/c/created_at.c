@@ -91,6 +91,26 @@ NOINLINE struct ibv_srq *make_srq(struct ibv_pd *pd)
 	return ibv_create_srq(pd, &a);
 }
 
+NOINLINE struct rdma_cm_id *make_id(struct rdma_event_channel *ch)
+{
+	struct rdma_cm_id *id;
+	return rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) ? NULL : id;
+}
+
+/* An id without a QP whose address is resolved (to the listener's): ADDR_RESOLVED. */
+NOINLINE struct rdma_cm_id *make_resolved_id(struct rdma_event_channel *ch,
+					     struct sockaddr *dst)
+{
+	struct rdma_cm_id *id;
+	struct rdma_cm_event *ev;
+	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) || rdma_resolve_addr(id, NULL, dst, 1000))
+		return NULL;
+	if (rdma_get_cm_event(ch, &ev) || ev->event != RDMA_CM_EVENT_ADDR_RESOLVED)
+		return NULL;
+	rdma_ack_cm_event(ev);
+	return id;
+}
+
 /* A listener made by rdma_listen on an id bound to 127.0.0.1:0 (the bind opens the connection
  * manager's device). */
 NOINLINE int make_listener(struct rdma_cm_id *id)
@@ -129,16 +149,23 @@ int main(void)
 	if (!srq)
 		die("ibv_create_srq");
 	struct rdma_event_channel *ch = rdma_create_event_channel();
-	struct rdma_cm_id *id;
-	if (!ch || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
+	if (!ch)
+		die("rdma_create_event_channel");
+	struct rdma_cm_id *id = make_id(ch);
+	if (!id)
 		die("rdma_create_id");
 	if (make_listener(id))
 		die("rdma_listen");
-	printf("ready qp %u qp_ex %u\n", qp->qp_num, qpx->qp_num);
+	struct rdma_cm_id *rid = make_resolved_id(ch, rdma_get_local_addr(id));
+	if (!rid)
+		die("rdma_resolve_addr");
+	printf("ready qp %u qp_ex %u port %u\n", qp->qp_num, qpx->qp_num,
+	       ntohs(rdma_get_src_port(id)));
 	fflush(stdout);
 	char c;
 	while (read(0, &c, 1) > 0)
 		;
+	rdma_destroy_id(rid);
 	rdma_destroy_id(id);
 	rdma_destroy_event_channel(ch);
 	if (ibv_destroy_srq(srq) || ibv_destroy_qp(qpx) || ibv_destroy_qp(qp) ||

@@ -79,6 +79,7 @@ impl Conn {
     /// readiness, then writes when it does; for a busy-polled socket a `poll` without wait
     /// tells). Saves the gather list and the failing `sendmsg` per post and per busy poll
     /// of a sender that waits for the socket to drain.
+    #[inline]
     pub(super) fn wants_write(&self) -> bool {
         !self.tx_full || (!self.registered && crate::sys::writable_now(self.stream.as_fd()))
     }

@@ -70,7 +70,6 @@ pub(crate) use conn::{ConnObserver, LinkDown};
 pub(crate) use poller::RX_LOOK_PERIOD;
 use pump::TxEnd;
 
-use std::borrow::Borrow;
 use std::net::ToSocketAddrs;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -80,7 +79,7 @@ use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::fault::Cause;
 use softwarp_engine::qp::{Qp, QpConfig, QpState};
 use softwarp_engine::stats::QpStats;
-use softwarp_engine::wr::{Payload, RecvWr, SendWr};
+use softwarp_engine::wr::{PayloadRef, RecvWr, RecvWrRef, SendWr, SendWrRef};
 use softwarp_ras::deadline::Deadline;
 use softwarp_ras::markers::MarkerWord;
 
@@ -564,13 +563,22 @@ impl QueuePair {
         self.post_sends(wrs.into_iter())
     }
 
-    /// [`QueuePair::post_send_list`] and [`QueuePair::post_send_iter`]: by reference or by
-    /// value, the same code.
-    #[inline(always)]
-    fn post_sends<'a, W: Borrow<SendWr<'a>>>(
+    /// As [`QueuePair::post_send_iter`], for work requests whose scatter/gather lists are
+    /// borrowed ([`SendWrRef`]: a C `ibv_send_wr`'s `sg_list` used in place, no [`SendWr`]
+    /// with its inline [`softwarp_engine::wr::SgList`] built in between); each element is
+    /// copied once, into the send queue. A list longer than the QP's `max_send_sge` is
+    /// refused as in the other posts.
+    pub fn post_send_refs<'a>(
         &self,
-        wrs: impl Iterator<Item = W>,
+        wrs: impl IntoIterator<Item = SendWrRef<'a>>,
     ) -> Result<(), (usize, Error)> {
+        self.post_sends(wrs.into_iter())
+    }
+
+    /// [`QueuePair::post_send_list`], [`QueuePair::post_send_iter`] and
+    /// [`QueuePair::post_send_refs`]: by reference, by value or borrowed, the same code.
+    #[inline(always)]
+    fn post_sends<W: SendItem>(&self, wrs: impl Iterator<Item = W>) -> Result<(), (usize, Error)> {
         let s = &self.shared;
         let _inside = s.enter(Entry::PostSend).map_err(|e| (0, e))?;
         let mut g = s.lock();
@@ -582,16 +590,14 @@ impl QueuePair {
         let mut failed = None;
         {
             let mrs = s.device.mrs_read();
-            for (i, wr) in wrs.enumerate() {
-                let wr = wr.borrow();
-                let r = match Self::check_send(s, wr) {
-                    // `sq_sig_all` makes an unsignaled WR signaled: only then a copy.
-                    Ok(true) => {
-                        let mut wr = *wr;
-                        wr.signaled = true;
-                        inner.qp.post_send(&wr, &mrs).map_err(Error::from)
+            for (i, item) in wrs.enumerate() {
+                let mut wr = item.wr();
+                let r = match Self::check_send(s, &wr) {
+                    // `sq_sig_all` makes an unsignaled WR signaled.
+                    Ok(sig_all) => {
+                        wr.signaled |= sig_all;
+                        inner.qp.post_send_ref(wr, &mrs).map_err(Error::from)
                     }
-                    Ok(false) => inner.qp.post_send(wr, &mrs).map_err(Error::from),
                     Err(e) => Err(e),
                 };
                 if let Err(e) = r {
@@ -626,15 +632,15 @@ impl QueuePair {
     /// signaled. Inlined into both instances of `post_sends` (as it was into
     /// `post_send_list` when that was its one caller: 30 instructions per work request).
     #[inline(always)]
-    fn check_send(s: &QpShared, wr: &SendWr<'_>) -> Result<bool> {
+    fn check_send(s: &QpShared, wr: &SendWrRef<'_>) -> Result<bool> {
         softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, op = ?wr.op, "post_send");
-        match &wr.payload {
-            Payload::Sgl(sgl) if sgl.len() > s.cap.max_send_sge => {
+        match wr.payload {
+            PayloadRef::Sges(sges) if sges.len() > s.cap.max_send_sge => {
                 return Err(Error::InvalidArgument(
                     "send work request has more SGEs than the QP's max_send_sge",
                 ));
             }
-            Payload::Inline(b) if b.len() > s.cap.max_inline_data => {
+            PayloadRef::Inline(b) if b.len() > s.cap.max_inline_data => {
                 return Err(Error::InvalidArgument(
                     "inline data is longer than the QP's max_inline_data",
                 ));
@@ -672,12 +678,20 @@ impl QueuePair {
         self.post_recvs(wrs.into_iter())
     }
 
-    /// [`QueuePair::post_recv_list`] and [`QueuePair::post_recv_iter`].
-    #[inline(always)]
-    fn post_recvs<W: Borrow<RecvWr>>(
+    /// As [`QueuePair::post_recv_iter`], for work requests whose scatter/gather lists are
+    /// borrowed ([`RecvWrRef`]: a C `ibv_recv_wr`'s `sg_list` used in place); the elements
+    /// are copied once, into the receive queue.
+    pub fn post_recv_refs<'a>(
         &self,
-        wrs: impl Iterator<Item = W>,
+        wrs: impl IntoIterator<Item = RecvWrRef<'a>>,
     ) -> Result<(), (usize, Error)> {
+        self.post_recvs(wrs.into_iter())
+    }
+
+    /// [`QueuePair::post_recv_list`], [`QueuePair::post_recv_iter`] and
+    /// [`QueuePair::post_recv_refs`].
+    #[inline(always)]
+    fn post_recvs<W: RecvItem>(&self, wrs: impl Iterator<Item = W>) -> Result<(), (usize, Error)> {
         let s = &self.shared;
         let _inside = s.enter(Entry::PostRecv).map_err(|e| (0, e))?;
         let mut g = s.lock();
@@ -687,14 +701,13 @@ impl QueuePair {
         }
         let mut failed = None;
         for (i, wr) in wrs.enumerate() {
-            let wr = wr.borrow();
-            softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id, "post_recv");
-            let r = if wr.sgl.len() > s.cap.max_recv_sge {
+            softwarp_ras::sw_event!(Qp, 7, qpn = s.qp_num, wr_id = wr.wr_id(), "post_recv");
+            let r = if wr.sge_count() > s.cap.max_recv_sge {
                 Err(Error::InvalidArgument(
                     "receive work request has more SGEs than the QP's max_recv_sge",
                 ))
             } else {
-                g.qp.post_recv_ref(wr).map_err(Error::from)
+                wr.post_to(&mut g.qp).map_err(Error::from)
             };
             if let Err(e) = r {
                 failed = Some((i, e));
@@ -889,5 +902,85 @@ impl Drop for QueuePair {
             s.device.progress.kick(Arc::clone(s));
         }
         tracing::debug!(qp = s.qp_num, "QP destroyed");
+    }
+}
+
+/// A send work request as the posts take it: owned, by reference or borrowed, each seen
+/// as a [`SendWrRef`] (no copy of an inline SGL).
+trait SendItem {
+    fn wr(&self) -> SendWrRef<'_>;
+}
+
+impl SendItem for SendWr<'_> {
+    #[inline(always)]
+    fn wr(&self) -> SendWrRef<'_> {
+        self.borrowed()
+    }
+}
+
+impl<T: SendItem> SendItem for &T {
+    #[inline(always)]
+    fn wr(&self) -> SendWrRef<'_> {
+        (**self).wr()
+    }
+}
+
+impl SendItem for SendWrRef<'_> {
+    #[inline(always)]
+    fn wr(&self) -> SendWrRef<'_> {
+        *self
+    }
+}
+
+/// A receive work request as the posts take it: owned or by reference ([`RecvWr`], copied
+/// into the receive queue whole) or borrowed ([`RecvWrRef`], its elements copied).
+trait RecvItem {
+    fn wr_id(&self) -> u64;
+    fn sge_count(&self) -> usize;
+    fn post_to(&self, qp: &mut Qp) -> std::result::Result<(), softwarp_engine::qp::QpError>;
+}
+
+impl RecvItem for RecvWr {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    #[inline(always)]
+    fn sge_count(&self) -> usize {
+        self.sgl.len()
+    }
+    #[inline(always)]
+    fn post_to(&self, qp: &mut Qp) -> std::result::Result<(), softwarp_engine::qp::QpError> {
+        qp.post_recv_ref(self)
+    }
+}
+
+impl<T: RecvItem> RecvItem for &T {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        (**self).wr_id()
+    }
+    #[inline(always)]
+    fn sge_count(&self) -> usize {
+        (**self).sge_count()
+    }
+    #[inline(always)]
+    fn post_to(&self, qp: &mut Qp) -> std::result::Result<(), softwarp_engine::qp::QpError> {
+        (**self).post_to(qp)
+    }
+}
+
+impl RecvItem for RecvWrRef<'_> {
+    #[inline(always)]
+    fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+    #[inline(always)]
+    fn sge_count(&self) -> usize {
+        self.sges.len()
+    }
+    #[inline(always)]
+    fn post_to(&self, qp: &mut Qp) -> std::result::Result<(), softwarp_engine::qp::QpError> {
+        qp.post_recv_borrowed(*self)
     }
 }

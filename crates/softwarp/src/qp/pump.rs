@@ -29,12 +29,24 @@ pub(super) const PASS_BUDGET: usize = 1 << 20;
 /// Size of the staging buffer of threads that busy-poll.
 const STAGE_LEN: usize = 64 * 1024;
 
-thread_local! {
+/// The buffers of a thread that moves a QP's bytes.
+struct PassBufs {
     /// The staging buffer of a busy-polling thread (allocated at its first poll).
-    static STAGE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    stage: Vec<u8>,
     /// The batch buffer of a thread that transmits (the engine grows it to
     /// [`softwarp_engine::qp::BATCH_CAP`] once).
-    static TX_BATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    batch: Vec<u8>,
+}
+
+thread_local! {
+    /// One thread-local for both buffers: a busy pass reaches them with one lookup (in a
+    /// shared library, such as the C ABI's, each lookup is a `__tls_get_addr` call).
+    static BUFS: std::cell::RefCell<PassBufs> = const {
+        std::cell::RefCell::new(PassBufs {
+            stage: Vec::new(),
+            batch: Vec::new(),
+        })
+    };
 }
 
 /// What a progress pass left to do.
@@ -247,12 +259,22 @@ impl QpShared {
         // post from an exit handler runs after the thread's locals are gone (glibc destroys
         // them before `atexit` handlers run); it then sends without coalescing instead of
         // panicking (socat's exit-time `shutdown` through the preload library did).
-        let end = TX_BATCH
-            .try_with(|b| {
-                let mut batch = b.try_borrow_mut().ok();
-                self.tx_pass_with(inner, budget, batch.as_deref_mut())
-            })
-            .unwrap_or_else(|_| self.tx_pass_with(inner, budget, None));
+        BUFS.try_with(|b| {
+            let mut bufs = b.try_borrow_mut().ok();
+            self.tx_pass_batch(inner, budget, bufs.as_deref_mut().map(|b| &mut b.batch))
+        })
+        .unwrap_or_else(|_| self.tx_pass_batch(inner, budget, None))
+    }
+
+    /// [`QpShared::tx_pass`] with the calling thread's batch buffer, if it has one.
+    #[inline(always)]
+    fn tx_pass_batch(
+        &self,
+        inner: &mut QpInner,
+        budget: &mut usize,
+        batch: Option<&mut Vec<u8>>,
+    ) -> TxEnd {
+        let end = self.tx_pass_with(inner, budget, batch);
         if end == TxEnd::Full {
             self.arm_watchdog(inner);
         }
@@ -394,30 +416,48 @@ impl QpShared {
         }
         inner.app_passes = inner.app_passes.wrapping_add(1);
         let mut budget = PASS_BUDGET;
-        // `try_with`: see `tx_pass` (a pass from an exit handler reads without staging).
-        let rx = STAGE
-            .try_with(|stage| match stage.try_borrow_mut() {
-                Ok(mut stage) => {
+        // `try_with`: see `tx_pass` (a pass from an exit handler reads without staging and
+        // sends without coalescing).
+        let rx = BUFS
+            .try_with(|bufs| match bufs.try_borrow_mut() {
+                Ok(mut bufs) => {
+                    let PassBufs { stage, batch } = &mut *bufs;
                     if stage.len() < STAGE_LEN {
                         stage.resize(STAGE_LEN, 0);
                     }
-                    self.rx_pass(inner, &mut stage, &mut budget, true)
+                    let rx = self.rx_pass(inner, stage, &mut budget, true);
+                    self.busy_tx(inner, Some(batch));
+                    rx
                 }
                 // Re-entered from inside a pass (not possible today): a small buffer.
-                Err(_) => self.rx_pass_unstaged(inner, &mut budget),
+                Err(_) => {
+                    let rx = self.rx_pass_unstaged(inner, &mut budget);
+                    self.busy_tx(inner, None);
+                    rx
+                }
             })
-            .unwrap_or_else(|_| self.rx_pass_unstaged(inner, &mut budget));
-        let mut budget = PASS_BUDGET;
-        // A socket still full since the last pass: no gather list, no failing `sendmsg`.
-        if inner.conn.as_ref().is_some_and(|c| c.wants_write()) {
-            let _ = self.tx_pass(inner, &mut budget);
-        }
+            .unwrap_or_else(|_| {
+                let rx = self.rx_pass_unstaged(inner, &mut budget);
+                self.busy_tx(inner, None);
+                rx
+            });
         self.drain(inner);
         let finished = rx == RxEnd::Closed || inner.qp.state() != QpState::Rts;
         if finished {
             inner.close_kicked = true;
             drop(g);
             self.device.progress.kick(Arc::clone(self));
+        }
+    }
+
+    /// The transmit half of a busy pass, with the batch buffer the receive half's lookup
+    /// found.
+    #[inline(always)]
+    fn busy_tx(&self, inner: &mut QpInner, batch: Option<&mut Vec<u8>>) {
+        let mut budget = PASS_BUDGET;
+        // A socket still full since the last pass: no gather list, no failing `sendmsg`.
+        if inner.conn.as_ref().is_some_and(|c| c.wants_write()) {
+            let _ = self.tx_pass_batch(inner, &mut budget, batch);
         }
     }
 
