@@ -131,7 +131,9 @@ struct ExecArgs {
     #[arg(long)]
     ras: bool,
     /// Busy-poll the CQs made without a completion channel (SOFTWARP_BUSY_POLL=1): the
-    /// polling thread moves the bytes, for programs that poll in a loop (perftest).
+    /// polling thread moves the bytes, for programs that poll their CQs in a loop
+    /// (ib_send_bw, ib_send_lat). A QP whose program stops polling with bytes waiting is
+    /// served by the progress thread after 10-20 ms, so nothing hangs.
     #[arg(long)]
     busy_poll: bool,
     /// Print shell assignments (for `eval`) that put the library directory on

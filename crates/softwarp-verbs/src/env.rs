@@ -14,7 +14,7 @@
 //! | `SOFTWARP_P2P` | `0`: no RFC 6581 peer-to-peer mode (RTR) as initiator | on: rdma_cm programs may send first from either end once both saw ESTABLISHED (perftest's `ib_write_lat` server does), and an MPA responder may not send before the initiator's first FPDU (RFC 5044), so the initiator sends a zero-length RTR |
 //! | `SOFTWARP_RFC7306` | `on`, `off`: Immediate Data and atomics | on |
 //! | `SOFTWARP_MPA_TIMEOUT_MS` | TCP connect and MPA exchange bound | 5000 |
-//! | `SOFTWARP_BUSY_POLL` | `1`: CQs made without a completion channel are busy-polled (`CompletionQueue::set_busy_poll`: the thread polling the CQ moves its QPs' bytes; a QP whose receive CQ nobody polls then receives nothing) | off |
+//! | `SOFTWARP_BUSY_POLL` | `1`: CQs made without a completion channel are busy-polled (`CompletionQueue::set_busy_poll`: the thread polling the CQ moves its QPs' bytes; when its polls stop for 10-20 ms with bytes waiting, the progress thread moves them until they are back, so nothing stalls) | off |
 //! | `SOFTWARP_CLOSE_WAIT_MS` | how long a responder's `rdma_disconnect`/`ibv_destroy_qp` waits for the initiator to close first ([`crate::cm::teardown`]); `0`: close at once | 2000 |
 //! | `SOFTWARP_INITIATOR_CLOSE_WAIT_MS` | how long an initiator's `rdma_disconnect`/`ibv_destroy_qp` waits for the responder to close first ([`crate::cm::teardown`]); `0`: close at once | 50 |
 //! | `SOFTWARP_CONNECT_RETRIES` | how many times `rdma_connect` tries again when the TCP connection is refused (nothing listens yet) | 0 |

@@ -109,7 +109,8 @@ impl Readiness {
 /// for twice.
 ///
 /// Leave the CQ in event mode (not [`CompletionQueue::set_busy_poll`]): a busy-polled CQ's
-/// QPs move their bytes only when the CQ is polled, and a parked task polls nothing.
+/// QPs move their bytes when the CQ is polled, and a parked task polls nothing: they would
+/// wait 10 to 20 ms for the progress thread to take them over each time it parks.
 #[derive(Debug)]
 pub struct AsyncCq {
     cq: CompletionQueue,

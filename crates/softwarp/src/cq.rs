@@ -147,6 +147,12 @@ impl CqShared {
         qps.push(Arc::downgrade(qp));
     }
 
+    /// Completions the application took from this CQ so far (statistics; the progress
+    /// thread's busy-poll receive look tells from it whether the application still polls).
+    pub(crate) fn polled(&self) -> u64 {
+        lock(&self.state).polled
+    }
+
     pub(crate) fn qps(&self) -> Vec<Arc<QpShared>> {
         lock(&self.qps).iter().filter_map(Weak::upgrade).collect()
     }
@@ -470,8 +476,14 @@ impl CompletionQueue {
     /// thread wake-up is then on the data path, which is what low latency needs on a
     /// machine where waking a thread on another core costs tens of microseconds.
     ///
-    /// The application must keep polling for its QPs to make progress (as with any
-    /// busy-polled user-space stack): a QP whose CQ nobody polls does not receive. Set it
+    /// A QP whose CQs nobody polls does not stall: when bytes wait unread in its socket for
+    /// 10 to 20 ms while the application does nothing on it (no poll, post or completion
+    /// taken), the progress thread
+    /// takes it over (reads and writes on readiness, as in the default mode) until the
+    /// application's polls are back (it reposts receives, or its polls find the bytes
+    /// first); likewise a full socket with bytes pending is written by the progress thread
+    /// once the polls stop (the write watchdog). Both cost the first message after a pause
+    /// up to 20 ms: busy polling is for programs that poll their CQs in a loop. Set it
     /// before connecting the QPs: a QP decides when it connects.
     pub fn set_busy_poll(&self, on: bool) {
         self.shared.busy_poll.store(on, Ordering::Relaxed);

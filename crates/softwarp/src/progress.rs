@@ -2,7 +2,9 @@
 //! non-blocking sockets of the device's connected QPs.
 //!
 //! On readiness it runs a QP's progress pass (receive until `EAGAIN`, transmit what is left,
-//! move completions and events, close the connection when the QP is finished). Other
+//! move completions and events, close the connection when the QP is finished). Every
+//! [`crate::qp::RX_LOOK_PERIOD`], while it has busy-polled QPs, it looks whether their
+//! polls stopped with bytes waiting, and takes such a QP over (`QpShared::rx_look`). Other
 //! threads talk to it through a command channel and a `mio::Waker`: register a new
 //! connection, kick a QP whose state changed, move the QPs of an overflowed CQ to Error.
 //! It never blocks on anything but `epoll_wait`.
@@ -30,22 +32,21 @@ const SCRATCH_LEN: usize = 64 * 1024;
 /// Shortest interval between two receive stall looks.
 const STALL_LOOK_MIN: Duration = Duration::from_millis(5);
 
-/// When the progress thread looks for peers stalled in the middle of an FPDU: every quarter
-/// of the shortest receive stall timeout among its QPs (so a stall is found between the
-/// timeout and 1.5 times it), and not at all while no QP has one.
+/// A periodic look of the progress thread: off while it has no period, else due every
+/// period. Two kinds: for peers stalled in the middle of an FPDU (every quarter of the
+/// shortest receive stall timeout among its QPs, so a stall is found between the timeout
+/// and 1.5 times it), and for busy-polled QPs whose polls stopped
+/// ([`crate::qp::RX_LOOK_PERIOD`], while it has busy-polled QPs).
 #[derive(Debug, Default)]
-struct StallLooks {
+struct Looks {
     period: Option<Duration>,
     next: Option<Instant>,
 }
 
-impl StallLooks {
-    /// Recomputes the period from the QPs' timeouts (at registration and close).
-    fn update<'a>(&mut self, qps: impl Iterator<Item = &'a Arc<QpShared>>) {
-        self.period = qps
-            .filter_map(|qp| qp.rx_stall_timeout())
-            .min()
-            .map(|t| (t / 4).max(STALL_LOOK_MIN));
+impl Looks {
+    /// Sets the period (at registration and close); `None` stops the looks.
+    fn set(&mut self, period: Option<Duration>) {
+        self.period = period;
         if self.period.is_none() {
             self.next = None;
         } else if self.next.is_none() {
@@ -68,6 +69,21 @@ impl StallLooks {
             _ => false,
         }
     }
+}
+
+/// The periods of the progress thread's looks, from its QPs (at registration and close).
+fn set_looks(stall: &mut Looks, busy: &mut Looks, qps: &HashMap<Token, Arc<QpShared>>) {
+    stall.set(
+        qps.values()
+            .filter_map(|qp| qp.rx_stall_timeout())
+            .min()
+            .map(|t| (t / 4).max(STALL_LOOK_MIN)),
+    );
+    busy.set(
+        qps.values()
+            .any(|qp| qp.busy_polled())
+            .then_some(crate::qp::RX_LOOK_PERIOD),
+    );
 }
 
 pub(crate) enum Cmd {
@@ -176,7 +192,8 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
     let mut again: BTreeSet<Token> = BTreeSet::new();
     let mut delayed: BTreeSet<Token> = BTreeSet::new();
     let mut scratch = vec![0u8; SCRATCH_LEN];
-    let mut stall = StallLooks::default();
+    let mut stall = Looks::default();
+    let mut busy = Looks::default();
     let mut netwatch: Option<Box<crate::netwatch::NetWatch>> = None;
     loop {
         let timeout = if !again.is_empty() {
@@ -186,10 +203,11 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
         } else {
             None
         };
-        let timeout = match (timeout, stall.wait(Instant::now())) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let now = Instant::now();
+        let timeout = [timeout, stall.wait(now), busy.wait(now)]
+            .into_iter()
+            .flatten()
+            .min();
         if let Err(e) = poll.poll(&mut events, timeout) {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 tracing::error!(error = %e, "epoll_wait failed; progress thread stops");
@@ -215,7 +233,7 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
                         tokens.insert(key(&qp), token);
                         qps.insert(token, qp);
                         todo.insert(token);
-                        stall.update(qps.values());
+                        set_looks(&mut stall, &mut busy, &qps);
                     }
                 }
                 Ok(Cmd::Kick(qp)) => {
@@ -269,6 +287,13 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
                 }
             }
         }
+        if busy.due(Instant::now()) {
+            for (token, qp) in &qps {
+                if qp.rx_look(poll.registry()) {
+                    todo.insert(*token);
+                }
+            }
+        }
         let mut closed_any = false;
         for token in todo {
             let Some(qp) = qps.get(&token) else {
@@ -289,7 +314,7 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
             }
         }
         if closed_any {
-            stall.update(qps.values());
+            set_looks(&mut stall, &mut busy, &qps);
         }
     }
 }

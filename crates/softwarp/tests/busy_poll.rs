@@ -165,9 +165,11 @@ fn a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out() {
     // b does not read yet: a's socket fills and the rest of a's batches wait in the QP.
     // While a's thread is at work, nobody else writes its socket: its write watchdog is
     // armed instead of the socket joining the progress thread's epoll (which would wake the
-    // progress thread at every drain).
+    // progress thread at every drain). b's application stays at work meanwhile (empty
+    // posts), or b's progress thread would take its reading over (the receive take-over).
     for _ in 0..N / 50 {
         a.qp.post_send_list(&[send; 50]).unwrap();
+        b.qp.post_send_list(&[]).unwrap();
     }
     let (armed, _) = watchdog(&a).expect("a's socket filled up but no watchdog was armed");
     assert!(armed >= 1);
@@ -194,13 +196,18 @@ fn a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out() {
 /// `e`'s QP's write watchdog statistics (its `watchdog` detail): times armed, times the
 /// progress thread took over. `None` before it was first armed.
 fn watchdog(e: &End) -> Option<(u64, u64)> {
-    let d = qp_detail(e, "watchdog")?;
+    two_counts(e, "watchdog", "armed=", "took_over=")
+}
+
+/// Two counts of a `k1=N,k2=M` detail of `e`'s QP.
+fn two_counts(e: &End, detail: &str, k1: &str, k2: &str) -> Option<(u64, u64)> {
+    let d = qp_detail(e, detail)?;
     let num = |k: &str| -> Option<u64> {
         d.split(',')
             .find_map(|kv| kv.strip_prefix(k))
             .and_then(|v| v.parse().ok())
     };
-    Some((num("armed=")?, num("took_over=")?))
+    Some((num(k1)?, num(k2)?))
 }
 
 /// Who writes `e`'s QP's socket when it drains (its `tx_by` detail in the RAS resources).
@@ -209,4 +216,97 @@ fn tx_by(e: &End) -> Option<&'static str> {
     ["progress", "polls", "polls+watchdog"]
         .into_iter()
         .find(|k| *k == found)
+}
+
+#[test]
+fn a_busy_polled_qp_whose_cq_nobody_polls_still_receives() {
+    let mut a = End::new(None, None);
+    let mut b = busy_end();
+    let (sink, _) = b.mr(
+        64 << 10,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        0,
+    );
+    let (rbuf, _) = b.mr(4096, AccessFlags::LOCAL_WRITE, 0);
+    b.qp.post_recv(&RecvWr {
+        wr_id: 9,
+        sgl: SgList::single(rbuf.sge(0, 4096).unwrap()),
+    })
+    .unwrap();
+    connect(&mut a, &mut b, &ConnectOptions::default());
+    let (src, data) = a.mr(64 << 10, AccessFlags::NONE, 11);
+    // A 64 KiB Write (several FPDUs), then a Send; b never polls its CQs from here on (as
+    // the passive side of ib_write_bw, or ib_write_lat spinning on its buffer).
+    a.qp.post_send(&send_wr(
+        1,
+        SendOp::Write {
+            remote_addr: sink.addr(),
+            rkey: sink.rkey(),
+        },
+        Payload::Sgl(SgList::single(src.sge(0, 64 << 10).unwrap())),
+    ))
+    .unwrap();
+    a.qp.post_send(&send_wr(
+        2,
+        send_op(false, None),
+        Payload::Sgl(SgList::single(src.sge(0, 4096).unwrap())),
+    ))
+    .unwrap();
+    assert_eq!(wait_wcs(&a.scq, 2).len(), 2);
+    // Looked at without polling (a poll of the empty CQ would itself read the socket):
+    // the Write's bytes land and the Send's completion is queued, by the progress thread.
+    let deadline = Instant::now() + WAIT;
+    while b.rcq.is_empty() || sink.to_vec().unwrap() != data {
+        assert!(
+            Instant::now() < deadline,
+            "nothing read within {WAIT:?} while nobody polled (rx_by {:?})",
+            qp_detail(&b, "rx_by")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(rbuf.to_vec().unwrap(), data[..4096]);
+    assert_eq!(qp_detail(&b, "rx_by").as_deref(), Some("progress"));
+    let (took, _) = rx_takeover(&b).expect("no rx_takeover detail");
+    assert!(took >= 1);
+    let mut wc = [EMPTY_COMPLETION; 1];
+    assert_eq!(b.rcq.poll(&mut wc).unwrap(), 1);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].byte_len),
+        (9, WcStatus::Success, 4096)
+    );
+
+    // b polls again: once its polls read the Sends before the progress thread does, the
+    // progress thread hands the socket back to them (bounded: at most 2000 Sends).
+    let mut sent = 0;
+    while qp_detail(&b, "rx_by").as_deref() != Some("polls") {
+        assert!(
+            sent < 2000,
+            "still read by the progress thread after {sent} Sends"
+        );
+        b.qp.post_recv(&RecvWr {
+            wr_id: 10,
+            sgl: SgList::single(rbuf.sge(0, 64).unwrap()),
+        })
+        .unwrap();
+        a.qp.post_send(&send_wr(
+            3,
+            send_op(false, None),
+            Payload::Sgl(SgList::single(src.sge(0, 64).unwrap())),
+        ))
+        .unwrap();
+        assert_eq!(busy_wait(&b.rcq).wr_id, 10);
+        assert_eq!(busy_wait(&a.scq).wr_id, 3);
+        sent += 1;
+    }
+    let (took, back) = rx_takeover(&b).unwrap();
+    assert!(
+        back >= 1 && back <= took,
+        "took over {took}, handed back {back}"
+    );
+}
+
+/// `e`'s QP's receive take-over statistics (its `rx_takeover` detail): times the progress
+/// thread took the reading over, times it handed it back to the polls.
+fn rx_takeover(e: &End) -> Option<(u64, u64)> {
+    two_counts(e, "rx_takeover", "took_over=", "handed_back=")
 }

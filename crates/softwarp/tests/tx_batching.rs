@@ -166,7 +166,9 @@ fn posts_behind_a_full_socket_queue_for_the_progress_thread() {
     };
     let mut a = End::with(None, None, deep);
     let mut b = End::with(None, None, deep);
-    // b reads only when polled: a's socket fills up (COUNT * MSG is 12.5 MiB).
+    // b reads only when polled while its application is at work (below: empty posts; a
+    // busy-polled QP whose application stops is taken over by the progress thread): a's
+    // socket fills up (COUNT * MSG is 12.5 MiB).
     b.rcq.set_busy_poll(true);
     let (rbuf, _) = b.mr(MSG, AccessFlags::LOCAL_WRITE, 0);
     for i in 0..COUNT {
@@ -190,6 +192,7 @@ fn posts_behind_a_full_socket_queue_for_the_progress_thread() {
             fence: false,
         };
         a.qp.post_send(&wr).unwrap();
+        b.qp.post_send_list(&[]).unwrap();
     }
     let deferred = qp_detail(&a, "tx_deferred").and_then(|v| v.parse::<u64>().ok());
     assert!(

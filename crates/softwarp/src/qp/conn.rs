@@ -39,6 +39,15 @@ pub(crate) struct Conn {
     /// (which writes as the socket drains) it leaves the socket alone, and once it stops,
     /// the progress thread registers for write readiness and sends the rest itself.
     pub(super) watch: Option<(u64, Instant)>,
+    /// The application's activity (passes, receive posts and completions taken from its
+    /// CQs, summed) at the progress thread's last receive look of a busy-polled QP read by
+    /// the polls, and whether its socket was readable then (see [`QpShared::rx_look`];
+    /// `None` before the first look and after a hand-back).
+    pub(super) rx_look: Option<(u64, bool)>,
+    /// Set while the progress thread reads a busy-polled QP whose polls stopped (receive
+    /// take-over, [`QpShared::rx_look`]), until the polls are back
+    /// ([`QpShared::rx_hand_back`]).
+    pub(super) rx_takeover: Option<RxTakeover>,
     /// End of stream or error seen on the read side.
     pub(super) read_closed: bool,
     /// A write failed (reset, broken pipe): nothing more can be sent.
@@ -84,6 +93,29 @@ impl Conn {
             (true, _) => "progress",
             (false, false) => "polls",
             (false, true) => "polls+watchdog",
+        }
+    }
+}
+
+/// The progress thread's receive take-over of a busy-polled QP: the application's pass
+/// and receive post counts at its last service pass, and how many service passes in a row
+/// found nothing to read while the application made passes (its polls read first).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RxTakeover {
+    pub(super) seen: u64,
+    pub(super) recv_posts: u64,
+    pub(super) idle: u8,
+}
+
+impl Conn {
+    /// Who reads the socket (the `rx_by` detail of `softwarp resources`): `progress` (the
+    /// progress thread on read readiness: a QP in event or spin mode, a busy-polled one it
+    /// took over, or one closing), `polls` (a busy-polled QP: the application's polls read).
+    pub(super) fn rx_by(&self) -> &'static str {
+        if self.read_interest {
+            "progress"
+        } else {
+            "polls"
         }
     }
 }
@@ -365,6 +397,8 @@ impl QpShared {
             read_interest: false,
             registered: false,
             watch: None,
+            rx_look: None,
+            rx_takeover: None,
             read_closed: false,
             write_failed: false,
             shut_wr: false,

@@ -3,7 +3,7 @@
 //!
 //! The engine decides everything about the bytes, including how they are staged, coalesced
 //! and gated; the runtime hands it the socket, holds the locks, registers with epoll,
-//! closes and lingers, and runs the write watchdog. By job:
+//! closes and lingers, and runs the write watchdog and the receive take-over. By job:
 //!
 //! - this file: [`QueuePair`] (the verbs handle: create, post, modify, connect) and the
 //!   state it shares with the progress thread ([`QpShared`]: the QP lock, draining
@@ -13,7 +13,8 @@
 //! - `pump`: the passes that move bytes through [`Qp::recv_from`] and [`Qp::send_to`] (the
 //!   progress thread's `service`, a busy-polling thread's `busy_pass`, the posting thread's
 //!   transmit) and the receive stall look;
-//! - `poller`: epoll registration of busy-polled QPs and the write watchdog.
+//! - `poller`: epoll registration of busy-polled QPs, the write watchdog and the receive
+//!   take-over (the progress thread serves a busy-polled QP whose polls stopped).
 //!
 //! # Walk of a posted Send
 //!
@@ -66,6 +67,7 @@ mod pump;
 
 use conn::Conn;
 pub(crate) use conn::{ConnObserver, LinkDown};
+pub(crate) use poller::RX_LOOK_PERIOD;
 use pump::TxEnd;
 
 use std::net::ToSocketAddrs;
@@ -171,6 +173,15 @@ pub(crate) struct QpInner {
     /// it (statistics: the `watchdog` detail of `softwarp resources`).
     watch_armed: u64,
     watch_takeovers: u64,
+    /// Times the progress thread took the reading of this busy-polled QP over because its
+    /// polls had stopped, and times it handed it back (statistics: the `rx_takeover`
+    /// detail of `softwarp resources`).
+    rx_takeovers: u64,
+    rx_handbacks: u64,
+    /// Receive posts the application made so far: a QP whose polls stopped and whose
+    /// reading the progress thread took over is handed back once they go on (the
+    /// application takes receive completions and reposts).
+    recv_posts: u64,
     /// Posts that only queued their work behind a full socket (statistics: the
     /// `tx_deferred` detail of `softwarp resources`).
     tx_deferred: u64,
@@ -265,8 +276,19 @@ impl QpShared {
         let fd = g.conn.as_ref().map(|c| c.stream.as_fd());
         let view = crate::ras::QpView::take(&self.ras, &g.qp, g.info.as_ref(), fd);
         let view = match &g.conn {
-            Some(c) => view.with_attr("tx_by", c.tx_by()),
+            Some(c) => view
+                .with_attr("tx_by", c.tx_by())
+                .with_attr("rx_by", c.rx_by()),
             None => view,
+        };
+        let view = if g.rx_takeovers > 0 {
+            let t = format!(
+                "took_over={},handed_back={}",
+                g.rx_takeovers, g.rx_handbacks
+            );
+            view.with_attr("rx_takeover", &t)
+        } else {
+            view
         };
         let view = if g.tx_deferred > 0 {
             view.with_attr("tx_deferred", &g.tx_deferred.to_string())
@@ -443,6 +465,9 @@ impl QueuePair {
                 app_passes: 0,
                 watch_armed: 0,
                 watch_takeovers: 0,
+                rx_takeovers: 0,
+                rx_handbacks: 0,
+                recv_posts: 0,
                 tx_deferred: 0,
             }),
             count: Mutex::new(count),
@@ -689,6 +714,7 @@ impl QueuePair {
                 break;
             }
         }
+        g.recv_posts = g.recv_posts.wrapping_add(1);
         s.drain(&mut g);
         failed.map_or(Ok(()), Err)
     }

@@ -1,15 +1,32 @@
-//! Epoll registration of a QP's socket with the progress thread, and the write watchdog of
-//! busy-polled QPs (whose sockets stay out of the poller while the application polls).
+//! Epoll registration of a QP's socket with the progress thread, and the two ways the
+//! progress thread takes a busy-polled QP (whose socket stays out of the poller while the
+//! application polls) over when the polls stop: the write watchdog (bytes pending behind a
+//! full socket) and the receive take-over (bytes waiting to be read), so that a QP in
+//! busy-poll mode never stalls because nobody polls its CQ.
 
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use mio::{Interest, Registry, Token};
 use softwarp_engine::qp::QpState;
 
+use super::conn::RxTakeover;
 use super::{QpInner, QpShared};
+use crate::sys;
 
 /// How often an armed write watchdog looks whether the application still busy-polls.
 const WATCH_PERIOD: Duration = Duration::from_millis(5);
+
+/// How often the progress thread looks whether the application still polls the CQs of its
+/// busy-polled QPs ([`QpShared::rx_look`]): a QP whose socket had bytes to read at two looks
+/// in a row, with no application activity on it in between, is taken over (10 to 20 ms
+/// after the application's last activity, or after the bytes came).
+pub(crate) const RX_LOOK_PERIOD: Duration = Duration::from_millis(10);
+
+/// Service passes in a row that find nothing to read while the application polls, after
+/// which the progress thread hands a taken-over QP back to the polls
+/// ([`QpShared::rx_hand_back`]).
+const HAND_BACK_AFTER: u8 = 4;
 
 /// What a look at the write watchdog found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,5 +162,126 @@ impl QpShared {
         if conn.registered && !conn.read_interest && registry.deregister(&mut conn.stream).is_ok() {
             conn.registered = false;
         }
+    }
+
+    /// Whether the QP is busy-polled (its receive CQ is): the progress thread then looks at
+    /// it every [`RX_LOOK_PERIOD`].
+    pub(crate) fn busy_polled(&self) -> bool {
+        self.recv_cq
+            .busy_poll
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The progress thread's receive look at a busy-polled QP that the application's polls
+    /// read: when the application did nothing on it since the previous look (no pass, that
+    /// is no post and no poll of an empty CQ; no receive posted; no completion taken from
+    /// its CQs) and the socket had bytes to read (or an end of stream) at both looks,
+    /// nobody is polling its CQ; the
+    /// progress thread takes the QP over (its socket is registered for read and write
+    /// readiness) until the polls are back ([`QpShared::rx_hand_back`]). Returns true then
+    /// (the QP needs a service pass now). Skips a QP another thread holds: that thread is
+    /// moving its bytes.
+    pub(crate) fn rx_look(&self, registry: &Registry) -> bool {
+        let mut g = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        let inner = &mut *g;
+        if inner.close_kicked || inner.qp.state() != QpState::Rts {
+            return false;
+        }
+        let passes = inner.app_passes;
+        // Each count only grows: their sum changes when any does.
+        let activity = passes
+            .wrapping_add(inner.recv_posts)
+            .wrapping_add(self.recv_cq.polled())
+            .wrapping_add(self.send_cq.polled());
+        let Some(conn) = inner.conn.as_mut() else {
+            return false;
+        };
+        let Some(token) = conn.token else {
+            return false;
+        };
+        if conn.read_interest || conn.read_closed {
+            return false;
+        }
+        // A failed poll says readable: the service pass then meets the error.
+        let readable =
+            sys::poll_readable(conn.stream.as_fd(), Some(Duration::ZERO)).unwrap_or(true);
+        let before = conn.rx_look.replace((activity, readable));
+        // Bytes that waited unread from one look to the next, with the application idle:
+        // not bytes that came just before its first poll (after a connect, say).
+        if before != Some((activity, true)) || !readable {
+            return false;
+        }
+        let both = Interest::READABLE | Interest::WRITABLE;
+        let r = if conn.registered {
+            registry.reregister(&mut conn.stream, token, both)
+        } else {
+            registry.register(&mut conn.stream, token, both)
+        };
+        if let Err(e) = r {
+            tracing::error!(qp = self.qp_num, error = %e, "epoll registration failed");
+            return false;
+        }
+        conn.registered = true;
+        conn.read_interest = true;
+        // Registered for write readiness too: the write watchdog has nothing left to do.
+        conn.watch = None;
+        conn.rx_takeover = Some(RxTakeover {
+            seen: passes,
+            recv_posts: inner.recv_posts,
+            idle: 0,
+        });
+        inner.rx_takeovers += 1;
+        tracing::debug!(
+            qp = self.qp_num,
+            "busy polls stopped with bytes to read: the progress thread reads"
+        );
+        true
+    }
+
+    /// After a service pass of a QP the progress thread took over ([`QpShared::rx_look`]):
+    /// the application's polls are back, and the socket leaves the poller again (the polls
+    /// read alone, no progress thread wake-up per message), when since the previous service
+    /// pass it posted receives (it takes receive completions and reposts: a Send consumer)
+    /// or when [`HAND_BACK_AFTER`] passes in a row found nothing to read (`read_any` false)
+    /// while it made passes (its polls read first). Not on its polls or posts alone: a
+    /// program that spins on its memory for an RDMA Write (`ib_write_lat`) polls its CQ
+    /// for its own sends' completions, and would stall at every message if that handed
+    /// the reading back. A QP that is closing, or has bytes to send, stays with the
+    /// progress thread for now.
+    pub(super) fn rx_hand_back(&self, inner: &mut QpInner, registry: &Registry, read_any: bool) {
+        let (passes, recv_posts) = (inner.app_passes, inner.recv_posts);
+        let open = inner.qp.state() == QpState::Rts && !inner.close_kicked && !inner.qp.wants_tx();
+        let Some(conn) = inner.conn.as_mut() else {
+            return;
+        };
+        let Some(t) = conn.rx_takeover.as_mut() else {
+            return;
+        };
+        let polled = passes != t.seen;
+        let reposted = recv_posts != t.recv_posts;
+        t.seen = passes;
+        t.recv_posts = recv_posts;
+        if read_any || !polled {
+            t.idle = 0;
+        } else {
+            t.idle = t.idle.saturating_add(1);
+        }
+        if !(reposted || t.idle >= HAND_BACK_AFTER) || !open || conn.read_closed {
+            return;
+        }
+        if let Err(e) = registry.deregister(&mut conn.stream) {
+            tracing::error!(qp = self.qp_num, error = %e, "epoll deregistration failed");
+            return;
+        }
+        conn.registered = false;
+        conn.read_interest = false;
+        conn.rx_takeover = None;
+        conn.rx_look = None;
+        inner.rx_handbacks += 1;
+        tracing::debug!(qp = self.qp_num, "busy polls are back: they read again");
     }
 }

@@ -376,8 +376,10 @@ impl QpShared {
                 }
             }
         }
+        let rx_before = inner.qp.stats().rx_stream_bytes;
         let mut budget = PASS_BUDGET;
         let rx = self.rx_pass(inner, scratch, &mut budget, false);
+        let read_any = inner.qp.stats().rx_stream_bytes != rx_before;
         let mut budget = PASS_BUDGET;
         let tx = self.tx_pass(inner, &mut budget);
         self.drain(inner);
@@ -386,6 +388,9 @@ impl QpShared {
         let (closed, lingering) = self.maybe_close(inner, registry, tx);
         if !closed && tx == TxEnd::Idle {
             self.return_to_busy_polls(inner, registry);
+        }
+        if !closed {
+            self.rx_hand_back(inner, registry, read_any);
         }
         Pass {
             more: !closed && (rx == RxEnd::More || tx == TxEnd::More),
