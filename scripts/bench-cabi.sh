@@ -33,18 +33,26 @@
 #
 # Every process runs under `timeout`; a server that is not listening within 10 s is killed.
 # Wall clock: run it on a quiet machine (the table prints `uptime` before and after). Usage:
+# With --busy-lat, instead of the table above: latency where both APIs can busy-poll, the
+# comparison that does not depend on where the scheduler puts a woken progress thread.
+# perftest's `ib_send_lat -R` under `softwarp exec --busy-poll` against a two-process
+# `softwarp bench send_lat --mode busy` (its own exchange, with its raw TCP baseline in the
+# same invocation) at 8 B, 4 KiB and 64 KiB, alternated N times (--runs, default 3; 7 is
+# better on this VM): medians and the median of the N differences C - native.
+#
 #   scripts/bench-cabi.sh [--runs N] [--quick] [--no-build] [--busy] [--counts]
-#                         [--only TOOL[,TOOL...]]
+#                         [--only TOOL[,TOOL...]] [--busy-lat]
 #     --runs N    C and native runs per row (median; default 3); TCP: bench --runs N
 #     --quick     a tenth of the iterations (an indicative run on a busy machine)
 #     --no-build  use target/release as it is
 #     --busy      also perftest under --busy-poll (median of N runs)
 #     --counts    context switches and system calls per message (needs perf)
 #     --only T    only these perftest tools' rows (e.g. ib_send_lat,ib_write_lat)
+#     --busy-lat  only the busy-polled send_lat comparison (see above)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-runs=3 scale=1 build=1 busy=0 counts=0 only=
+runs=3 scale=1 build=1 busy=0 counts=0 only= busy_lat=0
 while [ $# -gt 0 ]; do
   case $1 in
     --runs) runs=$2; shift 2 ;;
@@ -53,7 +61,8 @@ while [ $# -gt 0 ]; do
     --busy) busy=1; shift ;;
     --counts) counts=1; shift ;;
     --only) only=$2; shift 2 ;;
-    *) echo "usage: $0 [--runs N] [--quick] [--no-build] [--busy] [--counts] [--only TOOLS]" >&2; exit 2 ;;
+    --busy-lat) busy_lat=1; shift ;;
+    *) echo "usage: $0 [--runs N] [--quick] [--no-build] [--busy] [--counts] [--only TOOLS] [--busy-lat]" >&2; exit 2 ;;
   esac
 done
 need=(ib_write_bw ib_send_bw ib_read_bw ib_send_lat ib_write_lat python3 timeout)
@@ -203,6 +212,52 @@ print(f"{statistics.median(v):.3f}" if v else "-")
 EOF
 }
 
+if [ "$busy_lat" = 1 ]; then
+  echo "# scripts/bench-cabi.sh --busy-lat, $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD), runs $runs, iterations / $scale"
+  echo "# before: $(uptime)"
+  echo
+  echo "| size | iterations | perftest ib_send_lat -R over the C ABI, --busy-poll, median (range) | softwarp bench send_lat --mode busy (native), median (range) | raw TCP, median | C - native, median of the pairs (range) |"
+  echo "|---|---|---|---|---|---|"
+  for size in 8 4096 65536; do
+    case $size in 65536) it=20000 ;; *) it=50000 ;; esac
+    it=$((it / scale))
+    cv=() nv=() tv=()
+    for i in $(seq 1 "$runs"); do
+      r=$(c_once ib_send_lat "$size" "$it" busy 0)
+      cv+=("${r%% *}")
+      port=$(free_port)
+      out=$tmp/nb-$size
+      if pair "$port" "$out" 0 "$sw" bench -p "$port" --mode busy :: \
+        "$sw" bench send_lat 127.0.0.1 -p "$port" -s "$size" -n "$it" --mode busy --json; then
+        nv+=("$(json_fig "$out.cli" softwarp)")
+        tv+=("$(json_fig "$out.cli" tcp)")
+      else
+        nv+=(-)
+        tv+=(-)
+      fi
+    done
+    python3 - "$size" "$it" "${cv[*]}" "${nv[*]}" "${tv[*]}" <<'EOF'
+import statistics as st, sys
+size, it, c, n, t = sys.argv[1:]
+def nums(s):
+    return [None if x == "-" else float(x) for x in s.split()]
+c, n, t = nums(c), nums(n), nums(t)
+pairs = [a - b for a, b in zip(c, n) if a is not None and b is not None]
+def med(v):
+    v = [x for x in v if x is not None]
+    if not v:
+        return "-", None
+    return f"{st.median(v):.2f} us ({min(v):.2f}-{max(v):.2f})", st.median(v)
+(cs, _), (ns, _), (_, tm) = med(c), med(n), med(t)
+d = f"{st.median(pairs):+.2f} us ({min(pairs):+.2f} to {max(pairs):+.2f})" if pairs else "-"
+tcp = "-" if tm is None else f"{tm:.2f} us"
+print(f"| {size} | {it} | {cs} | {ns} | {tcp} | {d} |")
+EOF
+  done
+  echo
+  echo "# after: $(uptime)"
+  exit 0
+fi
 echo "# scripts/bench-cabi.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD), runs $runs, iterations / $scale, mode spin, yield-every $yield_every"
 echo "# before: $(uptime)"
 echo
