@@ -49,24 +49,35 @@ static long now_ms(void)
 	return t.tv_sec * 1000L + t.tv_nsec / 1000000L;
 }
 
-static void server_round(struct rdma_cm_id *listen_id, int round)
+/* The server's part before the end: accept with two receives posted into msgs[0] and
+ * msgs[1] (one for "last", one for "late": perftest reposts after each message), receive the
+ * client's "last" into msgs[0], Send "bye". */
+static struct rdma_cm_id *server_exchange(struct rdma_cm_id *listen_id, char (*msgs)[64],
+					  struct ibv_mr **mr)
 {
-	static char msgs[2][64];
 	struct rdma_cm_id *id;
 	struct ibv_wc wc;
 	CHECK(rdma_get_request(listen_id, &id) == 0, "rdma_get_request");
-	struct ibv_mr *mr = rdma_reg_msgs(id, msgs, sizeof msgs);
-	CHECK(mr, "rdma_reg_msgs");
-	memset(msgs, 0, sizeof msgs);
-	/* One receive for "last", one for "late" (perftest reposts after each message). */
-	CHECK(rdma_post_recv(id, (void *)0, msgs[0], 64, mr) == 0, "post_recv");
-	CHECK(rdma_post_recv(id, (void *)1, msgs[1], 64, mr) == 0, "post_recv");
+	*mr = rdma_reg_msgs(id, msgs, 2 * 64);
+	CHECK(*mr, "rdma_reg_msgs");
+	memset(msgs, 0, 2 * 64);
+	CHECK(rdma_post_recv(id, (void *)0, msgs[0], 64, *mr) == 0, "post_recv");
+	CHECK(rdma_post_recv(id, (void *)1, msgs[1], 64, *mr) == 0, "post_recv");
 	CHECK(rdma_accept(id, NULL) == 0, "rdma_accept");
 	CHECK(rdma_get_recv_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "last");
 	CHECK(wc.byte_len == 4 && memcmp(msgs[0], "last", 4) == 0, "payload %.4s", msgs[0]);
 	CHECK(rdma_post_send(id, NULL, "bye", 3, NULL, IBV_SEND_INLINE | IBV_SEND_SIGNALED) == 0,
 	      "send bye");
 	CHECK(rdma_get_send_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "bye sent");
+	return id;
+}
+
+static void server_round(struct rdma_cm_id *listen_id, int round)
+{
+	static char msgs[2][64];
+	struct ibv_mr *mr;
+	struct ibv_wc wc;
+	struct rdma_cm_id *id = server_exchange(listen_id, msgs, &mr);
 
 	long start = now_ms();
 	const char *how;
@@ -98,18 +109,10 @@ static void server_round(struct rdma_cm_id *listen_id, int round)
 /* Round 3: the client closes as soon as it has the server's "bye"; the server is late. */
 static void server_round_late(struct rdma_cm_id *listen_id)
 {
-	static char msg[64];
-	struct rdma_cm_id *id;
+	static char msgs[2][64];
+	struct ibv_mr *mr;
 	struct ibv_wc wc;
-	CHECK(rdma_get_request(listen_id, &id) == 0, "rdma_get_request");
-	struct ibv_mr *mr = rdma_reg_msgs(id, msg, sizeof msg);
-	CHECK(mr, "rdma_reg_msgs");
-	CHECK(rdma_post_recv(id, NULL, msg, 64, mr) == 0, "post_recv");
-	CHECK(rdma_accept(id, NULL) == 0, "rdma_accept");
-	CHECK(rdma_get_recv_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "last");
-	CHECK(rdma_post_send(id, NULL, "bye", 3, NULL, IBV_SEND_INLINE | IBV_SEND_SIGNALED) == 0,
-	      "send bye");
-	CHECK(rdma_get_send_comp(id, &wc) > 0 && wc.status == IBV_WC_SUCCESS, "bye sent");
+	struct rdma_cm_id *id = server_exchange(listen_id, msgs, &mr);
 	usleep(SLOW_SERVER_MS * 1000);
 	int rc = rdma_post_send(id, NULL, "late", 4, NULL, IBV_SEND_INLINE | IBV_SEND_SIGNALED);
 	CHECK(rc == 0, "post of the late Send refused: the client closed at once");
