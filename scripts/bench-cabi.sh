@@ -16,16 +16,15 @@
 #
 # Polling, the same on both sides: spin. perftest (without -e) spins on ibv_poll_cq, and
 # ib_write_lat on the bytes of its buffer, while the device's progress thread moves the
-# bytes (plain `softwarp exec`); `softwarp bench -R` always runs so (it has no busy-poll
-# mode: send_bw's credit word and write_lat's byte are memory its loops wait on). bench's
+# bytes (plain `softwarp exec`); `softwarp bench -R` runs so by default. bench's
 # loops yield after 32 empty polls by default; perftest's never do, so bench runs with
 # `--yield-every 0` (YIELD_EVERY=32 to change it). perftest reports bandwidth and the
 # typical (median) latency, half a round trip for Send and Write, as bench does. With
-# --busy, a further column runs perftest under `softwarp exec --busy-poll` (the thread
-# polling the CQ moves the bytes; a side that does not poll, such as the passive end of
-# ib_write_bw and ib_read_bw or ib_write_lat spinning on its buffer, is taken over by its
-# progress thread after 10-20 ms): C busy against C spin, not a comparison with the native
-# API.
+# --busy, each row also runs busy-polled, like against like: perftest under `softwarp exec
+# --busy-poll` against `softwarp bench -R --mode busy` (both: the thread polling a CQ moves
+# the bytes; a side that does not poll, such as the passive end of ib_write_bw and
+# ib_read_bw or ib_write_lat spinning on its buffer, is taken over by its progress thread
+# after 10-20 ms), alternated with the spin runs, with its own C / native column.
 #
 # With --counts, the first C and native run of each row run under `perf stat` (both
 # processes): context switches and system calls (raw_syscalls:sys_enter) per message,
@@ -45,7 +44,7 @@
 #     --runs N    C and native runs per row (median; default 3); TCP: bench --runs N
 #     --quick     a tenth of the iterations (an indicative run on a busy machine)
 #     --no-build  use target/release as it is
-#     --busy      also perftest under --busy-poll (median of N runs)
+#     --busy      also both APIs busy-polled (median of N runs each)
 #     --counts    context switches and system calls per message (needs perf)
 #     --only T    only these perftest tools' rows (e.g. ib_send_lat,ib_write_lat)
 #     --busy-lat  only the busy-polled send_lat comparison (see above)
@@ -258,7 +257,7 @@ EOF
   echo "# after: $(uptime)"
   exit 0
 fi
-echo "# scripts/bench-cabi.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD), runs $runs, iterations / $scale, mode spin, yield-every $yield_every"
+echo "# scripts/bench-cabi.sh, $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD), runs $runs, iterations / $scale, mode spin$( [ "$busy" = 1 ] && echo " and busy"), yield-every $yield_every"
 echo "# before: $(uptime)"
 echo
 hdr="| test | size | iterations | perftest over the C ABI | softwarp bench -R (native) | raw TCP | C / native | C - native |"
@@ -268,13 +267,13 @@ if [ "$counts" = 1 ]; then
   sep="$sep---|---|"
 fi
 if [ "$busy" = 1 ]; then
-  hdr="$hdr perftest over the C ABI, --busy-poll |"
-  sep="$sep---|"
+  hdr="$hdr busy: perftest over the C ABI, --busy-poll | busy: softwarp bench -R --mode busy | busy: C / native (C - native) |"
+  sep="$sep---|---|---|"
 fi
 echo "$hdr"
 echo "$sep"
 row() { # TOOL SHAPE SIZE ITERS
-  local tool=$1 shape=$2 size=$3 iters=$(( $4 / scale )) i cv=() nv=() bv=() r
+  local tool=$1 shape=$2 size=$3 iters=$(( $4 / scale )) i cv=() nv=() bv=() bn=() r
   if [ -n "$only" ] && [[ ",$only," != *",$tool,"* ]]; then
     return
   fi
@@ -291,30 +290,36 @@ row() { # TOOL SHAPE SIZE ITERS
     if [ "$busy" = 1 ]; then
       r=$(c_once "$tool" "$size" "$iters" busy 0)
       bv+=("${r%% *}")
+      r=$(native_once "$shape" "$size" "$iters" busy 0)
+      bn+=("${r%% *}")
     fi
   done
-  local c n t b=-
+  local c n t b=- bnat=-
   c=$(median "${cv[@]}")
   n=$(median "${nv[@]}")
-  [ "$busy" = 1 ] && b=$(median "${bv[@]}")
+  if [ "$busy" = 1 ]; then
+    b=$(median "${bv[@]}")
+    bnat=$(median "${bn[@]}")
+  fi
   t=$(tcp "$shape" "$size" "$iters" spin)
-  python3 - "$tool" "$size" "$iters" "$c" "$n" "$t" "$counts" "$busy" "$b" $ccnt $ncnt <<'EOF'
+  python3 - "$tool" "$size" "$iters" "$c" "$n" "$t" "$counts" "$busy" "$b" "$bnat" $ccnt $ncnt <<'EOF'
 import sys
-tool, size, iters, c, n, t, counts, busy, b, ccs, csys, ncs, nsys = sys.argv[1:]
+tool, size, iters, c, n, t, counts, busy, b, bnat, ccs, csys, ncs, nsys = sys.argv[1:]
 bw = tool.endswith("_bw")
 unit = " Gbit/s" if bw else " us"
 def show(x):
     return "-" if x == "-" else x + unit
-if c != "-" and n != "-" and float(n) > 0:
-    ratio = f"{float(c) / float(n):.3f}"
-    diff = "" if bw else f"{float(c) - float(n):+.2f} us"
-else:
-    ratio, diff = "-", "-"
+def compare(c, n):
+    if c != "-" and n != "-" and float(n) > 0:
+        return f"{float(c) / float(n):.3f}", "" if bw else f"{float(c) - float(n):+.2f} us"
+    return "-", "-"
+ratio, diff = compare(c, n)
 line = f"| {tool} -R | {size} | {iters} | {show(c)} | {show(n)} | {show(t)} | {ratio} | {diff} |"
 if counts == "1":
     line += f" {ccs} ({ncs}) | {csys} ({nsys}) |"
 if busy == "1":
-    line += f" {show(b)} |"
+    bratio, bdiff = compare(b, bnat)
+    line += f" {show(b)} | {show(bnat)} | {bratio}{' (' + bdiff + ')' if bdiff else ''} |"
 print(line)
 EOF
 }

@@ -119,9 +119,11 @@ pub struct BenchArgs {
     crc: bool,
     /// How completions are waited for: busy (the CQ poll drives the QP: no thread
     /// wake-ups), spin (spin on the CQ; the progress thread moves the bytes), or event
-    /// (completion channel).
-    #[arg(long, value_enum, default_value = "busy")]
-    mode: Mode,
+    /// (completion channel). Default busy; with -R spin (as perftest without -e polls
+    /// while the progress thread moves the bytes), and -R --mode busy busy-polls its CQs
+    /// as perftest under `softwarp exec --busy-poll` does.
+    #[arg(long, value_enum)]
+    mode: Option<Mode>,
     /// Sleep on completion events (perftest -e): the same as --mode event.
     #[arg(short = 'e', long, conflicts_with = "mode")]
     events: bool,
@@ -453,12 +455,13 @@ fn server_cpu() -> usize {
 }
 
 impl BenchArgs {
-    /// The waiting mode (`-e` is `--mode event`).
+    /// The waiting mode (`-e` is `--mode event`; default busy, with `-R` spin).
     fn wait_mode(&self) -> Mode {
-        if self.events {
-            Mode::Event
-        } else {
-            self.mode
+        match (self.events, self.mode) {
+            (true, _) => Mode::Event,
+            (false, Some(mode)) => mode,
+            (false, None) if self.rdma_cm => Mode::Spin,
+            (false, None) => Mode::Busy,
         }
     }
 }
@@ -608,7 +611,7 @@ fn perftest_size(kind: Kind) -> usize {
 fn run_perftest(args: &BenchArgs, plan: &Plan, role: &Role) -> Result<()> {
     ensure!(
         args.wait_mode() != Mode::Event,
-        "-R spins on completions (the progress thread moves the bytes): no event mode"
+        "-R polls its completion queues (spin or busy): no event mode"
     );
     ensure!(
         args.post_list == 1 && args.runs == 1,
@@ -653,6 +656,7 @@ fn run_perftest(args: &BenchArgs, plan: &Plan, role: &Role) -> Result<()> {
         rx_depth,
         out_reads: args.out_reads.max(1),
         crc: args.crc,
+        busy: args.wait_mode() == Mode::Busy,
         accept_timeout: Duration::from_secs(args.accept_timeout),
     };
     let sizes = |shape: Shape| -> Vec<usize> {
@@ -753,7 +757,7 @@ fn run_perftest(args: &BenchArgs, plan: &Plan, role: &Role) -> Result<()> {
                         },
                         bidir: args.bidirectional,
                         crc: args.crc,
-                        mode: Mode::Spin,
+                        mode: args.wait_mode(),
                         fpdu: 0,
                         post_list: 1,
                         qps: 1,
@@ -981,12 +985,7 @@ impl Output {
             role: role.name().into(),
             peer,
             device: args.device.clone(),
-            // -R always spins on its CQs (the progress thread moves the bytes).
-            mode: if args.rdma_cm {
-                Mode::Spin
-            } else {
-                args.wait_mode()
-            },
+            mode: args.wait_mode(),
             crc: args.crc,
             depth: args.depth,
             post_list: args.post_list,
@@ -1220,6 +1219,18 @@ mod tests {
             (8, Some(2), Some(3), 2)
         );
         assert!(args(&["-n", "5", "-D", "1"]).is_err(), "-n and -D together");
+    }
+
+    #[test]
+    fn the_default_mode_is_busy_and_with_rdma_cm_spin() {
+        assert_eq!(args(&[]).unwrap().wait_mode(), Mode::Busy);
+        assert_eq!(args(&["-R"]).unwrap().wait_mode(), Mode::Spin);
+        assert_eq!(
+            args(&["-R", "--mode", "busy"]).unwrap().wait_mode(),
+            Mode::Busy
+        );
+        assert_eq!(args(&["--mode", "spin"]).unwrap().wait_mode(), Mode::Spin);
+        assert_eq!(args(&["-R", "-e"]).unwrap().wait_mode(), Mode::Event);
     }
 
     #[test]

@@ -677,6 +677,45 @@ fn perftest_exchange_runs_the_bandwidth_shapes_bidirectionally() {
 }
 
 #[test]
+fn perftest_exchange_busy_polls_every_shape_when_asked() {
+    // --mode busy: the CQs are busy-polled, as perftest's under `softwarp exec
+    // --busy-poll`; what a side waits for without polling (the passive end of write_bw and
+    // read_bw, write_lat's byte, send_bw's credit word) still arrives, through the progress
+    // thread's take-over. Without --mode, -R spins (the test above).
+    for (shape, size) in [
+        ("write_bw", "65536"),
+        ("read_bw", "4096"),
+        ("send_bw", "2000"),
+        ("write_lat", "8"),
+        ("send_lat", "3000"),
+        ("read_lat", "64"),
+    ] {
+        let v = json(&[
+            "-R",
+            shape,
+            "--loopback",
+            "--mode",
+            "busy",
+            "-s",
+            size,
+            "-n",
+            "40",
+            "-t",
+            "16",
+            "--rx-depth",
+            "12",
+        ]);
+        assert_eq!(v.config.mode, softwarp_bench::Mode::Busy, "{shape}");
+        assert_eq!(shapes(&v), vec![shape]);
+        let r = &results(&v)[0];
+        assert_eq!(r.mode, softwarp_bench::Mode::Busy, "{shape}");
+        assert_measured(r, false);
+        assert_eq!(r.iters, 40);
+        assert_eq!(r.size.to_string(), size);
+    }
+}
+
+#[test]
 fn perftest_exchange_refuses_what_perftest_cannot_express() {
     for args in [
         &["-R"][..],

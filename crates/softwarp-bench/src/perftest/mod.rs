@@ -141,9 +141,12 @@
 //!   known-answer tests from the capture bytes); `perftest/mod.rs` runs a session in either
 //!   role (`perftest/measure.rs`: the data phase of each shape) on the `softwarp` crate's
 //!   connection manager (`CmEventChannel`, `CmListener`,
-//!   `ConnectOptions::linux_siw()` + `--crc`). Completions are spun on and the device's progress
-//!   thread moves the bytes (no busy-poll mode: the credit word and write_lat's byte are memory the
-//!   progress thread writes). There is no raw TCP baseline in a `-R` run: the peer speaks
+//!   `ConnectOptions::linux_siw()` + `--crc`). By default completions are spun on and the device's
+//!   progress thread moves the bytes; with `--mode busy` the CQs are busy-polled, as perftest's
+//!   under `softwarp exec --busy-poll`: the polling thread moves its QPs' bytes, and what this
+//!   side waits for without polling a CQ (the credit word, write_lat's byte, the passive end of
+//!   write_bw and read_bw) is moved by the progress thread once it takes the QP over (DESIGN.md,
+//!   "Busy-poll CQs"). There is no raw TCP baseline in a `-R` run: the peer speaks
 //!   perftest's protocol, not ours.
 //!
 
@@ -206,6 +209,12 @@ pub struct Params {
     pub out_reads: usize,
     /// Ask for CRC32c.
     pub crc: bool,
+    /// Busy-poll the completion queues (`--mode busy`): the thread polling a CQ moves its
+    /// QPs' bytes, and a QP whose CQ this side does not poll (the credit word, write_lat's
+    /// byte, the passive end of write_bw and read_bw) is taken over by the progress thread,
+    /// as for perftest under `softwarp exec --busy-poll`. Otherwise the loops spin and the
+    /// progress thread moves the bytes.
+    pub busy: bool,
     /// How long the server waits for a client.
     pub accept_timeout: Duration,
 }
@@ -317,6 +326,9 @@ impl Side {
         let ctrl_rcq = dev.create_cq(64, None)?;
         let data_scq = dev.create_cq(sq + 64, None)?;
         let data_rcq = dev.create_cq(rq + 64, None)?;
+        for cq in [&ctrl_scq, &ctrl_rcq, &data_scq, &data_rcq] {
+            cq.set_busy_poll(p.busy);
+        }
         let mut cattr = QpInitAttr::new(&ctrl_scq, &ctrl_rcq);
         cattr.cap.max_send_wr = 8;
         cattr.cap.max_recv_wr = 8;
@@ -778,6 +790,7 @@ mod tests {
             rx_depth: 512,
             out_reads: 1,
             crc: false,
+            busy: false,
             accept_timeout: Duration::from_secs(1),
         }
     }
