@@ -56,13 +56,26 @@ fn check(p: PathBuf) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
-/// Makes (or refreshes) the directory of links to `library` and returns it: `libibverbs.so.1`
-/// and `librdmacm.so.1` (what programs load), `libibverbs.so` and `librdmacm.so` (what
-/// `cc -libverbs -lrdmacm` links with), and `pkgconfig/softwarp-verbs.pc` ([`pc_file`]).
+/// The links a library directory holds, all to the one library: what programs load
+/// (`libibverbs.so.1`, `librdmacm.so.1`) and what `cc -libverbs -lrdmacm` links with.
+pub const LINKS: [&str; 4] = [
+    "libibverbs.so.1",
+    "librdmacm.so.1",
+    "libibverbs.so",
+    "librdmacm.so",
+];
+
+/// Makes (or refreshes) the directory of links to `library` and returns it: [`LINKS`] and
+/// `pkgconfig/softwarp-verbs.pc` ([`pc_file`]). A library installed by `softwarp install`
+/// already sits in such a directory, which is then used as it is (nothing written);
+/// otherwise the directory is made per user under the temporary directory.
 pub fn library_dir(library: &Path) -> anyhow::Result<PathBuf> {
     let library = library
         .canonicalize()
         .with_context(|| format!("resolving {}", library.display()))?;
+    if let Some(dir) = library.parent().filter(|d| is_library_dir(d, &library)) {
+        return Ok(dir.to_path_buf());
+    }
     // Per user (another user's directory is not ours to write), per library file.
     let uid = std::fs::metadata("/proc/self")
         .map(|m| m.uid())
@@ -74,35 +87,64 @@ pub fn library_dir(library: &Path) -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir()
         .join(format!("softwarp-verbs-{uid}"))
         .join(format!("{hash:016x}"));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    for name in [
-        "libibverbs.so.1",
-        "librdmacm.so.1",
-        "libibverbs.so",
-        "librdmacm.so",
-    ] {
+    fill_library_dir(&dir, &library, &library, "softwarp exec --print-env")?;
+    Ok(dir)
+}
+
+/// True when `dir` already holds every link of [`LINKS`] leading to `library` and the
+/// pkg-config file (an installation).
+fn is_library_dir(dir: &Path, library: &Path) -> bool {
+    LINKS
+        .iter()
+        .all(|n| dir.join(n).canonicalize().is_ok_and(|t| t == library))
+        && dir.join("pkgconfig/softwarp-verbs.pc").is_file()
+}
+
+/// Makes `dir` a library directory: the links of [`LINKS`] to `target` (a path, or a name
+/// relative to `dir`), which is the file `library`, and `pkgconfig/softwarp-verbs.pc`
+/// naming `dir`, saying it was written by `writer`. Each link and file is made aside and
+/// renamed over the old one, so a concurrent reader sees the old or the new, never none.
+pub fn fill_library_dir(
+    dir: &Path,
+    target: &Path,
+    library: &Path,
+    writer: &str,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for name in LINKS {
         let link = dir.join(name);
-        if std::fs::read_link(&link).is_ok_and(|t| t == library) {
+        if std::fs::read_link(&link).is_ok_and(|t| t == target)
+            && link.canonicalize().is_ok_and(|t| t == library)
+        {
             continue;
         }
-        // A new link renamed over the old one: concurrent `softwarp exec`s never see none.
         let tmp = dir.join(format!("{name}.{}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(&library, &tmp)
+        std::os::unix::fs::symlink(target, &tmp)
             .with_context(|| format!("linking {}", tmp.display()))?;
         std::fs::rename(&tmp, &link).with_context(|| format!("placing {}", link.display()))?;
     }
-    let pc_dir = dir.join("pkgconfig");
-    std::fs::create_dir_all(&pc_dir).with_context(|| format!("creating {}", pc_dir.display()))?;
-    let pc = pc_dir.join("softwarp-verbs.pc");
-    let text = pc_file(&dir);
-    if std::fs::read_to_string(&pc).ok().as_deref() != Some(text.as_str()) {
-        // Written aside and renamed over: a concurrent reader sees the old file or the new.
-        let tmp = pc_dir.join(format!("softwarp-verbs.pc.{}", std::process::id()));
-        std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &pc).with_context(|| format!("placing {}", pc.display()))?;
+    place_file(
+        &dir.join("pkgconfig/softwarp-verbs.pc"),
+        pc_file(dir, writer).as_bytes(),
+    )
+}
+
+/// Writes `bytes` to `path` (creating its directory) unless it holds them already: written
+/// aside and renamed over, so a concurrent reader (or a running program, for a library)
+/// keeps the old file or gets the new one.
+pub fn place_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    if std::fs::read(path).ok().as_deref() == Some(bytes) {
+        return Ok(());
     }
-    Ok(dir)
+    let parent = path
+        .parent()
+        .with_context(|| format!("{} has no directory", path.display()))?;
+    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = parent.join(format!(".{name}.{}", std::process::id()));
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("placing {}", path.display()))
 }
 
 /// The pkg-config file of the library in `dir`: programs built with `pkg-config --cflags
@@ -110,9 +152,9 @@ pub fn library_dir(library: &Path) -> anyhow::Result<PathBuf> {
 /// time through their RUNPATH, without `LD_LIBRARY_PATH`. The headers are rdma-core's
 /// (Debian's `libibverbs-dev`, `librdmacm-dev`, in the compiler's default path): the library
 /// implements their ABI (rdma-core v44).
-pub fn pc_file(dir: &Path) -> String {
+pub fn pc_file(dir: &Path, writer: &str) -> String {
     format!(
-        "# Written by `softwarp exec --print-env`: Softwarp's libibverbs.so.1 and librdmacm.so.1.\n\
+        "# Written by `{writer}`: Softwarp's libibverbs.so.1 and librdmacm.so.1.\n\
          # Headers: rdma-core v44's (libibverbs-dev, librdmacm-dev).\n\
          libdir={}\n\
          \n\

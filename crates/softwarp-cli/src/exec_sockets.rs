@@ -11,7 +11,7 @@ use std::process::Command;
 use anyhow::{bail, Context};
 
 /// The library's file name.
-pub const LIBRARY: &str = "libsoftwarp_preload.so";
+pub const LIBRARY: &str = softwarp_cli::install::PRELOAD_LIBRARY;
 
 /// The options of `softwarp exec` that only `--sockets` uses.
 #[derive(Debug, clap::Args)]

@@ -12,3 +12,4 @@ pub mod admin;
 pub mod capture;
 pub mod decode;
 pub mod exec;
+pub mod install;

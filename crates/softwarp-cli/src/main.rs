@@ -104,6 +104,29 @@ enum Command {
     /// (libsoftwarp_preload.so) instead, so that its TCP sockets become iWARP streams (both
     /// ends must run this way): `softwarp exec --sockets -- socat ...`.
     Exec(ExecArgs),
+    /// Install this executable and the libraries under a lasting prefix, for programs built
+    /// against Softwarp: PREFIX/bin/softwarp, PREFIX/lib/softwarp/ (libsoftwarp_verbs.so with
+    /// the links libibverbs.so.1, librdmacm.so.1, libibverbs.so, librdmacm.so),
+    /// PREFIX/lib/pkgconfig/softwarp-verbs.pc, and PREFIX/lib/libsoftwarp_preload.so when it
+    /// was built.
+    ///
+    /// Example: `softwarp install --prefix ~/.local`, then `cc app.c $(PKG_CONFIG_PATH=
+    /// ~/.local/lib/pkgconfig pkg-config --cflags --libs softwarp-verbs)`.
+    Install(InstallArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct InstallArgs {
+    /// Where to install (made if missing), e.g. /usr/local or ~/.local.
+    #[arg(long)]
+    prefix: PathBuf,
+    /// The C library to install (default: as `softwarp exec` finds it).
+    #[arg(long)]
+    lib: Option<PathBuf>,
+    /// The sockets preload library to install (default: as `softwarp exec --sockets` finds
+    /// it; skipped with a note when it was not built).
+    #[arg(long)]
+    preload: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -154,6 +177,32 @@ struct ExecArgs {
         allow_hyphen_values = true
     )]
     command: Vec<std::ffi::OsString>,
+}
+
+/// `softwarp install`: copies this executable and the libraries under `--prefix`.
+fn install(args: &InstallArgs) -> anyhow::Result<ExitCode> {
+    let exe = std::env::current_exe().context("locating the softwarp executable")?;
+    let verbs = softwarp_cli::exec::find_library(args.lib.as_deref())?;
+    let preload = match (
+        &args.preload,
+        exec_sockets::find_library(args.preload.as_deref()),
+    ) {
+        (_, Ok(p)) => Some(p),
+        (Some(_), Err(e)) => return Err(e),
+        (None, Err(e)) => {
+            eprintln!("softwarp install: no sockets preload library ({e:#})");
+            None
+        }
+    };
+    let from = softwarp_cli::install::Sources {
+        exe,
+        verbs,
+        preload,
+    };
+    for line in softwarp_cli::install::install(&from, &args.prefix)? {
+        println!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `softwarp exec`: replaces this process with the program (returns only on failure).
@@ -340,6 +389,7 @@ fn main() -> ExitCode {
         Command::Fault(cmd) => admin_run(|o, e| admin::fault::run(cmd, o, e)),
         Command::Doctor(args) => admin_run(|o, _| admin::doctor::run(args, o)),
         Command::Exec(args) => exec(args),
+        Command::Install(args) => install(args),
     };
     match result {
         Ok(code) => code,

@@ -47,13 +47,7 @@ fn on_path(name: &str) -> bool {
 
 #[test]
 fn a_program_built_with_pkg_config_runs_on_softwarp_without_ld_library_path() {
-    use std::path::Path;
-    if !on_path("cc") || !on_path("pkg-config") {
-        println!("skipped: cc or pkg-config is missing (apt-get install gcc pkg-config)");
-        return;
-    }
-    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
-        println!("skipped: the rdma-core headers are missing (apt-get install libibverbs-dev)");
+    if pkg_config_missing() {
         return;
     }
     let env = softwarp()
@@ -79,9 +73,17 @@ fn a_program_built_with_pkg_config_runs_on_softwarp_without_ld_library_path() {
     assert_eq!(pc_path, format!("{lib_dir}/pkgconfig"));
     assert!(value("LD_LIBRARY_PATH").starts_with(&lib_dir), "{text}");
 
+    build_and_run_verbs_errors("exec", &pc_path, &lib_dir);
+}
+
+/// Builds `verbs_errors.c` (in a directory named after `tag`) with `pkg-config --cflags
+/// --libs softwarp-verbs` from `pc_path`, checks that the flags set its RUNPATH to
+/// `lib_dir`, and runs it without `LD_LIBRARY_PATH`.
+fn build_and_run_verbs_errors(tag: &str, pc_path: &str, lib_dir: &str) {
+    use std::path::Path;
     let flags = Command::new("pkg-config")
         .args(["--cflags", "--libs", "softwarp-verbs"])
-        .env("PKG_CONFIG_PATH", &pc_path)
+        .env("PKG_CONFIG_PATH", pc_path)
         .output()
         .expect("run pkg-config");
     assert!(
@@ -92,7 +94,7 @@ fn a_program_built_with_pkg_config_runs_on_softwarp_without_ld_library_path() {
     let flags = String::from_utf8(flags.stdout).expect("UTF-8");
     assert!(flags.contains(&format!("-Wl,-rpath,{lib_dir}")), "{flags}");
 
-    let dir = std::env::temp_dir().join(format!("swpc-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("swpc-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a directory for the program");
     let exe = dir.join("verbs_errors");
     let src =
@@ -124,6 +126,64 @@ fn a_program_built_with_pkg_config_runs_on_softwarp_without_ld_library_path() {
         String::from_utf8_lossy(&run.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&run.stdout), "ok: 59 checks\n");
+}
+
+/// True (after printing why) when the pkg-config tests cannot run here.
+fn pkg_config_missing() -> bool {
+    if !on_path("cc") || !on_path("pkg-config") {
+        println!("skipped: cc or pkg-config is missing (apt-get install gcc pkg-config)");
+        return true;
+    }
+    if !std::path::Path::new("/usr/include/infiniband/verbs.h").exists() {
+        println!("skipped: the rdma-core headers are missing (apt-get install libibverbs-dev)");
+        return true;
+    }
+    false
+}
+
+#[test]
+fn an_installed_softwarp_builds_and_runs_programs_from_its_prefix() {
+    if pkg_config_missing() {
+        return;
+    }
+    let prefix = std::env::temp_dir().join(format!("swinstall-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&prefix);
+    let out = softwarp()
+        .args(["install", "--prefix"])
+        .arg(&prefix)
+        .output()
+        .expect("run softwarp install");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let prefix = prefix.canonicalize().expect("the prefix exists");
+    let lib_dir = prefix.join("lib/softwarp");
+    // The installed executable finds its installed library and uses lib/softwarp as it is.
+    let env = Command::new(prefix.join("bin/softwarp"))
+        .args(["exec", "--print-env"])
+        .env_remove("SOFTWARP_VERBS_LIB")
+        .env_remove("PKG_CONFIG_PATH")
+        .output()
+        .expect("run the installed softwarp");
+    assert!(
+        env.status.success(),
+        "{}",
+        String::from_utf8_lossy(&env.stderr)
+    );
+    let text = String::from_utf8(env.stdout).expect("UTF-8");
+    assert!(
+        text.contains(&format!("SOFTWARP_VERBS_DIR='{}'", lib_dir.display())),
+        "{text}"
+    );
+    // A program built against the prefix's pkg-config file runs on the installed copy.
+    build_and_run_verbs_errors(
+        "install",
+        &prefix.join("lib/pkgconfig").display().to_string(),
+        &lib_dir.display().to_string(),
+    );
+    let _ = std::fs::remove_dir_all(&prefix);
 }
 
 #[test]
