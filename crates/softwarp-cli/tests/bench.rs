@@ -425,59 +425,71 @@ fn old_spellings_are_refused_with_the_new_spelling() {
 
 #[test]
 fn perftest_exchange_runs_every_shape_on_loopback_and_prints_json() {
-    for (shape, size) in [
-        ("write_bw", "4096"),
-        ("read_bw", "4096"),
-        ("send_bw", "2000"),
-        ("write_lat", "8"),
-        ("send_lat", "3000"),
-        ("read_lat", "64"),
+    // Spinning by default; with --mode busy the CQs are busy-polled, as perftest's under
+    // `softwarp exec --busy-poll`, and what a side waits for without polling (the passive
+    // end of write_bw and read_bw, write_lat's byte, send_bw's credit word) still arrives,
+    // through the progress thread's take-over.
+    for (mode, busy) in [
+        (softwarp_bench::Mode::Spin, &[][..]),
+        (softwarp_bench::Mode::Busy, &["--mode", "busy"]),
     ] {
-        let v = json(&[
-            "-R",
-            shape,
-            "--loopback",
-            "-s",
-            size,
-            "-n",
-            "50",
-            "-t",
-            "16",
-            "--rx-depth",
-            "12",
-        ]);
-        assert_eq!(v.config.role, "loopback", "{shape}");
-        assert_eq!(v.config.mode, softwarp_bench::Mode::Spin, "{shape}");
-        assert_eq!(shapes(&v), vec![shape]);
-        let r = &results(&v)[0];
-        assert_measured(r, false);
-        assert_eq!(r.iters, 50);
-        assert_eq!(r.size.to_string(), size);
-        let notes: Vec<&str> = v.notes.iter().map(String::as_str).collect();
-        assert!(
-            notes.iter().any(|n| n.contains("no raw TCP baseline")),
-            "{notes:?}"
-        );
-        assert!(
-            notes
-                .iter()
-                .any(|n| n.contains("peer perftest version 6.06")),
-            "{notes:?}"
-        );
-        if shape.starts_with("read") {
+        for (shape, size) in [
+            ("write_bw", "4096"),
+            ("read_bw", "4096"),
+            ("send_bw", "2000"),
+            ("write_lat", "8"),
+            ("send_lat", "3000"),
+            ("read_lat", "64"),
+        ] {
+            let mut args = vec![
+                "-R",
+                shape,
+                "--loopback",
+                "-s",
+                size,
+                "-n",
+                "50",
+                "-t",
+                "16",
+                "--rx-depth",
+                "12",
+            ];
+            args.extend_from_slice(busy);
+            let v = json(&args);
+            assert_eq!(v.config.role, "loopback", "{shape}");
+            assert_eq!(v.config.mode, mode, "{shape}");
+            assert_eq!(shapes(&v), vec![shape]);
+            let r = &results(&v)[0];
+            assert_eq!(r.mode, mode, "{shape}");
+            assert_measured(r, false);
+            assert_eq!(r.iters, 50);
+            assert_eq!(r.size.to_string(), size);
+            let notes: Vec<&str> = v.notes.iter().map(String::as_str).collect();
             assert!(
-                notes.iter().any(|n| n.contains("IRD/ORD 128/128")),
-                "Read shapes negotiate out_reads: {notes:?}"
+                notes.iter().any(|n| n.contains("no raw TCP baseline")),
+                "{notes:?}"
             );
-        }
-        if shape == "write_bw" || shape == "read_bw" {
-            // perftest's report went across: the server printed the client's figures.
             assert!(
                 notes
                     .iter()
-                    .any(|n| n.contains("the client's report: 4096 B x 50")),
+                    .any(|n| n.contains("peer perftest version 6.06")),
                 "{notes:?}"
             );
+            if shape.starts_with("read") {
+                assert!(
+                    notes.iter().any(|n| n.contains("IRD/ORD 128/128")),
+                    "Read shapes negotiate out_reads: {notes:?}"
+                );
+            }
+            if shape == "write_bw" || shape == "read_bw" {
+                // perftest's report went across: the server printed the client's figures.
+                assert!(
+                    notes
+                        .iter()
+                        .any(|n| n.contains("the client's report: 4096 B x 50")),
+                    "{notes:?}"
+                );
+            }
         }
     }
 }
@@ -673,45 +685,6 @@ fn perftest_exchange_runs_the_bandwidth_shapes_bidirectionally() {
                 assert_eq!(r.iters, 40, "{r:?}");
             }
         }
-    }
-}
-
-#[test]
-fn perftest_exchange_busy_polls_every_shape_when_asked() {
-    // --mode busy: the CQs are busy-polled, as perftest's under `softwarp exec
-    // --busy-poll`; what a side waits for without polling (the passive end of write_bw and
-    // read_bw, write_lat's byte, send_bw's credit word) still arrives, through the progress
-    // thread's take-over. Without --mode, -R spins (the test above).
-    for (shape, size) in [
-        ("write_bw", "65536"),
-        ("read_bw", "4096"),
-        ("send_bw", "2000"),
-        ("write_lat", "8"),
-        ("send_lat", "3000"),
-        ("read_lat", "64"),
-    ] {
-        let v = json(&[
-            "-R",
-            shape,
-            "--loopback",
-            "--mode",
-            "busy",
-            "-s",
-            size,
-            "-n",
-            "40",
-            "-t",
-            "16",
-            "--rx-depth",
-            "12",
-        ]);
-        assert_eq!(v.config.mode, softwarp_bench::Mode::Busy, "{shape}");
-        assert_eq!(shapes(&v), vec![shape]);
-        let r = &results(&v)[0];
-        assert_eq!(r.mode, softwarp_bench::Mode::Busy, "{shape}");
-        assert_measured(r, false);
-        assert_eq!(r.iters, 40);
-        assert_eq!(r.size.to_string(), size);
     }
 }
 
