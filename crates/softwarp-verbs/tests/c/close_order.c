@@ -190,48 +190,34 @@ static void client_round(const char *port, int round)
 	rdma_destroy_ep(id);
 }
 
-int main(int argc, char **argv)
+static int client(const char *port)
 {
-	if (argc != 2) {
-		fprintf(stderr, "usage: %s PORT\n", argv[0]);
-		return 2;
-	}
-	setvbuf(stdout, NULL, _IOLBF, 0);
-	/* Before the library reads it (it does so once per process, at the first close). */
-	setenv("SOFTWARP_INITIATOR_CLOSE_WAIT_MS", "400", 0);
-	alarm(30);
-	/* The client starts once the server listens (a byte on the pipe). */
-	int p[2];
-	CHECK(pipe(p) == 0, "pipe");
-	pid_t child = fork();
-	CHECK(child >= 0, "fork");
-	if (child == 0) {
-		char c;
-		who = "client";
-		close(p[1]);
-		CHECK(read(p[0], &c, 1) == 1, "the server did not start");
-		client_round(argv[1], 1);
-		client_round(argv[1], 2);
-		client_round_late(argv[1]);
-		return 0;
-	}
-	close(p[0]);
-	who = "server";
-	struct rdma_addrinfo *res = addrinfo(argv[1], 1);
+	client_round(port, 1);
+	client_round(port, 2);
+	client_round_late(port);
+	return 0;
+}
+
+static int server(const char *port)
+{
+	struct rdma_addrinfo *res = addrinfo(port, 1);
 	struct ibv_qp_init_attr attr;
 	init_attr(&attr, 4);
 	struct rdma_cm_id *listen_id;
 	CHECK(rdma_create_ep(&listen_id, res, NULL, &attr) == 0, "rdma_create_ep");
 	rdma_freeaddrinfo(res);
 	CHECK(rdma_listen(listen_id, 2) == 0, "rdma_listen");
-	CHECK(write(p[1], "l", 1) == 1, "tell the client");
+	forked_ready();
 	server_round(listen_id, 1);
 	server_round(listen_id, 2);
 	server_round_late(listen_id);
 	rdma_destroy_ep(listen_id);
-	int status;
-	CHECK(waitpid(child, &status, 0) == child, "waitpid");
-	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "client status %#x", status);
-	printf("ok: %d server checks\n", checks);
 	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	/* Before the library reads it (it does so once per process, at the first close). */
+	setenv("SOFTWARP_INITIATOR_CLOSE_WAIT_MS", "400", 0);
+	return forked_main(argc, argv, client, server);
 }

@@ -39,7 +39,6 @@
 
 #include "forked.h"
 
-static int ready_fd = -1; /* the server writes a byte here once it listens */
 
 struct info {
 	uint64_t addr;
@@ -88,7 +87,6 @@ static void post_send(struct rdma_cm_id *id, enum ibv_wr_opcode op, uint64_t iov
 
 static int server(const char *port)
 {
-	who = "server";
 	static char target[64], msgs[4][64], info_buf[sizeof(struct info)];
 	struct rdma_addrinfo *res = addrinfo(port, 1);
 	struct ibv_qp_init_attr attr;
@@ -97,7 +95,7 @@ static int server(const char *port)
 	CHECK(rdma_create_ep(&listen_id, res, NULL, &attr) == 0, "rdma_create_ep");
 	rdma_freeaddrinfo(res);
 	CHECK(rdma_listen(listen_id, 1) == 0, "rdma_listen");
-	CHECK(write(ready_fd, "l", 1) == 1, "tell the client");
+	forked_ready();
 	CHECK(rdma_get_request(listen_id, &id) == 0, "rdma_get_request");
 	struct ibv_mr *tmr = ibv_reg_mr_iova(id->pd, target, sizeof target, SERVER_IOVA,
 					    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
@@ -181,7 +179,6 @@ static int server(const char *port)
 
 static int client(const char *port)
 {
-	who = "client";
 	static char info_buf[sizeof(struct info)], ack[64], data[64];
 	struct rdma_addrinfo *res = addrinfo(port, 0);
 	struct ibv_qp_init_attr attr;
@@ -238,36 +235,11 @@ static int client(const char *port)
 	rdma_dereg_mr(amr);
 	rdma_dereg_mr(dmr);
 	rdma_destroy_ep(id);
+	printf("client: %d checks\n", checks);
 	return 0;
 }
 
 int main(int argc, char **argv)
 {
-	if (argc != 2) {
-		fprintf(stderr, "usage: %s PORT\n", argv[0]);
-		return 2;
-	}
-	setvbuf(stdout, NULL, _IOLBF, 0);
-	alarm(30);
-	/* The client starts once the server listens (a byte on the pipe). */
-	int p[2];
-	CHECK(pipe(p) == 0, "pipe");
-	pid_t child = fork();
-	CHECK(child >= 0, "fork");
-	if (child == 0) {
-		char c;
-		close(p[1]);
-		CHECK(read(p[0], &c, 1) == 1, "the server did not start");
-		client(argv[1]);
-		printf("client: %d checks\n", checks);
-		return 0;
-	}
-	close(p[0]);
-	ready_fd = p[1];
-	int rc = server(argv[1]);
-	int status;
-	CHECK(waitpid(child, &status, 0) == child, "waitpid");
-	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "client status %#x", status);
-	printf("ok: %d server checks\n", checks);
-	return rc;
+	return forked_main(argc, argv, client, server);
 }
