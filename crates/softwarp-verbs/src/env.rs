@@ -15,6 +15,7 @@
 //! | `SOFTWARP_RFC7306` | `on`, `off`: Immediate Data and atomics | on |
 //! | `SOFTWARP_MPA_TIMEOUT_MS` | TCP connect and MPA exchange bound | 5000 |
 //! | `SOFTWARP_BUSY_POLL` | `1`: CQs made without a completion channel are busy-polled (`CompletionQueue::set_busy_poll`: the thread polling the CQ moves its QPs' bytes; when its polls stop for 10-20 ms with bytes waiting, the progress thread moves them until they are back, so nothing stalls) | off |
+//! | `SOFTWARP_IDLE_SLEEP` | `0`: a thread that keeps polling an empty CQ spins for ever; otherwise, after 262,144 empty polls in a row (about 3 ms), one poll in 1024 sleeps 100 us until a completion comes (`CompletionQueue::set_idle_sleep`), so that a program spinning on a CQ with nothing coming (perftest's passive `ib_write_bw` server) leaves the cores to the progress threads; busy-polled CQs never sleep | on |
 //! | `SOFTWARP_CLOSE_WAIT_MS` | how long a responder's `rdma_disconnect`/`ibv_destroy_qp` waits for the initiator to close first ([`crate::cm::teardown`]); `0`: close at once | 2000 |
 //! | `SOFTWARP_INITIATOR_CLOSE_WAIT_MS` | how long an initiator's `rdma_disconnect`/`ibv_destroy_qp` waits for the responder to close first ([`crate::cm::teardown`]); `0`: close at once | 50 |
 //! | `SOFTWARP_CONNECT_RETRIES` | how many times `rdma_connect` tries again when the TCP connection is refused (nothing listens yet) | 0 |
@@ -46,6 +47,18 @@ pub fn busy_poll() -> bool {
         matches!(
             std::env::var("SOFTWARP_BUSY_POLL").as_deref(),
             Ok("1" | "on" | "yes" | "true")
+        )
+    })
+}
+
+/// `SOFTWARP_IDLE_SLEEP=0`: a thread polling an empty CQ spins for ever instead of sleeping
+/// 100 us now and then after 1-3 ms (`CompletionQueue::set_idle_sleep`).
+pub fn idle_sleep() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("SOFTWARP_IDLE_SLEEP").as_deref(),
+            Ok("0" | "off" | "no" | "false")
         )
     })
 }

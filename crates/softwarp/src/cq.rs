@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use softwarp_engine::cq::{Cq, CqError, CqId};
@@ -53,7 +53,20 @@ struct CqState {
     error_completions: u64,
     polled: u64,
     notifications: u64,
+    /// Polls in a row that found the CQ empty, and the sleeps they took
+    /// ([`CompletionQueue::set_idle_sleep`]).
+    empty_run: u32,
+    idle_sleeps: u64,
 }
+
+/// Polls in a row that find a CQ empty before the polling thread starts giving its core away
+/// ([`CompletionQueue::set_idle_sleep`]): about 3 ms of spinning (an empty poll takes 11 ns
+/// on the test VM, release build), longer than any round trip of a message up to 1 MiB.
+pub const IDLE_SPIN_POLLS: u32 = 262_144;
+/// After [`IDLE_SPIN_POLLS`], one sleep of [`IDLE_SLEEP`] every this many empty polls.
+const IDLE_SLEEP_EVERY: u32 = 1024;
+/// How long a poller that found its CQ empty for a long time sleeps at a time.
+pub const IDLE_SLEEP: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// `repr(C)`: the structure markers begin and end it.
 #[derive(Debug)]
@@ -74,6 +87,8 @@ pub(crate) struct CqShared {
     /// Busy-poll mode: [`CompletionQueue::poll`] moves the bytes of the QPs that receive
     /// into this CQ, and their sockets do not wake the progress thread for reading.
     pub(crate) busy_poll: AtomicBool,
+    /// [`CompletionQueue::set_idle_sleep`] (on by default).
+    idle_sleep: AtomicBool,
     end: markers::End,
 }
 
@@ -205,6 +220,29 @@ impl CqShared {
         )
     }
 
+    /// After a poll that took `n` completions (the state still locked): counts the polls
+    /// that found the CQ empty in a row, and past [`IDLE_SPIN_POLLS`] of them sleeps
+    /// [`IDLE_SLEEP`] every [`IDLE_SLEEP_EVERY`] (unlocked), unless busy-poll mode or
+    /// [`CompletionQueue::set_idle_sleep`] says otherwise.
+    #[inline]
+    fn after_poll(&self, mut st: MutexGuard<'_, CqState>, n: usize) {
+        if n > 0 {
+            st.empty_run = 0;
+            return;
+        }
+        st.empty_run = st.empty_run.wrapping_add(1);
+        if st.empty_run < IDLE_SPIN_POLLS
+            || !st.empty_run.is_multiple_of(IDLE_SLEEP_EVERY)
+            || self.busy_poll.load(Ordering::Relaxed)
+            || !self.idle_sleep.load(Ordering::Relaxed)
+        {
+            return;
+        }
+        st.idle_sleeps += 1;
+        drop(st);
+        std::thread::sleep(IDLE_SLEEP);
+    }
+
     /// Counters and state for RAS (statistics, `softwarp resources`).
     pub(crate) fn ras_view(&self) -> CqView {
         let st = lock(&self.state);
@@ -218,6 +256,7 @@ impl CqShared {
             error_completions: st.error_completions,
             polled: st.polled,
             notifications: st.notifications,
+            idle_sleeps: st.idle_sleeps,
             channel: self.channel.is_some(),
         }
     }
@@ -268,6 +307,8 @@ impl CompletionQueue {
                 error_completions: 0,
                 polled: 0,
                 notifications: 0,
+                empty_run: 0,
+                idle_sleeps: 0,
             }),
             channel: channel.map(|c| Arc::clone(&c.shared)),
             qps: Mutex::new(Vec::new()),
@@ -275,6 +316,7 @@ impl CompletionQueue {
             _number: number,
             ras: Arc::downgrade(&ras),
             busy_poll: AtomicBool::new(false),
+            idle_sleep: AtomicBool::new(true),
             end: markers::End::new(markers::Kind::Cq),
         });
         ras.describe_with(Arc::downgrade(&shared) as Weak<dyn DescribeResource>);
@@ -414,6 +456,9 @@ impl CompletionQueue {
         if n > 0 {
             sw_event!(Cq, 7, cq = st.cq.id().0, n, "poll");
         }
+        if max > 0 {
+            sh.after_poll(st, n);
+        }
         Ok(n)
     }
 
@@ -466,6 +511,7 @@ impl CompletionQueue {
                 "poll_one"
             );
         }
+        sh.after_poll(st, usize::from(wc.is_some()));
         wc
     }
 
@@ -487,6 +533,27 @@ impl CompletionQueue {
     /// before connecting the QPs: a QP decides when it connects.
     pub fn set_busy_poll(&self, on: bool) {
         self.shared.busy_poll.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether a thread that keeps polling this CQ while it stays empty gives its core away
+    /// (on by default): after [`IDLE_SPIN_POLLS`] empty polls in a row (about 3 ms of
+    /// spinning), one poll in 1024 sleeps [`IDLE_SLEEP`] (100 us), until a poll finds a
+    /// completion. Outside busy-poll mode the bytes are moved by the device's progress
+    /// thread, and a program that spins on a CQ with nothing coming for a long time (the
+    /// passive side of perftest's `ib_write_bw`, spinning on its control CQ for the whole
+    /// data phase) would otherwise hold a core that the progress threads and the peer need
+    /// on a machine with few cores: `ib_write_bw -s 1M` over the C ABI went from 12-18 to
+    /// 33-40 Gbit/s on the 2-CPU test VM. A wait shorter than the spin phase (every
+    /// ping-pong, every bandwidth loop that sees completions) never sleeps; a completion
+    /// that comes after it is seen up to 100 us late. Busy-poll mode never sleeps (the
+    /// polls move the bytes). `false` spins for ever, as hardware RNICs' pollers do.
+    pub fn set_idle_sleep(&self, on: bool) {
+        self.shared.idle_sleep.store(on, Ordering::Relaxed);
+    }
+
+    /// True when [`CompletionQueue::set_idle_sleep`] is on.
+    pub fn idle_sleep(&self) -> bool {
+        self.shared.idle_sleep.load(Ordering::Relaxed)
     }
 
     /// True in busy-poll mode ([`CompletionQueue::set_busy_poll`]).

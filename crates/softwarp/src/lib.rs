@@ -126,7 +126,7 @@ pub use cm::{
 };
 pub use connect::Listener;
 pub use context::BlockingContext;
-pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION};
+pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION, IDLE_SLEEP, IDLE_SPIN_POLLS};
 pub use device::{list_devices, Device, DeviceAttr, DeviceBuilder, Quiesced, DEVICE_NAME};
 pub use error::{Error, MpaError, Result};
 pub use inflight::{InflightReport, InsideThread};

@@ -1069,6 +1069,7 @@ pub(crate) struct CqView {
     pub(crate) error_completions: u64,
     pub(crate) polled: u64,
     pub(crate) notifications: u64,
+    pub(crate) idle_sleeps: u64,
     pub(crate) channel: bool,
 }
 
@@ -1099,6 +1100,12 @@ impl CqView {
             "Completion channel notifications.",
             &labels,
             self.notifications,
+        );
+        out.counter(
+            "softwarp_cq_idle_sleeps_total",
+            "Sleeps of a thread that kept polling the CQ while it stayed empty.",
+            &labels,
+            self.idle_sleeps,
         );
         out.counter(
             "softwarp_cq_refused_total",

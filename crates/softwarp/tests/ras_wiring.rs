@@ -136,6 +136,56 @@ fn counters_match_the_traffic_sent_exactly() {
 }
 
 #[test]
+fn a_thread_polling_an_empty_cq_for_long_sleeps_now_and_then() {
+    let (a, b) = pair(&ConnectOptions::default());
+    let id = a.scq.id().0.to_string();
+    let sleeps = || {
+        let l = [("device", a.dev.instance_name()), ("cq", id.as_str())];
+        counter(&stats::collect_all(), "softwarp_cq_idle_sleeps_total", &l)
+    };
+    let mut wcs = [EMPTY_COMPLETION; 4];
+    let mut poll_empty = |n: u32| {
+        for _ in 0..n {
+            assert_eq!(a.scq.poll(&mut wcs).unwrap(), 0);
+        }
+    };
+    assert!(a.scq.idle_sleep(), "on by default");
+    // Spinning first: no sleep within IDLE_SPIN_POLLS empty polls.
+    poll_empty(IDLE_SPIN_POLLS - 1);
+    assert_eq!(sleeps(), 0);
+    // Then one sleep every 1024 empty polls: the IDLE_SPIN_POLLS-th and two more.
+    poll_empty(1 + 2048);
+    assert_eq!(sleeps(), 3);
+    // Off: spins for ever.
+    a.scq.set_idle_sleep(false);
+    poll_empty(4096);
+    assert_eq!(sleeps(), 3);
+    // Busy-poll mode never sleeps either (its polls move the bytes).
+    a.scq.set_idle_sleep(true);
+    a.scq.set_busy_poll(true);
+    poll_empty(2048);
+    assert_eq!(sleeps(), 3);
+    a.scq.set_busy_poll(false);
+    // A completion ends the empty run: the next polls spin again.
+    let (sink, _) = b.mr(8, LW, 0);
+    b.qp.post_recv(&RecvWr {
+        wr_id: 1,
+        sgl: SgList::single(sink.sge(0, 8).unwrap()),
+    })
+    .unwrap();
+    let (src, _) = a.mr(8, AccessFlags::NONE, 1);
+    a.qp.post_send(&send_wr(
+        9,
+        send_op(false, None),
+        Payload::Sgl(SgList::single(src.sge(0, 8).unwrap())),
+    ))
+    .unwrap();
+    wait_wcs(&a.scq, 1);
+    poll_empty(IDLE_SPIN_POLLS - 1);
+    assert_eq!(sleeps(), 3);
+}
+
+#[test]
 fn every_object_is_listed_with_the_line_that_created_it() {
     opt_in_ras();
     let dev = Device::open_default().unwrap();

@@ -157,6 +157,9 @@ pub unsafe fn create(
     if ch.is_none() && crate::env::busy_poll() {
         cq.set_busy_poll(true);
     }
+    if !crate::env::idle_sleep() {
+        cq.set_idle_sleep(false);
+    }
     let id = cq.id();
     let capacity = c_int::try_from(cq.capacity()).unwrap_or(c_int::MAX);
     // SAFETY: plain C data; all-zero is valid (a zeroed mutex/condition variable is the
