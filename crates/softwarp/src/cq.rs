@@ -53,10 +53,16 @@ struct CqState {
     error_completions: u64,
     polled: u64,
     notifications: u64,
-    /// Polls in a row that found the CQ empty, and the sleeps they took
+    /// Sleeps of threads that kept polling while nothing came
     /// ([`CompletionQueue::set_idle_sleep`]).
-    empty_run: u32,
     idle_sleeps: u64,
+}
+
+thread_local! {
+    /// Polls in a row on this thread that found their CQ empty, whichever CQs they were:
+    /// a thread that takes completions from one CQ while it also polls one that stays empty
+    /// (unsignaled sends) is not idle ([`CqShared::after_poll`]).
+    static EMPTY_RUN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// Polls in a row that find a CQ empty before the polling thread starts giving its core away
@@ -221,18 +227,20 @@ impl CqShared {
     }
 
     /// After a poll that took `n` completions (the state still locked): counts the polls
-    /// that found the CQ empty in a row, and past [`IDLE_SPIN_POLLS`] of them sleeps
-    /// [`IDLE_SLEEP`] every [`IDLE_SLEEP_EVERY`] (unlocked), unless busy-poll mode or
-    /// [`CompletionQueue::set_idle_sleep`] says otherwise.
+    /// on this thread that found their CQ empty in a row ([`EMPTY_RUN`]), and past
+    /// [`IDLE_SPIN_POLLS`] of them sleeps [`IDLE_SLEEP`] every [`IDLE_SLEEP_EVERY`]
+    /// (unlocked), unless this CQ is busy-polled or [`CompletionQueue::set_idle_sleep`] is
+    /// off.
     #[inline]
     fn after_poll(&self, mut st: MutexGuard<'_, CqState>, n: usize) {
-        if n > 0 {
-            st.empty_run = 0;
-            return;
-        }
-        st.empty_run = st.empty_run.wrapping_add(1);
-        if st.empty_run < IDLE_SPIN_POLLS
-            || !st.empty_run.is_multiple_of(IDLE_SLEEP_EVERY)
+        let run = if n > 0 {
+            0
+        } else {
+            EMPTY_RUN.with(|r| r.get()).wrapping_add(1)
+        };
+        EMPTY_RUN.with(|r| r.set(run));
+        if run < IDLE_SPIN_POLLS
+            || !run.is_multiple_of(IDLE_SLEEP_EVERY)
             || self.busy_poll.load(Ordering::Relaxed)
             || !self.idle_sleep.load(Ordering::Relaxed)
         {
@@ -307,7 +315,6 @@ impl CompletionQueue {
                 error_completions: 0,
                 polled: 0,
                 notifications: 0,
-                empty_run: 0,
                 idle_sleeps: 0,
             }),
             channel: channel.map(|c| Arc::clone(&c.shared)),
@@ -535,10 +542,10 @@ impl CompletionQueue {
         self.shared.busy_poll.store(on, Ordering::Relaxed);
     }
 
-    /// Whether a thread that keeps polling this CQ while it stays empty gives its core away
-    /// (on by default): after [`IDLE_SPIN_POLLS`] empty polls in a row (about 3 ms of
-    /// spinning), one poll in 1024 sleeps [`IDLE_SLEEP`] (100 us), until a poll finds a
-    /// completion. Outside busy-poll mode the bytes are moved by the device's progress
+    /// Whether a thread that keeps polling this CQ while nothing comes gives its core away
+    /// (on by default): after [`IDLE_SPIN_POLLS`] polls in a row on that thread that found
+    /// their CQs empty (about 3 ms of spinning), one poll of this CQ in 1024 sleeps
+    /// [`IDLE_SLEEP`] (100 us), until a poll on that thread (of any CQ) takes a completion. Outside busy-poll mode the bytes are moved by the device's progress
     /// thread, and a program that spins on a CQ with nothing coming for a long time (the
     /// passive side of perftest's `ib_write_bw`, spinning on its control CQ for the whole
     /// data phase) would otherwise hold a core that the progress threads and the peer need

@@ -150,6 +150,22 @@ fn a_thread_polling_an_empty_cq_for_long_sleeps_now_and_then() {
         }
     };
     assert!(a.scq.idle_sleep(), "on by default");
+    // A first message from a (the initiator: b may send once a has).
+    let (bsink, _) = b.mr(8, LW, 0);
+    b.qp.post_recv(&RecvWr {
+        wr_id: 1,
+        sgl: SgList::single(bsink.sge(0, 8).unwrap()),
+    })
+    .unwrap();
+    let (asrc, _) = a.mr(8, AccessFlags::NONE, 1);
+    a.qp.post_send(&send_wr(
+        9,
+        send_op(false, None),
+        Payload::Sgl(SgList::single(asrc.sge(0, 8).unwrap())),
+    ))
+    .unwrap();
+    wait_wcs(&b.rcq, 1);
+    wait_wcs(&a.scq, 1);
     // Spinning first: no sleep within IDLE_SPIN_POLLS empty polls.
     poll_empty(IDLE_SPIN_POLLS - 1);
     assert_eq!(sleeps(), 0);
@@ -166,21 +182,22 @@ fn a_thread_polling_an_empty_cq_for_long_sleeps_now_and_then() {
     poll_empty(2048);
     assert_eq!(sleeps(), 3);
     a.scq.set_busy_poll(false);
-    // A completion ends the empty run: the next polls spin again.
-    let (sink, _) = b.mr(8, LW, 0);
-    b.qp.post_recv(&RecvWr {
+    // A completion taken on this thread, from another CQ, ends the run: a thread that
+    // takes completions is not idle, even if it also polls a CQ that stays empty.
+    let (sink, _) = a.mr(8, LW, 0);
+    a.qp.post_recv(&RecvWr {
         wr_id: 1,
         sgl: SgList::single(sink.sge(0, 8).unwrap()),
     })
     .unwrap();
-    let (src, _) = a.mr(8, AccessFlags::NONE, 1);
-    a.qp.post_send(&send_wr(
+    let (src, _) = b.mr(8, AccessFlags::NONE, 1);
+    b.qp.post_send(&send_wr(
         9,
         send_op(false, None),
         Payload::Sgl(SgList::single(src.sge(0, 8).unwrap())),
     ))
     .unwrap();
-    wait_wcs(&a.scq, 1);
+    wait_wcs(&a.rcq, 1);
     poll_empty(IDLE_SPIN_POLLS - 1);
     assert_eq!(sleeps(), 3);
 }
