@@ -1,7 +1,8 @@
 //! Thin wrappers over the system calls the runtime needs and the standard library does not
 //! offer: through `rustix` and `socket2` where they have the call, and raw `libc` only for
-//! `readv`/`recv`/`sendmsg`/`send` (the only `unsafe` code of this module; the crate's others are the
-//! tokio registration in `aio` and `reg_mr_raw`).
+//! `readv`/`recv`/`sendmsg`/`send`, made through `syscall(2)` to skip glibc's cancellation
+//! wrappers (the only `unsafe` code of this module; the crate's others are the tokio
+//! registration in `aio` and `reg_mr_raw`).
 //!
 //! - [`read_region_staged`] / [`read_buf_staged`] (`readv`, or `recv` when one buffer is
 //!   left) and [`write_pieces`] (`sendmsg`, or `send` for one piece): iovecs built from the raw
@@ -76,6 +77,13 @@ pub(crate) fn read_region_staged(
     readv(fd, &iov)
 }
 
+/// The data-path calls below (`recv`, `readv`, `send`, `sendmsg`) go through `syscall(2)`
+/// with their raw numbers: glibc's named wrappers are POSIX cancellation points and, in a
+/// process with more than one thread (every Softwarp process: the progress thread), wrap
+/// each call in `__pthread_enable_asynccancel`/`__pthread_disable_asynccancel`, about 40
+/// user-space instructions per call. Softwarp never cancels threads; the system calls and
+/// their results (and `errno` on failure) are the same.
+///
 /// `readv(2)` of the iovecs, skipping empty ones (an all-empty list reads nothing). A
 /// single non-empty iovec is read with `recv(2)` instead: the same bytes, and on this
 /// kernel 130 ns less per call (about 325 against 460 ns for an empty poll; `readv` goes
@@ -92,14 +100,31 @@ fn readv(fd: BorrowedFd<'_>, iov: &[libc::iovec; 2]) -> io::Result<usize> {
         let one = iov[first];
         // SAFETY: `one` names memory valid for writes of `iov_len` bytes for the whole
         // call (as below); `fd` is a live borrowed descriptor.
-        unsafe { libc::recv(fd.as_raw_fd(), one.iov_base, one.iov_len, 0) }
+        unsafe {
+            libc::syscall(
+                libc::SYS_recvfrom,
+                libc::c_long::from(fd.as_raw_fd()),
+                one.iov_base,
+                one.iov_len,
+                0 as libc::c_long,
+                std::ptr::null_mut::<libc::sockaddr>(),
+                std::ptr::null_mut::<libc::socklen_t>(),
+            ) as isize
+        }
     } else {
         // SAFETY: each iovec names memory valid for writes of its length for the whole
         // call: a `&mut [u8]` borrowed by the caller, or a range of a region checked by
         // `Region::ptr_range` and kept alive by the caller's borrow (the kernel writes it
         // through a raw pointer; no Rust reference to region memory exists). `iov` lives
         // across the call and `fd` is a live borrowed descriptor.
-        unsafe { libc::readv(fd.as_raw_fd(), iov[first..].as_ptr(), n) }
+        unsafe {
+            libc::syscall(
+                libc::SYS_readv,
+                libc::c_long::from(fd.as_raw_fd()),
+                iov[first..].as_ptr(),
+                n as libc::c_long,
+            ) as isize
+        }
     };
     if r < 0 {
         Err(io::Error::last_os_error())
@@ -169,12 +194,15 @@ fn write_pieces_in<const N: usize>(
         // slice or a bounds-checked region range borrowed by `pieces`, as below); the
         // kernel only reads it. `fd` is a live descriptor borrowed for the call.
         let r = unsafe {
-            libc::send(
-                fd.as_raw_fd(),
+            libc::syscall(
+                libc::SYS_sendto,
+                libc::c_long::from(fd.as_raw_fd()),
                 one.iov_base.cast_const(),
                 one.iov_len,
-                libc::MSG_NOSIGNAL,
-            )
+                libc::c_long::from(libc::MSG_NOSIGNAL),
+                std::ptr::null::<libc::sockaddr>(),
+                0 as libc::c_long,
+            ) as isize
         };
         return if r < 0 {
             Err(io::Error::last_os_error())
@@ -190,7 +218,14 @@ fn write_pieces_in<const N: usize>(
     // a slice borrowed by `pieces`, or a bounds-checked range of a region borrowed by
     // `pieces` (valid for reads while borrowed). The kernel only reads them. `fd` is a live
     // descriptor borrowed for the call.
-    let r = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sendmsg,
+            libc::c_long::from(fd.as_raw_fd()),
+            &msg as *const libc::msghdr,
+            libc::c_long::from(libc::MSG_NOSIGNAL),
+        ) as isize
+    };
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {
