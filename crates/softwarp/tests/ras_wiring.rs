@@ -135,6 +135,27 @@ fn counters_match_the_traffic_sent_exactly() {
     assert!(text.contains(&line), "{line} not in the exposition");
 }
 
+/// One 8-byte Send from `from` into a receive posted at `to` (completions left queued);
+/// returns the two regions, to be kept until the Send completed.
+fn one_send(from: &End, to: &End) -> (MemoryRegion, MemoryRegion) {
+    let (sink, _) = to.mr(8, LW, 0);
+    to.qp
+        .post_recv(&RecvWr {
+            wr_id: 1,
+            sgl: SgList::single(sink.sge(0, 8).unwrap()),
+        })
+        .unwrap();
+    let (src, _) = from.mr(8, AccessFlags::NONE, 1);
+    from.qp
+        .post_send(&send_wr(
+            9,
+            send_op(false, None),
+            Payload::Sgl(SgList::single(src.sge(0, 8).unwrap())),
+        ))
+        .unwrap();
+    (src, sink)
+}
+
 #[test]
 fn a_thread_polling_an_empty_cq_for_long_sleeps_now_and_then() {
     let (a, b) = pair(&ConnectOptions::default());
@@ -151,20 +172,8 @@ fn a_thread_polling_an_empty_cq_for_long_sleeps_now_and_then() {
     };
     assert!(a.scq.idle_sleep(), "on by default");
     // A first message from a (the initiator: b may send once a has).
-    let (bsink, _) = b.mr(8, LW, 0);
-    b.qp.post_recv(&RecvWr {
-        wr_id: 1,
-        sgl: SgList::single(bsink.sge(0, 8).unwrap()),
-    })
-    .unwrap();
-    let (asrc, _) = a.mr(8, AccessFlags::NONE, 1);
-    a.qp.post_send(&send_wr(
-        9,
-        send_op(false, None),
-        Payload::Sgl(SgList::single(asrc.sge(0, 8).unwrap())),
-    ))
-    .unwrap();
-    wait_wcs(&b.rcq, 1);
+    let _first = one_send(&a, &b);
+    assert_eq!(wait_wcs(&b.rcq, 1)[0].status, WcStatus::Success);
     wait_wcs(&a.scq, 1);
     // Spinning first: no sleep within IDLE_SPIN_POLLS empty polls.
     poll_empty(IDLE_SPIN_POLLS - 1);
@@ -184,20 +193,8 @@ fn a_thread_polling_an_empty_cq_for_long_sleeps_now_and_then() {
     a.scq.set_busy_poll(false);
     // A completion taken on this thread, from another CQ, ends the run: a thread that
     // takes completions is not idle, even if it also polls a CQ that stays empty.
-    let (sink, _) = a.mr(8, LW, 0);
-    a.qp.post_recv(&RecvWr {
-        wr_id: 1,
-        sgl: SgList::single(sink.sge(0, 8).unwrap()),
-    })
-    .unwrap();
-    let (src, _) = b.mr(8, AccessFlags::NONE, 1);
-    b.qp.post_send(&send_wr(
-        9,
-        send_op(false, None),
-        Payload::Sgl(SgList::single(src.sge(0, 8).unwrap())),
-    ))
-    .unwrap();
-    wait_wcs(&a.rcq, 1);
+    let _second = one_send(&b, &a);
+    assert_eq!(wait_wcs(&a.rcq, 1)[0].status, WcStatus::Success);
     poll_empty(IDLE_SPIN_POLLS - 1);
     assert_eq!(sleeps(), 3);
 }
