@@ -127,7 +127,8 @@ pub struct BenchArgs {
     /// Sleep on completion events (perftest -e): the same as --mode event.
     #[arg(short = 'e', long, conflicts_with = "mode")]
     events: bool,
-    /// Largest FPDU to send (default: the TCP MSS).
+    /// Largest FPDU to send (default: the connection's own choice, the TCP MSS, or MPA's
+    /// largest, 65,535 bytes, to a peer on this host such as loopback).
     #[arg(long)]
     fpdu: Option<usize>,
     /// Repeat every measurement this many times and report the median.
@@ -1040,7 +1041,7 @@ impl Output {
             c.duration_secs
                 .map_or(String::new(), |d| format!(" of about {d} s")),
             if c.max_fpdu == 0 {
-                "up to the MSS".into()
+                "the connection's default (the MSS; 65,535 B to this host)".into()
             } else {
                 format!("up to {} B", c.max_fpdu)
             },
