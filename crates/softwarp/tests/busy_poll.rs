@@ -129,12 +129,21 @@ fn a_busy_polled_qp_notices_its_peer_going_away() {
 
 #[test]
 fn a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out() {
+    in_attempts(queued_bytes_get_out);
+}
+
+/// [`a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out`]'s scenario; false
+/// when b's progress thread took b's reading over during the set-up.
+fn queued_bytes_get_out() -> bool {
     let deep = |a: &mut QpInitAttr<'_>| {
         a.cap.max_send_wr = 4096;
         a.cap.max_recv_wr = 4096;
     };
     let mut a = End::with(None, None, deep);
-    let mut b = End::with(None, None, deep);
+    // b's receive CQ holds every Send's completion: if b's progress thread takes b's
+    // reading over (b's thread descheduled for longer than the take-over's period, on a
+    // loaded machine), it reads everything before b polls.
+    let mut b = End::with_cqe(None, None, 4096, deep);
     a.scq.set_busy_poll(true);
     a.rcq.set_busy_poll(true);
     b.rcq.set_busy_poll(true);
@@ -171,6 +180,9 @@ fn a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out() {
         a.qp.post_send_list(&[send; 50]).unwrap();
         b.qp.post_send_list(&[]).unwrap();
     }
+    if rx_takeover(&b).is_some() {
+        return false;
+    }
     let (armed, _) = watchdog(&a).expect("a's socket filled up but no watchdog was armed");
     assert!(armed >= 1);
     // a never polls again; b polls until everything is in: the progress thread took over
@@ -191,12 +203,138 @@ fn a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out() {
     let (_, took_over) = watchdog(&a).unwrap();
     assert!(took_over >= 1, "the progress thread never took over");
     assert_eq!(tx_by(&a), Some("polls"));
+    true
+}
+
+#[test]
+fn a_busy_sender_whose_polls_come_back_gets_its_writing_back() {
+    in_attempts(writing_comes_back);
+}
+
+/// Runs a scenario whose set-up needs b's reading to stay with b's thread while a fills
+/// its socket or pauses; on a loaded machine a thread can be off its CPU for longer than
+/// the receive take-over's period, and then b's progress thread reads everything: that
+/// attempt (`scenario` returns false) proves nothing, and the scenario starts again with
+/// new ends, at most three times.
+fn in_attempts(scenario: impl Fn() -> bool) {
+    for attempt in 1..=3 {
+        if scenario() {
+            return;
+        }
+        eprintln!("attempt {attempt}: b's reading was taken over during the set-up; again");
+    }
+    panic!("b's reading was taken over in every attempt");
+}
+
+/// [`a_busy_sender_whose_polls_come_back_gets_its_writing_back`]'s scenario; false when
+/// b's progress thread took b's reading over during the set-up.
+fn writing_comes_back() -> bool {
+    let deep = |a: &mut QpInitAttr<'_>| {
+        a.cap.max_send_wr = 4096;
+        a.cap.max_recv_wr = 4096;
+    };
+    let mut a = End::with(None, None, deep);
+    let mut b = End::with(None, None, deep);
+    a.scq.set_busy_poll(true);
+    a.rcq.set_busy_poll(true);
+    b.rcq.set_busy_poll(true);
+    // 1000 Sends of 32,000 bytes: more than loopback's socket buffers hold, and no more than
+    // b's receive CQ holds (b does not poll for a while).
+    const N: usize = 1000;
+    const LEN: u32 = 32_000;
+    let (rbuf, _) = b.mr(LEN as usize, AccessFlags::LOCAL_WRITE, 0);
+    for i in 0..N {
+        b.qp.post_recv(&RecvWr {
+            wr_id: i as u64,
+            sgl: SgList::single(rbuf.sge(0, LEN).unwrap()),
+        })
+        .unwrap();
+    }
+    connect(&mut a, &mut b, &ConnectOptions::default());
+    let (src, _) = a.mr(LEN as usize, AccessFlags::NONE, 5);
+    let send = SendWr {
+        wr_id: 0,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        payload: Payload::Sgl(SgList::single(src.sge(0, LEN).unwrap())),
+        signaled: false,
+        fence: false,
+    };
+    // a fills its socket (b does not read yet) and then pauses while b stays at work
+    // (empty posts, so b's reading is not taken over): the watchdog hands a's writing to
+    // the progress thread.
+    for _ in 0..N / 50 {
+        a.qp.post_send_list(&[send; 50]).unwrap();
+        b.qp.post_send_list(&[]).unwrap();
+    }
+    // b's keeping at work runs on a thread of its own: the looks at a's statistics take
+    // every QP's lock in the process and may wait longer than the receive take-over's
+    // period.
+    let deadline = Instant::now() + WAIT;
+    keep_at_work(&b.qp, || {
+        while watchdog(&a).is_none_or(|(_, took_over)| took_over == 0) {
+            assert!(Instant::now() < deadline, "the watchdog never took over");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    });
+    if rx_takeover(&b).is_some() {
+        return false;
+    }
+    assert_eq!(tx_by(&a), Some("progress"));
+    assert_eq!(watchdog_handbacks(&a), Some(0));
+    // a is back (a post; a busy poll skips a QP whose lock the progress thread holds, so
+    // alone it might not be seen before everything is written) and polls while b reads:
+    // at the progress thread's next pass (the socket drains) the writing goes back to
+    // a's polls, with bytes still pending.
+    a.qp.post_send_list(&[]).unwrap();
+    let mut got = 0;
+    let mut wcs = [EMPTY_COMPLETION; 64];
+    while got < N {
+        a.scq.poll(&mut wcs).unwrap();
+        let n = b.rcq.poll(&mut wcs).unwrap();
+        for wc in &wcs[..n] {
+            assert_eq!(wc.status, WcStatus::Success);
+            got += 1;
+        }
+        assert!(Instant::now() < deadline, "{got} of {N} Sends arrived");
+    }
+    let back = watchdog_handbacks(&a).unwrap();
+    assert!(back >= 1, "the progress thread kept a's writing");
+    // The polls write (the watchdog may still be armed from the last full socket: it
+    // disarms at its next look).
+    let by = tx_by(&a);
+    assert!(matches!(by, Some("polls" | "polls+watchdog")), "{by:?}");
+    true
+}
+
+/// Runs `f` while another thread makes empty posts to `qp` (application activity, so the
+/// progress thread does not take its reading over).
+fn keep_at_work<R>(qp: &QueuePair, f: impl FnOnce() -> R) -> R {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                qp.post_send_list(&[]).unwrap();
+            }
+        });
+        let r = f();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    })
 }
 
 /// `e`'s QP's write watchdog statistics (its `watchdog` detail): times armed, times the
 /// progress thread took over. `None` before it was first armed.
 fn watchdog(e: &End) -> Option<(u64, u64)> {
     two_counts(e, "watchdog", "armed=", "took_over=")
+}
+
+/// Times the progress thread handed `e`'s QP's writing back to its polls (`handed_back`
+/// in its `watchdog` detail).
+fn watchdog_handbacks(e: &End) -> Option<u64> {
+    two_counts(e, "watchdog", "took_over=", "handed_back=").map(|(_, back)| back)
 }
 
 /// Two counts of a `k1=N,k2=M` detail of `e`'s QP.

@@ -39,6 +39,12 @@ pub(crate) struct Conn {
     /// (which writes as the socket drains) it leaves the socket alone, and once it stops,
     /// the progress thread registers for write readiness and sends the rest itself.
     pub(super) watch: Option<(u64, Instant)>,
+    /// The application's pass count when the progress thread took the writing of this
+    /// busy-polled QP over from the watchdog (registered for write readiness with bytes
+    /// pending): once the count moves, the polls are back and get the writing back
+    /// ([`QpShared::tx_hand_back`]) instead of only queueing behind the progress thread
+    /// for the rest of the transfer.
+    pub(super) tx_takeover: Option<u64>,
     /// The application's activity (passes, receive posts and completions taken from its
     /// CQs, summed) at the progress thread's last receive look of a busy-polled QP read by
     /// the polls, and whether its socket was readable then (see [`QpShared::rx_look`];
@@ -397,6 +403,7 @@ impl QpShared {
             read_interest: false,
             registered: false,
             watch: None,
+            tx_takeover: None,
             rx_look: None,
             rx_takeover: None,
             read_closed: false,

@@ -173,6 +173,10 @@ pub(crate) struct QpInner {
     /// it (statistics: the `watchdog` detail of `softwarp resources`).
     watch_armed: u64,
     watch_takeovers: u64,
+    /// Times the progress thread handed a transmission it took over from the watchdog back
+    /// to the application's polls because they came back with bytes still pending
+    /// (statistics: `handed_back` in the `watchdog` detail).
+    watch_handbacks: u64,
     /// Times the progress thread took the reading of this busy-polled QP over because its
     /// polls had stopped, and times it handed it back (statistics: the `rx_takeover`
     /// detail of `softwarp resources`).
@@ -298,7 +302,10 @@ impl QpShared {
         if g.watch_armed == 0 {
             return view;
         }
-        let watchdog = format!("armed={},took_over={}", g.watch_armed, g.watch_takeovers);
+        let watchdog = format!(
+            "armed={},took_over={},handed_back={}",
+            g.watch_armed, g.watch_takeovers, g.watch_handbacks
+        );
         view.with_attr("watchdog", &watchdog)
     }
 
@@ -465,6 +472,7 @@ impl QueuePair {
                 app_passes: 0,
                 watch_armed: 0,
                 watch_takeovers: 0,
+                watch_handbacks: 0,
                 rx_takeovers: 0,
                 rx_handbacks: 0,
                 recv_posts: 0,

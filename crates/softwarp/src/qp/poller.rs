@@ -132,6 +132,7 @@ impl QpShared {
             return WatchLook::AppActive;
         }
         conn.watch = None;
+        conn.tx_takeover = Some(polls);
         inner.watch_takeovers += 1;
         if let Some(token) = conn.token.filter(|_| !conn.registered) {
             match registry.register(&mut conn.stream, token, Interest::WRITABLE) {
@@ -161,6 +162,46 @@ impl QpShared {
         };
         if conn.registered && !conn.read_interest && registry.deregister(&mut conn.stream).is_ok() {
             conn.registered = false;
+            conn.tx_takeover = None;
+        }
+    }
+
+    /// After a service pass of a busy-polled QP whose writing the progress thread took over
+    /// from the watchdog ([`QpShared::watchdog`]) and which still has bytes pending: when
+    /// the application made a pass since the take-over (it posts or polls again: it was
+    /// only descheduled, or paused), its socket leaves the poller and the polls write
+    /// again, with the watchdog armed if the socket is still full. Without this, a sender
+    /// that always has work queued (a bandwidth run) never becomes idle, so
+    /// [`QpShared::return_to_busy_polls`] never hands the socket back: every later post
+    /// would only queue for the progress thread, a third thread woken at every drain
+    /// beside the two that poll.
+    pub(super) fn tx_hand_back(&self, inner: &mut QpInner, registry: &Registry) {
+        let passes = inner.app_passes;
+        let open = inner.qp.state() == QpState::Rts && !inner.close_kicked;
+        let Some(conn) = inner.conn.as_mut() else {
+            return;
+        };
+        let Some(seen) = conn.tx_takeover else {
+            return;
+        };
+        if !conn.registered || conn.read_interest {
+            // Not the watchdog's registration any more (the receive take-over's, or none).
+            conn.tx_takeover = None;
+            return;
+        }
+        if passes == seen || !open || conn.read_closed || conn.write_failed {
+            return;
+        }
+        if let Err(e) = registry.deregister(&mut conn.stream) {
+            tracing::error!(qp = self.qp_num, error = %e, "epoll deregistration failed");
+            return;
+        }
+        conn.registered = false;
+        conn.tx_takeover = None;
+        inner.watch_handbacks += 1;
+        tracing::debug!(qp = self.qp_num, "busy polls are back: they write again");
+        if conn.tx_full {
+            self.arm_watchdog(inner);
         }
     }
 
@@ -229,6 +270,7 @@ impl QpShared {
         conn.read_interest = true;
         // Registered for write readiness too: the write watchdog has nothing left to do.
         conn.watch = None;
+        conn.tx_takeover = None;
         conn.rx_takeover = Some(RxTakeover {
             seen: passes,
             recv_posts: inner.recv_posts,
@@ -280,6 +322,7 @@ impl QpShared {
         conn.registered = false;
         conn.read_interest = false;
         conn.rx_takeover = None;
+        conn.tx_takeover = None;
         conn.rx_look = None;
         inner.rx_handbacks += 1;
         tracing::debug!(qp = self.qp_num, "busy polls are back: they read again");

@@ -390,6 +390,9 @@ impl QpShared {
             self.return_to_busy_polls(inner, registry);
         }
         if !closed {
+            self.tx_hand_back(inner, registry);
+        }
+        if !closed {
             self.rx_hand_back(inner, registry, read_any);
         }
         Pass {

@@ -49,11 +49,21 @@ impl End {
         dev: Option<Device>,
         tweak: impl FnOnce(&mut QpInitAttr<'_>),
     ) -> Self {
+        Self::with_cqe(channel, dev, 1024, tweak)
+    }
+
+    /// As [`End::with`], with CQs of `cqe` entries (not 1024).
+    pub fn with_cqe(
+        channel: Option<&CompletionChannel>,
+        dev: Option<Device>,
+        cqe: usize,
+        tweak: impl FnOnce(&mut QpInitAttr<'_>),
+    ) -> Self {
         opt_in_ras();
         let dev = dev.unwrap_or_else(|| Device::open_default().unwrap());
         let pd = dev.alloc_pd().unwrap();
-        let scq = dev.create_cq(1024, channel).unwrap();
-        let rcq = dev.create_cq(1024, channel).unwrap();
+        let scq = dev.create_cq(cqe, channel).unwrap();
+        let rcq = dev.create_cq(cqe, channel).unwrap();
         let mut attr = QpInitAttr::new(&scq, &rcq);
         tweak(&mut attr);
         let qp = pd.create_qp(&attr).unwrap();
