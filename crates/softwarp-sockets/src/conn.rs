@@ -822,6 +822,7 @@ impl Conn {
     }
 
     /// True while this side's EOF waits for a credit (polls the CQs first).
+    #[cfg(feature = "tokio")]
     pub(crate) fn eof_pending(&self) -> bool {
         let mut st = lock(&self.state);
         self.progress(&mut st);
