@@ -131,6 +131,11 @@ pub struct BenchArgs {
     /// largest, 65,535 bytes, to a peer on this host such as loopback).
     #[arg(long)]
     fpdu: Option<usize>,
+    /// Send every FPDU of a message but the last with the largest payload, even when a
+    /// page-aligned (or similarly placed) source makes the kernel's copy hit 4 KiB
+    /// aliasing (`ConnectOptions::tx_alias_lead(false)`): for comparisons.
+    #[arg(long)]
+    no_alias_lead: bool,
     /// Repeat every measurement this many times and report the median.
     #[arg(long, default_value_t = 1)]
     runs: usize,
@@ -760,6 +765,7 @@ fn run_perftest(args: &BenchArgs, plan: &Plan, role: &Role) -> Result<()> {
                         crc: args.crc,
                         mode: args.wait_mode(),
                         fpdu: 0,
+                        alias_lead: true,
                         post_list: 1,
                         qps: 1,
                     },
@@ -876,6 +882,7 @@ fn run_client(
             crc: args.crc,
             mode: args.wait_mode(),
             fpdu: args.fpdu.unwrap_or(0),
+            alias_lead: !args.no_alias_lead,
             post_list: if shape.kind == Kind::Bw {
                 args.post_list
             } else {

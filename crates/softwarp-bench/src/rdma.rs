@@ -151,6 +151,7 @@ impl Ep {
         ConnectOptions::default()
             .crc(spec.crc)
             .max_fpdu_len((spec.fpdu > 0).then_some(spec.fpdu))
+            .tx_alias_lead(spec.alias_lead)
             .timeout(CTRL_TIMEOUT)
     }
 

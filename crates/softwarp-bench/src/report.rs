@@ -452,6 +452,7 @@ mod tests {
             crc: true,
             mode: Mode::Busy,
             fpdu: 0,
+            alias_lead: true,
             post_list: 1,
             qps: 1,
         }

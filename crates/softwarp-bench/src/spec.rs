@@ -148,6 +148,9 @@ pub struct Spec {
     pub mode: Mode,
     /// Largest FPDU (0: the TCP MSS).
     pub fpdu: usize,
+    /// Short FPDUs lead a large message whose payload would hit 4 KiB aliasing in the
+    /// kernel's copy (`ConnectOptions::tx_alias_lead`; `--no-alias-lead` turns it off).
+    pub alias_lead: bool,
     /// Work requests posted per list (perftest `--post_list`).
     pub post_list: usize,
     /// QPs (and raw TCP connections) between the two ends, each running the shape's
@@ -166,6 +169,7 @@ impl Spec {
             .with("crc", u8::from(self.crc))
             .with("mode", self.mode.name())
             .with("fpdu", self.fpdu)
+            .with("lead", u8::from(self.alias_lead))
             .with("list", self.post_list)
             .with("qps", self.qps)
     }
@@ -180,6 +184,8 @@ impl Spec {
             crc: m.num::<u8>("crc")? != 0,
             mode: m.get("mode")?.parse()?,
             fpdu: m.num("fpdu")?,
+            // A client from before the option: on, as its library did not have it.
+            alias_lead: m.get("lead").is_err() || m.num::<u8>("lead")? != 0,
             post_list: m.num::<usize>("list")?.max(1),
             // A client from before -q sends no qps: one QP.
             qps: if m.get("qps").is_ok() {
@@ -254,6 +260,7 @@ mod tests {
             crc: false,
             mode: Mode::Event,
             fpdu: 1448,
+            alias_lead: false,
             post_list: 16,
             qps: 4,
         };

@@ -749,6 +749,9 @@ fn sixteen_mib_write_lands_intact() {
     let mut s = StreamConfig::for_mss(9000);
     s.crc = true;
     let mut p = Pair::new(Split::Whole, s);
+    // The FPDU count below is the plain geometry: no short FPDUs leading the message from
+    // a page-aligned region (`tx_alias.rs` tests those).
+    p.a.qp.set_tx_alias_lead(false);
     let len = 16 << 20;
     let (_src, sstag, siova, data) = p.a.filled_region(len, Access::NONE, 77);
     let (dst, dstag, diova) = p.b.region(len, Access::REMOTE_WRITE);

@@ -13,6 +13,7 @@
 //! | `SOFTWARP_FIRST_FPDU_DELAY_MS` | milliseconds the initiator waits after the MPA Reply | 20 (also with `SOFTWARP_SIW=1`) |
 //! | `SOFTWARP_P2P` | `0`: no RFC 6581 peer-to-peer mode (RTR) as initiator | on: rdma_cm programs may send first from either end once both saw ESTABLISHED (perftest's `ib_write_lat` server does), and an MPA responder may not send before the initiator's first FPDU (RFC 5044), so the initiator sends a zero-length RTR |
 //! | `SOFTWARP_RFC7306` | `on`, `off`: Immediate Data and atomics | on |
+//! | `SOFTWARP_TX_ALIAS_LEAD` | `off`: no short FPDUs leading a large message whose payload would hit 4 KiB aliasing in the kernel's copy (`ConnectOptions::tx_alias_lead`) | on |
 //! | `SOFTWARP_MPA_TIMEOUT_MS` | TCP connect and MPA exchange bound | 5000 |
 //! | `SOFTWARP_BUSY_POLL` | `1`: CQs made without a completion channel are busy-polled (`CompletionQueue::set_busy_poll`: the thread polling the CQ moves its QPs' bytes; when its polls stop for 10-20 ms with bytes waiting, the progress thread moves them until they are back, so nothing stalls) | off |
 //! | `SOFTWARP_IDLE_SLEEP` | `0`: a thread that keeps polling an empty CQ spins for ever; otherwise, after 262,144 empty polls in a row (about 3 ms), one poll in 1024 sleeps 100 us until a completion comes (`CompletionQueue::set_idle_sleep`), so that a program spinning on a CQ with nothing coming (perftest's passive `ib_write_bw` server) leaves the cores to the progress threads; busy-polled CQs never sleep | on |
@@ -201,6 +202,9 @@ pub fn from(get: impl Fn(&str) -> Option<String>) -> Result<ConnectOptions, Bad>
     if let Some(on) = flag("SOFTWARP_RFC7306", "on, off")? {
         o.rfc7306 = on;
     }
+    if let Some(on) = flag("SOFTWARP_TX_ALIAS_LEAD", "on, off")? {
+        o.tx_alias_lead = on;
+    }
     Ok(o)
 }
 
@@ -239,6 +243,7 @@ mod tests {
             ("SOFTWARP_MPA_TIMEOUT_MS", "1500"),
             ("SOFTWARP_P2P", "0"),
             ("SOFTWARP_RFC7306", "off"),
+            ("SOFTWARP_TX_ALIAS_LEAD", "off"),
         ]))
         .expect("valid");
         assert_eq!(o.crc, CrcMode::Required);
@@ -249,6 +254,7 @@ mod tests {
         assert_eq!(o.timeout, Duration::from_millis(1500));
         assert!(!o.peer_to_peer);
         assert!(!o.rfc7306);
+        assert!(!o.tx_alias_lead && ConnectOptions::default().tx_alias_lead);
     }
 
     #[test]

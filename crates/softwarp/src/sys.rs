@@ -26,9 +26,8 @@ use std::time::Duration;
 use softwarp_engine::memory::Region;
 use softwarp_engine::qp::TxPiece;
 
-/// Most iovecs one `writev` takes here (the engine's largest gather list holds 64
-/// pieces).
-const MAX_IOV: usize = 64;
+/// Most iovecs one `writev` takes here: the engine's largest gather list.
+const MAX_IOV: usize = softwarp_engine::qp::GATHER_PIECES;
 /// Iovecs on the stack for short gather lists (see [`write_pieces`]).
 const FEW_IOV: usize = 4;
 
@@ -412,9 +411,9 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (mut b, _) = l.accept().unwrap();
-        let words: Vec<[u8; 2]> = (0..70u8).map(|i| [i, i]).collect();
+        let words: Vec<[u8; 2]> = (0..90u8).map(|i| [i, i]).collect();
         let pieces: Vec<TxPiece<'_>> = words.iter().map(|w| TxPiece::Bytes(w)).collect();
-        for n in [1, FEW_IOV, FEW_IOV + 1, MAX_IOV, 70] {
+        for n in [1, FEW_IOV, FEW_IOV + 1, MAX_IOV, 90] {
             let want = 2 * n.min(MAX_IOV);
             assert_eq!(write_pieces(a.as_fd(), &pieces[..n]).unwrap(), want);
             let mut got = vec![0u8; want];

@@ -196,11 +196,13 @@ impl<'a> TxFpdu<'a> {
 
 /// Most FPDUs one [`Qp::poll_tx_gather`] offers: a 1 MiB message on loopback is 16 full
 /// FPDUs and a short one, all in one `sendmsg` (with 16 the short one went in a write of
-/// its own, and its receiver read it with a system call of its own).
-pub(crate) const MAX_GATHER_FPDUS: usize = 17;
-/// Most pieces one [`TxGather`] holds (an FPDU without markers has at most
-/// `MAX_SGE + 2`).
-const GATHER_PIECES: usize = 64;
+/// its own, and its receiver read it with a system call of its own), plus up to eight
+/// short FPDUs leading it ([`alias_lead`]).
+pub(crate) const MAX_GATHER_FPDUS: usize = 17 + 8;
+/// Most pieces one [`TxGather`] holds: three per FPDU of [`MAX_GATHER_FPDUS`] with one
+/// scatter/gather element (an FPDU without markers has at most `MAX_SGE + 2`). A writer
+/// passes them to one `sendmsg` (`IOV_MAX` is 1024).
+pub const GATHER_PIECES: usize = 80;
 
 /// Several FPDUs to transmit with one system call (see [`Qp::poll_tx_gather`]).
 #[derive(Debug, Clone, Copy)]
@@ -256,6 +258,10 @@ struct FpduBuild {
     /// The CRC is not in the trailer yet (only between a build and the end of the
     /// [`Qp::tx_copy_fpdus`] that asked for it).
     crc_pending: bool,
+    /// One of the short FPDUs leading a message ([`alias_lead`]): left to the gather path,
+    /// so that it goes out in the same write as the large FPDU after it (copied into a
+    /// batch, it would take a write call of its own).
+    lead: bool,
 }
 
 impl FpduBuild {
@@ -273,6 +279,7 @@ impl FpduBuild {
             offered_end: 0,
             done: TxDone::Rtr,
             crc_pending: false,
+            lead: false,
         })
     }
 
@@ -401,6 +408,10 @@ pub(crate) struct TxState {
     stream_offset: u64,
     /// Set by [`Qp::tx_copy_fpdus`] while it builds: leave the CRC to the copy.
     defer_crc: bool,
+    /// Lead a large message from memory that would hit 4 KiB aliasing in the kernel's
+    /// copy with a few short FPDUs ([`alias_lead`]; on by default,
+    /// [`Qp::set_tx_alias_lead`]).
+    alias_lead: bool,
     /// Headers of a whole Send (without, with Solicited Event; MSN and MO 0) and the header
     /// prefix of a whole RDMA Write, from the codec: what [`Qp::tx_copy_fpdus`] writes for
     /// small messages.
@@ -433,6 +444,7 @@ impl TxState {
             markers: false,
             stream_offset: 0,
             defer_crc: false,
+            alias_lead: true,
             send_headers: codec::send_headers(),
             write_prefix: codec::write_prefix(),
             max_small: (0, 0),
@@ -497,6 +509,7 @@ impl TxState {
         for p in b.payload.iter_mut() {
             *p = None;
         }
+        b.lead = false;
         if self.spare.is_none() {
             self.spare = Some(b);
         } else {
@@ -658,6 +671,14 @@ impl Qp {
         Some(len)
     }
 
+    /// Whether a large message whose payload would hit 4 KiB aliasing in the kernel's copy
+    /// into the socket starts with a few short FPDUs that move it out of the window (on by
+    /// default; see `alias_lead` in this file and DESIGN.md). Off: every FPDU but a
+    /// message's last carries the largest payload.
+    pub fn set_tx_alias_lead(&mut self, on: bool) {
+        self.tx.alias_lead = on;
+    }
+
     /// False when [`Qp::send_to`] would certainly send nothing: no FPDU in progress, built
     /// ahead or waiting in the spill, no message half sent, no Terminate, RTR, Read or
     /// Atomic Response, or send WR waiting. A cheap check for runtimes that would otherwise ask for nothing
@@ -686,7 +707,7 @@ impl Qp {
         }
         let b = self.tx.build.as_deref_mut()?;
         let total = b.total;
-        let fits = b.sent == 0 && b.layout.is_none() && total <= out.len() && total >= 4;
+        let fits = b.sent == 0 && b.layout.is_none() && !b.lead && total <= out.len() && total >= 4;
         let copied = fits && {
             let dst = out.get_mut(..total).unwrap_or_default();
             let mut at = 0;
@@ -1276,7 +1297,23 @@ impl Qp {
             SendOp::Send { .. } | SendOp::SendWithImm { .. } => codec::UNTAGGED_HEADER_LEN,
             _ => codec::TAGGED_HEADER_LEN,
         };
-        let max = self.tx.max_payload(hdr_len);
+        let mut max = self.tx.max_payload(hdr_len);
+        if sent < ALIAS_LEAD_MAX_BYTES && self.tx.alias_lead && !self.tx.markers {
+            let (sges, mem) = self.sq_sges(seq);
+            let first = sges.first().zip(mem.first().and_then(Option::as_ref));
+            // The copy that matters is of the first element's bytes.
+            if let Some((_, v)) = first.filter(|(s, _)| u64::from(s.length) >= ALIAS_LEAD_MIN_LEN) {
+                let addr = v
+                    .memory
+                    .region()
+                    .addr()
+                    .wrapping_add(v.region_offset as u64);
+                if let Some(lead) = alias_lead(addr, hdr_len, len, sent, max) {
+                    max = max.min(lead);
+                    b.lead = true;
+                }
+            }
+        }
         // Gather the segment's payload.
         let mut seg = 0usize;
         let mut inline_len = 0usize;
@@ -1508,4 +1545,66 @@ impl crate::qp::pump::VectoredWrite for SliceSink<'_> {
             n => Ok(n),
         }
     }
+}
+
+/// Messages shorter than this are never led in ([`alias_lead`]). Measured on loopback,
+/// ping-pong, CRC off (BENCHMARKS.md), in the VM's two states: at 64 KiB 17.2 us against
+/// 22.9 with the lead-in when the copies are slow, even (10.5-10.9) when they are fast; at
+/// 128 KiB 23 against 34 us; at 16-32 KiB it cost 0.5-1 us in the fast state (the
+/// receiver handles the short FPDUs and copies what follows them through its staging
+/// buffer).
+const ALIAS_LEAD_MIN_LEN: u64 = 64 << 10;
+
+/// Source-to-destination distances (modulo 4 KiB) that [`alias_lead`] moves the payload
+/// out of: the kernel's `rep movsb` copy into the socket's page fragment runs at about half
+/// speed when the destination is up to a cache line or so ahead of the source modulo 4 KiB
+/// (measured slow at 4 to 52 bytes, full speed from 84; see BENCHMARKS.md).
+const ALIAS_WINDOW: u64 = 96;
+
+/// Payload bytes of each leading FPDU, and the most a message is led in with.
+const ALIAS_LEAD_LEN: usize = 4;
+const ALIAS_LEAD_MAX_BYTES: u64 = 8 * ALIAS_LEAD_LEN as u64;
+
+/// The payload cap of the FPDU that starts at message offset `sent` of a message of `len`
+/// bytes whose payload starts at address `addr`, whose FPDUs carry `hdr_len`-byte
+/// DDP/RDMAP headers and at most `max_payload` payload bytes, when the message is led in
+/// with short FPDUs; `None` for a normal FPDU.
+///
+/// Why: the kernel copies a `sendmsg` into the sending thread's page fragment, which
+/// starts over at offset 0 once the previous messages were consumed (a ping-pong). The
+/// first payload byte then lands at offset `2 + hdr_len` (MPA length and headers before
+/// it), and from a page-aligned buffer (most applications' and perftest's) the
+/// destination is 16 or 20 bytes ahead of the source modulo 4 KiB: every load of the copy
+/// then waits on a store to an address with the same low 12 bits (4 KiB aliasing), and a
+/// 64 KiB Send's `sendmsg` took 15.5 us against 8.2 us for the same bytes from a buffer
+/// 20 bytes further on. Only framing bytes move the distance (payload bytes advance both
+/// sides alike): each FPDU boundary moves it by the CRC, the pad and the next header, so
+/// the FPDUs of a message step through the distances from the first one up. When one of
+/// them would fall inside [`ALIAS_WINDOW`], short leading FPDUs (4 payload bytes each, no
+/// pad) move the first one to the window's end, from where the rest stay clear (up to
+/// about 150 full FPDUs, 9 MiB). DDP allows any segmentation; the peer sees a few more
+/// FPDUs.
+fn alias_lead(addr: u64, hdr_len: usize, len: u64, sent: u64, max_payload: usize) -> Option<usize> {
+    if len < ALIAS_LEAD_MIN_LEN || max_payload == 0 {
+        return None;
+    }
+    let framing = 2 + hdr_len as u64;
+    let step = |payload: u64| (4 - (framing + payload) % 4) % 4 + 4 + framing;
+    // Where the first payload byte lands, minus where it comes from, modulo 4 KiB.
+    let first = framing.wrapping_sub(addr) % 4096;
+    // How far the full FPDUs after the first move it.
+    let full = len.div_ceil(max_payload as u64).saturating_sub(1);
+    let span = full.saturating_mul(step(max_payload as u64));
+    // Clear already, or too long to keep clear from any start.
+    if (first >= ALIAS_WINDOW && first + span < 4096) || span >= 4096 - ALIAS_WINDOW {
+        return None;
+    }
+    let lead = ALIAS_LEAD_LEN as u64;
+    let fpdus = ((ALIAS_WINDOW + 4096 - first) % 4096).div_ceil(step(lead));
+    if fpdus * lead > ALIAS_LEAD_MAX_BYTES {
+        // Far from the window now and wrapping into it only near the end of a long
+        // message: not worth a dozen FPDUs.
+        return None;
+    }
+    (sent < fpdus * lead && sent.is_multiple_of(lead)).then_some(ALIAS_LEAD_LEN)
 }

@@ -104,6 +104,13 @@ pub struct ConnectOptions {
     /// keeps acknowledging zero-window probes: none at all). A peer that stops reading
     /// holds the send buffer and the work requests behind it for that long.
     pub tcp_user_timeout: Option<Duration>,
+    /// Lead a message of 64 KiB or more with a few 4-byte FPDUs when its payload, copied by
+    /// the kernel into the socket, would land a few bytes ahead of its source modulo 4 KiB
+    /// (default true). That is the case for a page-aligned buffer (most applications'), and
+    /// there the copy runs at about half speed (4 KiB aliasing); the extra FPDU boundaries
+    /// move the payload out of it. The peer sees a few more FPDUs (any segmentation is valid
+    /// DDP). False: every FPDU of a message but the last carries the largest payload.
+    pub tx_alias_lead: bool,
 }
 
 impl Default for ConnectOptions {
@@ -133,6 +140,7 @@ impl ConnectOptions {
             rx_stall_timeout: Duration::from_secs(30),
             rfc7306: o.rfc7306,
             tcp_user_timeout: None,
+            tx_alias_lead: true,
         }
     }
 
@@ -181,6 +189,12 @@ impl ConnectOptions {
     /// Sets [`ConnectOptions::rx_stall_timeout`].
     pub fn rx_stall_timeout(mut self, timeout: Duration) -> Self {
         self.rx_stall_timeout = timeout;
+        self
+    }
+
+    /// Sets [`ConnectOptions::tx_alias_lead`].
+    pub fn tx_alias_lead(mut self, on: bool) -> Self {
+        self.tx_alias_lead = on;
         self
     }
 

@@ -397,6 +397,7 @@ impl QpShared {
             return Err(Error::Qp(softwarp_engine::qp::QpError::Destroyed));
         }
         g.qp.establish(cfg)?;
+        g.qp.set_tx_alias_lead(opts.tx_alias_lead);
         g.conn = Some(Conn {
             stream,
             token: None,
