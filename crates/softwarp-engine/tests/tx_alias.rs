@@ -184,3 +184,63 @@ fn messages_clear_of_the_window_or_small_are_not_led_in() {
     assert_eq!(send_one(Kind::Send, 32 << 10, 0, true).1, 1);
     assert_eq!(send_one(Kind::Write, 8 << 10, 0, true).1, 1);
 }
+
+/// A Read of `len` bytes from b's memory `page_off` bytes into a page: the distances of
+/// every full Read Response FPDU's payload that b sends (lead-in on or off), after checking
+/// that the bytes arrived intact in a's sink.
+fn read_one(len: usize, page_off: u64, lead: bool) -> Vec<u64> {
+    let stream = StreamConfig::for_mss(65535);
+    let (mut a, mut b) = (Side::new(1, stream), Side::new(2, stream));
+    b.qp.set_tx_alias_lead(lead);
+    let (src, sstag, siova, data) = b.filled_region(len + 8192, Access::REMOTE_READ, 6);
+    let off = (page_off + 4096 - src.addr() % 4096) % 4096;
+    let (sink, kstag, kiova) = a.region(len, Access::LOCAL_WRITE);
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::Read {
+            remote_addr: siova + off,
+            rkey: sstag,
+        },
+        payload: Payload::Sgl(SgList::single(sge(kstag, kiova, 0, len as u32))),
+        signaled: true,
+        fence: false,
+    };
+    a.qp.post_send(&wr, &a.mrs).unwrap();
+    let mut request = Vec::new();
+    a.transmit(&mut request, || usize::MAX);
+    assert_eq!(b.receive_with(&request, true, || usize::MAX), request.len());
+    let mut rec = Recorder::default();
+    let mut batch = Vec::new();
+    for _ in 0..1000 {
+        let mut budget = usize::MAX;
+        if matches!(
+            b.qp.send_to(&mut rec, Some(&mut batch), &mut budget),
+            SendEnd::Idle
+        ) {
+            break;
+        }
+    }
+    assert_eq!(rec.calls, 1, "Read of {len} B from page offset {page_off}");
+    assert_eq!(a.receive_with(&rec.out, true, || usize::MAX), rec.out.len());
+    let off = off as usize;
+    assert!(contents(&sink) == data[off..off + len], "the bytes differ");
+    assert_eq!(a.send_wcs().len(), 1);
+    rec.pieces
+        .iter()
+        .filter(|p| p.1 >= 4096)
+        .map(|&(pos, _, addr)| pos.wrapping_sub(addr) % 4096)
+        .collect()
+}
+
+#[test]
+fn read_responses_are_led_in_too() {
+    // A page-aligned source: the first Read Response lands 16 bytes ahead without.
+    assert_eq!(read_one(128 << 10, 0, false)[0], 16);
+    for page_off in (0..4096).step_by(16) {
+        let d = read_one(128 << 10, page_off, true);
+        assert!(
+            d.iter().all(|&d| d == 0 || d >= WINDOW),
+            "from page offset {page_off}: distances {d:?}"
+        );
+    }
+}

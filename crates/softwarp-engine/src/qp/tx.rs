@@ -1186,6 +1186,21 @@ impl Qp {
             return;
         }
         let remaining = irq.len - irq.sent;
+        let mut max = max;
+        if irq.sent < ALIAS_LEAD_MAX_BYTES && self.tx.alias_lead && !self.tx.markers {
+            if let Some(src) = &irq.src {
+                let addr = src
+                    .memory
+                    .region()
+                    .addr()
+                    .wrapping_add(src.region_offset as u64);
+                let hdr_len = codec::TAGGED_HEADER_LEN;
+                if let Some(lead) = alias_lead(addr, hdr_len, irq.len, irq.sent, max) {
+                    max = max.min(lead);
+                    b.lead = true;
+                }
+            }
+        }
         let seg = usize::try_from(remaining.min(max as u64)).unwrap_or(max);
         if seg > 0 {
             if let Some(src) = &irq.src {
