@@ -135,51 +135,14 @@ fn a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out() {
 /// [`a_busy_sender_that_stops_polling_still_gets_its_queued_bytes_out`]'s scenario; false
 /// when b's progress thread took b's reading over during the set-up.
 fn queued_bytes_get_out() -> bool {
-    let deep = |a: &mut QpInitAttr<'_>| {
-        a.cap.max_send_wr = 4096;
-        a.cap.max_recv_wr = 4096;
-    };
-    let mut a = End::with(None, None, deep);
-    // b's receive CQ holds every Send's completion: if b's progress thread takes b's
-    // reading over (b's thread descheduled for longer than the take-over's period, on a
-    // loaded machine), it reads everything before b polls.
-    let mut b = End::with_cqe(None, None, 4096, deep);
-    a.scq.set_busy_poll(true);
-    a.rcq.set_busy_poll(true);
-    b.rcq.set_busy_poll(true);
     // 4000 Sends of 2000 bytes (8 MB, more than loopback's socket buffers hold): each is
     // small enough to be coalesced into batches.
     const N: usize = 4000;
-    const LEN: u32 = 2000;
-    let (rbuf, _) = b.mr(LEN as usize, AccessFlags::LOCAL_WRITE, 0);
-    for i in 0..N {
-        b.qp.post_recv(&RecvWr {
-            wr_id: i as u64,
-            sgl: SgList::single(rbuf.sge(0, LEN).unwrap()),
-        })
-        .unwrap();
-    }
-    connect(&mut a, &mut b, &ConnectOptions::default());
-    let (src, _) = a.mr(LEN as usize, AccessFlags::NONE, 3);
-    let send = SendWr {
-        wr_id: 0,
-        op: SendOp::Send {
-            solicited: false,
-            invalidate: None,
-        },
-        payload: Payload::Sgl(SgList::single(src.sge(0, LEN).unwrap())),
-        signaled: false,
-        fence: false,
-    };
     // b does not read yet: a's socket fills and the rest of a's batches wait in the QP.
     // While a's thread is at work, nobody else writes its socket: its write watchdog is
     // armed instead of the socket joining the progress thread's epoll (which would wake the
-    // progress thread at every drain). b's application stays at work meanwhile (empty
-    // posts), or b's progress thread would take its reading over (the receive take-over).
-    for _ in 0..N / 50 {
-        a.qp.post_send_list(&[send; 50]).unwrap();
-        b.qp.post_send_list(&[]).unwrap();
-    }
+    // progress thread at every drain).
+    let (a, b, _buffers) = filled_socket(N, 2000);
     if rx_takeover(&b).is_some() {
         return false;
     }
@@ -211,6 +174,49 @@ fn a_busy_sender_whose_polls_come_back_gets_its_writing_back() {
     in_attempts(writing_comes_back);
 }
 
+/// Two connected ends, a busy-polled (both CQs) and b with its receive CQ busy-polled and
+/// `n` receives of `len` bytes posted (its CQs hold 4096 completions: if b's progress thread
+/// takes b's reading over, because b's thread was off its CPU for longer than the take-over's
+/// period on a loaded machine, it reads everything before b polls); a has posted `n`
+/// unsignaled Sends of `len` bytes in lists of 50 while b stayed at work with empty posts.
+/// Returns a's source and b's receive buffer too: they must outlive the transfer.
+fn filled_socket(n: usize, len: u32) -> (End, End, [MemoryRegion; 2]) {
+    let deep = |a: &mut QpInitAttr<'_>| {
+        a.cap.max_send_wr = 4096;
+        a.cap.max_recv_wr = 4096;
+    };
+    let mut a = End::with(None, None, deep);
+    let mut b = End::with_cqe(None, None, 4096, deep);
+    a.scq.set_busy_poll(true);
+    a.rcq.set_busy_poll(true);
+    b.rcq.set_busy_poll(true);
+    let (rbuf, _) = b.mr(len as usize, AccessFlags::LOCAL_WRITE, 0);
+    for i in 0..n {
+        b.qp.post_recv(&RecvWr {
+            wr_id: i as u64,
+            sgl: SgList::single(rbuf.sge(0, len).unwrap()),
+        })
+        .unwrap();
+    }
+    connect(&mut a, &mut b, &ConnectOptions::default());
+    let (src, _) = a.mr(len as usize, AccessFlags::NONE, 3);
+    let send = SendWr {
+        wr_id: 0,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        payload: Payload::Sgl(SgList::single(src.sge(0, len).unwrap())),
+        signaled: false,
+        fence: false,
+    };
+    for _ in 0..n / 50 {
+        a.qp.post_send_list(&[send; 50]).unwrap();
+        b.qp.post_send_list(&[]).unwrap();
+    }
+    (a, b, [src, rbuf])
+}
+
 /// Runs a scenario whose set-up needs b's reading to stay with b's thread while a fills
 /// its socket or pauses; on a loaded machine a thread can be off its CPU for longer than
 /// the receive take-over's period, and then b's progress thread reads everything: that
@@ -229,46 +235,11 @@ fn in_attempts(scenario: impl Fn() -> bool) {
 /// [`a_busy_sender_whose_polls_come_back_gets_its_writing_back`]'s scenario; false when
 /// b's progress thread took b's reading over during the set-up.
 fn writing_comes_back() -> bool {
-    let deep = |a: &mut QpInitAttr<'_>| {
-        a.cap.max_send_wr = 4096;
-        a.cap.max_recv_wr = 4096;
-    };
-    let mut a = End::with(None, None, deep);
-    let mut b = End::with(None, None, deep);
-    a.scq.set_busy_poll(true);
-    a.rcq.set_busy_poll(true);
-    b.rcq.set_busy_poll(true);
-    // 1000 Sends of 32,000 bytes: more than loopback's socket buffers hold, and no more than
-    // b's receive CQ holds (b does not poll for a while).
+    // 1000 Sends of 32,000 bytes: a fills its socket (b does not read yet) and then pauses
+    // while b stays at work (empty posts, so b's reading is not taken over): the watchdog
+    // hands a's writing to the progress thread.
     const N: usize = 1000;
-    const LEN: u32 = 32_000;
-    let (rbuf, _) = b.mr(LEN as usize, AccessFlags::LOCAL_WRITE, 0);
-    for i in 0..N {
-        b.qp.post_recv(&RecvWr {
-            wr_id: i as u64,
-            sgl: SgList::single(rbuf.sge(0, LEN).unwrap()),
-        })
-        .unwrap();
-    }
-    connect(&mut a, &mut b, &ConnectOptions::default());
-    let (src, _) = a.mr(LEN as usize, AccessFlags::NONE, 5);
-    let send = SendWr {
-        wr_id: 0,
-        op: SendOp::Send {
-            solicited: false,
-            invalidate: None,
-        },
-        payload: Payload::Sgl(SgList::single(src.sge(0, LEN).unwrap())),
-        signaled: false,
-        fence: false,
-    };
-    // a fills its socket (b does not read yet) and then pauses while b stays at work
-    // (empty posts, so b's reading is not taken over): the watchdog hands a's writing to
-    // the progress thread.
-    for _ in 0..N / 50 {
-        a.qp.post_send_list(&[send; 50]).unwrap();
-        b.qp.post_send_list(&[]).unwrap();
-    }
+    let (a, b, _buffers) = filled_socket(N, 32_000);
     // b's keeping at work runs on a thread of its own: the looks at a's statistics take
     // every QP's lock in the process and may wait longer than the receive take-over's
     // period.
