@@ -54,9 +54,19 @@ impl VectoredRead for Queued<'_> {
 /// Writes `len` bytes `count` times from `a` to `b`, each message received on its own
 /// before the next is sent; returns the reads of each message and checks the bytes.
 fn write_messages(len: usize, count: usize) -> Vec<Vec<Read>> {
+    write_messages_from(len, count, None)
+}
+
+/// [`write_messages`] from a source `page_off` bytes into a page when given (a 64 KiB or
+/// larger Write from a page-aligned source is led in with short FPDUs against 4 KiB
+/// aliasing; `tx_alias.rs`).
+fn write_messages_from(len: usize, count: usize, page_off: Option<u64>) -> Vec<Vec<Read>> {
     let stream = StreamConfig::for_mss(65535);
     let (mut a, mut b) = (Side::new(1, stream), Side::new(2, stream));
-    let (_src, sstag, siova, data) = a.filled_region(len, Access::NONE, 3);
+    let (src, sstag, siova, filled) = a.filled_region(len + 8192, Access::NONE, 3);
+    let off = page_off.map_or(0, |o| (o + 4096 - src.addr() % 4096) % 4096) as usize;
+    let data = filled[off..off + len].to_vec();
+    let siova = siova + off as u64;
     let (sink, kstag, kiova) = b.region(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     let mut stage = vec![0u8; 64 * 1024];
     let mut per_message = Vec::new();
@@ -131,6 +141,22 @@ fn a_64_kib_write_costs_two_reads_the_header_and_the_payload() {
     for (i, r) in reads.iter().enumerate().skip(1) {
         assert_eq!(r.len(), 2, "message {i}: {r:?}");
         assert!(r[1].region, "message {i}: {r:?}");
+    }
+}
+
+/// A 64 KiB Write led in with short FPDUs (a page-aligned source): the receiver still
+/// reads it in two (the short FPDUs and the full one's header into the staging buffer,
+/// then the payload straight into the sink): the full FPDU that follows keeps the staging
+/// hint set, so no payload is read ahead and copied.
+#[test]
+fn a_led_in_write_is_still_placed_without_a_copy() {
+    let reads = write_messages_from(64 * 1024, 5, Some(0));
+    for (i, r) in reads.iter().enumerate().skip(1) {
+        assert!(
+            r.iter().any(|r| r.region && r.dest > 60_000),
+            "message {i}: {r:?}"
+        );
+        assert!(r.len() <= 2, "message {i}: {r:?}");
     }
 }
 
