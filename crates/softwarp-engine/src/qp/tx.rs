@@ -29,7 +29,7 @@ use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr, AtomicResponseRepr};
 
 use crate::fault::Cause;
 use crate::memory::Region;
-use crate::mr::MrMemory;
+use crate::mr::{MrMemory, Validated};
 use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqStatus, StreamConfig};
 use crate::wr::{SendOp, WcStatus, MAX_INLINE, MAX_SGE};
 
@@ -515,6 +515,29 @@ impl TxState {
         } else {
             self.pool.push(b);
         }
+    }
+
+    /// The payload cap of the FPDU at message offset `sent` of a message of `len` bytes
+    /// sent from `src` with `hdr_len`-byte headers and at most `max` payload bytes per
+    /// FPDU, when it is one of the short FPDUs leading the message ([`alias_lead`]; not
+    /// with markers, or when turned off).
+    fn alias_cap(
+        &self,
+        src: &Validated,
+        hdr_len: usize,
+        len: u64,
+        sent: u64,
+        max: usize,
+    ) -> Option<usize> {
+        if sent >= ALIAS_LEAD_MAX_BYTES || !self.alias_lead || self.markers {
+            return None;
+        }
+        let addr = src
+            .memory
+            .region()
+            .addr()
+            .wrapping_add(src.region_offset as u64);
+        alias_lead(addr, hdr_len, len, sent, max).map(|lead| lead.min(max))
     }
 
     /// Largest payload of one FPDU with a header of `hdr_len` bytes.
@@ -1187,19 +1210,14 @@ impl Qp {
         }
         let remaining = irq.len - irq.sent;
         let mut max = max;
-        if irq.sent < ALIAS_LEAD_MAX_BYTES && self.tx.alias_lead && !self.tx.markers {
-            if let Some(src) = &irq.src {
-                let addr = src
-                    .memory
-                    .region()
-                    .addr()
-                    .wrapping_add(src.region_offset as u64);
-                let hdr_len = codec::TAGGED_HEADER_LEN;
-                if let Some(lead) = alias_lead(addr, hdr_len, irq.len, irq.sent, max) {
-                    max = max.min(lead);
-                    b.lead = true;
-                }
-            }
+        let hdr_len = codec::TAGGED_HEADER_LEN;
+        let lead = irq
+            .src
+            .as_ref()
+            .and_then(|src| self.tx.alias_cap(src, hdr_len, irq.len, irq.sent, max));
+        if let Some(lead) = lead {
+            max = lead;
+            b.lead = true;
         }
         let seg = usize::try_from(remaining.min(max as u64)).unwrap_or(max);
         if seg > 0 {
@@ -1313,20 +1331,17 @@ impl Qp {
             _ => codec::TAGGED_HEADER_LEN,
         };
         let mut max = self.tx.max_payload(hdr_len);
-        if sent < ALIAS_LEAD_MAX_BYTES && self.tx.alias_lead && !self.tx.markers {
+        if sent < ALIAS_LEAD_MAX_BYTES {
             let (sges, mem) = self.sq_sges(seq);
-            let first = sges.first().zip(mem.first().and_then(Option::as_ref));
             // The copy that matters is of the first element's bytes.
-            if let Some((_, v)) = first.filter(|(s, _)| u64::from(s.length) >= ALIAS_LEAD_MIN_LEN) {
-                let addr = v
-                    .memory
-                    .region()
-                    .addr()
-                    .wrapping_add(v.region_offset as u64);
-                if let Some(lead) = alias_lead(addr, hdr_len, len, sent, max) {
-                    max = max.min(lead);
-                    b.lead = true;
-                }
+            let lead = sges
+                .first()
+                .zip(mem.first().and_then(Option::as_ref))
+                .filter(|(sge, _)| u64::from(sge.length) >= ALIAS_LEAD_MIN_LEN)
+                .and_then(|(_, v)| self.tx.alias_cap(v, hdr_len, len, sent, max));
+            if let Some(lead) = lead {
+                max = lead;
+                b.lead = true;
             }
         }
         // Gather the segment's payload.
