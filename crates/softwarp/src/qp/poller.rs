@@ -169,8 +169,8 @@ impl QpShared {
     /// After a service pass of a busy-polled QP whose writing the progress thread took over
     /// from the watchdog ([`QpShared::watchdog`]) and which still has bytes pending: when
     /// the application made a pass since the take-over (it posts or polls again: it was
-    /// only descheduled, or paused), its socket leaves the poller and the polls write
-    /// again, with the watchdog armed if the socket is still full. Without this, a sender
+    /// only descheduled, or paused) and the socket is full again, its socket leaves the
+    /// poller and the polls write again, with the watchdog armed. Without this, a sender
     /// that always has work queued (a bandwidth run) never becomes idle, so
     /// [`QpShared::return_to_busy_polls`] never hands the socket back: every later post
     /// would only queue for the progress thread, a third thread woken at every drain
@@ -189,7 +189,9 @@ impl QpShared {
             conn.tx_takeover = None;
             return;
         }
-        if passes == seen || !open || conn.read_closed || conn.write_failed {
+        // Only behind a full socket, where the re-armed watchdog covers polls that stop
+        // again; a pass that ended on its budget leaves the rest to the progress thread.
+        if passes == seen || !open || conn.read_closed || conn.write_failed || !conn.tx_full {
             return;
         }
         if let Err(e) = registry.deregister(&mut conn.stream) {
@@ -200,9 +202,7 @@ impl QpShared {
         conn.tx_takeover = None;
         inner.watch_handbacks += 1;
         tracing::debug!(qp = self.qp_num, "busy polls are back: they write again");
-        if conn.tx_full {
-            self.arm_watchdog(inner);
-        }
+        self.arm_watchdog(inner);
     }
 
     /// Whether the QP is busy-polled (its receive CQ is): the progress thread then looks at
