@@ -9,7 +9,7 @@
 mod util;
 
 use softwarp_engine::mr::Access;
-use softwarp_engine::qp::{SendEnd, StreamConfig, TxPiece, VectoredWrite};
+use softwarp_engine::qp::{StreamConfig, TxPiece, VectoredWrite};
 use softwarp_engine::wr::{Payload, RecvWr, SendOp, SendWr, SgList};
 use util::*;
 
@@ -86,16 +86,7 @@ fn send_one(kind: Kind, len: usize, page_off: u64, lead: bool) -> (u64, u64, Vec
     };
     a.qp.post_send(&wr, &a.mrs).unwrap();
     let mut rec = Recorder::default();
-    let mut batch = Vec::new();
-    for _ in 0..1000 {
-        let mut budget = usize::MAX;
-        if matches!(
-            a.qp.send_to(&mut rec, Some(&mut batch), &mut budget),
-            SendEnd::Idle
-        ) {
-            break;
-        }
-    }
+    a.send_all(&mut rec);
     assert_eq!(b.receive_with(&rec.out, true, || usize::MAX), rec.out.len());
     let off = off as usize;
     assert!(
@@ -210,16 +201,7 @@ fn read_one(len: usize, page_off: u64, lead: bool) -> Vec<u64> {
     a.transmit(&mut request, || usize::MAX);
     assert_eq!(b.receive_with(&request, true, || usize::MAX), request.len());
     let mut rec = Recorder::default();
-    let mut batch = Vec::new();
-    for _ in 0..1000 {
-        let mut budget = usize::MAX;
-        if matches!(
-            b.qp.send_to(&mut rec, Some(&mut batch), &mut budget),
-            SendEnd::Idle
-        ) {
-            break;
-        }
-    }
+    b.send_all(&mut rec);
     assert_eq!(rec.calls, 1, "Read of {len} B from page offset {page_off}");
     assert_eq!(a.receive_with(&rec.out, true, || usize::MAX), rec.out.len());
     let off = off as usize;

@@ -61,14 +61,7 @@ fn write_calls(len: usize, count: usize) -> Vec<usize> {
         a.qp.post_send(&wr, &a.mrs).unwrap();
     }
     let mut rec = Recorder::default();
-    let mut batch = Vec::new();
-    for _ in 0..1000 {
-        let mut budget = usize::MAX;
-        let end = a.qp.send_to(&mut rec, Some(&mut batch), &mut budget);
-        if matches!(end, softwarp_engine::qp::SendEnd::Idle) {
-            break;
-        }
-    }
+    a.send_all(&mut rec);
     assert_eq!(b.receive_with(&rec.out, true, || usize::MAX), rec.out.len());
     assert_eq!(contents(&sink), data, "{count} x {len} B");
     assert_eq!(a.send_wcs().len(), count);

@@ -225,6 +225,23 @@ impl Side {
         total
     }
 
+    /// Sends everything through `Qp::send_to` into the writer `w`, as the runtime does
+    /// (with a batch buffer), until the QP has nothing left; for tests that look at the
+    /// writer's calls and pieces themselves.
+    pub fn send_all(&mut self, w: &mut impl VectoredWrite) {
+        let mut batch = Vec::new();
+        for _ in 0..1_000_000 {
+            let mut budget = usize::MAX;
+            match self.qp.send_to(w, Some(&mut batch), &mut budget) {
+                SendEnd::Idle => return,
+                SendEnd::Budget | SendEnd::Full => {}
+                SendEnd::Failed(e) => panic!("the test writer failed: {e}"),
+                SendEnd::Bug(why) => panic!("engine bug: {why}"),
+            }
+        }
+        panic!("send_to never went idle");
+    }
+
     /// Transmits into `out` until the writer took `limit` bytes (a socket that fills up).
     pub fn transmit_limited(&mut self, out: &mut Vec<u8>, limit: usize) -> usize {
         let start = out.len();
