@@ -101,7 +101,7 @@
 //! the FPDU is built). With markers negotiated for the sent direction the pieces are split at
 //! the marker positions the wire crate's `MarkerLayout` gives, the 4-byte markers (kept in
 //! the QP) go between them, MULPDU leaves room for them, and the CRC covers them; a gather
-//! list longer than [`qp::TX_PIECES`] is offered in parts. Markers are negotiated per
+//! list longer than [`qp::GATHER_PIECES`] is offered in parts. Markers are negotiated per
 //! direction (`StreamConfig::markers_tx`/`markers_rx`; the M bit of an MPA frame asks the
 //! other side to send markers) from the stream offsets in the `StreamConfig` (0 for a fresh
 //! stream: the first marker precedes the first FPDU). Order: a queued Terminate, the RTR, the

@@ -389,14 +389,15 @@ fn a_peer_that_omits_negotiated_markers_is_caught() {
 }
 
 #[test]
-fn a_gather_list_longer_than_one_txfpdu_is_offered_in_parts() {
-    use softwarp_engine::qp::{SendEnd, TxPiece, VectoredWrite, TX_PIECES};
-    // 9000-byte FPDUs gathered from 8 SGEs with 17 or 18 markers: more pieces than fit.
-    let mut s = stream(true, 9000);
+fn a_gather_list_longer_than_one_txgather_is_offered_in_parts() {
+    use softwarp_engine::qp::{SendEnd, TxPiece, VectoredWrite, GATHER_PIECES};
+    // A 48,000-byte FPDU gathered from 8 SGEs with about 94 markers: each marker splits a
+    // piece, so the gather list is about 200 pieces, more than one TxGather holds.
+    let mut s = stream(true, 60_000);
     s.markers_tx = true;
     let mut a = Side::new(1, s);
-    let (_src, stag, iova, _) = a.filled_region(9000, Access::NONE, 1);
-    let sges: Vec<_> = (0..8).map(|i| sge(stag, iova, i * 1000, 1000)).collect();
+    let (_src, stag, iova, _) = a.filled_region(48_000, Access::NONE, 1);
+    let sges: Vec<_> = (0..8).map(|i| sge(stag, iova, i * 6000, 6000)).collect();
     a.qp.post_send(
         &SendWr {
             wr_id: 1,
@@ -418,7 +419,7 @@ fn a_gather_list_longer_than_one_txfpdu_is_offered_in_parts() {
     }
     impl VectoredWrite for Parts {
         fn write_from(&mut self, pieces: &[TxPiece<'_>]) -> std::io::Result<usize> {
-            assert!(pieces.len() <= TX_PIECES);
+            assert!(pieces.len() <= GATHER_PIECES);
             let offered: usize = pieces.iter().map(|p| p.len()).sum();
             let start = self.wire.len();
             self.wire.resize(start + offered, 0);

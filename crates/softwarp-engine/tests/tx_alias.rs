@@ -162,9 +162,10 @@ fn without_the_lead_in_a_page_aligned_source_lands_inside_the_window() {
     let head = |(first, fpdus, _)| (first, fpdus);
     assert_eq!(head(send_one(Kind::Send, 128 << 10, 0, false)), (20, 3));
     assert_eq!(head(send_one(Kind::Write, 128 << 10, 0, false)), (16, 3));
-    // With it, four 4-byte FPDUs lead: 20 + 4 x 24 and 16 + 4 x 20 bytes.
-    assert_eq!(head(send_one(Kind::Send, 128 << 10, 0, true)), (116, 7));
-    assert_eq!(head(send_one(Kind::Write, 128 << 10, 0, true)), (96, 7));
+    // With it, 1-byte FPDUs lead (3 pad bytes each): three for the Send, 20 + 3 x 27
+    // bytes, and four for the Write, 16 + 4 x 23.
+    assert_eq!(head(send_one(Kind::Send, 128 << 10, 0, true)), (101, 6));
+    assert_eq!(head(send_one(Kind::Write, 128 << 10, 0, true)), (108, 7));
 }
 
 #[test]

@@ -41,7 +41,7 @@ use std::io;
 use crate::memory::Region;
 use crate::mr::MrTable;
 use crate::qp::tx::MAX_GATHER_FPDUS;
-use crate::qp::{Qp, RxTarget, TxPiece};
+use crate::qp::{Qp, RxTarget, TxGather, TxPiece};
 use crate::srq::Srq;
 
 /// A payload at least this long is read straight into its destination, with only a
@@ -493,9 +493,12 @@ impl Qp {
                 }
             }
             // 3. Large FPDUs, gathered from their pieces (zero copy), several per write.
-            let r = match self.poll_tx_gather(MAX_GATHER_FPDUS, GATHER_BYTES) {
-                None => return SendEnd::Idle,
-                Some(fpdus) => dst.write_from(fpdus.pieces()),
+            let r = {
+                let mut fpdus = TxGather::new();
+                if !self.poll_tx_gather(MAX_GATHER_FPDUS, GATHER_BYTES, &mut fpdus) {
+                    return SendEnd::Idle;
+                }
+                dst.write_from(&fpdus)
             };
             match r {
                 // Only an FPDU without bytes writes nothing; never spin on it.

@@ -11,7 +11,7 @@
 //! [`MarkerLayout`] says where the markers of each FPDU fall; the pieces are split at those
 //! positions and the 4-byte markers, kept in the QP, are offered between them (the payload
 //! is still never copied). The CRC covers the FPDU as sent, markers included, as the wire
-//! crate's marker module defines. An FPDU whose gather list is longer than one [`TxFpdu`]
+//! crate's marker module defines. An FPDU whose gather list is longer than one [`TxGather`]
 //! holds is offered in several parts.
 //!
 //! Order of transmission, message by message: a queued Terminate; the RFC 6581 RTR; the
@@ -23,6 +23,8 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+
+use arrayvec::ArrayVec;
 
 use softwarp_wire::mpa::marker::{MarkerLayout, Piece, MARKER_INTERVAL, MARKER_LEN};
 use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr, AtomicResponseRepr};
@@ -40,9 +42,6 @@ pub const MIN_FPDU_LEN: usize = 128;
 const MAX_MARKED_FPDU_LEN: usize = u16::MAX as usize & !3;
 /// MPA length field + the largest header we build + inline data.
 const HDR_CAP: usize = 2 + codec::MAX_TX_HEADER + MAX_INLINE;
-/// Most pieces one part of an FPDU is offered in (header, payload slices, trailer, and with markers the
-/// markers and the pieces they split). A longer gather list is offered in parts.
-pub const TX_PIECES: usize = 32;
 /// Most markers one FPDU can carry: with markers, FPDUs stay below 64 KiB on the wire (the
 /// FPDUPTR is 16 bits), and a marker comes every 512 octets.
 const MAX_MARKERS: usize = u16::MAX as usize / MARKER_INTERVAL + 2;
@@ -145,55 +144,6 @@ impl<'a> TxPiece<'a> {
     }
 }
 
-/// The unsent part of one FPDU (or the next part of it), as a gather list.
-#[derive(Debug, Clone, Copy)]
-pub struct TxFpdu<'a> {
-    pieces: [TxPiece<'a>; TX_PIECES],
-    n: usize,
-    len: usize,
-}
-
-impl<'a> TxFpdu<'a> {
-    fn empty() -> Self {
-        TxFpdu {
-            pieces: [TxPiece::Bytes(&[]); TX_PIECES],
-            n: 0,
-            len: 0,
-        }
-    }
-
-    /// Appends `p` after dropping the first `*skip` bytes (already sent) of the FPDU.
-    /// Returns false when the gather list is full (`p` was not taken).
-    fn push_skipping(&mut self, p: TxPiece<'a>, skip: &mut usize) -> bool {
-        let l = p.len();
-        if *skip >= l {
-            *skip -= l;
-            return true;
-        }
-        let p = p.sub(*skip, l - *skip);
-        match self.pieces.get_mut(self.n) {
-            Some(slot) => {
-                *skip = 0;
-                *slot = p;
-                self.n += 1;
-                self.len += p.len();
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// The pieces, in stream order.
-    pub fn pieces(&self) -> &[TxPiece<'a>] {
-        self.pieces.get(..self.n).unwrap_or(&[])
-    }
-    /// Bytes offered by these pieces: the rest of the FPDU, or the next part of it when its
-    /// gather list is longer than [`TX_PIECES`] (possible with markers).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-}
-
 /// Most FPDUs one [`Qp::poll_tx_gather`] offers: a 1 MiB message on loopback is 16 full
 /// FPDUs and a short one, all in one `sendmsg` (with 16 the short one went in a write of
 /// its own, and its receiver read it with a system call of its own), plus up to eight
@@ -204,20 +154,10 @@ pub(crate) const MAX_GATHER_FPDUS: usize = 17 + 8;
 /// passes them to one `sendmsg` (`IOV_MAX` is 1024).
 pub const GATHER_PIECES: usize = 80;
 
-/// Several FPDUs to transmit with one system call (see [`Qp::poll_tx_gather`]).
-#[derive(Debug, Clone, Copy)]
-pub struct TxGather<'a> {
-    pieces: [TxPiece<'a>; GATHER_PIECES],
-    n: usize,
-    len: usize,
-}
-
-impl<'a> TxGather<'a> {
-    /// The pieces, in stream order.
-    pub fn pieces(&self) -> &[TxPiece<'a>] {
-        self.pieces.get(..self.n).unwrap_or(&[])
-    }
-}
+/// Several FPDUs to transmit with one system call, as gather pieces in stream order (see
+/// [`Qp::poll_tx_gather`]). The caller keeps it on its stack; making an empty one costs
+/// nothing (the pieces are not initialised until pushed), and the engine fills it in place.
+pub type TxGather<'a> = ArrayVec<TxPiece<'a>, GATHER_PIECES>;
 
 /// What the QP does when an FPDU has been completely handed to the runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -363,12 +303,26 @@ impl FpduBuild {
         }
     }
 
-    /// The unsent part of the FPDU, as much as one [`TxFpdu`] holds.
-    fn gather(&self) -> TxFpdu<'_> {
-        let mut out = TxFpdu::empty();
+    /// Appends the unsent part of the FPDU to `out`, as much of it as fits; returns the
+    /// bytes appended.
+    fn push_unsent<'a>(&'a self, out: &mut TxGather<'a>) -> usize {
         let mut skip = self.sent;
-        self.wire_pieces(|p| out.push_skipping(p, &mut skip));
-        out
+        let mut len = 0;
+        self.wire_pieces(|p| {
+            let l = p.len();
+            if skip >= l {
+                skip -= l;
+                return true;
+            }
+            let p = p.sub(skip, l - skip);
+            skip = 0;
+            let taken = out.try_push(p).is_ok();
+            if taken {
+                len += p.len();
+            }
+            taken
+        });
+        len
     }
 }
 
@@ -598,22 +552,26 @@ impl Qp {
         Ok(())
     }
 
-    /// Describes the next bytes to send as gather pieces: the rest of the FPDU in progress
-    /// (or a new one), then up to `max_fpdus - 1` whole FPDUs built ahead (about `max_bytes`
-    /// in all), so that one `sendmsg` carries several large FPDUs; `None` when there is
-    /// nothing to send. Commit with [`Qp::tx_commit`] (any prefix of what is offered). With
-    /// markers only the FPDU in progress is offered, in parts when its gather list is
-    /// longer than [`TX_PIECES`]. The builds ahead are allocated the first time they are
+    /// Describes the next bytes to send as gather pieces in `out` (cleared first): the rest
+    /// of the FPDU in progress (or a new one), then up to `max_fpdus - 1` whole FPDUs built
+    /// ahead (about `max_bytes` in all), so that one `sendmsg` carries several large FPDUs;
+    /// false when there is nothing to send. Commit with [`Qp::tx_commit`] (any prefix of
+    /// what is offered). With markers only the FPDU in progress is offered, in parts when
+    /// its gather list is longer than [`GATHER_PIECES`]. The builds ahead are allocated the first time they are
     /// needed (at most `max_fpdus - 1` of them per QP).
-    pub(crate) fn poll_tx_gather(
-        &mut self,
+    pub(crate) fn poll_tx_gather<'a>(
+        &'a mut self,
         max_fpdus: usize,
         max_bytes: usize,
-    ) -> Option<TxGather<'_>> {
+        out: &mut TxGather<'a>,
+    ) -> bool {
+        out.clear();
         if self.tx.build.is_none() {
             self.build_next();
         }
-        let front = self.tx.build.as_deref_mut()?;
+        let Some(front) = self.tx.build.as_deref_mut() else {
+            return false;
+        };
         front.offered_end = front.total;
         let mut bytes = front.total - front.sent;
         let mut count = 1 + self.tx.ahead.len();
@@ -626,38 +584,30 @@ impl Qp {
                 count += 1;
             }
         }
-        let mut out = TxGather {
-            pieces: [TxPiece::Bytes(&[]); GATHER_PIECES],
-            n: 0,
-            len: 0,
+        let Some(front) = self.tx.build.as_deref() else {
+            return false;
         };
-        let front = self.tx.build.as_deref()?;
+        let mut len = 0;
         let mut fpdus = 0;
         for b in std::iter::once(front).chain(self.tx.ahead.iter().map(|b| &**b)) {
-            let g = b.gather();
-            if fpdus > 0 && (out.n + g.n > GATHER_PIECES || out.len >= max_bytes) {
+            if fpdus > 0 && len >= max_bytes {
                 break;
             }
-            if g.len() != b.total - b.sent {
-                // Only whole FPDUs (or the whole rest of the front) are gathered.
-                if fpdus > 0 {
-                    break;
-                }
+            let n = out.len();
+            let got = b.push_unsent(out);
+            if fpdus > 0 && got != b.total - b.sent {
+                // Only whole FPDUs (or the first part of the front) are gathered.
+                out.truncate(n);
+                break;
             }
-            for p in g.pieces() {
-                if let Some(slot) = out.pieces.get_mut(out.n) {
-                    *slot = *p;
-                    out.n += 1;
-                    out.len += p.len();
-                }
-            }
+            len += got;
             fpdus += 1;
             if fpdus >= max_fpdus.max(1) {
                 break;
             }
         }
-        self.tx.gather_offered = out.len;
-        Some(out)
+        self.tx.gather_offered = len;
+        true
     }
 
     /// Builds the next FPDU behind the ones already built; returns its length.
@@ -1591,8 +1541,12 @@ const ALIAS_LEAD_MIN_LEN: u64 = 64 << 10;
 /// (measured slow at 4 to 52 bytes, full speed from 84; see BENCHMARKS.md).
 const ALIAS_WINDOW: u64 = 96;
 
-/// Payload bytes of each leading FPDU, and the most a message is led in with.
-const ALIAS_LEAD_LEN: usize = 4;
+/// Payload bytes of each leading FPDU, and the most a message is led in with. One byte:
+/// with the largest pad (3 bytes, as the headers are multiples of 4 long), each boundary
+/// moves the distance as far as one can (27 bytes for a Send, 23 for a Write), so the
+/// fewest FPDUs do it (a page-aligned Send takes three, against four 4-byte ones), and
+/// every one costs both ends the same work whatever its payload.
+const ALIAS_LEAD_LEN: usize = 1;
 const ALIAS_LEAD_MAX_BYTES: u64 = 8 * ALIAS_LEAD_LEN as u64;
 
 /// The payload cap of the FPDU that starts at message offset `sent` of a message of `len`
@@ -1610,8 +1564,8 @@ const ALIAS_LEAD_MAX_BYTES: u64 = 8 * ALIAS_LEAD_LEN as u64;
 /// 20 bytes further on. Only framing bytes move the distance (payload bytes advance both
 /// sides alike): each FPDU boundary moves it by the CRC, the pad and the next header, so
 /// the FPDUs of a message step through the distances from the first one up. When one of
-/// them would fall inside [`ALIAS_WINDOW`], short leading FPDUs (4 payload bytes each, no
-/// pad) move the first one to the window's end, from where the rest stay clear (up to
+/// them would fall inside [`ALIAS_WINDOW`], short leading FPDUs (one payload byte and
+/// three of pad each) move the first one to the window's end, from where the rest stay clear (up to
 /// about 150 full FPDUs, 9 MiB). DDP allows any segmentation; the peer sees a few more
 /// FPDUs.
 fn alias_lead(addr: u64, hdr_len: usize, len: u64, sent: u64, max_payload: usize) -> Option<usize> {
