@@ -1537,14 +1537,15 @@ const ALIAS_LEAD_MIN_LEN: u64 = 64 << 10;
 
 /// Source-to-destination distances (modulo 4 KiB) that [`alias_lead`] moves the payload
 /// out of: the kernel's `rep movsb` copy into the socket's page fragment runs at about half
-/// speed when the destination is up to a cache line or so ahead of the source modulo 4 KiB
-/// (measured slow at 4 to 52 bytes, full speed from 84; see BENCHMARKS.md).
-const ALIAS_WINDOW: u64 = 96;
+/// speed when the destination is less than a cache line ahead of the source modulo 4 KiB
+/// (`scripts/alias-copy.c`, distance by distance: a 64 KiB send call took 13.7-15.9 us at
+/// 1 to 63 bytes, 9.0-9.3 us at 0 and from 64 on; BENCHMARKS.md).
+const ALIAS_WINDOW: u64 = 64;
 
 /// Payload bytes of each leading FPDU, and the most a message is led in with. One byte:
 /// with the largest pad (3 bytes, as the headers are multiples of 4 long), each boundary
 /// moves the distance as far as one can (27 bytes for a Send, 23 for a Write), so the
-/// fewest FPDUs do it (a page-aligned Send takes three, against four 4-byte ones), and
+/// fewest FPDUs do it (a page-aligned Send takes two, a Write three), and
 /// every one costs both ends the same work whatever its payload.
 const ALIAS_LEAD_LEN: usize = 1;
 const ALIAS_LEAD_MAX_BYTES: u64 = 8 * ALIAS_LEAD_LEN as u64;
