@@ -182,6 +182,8 @@ pub(crate) enum TxDone {
 struct FpduBuild {
     hdr: [u8; HDR_CAP],
     hdr_len: usize,
+    /// The payload slices (region, offset, length), filled from the front: the first
+    /// `None` ends them.
     payload: [Option<(Arc<MrMemory>, usize, usize)>; MAX_SGE],
     trailer: [u8; 8],
     trailer_len: usize,
@@ -223,6 +225,11 @@ impl FpduBuild {
         })
     }
 
+    /// The payload slices in use.
+    fn payload_slices(&self) -> impl Iterator<Item = &(Arc<MrMemory>, usize, usize)> {
+        self.payload.iter().map_while(Option::as_ref)
+    }
+
     /// Computes the CRC over the pieces as they go on the wire and puts it in the trailer.
     fn fill_crc(&mut self) {
         //= https://www.rfc-editor.org/rfc/rfc5044#section-4.4
@@ -248,9 +255,7 @@ impl FpduBuild {
     fn plain_pieces(&self) -> impl Iterator<Item = TxPiece<'_>> {
         let hdr = TxPiece::Bytes(self.hdr.get(..self.hdr_len).unwrap_or(&[]));
         let payload = self
-            .payload
-            .iter()
-            .flatten()
+            .payload_slices()
             .map(|(mem, off, len)| TxPiece::Region {
                 region: mem.region(),
                 offset: *off,
@@ -306,6 +311,17 @@ impl FpduBuild {
     /// Appends the unsent part of the FPDU to `out`, as much of it as fits; returns the
     /// bytes appended.
     fn push_unsent<'a>(&'a self, out: &mut TxGather<'a>) -> usize {
+        if self.sent == 0 && self.layout.is_none() {
+            // A whole FPDU without markers (nearly every one): header, slices, trailer.
+            let mut len = 0;
+            for p in self.plain_pieces().filter(|p| !p.is_empty()) {
+                if out.try_push(p).is_err() {
+                    break;
+                }
+                len += p.len();
+            }
+            return len;
+        }
         let mut skip = self.sent;
         let mut len = 0;
         self.wire_pieces(|p| {
@@ -461,7 +477,9 @@ impl TxState {
 
     fn put_spare(&mut self, mut b: Box<FpduBuild>) {
         for p in b.payload.iter_mut() {
-            *p = None;
+            if p.take().is_none() {
+                break;
+            }
         }
         b.lead = false;
         if self.spare.is_none() {
@@ -997,7 +1015,7 @@ impl Qp {
     /// and whose payload pieces are in `b.payload`: writes the MPA length, pad and CRC, and
     /// places the markers when they are in use.
     fn frame_fpdu(&mut self, mut b: Box<FpduBuild>, hdr_and_inline: usize, done: TxDone) {
-        let payload_len: usize = b.payload.iter().flatten().map(|p| p.2).sum();
+        let payload_len: usize = b.payload_slices().map(|p| p.2).sum();
         let ulpdu_len = hdr_and_inline + payload_len;
         codec::emit_mpa_len(&mut b.hdr, ulpdu_len);
         b.hdr_len = 2 + hdr_and_inline;
