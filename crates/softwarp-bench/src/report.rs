@@ -343,7 +343,7 @@ pub struct Config {
     pub runs: usize,
     /// Seconds each run lasts (`-D`), when the iterations come from a duration.
     pub duration_secs: Option<u64>,
-    /// Largest FPDU (0: the TCP MSS).
+    /// Largest FPDU (0: the connection's default: the TCP MSS, 65,535 bytes to this host).
     pub max_fpdu: usize,
     /// Threads pinned (`--pin`).
     pub pinned: bool,
@@ -382,7 +382,7 @@ pub struct ResultRow {
     pub depth: usize,
     /// Work requests per post.
     pub post_list: usize,
-    /// Largest FPDU (0: the TCP MSS).
+    /// Largest FPDU (0: the connection's default: the TCP MSS, 65,535 bytes to this host).
     pub max_fpdu: usize,
     /// QPs (and raw TCP connections) that ran the shape at once (perftest `-q`); the
     /// figures are their aggregate and `iters` is per QP. 1 in older documents.

@@ -146,7 +146,7 @@ pub struct Spec {
     pub crc: bool,
     /// Waiting mode.
     pub mode: Mode,
-    /// Largest FPDU (0: the TCP MSS).
+    /// Largest FPDU (0: the connection's default: the TCP MSS, 65,535 bytes to this host).
     pub fpdu: usize,
     /// Short FPDUs lead a large message whose payload would hit 4 KiB aliasing in the
     /// kernel's copy (`ConnectOptions::tx_alias_lead`; `--no-alias-lead` turns it off).

@@ -22,7 +22,7 @@ pub struct DemoArgs {
     /// Do not ask for CRC32c (neither side then uses it).
     #[arg(long)]
     no_crc: bool,
-    /// Largest FPDU to send (default: the TCP MSS).
+    /// Largest FPDU to send (default: the TCP MSS, or MPA's 65,535 bytes to this host).
     #[arg(long)]
     fpdu: Option<usize>,
     /// Scatter/gather elements per work request (1 to 8).
