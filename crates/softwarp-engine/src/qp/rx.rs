@@ -1307,10 +1307,10 @@ impl Qp {
         // (paraphrase) In peer-to-peer mode the responder sends nothing before the
         // initiator's RTR arrived; any FPDU from the peer means its RTR (sent first) did.
         self.tx.gate_until_rx = false;
-        let hdr = self.offending_header();
+        // The offending header is built only for a fault (every FPDU paid for it before).
         if let Some(d) = self.rx.deferred.take() {
             self.apply_fault_target(d.target);
-            self.fail(d.fault, hdr);
+            self.fail(d.fault, self.offending_header());
             return;
         }
         let plan = std::mem::replace(&mut self.rx.plan, Plan::Discard);
@@ -1352,7 +1352,7 @@ impl Qp {
             } => {
                 self.stats.rx.send.bytes += seg;
                 if last {
-                    self.deliver_send(solicited, invalidate, mrs, hdr);
+                    self.deliver_send(solicited, invalidate, mrs);
                 }
             }
             Plan::SwallowRtrSend => {
@@ -1363,7 +1363,7 @@ impl Qp {
                 self.stats.rx.read_request.add(entry.len);
                 self.rx_msn[1] = self.rx_msn[1].wrapping_add(1);
                 if self.irq.push(entry).is_err() {
-                    self.fail(Fault::IrdExceeded, hdr);
+                    self.fail(Fault::IrdExceeded, self.offending_header());
                     return;
                 }
             }
@@ -1380,7 +1380,7 @@ impl Qp {
                     .atomic_update(off, |old| atomic_result(&req, old))
                 else {
                     // Unreachable: the 8 bytes were validated inside the registration.
-                    self.fail(Fault::RdmapCatastrophic, hdr);
+                    self.fail(Fault::RdmapCatastrophic, self.offending_header());
                     return;
                 };
                 let entry = IrqEntry {
@@ -1392,7 +1392,7 @@ impl Qp {
                     sent: 0,
                 };
                 if self.irq.push(entry).is_err() {
-                    self.fail(Fault::IrdExceeded, hdr);
+                    self.fail(Fault::IrdExceeded, self.offending_header());
                     return;
                 }
             }
@@ -1452,13 +1452,7 @@ impl Qp {
         };
     }
 
-    fn deliver_send(
-        &mut self,
-        solicited: bool,
-        invalidate: Option<u32>,
-        mrs: &mut MrTable,
-        hdr: OffendingHeader,
-    ) {
+    fn deliver_send(&mut self, solicited: bool, invalidate: Option<u32>, mrs: &mut MrTable) {
         // Read in place and dropped there (no move of the receive state).
         let Some((wr_id, received)) = self.rx_msg.as_ref().map(|m| (m.wr.wr_id, m.received)) else {
             return;
@@ -1479,6 +1473,7 @@ impl Qp {
                         e,
                         MrError::PdMismatch(_) | MrError::RemoteInvalidateNotAllowed(_)
                     );
+                    let hdr = self.offending_header();
                     self.fail(Fault::CannotInvalidate { protection }, hdr);
                     return;
                 }
