@@ -437,8 +437,21 @@ fn recv_piece(msg: &RxMsg, msg_off: u64, max: usize) -> Option<(&Arc<MrMemory>, 
 impl Qp {
     /// Where the next received bytes must go (see [`RxTarget`]). At most that many bytes
     /// are read there, then committed with [`Qp::rx_commit`].
+    ///
+    /// The length offered is kept for the commit that answers it (the next
+    /// [`Qp::rx_commit`] refuses more) instead of being worked out again there.
     pub(crate) fn rx_target(&mut self) -> RxTarget<'_> {
-        let rx = &mut self.rx;
+        let target = Self::target_of(&mut self.rx, &self.rx_msg);
+        self.rx_offered = match &target {
+            RxTarget::Buffer(b) => b.len(),
+            RxTarget::Region { len, .. } => *len,
+            RxTarget::Blocked | RxTarget::Closed => 0,
+        };
+        target
+    }
+
+    /// [`Qp::rx_target`]'s place, from the receive state and the receive WR in use.
+    fn target_of<'a>(rx: &'a mut RxState, rx_msg: &'a Option<RxMsg>) -> RxTarget<'a> {
         if matches!(rx.phase, Phase::Header | Phase::Payload | Phase::Trailer) && rx.mk.due() {
             return match rx.mk.buf.get_mut(rx.mk.have..) {
                 Some(b) => RxTarget::Buffer(b),
@@ -476,8 +489,7 @@ impl Qp {
                         len: remaining,
                     },
                     Plan::Send { .. } => {
-                        match self
-                            .rx_msg
+                        match rx_msg
                             .as_ref()
                             .and_then(|m| recv_piece(m, m.received, remaining))
                         {
@@ -501,14 +513,6 @@ impl Qp {
         }
     }
 
-    fn rx_target_len(&mut self) -> Option<usize> {
-        match self.rx_target() {
-            RxTarget::Buffer(b) => Some(b.len()),
-            RxTarget::Region { len, .. } => Some(len),
-            RxTarget::Blocked | RxTarget::Closed => None,
-        }
-    }
-
     /// Reports that `n` bytes were read into the place the last [`Qp::rx_target`] named.
     /// Processes what became complete (header validation, delivery after the CRC check),
     /// with the STag table and SRQ from `res`. `n == 0` retries a blocked header.
@@ -524,7 +528,8 @@ impl Qp {
             }
             return Ok(());
         }
-        let offered = self.rx_target_len().unwrap_or(0);
+        // What the last `rx_target` offered, once: a commit without a new target is refused.
+        let offered = std::mem::take(&mut self.rx_offered);
         if n > offered {
             return Err(QpError::CommitTooLong {
                 committed: n,
@@ -639,6 +644,8 @@ impl Qp {
         }
         // Header: as `rx_commit` would leave it after the header bytes.
         self.stats.rx_stream_bytes += total as u64;
+        // The FPDU is taken whole: no earlier offer stands.
+        self.rx_offered = 0;
         let rx = &mut self.rx;
         if let Some(dst) = rx.hdr.get_mut(..hdr_len) {
             dst.copy_from_slice(hdr);
