@@ -736,11 +736,30 @@ impl Qp {
     /// state changed, and the general path takes the FPDU and reports what is wrong with it
     /// as before. (A receive WR whose later SGE fails validation may have had its first
     /// SGEs written; it then completes in error, when its buffer's content is undefined.)
+    ///
+    /// The tests that turn most other FPDUs away (a message in progress, a DDP control byte
+    /// no whole Send has) are made here, in the caller's frame; the rest out of line.
+    #[inline(always)]
     fn rx_small_send(&mut self, bytes: &[u8], mrs: &MrTable) -> Option<usize> {
         let rx = &self.rx;
         if self.rx_msg.is_some() || rx.swallow_rtr_send || rx.deferred.is_some() {
             return None;
         }
+        let ddp_control = bytes.get(2)?;
+        if !rx
+            .send_templates
+            .iter()
+            .any(|t| t.first() == Some(ddp_control))
+        {
+            return None;
+        }
+        self.rx_small_send_rest(bytes, mrs)
+    }
+
+    /// [`Qp::rx_small_send`] once its first tests passed.
+    #[inline(never)]
+    fn rx_small_send_rest(&mut self, bytes: &[u8], mrs: &MrTable) -> Option<usize> {
+        let rx = &self.rx;
         let ulpdu_len = codec::mpa_len(bytes);
         if ulpdu_len < codec::UNTAGGED_HEADER_LEN || ulpdu_len > rx.max_ulpdu {
             return None;
