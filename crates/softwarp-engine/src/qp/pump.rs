@@ -10,7 +10,8 @@
 //! pad or CRC buffer, a few dozen bytes) is read through the staging buffer instead, so
 //! that such a read fills one buffer (the runtime's `recv` rather than `readv`). Staged
 //! bytes go to the engine's next targets by copying, the whole FPDUs at
-//! their start in one step each ([`Qp::rx_whole_fpdu`], with the small-Send fast path).
+//! their start in one step each ([`Qp::rx_whole_fpdu`], with the small-Send fast path),
+//! and so does the header of an FPDU that is not all there.
 //! A new FPDU is read into the staging buffer only (its header would otherwise cost a
 //! read of its own). While messages are large (a payload of [`BIG_PAYLOAD`] bytes or
 //! more, until two messages in a row start with a small FPDU) only a header's worth is

@@ -608,11 +608,15 @@ impl Qp {
     /// computed over the FPDU in one pass over `bytes` (the same bytes that were placed).
     /// Delivery is the same as on the step-by-step path, CRC check first.
     ///
-    /// Returns the FPDU's length when it did so; `None`, with nothing changed, when this
-    /// path does not apply: `bytes` does not start a new FPDU or does not hold all of it,
-    /// the stream carries markers, the QP receives from an SRQ (which may hold a header
-    /// back), or the header is not a fixed-length one (a Terminate). The caller then uses
-    /// [`Qp::rx_target`] and [`Qp::rx_commit`], which handle every case.
+    /// When `bytes` holds the FPDU's header but not all of the FPDU, takes the header
+    /// alone the same way (copied, CRC fed, validated) and returns its length: the payload
+    /// and trailer then go through [`Qp::rx_target`] and [`Qp::rx_commit`].
+    ///
+    /// Returns the FPDU's (or the header's) length when it did so; `None`, with nothing
+    /// changed, when this path does not apply: `bytes` does not start a new FPDU or does
+    /// not hold its header, the stream carries markers, the QP receives from an SRQ (which
+    /// may hold a header back), or the header is not a fixed-length one (a Terminate). The
+    /// caller then uses [`Qp::rx_target`] and [`Qp::rx_commit`], which handle every case.
     pub(crate) fn rx_whole_fpdu(
         &mut self,
         bytes: &[u8],
@@ -628,7 +632,7 @@ impl Qp {
         let ulpdu_len = codec::mpa_len(bytes);
         let total = codec::fpdu_len(ulpdu_len);
         let (&ddp_ctrl, &rdmap_ctrl) = (bytes.get(2)?, bytes.get(3)?);
-        if bytes.len() < total || ulpdu_len < codec::TAGGED_HEADER_LEN {
+        if ulpdu_len < codec::TAGGED_HEADER_LEN {
             return None;
         }
         let codec::HeaderLen::Fixed(h) = codec::rx_header_len(ddp_ctrl, rdmap_ctrl) else {
@@ -636,15 +640,26 @@ impl Qp {
         };
         let hdr_len = 2 + h.min(ulpdu_len);
         let pad = codec::pad_len(ulpdu_len);
-        let fpdu = bytes.get(..total)?;
-        let (hdr, rest) = fpdu.split_at_checked(hdr_len)?;
-        let (payload, trailer) = rest.split_at_checked(ulpdu_len + 2 - hdr_len)?;
-        if hdr_len > HDR_CAP || trailer.len() != pad + 4 {
+        if hdr_len > HDR_CAP {
             return None;
         }
+        let hdr = bytes.get(..hdr_len)?;
+        // The whole FPDU, or (None) its header only.
+        let whole = match bytes.get(..total) {
+            Some(fpdu) => {
+                let rest = fpdu.get(hdr_len..)?;
+                let (payload, trailer) = rest.split_at_checked(ulpdu_len + 2 - hdr_len)?;
+                if trailer.len() != pad + 4 {
+                    return None;
+                }
+                Some((fpdu, payload, trailer))
+            }
+            None => None,
+        };
+        let taken = if whole.is_some() { total } else { hdr_len };
         // Header: as `rx_commit` would leave it after the header bytes.
-        self.stats.rx_stream_bytes += total as u64;
-        // The FPDU is taken whole: no earlier offer stands.
+        self.stats.rx_stream_bytes += taken as u64;
+        // The bytes are taken here: no earlier offer stands.
         self.rx_offered = 0;
         let rx = &mut self.rx;
         if let Some(dst) = rx.hdr.get_mut(..hdr_len) {
@@ -653,12 +668,22 @@ impl Qp {
         rx.hdr_have = hdr_len;
         rx.hdr_need = hdr_len;
         rx.ulpdu_len = ulpdu_len;
-        rx.mk.wire_pos = total;
+        rx.mk.wire_pos = taken;
         if ulpdu_len > rx.max_ulpdu {
             rx.defer(Fault::BadUlpduLength, FaultTarget::None);
         }
-        rx.payload_len = payload.len();
+        rx.payload_len = ulpdu_len + 2 - hdr_len;
         rx.payload_done = 0;
+        let Some((fpdu, payload, trailer)) = whole else {
+            // Only the header is here: it is validated now, in one step instead of two
+            // target/commit rounds (length, then the rest of the header); its payload and
+            // trailer follow through `rx_target` and `rx_commit`.
+            if rx.crc_on {
+                rx.crc = crate::memory::crc32c_append(0, hdr);
+            }
+            self.process_header(res.get().0, None);
+            return Some(hdr_len);
+        };
         self.process_header(res.get().0, None);
         // Payload: straight to where the plan says.
         let placed = match &self.rx.plan {
