@@ -653,9 +653,18 @@ impl Region {
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<(), MemoryError> {
         self.check(offset, src.len())?;
         if self.starts_a_word_in_words(offset, src.len()) && src.len().is_multiple_of(WORD) {
-            // The common case (aligned buffers and lengths): whole words only.
+            // The common case (aligned buffers and lengths): whole words only, four at a
+            // time where it can (the compiler unrolls this loop at some of its inlined
+            // copies only: 6 instructions a word instead of about 3 where it does not).
             let mut at = offset;
-            for w in src.as_chunks::<WORD>().0 {
+            let (quads, rest) = src.as_chunks::<{ 4 * WORD }>();
+            for q in quads {
+                for w in q.as_chunks::<WORD>().0 {
+                    self.word(at).store(u64::from_ne_bytes(*w), Relaxed);
+                    at += WORD;
+                }
+            }
+            for w in rest.as_chunks::<WORD>().0 {
                 self.word(at).store(u64::from_ne_bytes(*w), Relaxed);
                 at += WORD;
             }
