@@ -374,7 +374,15 @@ impl Qp {
         // after a large one, the following payloads are read straight into their
         // destinations (FPDUs that fit the staging buffer exactly, as 32 KiB ones on a
         // 32 KiB-MSS loopback do in pairs, would otherwise never leave it).
-        while let Some(n) = self.rx_whole_fpdu(stage.get(*fed..staged).unwrap_or_default(), res) {
+        // The trailer of an FPDU whose payload was read into its destination comes first.
+        loop {
+            let bytes = stage.get(*fed..staged).unwrap_or_default();
+            let Some(n) = self
+                .rx_whole_fpdu(bytes, res)
+                .or_else(|| self.rx_staged_trailer(bytes, res))
+            else {
+                break;
+            };
             *fed += n;
         }
         if *fed >= staged {

@@ -571,24 +571,53 @@ impl Qp {
                     self.enter_trailer();
                 }
             }
-            Phase::Trailer => {
-                if self.rx.crc_on {
-                    // The pad is CRC-covered and may precede a marker: feed it in order.
-                    let pad = codec::pad_len(self.rx.ulpdu_len);
-                    let (from, to) = (self.rx.tr_have, (self.rx.tr_have + n).min(pad));
-                    if from < to {
-                        let bytes = self.rx.trailer.get(from..to).unwrap_or(&[]);
-                        self.rx.crc = softwarp_wire::crc::crc32c_append(self.rx.crc, bytes);
-                    }
-                }
-                self.rx.tr_have += n;
-                if self.rx.tr_have == self.rx.tr_need {
-                    self.finish_fpdu(res.get().0);
-                }
-            }
+            Phase::Trailer => self.trailer_bytes(n, res),
             Phase::HeaderReady | Phase::Closed => {}
         }
         Ok(())
+    }
+
+    /// `n` more trailer bytes are in `rx.trailer` (after `tr_have`): the pad among them is
+    /// fed to the CRC, and a complete trailer finishes the FPDU.
+    fn trailer_bytes(&mut self, n: usize, res: &mut impl RxResources) {
+        if self.rx.crc_on {
+            // The pad is CRC-covered and may precede a marker: feed it in order.
+            let pad = codec::pad_len(self.rx.ulpdu_len);
+            let (from, to) = (self.rx.tr_have, (self.rx.tr_have + n).min(pad));
+            if from < to {
+                let bytes = self.rx.trailer.get(from..to).unwrap_or(&[]);
+                self.rx.crc = softwarp_wire::crc::crc32c_append(self.rx.crc, bytes);
+            }
+        }
+        self.rx.tr_have += n;
+        if self.rx.tr_have == self.rx.tr_need {
+            self.finish_fpdu(res.get().0);
+        }
+    }
+
+    /// Takes the rest of the current FPDU's trailer from the start of `bytes` (bytes read
+    /// ahead) in one step, as [`Qp::rx_target`] and [`Qp::rx_commit`] of those bytes would:
+    /// the FPDU is then checked and delivered. Returns the bytes taken; `None`, with
+    /// nothing changed, when the FPDU is not in its trailer, `bytes` does not hold the
+    /// rest of it, or the stream carries markers (one may come first).
+    pub(crate) fn rx_staged_trailer(
+        &mut self,
+        bytes: &[u8],
+        res: &mut impl RxResources,
+    ) -> Option<usize> {
+        let rx = &mut self.rx;
+        if rx.phase != Phase::Trailer || rx.mk.on {
+            return None;
+        }
+        let n = rx.tr_need.checked_sub(rx.tr_have).filter(|&n| n > 0)?;
+        let (dst, src) = (rx.trailer.get_mut(rx.tr_have..rx.tr_need)?, bytes.get(..n)?);
+        dst.copy_from_slice(src);
+        rx.mk.wire_pos += n;
+        self.stats.rx_stream_bytes += n as u64;
+        // The bytes are taken here: no earlier offer stands.
+        self.rx_offered = 0;
+        self.trailer_bytes(n, res);
+        Some(n)
     }
 
     /// True when the next received byte starts an FPDU that [`Qp::rx_whole_fpdu`] may take
