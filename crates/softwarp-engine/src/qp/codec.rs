@@ -114,6 +114,7 @@ pub(crate) enum HeaderLen {
 
 /// The header length implied by the DDP control byte and the RDMAP control byte. An unknown
 /// opcode or version gives just the DDP header (the parse then reports the error).
+#[inline]
 pub(crate) fn rx_header_len(ddp_control: u8, rdmap_control: u8) -> HeaderLen {
     let ddp_len = ddp::header_len(ddp_control);
     let body = match ControlRepr::from_byte(rdmap_control).map(|c| c.opcode) {

@@ -415,6 +415,7 @@ fn cut(b: &mut [u8], room: usize) -> RxTarget<'_> {
 }
 
 /// The piece of a receive WR's SGL at message offset `msg_off` (at most `max` bytes).
+#[inline]
 fn recv_piece(msg: &RxMsg, msg_off: u64, max: usize) -> Option<(&Arc<MrMemory>, usize, usize)> {
     let mut base = 0u64;
     for (sge, m) in msg.wr.sgl.as_slice().iter().zip(msg.mem.iter()) {
