@@ -596,6 +596,51 @@ fn oversized_multi_segment_send_stops_at_the_buffer_end() {
     assert_eq!(v.side.recv_wcs()[0].status, WcStatus::LocLenErr);
 }
 
+/// A Victim with one 150-byte receive posted, fed a 100-byte first segment of message 1 and
+/// then `second`.
+fn second_segment(second: Segment<'_>) -> Victim {
+    let mut v = Victim::new(false);
+    let (stag, iova) = v.region(4096, Access::LOCAL_WRITE);
+    v.side
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 3,
+            sgl: SgList::single(sge(stag, iova, 0, 150)),
+        })
+        .unwrap();
+    let mut bytes = fpdu(&send_seg(1, 0, false, Message::Send, &[9u8; 100]), false);
+    bytes.extend(fpdu(&second, false));
+    v.feed(&bytes);
+    v
+}
+
+#[test]
+fn a_later_send_segment_is_checked_like_the_first() {
+    // The expected segment, with Solicited Event: accepted, completed as solicited.
+    let mut v = second_segment(send_seg(
+        1,
+        100,
+        true,
+        Message::SendWithSolicitedEvent,
+        &[8u8; 50],
+    ));
+    let wcs = v.side.recv_wcs();
+    assert_eq!(wcs.len(), 1);
+    assert_eq!((wcs[0].status, wcs[0].byte_len), (WcStatus::Success, 150));
+    assert!(wcs[0].solicited);
+    assert_eq!(&contents(&v.regions[0])[100..150], &[8u8; 50]);
+    // The wrong MO: Invalid MO, the receive completes in error.
+    let mut v = second_segment(send_seg(1, 96, true, Message::Send, &[8u8; 50]));
+    v.expect_terminate(
+        false,
+        ddp_untagged(UntaggedBufferError::InvalidMessageOffset),
+    );
+    assert_eq!(v.side.recv_wcs()[0].status, WcStatus::LocQpOpErr);
+    // The wrong MSN: Invalid MSN range.
+    let mut v = second_segment(send_seg(2, 100, true, Message::Send, &[8u8; 50]));
+    v.expect_terminate(false, ddp_untagged(UntaggedBufferError::InvalidMsnRange));
+}
+
 #[test]
 fn send_without_posted_receive_gets_no_buffer_available() {
     let mut v = Victim::new(false);

@@ -508,16 +508,22 @@ pub(crate) const WRITE_PREFIX_LEN: usize = 2;
 /// the MSN) and compare received headers' prefixes against it, so these bytes come from the
 /// codec, not from constants.
 pub(crate) fn send_headers() -> [[u8; UNTAGGED_HEADER_LEN]; 2] {
+    send_segment_headers(true)
+}
+
+/// [`send_headers`] of a segment with the Last flag `last`.
+fn send_segment_headers(last: bool) -> [[u8; UNTAGGED_HEADER_LEN]; 2] {
     [false, true].map(|solicited| {
         let mut hdr = [0u8; UNTAGGED_HEADER_LEN];
-        emit_send(&mut hdr, true, solicited, None, 0, 0);
+        emit_send(&mut hdr, last, solicited, None, 0, 0);
         hdr
     })
 }
 
-/// The first [`SEND_PREFIX_LEN`] bytes of [`send_headers`].
-pub(crate) fn send_prefixes() -> [[u8; SEND_PREFIX_LEN]; 2] {
-    send_headers().map(|hdr| {
+/// The first [`SEND_PREFIX_LEN`] bytes of [`send_headers`], or of the same headers without
+/// the Last flag (`last` false: a segment that is not its message's last).
+pub(crate) fn send_prefixes(last: bool) -> [[u8; SEND_PREFIX_LEN]; 2] {
+    send_segment_headers(last).map(|hdr| {
         let mut p = [0u8; SEND_PREFIX_LEN];
         p.copy_from_slice(hdr.get(..SEND_PREFIX_LEN).unwrap_or(&[0; SEND_PREFIX_LEN]));
         p

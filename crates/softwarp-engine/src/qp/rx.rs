@@ -169,6 +169,9 @@ pub(crate) struct RxState {
     /// whole Send and of a whole Send with Solicited Event, as the codec emits them: what
     /// [`Qp::rx_small_send`] accepts.
     send_templates: [[u8; codec::SEND_PREFIX_LEN]; 2],
+    /// The same for a segment that is not its message's last (Last flag clear): with
+    /// `send_templates`, what [`Qp::send_segment_plan`] accepts.
+    segment_templates: [[u8; codec::SEND_PREFIX_LEN]; 2],
     /// Recent messages were large: [`Qp::recv_from`] stages only a header's worth behind
     /// each read, so that their payloads land without a copy (see [`RxState::note_fpdu`]).
     pub(crate) big: bool,
@@ -276,7 +279,8 @@ impl RxState {
             mk: RxMarkers::new(),
             write_len: 0,
             last_write: None,
-            send_templates: codec::send_prefixes(),
+            send_templates: codec::send_prefixes(true),
+            segment_templates: codec::send_prefixes(false),
             big: false,
             small_starts: 0,
             prev_last: true,
@@ -1018,7 +1022,11 @@ impl Qp {
             .get(2)
             .is_some_and(|c| c & softwarp_wire::ddp::FLAG_LAST != 0);
         self.rx.note_fpdu(self.rx.payload_len, last);
-        if self.rx.deferred.is_none() {
+        if self.rx.deferred.is_some() {
+            // Nothing more is read from a header whose FPDU already failed.
+        } else if let Some(plan) = self.send_segment_plan() {
+            self.rx.plan = plan;
+        } else {
             let parsed = codec::parse_rx_header(
                 self.rx.hdr.get(2..self.rx.hdr_need).unwrap_or(&[]),
                 self.rx.payload_len,
@@ -1039,6 +1047,43 @@ impl Qp {
         if self.rx.payload_len == 0 {
             self.enter_trailer();
         }
+    }
+
+    /// The plan of the next segment of the Send being received, when its header is exactly
+    /// the one the codec emits for that segment (a Send or Send with Solicited Event, Last
+    /// flag set or not, with the message's MSN and, as MO, the bytes received so far) and
+    /// its payload fits the receive WR: what [`codec::parse_rx_header`] and [`Qp::plan`]
+    /// decide for such a header (every field has the one value their checks accept),
+    /// without parsing it. `None` for anything else, which they then read as before.
+    #[inline]
+    fn send_segment_plan(&self) -> Option<Plan> {
+        let m = self.rx_msg.as_ref()?;
+        let rx = &self.rx;
+        let hdr = rx.hdr.get(2..rx.hdr_need)?;
+        if hdr.len() != codec::UNTAGGED_HEADER_LEN {
+            return None;
+        }
+        let prefix = hdr.get(..codec::SEND_PREFIX_LEN)?;
+        // Index 1 of each is the Send with Solicited Event.
+        let (last, solicited) = match rx.segment_templates.iter().position(|t| t == prefix) {
+            Some(i) => (false, i == 1),
+            None => (
+                true,
+                rx.send_templates.iter().position(|t| t == prefix)? == 1,
+            ),
+        };
+        let mo = u32::try_from(m.received).ok()?;
+        if hdr.get(UNTAGGED_MSN..UNTAGGED_MO)? != m.msn.to_be_bytes()
+            || hdr.get(UNTAGGED_MO..)? != mo.to_be_bytes()
+            || m.received + rx.payload_len as u64 > m.capacity
+        {
+            return None;
+        }
+        Some(Plan::Send {
+            last,
+            solicited,
+            invalidate: None,
+        })
     }
 
     fn plan(
