@@ -336,6 +336,7 @@ impl RxState {
         self.deferred = None;
     }
 
+    #[inline]
     fn start_fpdu(&mut self) {
         self.phase = Phase::Header;
         self.hdr_have = 0;
