@@ -668,10 +668,27 @@ impl Region {
                 self.word(at).store(u64::from_ne_bytes(*w), Relaxed);
                 at += WORD;
             }
+        } else if let Some(skew) = self.inside_one_word(offset, src.len()) {
+            // A few bytes inside one word of the word range (the payload of a short FPDU):
+            // the one compare-and-swap `store_each` would come to.
+            self.store_part(offset - skew, skew, src);
         } else {
             self.store_each(offset, src);
         }
         Ok(())
+    }
+
+    /// `Some(skew)` when the `len` bytes (at least one) at `offset` lie inside one word of
+    /// the word range, `skew` bytes into it.
+    #[inline(always)]
+    fn inside_one_word(&self, offset: usize, len: usize) -> Option<usize> {
+        let (w0, w1) = self.words;
+        // `offset + len` cannot overflow: the caller checked it against the region's length.
+        if len == 0 || offset < w0 || offset + len > w1 {
+            return None;
+        }
+        let skew = (offset - w0) % WORD;
+        (skew + len <= WORD).then_some(skew)
     }
 
     /// Sets `len` bytes at `offset` to `byte`.
