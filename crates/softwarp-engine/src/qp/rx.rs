@@ -617,7 +617,10 @@ impl Qp {
         }
         let n = rx.tr_need.checked_sub(rx.tr_have).filter(|&n| n > 0)?;
         let (dst, src) = (rx.trailer.get_mut(rx.tr_have..rx.tr_need)?, bytes.get(..n)?);
-        dst.copy_from_slice(src);
+        // The trailer is kept for the CRC check only (`trailer_bytes`, `finish_fpdu`).
+        if rx.crc_on {
+            dst.copy_from_slice(src);
+        }
         rx.mk.wire_pos += n;
         self.stats.rx_stream_bytes += n as u64;
         // The bytes are taken here: no earlier offer stands.
@@ -773,10 +776,11 @@ impl Qp {
         rx.phase = Phase::Trailer;
         rx.tr_need = pad + 4;
         rx.tr_have = rx.tr_need;
-        if let Some(dst) = rx.trailer.get_mut(..trailer.len()) {
-            dst.copy_from_slice(trailer);
-        }
+        // The trailer is kept for the CRC check only (`finish_fpdu`).
         if rx.crc_on {
+            if let Some(dst) = rx.trailer.get_mut(..trailer.len()) {
+                dst.copy_from_slice(trailer);
+            }
             let covered = fpdu.get(..total - 4).unwrap_or(&[]);
             rx.crc = crate::memory::crc32c_append(0, covered);
         }
