@@ -567,8 +567,9 @@ fn oversized_send_gets_message_too_long_and_loc_len_err() {
     )));
 }
 
-#[test]
-fn oversized_multi_segment_send_stops_at_the_buffer_end() {
+/// A Victim with one 150-byte receive posted (and its region snapshotted), fed a 100-byte
+/// first segment of message 1 and then `second`.
+fn second_segment(second: Segment<'_>) -> Victim {
     let mut v = Victim::new(false);
     let (stag, iova) = v.region(4096, Access::LOCAL_WRITE);
     v.side
@@ -580,11 +581,14 @@ fn oversized_multi_segment_send_stops_at_the_buffer_end() {
         .unwrap();
     v.snapshot();
     let mut bytes = fpdu(&send_seg(1, 0, false, Message::Send, &[9u8; 100]), false);
-    bytes.extend(fpdu(
-        &send_seg(1, 100, true, Message::Send, &[8u8; 100]),
-        false,
-    ));
+    bytes.extend(fpdu(&second, false));
     v.feed(&bytes);
+    v
+}
+
+#[test]
+fn oversized_multi_segment_send_stops_at_the_buffer_end() {
+    let mut v = second_segment(send_seg(1, 100, true, Message::Send, &[8u8; 100]));
     let got = contents(&v.regions[0]);
     assert_eq!(
         &got[..100],
@@ -594,24 +598,6 @@ fn oversized_multi_segment_send_stops_at_the_buffer_end() {
     assert_eq!(&got[100..], &v.before[0][100..], "nothing past it");
     v.expect_terminate(false, ddp_untagged(UntaggedBufferError::MessageTooLong));
     assert_eq!(v.side.recv_wcs()[0].status, WcStatus::LocLenErr);
-}
-
-/// A Victim with one 150-byte receive posted, fed a 100-byte first segment of message 1 and
-/// then `second`.
-fn second_segment(second: Segment<'_>) -> Victim {
-    let mut v = Victim::new(false);
-    let (stag, iova) = v.region(4096, Access::LOCAL_WRITE);
-    v.side
-        .qp
-        .post_recv(RecvWr {
-            wr_id: 3,
-            sgl: SgList::single(sge(stag, iova, 0, 150)),
-        })
-        .unwrap();
-    let mut bytes = fpdu(&send_seg(1, 0, false, Message::Send, &[9u8; 100]), false);
-    bytes.extend(fpdu(&second, false));
-    v.feed(&bytes);
-    v
 }
 
 #[test]
