@@ -653,16 +653,42 @@ impl Region {
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<(), MemoryError> {
         self.check(offset, src.len())?;
         if self.starts_a_word_in_words(offset, src.len()) && src.len().is_multiple_of(WORD) {
-            // The common case (aligned buffers and lengths): whole words only.
+            // The common case (aligned buffers and lengths): whole words only, four at a
+            // time where it can (the compiler unrolls this loop at some of its inlined
+            // copies only: 6 instructions a word instead of about 3 where it does not).
             let mut at = offset;
-            for w in src.as_chunks::<WORD>().0 {
+            let (quads, rest) = src.as_chunks::<{ 4 * WORD }>();
+            for q in quads {
+                for w in q.as_chunks::<WORD>().0 {
+                    self.word(at).store(u64::from_ne_bytes(*w), Relaxed);
+                    at += WORD;
+                }
+            }
+            for w in rest.as_chunks::<WORD>().0 {
                 self.word(at).store(u64::from_ne_bytes(*w), Relaxed);
                 at += WORD;
             }
+        } else if let Some(skew) = self.inside_one_word(offset, src.len()) {
+            // A few bytes inside one word of the word range (the payload of a short FPDU):
+            // the one compare-and-swap `store_each` would come to.
+            self.store_part(offset - skew, skew, src);
         } else {
             self.store_each(offset, src);
         }
         Ok(())
+    }
+
+    /// `Some(skew)` when the `len` bytes (at least one) at `offset` lie inside one word of
+    /// the word range, `skew` bytes into it.
+    #[inline(always)]
+    fn inside_one_word(&self, offset: usize, len: usize) -> Option<usize> {
+        let (w0, w1) = self.words;
+        // `offset + len` cannot overflow: the caller checked it against the region's length.
+        if len == 0 || offset < w0 || offset + len > w1 {
+            return None;
+        }
+        let skew = (offset - w0) % WORD;
+        (skew + len <= WORD).then_some(skew)
     }
 
     /// Sets `len` bytes at `offset` to `byte`.

@@ -567,8 +567,9 @@ fn oversized_send_gets_message_too_long_and_loc_len_err() {
     )));
 }
 
-#[test]
-fn oversized_multi_segment_send_stops_at_the_buffer_end() {
+/// A Victim with one 150-byte receive posted (and its region snapshotted), fed a 100-byte
+/// first segment of message 1 and then `second`.
+fn second_segment(second: Segment<'_>) -> Victim {
     let mut v = Victim::new(false);
     let (stag, iova) = v.region(4096, Access::LOCAL_WRITE);
     v.side
@@ -580,11 +581,14 @@ fn oversized_multi_segment_send_stops_at_the_buffer_end() {
         .unwrap();
     v.snapshot();
     let mut bytes = fpdu(&send_seg(1, 0, false, Message::Send, &[9u8; 100]), false);
-    bytes.extend(fpdu(
-        &send_seg(1, 100, true, Message::Send, &[8u8; 100]),
-        false,
-    ));
+    bytes.extend(fpdu(&second, false));
     v.feed(&bytes);
+    v
+}
+
+#[test]
+fn oversized_multi_segment_send_stops_at_the_buffer_end() {
+    let mut v = second_segment(send_seg(1, 100, true, Message::Send, &[8u8; 100]));
     let got = contents(&v.regions[0]);
     assert_eq!(
         &got[..100],
@@ -594,6 +598,33 @@ fn oversized_multi_segment_send_stops_at_the_buffer_end() {
     assert_eq!(&got[100..], &v.before[0][100..], "nothing past it");
     v.expect_terminate(false, ddp_untagged(UntaggedBufferError::MessageTooLong));
     assert_eq!(v.side.recv_wcs()[0].status, WcStatus::LocLenErr);
+}
+
+#[test]
+fn a_later_send_segment_is_checked_like_the_first() {
+    // The expected segment, with Solicited Event: accepted, completed as solicited.
+    let mut v = second_segment(send_seg(
+        1,
+        100,
+        true,
+        Message::SendWithSolicitedEvent,
+        &[8u8; 50],
+    ));
+    let wcs = v.side.recv_wcs();
+    assert_eq!(wcs.len(), 1);
+    assert_eq!((wcs[0].status, wcs[0].byte_len), (WcStatus::Success, 150));
+    assert!(wcs[0].solicited);
+    assert_eq!(&contents(&v.regions[0])[100..150], &[8u8; 50]);
+    // The wrong MO: Invalid MO, the receive completes in error.
+    let mut v = second_segment(send_seg(1, 96, true, Message::Send, &[8u8; 50]));
+    v.expect_terminate(
+        false,
+        ddp_untagged(UntaggedBufferError::InvalidMessageOffset),
+    );
+    assert_eq!(v.side.recv_wcs()[0].status, WcStatus::LocQpOpErr);
+    // The wrong MSN: Invalid MSN range.
+    let mut v = second_segment(send_seg(2, 100, true, Message::Send, &[8u8; 50]));
+    v.expect_terminate(false, ddp_untagged(UntaggedBufferError::InvalidMsnRange));
 }
 
 #[test]

@@ -114,6 +114,7 @@ pub(crate) enum HeaderLen {
 
 /// The header length implied by the DDP control byte and the RDMAP control byte. An unknown
 /// opcode or version gives just the DDP header (the parse then reports the error).
+#[inline]
 pub(crate) fn rx_header_len(ddp_control: u8, rdmap_control: u8) -> HeaderLen {
     let ddp_len = ddp::header_len(ddp_control);
     let body = match ControlRepr::from_byte(rdmap_control).map(|c| c.opcode) {
@@ -221,7 +222,26 @@ fn fault_of(e: WireError, tagged: bool) -> Fault {
 ///
 /// Without RFC 7306 (`rfc7306` false), queue 3 is no queue of the stream and the RFC 7306
 /// opcodes are no opcodes of RDMAP: see [`without_rfc7306`].
+///
+/// The data segments (nearly every FPDU) are read by [`data_header`] in the caller's frame;
+/// everything else goes to the general path, out of line. A data header `data_header`
+/// accepts passes `without_rfc7306` too (queue 0 or tagged, an RFC 5040 opcode), so taking
+/// it first changes no outcome.
+#[inline(always)]
 pub(crate) fn parse_rx_header(
+    hdr: &[u8],
+    payload_len: usize,
+    rfc7306: bool,
+) -> Result<RxHeader, Fault> {
+    match data_header(hdr) {
+        Some(h) => Ok(h),
+        None => parse_rx_header_general(hdr, payload_len, rfc7306),
+    }
+}
+
+/// [`parse_rx_header`] for every header: `Segment::parse` and the engine's own rules.
+#[inline(never)]
+fn parse_rx_header_general(
     hdr: &[u8],
     payload_len: usize,
     rfc7306: bool,
@@ -255,29 +275,16 @@ pub(crate) fn parse_rx_header(
     if seg.message.is_control() && payload_len != 0 {
         return Err(Fault::ControlMessageLength);
     }
+    let data = data_rx_header(
+        seg.last,
+        seg.placement,
+        seg.message.opcode(),
+        seg.message.invalidate_stag(),
+    );
+    if let Some(h) = data {
+        return Ok(h);
+    }
     Ok(match (seg.placement, seg.message) {
-        (
-            Placement::Tagged {
-                stag,
-                tagged_offset,
-            },
-            Message::RdmaWrite,
-        ) => RxHeader::Write {
-            last: seg.last,
-            stag,
-            to: tagged_offset,
-        },
-        (
-            Placement::Tagged {
-                stag,
-                tagged_offset,
-            },
-            Message::RdmaReadResponse,
-        ) => RxHeader::ReadResponse {
-            last: seg.last,
-            stag,
-            to: tagged_offset,
-        },
         (Placement::Untagged { msn, mo }, Message::RdmaReadRequest(r)) => RxHeader::ReadRequest {
             last: seg.last,
             msn,
@@ -288,17 +295,7 @@ pub(crate) fn parse_rx_header(
             src_stag: r.source_stag,
             src_to: r.source_tagged_offset,
         },
-        (Placement::Untagged { msn, mo }, m) => match m.opcode() {
-            Opcode::Send
-            | Opcode::SendWithInvalidate
-            | Opcode::SendWithSolicitedEvent
-            | Opcode::SendWithSolicitedEventAndInvalidate => RxHeader::Send {
-                last: seg.last,
-                solicited: m.opcode().solicits_event(),
-                invalidate: m.invalidate_stag(),
-                msn,
-                mo,
-            },
+        (Placement::Untagged { msn, .. }, m) => match m.opcode() {
             Opcode::Terminate => RxHeader::Terminate,
             _ => match m {
                 Message::ImmediateData(i) => RxHeader::Immediate {
@@ -317,6 +314,88 @@ pub(crate) fn parse_rx_header(
             },
         },
         _ => return Err(Fault::UnexpectedOpcode),
+    })
+}
+
+/// The header of a data segment (RDMA Write, RDMA Read Response, a Send variant) that
+/// `Segment::parse` accepts, read with the checks it makes for one, in its order (the DDP
+/// header is whole with DV = 1, RV = 1, the opcode uses its buffer model and queue; a data
+/// message has no header of its own and no rule about what follows); `None` for anything
+/// else, which [`parse_rx_header`]'s general path then parses and reports as before.
+#[inline(always)]
+fn data_header(hdr: &[u8]) -> Option<RxHeader> {
+    let (ddp_header, _) = ddp::HeaderRepr::parse(hdr).ok()?;
+    let opcode = ControlRepr::from_byte(ddp_header.ulp_control())
+        .ok()?
+        .opcode;
+    let (placement, queue_number, invalidate) = match ddp_header {
+        ddp::HeaderRepr::Tagged(t) => (
+            Placement::Tagged {
+                stag: t.stag,
+                tagged_offset: t.tagged_offset,
+            },
+            0,
+            None,
+        ),
+        ddp::HeaderRepr::Untagged(u) => (
+            Placement::Untagged {
+                msn: u.msn,
+                mo: u.mo,
+            },
+            u.queue_number,
+            opcode.carries_invalidate_stag().then_some(u.ulp_reserved),
+        ),
+    };
+    opcode.validate(ddp_header.is_tagged(), queue_number).ok()?;
+    data_rx_header(ddp_header.last(), placement, opcode, invalidate)
+}
+
+/// The [`RxHeader`] of a data segment that parsed (`invalidate`: the Invalidate STag of the
+/// Send with Invalidate variants); `None` for a control message's opcode.
+#[inline(always)]
+fn data_rx_header(
+    last: bool,
+    placement: Placement,
+    opcode: Opcode,
+    invalidate: Option<u32>,
+) -> Option<RxHeader> {
+    Some(match (placement, opcode) {
+        (
+            Placement::Tagged {
+                stag,
+                tagged_offset,
+            },
+            Opcode::RdmaWrite,
+        ) => RxHeader::Write {
+            last,
+            stag,
+            to: tagged_offset,
+        },
+        (
+            Placement::Tagged {
+                stag,
+                tagged_offset,
+            },
+            Opcode::RdmaReadResponse,
+        ) => RxHeader::ReadResponse {
+            last,
+            stag,
+            to: tagged_offset,
+        },
+        (
+            Placement::Untagged { msn, mo },
+            Opcode::Send
+            | Opcode::SendWithInvalidate
+            | Opcode::SendWithSolicitedEvent
+            | Opcode::SendWithSolicitedEventAndInvalidate,
+        ) => RxHeader::Send {
+            last,
+            solicited: opcode.solicits_event(),
+            invalidate,
+            msn,
+            mo,
+        },
+        _ => return None,
     })
 }
 
@@ -429,16 +508,22 @@ pub(crate) const WRITE_PREFIX_LEN: usize = 2;
 /// the MSN) and compare received headers' prefixes against it, so these bytes come from the
 /// codec, not from constants.
 pub(crate) fn send_headers() -> [[u8; UNTAGGED_HEADER_LEN]; 2] {
+    send_segment_headers(true)
+}
+
+/// [`send_headers`] of a segment with the Last flag `last`.
+fn send_segment_headers(last: bool) -> [[u8; UNTAGGED_HEADER_LEN]; 2] {
     [false, true].map(|solicited| {
         let mut hdr = [0u8; UNTAGGED_HEADER_LEN];
-        emit_send(&mut hdr, true, solicited, None, 0, 0);
+        emit_send(&mut hdr, last, solicited, None, 0, 0);
         hdr
     })
 }
 
-/// The first [`SEND_PREFIX_LEN`] bytes of [`send_headers`].
-pub(crate) fn send_prefixes() -> [[u8; SEND_PREFIX_LEN]; 2] {
-    send_headers().map(|hdr| {
+/// The first [`SEND_PREFIX_LEN`] bytes of [`send_headers`], or of the same headers without
+/// the Last flag (`last` false: a segment that is not its message's last).
+pub(crate) fn send_prefixes(last: bool) -> [[u8; SEND_PREFIX_LEN]; 2] {
+    send_segment_headers(last).map(|hdr| {
         let mut p = [0u8; SEND_PREFIX_LEN];
         p.copy_from_slice(hdr.get(..SEND_PREFIX_LEN).unwrap_or(&[0; SEND_PREFIX_LEN]));
         p
@@ -638,6 +723,43 @@ mod tests {
         // Layouts the wire crate refuses are None.
         assert!(marker_layout(2, 1200).is_none());
         assert!(marker_layout(0, fpdu_len(65535)).is_none());
+    }
+
+    #[test]
+    fn the_data_header_fast_path_reads_every_header_as_the_general_path_does() {
+        // Every RDMAP control byte, the DDP control bytes that differ in T, L, DV and the
+        // reserved bits, queue numbers in and out of range, whole and cut-short headers.
+        let ddp_controls = [
+            0x00, 0x01, 0x02, 0x03, 0x40, 0x41, 0x42, 0x43, 0x7d, 0x80, 0x81, 0x82, 0x83, 0xc0,
+            0xc1, 0xc2, 0xc3, 0xfd,
+        ];
+        let mut checked = 0;
+        for ddp_control in ddp_controls {
+            for rdmap_control in 0..=255u8 {
+                for qn in [0u8, 1, 2, 3, 7] {
+                    let mut buf = [0u8; 46];
+                    buf[0] = ddp_control;
+                    buf[1] = rdmap_control;
+                    buf[2..6].copy_from_slice(&0x1234_5678u32.to_be_bytes());
+                    buf[9] = qn;
+                    buf[13] = 5;
+                    for len in [13, 14, 18, 46] {
+                        let hdr = &buf[..len];
+                        for payload_len in [0, 3] {
+                            for rfc7306 in [false, true] {
+                                assert_eq!(
+                                    parse_rx_header(hdr, payload_len, rfc7306),
+                                    parse_rx_header_general(hdr, payload_len, rfc7306),
+                                    "{hdr:02x?} payload {payload_len} rfc7306 {rfc7306}"
+                                );
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 18 * 256 * 5 * 4 * 2 * 2);
     }
 
     #[test]

@@ -378,6 +378,8 @@ pub struct Qp {
     rq: Ring<RecvWr>,
     rx_done: Ring<WorkCompletion>,
     rx_msg: Option<RxMsg>,
+    /// Bytes the last `rx_target` offered, until the `rx_commit` that answers it.
+    rx_offered: usize,
 
     orq: Ring<OrqEntry>,
     irq: Ring<IrqEntry>,
@@ -417,6 +419,7 @@ impl Qp {
             rq: Ring::new(if cfg.use_srq { 0 } else { cfg.rq_depth }),
             rx_done: Ring::new(cfg.rq_depth),
             rx_msg: None,
+            rx_offered: 0,
             orq: Ring::new(cfg.max_ord),
             irq: Ring::new(cfg.max_ird),
             tx: tx::TxState::new(),

@@ -10,7 +10,8 @@
 //! pad or CRC buffer, a few dozen bytes) is read through the staging buffer instead, so
 //! that such a read fills one buffer (the runtime's `recv` rather than `readv`). Staged
 //! bytes go to the engine's next targets by copying, the whole FPDUs at
-//! their start in one step each ([`Qp::rx_whole_fpdu`], with the small-Send fast path).
+//! their start in one step each ([`Qp::rx_whole_fpdu`], with the small-Send fast path),
+//! and so does the header of an FPDU that is not all there.
 //! A new FPDU is read into the staging buffer only (its header would otherwise cost a
 //! read of its own). While messages are large (a payload of [`BIG_PAYLOAD`] bytes or
 //! more, until two messages in a row start with a small FPDU) only a header's worth is
@@ -373,7 +374,15 @@ impl Qp {
         // after a large one, the following payloads are read straight into their
         // destinations (FPDUs that fit the staging buffer exactly, as 32 KiB ones on a
         // 32 KiB-MSS loopback do in pairs, would otherwise never leave it).
-        while let Some(n) = self.rx_whole_fpdu(stage.get(*fed..staged).unwrap_or_default(), res) {
+        // The trailer of an FPDU whose payload was read into its destination comes first.
+        loop {
+            let bytes = stage.get(*fed..staged).unwrap_or_default();
+            let Some(n) = self
+                .rx_whole_fpdu(bytes, res)
+                .or_else(|| self.rx_staged_trailer(bytes, res))
+            else {
+                break;
+            };
             *fed += n;
         }
         if *fed >= staged {

@@ -169,6 +169,9 @@ pub(crate) struct RxState {
     /// whole Send and of a whole Send with Solicited Event, as the codec emits them: what
     /// [`Qp::rx_small_send`] accepts.
     send_templates: [[u8; codec::SEND_PREFIX_LEN]; 2],
+    /// The same for a segment that is not its message's last (Last flag clear): with
+    /// `send_templates`, what [`Qp::send_segment_plan`] accepts.
+    segment_templates: [[u8; codec::SEND_PREFIX_LEN]; 2],
     /// Recent messages were large: [`Qp::recv_from`] stages only a header's worth behind
     /// each read, so that their payloads land without a copy (see [`RxState::note_fpdu`]).
     pub(crate) big: bool,
@@ -276,7 +279,8 @@ impl RxState {
             mk: RxMarkers::new(),
             write_len: 0,
             last_write: None,
-            send_templates: codec::send_prefixes(),
+            send_templates: codec::send_prefixes(true),
+            segment_templates: codec::send_prefixes(false),
             big: false,
             small_starts: 0,
             prev_last: true,
@@ -332,6 +336,7 @@ impl RxState {
         self.deferred = None;
     }
 
+    #[inline]
     fn start_fpdu(&mut self) {
         self.phase = Phase::Header;
         self.hdr_have = 0;
@@ -415,6 +420,7 @@ fn cut(b: &mut [u8], room: usize) -> RxTarget<'_> {
 }
 
 /// The piece of a receive WR's SGL at message offset `msg_off` (at most `max` bytes).
+#[inline]
 fn recv_piece(msg: &RxMsg, msg_off: u64, max: usize) -> Option<(&Arc<MrMemory>, usize, usize)> {
     let mut base = 0u64;
     for (sge, m) in msg.wr.sgl.as_slice().iter().zip(msg.mem.iter()) {
@@ -437,8 +443,21 @@ fn recv_piece(msg: &RxMsg, msg_off: u64, max: usize) -> Option<(&Arc<MrMemory>, 
 impl Qp {
     /// Where the next received bytes must go (see [`RxTarget`]). At most that many bytes
     /// are read there, then committed with [`Qp::rx_commit`].
+    ///
+    /// The length offered is kept for the commit that answers it (the next
+    /// [`Qp::rx_commit`] refuses more) instead of being worked out again there.
     pub(crate) fn rx_target(&mut self) -> RxTarget<'_> {
-        let rx = &mut self.rx;
+        let target = Self::target_of(&mut self.rx, &self.rx_msg);
+        self.rx_offered = match &target {
+            RxTarget::Buffer(b) => b.len(),
+            RxTarget::Region { len, .. } => *len,
+            RxTarget::Blocked | RxTarget::Closed => 0,
+        };
+        target
+    }
+
+    /// [`Qp::rx_target`]'s place, from the receive state and the receive WR in use.
+    fn target_of<'a>(rx: &'a mut RxState, rx_msg: &'a Option<RxMsg>) -> RxTarget<'a> {
         if matches!(rx.phase, Phase::Header | Phase::Payload | Phase::Trailer) && rx.mk.due() {
             return match rx.mk.buf.get_mut(rx.mk.have..) {
                 Some(b) => RxTarget::Buffer(b),
@@ -476,8 +495,7 @@ impl Qp {
                         len: remaining,
                     },
                     Plan::Send { .. } => {
-                        match self
-                            .rx_msg
+                        match rx_msg
                             .as_ref()
                             .and_then(|m| recv_piece(m, m.received, remaining))
                         {
@@ -501,14 +519,6 @@ impl Qp {
         }
     }
 
-    fn rx_target_len(&mut self) -> Option<usize> {
-        match self.rx_target() {
-            RxTarget::Buffer(b) => Some(b.len()),
-            RxTarget::Region { len, .. } => Some(len),
-            RxTarget::Blocked | RxTarget::Closed => None,
-        }
-    }
-
     /// Reports that `n` bytes were read into the place the last [`Qp::rx_target`] named.
     /// Processes what became complete (header validation, delivery after the CRC check),
     /// with the STag table and SRQ from `res`. `n == 0` retries a blocked header.
@@ -524,7 +534,8 @@ impl Qp {
             }
             return Ok(());
         }
-        let offered = self.rx_target_len().unwrap_or(0);
+        // What the last `rx_target` offered, once: a commit without a new target is refused.
+        let offered = std::mem::take(&mut self.rx_offered);
         if n > offered {
             return Err(QpError::CommitTooLong {
                 committed: n,
@@ -566,24 +577,56 @@ impl Qp {
                     self.enter_trailer();
                 }
             }
-            Phase::Trailer => {
-                if self.rx.crc_on {
-                    // The pad is CRC-covered and may precede a marker: feed it in order.
-                    let pad = codec::pad_len(self.rx.ulpdu_len);
-                    let (from, to) = (self.rx.tr_have, (self.rx.tr_have + n).min(pad));
-                    if from < to {
-                        let bytes = self.rx.trailer.get(from..to).unwrap_or(&[]);
-                        self.rx.crc = softwarp_wire::crc::crc32c_append(self.rx.crc, bytes);
-                    }
-                }
-                self.rx.tr_have += n;
-                if self.rx.tr_have == self.rx.tr_need {
-                    self.finish_fpdu(res.get().0);
-                }
-            }
+            Phase::Trailer => self.trailer_bytes(n, res),
             Phase::HeaderReady | Phase::Closed => {}
         }
         Ok(())
+    }
+
+    /// `n` more trailer bytes are in `rx.trailer` (after `tr_have`): the pad among them is
+    /// fed to the CRC, and a complete trailer finishes the FPDU.
+    fn trailer_bytes(&mut self, n: usize, res: &mut impl RxResources) {
+        if self.rx.crc_on {
+            // The pad is CRC-covered and may precede a marker: feed it in order.
+            let pad = codec::pad_len(self.rx.ulpdu_len);
+            let (from, to) = (self.rx.tr_have, (self.rx.tr_have + n).min(pad));
+            if from < to {
+                let bytes = self.rx.trailer.get(from..to).unwrap_or(&[]);
+                self.rx.crc = softwarp_wire::crc::crc32c_append(self.rx.crc, bytes);
+            }
+        }
+        self.rx.tr_have += n;
+        if self.rx.tr_have == self.rx.tr_need {
+            self.finish_fpdu(res.get().0);
+        }
+    }
+
+    /// Takes the rest of the current FPDU's trailer from the start of `bytes` (bytes read
+    /// ahead) in one step, as [`Qp::rx_target`] and [`Qp::rx_commit`] of those bytes would:
+    /// the FPDU is then checked and delivered. Returns the bytes taken; `None`, with
+    /// nothing changed, when the FPDU is not in its trailer, `bytes` does not hold the
+    /// rest of it, or the stream carries markers (one may come first).
+    pub(crate) fn rx_staged_trailer(
+        &mut self,
+        bytes: &[u8],
+        res: &mut impl RxResources,
+    ) -> Option<usize> {
+        let rx = &mut self.rx;
+        if rx.phase != Phase::Trailer || rx.mk.on {
+            return None;
+        }
+        let n = rx.tr_need.checked_sub(rx.tr_have).filter(|&n| n > 0)?;
+        let (dst, src) = (rx.trailer.get_mut(rx.tr_have..rx.tr_need)?, bytes.get(..n)?);
+        // The trailer is kept for the CRC check only (`trailer_bytes`, `finish_fpdu`).
+        if rx.crc_on {
+            dst.copy_from_slice(src);
+        }
+        rx.mk.wire_pos += n;
+        self.stats.rx_stream_bytes += n as u64;
+        // The bytes are taken here: no earlier offer stands.
+        self.rx_offered = 0;
+        self.trailer_bytes(n, res);
+        Some(n)
     }
 
     /// True when the next received byte starts an FPDU that [`Qp::rx_whole_fpdu`] may take
@@ -603,11 +646,15 @@ impl Qp {
     /// computed over the FPDU in one pass over `bytes` (the same bytes that were placed).
     /// Delivery is the same as on the step-by-step path, CRC check first.
     ///
-    /// Returns the FPDU's length when it did so; `None`, with nothing changed, when this
-    /// path does not apply: `bytes` does not start a new FPDU or does not hold all of it,
-    /// the stream carries markers, the QP receives from an SRQ (which may hold a header
-    /// back), or the header is not a fixed-length one (a Terminate). The caller then uses
-    /// [`Qp::rx_target`] and [`Qp::rx_commit`], which handle every case.
+    /// When `bytes` holds the FPDU's header but not all of the FPDU, takes the header
+    /// alone the same way (copied, CRC fed, validated) and returns its length: the payload
+    /// and trailer then go through [`Qp::rx_target`] and [`Qp::rx_commit`].
+    ///
+    /// Returns the FPDU's (or the header's) length when it did so; `None`, with nothing
+    /// changed, when this path does not apply: `bytes` does not start a new FPDU or does
+    /// not hold its header, the stream carries markers, the QP receives from an SRQ (which
+    /// may hold a header back), or the header is not a fixed-length one (a Terminate). The
+    /// caller then uses [`Qp::rx_target`] and [`Qp::rx_commit`], which handle every case.
     pub(crate) fn rx_whole_fpdu(
         &mut self,
         bytes: &[u8],
@@ -623,7 +670,7 @@ impl Qp {
         let ulpdu_len = codec::mpa_len(bytes);
         let total = codec::fpdu_len(ulpdu_len);
         let (&ddp_ctrl, &rdmap_ctrl) = (bytes.get(2)?, bytes.get(3)?);
-        if bytes.len() < total || ulpdu_len < codec::TAGGED_HEADER_LEN {
+        if ulpdu_len < codec::TAGGED_HEADER_LEN {
             return None;
         }
         let codec::HeaderLen::Fixed(h) = codec::rx_header_len(ddp_ctrl, rdmap_ctrl) else {
@@ -631,14 +678,27 @@ impl Qp {
         };
         let hdr_len = 2 + h.min(ulpdu_len);
         let pad = codec::pad_len(ulpdu_len);
-        let fpdu = bytes.get(..total)?;
-        let (hdr, rest) = fpdu.split_at_checked(hdr_len)?;
-        let (payload, trailer) = rest.split_at_checked(ulpdu_len + 2 - hdr_len)?;
-        if hdr_len > HDR_CAP || trailer.len() != pad + 4 {
+        if hdr_len > HDR_CAP {
             return None;
         }
+        let hdr = bytes.get(..hdr_len)?;
+        // The whole FPDU, or (None) its header only.
+        let whole = match bytes.get(..total) {
+            Some(fpdu) => {
+                let rest = fpdu.get(hdr_len..)?;
+                let (payload, trailer) = rest.split_at_checked(ulpdu_len + 2 - hdr_len)?;
+                if trailer.len() != pad + 4 {
+                    return None;
+                }
+                Some((fpdu, payload, trailer))
+            }
+            None => None,
+        };
+        let taken = if whole.is_some() { total } else { hdr_len };
         // Header: as `rx_commit` would leave it after the header bytes.
-        self.stats.rx_stream_bytes += total as u64;
+        self.stats.rx_stream_bytes += taken as u64;
+        // The bytes are taken here: no earlier offer stands.
+        self.rx_offered = 0;
         let rx = &mut self.rx;
         if let Some(dst) = rx.hdr.get_mut(..hdr_len) {
             dst.copy_from_slice(hdr);
@@ -646,12 +706,22 @@ impl Qp {
         rx.hdr_have = hdr_len;
         rx.hdr_need = hdr_len;
         rx.ulpdu_len = ulpdu_len;
-        rx.mk.wire_pos = total;
+        rx.mk.wire_pos = taken;
         if ulpdu_len > rx.max_ulpdu {
             rx.defer(Fault::BadUlpduLength, FaultTarget::None);
         }
-        rx.payload_len = payload.len();
+        rx.payload_len = ulpdu_len + 2 - hdr_len;
         rx.payload_done = 0;
+        let Some((fpdu, payload, trailer)) = whole else {
+            // Only the header is here: it is validated now, in one step instead of two
+            // target/commit rounds (length, then the rest of the header); its payload and
+            // trailer follow through `rx_target` and `rx_commit`.
+            if rx.crc_on {
+                rx.crc = crate::memory::crc32c_append(0, hdr);
+            }
+            self.process_header(res.get().0, None);
+            return Some(hdr_len);
+        };
         self.process_header(res.get().0, None);
         // Payload: straight to where the plan says.
         let placed = match &self.rx.plan {
@@ -706,10 +776,11 @@ impl Qp {
         rx.phase = Phase::Trailer;
         rx.tr_need = pad + 4;
         rx.tr_have = rx.tr_need;
-        if let Some(dst) = rx.trailer.get_mut(..trailer.len()) {
-            dst.copy_from_slice(trailer);
-        }
+        // The trailer is kept for the CRC check only (`finish_fpdu`).
         if rx.crc_on {
+            if let Some(dst) = rx.trailer.get_mut(..trailer.len()) {
+                dst.copy_from_slice(trailer);
+            }
             let covered = fpdu.get(..total - 4).unwrap_or(&[]);
             rx.crc = crate::memory::crc32c_append(0, covered);
         }
@@ -729,11 +800,30 @@ impl Qp {
     /// state changed, and the general path takes the FPDU and reports what is wrong with it
     /// as before. (A receive WR whose later SGE fails validation may have had its first
     /// SGEs written; it then completes in error, when its buffer's content is undefined.)
+    ///
+    /// The tests that turn most other FPDUs away (a message in progress, a DDP control byte
+    /// no whole Send has) are made here, in the caller's frame; the rest out of line.
+    #[inline(always)]
     fn rx_small_send(&mut self, bytes: &[u8], mrs: &MrTable) -> Option<usize> {
         let rx = &self.rx;
         if self.rx_msg.is_some() || rx.swallow_rtr_send || rx.deferred.is_some() {
             return None;
         }
+        let ddp_control = bytes.get(2)?;
+        if !rx
+            .send_templates
+            .iter()
+            .any(|t| t.first() == Some(ddp_control))
+        {
+            return None;
+        }
+        self.rx_small_send_rest(bytes, mrs)
+    }
+
+    /// [`Qp::rx_small_send`] once its first tests passed.
+    #[inline(never)]
+    fn rx_small_send_rest(&mut self, bytes: &[u8], mrs: &MrTable) -> Option<usize> {
+        let rx = &self.rx;
         let ulpdu_len = codec::mpa_len(bytes);
         if ulpdu_len < codec::UNTAGGED_HEADER_LEN || ulpdu_len > rx.max_ulpdu {
             return None;
@@ -937,7 +1027,11 @@ impl Qp {
             .get(2)
             .is_some_and(|c| c & softwarp_wire::ddp::FLAG_LAST != 0);
         self.rx.note_fpdu(self.rx.payload_len, last);
-        if self.rx.deferred.is_none() {
+        if self.rx.deferred.is_some() {
+            // Nothing more is read from a header whose FPDU already failed.
+        } else if let Some(plan) = self.send_segment_plan() {
+            self.rx.plan = plan;
+        } else {
             let parsed = codec::parse_rx_header(
                 self.rx.hdr.get(2..self.rx.hdr_need).unwrap_or(&[]),
                 self.rx.payload_len,
@@ -958,6 +1052,43 @@ impl Qp {
         if self.rx.payload_len == 0 {
             self.enter_trailer();
         }
+    }
+
+    /// The plan of the next segment of the Send being received, when its header is exactly
+    /// the one the codec emits for that segment (a Send or Send with Solicited Event, Last
+    /// flag set or not, with the message's MSN and, as MO, the bytes received so far) and
+    /// its payload fits the receive WR: what [`codec::parse_rx_header`] and [`Qp::plan`]
+    /// decide for such a header (every field has the one value their checks accept),
+    /// without parsing it. `None` for anything else, which they then read as before.
+    #[inline]
+    fn send_segment_plan(&self) -> Option<Plan> {
+        let m = self.rx_msg.as_ref()?;
+        let rx = &self.rx;
+        let hdr = rx.hdr.get(2..rx.hdr_need)?;
+        if hdr.len() != codec::UNTAGGED_HEADER_LEN {
+            return None;
+        }
+        let prefix = hdr.get(..codec::SEND_PREFIX_LEN)?;
+        // Index 1 of each is the Send with Solicited Event.
+        let (last, solicited) = match rx.segment_templates.iter().position(|t| t == prefix) {
+            Some(i) => (false, i == 1),
+            None => (
+                true,
+                rx.send_templates.iter().position(|t| t == prefix)? == 1,
+            ),
+        };
+        let mo = u32::try_from(m.received).ok()?;
+        if hdr.get(UNTAGGED_MSN..UNTAGGED_MO)? != m.msn.to_be_bytes()
+            || hdr.get(UNTAGGED_MO..)? != mo.to_be_bytes()
+            || m.received + rx.payload_len as u64 > m.capacity
+        {
+            return None;
+        }
+        Some(Plan::Send {
+            last,
+            solicited,
+            invalidate: None,
+        })
     }
 
     fn plan(
@@ -1307,10 +1438,10 @@ impl Qp {
         // (paraphrase) In peer-to-peer mode the responder sends nothing before the
         // initiator's RTR arrived; any FPDU from the peer means its RTR (sent first) did.
         self.tx.gate_until_rx = false;
-        let hdr = self.offending_header();
+        // The offending header is built only for a fault (every FPDU paid for it before).
         if let Some(d) = self.rx.deferred.take() {
             self.apply_fault_target(d.target);
-            self.fail(d.fault, hdr);
+            self.fail(d.fault, self.offending_header());
             return;
         }
         let plan = std::mem::replace(&mut self.rx.plan, Plan::Discard);
@@ -1352,7 +1483,7 @@ impl Qp {
             } => {
                 self.stats.rx.send.bytes += seg;
                 if last {
-                    self.deliver_send(solicited, invalidate, mrs, hdr);
+                    self.deliver_send(solicited, invalidate, mrs);
                 }
             }
             Plan::SwallowRtrSend => {
@@ -1363,7 +1494,7 @@ impl Qp {
                 self.stats.rx.read_request.add(entry.len);
                 self.rx_msn[1] = self.rx_msn[1].wrapping_add(1);
                 if self.irq.push(entry).is_err() {
-                    self.fail(Fault::IrdExceeded, hdr);
+                    self.fail(Fault::IrdExceeded, self.offending_header());
                     return;
                 }
             }
@@ -1380,7 +1511,7 @@ impl Qp {
                     .atomic_update(off, |old| atomic_result(&req, old))
                 else {
                     // Unreachable: the 8 bytes were validated inside the registration.
-                    self.fail(Fault::RdmapCatastrophic, hdr);
+                    self.fail(Fault::RdmapCatastrophic, self.offending_header());
                     return;
                 };
                 let entry = IrqEntry {
@@ -1392,7 +1523,7 @@ impl Qp {
                     sent: 0,
                 };
                 if self.irq.push(entry).is_err() {
-                    self.fail(Fault::IrdExceeded, hdr);
+                    self.fail(Fault::IrdExceeded, self.offending_header());
                     return;
                 }
             }
@@ -1452,13 +1583,7 @@ impl Qp {
         };
     }
 
-    fn deliver_send(
-        &mut self,
-        solicited: bool,
-        invalidate: Option<u32>,
-        mrs: &mut MrTable,
-        hdr: OffendingHeader,
-    ) {
+    fn deliver_send(&mut self, solicited: bool, invalidate: Option<u32>, mrs: &mut MrTable) {
         // Read in place and dropped there (no move of the receive state).
         let Some((wr_id, received)) = self.rx_msg.as_ref().map(|m| (m.wr.wr_id, m.received)) else {
             return;
@@ -1479,6 +1604,7 @@ impl Qp {
                         e,
                         MrError::PdMismatch(_) | MrError::RemoteInvalidateNotAllowed(_)
                     );
+                    let hdr = self.offending_header();
                     self.fail(Fault::CannotInvalidate { protection }, hdr);
                     return;
                 }
