@@ -256,20 +256,40 @@ fn writing_comes_back() -> bool {
     assert_eq!(tx_by(&a), Some("progress"));
     assert_eq!(watchdog_handbacks(&a), Some(0));
     // a is back (a post; a busy poll skips a QP whose lock the progress thread holds, so
-    // alone it might not be seen before everything is written) and polls while b reads:
-    // at the progress thread's next pass (the socket drains) the writing goes back to
-    // a's polls, with bytes still pending.
+    // alone it might not be seen before everything is written). b reads a batch and stops
+    // (staying at work): the progress thread writes into the room and its pass ends on a
+    // full socket with a's pass count moved, so it hands the writing back to a's polls,
+    // with bytes still pending. (Had b read on, the progress thread's passes could end on
+    // its budget every time, keeping the writing, as the hand-back rule wants.)
     a.qp.post_send_list(&[]).unwrap();
     let mut got = 0;
     let mut wcs = [EMPTY_COMPLETION; 64];
-    while got < N {
-        a.scq.poll(&mut wcs).unwrap();
+    let mut take = |got: &mut usize| {
         let n = b.rcq.poll(&mut wcs).unwrap();
         for wc in &wcs[..n] {
             assert_eq!(wc.status, WcStatus::Success);
-            got += 1;
+            *got += 1;
         }
         assert!(Instant::now() < deadline, "{got} of {N} Sends arrived");
+    };
+    while got < 50 {
+        take(&mut got);
+    }
+    keep_at_work(&b.qp, || {
+        while watchdog_handbacks(&a) == Some(0) {
+            assert!(
+                Instant::now() < deadline,
+                "the progress thread kept a's writing"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    });
+    if rx_takeover(&b).is_some() {
+        return false;
+    }
+    while got < N {
+        a.scq.poll(&mut [EMPTY_COMPLETION; 4]).unwrap();
+        take(&mut got);
     }
     let back = watchdog_handbacks(&a).unwrap();
     assert!(back >= 1, "the progress thread kept a's writing");
