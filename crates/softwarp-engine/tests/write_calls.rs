@@ -12,11 +12,13 @@ use softwarp_engine::qp::{StreamConfig, TxPiece, VectoredWrite, LONE_COPY_MAX};
 use softwarp_engine::wr::{Payload, SendOp, SendWr, SgList};
 use util::*;
 
-/// A writer that takes everything and records the non-empty pieces of each call.
+/// A writer that takes everything and records the non-empty pieces and the bytes of each
+/// call.
 #[derive(Default)]
 struct Recorder {
     out: Vec<u8>,
     calls: Vec<usize>,
+    bytes: Vec<usize>,
 }
 
 impl VectoredWrite for Recorder {
@@ -31,6 +33,7 @@ impl VectoredWrite for Recorder {
             count += 1;
         }
         self.calls.push(count);
+        self.bytes.push(n);
         Ok(n)
     }
 }
@@ -38,6 +41,11 @@ impl VectoredWrite for Recorder {
 /// Posts `count` Writes of `len` bytes, then transmits as the runtime does (with a batch
 /// buffer); returns the pieces of each write call, after checking what arrived.
 fn write_calls(len: usize, count: usize) -> Vec<usize> {
+    written(len, count).calls
+}
+
+/// [`write_calls`]' writer, with the bytes of each call too.
+fn written(len: usize, count: usize) -> Recorder {
     let stream = StreamConfig::for_mss(65535);
     let (mut a, mut b) = (Side::new(1, stream), Side::new(2, stream));
     let (_src, sstag, siova, data) = a.filled_region(len * count, Access::NONE, 9);
@@ -65,7 +73,7 @@ fn write_calls(len: usize, count: usize) -> Vec<usize> {
     assert_eq!(b.receive_with(&rec.out, true, || usize::MAX), rec.out.len());
     assert_eq!(contents(&sink), data, "{count} x {len} B");
     assert_eq!(a.send_wcs().len(), count);
-    rec.calls
+    rec
 }
 
 #[test]
@@ -81,4 +89,20 @@ fn a_queue_of_4_kib_writes_and_a_lone_16_kib_one_are_gathered() {
     let calls = write_calls(16 * 1024, 1);
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert!(calls[0] > 1, "{calls:?}");
+}
+
+#[test]
+fn a_1_mib_write_goes_out_in_two_halves_so_the_receiver_starts_early() {
+    // On loopback a reader sees nothing of a `sendmsg` until it returns: two calls of about
+    // 512 KiB let the peer read the first while the second is copied.
+    let rec = written(1 << 20, 1);
+    assert_eq!(rec.bytes.len(), 2, "{:?}", rec.bytes);
+    assert!(
+        (512 << 10..(512 + 64) << 10).contains(&rec.bytes[0]),
+        "{:?}",
+        rec.bytes
+    );
+    assert_eq!(rec.bytes.iter().sum::<usize>(), rec.out.len());
+    // Up to 512 KiB, one call.
+    assert_eq!(written(256 << 10, 1).bytes.len(), 1);
 }

@@ -66,12 +66,15 @@ pub const COALESCE_MAX: usize = 2048;
 pub const LONE_COPY_MAX: usize = 8 * 1024;
 /// Largest batch of coalesced FPDUs per write.
 pub const BATCH_CAP: usize = 32 * 1024;
-/// About how many bytes of large FPDUs one write gathers: 16 FPDUs of 64 KiB on loopback
-/// and the short one after them, a message of 1 MiB in one `sendmsg` when the socket has
-/// room (a runtime that writes only once the socket has drained to half of what it holds
-/// offers that much). With exactly 1 MiB, the 16 full FPDUs (1,048,704 bytes) already
-/// passed it and the last 260 bytes of a 1 MiB Write went in a write of their own.
-const GATHER_BYTES: usize = 1024 * 1024 + 64 * 1024;
+/// About how many bytes of large FPDUs one write gathers (the FPDU that reaches it is the
+/// last): a 1 MiB message goes out in two `sendmsg` calls of about 512 KiB, the second
+/// with the short FPDU at the end. On loopback the receiver sees nothing of a call until
+/// the call returns, so with one 1 MiB call the ping-pong was the sender's whole copy and
+/// then the receiver's; with two, the receiver reads the first half while the sender
+/// copies the second: `send_lat -s 1M` 103-127 us against 106-214 with one call (raw TCP
+/// 94-106; 256 KiB and 384 KiB calls were slower than 512 KiB; BENCHMARKS.md, "what each
+/// FPDU costs").
+const GATHER_BYTES: usize = 512 * 1024;
 
 /// Where a read puts its first bytes: a buffer inside the QP, or a range of a registered
 /// region. A reader that hands the region range to the kernel gets its address from
