@@ -144,11 +144,11 @@ impl<'a> TxPiece<'a> {
     }
 }
 
-/// Most FPDUs one [`Qp::poll_tx_gather`] offers: a 1 MiB message on loopback is 16 full
-/// FPDUs and a short one, all in one `sendmsg` (with 16 the short one went in a write of
-/// its own, and its receiver read it with a system call of its own), plus up to eight
-/// short FPDUs leading it ([`alias_lead`]).
-pub(crate) const MAX_GATHER_FPDUS: usize = 17 + 8;
+/// Most FPDUs one [`Qp::poll_tx_gather`] offers (the runtime's byte cap, 512 KiB in
+/// [`Qp::send_to`], usually ends a call first: on loopback eight or nine FPDUs of 64 KiB
+/// and up to eight short ones leading a message, [`alias_lead`]). With MSS-sized FPDUs (a
+/// hardware peer or siw at MTU 1500) this bound ends the call, at about 36 KB.
+pub(crate) const MAX_GATHER_FPDUS: usize = 25;
 /// Most pieces one [`TxGather`] holds: three per FPDU of [`MAX_GATHER_FPDUS`] with one
 /// scatter/gather element (an FPDU without markers has at most `MAX_SGE + 2`). A writer
 /// passes them to one `sendmsg` (`IOV_MAX` is 1024).
