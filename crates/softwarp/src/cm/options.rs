@@ -104,8 +104,8 @@ pub struct ConnectOptions {
     /// keeps acknowledging zero-window probes: none at all). A peer that stops reading
     /// holds the send buffer and the work requests behind it for that long.
     pub tcp_user_timeout: Option<Duration>,
-    /// Lead a message of 64 KiB or more with a few 4-byte FPDUs when its payload, copied by
-    /// the kernel into the socket, would land a few bytes ahead of its source modulo 4 KiB
+    /// Lead a message of 64 KiB or more with a few 1-byte FPDUs when its payload, copied by
+    /// the kernel into the socket, would land 1-63 bytes ahead of its source modulo 4 KiB
     /// (default true). That is the case for a page-aligned buffer (most applications'), and
     /// there the copy runs at about half speed (4 KiB aliasing); the extra FPDU boundaries
     /// move the payload out of it. The peer sees a few more FPDUs (any segmentation is valid
