@@ -121,7 +121,8 @@ pub trait VectoredRead {
 
 /// A byte sink written like `sendmsg(2)`: a gather list, in order.
 pub trait VectoredWrite {
-    /// Writes a prefix of `pieces` (at most 64 pieces are looked at); returns its length.
+    /// Writes a prefix of `pieces` (at most [`crate::qp::GATHER_PIECES`] are looked at);
+    /// returns its length.
     /// Errors as for [`VectoredRead::read_to`] (`WouldBlock`: full now).
     fn write_from(&mut self, pieces: &[TxPiece<'_>]) -> io::Result<usize>;
 }

@@ -575,8 +575,8 @@ impl Qp {
     /// ahead (about `max_bytes` in all), so that one `sendmsg` carries several large FPDUs;
     /// false when there is nothing to send. Commit with [`Qp::tx_commit`] (any prefix of
     /// what is offered). With markers only the FPDU in progress is offered, in parts when
-    /// its gather list is longer than [`GATHER_PIECES`]. The builds ahead are allocated the first time they are
-    /// needed (at most `max_fpdus - 1` of them per QP).
+    /// its gather list is longer than [`GATHER_PIECES`]. The builds ahead are allocated the
+    /// first time they are needed (at most `max_fpdus - 1` of them per QP).
     pub(crate) fn poll_tx_gather<'a>(
         &'a mut self,
         max_fpdus: usize,
