@@ -56,6 +56,13 @@ pub struct QpStats {
     /// then copied to their destination (small messages, by design); the rest of the
     /// received payload was read by the kernel straight into its destination.
     pub rx_staged_payload_bytes: u64,
+    /// Payload bytes of a Send read straight into the next posted receive before their
+    /// header was read (the header confirmed them: see `Qp::recv_from`, early Sends).
+    pub rx_early_bytes: u64,
+    /// Bytes read early into a posted receive that the header then sent elsewhere: copied
+    /// out of the receive buffer and received from there (each such read also stops the
+    /// early reads until Sends of one layout come twice in a row again).
+    pub rx_early_missed_bytes: u64,
     /// FPDUs whose CRC did not match.
     pub crc_errors: u64,
     /// MPA markers sent (RFC 5044 section 4.3).

@@ -642,8 +642,8 @@ impl Device {
             health: Health::new(b.interface.clone(), auto),
             end: markers::End::new(markers::Kind::Device),
         });
-        // The shared state and the progress thread's 64 KiB scratch buffer (approximate).
-        let bytes = std::mem::size_of::<DeviceShared>() + 64 * 1024;
+        // The shared state and the progress thread's staging buffer (approximate).
+        let bytes = std::mem::size_of::<DeviceShared>() + crate::progress::SCRATCH_LEN;
         let ras = crate::ras::device_opened(&shared, bytes as u64);
         Health::register_target(&shared);
         if let Some(w) = netwatch {

@@ -27,8 +27,9 @@ const WAKE: Token = Token(0);
 const NETLINK: Token = Token(usize::MAX);
 /// Delay before retrying QPs that wait for the peer's FIN or for completions to be taken.
 const RETRY: Duration = Duration::from_millis(5);
-/// Size of the buffer that swallows bytes arriving after a QP stopped receiving.
-const SCRATCH_LEN: usize = 64 * 1024;
+/// Size of the progress thread's staging buffer (it also swallows bytes arriving after a
+/// QP stopped receiving): the engine's advice.
+pub(crate) const SCRATCH_LEN: usize = softwarp_engine::qp::STAGE_LEN;
 /// Shortest interval between two receive stall looks.
 const STALL_LOOK_MIN: Duration = Duration::from_millis(5);
 

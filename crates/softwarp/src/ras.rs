@@ -891,7 +891,7 @@ impl QpView {
         let s = &self.stats;
         collect_ops(out, "tx", "sent", &s.tx, &labels);
         collect_ops(out, "rx", "received", &s.rx, &labels);
-        let counters: [(&str, &str, u64); 12] = [
+        let counters: [(&str, &str, u64); 14] = [
             ("softwarp_qp_tx_fpdus_total", "FPDUs sent.", s.tx_fpdus),
             ("softwarp_qp_rx_fpdus_total", "FPDUs received.", s.rx_fpdus),
             (
@@ -908,6 +908,16 @@ impl QpView {
                 "softwarp_qp_rx_staged_payload_bytes_total",
                 "Payload bytes read ahead into a staging buffer and copied to their destination (the rest was read straight into it).",
                 s.rx_staged_payload_bytes,
+            ),
+            (
+                "softwarp_qp_rx_early_bytes_total",
+                "Send payload bytes read into the next posted receive before their header was read, then confirmed by it.",
+                s.rx_early_bytes,
+            ),
+            (
+                "softwarp_qp_rx_early_missed_bytes_total",
+                "Bytes read early into a posted receive that their header sent elsewhere (copied out again).",
+                s.rx_early_missed_bytes,
             ),
             (
                 "softwarp_qp_crc_errors_total",
@@ -1003,6 +1013,8 @@ fn counters_of(s: &QpStats) -> BTreeMap<String, u64> {
         ("tx_stream_bytes", s.tx_stream_bytes),
         ("rx_stream_bytes", s.rx_stream_bytes),
         ("rx_staged_payload_bytes", s.rx_staged_payload_bytes),
+        ("rx_early_bytes", s.rx_early_bytes),
+        ("rx_early_missed_bytes", s.rx_early_missed_bytes),
         ("crc_errors", s.crc_errors),
         ("tx_markers", s.tx_markers),
         ("rx_markers", s.rx_markers),

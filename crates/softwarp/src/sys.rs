@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use arrayvec::ArrayVec;
 use softwarp_engine::memory::Region;
+use softwarp_engine::qp::ReadDest;
 use softwarp_engine::qp::TxPiece;
 
 /// Most iovecs one `writev` takes here: the engine's largest gather list.
@@ -75,6 +76,45 @@ pub(crate) fn read_region_staged(
     readv(fd, &iov)
 }
 
+/// `readv(2)` of three buffers: `head` (inside the engine), `dest` (a buffer, or at most
+/// `len` bytes straight into a region at an offset, bounds-checked as in [`read_region`]),
+/// then `tail`: the engine's early read of a Send's payload.
+pub(crate) fn read_around(
+    fd: BorrowedFd<'_>,
+    head: &mut [u8],
+    dest: ReadDest<'_>,
+    tail: &mut [u8],
+) -> io::Result<usize> {
+    let (ptr, len): (*mut u8, usize) = match dest {
+        ReadDest::Buffer(b) => (b.as_mut_ptr(), b.len()),
+        ReadDest::Region {
+            region,
+            offset,
+            len,
+        } => (
+            region
+                .ptr_range(offset, len)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            len,
+        ),
+    };
+    let iov = [
+        libc::iovec {
+            iov_base: head.as_mut_ptr().cast(),
+            iov_len: head.len(),
+        },
+        libc::iovec {
+            iov_base: ptr.cast(),
+            iov_len: len,
+        },
+        libc::iovec {
+            iov_base: tail.as_mut_ptr().cast(),
+            iov_len: tail.len(),
+        },
+    ];
+    readv(fd, &iov)
+}
+
 /// The data-path calls below (`recv`, `readv`, `send`, `sendmsg`) go through `syscall(2)`
 /// with their raw numbers: glibc's named wrappers are POSIX cancellation points and, in a
 /// process with more than one thread (every Softwarp process: the progress thread), wrap
@@ -87,13 +127,12 @@ pub(crate) fn read_region_staged(
 /// kernel 130 ns less per call (about 325 against 460 ns for an empty poll; `readv` goes
 /// through the file layer's checks and imports an iovec array, `recv` takes one user
 /// buffer). The descriptor is a connected TCP socket (the QP's stream).
-fn readv(fd: BorrowedFd<'_>, iov: &[libc::iovec; 2]) -> io::Result<usize> {
-    let (first, n) = match (iov[0].iov_len, iov[1].iov_len) {
-        (0, 0) => return Ok(0),
-        (0, _) => (1, 1),
-        (_, 0) => (0, 1),
-        _ => (0, 2),
+fn readv<const N: usize>(fd: BorrowedFd<'_>, iov: &[libc::iovec; N]) -> io::Result<usize> {
+    let mut full = iov.iter().enumerate().filter(|(_, v)| v.iov_len > 0);
+    let Some((first, _)) = full.next() else {
+        return Ok(0);
     };
+    let n = if full.next().is_some() { N - first } else { 1 };
     let r = if n == 1 {
         let one = iov[first];
         // SAFETY: `one` names memory valid for writes of `iov_len` bytes for the whole

@@ -33,8 +33,8 @@ use crate::wr::{
 };
 
 pub use pump::{
-    copy_to_dest, ReadDest, ReadUntil, RecvEnd, RxEnv, RxResources, SendEnd, VectoredRead,
-    VectoredWrite, BATCH_CAP, BIG_PAYLOAD, COALESCE_MAX, LONE_COPY_MAX,
+    copy_around, copy_to_dest, ReadDest, ReadUntil, RecvEnd, RxEnv, RxResources, SendEnd,
+    VectoredRead, VectoredWrite, BATCH_CAP, BIG_PAYLOAD, COALESCE_MAX, LONE_COPY_MAX, STAGE_LEN,
 };
 pub(crate) use rx::RxTarget;
 pub use terminate::TerminateLayout;

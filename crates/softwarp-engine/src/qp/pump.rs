@@ -41,6 +41,7 @@ use std::io;
 
 use crate::memory::Region;
 use crate::mr::MrTable;
+use crate::qp::rx::EarlyRead;
 use crate::qp::tx::MAX_GATHER_FPDUS;
 use crate::qp::{Qp, RxTarget, TxGather, TxPiece};
 use crate::srq::Srq;
@@ -54,7 +55,13 @@ pub const BIG_PAYLOAD: usize = 16 * 1024;
 /// in with the read of the payload before it instead of costing a read of its own (a
 /// successful `readv` costs about 0.8 us on this kernel, a copy of 512 bytes some tens of
 /// nanoseconds). At most this many bytes of a following payload are copied per read.
-const SMALL_STAGE: usize = 512;
+pub(crate) const SMALL_STAGE: usize = 512;
+/// The staging buffer a runtime should give [`Qp::recv_from`]: 64 KiB, and 8 KiB more so
+/// that an early read (a Send's payload read before its header, [`Qp::recv_from`]) takes
+/// the largest FPDU (a 65,535-byte ULPDU) whole with its leading FPDUs and the
+/// [`SMALL_STAGE`] bytes behind it; with a smaller buffer the early read takes less and
+/// the rest of the payload costs a read of its own.
+pub const STAGE_LEN: usize = 72 * 1024;
 /// FPDUs up to this long are copied into the batch rather than gathered (a copy this small
 /// costs less than a system call of its own).
 pub const COALESCE_MAX: usize = 2048;
@@ -117,6 +124,20 @@ pub trait VectoredRead {
     /// `InvalidInput` when `dest` names memory outside its region (an engine bug), any
     /// other when the stream failed.
     fn read_to(&mut self, dest: ReadDest<'_>, stage: &mut [u8]) -> io::Result<usize>;
+
+    /// Reads like `readv(2)` of three buffers: `head`, then `dest`, then `tail` (an early
+    /// read, [`Qp::recv_from`]). Errors as [`VectoredRead::read_to`]. The default reads
+    /// into `head` only: a reader that does not implement it still gets every byte, none
+    /// of them early.
+    fn read_around(
+        &mut self,
+        head: &mut [u8],
+        dest: ReadDest<'_>,
+        tail: &mut [u8],
+    ) -> io::Result<usize> {
+        let _ = (dest, tail);
+        self.read_to(ReadDest::Buffer(head), &mut [])
+    }
 }
 
 /// A byte sink written like `sendmsg(2)`: a gather list, in order.
@@ -252,6 +273,28 @@ impl Qp {
             if *budget == 0 {
                 return RecvEnd::Budget;
             }
+            if staging && self.early_armed() {
+                let early = self.early_read(stage.len(), res.get().0);
+                if let Some(early) = early {
+                    res.release();
+                    let asked = early.lead + early.len + SMALL_STAGE;
+                    match self.recv_early(src, stage, early, &mut fed, &mut staged, res) {
+                        Err(end) => return end,
+                        Ok(Ok(0)) => return RecvEnd::Eof,
+                        Ok(Ok(n)) => {
+                            empty_targets = 0;
+                            *budget = budget.saturating_sub(n);
+                            short_read = until == ReadUntil::ShortRead && n < asked;
+                        }
+                        Ok(Err(e)) => {
+                            if let Some(end) = read_failed(e) {
+                                return end;
+                            }
+                        }
+                    }
+                    continue;
+                }
+            }
             res.release();
             let small_stage = self.rx.big;
             let ahead =
@@ -352,16 +395,92 @@ impl Qp {
                     staged = n - direct;
                     short_read = until == ReadUntil::ShortRead && n < asked;
                 }
-                Err(e) => match e.kind() {
-                    io::ErrorKind::WouldBlock => return RecvEnd::Drained,
-                    io::ErrorKind::Interrupted => {}
-                    // The engine offered a range outside its own region: stop receiving
-                    // rather than touch memory nobody can vouch for.
-                    io::ErrorKind::InvalidInput => return RecvEnd::Bug("unusable rx target"),
-                    _ => return RecvEnd::Failed(e),
-                },
+                Err(e) => {
+                    if let Some(end) = read_failed(e) {
+                        return end;
+                    }
+                }
             }
         }
+    }
+
+    /// Does the early read `early` (see [`Qp::early_read`]): the lead into the staging
+    /// buffer, the expected payload into the posted receive, and [`SMALL_STAGE`] bytes of
+    /// staging behind it. When the lead is the expected one ([`Qp::early_lead_ok`]) it is
+    /// received, and if its header then targets exactly the bytes read early, they are
+    /// committed where they are. Otherwise they are copied out of the receive buffer into
+    /// the staging buffer, between the lead and the bytes behind, and received from there
+    /// like any bytes read ahead (the receive buffer is the QP's until the receive
+    /// completes; nothing else was touched). Leaves `stage[*fed..*staged]` to be fed and
+    /// returns the read's outcome, or how the receive ends when the engine failed.
+    fn recv_early(
+        &mut self,
+        src: &mut impl VectoredRead,
+        stage: &mut [u8],
+        early: EarlyRead,
+        fed: &mut usize,
+        staged: &mut usize,
+        res: &mut impl RxResources,
+    ) -> Result<io::Result<usize>, RecvEnd> {
+        let lead = early.lead;
+        let region = early.memory.region();
+        let (head, rest) = stage.split_at_mut(lead.min(stage.len()));
+        // Behind the lead the staging buffer must have room for the payload too, should it
+        // be copied out ([`Qp::early_read`] cuts the read to fit).
+        if rest.len() < early.len + SMALL_STAGE {
+            return Err(RecvEnd::Bug("early read larger than the staging buffer"));
+        }
+        let tail = rest.get_mut(..SMALL_STAGE).unwrap_or_default();
+        let dest = ReadDest::Region {
+            region,
+            offset: early.offset,
+            len: early.len,
+        };
+        let n = match src.read_around(head, dest, tail) {
+            Ok(n) => n,
+            Err(e) => return Ok(Err(e)),
+        };
+        *fed = 0;
+        if n <= lead {
+            *staged = n;
+            return Ok(Ok(n));
+        }
+        let placed = (n - lead).min(early.len);
+        let behind = n - lead - placed;
+        if self.early_lead_ok(&early, stage.get(..lead).unwrap_or_default(), placed) {
+            *staged = lead;
+            while *fed < lead {
+                if let Some(end) = self.feed(stage, fed, lead, res) {
+                    return Err(end);
+                }
+            }
+            let hit = matches!(
+                self.rx_target(),
+                RxTarget::Region { region: r, offset, len }
+                    if std::ptr::eq(r, region) && offset == early.offset && len >= placed
+            );
+            if hit {
+                if self.rx_commit(placed, res).is_err() {
+                    return Err(RecvEnd::Bug("rx_commit refused"));
+                }
+                self.stats.rx_early_bytes += placed as u64;
+                *staged = lead + behind;
+                return Ok(Ok(n));
+            }
+        }
+        // Not the expected Send: the bytes go where their headers say, from the staging
+        // buffer.
+        stage.copy_within(lead..lead + behind, lead + placed);
+        let copied = stage
+            .get_mut(lead..lead + placed)
+            .map(|d| region.read_at(early.offset, d));
+        if !matches!(copied, Some(Ok(()))) {
+            return Err(RecvEnd::Bug("unusable rx target"));
+        }
+        *staged = lead + placed + behind;
+        self.stats.rx_early_missed_bytes += placed as u64;
+        self.early_missed();
+        Ok(Ok(n))
     }
 
     /// Hands staged bytes `stage[*fed..staged]` to the receiver: the whole FPDUs at their
@@ -545,6 +664,18 @@ impl Qp {
     }
 }
 
+/// How a receive ends on a failed read; `None` to read again (interrupted).
+fn read_failed(e: io::Error) -> Option<RecvEnd> {
+    match e.kind() {
+        io::ErrorKind::WouldBlock => Some(RecvEnd::Drained),
+        io::ErrorKind::Interrupted => None,
+        // The engine offered a range outside its own region: stop receiving rather than
+        // touch memory nobody can vouch for.
+        io::ErrorKind::InvalidInput => Some(RecvEnd::Bug("unusable rx target")),
+        _ => Some(RecvEnd::Failed(e)),
+    }
+}
+
 /// A reader over a byte slice: everything at once, then `WouldBlock` (never an end).
 #[derive(Debug)]
 pub(crate) struct SliceSource<'a> {
@@ -572,6 +703,40 @@ impl VectoredRead for SliceSource<'_> {
         self.at += n;
         Ok(n)
     }
+
+    fn read_around(
+        &mut self,
+        head: &mut [u8],
+        dest: ReadDest<'_>,
+        tail: &mut [u8],
+    ) -> io::Result<usize> {
+        let rest = self.data.get(self.at..).unwrap_or_default();
+        if rest.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let n = copy_around(rest, head, dest, tail)?;
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// Copies the start of `bytes` into `head`, then `dest`, then `tail`, as a three-buffer
+/// read would place it; returns the bytes copied. For readers over memory (tests).
+pub fn copy_around(
+    bytes: &[u8],
+    head: &mut [u8],
+    dest: ReadDest<'_>,
+    tail: &mut [u8],
+) -> io::Result<usize> {
+    let first = head.len().min(bytes.len());
+    let (h, rest) = bytes.split_at(first);
+    if let Some(d) = head.get_mut(..first) {
+        d.copy_from_slice(h);
+    }
+    if rest.is_empty() {
+        return Ok(first);
+    }
+    Ok(first + copy_to_dest(rest, dest, tail)?)
 }
 
 /// Copies the start of `bytes` into `dest`, then into `stage`, as a read would place it;

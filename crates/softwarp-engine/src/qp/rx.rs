@@ -32,7 +32,7 @@ use crate::fault::{Cause, Fault};
 use crate::memory::Region;
 use crate::mr::{Access, AccessError, MrError, MrMemory, MrTable, Stag};
 use crate::qp::codec::{self, RxHeader};
-use crate::qp::pump::{RxResources, BIG_PAYLOAD};
+use crate::qp::pump::{RxResources, BIG_PAYLOAD, SMALL_STAGE};
 use crate::qp::terminate::OffendingHeader;
 use crate::qp::{
     no_validated, IrqEntry, Qp, QpError, RtrKind, RxMsg, SqData, SqStatus, StreamConfig,
@@ -179,6 +179,43 @@ pub(crate) struct RxState {
     small_starts: u8,
     /// The last FPDU ended its message (DDP Last flag): the next one starts a message.
     prev_last: bool,
+    /// Stream offset of the first FPDU of the Send message being received, until its first
+    /// large FPDU gives [`RxState::early`] (`None` once a message is not a Send).
+    early_start: Option<u64>,
+    /// Where the first large payload of the last large Send message was (see [`EarlyRead`]).
+    early: Option<EarlyLayout>,
+    /// Large Send messages in a row with the layout `early`: from two on, the next message
+    /// is read early.
+    early_run: u8,
+}
+
+/// Where a Send message's first large payload was: `lead` stream bytes after the message's
+/// first byte (its leading FPDUs and its own header), at message offset `mo`, `len` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct EarlyLayout {
+    lead: usize,
+    mo: u64,
+    len: usize,
+}
+
+/// An early read (see [`Qp::early_read`]): the next message is expected to be a Send laid
+/// out as the last ones were, so its first large payload is read straight into the posted
+/// receive that Send will take, in the same read as its leading FPDUs and header (`lead`
+/// bytes, read into the staging buffer). The header confirms it, or the bytes are copied
+/// out again (`rx_early_missed_bytes`).
+#[derive(Debug)]
+pub(crate) struct EarlyRead {
+    /// Bytes of staging before the payload.
+    pub(crate) lead: usize,
+    /// The receive buffer's memory, held until the header decided.
+    pub(crate) memory: Arc<MrMemory>,
+    /// Offset in `memory.region()` of the payload's first byte.
+    pub(crate) offset: usize,
+    /// Payload bytes read there at most.
+    pub(crate) len: usize,
+    /// The payload's message offset, and the message's MSN.
+    mo: u64,
+    msn: u32,
 }
 
 /// Offset of the MSN and of the MO in an untagged header.
@@ -284,6 +321,9 @@ impl RxState {
             big: false,
             small_starts: 0,
             prev_last: true,
+            early_start: None,
+            early: None,
+            early_run: 0,
         }
     }
 
@@ -1026,6 +1066,7 @@ impl Qp {
             .hdr
             .get(2)
             .is_some_and(|c| c & softwarp_wire::ddp::FLAG_LAST != 0);
+        let starts_message = self.rx.prev_last;
         self.rx.note_fpdu(self.rx.payload_len, last);
         if self.rx.deferred.is_some() {
             // Nothing more is read from a header whose FPDU already failed.
@@ -1049,8 +1090,160 @@ impl Qp {
         if self.rx.phase == Phase::HeaderReady {
             return;
         }
+        self.note_early_layout(starts_message);
         if self.rx.payload_len == 0 {
             self.enter_trailer();
+        }
+    }
+
+    /// Keeps the layout of large Send messages for [`Qp::early_read`], from the header just
+    /// planned (`starts_message`: the FPDU before it ended its message).
+    #[inline]
+    fn note_early_layout(&mut self, starts_message: bool) {
+        let rx = &mut self.rx;
+        let is_send = matches!(rx.plan, Plan::Send { .. });
+        if starts_message {
+            if !is_send {
+                // Another kind of message: no early read until Sends come twice again.
+                rx.early_start = None;
+                rx.early_run = 0;
+                return;
+            }
+            rx.early_start = Some(rx.mk.fpdu_offset);
+        }
+        if !is_send || rx.payload_len < BIG_PAYLOAD {
+            return;
+        }
+        let (Some(start), Some(m)) = (rx.early_start.take(), self.rx_msg.as_ref()) else {
+            return;
+        };
+        let payload_at = rx.mk.fpdu_offset.wrapping_add(rx.hdr_need as u64);
+        let Ok(lead) = usize::try_from(payload_at.wrapping_sub(start)) else {
+            return;
+        };
+        let layout = EarlyLayout {
+            lead,
+            mo: m.received,
+            len: rx.payload_len,
+        };
+        if rx.early == Some(layout) {
+            rx.early_run = rx.early_run.saturating_add(1);
+        } else {
+            rx.early = Some(layout);
+            rx.early_run = 1;
+        }
+    }
+
+    /// The early read to do next, if any: at a message boundary, after two large Send
+    /// messages of one layout in a row, with a receive posted whose scatter list holds the
+    /// expected payload's start (`room`: staging bytes the caller has for the lead and the
+    /// tail behind the payload; the payload read is cut so that all of it fits the staging
+    /// buffer if it has to be copied out again). Validates the receive's memory as
+    /// [`Qp::start_recv`] will and holds it for the read.
+    ///
+    /// Why: a large message's first header otherwise costs a read of its own, since its
+    /// payload's destination is known only from it (one more system call per message than
+    /// TCP; +1.1 to +1.5 us of a 64 KiB ping-pong in the VM's slow state, BENCHMARKS.md).
+    /// A Send's destination is the next posted receive, which the QP owns until it
+    /// completes, so its bytes may go there before the header confirms them; a Write's
+    /// destination is memory the application may be reading, so Writes are never read early.
+    pub(crate) fn early_read(&self, room: usize, mrs: &MrTable) -> Option<EarlyRead> {
+        let layout = self.rx.early?;
+        let wr = self.rq.front()?;
+        // The scatter element holding message offset `mo`.
+        let mut base = 0u64;
+        let sge = wr.sgl.as_slice().iter().find(|sge| {
+            let end = base + u64::from(sge.length);
+            let found = layout.mo < end;
+            if !found {
+                base = end;
+            }
+            found
+        })?;
+        let within = layout.mo - base;
+        let v = mrs
+            .validate(
+                sge.lkey,
+                self.cfg.pd,
+                Access::LOCAL_WRITE,
+                sge.addr,
+                u64::from(sge.length),
+            )
+            .ok()?;
+        let fits = usize::try_from(u64::from(sge.length) - within).ok()?;
+        let len = layout
+            .len
+            .min(fits)
+            .min(room.checked_sub(layout.lead + SMALL_STAGE)?);
+        if len < BIG_PAYLOAD {
+            return None;
+        }
+        Some(EarlyRead {
+            lead: layout.lead,
+            offset: v.region_offset + usize::try_from(within).ok()?,
+            memory: v.memory,
+            len,
+            mo: layout.mo,
+            msn: self.rx_msn[0],
+        })
+    }
+
+    /// True when the next read may be an early one ([`Qp::early_read`] then says where):
+    /// two large Send messages of one layout came in a row, and the next byte starts a
+    /// message (no markers, no SRQ).
+    #[inline]
+    pub(crate) fn early_armed(&self) -> bool {
+        self.rx.early_run >= 2
+            && self.rx.prev_last
+            && self.rx_msg.is_none()
+            && self.rx_expects_whole_fpdu()
+    }
+
+    /// An early read's bytes went elsewhere: no early reads until Sends of one layout come
+    /// twice in a row again.
+    pub(crate) fn early_missed(&mut self) {
+        self.rx.early_run = 0;
+        self.rx.early = None;
+    }
+
+    /// True when `lead` (the bytes an early read put before the payload) is what the early
+    /// read expected: whole Send segments of the next message, each below the payload's
+    /// message offset, then the header of a Send segment at that offset whose payload holds
+    /// at least `placed` bytes. Only then may the leading FPDUs be received before the
+    /// early bytes are confirmed (none of them places a byte where those are).
+    pub(crate) fn early_lead_ok(&self, early: &EarlyRead, lead: &[u8], placed: usize) -> bool {
+        const H: usize = codec::UNTAGGED_HEADER_LEN;
+        let rx = &self.rx;
+        let mut at = 0usize;
+        let mut mo = 0u64;
+        loop {
+            let Some(hdr) = lead.get(at + 2..at + 2 + H) else {
+                return false;
+            };
+            let ulpdu = codec::mpa_len(lead.get(at..).unwrap_or_default());
+            let Some(payload) = ulpdu.checked_sub(H) else {
+                return false;
+            };
+            let prefix = hdr.get(..codec::SEND_PREFIX_LEN).unwrap_or_default();
+            let not_last = rx.segment_templates.iter().any(|t| t == prefix);
+            let is_send = not_last || rx.send_templates.iter().any(|t| t == prefix);
+            let Ok(mo32) = u32::try_from(mo) else {
+                return false;
+            };
+            if !is_send
+                || hdr.get(UNTAGGED_MSN..UNTAGGED_MO) != Some(&early.msn.to_be_bytes()[..])
+                || hdr.get(UNTAGGED_MO..) != Some(&mo32.to_be_bytes()[..])
+            {
+                return false;
+            }
+            if at + 2 + H == lead.len() {
+                return mo == early.mo && payload >= placed;
+            }
+            if !not_last || mo + payload as u64 > early.mo {
+                return false;
+            }
+            at += codec::fpdu_len(ulpdu);
+            mo += payload as u64;
         }
     }
 

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use softwarp_engine::memory::Region;
 use softwarp_engine::mr::{Access, MrTable, PdId, Stag};
 use softwarp_engine::qp::{
-    copy_to_dest, Qp, QpConfig, ReadDest, ReadUntil, RecvEnd, RxEnv, StreamConfig, VectoredRead,
+    copy_around, copy_to_dest, Qp, QpConfig, ReadDest, ReadUntil, RecvEnd, RxEnv, StreamConfig,
+    VectoredRead,
 };
 use softwarp_engine::wr::{RecvWr, SgList, Sge};
 
@@ -257,6 +258,22 @@ impl<F: FnMut() -> usize> VectoredRead for Cut<'_, F> {
         }
         let n = (self.piece)().clamp(1, rest.len());
         let got = copy_to_dest(&rest[..n], dest, stage)?;
+        self.at += got;
+        Ok(got)
+    }
+
+    fn read_around(
+        &mut self,
+        head: &mut [u8],
+        dest: ReadDest<'_>,
+        tail: &mut [u8],
+    ) -> std::io::Result<usize> {
+        let rest = &self.data[self.at..];
+        if rest.is_empty() {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        let n = (self.piece)().clamp(1, rest.len());
+        let got = copy_around(&rest[..n], head, dest, tail)?;
         self.at += got;
         Ok(got)
     }

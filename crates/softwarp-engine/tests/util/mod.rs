@@ -9,8 +9,8 @@ use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::memory::Region;
 use softwarp_engine::mr::{Access, MrTable, PdId, Stag};
 use softwarp_engine::qp::{
-    copy_to_dest, Qp, QpConfig, ReadDest, ReadUntil, RecvEnd, RxEnv, SendEnd, StreamConfig,
-    TxPiece, VectoredRead, VectoredWrite,
+    copy_around, copy_to_dest, Qp, QpConfig, ReadDest, ReadUntil, RecvEnd, RxEnv, SendEnd,
+    StreamConfig, TxPiece, VectoredRead, VectoredWrite, STAGE_LEN,
 };
 use softwarp_engine::srq::{Srq, SrqId};
 use softwarp_engine::wr::{CqTarget, Sge, WorkCompletion};
@@ -263,8 +263,8 @@ impl Side {
     }
 
     /// As `receive`, through `Qp::recv_from` exactly as the runtime calls it, each read
-    /// cut to the next piece; with `whole`, a 64 KiB staging buffer is given (read-ahead,
-    /// whole FPDUs in one step each), without it none.
+    /// cut to the next piece; with `whole`, the runtime's staging buffer ([`STAGE_LEN`]) is
+    /// given (read-ahead, whole FPDUs in one step each, early Sends), without it none.
     pub fn receive_with(
         &mut self,
         data: &[u8],
@@ -272,7 +272,7 @@ impl Side {
         piece: impl FnMut() -> usize,
     ) -> usize {
         let mut stage = if whole {
-            vec![0u8; 64 * 1024]
+            vec![0u8; STAGE_LEN]
         } else {
             Vec::new()
         };
@@ -325,6 +325,22 @@ impl<F: FnMut() -> usize> VectoredRead for CutReader<'_, F> {
         let n = (self.piece)().clamp(1, rest.len());
         let got = copy_to_dest(&rest[..n], dest, stage)?;
         assert!(got > 0, "a read into nothing");
+        self.at += got;
+        Ok(got)
+    }
+
+    fn read_around(
+        &mut self,
+        head: &mut [u8],
+        dest: ReadDest<'_>,
+        tail: &mut [u8],
+    ) -> std::io::Result<usize> {
+        let rest = &self.data[self.at..];
+        if rest.is_empty() {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        let n = (self.piece)().clamp(1, rest.len());
+        let got = copy_around(&rest[..n], head, dest, tail)?;
         self.at += got;
         Ok(got)
     }

@@ -26,8 +26,9 @@ use crate::sys;
 /// Bytes one progress pass reads (or writes) for one QP before letting others run.
 pub(super) const PASS_BUDGET: usize = 1 << 20;
 
-/// Size of the staging buffer of threads that busy-poll.
-const STAGE_LEN: usize = 64 * 1024;
+/// Size of the staging buffer of threads that busy-poll (the engine's advice: room for an
+/// early read of a whole 64 KiB FPDU).
+const STAGE_LEN: usize = softwarp_engine::qp::STAGE_LEN;
 
 /// The buffers of a thread that moves a QP's bytes.
 struct PassBufs {
@@ -156,6 +157,20 @@ impl VectoredRead for SockIo<'_> {
         };
         if let Ok(n) = r {
             softwarp_ras::sw_event!(Qp, 8, qpn = self.qp_num, bytes = n, "received");
+        }
+        r
+    }
+
+    #[inline(always)]
+    fn read_around(
+        &mut self,
+        head: &mut [u8],
+        dest: ReadDest<'_>,
+        tail: &mut [u8],
+    ) -> std::io::Result<usize> {
+        let r = sys::read_around(self.fd, head, dest, tail);
+        if let Ok(n) = r {
+            softwarp_ras::sw_event!(Qp, 8, qpn = self.qp_num, bytes = n, "received early");
         }
         r
     }
