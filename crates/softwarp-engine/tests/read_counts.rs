@@ -1,5 +1,5 @@
-//! How many reads a large message costs the receiver, with the runtime's 64 KiB staging
-//! buffer and a source that has the whole message queued (a ping-pong's receiver, once its
+//! How many reads a large Write costs the receiver, with the runtime's staging buffer
+//! ([`STAGE_LEN`]) and a source that has the whole message queued (a ping-pong's receiver, once its
 //! peer's `sendmsg` returned). Each read is a system call of about 0.8 us on the machine
 //! this was measured on (BENCHMARKS.md, issue 18): the count is the load-independent
 //! figure of the mid-size latency. Also: a read whose target is a buffer inside the QP (a
@@ -11,7 +11,7 @@ mod util;
 
 use softwarp_engine::mr::Access;
 use softwarp_engine::qp::{
-    copy_to_dest, ReadDest, ReadUntil, RecvEnd, RxEnv, StreamConfig, VectoredRead,
+    copy_to_dest, ReadDest, ReadUntil, RecvEnd, RxEnv, StreamConfig, VectoredRead, STAGE_LEN,
 };
 use softwarp_engine::wr::{Payload, SendOp, SendWr, SgList, WcStatus};
 use util::*;
@@ -68,7 +68,7 @@ fn write_messages_from(len: usize, count: usize, page_off: Option<u64>) -> Vec<V
     let data = filled[off..off + len].to_vec();
     let siova = siova + off as u64;
     let (sink, kstag, kiova) = b.region(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    let mut stage = vec![0u8; 64 * 1024];
+    let mut stage = vec![0u8; STAGE_LEN];
     let mut per_message = Vec::new();
     for i in 0..count {
         let wr = SendWr {
@@ -134,7 +134,8 @@ fn a_large_writes_short_last_fpdu_comes_with_the_payload_before_it() {
 
 /// A 64 KiB Write: one full FPDU and one of 15 bytes; two reads (the header, then the
 /// payload with everything behind it). TCP's ping-pong reads it in one: the next FPDU's
-/// destination is known only once its header is in, and no byte is placed before that.
+/// destination is known only once its header is in, and no byte of a Write is placed
+/// before that (Sends are read early: `early_sends.rs`).
 #[test]
 fn a_64_kib_write_costs_two_reads_the_header_and_the_payload() {
     let reads = write_messages(64 * 1024, 3);

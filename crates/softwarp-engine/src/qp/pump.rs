@@ -19,7 +19,11 @@
 //! and next header behind it, so that large payloads keep landing without a copy, the
 //! first FPDU of the next large message included. That is one read per large FPDU: the
 //! next FPDU's destination is known only once its header is in, and nothing is placed
-//! before its header named it. QPs on an SRQ never stage: their receiver may hold
+//! before its header named it, with one exception: once two large Send messages of one
+//! layout came in a row, the next message's first large payload is read early, straight
+//! into the posted receive, with its leading FPDUs and header in front of it in the
+//! staging buffer ([`Qp::early_read`]; confirmed by the header or copied out again).
+//! QPs on an SRQ never stage: their receiver may hold
 //! a header back until completions are polled, with staged bytes it could not take. Once
 //! the QP no longer receives, reads go to the staging buffer and are dropped, so the end
 //! of the stream is still seen.
@@ -59,7 +63,7 @@ pub(crate) const SMALL_STAGE: usize = 512;
 /// The staging buffer a runtime should give [`Qp::recv_from`]: 64 KiB, and 8 KiB more so
 /// that an early read (a Send's payload read before its header, [`Qp::recv_from`]) takes
 /// the largest FPDU (a 65,535-byte ULPDU) whole with its leading FPDUs and the
-/// [`SMALL_STAGE`] bytes behind it; with a smaller buffer the early read takes less and
+/// 512 bytes of staging behind it; with a smaller buffer the early read takes less and
 /// the rest of the payload costs a read of its own.
 pub const STAGE_LEN: usize = 72 * 1024;
 /// FPDUs up to this long are copied into the batch rather than gathered (a copy this small
