@@ -122,7 +122,9 @@ impl<'a> TxPiece<'a> {
     }
 
     /// Copies the piece into `out` (which must be at least `len()` long); returns the bytes
-    /// copied.
+    /// copied. Inlined: the small-FPDU copy calls it per piece (out of line it cost
+    /// `examples/msgrate` about 46 instructions per 64-byte message).
+    #[inline(always)]
     pub fn copy_to(&self, out: &mut [u8]) -> usize {
         let n = self.len().min(out.len());
         let Some(dst) = out.get_mut(..n) else {
