@@ -166,8 +166,8 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 /// Whole-word runs at least this long are copied in and out of a region with aligned
-/// 16-byte vector moves when the CPU has AVX ([`Region::copy_blocks_out`],
-/// [`Region::copy_blocks_in`]); shorter ones word by word.
+/// 16-byte vector moves when the CPU has AVX ([`Region::copy_blocks`]); shorter ones word
+/// by word.
 const VEC_COPY_MIN: usize = 256;
 /// Bytes one round of the vector copy moves: four 16-byte moves.
 const VEC_BLOCK: usize = 64;
@@ -189,6 +189,12 @@ fn vec_copy_available() -> bool {
     {
         false
     }
+}
+
+/// A run of a copy out of a region (into the slice) or into it (from the slice).
+enum Run<'a> {
+    Out(&'a mut [u8]),
+    In(&'a [u8]),
 }
 
 /// Payloads at least this long go through the carry-less-multiply CRC (below it a plain
@@ -632,105 +638,89 @@ impl Region {
         (self.ptr.as_ptr() as usize).wrapping_add(offset)
     }
 
-    /// Copies the whole 64-byte rounds of `dst` (its length a multiple of [`VEC_BLOCK`])
-    /// from the words at `at`, a 16-byte-aligned word boundary of the word range, with
-    /// aligned 16-byte `vmovdqa` loads (see [`vec_copy_available`]). The region bytes are
-    /// read inside an `asm!` block, not by Rust code (as the CRC's loads are,
+    /// Copies `len` bytes (a multiple of [`VEC_BLOCK`]) between the words at `at`, a
+    /// 16-byte-aligned word boundary of the word range, and the buffer at `buf` with aligned
+    /// 16-byte `vmovdqa` accesses to the region (see [`vec_copy_available`]): out of the
+    /// region into `buf`, or into it from `buf`. The region bytes are read or written inside
+    /// an `asm!` block, not by Rust code (as the CRC's loads are,
     /// [`Region::crc_words_folding`]): no reference over them exists.
+    ///
+    /// # Safety
+    /// The CPU has AVX; `buf` is valid for `len` bytes of writes (out) or reads (in), a buffer
+    /// of the caller's that does not overlap the region.
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    #[allow(unsafe_code)]
     #[inline(always)]
-    fn copy_blocks_out(&self, at: usize, dst: &mut [u8]) {
-        let blocks = dst.len() / VEC_BLOCK;
-        if blocks == 0 || !vec_copy_available() {
-            return self.copy_words_out(at, dst);
+    unsafe fn copy_blocks(&self, at: usize, buf: *mut u8, len: usize, out: bool) {
+        let blocks = len / VEC_BLOCK;
+        if blocks == 0 {
+            return;
         }
         debug_assert!(
-            at >= self.words.0
-                && at + blocks * VEC_BLOCK <= self.words.1
-                && self.addr_at(at).is_multiple_of(16)
+            at >= self.words.0 && at + len <= self.words.1 && self.addr_at(at).is_multiple_of(16)
         );
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        // SAFETY: the CPU has AVX (checked above). `at..at + blocks * 64` lies in the word
-        // range (the caller's bounds check: whole words from a word boundary), memory the
-        // region keeps valid for its lifetime, and starts 16-byte aligned, as `vmovdqa`
-        // needs; `dst` is a distinct `&mut [u8]` of at least `blocks * 64` bytes (stores
-        // unaligned). The block reads only those region bytes, writes only `dst`, and
-        // leaves the stack alone.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::arch::asm!(
-                "2:",
-                "vmovdqa {a}, xmmword ptr [{src}]",
-                "vmovdqa {b}, xmmword ptr [{src} + 16]",
-                "vmovdqa {c}, xmmword ptr [{src} + 32]",
-                "vmovdqa {d}, xmmword ptr [{src} + 48]",
-                "vmovdqu xmmword ptr [{dst}], {a}",
-                "vmovdqu xmmword ptr [{dst} + 16], {b}",
-                "vmovdqu xmmword ptr [{dst} + 32], {c}",
-                "vmovdqu xmmword ptr [{dst} + 48], {d}",
-                "add {src}, 64",
-                "add {dst}, 64",
-                "dec {n}",
-                "jnz 2b",
-                src = inout(reg) self.ptr.as_ptr().wrapping_add(at) => _,
-                dst = inout(reg) dst.as_mut_ptr() => _,
-                n = inout(reg) blocks => _,
-                a = out(xmm_reg) _,
-                b = out(xmm_reg) _,
-                c = out(xmm_reg) _,
-                d = out(xmm_reg) _,
-                options(nostack),
-            );
+        let region = self.ptr.as_ptr().wrapping_add(at);
+        if out {
+            // SAFETY: `at..at + len` lies in the word range (the caller's bounds check:
+            // whole words from a word boundary), memory the region keeps valid for its
+            // lifetime, and starts 16-byte aligned, as `vmovdqa` needs; `buf` is valid for
+            // `len` bytes of writes (unaligned stores; the caller). The block reads only those
+            // region bytes, writes only `buf`, and leaves the stack alone.
+            unsafe {
+                std::arch::asm!(
+                    "2:",
+                    "vmovdqa {a}, xmmword ptr [{src}]",
+                    "vmovdqa {b}, xmmword ptr [{src} + 16]",
+                    "vmovdqa {c}, xmmword ptr [{src} + 32]",
+                    "vmovdqa {d}, xmmword ptr [{src} + 48]",
+                    "vmovdqu xmmword ptr [{dst}], {a}",
+                    "vmovdqu xmmword ptr [{dst} + 16], {b}",
+                    "vmovdqu xmmword ptr [{dst} + 32], {c}",
+                    "vmovdqu xmmword ptr [{dst} + 48], {d}",
+                    "add {src}, 64",
+                    "add {dst}, 64",
+                    "dec {n}",
+                    "jnz 2b",
+                    src = inout(reg) region => _,
+                    dst = inout(reg) buf => _,
+                    n = inout(reg) blocks => _,
+                    a = out(xmm_reg) _,
+                    b = out(xmm_reg) _,
+                    c = out(xmm_reg) _,
+                    d = out(xmm_reg) _,
+                    options(nostack),
+                );
+            }
+        } else {
+            // SAFETY: as above the other way: the block reads `len` bytes at `buf` (unaligned
+            // loads; valid for reads, the caller) and writes only the region bytes
+            // `at..at + len`, whole aligned 16-byte units of the word range.
+            unsafe {
+                std::arch::asm!(
+                    "2:",
+                    "vmovdqu {a}, xmmword ptr [{src}]",
+                    "vmovdqu {b}, xmmword ptr [{src} + 16]",
+                    "vmovdqu {c}, xmmword ptr [{src} + 32]",
+                    "vmovdqu {d}, xmmword ptr [{src} + 48]",
+                    "vmovdqa xmmword ptr [{dst}], {a}",
+                    "vmovdqa xmmword ptr [{dst} + 16], {b}",
+                    "vmovdqa xmmword ptr [{dst} + 32], {c}",
+                    "vmovdqa xmmword ptr [{dst} + 48], {d}",
+                    "add {src}, 64",
+                    "add {dst}, 64",
+                    "dec {n}",
+                    "jnz 2b",
+                    src = inout(reg) buf.cast_const() => _,
+                    dst = inout(reg) region => _,
+                    n = inout(reg) blocks => _,
+                    a = out(xmm_reg) _,
+                    b = out(xmm_reg) _,
+                    c = out(xmm_reg) _,
+                    d = out(xmm_reg) _,
+                    options(nostack),
+                );
+            }
         }
-        #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-        self.copy_words_out(at, dst);
-    }
-
-    /// Copies `src` (its length a multiple of [`VEC_BLOCK`]) into the words at `at`, a
-    /// 16-byte-aligned word boundary of the word range, with aligned 16-byte `vmovdqa`
-    /// stores (see [`vec_copy_available`] and [`Region::copy_blocks_out`]).
-    #[inline(always)]
-    fn copy_blocks_in(&self, at: usize, src: &[u8]) {
-        let blocks = src.len() / VEC_BLOCK;
-        if blocks == 0 || !vec_copy_available() {
-            return self.copy_words_in(at, src);
-        }
-        debug_assert!(
-            at >= self.words.0
-                && at + blocks * VEC_BLOCK <= self.words.1
-                && self.addr_at(at).is_multiple_of(16)
-        );
-        #[cfg(all(target_arch = "x86_64", not(miri)))]
-        // SAFETY: as in `copy_blocks_out`, the other way: the block reads `blocks * 64`
-        // bytes of the slice `src` (unaligned loads) and writes only the region bytes
-        // `at..at + blocks * 64`, whole aligned 16-byte units of the word range.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::arch::asm!(
-                "2:",
-                "vmovdqu {a}, xmmword ptr [{src}]",
-                "vmovdqu {b}, xmmword ptr [{src} + 16]",
-                "vmovdqu {c}, xmmword ptr [{src} + 32]",
-                "vmovdqu {d}, xmmword ptr [{src} + 48]",
-                "vmovdqa xmmword ptr [{dst}], {a}",
-                "vmovdqa xmmword ptr [{dst} + 16], {b}",
-                "vmovdqa xmmword ptr [{dst} + 32], {c}",
-                "vmovdqa xmmword ptr [{dst} + 48], {d}",
-                "add {src}, 64",
-                "add {dst}, 64",
-                "dec {n}",
-                "jnz 2b",
-                src = inout(reg) src.as_ptr() => _,
-                dst = inout(reg) self.ptr.as_ptr().wrapping_add(at) => _,
-                n = inout(reg) blocks => _,
-                a = out(xmm_reg) _,
-                b = out(xmm_reg) _,
-                c = out(xmm_reg) _,
-                d = out(xmm_reg) _,
-                options(nostack),
-            );
-        }
-        #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-        self.copy_words_in(at, src);
     }
 
     /// [`Region::read_at`]'s common case (`offset` starts a word, the range ends inside the
@@ -751,7 +741,7 @@ impl Region {
         }
         let cut = dst.len() / VEC_BLOCK * VEC_BLOCK;
         let (run, more) = dst.split_at_mut(cut);
-        self.copy_blocks_out(at, run);
+        self.copy_run(at, Run::Out(run));
         at += cut;
         let (words, rest) = more.as_chunks_mut::<WORD>();
         let whole = words.len() * WORD;
@@ -778,11 +768,37 @@ impl Region {
             src = more;
         }
         let (run, more) = src.split_at(src.len() / VEC_BLOCK * VEC_BLOCK);
-        self.copy_blocks_in(at, run);
+        self.copy_run(at, Run::In(run));
         self.copy_words_in(at + run.len(), more);
     }
 
-    /// Word-by-word copy of whole words out (the fallback of [`Region::copy_blocks_out`]).
+    /// Copies a run of whole words at `at` (16-byte aligned, a multiple of [`VEC_BLOCK`]
+    /// long) out of or into the region: by [`Region::copy_blocks`] when the CPU has AVX,
+    /// else word by word.
+    #[inline(always)]
+    fn copy_run(&self, at: usize, run: Run<'_>) {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        if vec_copy_available() {
+            let (buf, len, out) = match run {
+                Run::Out(d) => (d.as_mut_ptr(), d.len(), true),
+                Run::In(s) => (s.as_ptr().cast_mut(), s.len(), false),
+            };
+            // SAFETY: the CPU has AVX (just asked); `buf` is the caller's slice of `len`
+            // bytes, valid for writes when copying out (a `&mut`) and only read when
+            // copying in; it is the caller's own memory, never region memory.
+            #[allow(unsafe_code)]
+            unsafe {
+                self.copy_blocks(at, buf, len, out);
+            }
+            return;
+        }
+        match run {
+            Run::Out(d) => self.copy_words_out(at, d),
+            Run::In(s) => self.copy_words_in(at, s),
+        }
+    }
+
+    /// Word-by-word copy of whole words out (the fallback of [`Region::copy_run`]).
     #[inline(always)]
     fn copy_words_out(&self, mut at: usize, dst: &mut [u8]) {
         for w in dst.as_chunks_mut::<WORD>().0 {
@@ -791,7 +807,7 @@ impl Region {
         }
     }
 
-    /// Word-by-word copy of whole words in (the fallback of [`Region::copy_blocks_in`]).
+    /// Word-by-word copy of whole words in (the fallback of [`Region::copy_run`]).
     #[inline(always)]
     fn copy_words_in(&self, mut at: usize, src: &[u8]) {
         for w in src.as_chunks::<WORD>().0 {

@@ -13,61 +13,13 @@ use std::sync::Arc;
 
 use softwarp_engine::memory::Region;
 use softwarp_engine::mr::{Access, Stag};
-use softwarp_engine::qp::{
-    copy_around, copy_to_dest, ReadDest, ReadUntil, RecvEnd, RxEnv, StreamConfig, VectoredRead,
-    STAGE_LEN,
-};
+use softwarp_engine::qp::StreamConfig;
 use softwarp_engine::wr::{Payload, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus};
 use util::*;
 
 /// Guard bytes around every destination range.
 const GUARD: usize = 4096;
 const GUARD_BYTE: u8 = 0xEE;
-
-/// One read as the engine asked for it.
-#[derive(Debug, Clone, Copy)]
-struct Read {
-    /// A three-buffer read (an early one): bytes of its head.
-    head: Option<usize>,
-}
-
-/// A source with everything queued: each read takes all it asks for, as far as there is
-/// (a ping-pong's receiver once the peer's `sendmsg` returned).
-struct Queued<'a> {
-    data: &'a [u8],
-    at: usize,
-    reads: Vec<Read>,
-}
-
-impl VectoredRead for Queued<'_> {
-    fn read_to(&mut self, dest: ReadDest<'_>, stage: &mut [u8]) -> std::io::Result<usize> {
-        let rest = &self.data[self.at..];
-        if rest.is_empty() {
-            return Err(std::io::ErrorKind::WouldBlock.into());
-        }
-        let got = copy_to_dest(rest, dest, stage)?;
-        self.reads.push(Read { head: None });
-        self.at += got;
-        Ok(got)
-    }
-
-    fn read_around(
-        &mut self,
-        head: &mut [u8],
-        dest: ReadDest<'_>,
-        tail: &mut [u8],
-    ) -> std::io::Result<usize> {
-        let rest = &self.data[self.at..];
-        if rest.is_empty() {
-            return Err(std::io::ErrorKind::WouldBlock.into());
-        }
-        let len = head.len();
-        let got = copy_around(rest, head, dest, tail)?;
-        self.reads.push(Read { head: Some(len) });
-        self.at += got;
-        Ok(got)
-    }
-}
 
 /// What one message is.
 #[derive(Debug, Clone, Copy)]
@@ -229,31 +181,6 @@ impl Rig {
     }
 }
 
-/// Receives all of `wire` with everything queued; returns the reads.
-fn receive_queued(b: &mut Side, wire: &[u8]) -> Vec<Read> {
-    let mut stage = vec![0u8; STAGE_LEN];
-    let mut src = Queued {
-        data: wire,
-        at: 0,
-        reads: Vec::new(),
-    };
-    let mut budget = usize::MAX;
-    let mut res = RxEnv {
-        mrs: &mut b.mrs,
-        srq: None,
-    };
-    let end = b.qp.recv_from(
-        &mut src,
-        &mut stage,
-        &mut budget,
-        ReadUntil::ShortRead,
-        &mut res,
-    );
-    assert!(matches!(end, RecvEnd::Drained), "{end:?}");
-    assert_eq!(src.at, wire.len(), "not all read");
-    src.reads
-}
-
 /// A ping-pong of 64 KiB Sends from a page-aligned buffer (two 1-byte leading FPDUs, a
 /// full one, a short last one): the first two messages cost two reads each (the leading
 /// FPDUs and the full one's header into the staging buffer, then the payload straight into
@@ -270,7 +197,7 @@ fn after_two_large_sends_of_one_layout_each_is_one_read() {
                 len: 64 * 1024,
                 src_off: 0,
             },
-            |b, wire| reads = receive_queued(b, wire),
+            |b, wire| reads = b.receive_queued(wire),
         );
         let early = rig.b.qp.stats().rx_early_bytes - before;
         if i < 2 {
@@ -326,13 +253,13 @@ fn what_is_not_the_expected_send_still_lands_where_its_header_names() {
     for other in others {
         for _ in 0..3 {
             rig.exchange(big, |b, wire| {
-                receive_queued(b, wire);
+                b.receive_queued(wire);
             });
         }
         let missed = rig.b.qp.stats().rx_early_missed_bytes;
         let early = rig.b.qp.stats().rx_early_bytes;
         rig.exchange(other, |b, wire| {
-            receive_queued(b, wire);
+            b.receive_queued(wire);
         });
         let stats = rig.b.qp.stats();
         match other {
@@ -354,7 +281,7 @@ fn what_is_not_the_expected_send_still_lands_where_its_header_names() {
                 // The next big Send is not read early (one Send of the layout since).
                 let before = rig.b.qp.stats().rx_early_bytes;
                 rig.exchange(big, |b, wire| {
-                    receive_queued(b, wire);
+                    b.receive_queued(wire);
                 });
                 assert_eq!(rig.b.qp.stats().rx_early_bytes, before, "after {other:?}");
             }

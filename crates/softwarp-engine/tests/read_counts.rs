@@ -10,57 +10,20 @@
 mod util;
 
 use softwarp_engine::mr::Access;
-use softwarp_engine::qp::{
-    copy_to_dest, ReadDest, ReadUntil, RecvEnd, RxEnv, StreamConfig, VectoredRead, STAGE_LEN,
-};
+use softwarp_engine::qp::StreamConfig;
 use softwarp_engine::wr::{Payload, SendOp, SendWr, SgList, WcStatus};
 use util::*;
 
-/// One read as the engine asked for it.
-#[derive(Debug, Clone, Copy)]
-struct Read {
-    /// The first buffer is a range of a region (zero copy), not a buffer inside the QP.
-    region: bool,
-    /// Bytes the first buffer takes.
-    dest: usize,
-    /// Bytes of staging behind it.
-    stage: usize,
-}
-
-/// A source with everything queued: each read takes all it asks for, as far as there is.
-struct Queued<'a> {
-    data: &'a [u8],
-    at: usize,
-    reads: Vec<Read>,
-}
-
-impl VectoredRead for Queued<'_> {
-    fn read_to(&mut self, dest: ReadDest<'_>, stage: &mut [u8]) -> std::io::Result<usize> {
-        let rest = &self.data[self.at..];
-        if rest.is_empty() {
-            return Err(std::io::ErrorKind::WouldBlock.into());
-        }
-        self.reads.push(Read {
-            region: matches!(dest, ReadDest::Region { .. }),
-            dest: dest.len(),
-            stage: stage.len(),
-        });
-        let got = copy_to_dest(rest, dest, stage)?;
-        self.at += got;
-        Ok(got)
-    }
-}
-
 /// Writes `len` bytes `count` times from `a` to `b`, each message received on its own
 /// before the next is sent; returns the reads of each message and checks the bytes.
-fn write_messages(len: usize, count: usize) -> Vec<Vec<Read>> {
+fn write_messages(len: usize, count: usize) -> Vec<Vec<QueuedRead>> {
     write_messages_from(len, count, None)
 }
 
 /// [`write_messages`] from a source `page_off` bytes into a page when given (a 64 KiB or
 /// larger Write from a page-aligned source is led in with short FPDUs against 4 KiB
 /// aliasing; `tx_alias.rs`).
-fn write_messages_from(len: usize, count: usize, page_off: Option<u64>) -> Vec<Vec<Read>> {
+fn write_messages_from(len: usize, count: usize, page_off: Option<u64>) -> Vec<Vec<QueuedRead>> {
     let stream = StreamConfig::for_mss(65535);
     let (mut a, mut b) = (Side::new(1, stream), Side::new(2, stream));
     let (src, sstag, siova, filled) = a.filled_region(len + 8192, Access::NONE, 3);
@@ -68,7 +31,6 @@ fn write_messages_from(len: usize, count: usize, page_off: Option<u64>) -> Vec<V
     let data = filled[off..off + len].to_vec();
     let siova = siova + off as u64;
     let (sink, kstag, kiova) = b.region(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    let mut stage = vec![0u8; STAGE_LEN];
     let mut per_message = Vec::new();
     for i in 0..count {
         let wr = SendWr {
@@ -84,26 +46,7 @@ fn write_messages_from(len: usize, count: usize, page_off: Option<u64>) -> Vec<V
         a.qp.post_send(&wr, &a.mrs).unwrap();
         let mut wire = Vec::new();
         a.transmit_with(&mut wire, true, || usize::MAX);
-        let mut src = Queued {
-            data: &wire,
-            at: 0,
-            reads: Vec::new(),
-        };
-        let mut budget = usize::MAX;
-        let mut res = RxEnv {
-            mrs: &mut b.mrs,
-            srq: None,
-        };
-        let end = b.qp.recv_from(
-            &mut src,
-            &mut stage,
-            &mut budget,
-            ReadUntil::ShortRead,
-            &mut res,
-        );
-        assert!(matches!(end, RecvEnd::Drained), "message {i}: {end:?}");
-        assert_eq!(src.at, wire.len(), "message {i}: not all read");
-        per_message.push(src.reads);
+        per_message.push(b.receive_queued(&wire));
         let wcs = a.send_wcs();
         assert!(
             wcs.iter().all(|wc| wc.status == WcStatus::Success),

@@ -30,7 +30,7 @@ use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr};
 use crate::event::AsyncEvent;
 use crate::fault::{Cause, Fault};
 use crate::memory::Region;
-use crate::mr::{Access, AccessError, MrError, MrMemory, MrTable, Stag};
+use crate::mr::{Access, AccessError, MrError, MrMemory, MrTable, PdId, Stag, Validated};
 use crate::qp::codec::{self, RxHeader};
 use crate::qp::pump::{RxResources, BIG_PAYLOAD, SMALL_STAGE};
 use crate::qp::terminate::OffendingHeader;
@@ -38,7 +38,7 @@ use crate::qp::{
     no_validated, IrqEntry, Qp, QpError, RtrKind, RxMsg, SqData, SqStatus, StreamConfig,
 };
 use crate::srq::Srq;
-use crate::wr::{WcOpcode, WcStatus};
+use crate::wr::{Sge, WcOpcode, WcStatus};
 
 /// Smallest `max_rx_ulpdu` accepted.
 pub(crate) const MIN_RX_ULPDU: usize = 128;
@@ -457,6 +457,24 @@ fn cut(b: &mut [u8], room: usize) -> RxTarget<'_> {
         Some(b) => RxTarget::Buffer(b),
         None => RxTarget::Closed,
     }
+}
+
+/// Validates a receive WR's scatter element for a Send's payload: local write access to
+/// registered memory of protection domain `pd`. The memory and the offset of the element's
+/// first byte in its region.
+#[inline]
+fn recv_sge<'m>(
+    mrs: &'m MrTable,
+    pd: PdId,
+    sge: &Sge,
+) -> Result<(&'m Arc<MrMemory>, usize), AccessError> {
+    mrs.validate_borrowed(
+        sge.lkey,
+        pd,
+        Access::LOCAL_WRITE,
+        sge.addr,
+        u64::from(sge.length),
+    )
 }
 
 /// The piece of a receive WR's SGL at message offset `msg_off` (at most `max` bytes).
@@ -899,15 +917,7 @@ impl Qp {
             if sge.length == 0 {
                 continue;
             }
-            let (memory, offset) = mrs
-                .validate_borrowed(
-                    sge.lkey,
-                    self.cfg.pd,
-                    Access::LOCAL_WRITE,
-                    sge.addr,
-                    u64::from(sge.length),
-                )
-                .ok()?;
+            let (memory, offset) = recv_sge(mrs, self.cfg.pd, sge).ok()?;
             let n = (sge.length as usize).min(payload.len() - at);
             memory
                 .region()
@@ -1161,15 +1171,7 @@ impl Qp {
             found
         })?;
         let within = layout.mo - base;
-        let v = mrs
-            .validate(
-                sge.lkey,
-                self.cfg.pd,
-                Access::LOCAL_WRITE,
-                sge.addr,
-                u64::from(sge.length),
-            )
-            .ok()?;
+        let (memory, region_offset) = recv_sge(mrs, self.cfg.pd, sge).ok()?;
         let fits = usize::try_from(u64::from(sge.length) - within).ok()?;
         let len = layout
             .len
@@ -1180,8 +1182,8 @@ impl Qp {
         }
         Some(EarlyRead {
             lead: layout.lead,
-            offset: v.region_offset + usize::try_from(within).ok()?,
-            memory: v.memory,
+            offset: region_offset + usize::try_from(within).ok()?,
+            memory: Arc::clone(memory),
             len,
             mo: layout.mo,
             msn: self.rx_msn[0],
@@ -1579,14 +1581,13 @@ impl Qp {
             if sge.length == 0 {
                 continue;
             }
-            match mrs.validate(
-                sge.lkey,
-                pd,
-                Access::LOCAL_WRITE,
-                sge.addr,
-                u64::from(sge.length),
-            ) {
-                Ok(v) => *slot = Some(v),
+            match recv_sge(mrs, pd, sge) {
+                Ok((memory, region_offset)) => {
+                    *slot = Some(Validated {
+                        memory: Arc::clone(memory),
+                        region_offset,
+                    })
+                }
                 Err(_) => ok = false,
             }
         }

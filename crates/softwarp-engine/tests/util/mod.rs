@@ -257,6 +257,29 @@ impl Side {
         out.len() - start
     }
 
+    /// Receives all of `wire`, queued at once (a [`Queued`] source), through
+    /// `Qp::recv_from` with the runtime's staging buffer, as a busy poll does; returns the
+    /// reads it took.
+    pub fn receive_queued(&mut self, wire: &[u8]) -> Vec<QueuedRead> {
+        let mut stage = vec![0u8; STAGE_LEN];
+        let mut src = Queued::new(wire);
+        let mut budget = usize::MAX;
+        let mut res = RxEnv {
+            mrs: &mut self.mrs,
+            srq: self.srq.as_mut(),
+        };
+        let end = self.qp.recv_from(
+            &mut src,
+            &mut stage,
+            &mut budget,
+            ReadUntil::ShortRead,
+            &mut res,
+        );
+        assert!(matches!(end, RecvEnd::Drained), "{end:?}");
+        assert_eq!(src.at, wire.len(), "not all read");
+        src.reads
+    }
+
     /// Receives `data` in pieces chosen by `piece`. Returns bytes consumed.
     pub fn receive(&mut self, data: &[u8], piece: impl FnMut() -> usize) -> usize {
         self.receive_with(data, false, piece)
@@ -341,6 +364,68 @@ impl<F: FnMut() -> usize> VectoredRead for CutReader<'_, F> {
         }
         let n = (self.piece)().clamp(1, rest.len());
         let got = copy_around(&rest[..n], head, dest, tail)?;
+        self.at += got;
+        Ok(got)
+    }
+}
+
+/// One read as the engine asked for it (see [`Queued`]).
+#[derive(Debug, Clone, Copy)]
+pub struct QueuedRead {
+    /// A three-buffer read (an early one): bytes of its head.
+    pub head: Option<usize>,
+    /// The (middle) destination is a range of a region (zero copy), not a buffer in the QP.
+    pub region: bool,
+    /// Bytes that destination takes.
+    pub dest: usize,
+    /// Bytes of staging behind it.
+    pub stage: usize,
+}
+
+/// A source with everything queued: each read takes all it asks for, as far as there is (a
+/// ping-pong's receiver once the peer's `sendmsg` returned); records each read.
+pub struct Queued<'a> {
+    pub data: &'a [u8],
+    pub at: usize,
+    pub reads: Vec<QueuedRead>,
+}
+
+impl<'a> Queued<'a> {
+    pub fn new(data: &'a [u8]) -> Self {
+        Queued {
+            data,
+            at: 0,
+            reads: Vec::new(),
+        }
+    }
+}
+
+impl VectoredRead for Queued<'_> {
+    fn read_to(&mut self, dest: ReadDest<'_>, stage: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.read_around(&mut [], dest, stage)?;
+        if let Some(r) = self.reads.last_mut() {
+            r.head = None;
+        }
+        Ok(n)
+    }
+
+    fn read_around(
+        &mut self,
+        head: &mut [u8],
+        dest: ReadDest<'_>,
+        tail: &mut [u8],
+    ) -> std::io::Result<usize> {
+        let rest = &self.data[self.at..];
+        if rest.is_empty() {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        self.reads.push(QueuedRead {
+            head: Some(head.len()),
+            region: matches!(dest, ReadDest::Region { .. }),
+            dest: dest.len(),
+            stage: tail.len(),
+        });
+        let got = copy_around(rest, head, dest, tail)?;
         self.at += got;
         Ok(got)
     }
