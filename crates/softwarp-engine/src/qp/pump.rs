@@ -163,6 +163,12 @@ pub trait RxResources {
     fn get(&mut self) -> (&mut MrTable, Option<&mut Srq>);
     /// Lets go of what [`RxResources::get`] took (called before every read).
     fn release(&mut self) {}
+    /// Runs `f` with the STag table, only to read it (an early read's validation, asked at
+    /// every poll while early reads are armed): a runtime may take a shared lock for it
+    /// rather than [`RxResources::get`]'s exclusive one. Let go of before the read.
+    fn with_mrs<R>(&mut self, f: impl FnOnce(&MrTable) -> R) -> R {
+        f(self.get().0)
+    }
 }
 
 impl RxResources for MrTable {
@@ -278,7 +284,7 @@ impl Qp {
                 return RecvEnd::Budget;
             }
             if staging && self.early_armed() {
-                let early = self.early_read(stage.len(), res.get().0);
+                let early = res.with_mrs(|mrs| self.early_read(stage.len(), mrs));
                 if let Some(early) = early {
                     res.release();
                     let asked = early.lead + early.len + SMALL_STAGE;

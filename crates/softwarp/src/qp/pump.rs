@@ -128,6 +128,16 @@ impl RxResources for RxLocks<'_> {
         self.mrs_guard = None;
         self.srq_guard = None;
     }
+
+    /// The table under the exclusive lock when this step holds it, else under a shared one
+    /// for the call only (busy polls of several threads then do not queue on each other).
+    #[inline(always)]
+    fn with_mrs<R>(&mut self, f: impl FnOnce(&MrTable) -> R) -> R {
+        match self.mrs_guard.as_deref() {
+            Some(mrs) => f(mrs),
+            None => f(&self.device.mrs_read()),
+        }
+    }
 }
 
 /// The socket as the engine's reader and writer: `readv` into the engine's target and the
