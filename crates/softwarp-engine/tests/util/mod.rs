@@ -400,13 +400,35 @@ impl<'a> Queued<'a> {
     }
 }
 
+impl Queued<'_> {
+    /// Takes all it can into `head`, `dest` and `tail`, recording the read (`early`: a
+    /// three-buffer one).
+    fn take(
+        &mut self,
+        head: &mut [u8],
+        dest: ReadDest<'_>,
+        tail: &mut [u8],
+        early: bool,
+    ) -> std::io::Result<usize> {
+        let rest = &self.data[self.at..];
+        if rest.is_empty() {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        self.reads.push(QueuedRead {
+            head: early.then_some(head.len()),
+            region: matches!(dest, ReadDest::Region { .. }),
+            dest: dest.len(),
+            stage: tail.len(),
+        });
+        let got = copy_around(rest, head, dest, tail)?;
+        self.at += got;
+        Ok(got)
+    }
+}
+
 impl VectoredRead for Queued<'_> {
     fn read_to(&mut self, dest: ReadDest<'_>, stage: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.read_around(&mut [], dest, stage)?;
-        if let Some(r) = self.reads.last_mut() {
-            r.head = None;
-        }
-        Ok(n)
+        self.take(&mut [], dest, stage, false)
     }
 
     fn read_around(
@@ -415,19 +437,7 @@ impl VectoredRead for Queued<'_> {
         dest: ReadDest<'_>,
         tail: &mut [u8],
     ) -> std::io::Result<usize> {
-        let rest = &self.data[self.at..];
-        if rest.is_empty() {
-            return Err(std::io::ErrorKind::WouldBlock.into());
-        }
-        self.reads.push(QueuedRead {
-            head: Some(head.len()),
-            region: matches!(dest, ReadDest::Region { .. }),
-            dest: dest.len(),
-            stage: tail.len(),
-        });
-        let got = copy_around(rest, head, dest, tail)?;
-        self.at += got;
-        Ok(got)
+        self.take(head, dest, tail, true)
     }
 }
 
