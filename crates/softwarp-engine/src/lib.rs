@@ -48,7 +48,8 @@
 //!
 //! The data path has these two entry points, one per direction ([`qp::Qp::recv_from`],
 //! [`qp::Qp::send_to`]); the caller supplies a vectored reader ([`qp::VectoredRead`],
-//! `readv`-like: the engine's target, then a staging buffer) and writer
+//! `readv`-like: the engine's target, then a staging buffer; or three buffers for an early
+//! read of a Send's payload, staging around the posted receive) and writer
 //! ([`qp::VectoredWrite`], `sendmsg`-like gather), and the engine decides everything else:
 //! where each byte goes, read-ahead and the whole-FPDU and small-Send fast paths,
 //! coalescing of small FPDUs into the caller's batch buffer, and the responder's "nothing
@@ -77,7 +78,10 @@
 //! invalidated, PD matches the QP, access rights, TO + length inside the region; MSN and MO
 //! for untagged messages; a receive WR is available and large enough; Read Requests within
 //! IRD and their source valid. A header that fails places nothing (its payload goes to a
-//! scratch buffer) so no byte outside a permitted range is ever written. The CRC is computed
+//! scratch buffer) so no byte outside a permitted range is ever written. The one exception
+//! to "header first" is the early read of a large Send ([`qp::Qp::recv_from`]): its payload
+//! is read into the next posted receive, which the QP owns until it completes, and copied
+//! out of it again when the header names something else. The CRC is computed
 //! over the bytes as they are placed and checked before anything is delivered (completions,
 //! Send with Invalidate, queueing a Read Request, acting on a Terminate); a header error is
 //! reported after the CRC check, so a corrupted FPDU is a CRC error.
