@@ -109,7 +109,7 @@ fn writes_change_no_byte_outside_their_range_with_many_fpdus_per_read() {
     for crc in [true, false] {
         for (i, mss) in [1448usize, 9000, 65535].into_iter().enumerate() {
             let seed = 10 * i as u64 + u64::from(crc);
-            // Several FPDUs per read, through the 64 KiB staging buffer.
+            // Several FPDUs per read, through the runtime-sized staging buffer (`STAGE_LEN`).
             run(mss, crc, Split::Staged { seed, max: 4 * mss });
             // Everything at once that a read takes.
             run(mss, crc, Split::Staged { seed, max: 1 << 22 });

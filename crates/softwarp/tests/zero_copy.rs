@@ -58,8 +58,8 @@ fn staged_bytes(busy: bool, fpdu: usize) -> u64 {
     b.qp.stats().rx_staged_payload_bytes - before
 }
 
-/// FPDUs of 32 KiB fill the 64 KiB read-ahead buffer exactly in pairs: before the fix the
-/// runtime kept reading ahead and copied every payload out of it.
+/// FPDUs of 32 KiB filled the read-ahead buffer (64 KiB then) exactly in pairs: before the
+/// fix the runtime kept reading ahead and copied every payload out of it.
 #[test]
 fn large_payloads_of_fpdus_that_fill_the_read_ahead_buffer_exactly_are_not_copied() {
     assert_large_payloads_not_copied(32 * 1024);
