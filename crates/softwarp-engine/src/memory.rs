@@ -1533,18 +1533,7 @@ mod tests {
                 assert!(word_range.is_empty() || word_range.start < 8);
                 for offset in 0..r.len() {
                     for n in 0..=r.len() - offset {
-                        let before = pattern(r.len(), 3);
-                        r.write_at(0, &before).unwrap();
-                        let src = pattern(n, 9);
-                        r.write_at(offset, &src).unwrap();
-                        let mut all = vec![0u8; r.len()];
-                        r.read_at(0, &mut all).unwrap();
-                        let mut want = before.clone();
-                        want[offset..offset + n].copy_from_slice(&src);
-                        assert_eq!(all, want, "misalign {misalign} len {len} at {offset}+{n}");
-                        let mut part = vec![0u8; n];
-                        r.read_at(offset, &mut part).unwrap();
-                        assert_eq!(part, src);
+                        assert_copy_round_trips(&r, offset, n, &format!("misalign {misalign}"));
                     }
                 }
                 drop(r);
@@ -1580,22 +1569,38 @@ mod tests {
             };
             for &offset in offsets {
                 for &n in lens {
-                    let before = pattern(r.len(), 5);
-                    r.write_at(0, &before).unwrap();
-                    let src = pattern(n, 11);
-                    r.write_at(offset, &src).unwrap();
-                    let mut all = vec![0u8; r.len()];
-                    r.read_at(0, &mut all).unwrap();
-                    let mut want = before.clone();
-                    want[offset..offset + n].copy_from_slice(&src);
-                    assert!(all == want, "{misalign:?} at {offset}+{n}: other bytes");
-                    let mut part = vec![0u8; n];
-                    r.read_at(offset, &mut part).unwrap();
-                    assert!(part == src, "{misalign:?} at {offset}+{n}: read back");
+                    assert_copy_round_trips(&r, offset, n, &format!("{misalign:?}"));
                 }
             }
             drop(r);
+            if let Some(m) = misalign {
+                // Nothing outside the raw region was touched.
+                let bytes: Vec<u8> = backing.iter().flat_map(|w| w.to_ne_bytes()).collect();
+                assert!(bytes[..m].iter().all(|&b| b == 0), "{misalign:?}: before");
+                assert!(
+                    bytes[m + 5000..].iter().all(|&b| b == 0),
+                    "{misalign:?}: after"
+                );
+            }
         }
+    }
+
+    /// Writes `n` pattern bytes at `offset` of `r` over other pattern bytes, then checks that
+    /// the whole region reads back as the old bytes with the new ones at that place, and that
+    /// reading the place alone gives the new bytes.
+    fn assert_copy_round_trips(r: &Region, offset: usize, n: usize, what: &str) {
+        let before = pattern(r.len(), 3);
+        r.write_at(0, &before).unwrap();
+        let src = pattern(n, 9);
+        r.write_at(offset, &src).unwrap();
+        let mut all = vec![0u8; r.len()];
+        r.read_at(0, &mut all).unwrap();
+        let mut want = before;
+        want[offset..offset + n].copy_from_slice(&src);
+        assert!(all == want, "{what} at {offset}+{n}: other bytes");
+        let mut part = vec![0u8; n];
+        r.read_at(offset, &mut part).unwrap();
+        assert!(part == src, "{what} at {offset}+{n}: read back");
     }
 
     /// The documented model: a reader racing a writer on the same bytes is defined behaviour
