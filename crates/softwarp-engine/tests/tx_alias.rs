@@ -164,10 +164,61 @@ fn without_the_lead_in_a_page_aligned_source_lands_inside_the_window() {
     let head = |(first, fpdus, _)| (first, fpdus);
     assert_eq!(head(send_one(Kind::Send, 128 << 10, 0, false)), (20, 3));
     assert_eq!(head(send_one(Kind::Write, 128 << 10, 0, false)), (16, 3));
-    // With it, 1-byte FPDUs lead (3 pad bytes each): two for the Send, 20 + 2 x 27
-    // bytes, and three for the Write, 16 + 3 x 23.
-    assert_eq!(head(send_one(Kind::Send, 128 << 10, 0, true)), (74, 5));
-    assert_eq!(head(send_one(Kind::Write, 128 << 10, 0, true)), (85, 6));
+    // With it, short FPDUs lead: two for the Send and three for the Write, 1-byte ones
+    // (3 pad bytes each) but for the last, which carries what would have been the
+    // message's short last FPDU (56 bytes after two full FPDUs of 65,508 for the Send, 48
+    // after two of 65,512 for the Write). The Send's distance is 20 + 27 + 25 (56 bytes,
+    // 1 of pad), the Write's 16 + 2 x 23 + 22 (48 bytes, 2 of pad); one FPDU more than
+    // without, not two or three.
+    assert_eq!(head(send_one(Kind::Send, 128 << 10, 0, true)), (72, 4));
+    assert_eq!(head(send_one(Kind::Write, 128 << 10, 0, true)), (84, 5));
+    // A tail too long to fold (128 KiB + 4000 bytes: 4,056 after the full FPDUs): 1-byte
+    // leading FPDUs only, and the tail in an FPDU of its own (three without the lead-in).
+    assert_eq!(
+        head(send_one(Kind::Send, (128 << 10) + 4000, 0, true)),
+        (74, 5)
+    );
+}
+
+#[test]
+fn the_leading_fpdus_carry_a_short_tail_where_their_pads_keep_the_distance_clear() {
+    // Every tail from 0 to 600 bytes after two full FPDUs, from page offsets around the
+    // window: the message arrives intact (checked by `send_one`), its full FPDUs stay
+    // clear, and it takes at most as many FPDUs as with 1-byte leads and a tail FPDU.
+    for kind in [Kind::Send, Kind::Write] {
+        let max = match kind {
+            Kind::Send => 65_508,
+            Kind::Write => 65_512,
+        };
+        for tail in (0..600).step_by(7).chain([1, 2, 3, 4, 5, 511, 512, 513]) {
+            for page_off in [0, 4, 8, 20, 40, 60, 4090] {
+                let len = 2 * max + tail;
+                let (_, fpdus, distances) = send_one(kind, len, page_off, true);
+                assert!(
+                    distances.iter().all(|&d| d == 0 || d >= WINDOW),
+                    "{kind:?} of {len} B from page offset {page_off}: {distances:?}"
+                );
+                let (_, plain, _) = send_one(kind, len, page_off, false);
+                // At most four leading FPDUs move any distance out of the window.
+                assert!(
+                    fpdus - plain <= 4,
+                    "{kind:?} of {len} B from page offset {page_off}: {fpdus} FPDUs, {plain} without"
+                );
+                if page_off == 0 {
+                    // Two leading FPDUs for a Send, three for a Write, which carry a
+                    // tail of 1 to 512 bytes (a tail shorter than the 1-byte FPDUs'
+                    // payloads goes in them as well), so that only full FPDUs follow.
+                    let leads: u64 = match kind {
+                        Kind::Send => 2,
+                        Kind::Write => 3,
+                    };
+                    let folded = (1..=512).contains(&tail);
+                    let want = plain + leads - u64::from(folded);
+                    assert_eq!(fpdus, want, "{kind:?} of {len} B, tail {tail}");
+                }
+            }
+        }
+    }
 }
 
 #[test]

@@ -503,7 +503,7 @@ impl TxState {
         sent: u64,
         max: usize,
     ) -> Option<usize> {
-        if sent >= ALIAS_LEAD_MAX_BYTES || !self.alias_lead || self.markers {
+        if !self.alias_lead || self.markers {
             return None;
         }
         let addr = src
@@ -1562,16 +1562,20 @@ const ALIAS_LEAD_MIN_LEN: u64 = 64 << 10;
 /// 1 to 63 bytes, 9.0-9.3 us at 0 and from 64 on; BENCHMARKS.md).
 const ALIAS_WINDOW: u64 = 64;
 
-/// Payload bytes of each leading FPDU, and the most a message is led in with. One byte:
-/// with the largest pad (3 bytes, as the headers are multiples of 4 long), each boundary
-/// moves the distance as far as one can (27 bytes for a Send, 23 for a Write), so the
-/// fewest FPDUs do it (a page-aligned Send takes two, a Write three), and
-/// every one costs both ends the same work whatever its payload.
-const ALIAS_LEAD_LEN: usize = 1;
-const ALIAS_LEAD_MAX_BYTES: u64 = 8 * ALIAS_LEAD_LEN as u64;
+/// The most FPDUs a message is led in with ([`alias_lead`]): past that the message is
+/// far from the window and wraps into it only near its end, not worth a dozen FPDUs.
+const ALIAS_LEAD_MAX_FPDUS: u64 = 8;
 
-/// The payload cap of the FPDU that starts at message offset `sent` of a message of `len`
-/// bytes whose payload starts at address `addr`, whose FPDUs carry `hdr_len`-byte
+/// The most payload bytes the leading FPDUs carry together, and so the message offset
+/// past which an FPDU is never a leading one. A message's last FPDU, when it would carry
+/// this much or less (a page-aligned 64 KiB Send's 19 bytes after a full FPDU of 65,517,
+/// a Write's 15, 1 MiB's 304 or 240), is carried by the leading FPDUs instead, one FPDU
+/// fewer for both ends to build and handle (BENCHMARKS.md). Small, because the leading
+/// payloads are copied in the aliasing window themselves.
+const ALIAS_LEAD_MAX_BYTES: u64 = 512;
+
+/// The payload of the leading FPDU that starts at message offset `sent` of a message of
+/// `len` bytes whose payload starts at address `addr`, whose FPDUs carry `hdr_len`-byte
 /// DDP/RDMAP headers and at most `max_payload` payload bytes, when the message is led in
 /// with short FPDUs; `None` for a normal FPDU.
 ///
@@ -1585,31 +1589,43 @@ const ALIAS_LEAD_MAX_BYTES: u64 = 8 * ALIAS_LEAD_LEN as u64;
 /// 20 bytes further on. Only framing bytes move the distance (payload bytes advance both
 /// sides alike): each FPDU boundary moves it by the CRC, the pad and the next header, so
 /// the FPDUs of a message step through the distances from the first one up. When one of
-/// them would fall inside [`ALIAS_WINDOW`], short leading FPDUs (one payload byte and
-/// three of pad each) move the first one to the window's end, from where the rest stay clear (up to
-/// about 150 full FPDUs, 9 MiB). DDP allows any segmentation; the peer sees a few more
-/// FPDUs.
+/// them would fall inside [`ALIAS_WINDOW`], short leading FPDUs move the first one to the
+/// window's end, from where the rest stay clear (up to about 150 full FPDUs, 9 MiB).
+/// Each carries one payload byte and three of pad (the largest step a boundary can make:
+/// 27 bytes for a Send, 23 for a Write, so the fewest FPDUs do it: a page-aligned Send
+/// takes two, a Write three), except that the last of them also carries what would have
+/// been the message's short last FPDU ([`ALIAS_LEAD_MAX_BYTES`]) when the distance stays
+/// clear with its pad. DDP allows any segmentation; the peer sees a few more FPDUs.
 fn alias_lead(addr: u64, hdr_len: usize, len: u64, sent: u64, max_payload: usize) -> Option<usize> {
-    if len < ALIAS_LEAD_MIN_LEN || max_payload == 0 {
+    if len < ALIAS_LEAD_MIN_LEN || max_payload == 0 || sent >= ALIAS_LEAD_MAX_BYTES {
         return None;
     }
+    let max = max_payload as u64;
     let framing = 2 + hdr_len as u64;
     let step = |payload: u64| (4 - (framing + payload) % 4) % 4 + 4 + framing;
     // Where the first payload byte lands, minus where it comes from, modulo 4 KiB.
     let first = framing.wrapping_sub(addr) % 4096;
     // How far the full FPDUs after the first move it.
-    let full = len.div_ceil(max_payload as u64).saturating_sub(1);
-    let span = full.saturating_mul(step(max_payload as u64));
+    let full = len.div_ceil(max).saturating_sub(1);
+    let span = full.saturating_mul(step(max));
     // Clear already, or too long to keep clear from any start.
     if (first >= ALIAS_WINDOW && first + span < 4096) || span >= 4096 - ALIAS_WINDOW {
         return None;
     }
-    let lead = ALIAS_LEAD_LEN as u64;
-    let fpdus = ((ALIAS_WINDOW + 4096 - first) % 4096).div_ceil(step(lead));
-    if fpdus * lead > ALIAS_LEAD_MAX_BYTES {
-        // Far from the window now and wrapping into it only near the end of a long
-        // message: not worth a dozen FPDUs.
+    let fpdus = ((ALIAS_WINDOW + 4096 - first) % 4096).div_ceil(step(1));
+    if fpdus > ALIAS_LEAD_MAX_FPDUS {
         return None;
     }
-    (sent < fpdus * lead && sent.is_multiple_of(lead)).then_some(ALIAS_LEAD_LEN)
+    // The last leading FPDU takes the short tail too when its pad keeps the distance
+    // clear: the others carry a byte each.
+    let tail = len % max;
+    let last = tail.saturating_sub(fpdus - 1);
+    let folded = (fpdus..=ALIAS_LEAD_MAX_BYTES).contains(&tail)
+        && (first + (fpdus - 1) * step(1) + step(last)) % 4096 >= ALIAS_WINDOW;
+    let last = if folded { last } else { 1 };
+    if sent < fpdus - 1 {
+        Some(1)
+    } else {
+        (sent == fpdus - 1).then_some(last as usize)
+    }
 }
