@@ -597,11 +597,18 @@ impl Region {
             }
             let whole = (wend - at) / WORD * WORD;
             let (words, r) = rest.split_at(whole);
-            for chunk in words.chunks_exact(WORD) {
-                let mut w = [0u8; WORD];
-                w.copy_from_slice(chunk);
-                self.word(at).store(u64::from_ne_bytes(w), Relaxed);
-                at += WORD;
+            if whole >= VEC_COPY_MIN && vec_copy_available() {
+                // A long run from a word boundary (what follows a partial first word, say
+                // the payload of an MSS-sized FPDU): as `write_at`'s common case.
+                self.write_long(at, words);
+                at += whole;
+            } else {
+                for chunk in words.chunks_exact(WORD) {
+                    let mut w = [0u8; WORD];
+                    w.copy_from_slice(chunk);
+                    self.word(at).store(u64::from_ne_bytes(w), Relaxed);
+                    at += WORD;
+                }
             }
             rest = r;
             if at < wend {
@@ -853,9 +860,39 @@ impl Region {
     }
 
     /// [`Region::read_at`] of any range, bounds already checked: kept out of line, off the
-    /// common path.
+    /// common path. A range that does not start a word (a payload of MSS-sized FPDUs, 1,436
+    /// bytes each, lands at every offset) but holds [`VEC_COPY_MIN`] bytes of whole words
+    /// takes its whole words as [`Region::read_long`] does, the ends piece by piece.
     #[inline(never)]
     fn read_general(&self, offset: usize, dst: &mut [u8]) {
+        if let Some((mid, mid_end)) = self.long_words_inside(offset, dst.len()) {
+            let (head, rest) = dst.split_at_mut(mid - offset);
+            let (middle, tail) = rest.split_at_mut(mid_end - mid);
+            self.read_pieces(offset, head);
+            self.read_long(mid, middle);
+            self.read_pieces(mid_end, tail);
+            return;
+        }
+        self.read_pieces(offset, dst);
+    }
+
+    /// The whole words of `offset..offset + len` (from the first word boundary of the word
+    /// range at or after `offset` to the last one at or before the end) when they are
+    /// [`VEC_COPY_MIN`] bytes or more and the CPU copies them with vector moves
+    /// ([`vec_copy_available`]): the run [`Region::read_long`] and [`Region::write_long`]
+    /// take. `None` otherwise.
+    #[inline(always)]
+    fn long_words_inside(&self, offset: usize, len: usize) -> Option<(usize, usize)> {
+        let (w0, w1) = self.words;
+        let end = offset + len;
+        let mid = w0 + offset.max(w0).checked_sub(w0)?.div_ceil(WORD) * WORD;
+        let mid_end = w0 + end.min(w1).checked_sub(w0)? / WORD * WORD;
+        (mid_end >= mid + VEC_COPY_MIN && vec_copy_available()).then_some((mid, mid_end))
+    }
+
+    /// [`Region::read_general`] one access unit at a time ([`Region::load_each`]).
+    #[inline(always)]
+    fn read_pieces(&self, offset: usize, dst: &mut [u8]) {
         let mut out = dst;
         self.load_each(offset, out.len(), |piece| {
             let (bytes, n) = match piece {
@@ -1554,18 +1591,21 @@ mod tests {
         let lens: &[usize] = if cfg!(miri) {
             &[256, 328]
         } else {
-            &[248, 256, 264, 320, 328, 384, 1000, 4096, 4104]
+            &[
+                248, 256, 264, 320, 328, 333, 384, 1000, 1436, 1437, 4096, 4103, 4104,
+            ]
         };
+        // Offsets inside a word too: the payloads of MSS-sized FPDUs start anywhere.
         let offsets: &[usize] = if cfg!(miri) {
-            &[0, 8]
+            &[0, 8, 5]
         } else {
-            &[0, 8, 16, 24, 40, 56, 3, 13]
+            &[0, 8, 16, 24, 40, 56, 3, 4, 7, 13, 17, 1436]
         };
         for misalign in [None, Some(0), Some(4)] {
-            let mut backing = vec![0u64; 700];
+            let mut backing = vec![0u64; 800];
             let r = match misalign {
-                None => Region::new_zeroed(5000).unwrap(),
-                Some(m) => raw_at(&mut backing, m, 5000),
+                None => Region::new_zeroed(6000).unwrap(),
+                Some(m) => raw_at(&mut backing, m, 6000),
             };
             for &offset in offsets {
                 for &n in lens {
@@ -1578,7 +1618,7 @@ mod tests {
                 let bytes: Vec<u8> = backing.iter().flat_map(|w| w.to_ne_bytes()).collect();
                 assert!(bytes[..m].iter().all(|&b| b == 0), "{misalign:?}: before");
                 assert!(
-                    bytes[m + 5000..].iter().all(|&b| b == 0),
+                    bytes[m + 6000..].iter().all(|&b| b == 0),
                     "{misalign:?}: after"
                 );
             }
@@ -1639,6 +1679,43 @@ mod tests {
             let crc = region.crc32c_append(0, 8, LEN).unwrap();
             let crc_long = region.crc32c_append(0, 0, LEN + 8).unwrap();
             std::hint::black_box((crc, crc_long));
+        }
+        writer.join().unwrap();
+    }
+
+    /// The same model for a range that starts and ends inside words (the payload of an
+    /// MSS-sized FPDU): the copies take the whole words between its ends with vector moves
+    /// ([`Region::read_general`], [`Region::store_each`]), and every word wholly inside the
+    /// range is still seen wholly old or wholly new.
+    #[test]
+    fn a_reader_racing_a_writer_on_a_range_inside_words_sees_whole_words() {
+        const AT: usize = 12;
+        const LEN: usize = 300;
+        let rounds = if cfg!(miri) { 20 } else { 20_000 };
+        let region = std::sync::Arc::new(Region::new_zeroed(AT + LEN + 16).unwrap());
+        let (a, b) = ([0x11u8; LEN], [0xeeu8; LEN]);
+        region.write_at(AT, &a).unwrap();
+        let writer = {
+            let region = std::sync::Arc::clone(&region);
+            std::thread::spawn(move || {
+                for i in 0..rounds {
+                    region
+                        .write_at(AT, if i % 2 == 0 { &b } else { &a })
+                        .unwrap();
+                }
+            })
+        };
+        let mut copy = [0u8; LEN];
+        // The region words 16..312 are copy[4..300].
+        let first = AT.next_multiple_of(8) - AT;
+        for _ in 0..rounds {
+            region.read_at(AT, &mut copy).unwrap();
+            for word in copy[first..].chunks_exact(8) {
+                assert!(
+                    word == [0x11; 8] || word == [0xee; 8],
+                    "torn word {word:x?}"
+                );
+            }
         }
         writer.join().unwrap();
     }

@@ -1,7 +1,7 @@
 //! Message rate of small Sends between two busy-polled QPs on loopback, driven by one thread.
 //!
 //! ```text
-//! cargo run --release -p softwarp --example msgrate -- [MESSAGES] [--size B] [--list N] [--recv-each] [--crc-off]
+//! cargo run --release -p softwarp --example msgrate -- [MESSAGES] [--size B] [--list N] [--recv-each] [--crc-off] [--fpdu B]
 //! valgrind --tool=callgrind target/release/examples/msgrate 20000
 //! ```
 //!
@@ -66,6 +66,9 @@ fn main() {
     let recv_each = args.iter().any(|a| a == "--recv-each");
     // Both ends ask for no CRC: what is left is the runtime's and the engine's own work.
     let crc = !args.iter().any(|a| a == "--crc-off");
+    // FPDUs of at most this many bytes (`ConnectOptions::max_fpdu_len`; 0: the loopback
+    // default of 65,535), as against a peer whose MSS is 1460: `--fpdu 1460`.
+    let fpdu = arg(&args, "--fpdu", 0);
 
     let dev = Device::builder().ras(RasConfig::from_env()).open().unwrap();
     let pd = dev.alloc_pd().unwrap();
@@ -93,7 +96,9 @@ fn main() {
 
     let listener = Listener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let opts = ConnectOptions::default().crc(crc);
+    let opts = ConnectOptions::default()
+        .crc(crc)
+        .max_fpdu_len((fpdu > 0).then_some(fpdu));
     std::thread::scope(|s| {
         let server = s.spawn(|| listener.accept(&receiver, &opts).map(|_| ()));
         sender.connect(addr, &opts).unwrap();
