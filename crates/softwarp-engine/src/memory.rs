@@ -890,9 +890,16 @@ impl Region {
         (mid_end >= mid + VEC_COPY_MIN && vec_copy_available()).then_some((mid, mid_end))
     }
 
-    /// [`Region::read_general`] one access unit at a time ([`Region::load_each`]).
+    /// [`Region::read_general`] one access unit at a time ([`Region::load_each`]); a range
+    /// inside one word of the word range (the partial end of a longer copy) by that word's
+    /// one load.
     #[inline(always)]
     fn read_pieces(&self, offset: usize, dst: &mut [u8]) {
+        if let Some(skew) = self.inside_one_word(offset, dst.len()) {
+            let b = self.word(offset - skew).load(Relaxed).to_ne_bytes();
+            dst.copy_from_slice(&b[skew..skew + dst.len()]);
+            return;
+        }
         let mut out = dst;
         self.load_each(offset, out.len(), |piece| {
             let (bytes, n) = match piece {
