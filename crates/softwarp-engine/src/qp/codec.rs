@@ -512,7 +512,7 @@ pub(crate) fn send_headers() -> [[u8; UNTAGGED_HEADER_LEN]; 2] {
 }
 
 /// [`send_headers`] of a segment with the Last flag `last`.
-fn send_segment_headers(last: bool) -> [[u8; UNTAGGED_HEADER_LEN]; 2] {
+pub(crate) fn send_segment_headers(last: bool) -> [[u8; UNTAGGED_HEADER_LEN]; 2] {
     [false, true].map(|solicited| {
         let mut hdr = [0u8; UNTAGGED_HEADER_LEN];
         emit_send(&mut hdr, last, solicited, None, 0, 0);
@@ -530,10 +530,72 @@ pub(crate) fn send_prefixes(last: bool) -> [[u8; SEND_PREFIX_LEN]; 2] {
     })
 }
 
-/// The header prefix of a whole (Last) RDMA Write, as [`emit_write`] writes it.
-pub(crate) fn write_prefix() -> [u8; WRITE_PREFIX_LEN] {
+/// Writes into `buf` the header of a Send segment from `template`, one of
+/// [`send_segment_headers`] (they differ in the Last and Solicited Event flags only), with
+/// `msn` and `mo`: what [`emit_send`] writes for a Send without an Invalidate STag, without
+/// encoding it field by field (a large message's FPDUs each take one). Returns its length
+/// (0 when `buf` is shorter).
+#[inline(always)]
+pub(crate) fn put_send(
+    buf: &mut [u8],
+    template: &[u8; UNTAGGED_HEADER_LEN],
+    msn: u32,
+    mo: u32,
+) -> usize {
+    let Some(h) = buf.first_chunk_mut::<UNTAGGED_HEADER_LEN>() else {
+        return 0;
+    };
+    *h = *template;
+    let (_, numbers) = h.split_at_mut(UNTAGGED_MSN_OFFSET);
+    if let Some((m, o)) = numbers.split_first_chunk_mut::<4>() {
+        *m = msn.to_be_bytes();
+        if let Some(o) = o.first_chunk_mut::<4>() {
+            *o = mo.to_be_bytes();
+        }
+    }
+    UNTAGGED_HEADER_LEN
+}
+
+/// Writes into `buf` a tagged header from `prefix` (of [`write_prefixes`] or
+/// [`read_response_prefixes`]) with `stag` and the tagged offset `to`: what [`emit_write`]
+/// or [`emit_read_response`] writes. Returns its length (0 when `buf` is shorter).
+#[inline(always)]
+pub(crate) fn put_tagged(
+    buf: &mut [u8],
+    prefix: &[u8; WRITE_PREFIX_LEN],
+    stag: u32,
+    to: u64,
+) -> usize {
+    let Some(h) = buf.first_chunk_mut::<TAGGED_HEADER_LEN>() else {
+        return 0;
+    };
+    let (p, tail) = h.split_at_mut(WRITE_PREFIX_LEN);
+    p.copy_from_slice(prefix);
+    let (st, off) = tail.split_at_mut(4);
+    st.copy_from_slice(&stag.to_be_bytes());
+    off.copy_from_slice(&to.to_be_bytes());
+    TAGGED_HEADER_LEN
+}
+
+/// The header prefixes (DDP and RDMAP control) of an RDMA Write segment with the Last flag
+/// off and on, as [`emit_write`] writes them.
+pub(crate) fn write_prefixes() -> [[u8; WRITE_PREFIX_LEN]; 2] {
+    [false, true].map(|last| tagged_prefix(emit_write, last))
+}
+
+/// [`write_prefixes`] for RDMA Read Response segments ([`emit_read_response`]).
+pub(crate) fn read_response_prefixes() -> [[u8; WRITE_PREFIX_LEN]; 2] {
+    [false, true].map(|last| tagged_prefix(emit_read_response, last))
+}
+
+/// A tagged header's encoder ([`emit_write`], [`emit_read_response`]): buffer, Last flag,
+/// STag, tagged offset; returns the header's length.
+type EmitTagged = fn(&mut [u8], bool, u32, u64) -> usize;
+
+/// The first [`WRITE_PREFIX_LEN`] bytes of the tagged header `emit` writes.
+fn tagged_prefix(emit: EmitTagged, last: bool) -> [u8; WRITE_PREFIX_LEN] {
     let mut hdr = [0u8; TAGGED_HEADER_LEN];
-    emit_write(&mut hdr, true, 0, 0);
+    emit(&mut hdr, last, 0, 0);
     let mut p = [0u8; WRITE_PREFIX_LEN];
     p.copy_from_slice(
         hdr.get(..WRITE_PREFIX_LEN)
@@ -692,6 +754,43 @@ pub(crate) fn parse_terminate_cause(ulpdu: &[u8], layout: TerminateLayout) -> (u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn headers_from_templates_are_what_the_codec_emits() {
+        let numbers = [0u32, 1, 0x1234_5678, u32::MAX];
+        for last in [false, true] {
+            let sends = send_segment_headers(last);
+            for (solicited, template) in [false, true].into_iter().zip(&sends) {
+                for (&msn, &mo) in numbers.iter().zip(numbers.iter().rev()) {
+                    let (mut want, mut got) = ([0u8; 24], [0xaa_u8; 24]);
+                    let n = emit_send(&mut want, last, solicited, None, msn, mo);
+                    assert_eq!(put_send(&mut got, template, msn, mo), n);
+                    assert_eq!(got[..n], want[..n], "last {last} solicited {solicited}");
+                    assert!(got[n..].iter().all(|&b| b == 0xaa));
+                }
+            }
+            let at = usize::from(last);
+            let tagged: [(EmitTagged, _); 2] = [
+                (emit_write, write_prefixes()[at]),
+                (emit_read_response, read_response_prefixes()[at]),
+            ];
+            for (emit, prefix) in tagged {
+                for (stag, to) in [
+                    (0u32, 0u64),
+                    (0xdead_beef, 0x0102_0304_0506_0708),
+                    (1, u64::MAX),
+                ] {
+                    let (mut want, mut got) = ([0u8; 24], [0xaa_u8; 24]);
+                    let n = emit(&mut want, last, stag, to);
+                    assert_eq!(put_tagged(&mut got, &prefix, stag, to), n);
+                    assert_eq!(got[..n], want[..n], "last {last}");
+                    assert!(got[n..].iter().all(|&b| b == 0xaa));
+                }
+            }
+        }
+        assert_eq!(put_send(&mut [0u8; 17], &send_headers()[0], 1, 2), 0);
+        assert_eq!(put_tagged(&mut [0u8; 13], &write_prefixes()[1], 1, 2), 0);
+    }
 
     #[test]
     fn markers_are_checked_like_the_wire_crate_strips_them() {

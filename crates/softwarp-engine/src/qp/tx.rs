@@ -384,11 +384,17 @@ pub(crate) struct TxState {
     /// copy with a few short FPDUs ([`alias_lead`]; on by default,
     /// [`Qp::set_tx_alias_lead`]).
     alias_lead: bool,
-    /// Headers of a whole Send (without, with Solicited Event; MSN and MO 0) and the header
-    /// prefix of a whole RDMA Write, from the codec: what [`Qp::tx_copy_fpdus`] writes for
-    /// small messages.
+    /// Headers of a whole Send (without, with Solicited Event; MSN and MO 0), from the
+    /// codec: what [`Qp::tx_copy_fpdus`] writes for small messages.
     send_headers: [[u8; codec::UNTAGGED_HEADER_LEN]; 2],
-    write_prefix: [u8; codec::WRITE_PREFIX_LEN],
+    /// The same with the Last flag off, for the FPDUs of a message but its last, and the
+    /// header prefixes of Write and Read Response segments (Last off, on): what
+    /// [`Qp::build_sq`] and [`Qp::build_read_response`] write every Send (without
+    /// Invalidate), Write and Read Response header from ([`codec::put_send`],
+    /// [`codec::put_tagged`]), not encoding them field by field.
+    segment_headers: [[u8; codec::UNTAGGED_HEADER_LEN]; 2],
+    write_prefixes: [[u8; codec::WRITE_PREFIX_LEN]; 2],
+    read_response_prefixes: [[u8; codec::WRITE_PREFIX_LEN]; 2],
     /// The largest payload of an untagged and of a tagged FPDU (`max_payload`, fixed once
     /// the stream is established).
     max_small: (usize, usize),
@@ -418,7 +424,9 @@ impl TxState {
             defer_crc: false,
             alias_lead: true,
             send_headers: codec::send_headers(),
-            write_prefix: codec::write_prefix(),
+            segment_headers: codec::send_segment_headers(false),
+            write_prefixes: codec::write_prefixes(),
+            read_response_prefixes: codec::read_response_prefixes(),
             max_small: (0, 0),
             spill: Vec::new(),
         }
@@ -489,6 +497,17 @@ impl TxState {
         } else {
             self.pool.push(b);
         }
+    }
+
+    /// The header template of a Send segment (no Invalidate) with the Last flag `last`.
+    #[inline(always)]
+    fn send_template(&self, last: bool, solicited: bool) -> &[u8; codec::UNTAGGED_HEADER_LEN] {
+        let set = if last {
+            &self.send_headers
+        } else {
+            &self.segment_headers
+        };
+        &set[usize::from(solicited)]
     }
 
     /// The payload cap of the FPDU at message offset `sent` of a message of `len` bytes
@@ -841,16 +860,9 @@ impl Qp {
                     invalidate: None,
                 } => {
                     let msn = self.tx_msn[0];
-                    let Some(h) = ulp_hdr.first_chunk_mut::<{ codec::UNTAGGED_HEADER_LEN }>()
-                    else {
+                    let t = &self.tx.send_headers[usize::from(solicited)];
+                    if codec::put_send(ulp_hdr, t, msn, 0) == 0 {
                         break;
-                    };
-                    *h = self.tx.send_headers[usize::from(solicited)];
-                    if let Some(m) = h
-                        .get_mut(codec::UNTAGGED_MSN_OFFSET..)
-                        .and_then(|m| m.first_chunk_mut::<4>())
-                    {
-                        *m = msn.to_be_bytes();
                     }
                     self.tx_msn[0] = msn.wrapping_add(1);
                 }
@@ -864,14 +876,10 @@ impl Qp {
                 }
                 SendOp::Write { remote_addr, rkey } => {
                     // Control bytes from the template, then STag and TO (big-endian).
-                    let Some(h) = ulp_hdr.first_chunk_mut::<{ codec::TAGGED_HEADER_LEN }>() else {
+                    let p = &self.tx.write_prefixes[1];
+                    if codec::put_tagged(ulp_hdr, p, rkey.0, remote_addr) == 0 {
                         break;
-                    };
-                    let (p, tail) = h.split_at_mut(codec::WRITE_PREFIX_LEN);
-                    p.copy_from_slice(&self.tx.write_prefix);
-                    let (stag, to) = tail.split_at_mut(4);
-                    stag.copy_from_slice(&rkey.0.to_be_bytes());
-                    to.copy_from_slice(&remote_addr.to_be_bytes());
+                    }
                 }
                 _ => break,
             }
@@ -1201,9 +1209,9 @@ impl Qp {
         let to = irq.sink_to.wrapping_add(irq.sent);
         irq.sent += seg as u64;
         let last = irq.sent >= irq.len;
-        let hdr_len = codec::emit_read_response(
+        let hdr_len = codec::put_tagged(
             b.hdr.get_mut(2..).unwrap_or(&mut []),
-            last,
+            &self.tx.read_response_prefixes[usize::from(last)],
             irq.sink_stag,
             to,
         );
@@ -1358,14 +1366,15 @@ impl Qp {
                 invalidate,
             } => {
                 let msn = self.tx_msn[0];
-                codec::emit_send(
-                    hdr,
-                    last,
-                    solicited,
-                    invalidate.map(|s| s.0),
-                    msn,
-                    sent as u32,
-                );
+                match invalidate {
+                    None => {
+                        let t = self.tx.send_template(last, solicited);
+                        codec::put_send(hdr, t, msn, sent as u32);
+                    }
+                    Some(s) => {
+                        codec::emit_send(hdr, last, solicited, Some(s.0), msn, sent as u32);
+                    }
+                }
                 if last {
                     self.tx_msn[0] = msn.wrapping_add(1);
                 }
@@ -1374,7 +1383,7 @@ impl Qp {
                 // The Solicited Event, if asked for, rides on the Immediate Data message,
                 // which is what completes the operation at the peer.
                 let msn = self.tx_msn[0];
-                codec::emit_send(hdr, last, false, None, msn, sent as u32);
+                codec::put_send(hdr, self.tx.send_template(last, false), msn, sent as u32);
                 if last {
                     self.tx_msn[0] = msn.wrapping_add(1);
                 }
@@ -1383,7 +1392,8 @@ impl Qp {
             | SendOp::WriteWithImm {
                 remote_addr, rkey, ..
             } => {
-                codec::emit_write(hdr, last, rkey.0, remote_addr.wrapping_add(sent));
+                let prefix = &self.tx.write_prefixes[usize::from(last)];
+                codec::put_tagged(hdr, prefix, rkey.0, remote_addr.wrapping_add(sent));
             }
             SendOp::Read { .. } | SendOp::FetchAdd { .. } | SendOp::CmpSwap { .. } => {}
         }
