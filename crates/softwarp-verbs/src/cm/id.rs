@@ -1,5 +1,6 @@
 //! `struct rdma_cm_id` and the calls on it.
 
+use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +35,14 @@ const QP_RD_ATOMIC: usize = 16;
 /// `struct rdma_cm_id` followed by the id's Softwarp state.
 #[repr(C)]
 pub struct Id {
-    pub c: rdma_cm_id,
+    /// The application's `struct rdma_cm_id` (`UnsafeCell<T>` has `T`'s layout, so it is
+    /// still the first member). The application reads it at any time and sets some fields
+    /// (`context`); this library writes others from its calls (`pd`, `qp`, the CQs, `event`,
+    /// the addresses) while holding `&Id`. Without the cell that `&Id` promised the optimizer
+    /// those bytes never change, and it dropped such stores: release builds left
+    /// `id->send_cq` NULL after `rdma_create_ep`, and Debian's `rdma_client` crashed. Read
+    /// with [`Id::get`], written through [`Id::ptr`].
+    c: UnsafeCell<rdma_cm_id>,
     st: Arc<Shared>,
     /// Its entry in `softwarp resources` (kind `cm_id`, tracker `rdma_cm`).
     _ras: ResourceHandle,
@@ -171,7 +179,7 @@ impl Id {
         let describer: Arc<dyn DescribeResource> = shared.clone();
         ras.set_describer(Arc::downgrade(&describer));
         Box::new(Id {
-            c,
+            c: UnsafeCell::new(c),
             st: shared,
             _ras: ras,
             sync,
@@ -193,11 +201,22 @@ impl Id {
     fn channel(&self) -> &EvChannel {
         // SAFETY: an id's channel outlives it (rdma-core requires ids to be destroyed
         // before their channel); a sync id's channel is its own.
-        unsafe { &*self.c.channel.cast::<EvChannel>() }
+        unsafe { &*self.get(|c| c.channel).cast::<EvChannel>() }
     }
 
+    /// The application's `struct rdma_cm_id *`: the address of the C struct, for writing
+    /// its fields (the library's calls do, as rdma-core's do) and handing it out.
     fn ptr(&self) -> *mut rdma_cm_id {
-        (self as *const Id).cast_mut().cast()
+        self.c.get()
+    }
+
+    /// A value read out of the C struct by `f` (a field, copied).
+    fn get<T>(&self, f: impl FnOnce(&rdma_cm_id) -> T) -> T {
+        // SAFETY: the id is live (`&self`); the reference lasts for `f` only, which copies a
+        // field out, and no store to the struct happens during it: this library writes the
+        // struct from its own calls, not from `f`, and the application writes its fields
+        // (`context`) only between calls, as rdma-core's API has it.
+        f(unsafe { &*self.c.get() })
     }
 
     fn is_sync(&self) -> bool {
@@ -209,27 +228,30 @@ impl Id {
     }
 
     fn set_src(&self, addr: SocketAddr) {
-        let p = std::ptr::addr_of!(self.c.route.addr.__bindgen_anon_1).cast_mut();
+        // SAFETY: the id's C struct (a place expression: no reference is made).
+        let p = unsafe { std::ptr::addr_of_mut!((*self.ptr()).route.addr.__bindgen_anon_1) };
         // SAFETY: the union is sockaddr_storage-sized; the application reads it only
         // between calls (as with rdma-core, which writes it from its calls too).
         unsafe { write_addr(p.cast(), addr) };
     }
 
     fn set_dst(&self, addr: SocketAddr) {
-        let p = std::ptr::addr_of!(self.c.route.addr.__bindgen_anon_2).cast_mut();
+        // SAFETY: as above.
+        let p = unsafe { std::ptr::addr_of_mut!((*self.ptr()).route.addr.__bindgen_anon_2) };
         // SAFETY: as `set_src`.
         unsafe { write_addr(p.cast(), addr) };
     }
 
     fn set_verbs(&self, ctx: *mut ibv_context) {
-        let p = std::ptr::addr_of!(self.c.verbs).cast_mut();
+        // SAFETY: as in `set_src`.
+        let p = unsafe { std::ptr::addr_of_mut!((*self.ptr()).verbs) };
         // SAFETY: the application's view of `verbs`, written as rdma-core does.
         unsafe { p.write(ctx) };
     }
 
     fn qp(&self) -> Option<&Qp> {
         // SAFETY: `c.qp` is NULL or the QP `rdma_create_qp` made (or the application put).
-        unsafe { Qp::from_ibv(self.c.qp) }
+        unsafe { Qp::from_ibv(self.get(|c| c.qp)) }
     }
 
     /// The connection is up: addresses as negotiated, the QP's state field updated.
@@ -256,11 +278,9 @@ impl Id {
         // SAFETY: plain C data; all-zero is valid.
         let mut c: rdma_cm_id = unsafe { std::mem::zeroed() };
         c.verbs = verbs;
-        c.channel = l.c.channel;
-        c.context = l.c.context;
-        c.ps = l.c.ps;
+        (c.channel, c.context, c.ps, c.qp_type) =
+            l.get(|lc| (lc.channel, lc.context, lc.ps, lc.qp_type));
         c.port_num = 1;
-        c.qp_type = l.c.qp_type;
         let (private, peer) = (req.private_data().to_vec(), req.peer_ird_ord());
         let conn = req.conn_id();
         let (local, remote) = (req.local_addr(), req.peer_addr());
@@ -372,8 +392,9 @@ impl Id {
     /// Keeps `ev` as the synchronous id's `id->event` (rdma-core's convention), releasing
     /// the previous one.
     fn keep_event(&self, ev: Box<Event>) {
-        let old = self.c.event;
-        let p = std::ptr::addr_of!(self.c.event).cast_mut();
+        let old = self.get(|c| c.event);
+        // SAFETY: as in `set_src`.
+        let p = unsafe { std::ptr::addr_of_mut!((*self.ptr()).event) };
         // SAFETY: `id->event` is the library's to set in synchronous mode; the previous
         // event (ours, boxed) is released.
         unsafe {
@@ -478,9 +499,10 @@ pub unsafe extern "C" fn swv_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         st.request = None;
         st.conn = None;
     }
-    if !i.c.event.is_null() {
+    let last = i.get(|c| c.event);
+    if !last.is_null() {
         // SAFETY: a synchronous id's last event is ours (boxed).
-        drop(unsafe { Box::from_raw(i.c.event.cast::<Event>()) });
+        drop(unsafe { Box::from_raw(last.cast::<Event>()) });
     }
     // SAFETY: ids are allocated with Box; the application gives it up.
     drop(unsafe { Box::from_raw(id.cast::<Id>()) });
@@ -616,10 +638,11 @@ pub unsafe extern "C" fn swv_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) ->
 
 /// Creates the PD and CQs an id needs when the application passes none.
 unsafe fn default_objects(i: &Id, attr: &mut ibv_qp_init_attr_ex) -> Result<(), c_int> {
-    let ctx = if i.c.verbs.is_null() {
+    let verbs = i.get(|c| c.verbs);
+    let ctx = if verbs.is_null() {
         cm_context()?
     } else {
-        i.c.verbs
+        verbs
     };
     let idp = i.ptr();
     if attr.pd.is_null() {
@@ -675,7 +698,7 @@ unsafe fn create_qp_on(id: *mut rdma_cm_id, attr: &mut ibv_qp_init_attr_ex) -> c
     let Some(i) = (unsafe { Id::from_c(id) }) else {
         return err(libc::EINVAL);
     };
-    if !i.c.qp.is_null() {
+    if !i.get(|c| c.qp).is_null() {
         return err(libc::EINVAL);
     }
     // SAFETY: the id is live.
@@ -685,11 +708,12 @@ unsafe fn create_qp_on(id: *mut rdma_cm_id, attr: &mut ibv_qp_init_attr_ex) -> c
     attr.comp_mask |= IBV_QP_INIT_ATTR_PD;
     // An SRQ made with `rdma_create_srq` serves the QP unless the attributes name one.
     if attr.srq.is_null() {
-        attr.srq = i.c.srq;
+        attr.srq = i.get(|c| c.srq);
     }
     // SAFETY: the PD is the application's or ours.
     let ctx = unsafe { (*attr.pd).context };
-    if !i.c.verbs.is_null() && ctx != i.c.verbs {
+    let verbs = i.get(|c| c.verbs);
+    if !verbs.is_null() && ctx != verbs {
         return err(errno::invalid(
             "rdma_create_qp",
             "the PD belongs to another device context than the id",
@@ -771,7 +795,7 @@ pub unsafe extern "C" fn swv_rdma_create_srq_ex(
         return err(errno::unsupported(CALL, "SRQ types other than basic"));
     }
     if a.comp_mask & IBV_SRQ_INIT_ATTR_PD == 0 || a.pd.is_null() {
-        a.pd = i.c.pd;
+        a.pd = i.get(|c| c.pd);
         a.comp_mask |= IBV_SRQ_INIT_ATTR_PD;
     }
     let mut basic = ibv_srq_init_attr {

@@ -6,6 +6,7 @@
 //! through RESET, INIT and RTR (remembered, as the kernel's iWARP drivers do); ERROR and back
 //! to RESET work in any state; RTS without a connection, SQD and SQE are refused.
 
+use std::cell::UnsafeCell;
 use std::ffi::c_int;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -27,7 +28,11 @@ use crate::verbs::qp_ex::{self, WrBuilder};
 /// Softwarp's QP.
 #[repr(C)]
 pub struct Qp {
-    pub ex: ibv_qp_ex,
+    /// The application's `struct ibv_qp_ex` (in an `UnsafeCell`, which keeps its layout):
+    /// this library stores `state` into it while holding `&Qp` ([`Qp::sync_state`]), and the
+    /// application may set `qp_context`; the cell is what makes such stores defined (see
+    /// `Id`'s C struct for what went wrong without one). Read with [`Qp::base`].
+    ex: UnsafeCell<ibv_qp_ex>,
     pub qp: QueuePair,
     /// The state `ibv_modify_qp` set while the QP is not connected (RESET, INIT or RTR).
     pub idle_state: AtomicU32,
@@ -45,6 +50,14 @@ impl Qp {
         unsafe { qp.cast::<Qp>().as_ref() }
     }
 
+    /// A value read out of the application's `struct ibv_qp` by `f` (a field, copied).
+    pub fn base<T>(&self, f: impl FnOnce(&ibv_qp) -> T) -> T {
+        // SAFETY: the QP is live (`&self`); the reference lasts for `f` only, which copies a
+        // field out, and nothing stores to the struct meanwhile: this library stores `state`
+        // from its own calls (not from `f`), the application its fields between calls.
+        f(unsafe { &(*self.ex.get()).qp_base })
+    }
+
     /// The state as libibverbs names it.
     pub fn ibv_state(&self) -> ibv_qp_state {
         match self.qp.state() {
@@ -58,7 +71,8 @@ impl Qp {
 
     pub fn sync_state(&self) -> ibv_qp_state {
         let s = self.ibv_state();
-        let base = std::ptr::addr_of!(self.ex.qp_base.state).cast_mut();
+        // SAFETY: the QP's C struct (a place expression: no reference is made).
+        let base = unsafe { std::ptr::addr_of_mut!((*self.ex.get()).qp_base.state) };
         // SAFETY: the `state` field is the application's to read; we store it as
         // rdma-core does after every state change (a plain int store).
         unsafe { base.write(s) };
@@ -176,7 +190,7 @@ fn create(ctx: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Result<*mut ibv
     qp_ex::fill_ops(&mut ex);
     let qpn = qp.qp_num();
     let ptr = Box::into_raw(Box::new(Qp {
-        ex,
+        ex: UnsafeCell::new(ex),
         qp,
         idle_state: AtomicU32::new(IBV_QPS_RESET),
         cap: granted,
@@ -317,11 +331,8 @@ pub unsafe extern "C" fn swv_ibv_query_qp(
         a.sq_draining = 0;
         attr.write(a);
         let mut i: ibv_qp_init_attr = std::mem::zeroed();
-        let b = &q.ex.qp_base;
-        i.qp_context = b.qp_context;
-        i.send_cq = b.send_cq;
-        i.recv_cq = b.recv_cq;
-        i.srq = b.srq;
+        (i.qp_context, i.send_cq, i.recv_cq, i.srq) =
+            q.base(|b| (b.qp_context, b.send_cq, b.recv_cq, b.srq));
         i.cap = q.cap;
         i.qp_type = IBV_QPT_RC;
         i.sq_sig_all = c_int::from(q.sq_sig_all);
@@ -356,7 +367,7 @@ pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     let qpn = q.qp.qp_num();
     // SAFETY: contexts outlive their QPs.
     unsafe {
-        context::forget(q.ex.qp_base.context, |o| {
+        context::forget(q.base(|b| b.context), |o| {
             o.qps.remove(&qpn);
         })
     };
