@@ -369,9 +369,9 @@ fn random_messages_in_random_pieces_land_where_their_headers_name() {
         }
         let s = rig.b.qp.stats();
         assert!(s.rx_early_bytes > 0, "no early read was confirmed");
-        // More than two whole payloads (each seed had 166,527 to 599,581 bytes early).
+        // The four seeds give 237,599 to 628,098 bytes early.
         assert!(
-            s.rx_early_bytes > 2 * 65_517,
+            s.rx_early_bytes > 3 * 60_000,
             "{} bytes early: few early reads confirmed",
             s.rx_early_bytes
         );
