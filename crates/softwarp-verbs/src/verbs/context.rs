@@ -67,7 +67,7 @@ pub unsafe fn forget(ctx: *mut ibv_context, remove: impl FnOnce(&mut Objects)) {
     if last {
         // SAFETY: the context was allocated with Box in `open_context`; closed, and its last
         // object gone, nothing refers to it any more.
-        drop(unsafe { Box::from_raw((c as *const Context).cast_mut()) });
+        drop(unsafe { Box::from_raw(Context::raw_from_ibv(ctx)) });
     }
 }
 
@@ -78,13 +78,24 @@ impl Context {
     /// `ctx` must be the `ibv_context` of a live [`Context`] (every context this library
     /// hands out is one).
     pub unsafe fn from_ibv<'a>(ctx: *mut ibv_context) -> Option<&'a Context> {
+        // SAFETY: the caller's context; the pointer is to a live `Context`.
+        unsafe { Self::raw_from_ibv(ctx).as_ref() }
+    }
+
+    /// The `Context` whose `ibv_context` is `ctx`, as a raw pointer with the application's
+    /// pointer's provenance (the allocation `Box::into_raw` handed out): what a free takes,
+    /// never a pointer cast from `&Context`. NULL for NULL.
+    ///
+    /// # Safety
+    /// As [`Context::from_ibv`].
+    unsafe fn raw_from_ibv(ctx: *mut ibv_context) -> *mut Context {
         if ctx.is_null() {
-            return None;
+            return std::ptr::null_mut();
         }
         let offset = offset_of!(verbs_context, context);
         // SAFETY: the caller guarantees `ctx` is inside a `Context`, whose first member is
         // the `verbs_context` holding `ctx` at `offset` (container_of).
-        unsafe { Some(&*ctx.cast::<u8>().sub(offset).cast::<Context>()) }
+        unsafe { ctx.cast::<u8>().sub(offset).cast::<Context>() }
     }
 
     pub fn ibv(&self) -> *mut ibv_context {
@@ -272,7 +283,11 @@ pub fn open_context() -> softwarp::Result<*mut ibv_context> {
     ic.ops.post_recv = Some(qp::post_recv);
     ic.ops.post_srq_recv = Some(qp::post_srq_recv);
     let _ = qp_ex::fill_ops;
-    Ok(c.ibv())
+    // The application's pointer comes from the allocation's own (`ctx`), not from `&c`: a
+    // pointer cast from a shared reference may not be written through or freed
+    // (`Context::raw_from_ibv`, `ibv_close_device`).
+    // SAFETY: `ctx` is the live allocation above; `c` is not used after this.
+    Ok(unsafe { std::ptr::addr_of_mut!((*ctx).vctx.context) })
 }
 
 /// How long `ibv_close_device` waits for threads inside calls on the device's objects (as
@@ -322,7 +337,7 @@ pub unsafe extern "C" fn swv_ibv_close_device(ctx: *mut ibv_context) -> c_int {
     if free {
         // SAFETY: the context was allocated with Box in `open_context`; the application
         // gives it up here, and no object of it is left.
-        drop(unsafe { Box::from_raw((c as *const Context).cast_mut()) });
+        drop(unsafe { Box::from_raw(Context::raw_from_ibv(ctx)) });
     }
     rc
 }
@@ -332,10 +347,11 @@ pub unsafe extern "C" fn swv_ibv_close_device(ctx: *mut ibv_context) -> c_int {
 /// # Safety
 /// `ctx` came from [`open_context`] and was never handed out.
 pub unsafe fn discard(ctx: *mut ibv_context) {
-    // SAFETY: the caller's fresh context.
-    if let Some(c) = unsafe { Context::from_ibv(ctx) } {
+    // SAFETY: the caller's fresh context (or NULL).
+    let c = unsafe { Context::raw_from_ibv(ctx) };
+    if !c.is_null() {
         // SAFETY: allocated with Box in `open_context`, unseen.
-        drop(unsafe { Box::from_raw((c as *const Context).cast_mut()) });
+        drop(unsafe { Box::from_raw(c) });
     }
 }
 
