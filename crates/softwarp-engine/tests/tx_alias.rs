@@ -280,3 +280,79 @@ fn read_responses_are_led_in_too() {
         );
     }
 }
+
+/// Sends one `kind` message of `len` bytes from a page-aligned source over a connection of
+/// MSS-sized FPDUs (1460 bytes), with the lead-in on or off, through the runtime's batch;
+/// checks that it arrives intact and returns (the FPDUs sent, the pieces the writer got
+/// from the source memory itself rather than from the batch).
+fn send_mss(kind: Kind, len: usize, lead: bool) -> (u64, usize) {
+    let stream = StreamConfig::for_mss(1460);
+    let (mut a, mut b) = (Side::new(1, stream), Side::new(2, stream));
+    a.qp.set_tx_alias_lead(lead);
+    let (src, sstag, siova, data) = a.filled_region(len + 8192, Access::NONE, 9);
+    let off = (4096 - src.addr() % 4096) % 4096;
+    let (sink, kstag, kiova) = b.region(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let op = match kind {
+        Kind::Send => {
+            b.qp.post_recv(RecvWr {
+                wr_id: 7,
+                sgl: SgList::single(sge(kstag, kiova, 0, len as u32)),
+            })
+            .unwrap();
+            SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            }
+        }
+        Kind::Write => SendOp::Write {
+            remote_addr: kiova,
+            rkey: kstag,
+        },
+    };
+    let wr = SendWr {
+        wr_id: 1,
+        op,
+        payload: Payload::Sgl(SgList::single(sge(sstag, siova, off, len as u32))),
+        signaled: true,
+        fence: false,
+    };
+    a.qp.post_send(&wr, &a.mrs).unwrap();
+    let mut rec = Recorder::default();
+    a.send_all(&mut rec);
+    assert_eq!(b.receive_with(&rec.out, true, || usize::MAX), rec.out.len());
+    let off = off as usize;
+    assert!(
+        contents(&sink) == data[off..off + len],
+        "{kind:?}: the bytes differ"
+    );
+    assert_eq!(a.send_wcs().len(), 1);
+    let (lo, hi) = (src.addr(), src.addr() + src.len() as u64);
+    let from_source = rec
+        .pieces
+        .iter()
+        .filter(|p| (lo..hi).contains(&p.2))
+        .count();
+    (a.qp.stats().tx_fpdus, from_source)
+}
+
+#[test]
+fn mss_sized_fpdus_are_copied_whole_and_not_led_in() {
+    // FPDUs that the runtime copies into its batch leave the application's buffer to the
+    // copy, not to the kernel: no leading FPDUs (as many FPDUs as with the lead-in off),
+    // and none of them gathered from the source (a leading FPDU went to the gather path,
+    // and took up to 24 FPDUs after it along).
+    for kind in [Kind::Send, Kind::Write] {
+        for len in [64 << 10, (256 << 10) + 100] {
+            let (with_lead, from_source) = send_mss(kind, len, true);
+            assert_eq!(
+                with_lead,
+                send_mss(kind, len, false).0,
+                "{kind:?} of {len} B"
+            );
+            assert_eq!(
+                from_source, 0,
+                "{kind:?} of {len} B: pieces gathered from the source"
+            );
+        }
+    }
+}

@@ -32,7 +32,9 @@ use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr, AtomicResponseRepr};
 use crate::fault::Cause;
 use crate::memory::Region;
 use crate::mr::{MrMemory, Validated};
-use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqStatus, StreamConfig};
+use crate::qp::{
+    codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqStatus, StreamConfig, COALESCE_MAX,
+};
 use crate::wr::{SendOp, WcStatus, MAX_INLINE, MAX_SGE};
 
 /// Smallest `max_fpdu_len` accepted (room for every header and some payload).
@@ -401,7 +403,8 @@ pub(crate) struct TxState {
     /// Bytes of a coalesced batch, already committed, that the writer did not take: they
     /// go first at the next [`Qp::send_to`]. Empty unless a writer filled up in the middle
     /// of a batch (it then grows, at most to one batch, the only allocation of the
-    /// transmit path after the first FPDUs built ahead).
+    /// transmit path after the first FPDUs built ahead; more than 32 KiB of it is given
+    /// back when the QP goes idle, `SPILL_KEEP` in `pump.rs`).
     pub(crate) spill: Vec<u8>,
 }
 
@@ -513,7 +516,10 @@ impl TxState {
     /// The payload cap of the FPDU at message offset `sent` of a message of `len` bytes
     /// sent from `src` with `hdr_len`-byte headers and at most `max` payload bytes per
     /// FPDU, when it is one of the short FPDUs leading the message ([`alias_lead`]; not
-    /// with markers, or when turned off).
+    /// with markers, or when turned off). Not either when the connection's FPDUs are no
+    /// longer than [`COALESCE_MAX`] (MSS-sized, say): a runtime copies those into its batch,
+    /// so the kernel copies from the batch, not from `src`, and a short leading FPDU (left
+    /// to the gather path) would only take the FPDUs after it into a gathered write.
     fn alias_cap(
         &self,
         src: &Validated,
@@ -522,7 +528,7 @@ impl TxState {
         sent: u64,
         max: usize,
     ) -> Option<usize> {
-        if !self.alias_lead || self.markers {
+        if !self.alias_lead || self.markers || self.max_fpdu <= COALESCE_MAX {
             return None;
         }
         let addr = src
@@ -770,7 +776,14 @@ impl Qp {
             if !self.wants_tx() {
                 return used;
             }
-            // An FPDU the small path leaves to the general one (or does not fit).
+            // The rest of a message in progress, FPDU after FPDU.
+            let rest = out.get_mut(used..).unwrap_or_default();
+            let run = self.tx_copy_run(rest, max_each);
+            if run > 0 {
+                used += run;
+                continue;
+            }
+            // An FPDU the fast paths leave to the general one (or does not fit).
             let rest = out.get_mut(used..).unwrap_or_default();
             let window = rest.len().min(max_each);
             match rest.get_mut(..window).and_then(|w| self.tx_copy_built(w)) {
@@ -849,7 +862,7 @@ impl Qp {
                 break;
             };
             // A payload copy that cannot be made leaves the general path to report it.
-            if !self.sq_copy_payload(seq, payload) {
+            if !self.sq_copy_range(seq, 0, payload) {
                 break;
             }
             codec::emit_mpa_len(hdr, ulpdu_len);
@@ -913,11 +926,123 @@ impl Qp {
         used
     }
 
-    /// Copies the payload of SQ entry `seq` (inline bytes or its validated SGEs) into `out`,
-    /// which is exactly as long as the payload; false when it cannot (an SGE not validated).
-    fn sq_copy_payload(&self, seq: u64, out: &mut [u8]) -> bool {
+    /// [`Qp::tx_copy_fpdus`]' path for the rest of a message in progress (a Send or Write,
+    /// with or without Immediate Data, past its first [`ALIAS_LEAD_MAX_BYTES`], so past any
+    /// leading FPDUs): its FPDUs of at most `max_each` bytes written one after the other
+    /// straight from the SQ entry into `out` (MPA length, header from the codec's templates,
+    /// payload, pad, CRC over the copy) and committed, without the build, its payload
+    /// references and the per-FPDU commit of the general path. A message in MSS-sized FPDUs
+    /// (to siw, or any peer behind a 1500-byte MTU) is nearly all such FPDUs. The bytes are
+    /// the general path's (`tests/engine_props.rs` compares the streams). Returns the bytes
+    /// written: 0 when the next FPDU is not such a one, or does not fit.
+    #[inline(never)]
+    fn tx_copy_run(&mut self, out: &mut [u8], max_each: usize) -> usize {
+        let TxMsg::Sq(seq) = self.tx.msg else {
+            return 0;
+        };
+        let tx = &self.tx;
+        if tx.build.is_some()
+            || !tx.ahead.is_empty()
+            || tx.rtr_pending
+            || tx.gate_until_rx
+            || tx.markers
+            || self.terminate.wants_tx()
+            || !matches!(self.state, QpState::Rts | QpState::Closing)
+        {
+            return 0;
+        }
+        let Some(e) = self.sq_entry(seq) else {
+            return 0;
+        };
+        let SqStatus::Sending { sent } = e.status else {
+            return 0;
+        };
+        if e.local_error || sent < ALIAS_LEAD_MAX_BYTES {
+            return 0;
+        }
+        let (op, len) = (e.op, e.len);
+        let (hdr_len, max_payload) = match op {
+            SendOp::Send { .. } | SendOp::SendWithImm { .. } => {
+                (codec::UNTAGGED_HEADER_LEN, self.tx.max_small.0)
+            }
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => {
+                (codec::TAGGED_HEADER_LEN, self.tx.max_small.1)
+            }
+            _ => return 0,
+        };
+        let mut used = 0;
+        let mut sent = sent;
+        while sent < len {
+            let seg = usize::try_from(len - sent)
+                .unwrap_or(usize::MAX)
+                .min(max_payload);
+            let ulpdu_len = hdr_len + seg;
+            let total = codec::fpdu_len(ulpdu_len);
+            let room = out.len().saturating_sub(used).min(max_each);
+            if total > room {
+                break;
+            }
+            let Some(fpdu) = out.get_mut(used..used + total) else {
+                break;
+            };
+            // Pad and CRC field first (as `tx_copy_small`).
+            if let Some(tail) = fpdu.last_chunk_mut::<8>() {
+                *tail = [0; 8];
+            }
+            let Some((hdr, rest)) = fpdu.split_at_mut_checked(2 + hdr_len) else {
+                break;
+            };
+            let Some(payload) = rest.get_mut(..seg) else {
+                break;
+            };
+            // A copy that cannot be made leaves the general path to report it.
+            if !self.sq_copy_range(seq, sent, payload) {
+                break;
+            }
+            codec::emit_mpa_len(hdr, ulpdu_len);
+            let new_sent = sent + seg as u64;
+            let last = new_sent >= len;
+            let ulp_hdr = hdr.get_mut(2..).unwrap_or_default();
+            let imm_follows = self.put_sq_segment(ulp_hdr, seq, op, sent, new_sent, last);
+            if self.tx.crc {
+                if let Some((covered, field)) = fpdu.split_at_mut_checked(total - 4) {
+                    field.copy_from_slice(&codec::crc_to_wire(crate::memory::crc32c_append(
+                        0, covered,
+                    )));
+                }
+            }
+            // What committing the built FPDU would have recorded.
+            self.tx.stream_offset = self.tx.stream_offset.wrapping_add(total as u64);
+            self.stats.tx_stream_bytes += total as u64;
+            self.stats.tx_fpdus += 1;
+            used += total;
+            sent = new_sent;
+            if last {
+                self.on_fpdu_sent(TxDone::Sq {
+                    seq,
+                    bytes: seg,
+                    last: !imm_follows,
+                });
+                break;
+            }
+        }
+        if used > 0 {
+            self.tx.gather_offered = 0;
+        }
+        used
+    }
+
+    /// Copies the bytes `from..from + out.len()` of SQ entry `seq`'s payload (inline bytes or
+    /// its validated SGEs) into `out`; false when it cannot (an SGE not validated, or the
+    /// range runs past the payload). Inlined: the copy paths' per-message cost (out of
+    /// line it added about 60 instructions to a 64-byte Send).
+    #[inline(always)]
+    fn sq_copy_range(&self, seq: u64, from: u64, out: &mut [u8]) -> bool {
         if let Some(bytes) = self.sq_inline_bytes(seq) {
-            return match bytes.get(..out.len()) {
+            let src = usize::try_from(from)
+                .ok()
+                .and_then(|f| bytes.get(f..f.checked_add(out.len())?));
+            return match src {
                 Some(src) => {
                     out.copy_from_slice(src);
                     true
@@ -926,18 +1051,23 @@ impl Qp {
             };
         }
         let (sges, mem) = self.sq_sges(seq);
-        let mut at = 0;
+        // Payload bytes still to pass over before `from` (zero-length SGEs pass too).
+        let mut skip = from;
+        let mut at = 0usize;
         for (sge, m) in sges.iter().zip(mem) {
-            let n = sge.length as usize;
-            if n == 0 {
+            let l = u64::from(sge.length);
+            if skip >= l {
+                skip -= l;
                 continue;
             }
             let Some(v) = m.as_ref() else {
                 return false;
             };
+            // `l - skip` is below 2^32: an SGE's length.
+            let n = ((l - skip) as usize).min(out.len() - at);
             let piece = TxPiece::Region {
                 region: v.memory.region(),
-                offset: v.region_offset,
+                offset: v.region_offset + skip as usize,
                 len: n,
             };
             let Some(dst) = out.get_mut(at..at + n) else {
@@ -947,6 +1077,10 @@ impl Qp {
                 return false;
             }
             at += n;
+            skip = 0;
+            if at == out.len() {
+                break;
+            }
         }
         at == out.len()
     }
@@ -961,6 +1095,9 @@ impl Qp {
         sink.at
     }
 
+    /// What a whole FPDU's going out means: a completed WR, counters, a Terminate sent.
+    /// Inlined into its two callers (the commit and [`Qp::tx_copy_run`]).
+    #[inline(always)]
     fn on_fpdu_sent(&mut self, done: TxDone) {
         match done {
             TxDone::Sq { seq, bytes, last } => {
@@ -1360,6 +1497,35 @@ impl Qp {
         let new_sent = sent + seg as u64;
         let last = new_sent >= len;
         let hdr = b.hdr.get_mut(2..).unwrap_or(&mut []);
+        let imm_follows = self.put_sq_segment(hdr, seq, op, sent, new_sent, last);
+        self.frame_fpdu(
+            b,
+            hdr_len + inline_len,
+            TxDone::Sq {
+                seq,
+                bytes: seg,
+                last: last && !imm_follows,
+            },
+        );
+    }
+
+    /// Writes the DDP/RDMAP header of the segment `sent..new_sent` of SQ message `seq`
+    /// (`op`; `last`: it ends the message's data) into `hdr` from the codec's templates, and
+    /// records the segment as built: the entry's progress, the Send MSN after a message's
+    /// last segment, what comes next (the rest, the Immediate Data message, or the next
+    /// WR). Returns whether an Immediate Data message follows. The one copy of this for
+    /// [`Qp::build_sq`] and [`Qp::tx_copy_run`], inlined into both (out of line it cost
+    /// about 70 instructions per FPDU more).
+    #[inline(always)]
+    fn put_sq_segment(
+        &mut self,
+        hdr: &mut [u8],
+        seq: u64,
+        op: SendOp,
+        sent: u64,
+        new_sent: u64,
+        last: bool,
+    ) -> bool {
         match op {
             SendOp::Send {
                 solicited,
@@ -1409,15 +1575,7 @@ impl Qp {
         } else {
             self.tx.msg = TxMsg::Sq(seq);
         }
-        self.frame_fpdu(
-            b,
-            hdr_len + inline_len,
-            TxDone::Sq {
-                seq,
-                bytes: seg,
-                last: last && !imm_follows,
-            },
-        );
+        imm_follows
     }
 
     /// The Immediate Data message that ends a Write/Send with Immediate.
