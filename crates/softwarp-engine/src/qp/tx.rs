@@ -927,9 +927,10 @@ impl Qp {
     }
 
     /// [`Qp::tx_copy_fpdus`]' path for the rest of a message in progress (a Send or Write,
-    /// with or without Immediate Data, past its first [`ALIAS_LEAD_MAX_BYTES`], so past any
-    /// leading FPDUs): its FPDUs of at most `max_each` bytes written one after the other
-    /// straight from the SQ entry into `out` (MPA length, header from the codec's templates,
+    /// with or without Immediate Data, or a Read Response, past its first
+    /// [`ALIAS_LEAD_MAX_BYTES`], so past any leading FPDUs): its FPDUs of at most `max_each`
+    /// bytes written one after the other straight from the SQ entry or the validated Read
+    /// source into `out` (MPA length, header from the codec's templates,
     /// payload, pad, CRC over the copy) and committed, without the build, its payload
     /// references and the per-FPDU commit of the general path. A message in MSS-sized FPDUs
     /// (to siw, or any peer behind a 1500-byte MTU) is nearly all such FPDUs. The bytes are
@@ -937,9 +938,6 @@ impl Qp {
     /// written: 0 when the next FPDU is not such a one, or does not fit.
     #[inline(never)]
     fn tx_copy_run(&mut self, out: &mut [u8], max_each: usize) -> usize {
-        let TxMsg::Sq(seq) = self.tx.msg else {
-            return 0;
-        };
         let tx = &self.tx;
         if tx.build.is_some()
             || !tx.ahead.is_empty()
@@ -951,6 +949,102 @@ impl Qp {
         {
             return 0;
         }
+        match self.tx.msg {
+            TxMsg::Sq(seq) => self.tx_copy_sq_run(seq, out, max_each),
+            TxMsg::ReadResponse => self.tx_copy_read_response_run(out, max_each),
+            TxMsg::None | TxMsg::Imm(_) => 0,
+        }
+    }
+
+    /// [`Qp::tx_copy_run`] for the Read Response in progress (the front of the IRQ, past its
+    /// first [`ALIAS_LEAD_MAX_BYTES`]): its FPDUs straight from the validated source, as
+    /// [`Qp::build_read_response`] would build them.
+    fn tx_copy_read_response_run(&mut self, out: &mut [u8], max_each: usize) -> usize {
+        let hdr_len = codec::TAGGED_HEADER_LEN;
+        let max_payload = self.tx.max_small.1;
+        let mut used = 0;
+        while let Some(irq) = self.irq.front() {
+            let Some(src) = irq.src.as_ref() else {
+                break;
+            };
+            let (sent, len) = (irq.sent, irq.len);
+            if irq.atomic.is_some() || sent < ALIAS_LEAD_MAX_BYTES || sent >= len {
+                break;
+            }
+            let seg = usize::try_from(len - sent)
+                .unwrap_or(usize::MAX)
+                .min(max_payload);
+            let ulpdu_len = hdr_len + seg;
+            let total = codec::fpdu_len(ulpdu_len);
+            let room = out.len().saturating_sub(used).min(max_each);
+            if total > room {
+                break;
+            }
+            let Some(fpdu) = out.get_mut(used..used + total) else {
+                break;
+            };
+            if let Some(tail) = fpdu.last_chunk_mut::<8>() {
+                *tail = [0; 8];
+            }
+            let Some((hdr, rest)) = fpdu.split_at_mut_checked(2 + hdr_len) else {
+                break;
+            };
+            let piece = TxPiece::Region {
+                region: src.memory.region(),
+                offset: src.region_offset + sent as usize,
+                len: seg,
+            };
+            if rest.get_mut(..seg).is_none_or(|d| piece.copy_to(d) != seg) {
+                break;
+            }
+            codec::emit_mpa_len(hdr, ulpdu_len);
+            let last = sent + seg as u64 >= len;
+            let prefix = &self.tx.read_response_prefixes[usize::from(last)];
+            let to = irq.sink_to.wrapping_add(sent);
+            codec::put_tagged(
+                hdr.get_mut(2..).unwrap_or_default(),
+                prefix,
+                irq.sink_stag,
+                to,
+            );
+            if let Some(irq) = self.irq.front_mut() {
+                irq.sent += seg as u64;
+            }
+            self.tx_copy_run_done(fpdu, TxDone::ReadResponse { bytes: seg, last });
+            used += total;
+            if last {
+                self.irq.pop();
+                self.tx.msg = TxMsg::None;
+                break;
+            }
+        }
+        if used > 0 {
+            self.tx.gather_offered = 0;
+        }
+        used
+    }
+
+    /// What [`Qp::tx_copy_run`] records for each FPDU it wrote (`fpdu`, whole): its CRC,
+    /// then what committing a built FPDU would have (stream offset, counters,
+    /// [`Qp::on_fpdu_sent`]).
+    #[inline(always)]
+    fn tx_copy_run_done(&mut self, fpdu: &mut [u8], done: TxDone) {
+        let total = fpdu.len();
+        if self.tx.crc {
+            if let Some((covered, field)) = fpdu.split_at_mut_checked(total - 4) {
+                field.copy_from_slice(&codec::crc_to_wire(crate::memory::crc32c_append(
+                    0, covered,
+                )));
+            }
+        }
+        self.tx.stream_offset = self.tx.stream_offset.wrapping_add(total as u64);
+        self.stats.tx_stream_bytes += total as u64;
+        self.stats.tx_fpdus += 1;
+        self.on_fpdu_sent(done);
+    }
+
+    /// [`Qp::tx_copy_run`] for the Send or Write (`seq`) in progress.
+    fn tx_copy_sq_run(&mut self, seq: u64, out: &mut [u8], max_each: usize) -> usize {
         let Some(e) = self.sq_entry(seq) else {
             return 0;
         };
@@ -1004,25 +1098,15 @@ impl Qp {
             let last = new_sent >= len;
             let ulp_hdr = hdr.get_mut(2..).unwrap_or_default();
             let imm_follows = self.put_sq_segment(ulp_hdr, seq, op, sent, new_sent, last);
-            if self.tx.crc {
-                if let Some((covered, field)) = fpdu.split_at_mut_checked(total - 4) {
-                    field.copy_from_slice(&codec::crc_to_wire(crate::memory::crc32c_append(
-                        0, covered,
-                    )));
-                }
-            }
-            // What committing the built FPDU would have recorded.
-            self.tx.stream_offset = self.tx.stream_offset.wrapping_add(total as u64);
-            self.stats.tx_stream_bytes += total as u64;
-            self.stats.tx_fpdus += 1;
+            let done = TxDone::Sq {
+                seq,
+                bytes: seg,
+                last: last && !imm_follows,
+            };
+            self.tx_copy_run_done(fpdu, done);
             used += total;
             sent = new_sent;
             if last {
-                self.on_fpdu_sent(TxDone::Sq {
-                    seq,
-                    bytes: seg,
-                    last: !imm_follows,
-                });
                 break;
             }
         }
