@@ -2,7 +2,8 @@
 # Issue 18's target matrix in one command: bandwidth at 1 MiB (write/send/read) and latency at
 # 4 KiB-1 MiB (write/send), CRC on and off, pinned (client cpu0, server cpu1) and unpinned,
 # each row with raw TCP and UCX (`ucx_perftest` over tcp, when installed) measured in the same
-# `softwarp bench` invocation, repeated ROUNDS times; then event-mode CPU seconds per GiB.
+# `softwarp bench` invocation, repeated ROUNDS times; then event-mode CPU seconds per GiB, and
+# 1 MiB bandwidth with MSS-sized FPDUs (`--fpdu 1460`).
 # Prints one markdown table (ratios to TCP and to UCX) and keeps the JSON under OUT.
 #
 #   scripts/bench-bulk.sh [ROUNDS] [OUT]      (default 3 rounds, OUT=target/bench-bulk)
@@ -35,6 +36,9 @@ for r in $(seq 1 "$rounds"); do
     done
   done
   run "r$r-event-pinoff-crcon" write_bw,send_bw -s 1M -n 2000 --mode event
+  # MSS-sized FPDUs, as over a 1500-byte MTU to siw or a hardware RNIC (the TCP row is the
+  # same baseline as above: raw TCP does not frame).
+  run "r$r-mss-pinoff-crcoff" write_bw,send_bw,read_bw -s 1M -n 2000 --crc off --fpdu 1460
 done
 echo "# end $(date -u +%FT%TZ) $(uptime)" >> "$out/meta.txt"
 fi
@@ -60,7 +64,9 @@ for f in sorted(glob.glob(os.path.join(out, "r*.json"))):
             uv = m["mb_per_s"] * 1048576 * 8 / 1e9 if bw else m["lat_typical_us"]
         ratio = (sv / tv) if tv else None
         ur = (sv / uv) if uv else None
-        rows.append((res["shape"], res["size"], doc["config"]["pinned"], res["crc"], res["mode"], rnd,
+        fpdu = doc["config"].get("max_fpdu") or 0
+        mode = res["mode"] + (f", FPDU {fpdu}" if fpdu else "")
+        rows.append((res["shape"], res["size"], doc["config"]["pinned"], res["crc"], mode, rnd,
                      sv, tv, ratio, uv, ur, s["cpu_s_per_gib"], (t or {}).get("cpu_s_per_gib"),
                      doc["config"]["load_1m"]))
 rows.sort(key=lambda r: (r[4], r[0], r[1], r[2], not r[3], r[5]))

@@ -48,12 +48,17 @@ enum Kind {
     Write,
 }
 
-/// Sends one message of `len` bytes whose source starts `page_off` bytes into a page, with
-/// the lead-in on or off; checks that it arrives intact and returns (the distance of the
-/// first full FPDU's payload from its source modulo 4 KiB, the FPDUs sent, the distances
-/// of every full FPDU's payload).
-fn send_one(kind: Kind, len: usize, page_off: u64, lead: bool) -> (u64, u64, Vec<u64>) {
-    let stream = StreamConfig::for_mss(65535);
+/// Sends one `kind` message of `len` bytes whose source starts `page_off` bytes into a page
+/// over `stream`, with the lead-in on or off, through the runtime's batch; checks that it
+/// arrives intact (a Send: completes with its length) and returns what the writer got, the
+/// FPDUs sent and the source region's address range.
+fn transfer(
+    kind: Kind,
+    len: usize,
+    page_off: u64,
+    stream: StreamConfig,
+    lead: bool,
+) -> (Recorder, u64, std::ops::Range<u64>) {
     let (mut a, mut b) = (Side::new(1, stream), Side::new(2, stream));
     a.qp.set_tx_alias_lead(lead);
     let (src, sstag, siova, data) = a.filled_region(len + 8192, Access::NONE, 5);
@@ -98,6 +103,15 @@ fn send_one(kind: Kind, len: usize, page_off: u64, lead: bool) -> (u64, u64, Vec
         let wcs = b.recv_wcs();
         assert_eq!((wcs.len(), wcs[0].byte_len), (1, len as u32));
     }
+    let range = src.addr()..src.addr() + src.len() as u64;
+    (rec, a.qp.stats().tx_fpdus, range)
+}
+
+/// [`transfer`] over loopback's 65,535-byte FPDUs; returns (the distance of the first full
+/// FPDU's payload from its source modulo 4 KiB, the FPDUs sent, the distances of every full
+/// FPDU's payload).
+fn send_one(kind: Kind, len: usize, page_off: u64, lead: bool) -> (u64, u64, Vec<u64>) {
+    let (rec, fpdus, _) = transfer(kind, len, page_off, StreamConfig::for_mss(65535), lead);
     // The leading FPDUs go out in the same write as the full FPDUs after them (one
     // `sendmsg`; a 1 MiB message takes two of about 512 KiB), not in a copied batch of
     // their own.
@@ -111,7 +125,7 @@ fn send_one(kind: Kind, len: usize, page_off: u64, lead: bool) -> (u64, u64, Vec
         .filter(|p| p.1 >= 4096)
         .map(distance)
         .collect();
-    (large[0], a.qp.stats().tx_fpdus, large)
+    (large[0], fpdus, large)
 }
 
 #[test]
@@ -281,58 +295,13 @@ fn read_responses_are_led_in_too() {
     }
 }
 
-/// Sends one `kind` message of `len` bytes from a page-aligned source over a connection of
-/// MSS-sized FPDUs (1460 bytes), with the lead-in on or off, through the runtime's batch;
-/// checks that it arrives intact and returns (the FPDUs sent, the pieces the writer got
-/// from the source memory itself rather than from the batch).
+/// [`transfer`] of a message from a page-aligned source in MSS-sized FPDUs (1460 bytes);
+/// returns (the FPDUs sent, the pieces the writer got from the source memory itself rather
+/// than from the batch).
 fn send_mss(kind: Kind, len: usize, lead: bool) -> (u64, usize) {
-    let stream = StreamConfig::for_mss(1460);
-    let (mut a, mut b) = (Side::new(1, stream), Side::new(2, stream));
-    a.qp.set_tx_alias_lead(lead);
-    let (src, sstag, siova, data) = a.filled_region(len + 8192, Access::NONE, 9);
-    let off = (4096 - src.addr() % 4096) % 4096;
-    let (sink, kstag, kiova) = b.region(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    let op = match kind {
-        Kind::Send => {
-            b.qp.post_recv(RecvWr {
-                wr_id: 7,
-                sgl: SgList::single(sge(kstag, kiova, 0, len as u32)),
-            })
-            .unwrap();
-            SendOp::Send {
-                solicited: false,
-                invalidate: None,
-            }
-        }
-        Kind::Write => SendOp::Write {
-            remote_addr: kiova,
-            rkey: kstag,
-        },
-    };
-    let wr = SendWr {
-        wr_id: 1,
-        op,
-        payload: Payload::Sgl(SgList::single(sge(sstag, siova, off, len as u32))),
-        signaled: true,
-        fence: false,
-    };
-    a.qp.post_send(&wr, &a.mrs).unwrap();
-    let mut rec = Recorder::default();
-    a.send_all(&mut rec);
-    assert_eq!(b.receive_with(&rec.out, true, || usize::MAX), rec.out.len());
-    let off = off as usize;
-    assert!(
-        contents(&sink) == data[off..off + len],
-        "{kind:?}: the bytes differ"
-    );
-    assert_eq!(a.send_wcs().len(), 1);
-    let (lo, hi) = (src.addr(), src.addr() + src.len() as u64);
-    let from_source = rec
-        .pieces
-        .iter()
-        .filter(|p| (lo..hi).contains(&p.2))
-        .count();
-    (a.qp.stats().tx_fpdus, from_source)
+    let (rec, fpdus, src) = transfer(kind, len, 0, StreamConfig::for_mss(1460), lead);
+    let from_source = rec.pieces.iter().filter(|p| src.contains(&p.2)).count();
+    (fpdus, from_source)
 }
 
 #[test]

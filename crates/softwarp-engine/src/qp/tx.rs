@@ -346,6 +346,51 @@ impl FpduBuild {
     }
 }
 
+/// The next FPDU of a copy run ([`Qp::tx_copy_run`]) in the caller's batch: its MPA length
+/// written, pad and CRC field zeroed, header and payload to fill.
+struct RunSlot<'a> {
+    /// The DDP/RDMAP header (after the MPA length).
+    ulp_hdr: &'a mut [u8],
+    payload: &'a mut [u8],
+    /// The FPDU's length.
+    total: usize,
+}
+
+impl<'a> RunSlot<'a> {
+    /// The FPDU at `used` in `out` for the next `left` bytes of a message (at most
+    /// `max_payload` of them) behind a `hdr_len`-byte header; `None` when it does not fit
+    /// what is left of `out` or `max_each`.
+    #[inline(always)]
+    fn cut(
+        out: &'a mut [u8],
+        used: usize,
+        hdr_len: usize,
+        left: u64,
+        max_payload: usize,
+        max_each: usize,
+    ) -> Option<Self> {
+        let seg = usize::try_from(left).unwrap_or(usize::MAX).min(max_payload);
+        let ulpdu_len = hdr_len + seg;
+        let total = codec::fpdu_len(ulpdu_len);
+        if total > out.len().saturating_sub(used).min(max_each) {
+            return None;
+        }
+        let fpdu = out.get_mut(used..used + total)?;
+        // Pad and CRC field first (as `tx_copy_small`): the payload and header bytes among
+        // the last 8 are written after.
+        if let Some(tail) = fpdu.last_chunk_mut::<8>() {
+            *tail = [0; 8];
+        }
+        let (hdr, rest) = fpdu.split_at_mut_checked(2 + hdr_len)?;
+        codec::emit_mpa_len(hdr, ulpdu_len);
+        Some(RunSlot {
+            ulp_hdr: hdr.get_mut(2..)?,
+            payload: rest.get_mut(..seg)?,
+            total,
+        })
+    }
+}
+
 /// The message being transmitted, when it spans several FPDUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TxMsg {
@@ -971,45 +1016,27 @@ impl Qp {
             if irq.atomic.is_some() || sent < ALIAS_LEAD_MAX_BYTES || sent >= len {
                 break;
             }
-            let seg = usize::try_from(len - sent)
-                .unwrap_or(usize::MAX)
-                .min(max_payload);
-            let ulpdu_len = hdr_len + seg;
-            let total = codec::fpdu_len(ulpdu_len);
-            let room = out.len().saturating_sub(used).min(max_each);
-            if total > room {
-                break;
-            }
-            let Some(fpdu) = out.get_mut(used..used + total) else {
+            let Some(slot) = RunSlot::cut(out, used, hdr_len, len - sent, max_payload, max_each)
+            else {
                 break;
             };
-            if let Some(tail) = fpdu.last_chunk_mut::<8>() {
-                *tail = [0; 8];
-            }
-            let Some((hdr, rest)) = fpdu.split_at_mut_checked(2 + hdr_len) else {
-                break;
-            };
+            let (seg, total) = (slot.payload.len(), slot.total);
             let piece = TxPiece::Region {
                 region: src.memory.region(),
                 offset: src.region_offset + sent as usize,
                 len: seg,
             };
-            if rest.get_mut(..seg).is_none_or(|d| piece.copy_to(d) != seg) {
+            if piece.copy_to(slot.payload) != seg {
                 break;
             }
-            codec::emit_mpa_len(hdr, ulpdu_len);
             let last = sent + seg as u64 >= len;
             let prefix = &self.tx.read_response_prefixes[usize::from(last)];
             let to = irq.sink_to.wrapping_add(sent);
-            codec::put_tagged(
-                hdr.get_mut(2..).unwrap_or_default(),
-                prefix,
-                irq.sink_stag,
-                to,
-            );
+            codec::put_tagged(slot.ulp_hdr, prefix, irq.sink_stag, to);
             if let Some(irq) = self.irq.front_mut() {
                 irq.sent += seg as u64;
             }
+            let fpdu = out.get_mut(used..used + total).unwrap_or_default();
             self.tx_copy_run_done(fpdu, TxDone::ReadResponse { bytes: seg, last });
             used += total;
             if last {
@@ -1067,42 +1094,24 @@ impl Qp {
         let mut used = 0;
         let mut sent = sent;
         while sent < len {
-            let seg = usize::try_from(len - sent)
-                .unwrap_or(usize::MAX)
-                .min(max_payload);
-            let ulpdu_len = hdr_len + seg;
-            let total = codec::fpdu_len(ulpdu_len);
-            let room = out.len().saturating_sub(used).min(max_each);
-            if total > room {
-                break;
-            }
-            let Some(fpdu) = out.get_mut(used..used + total) else {
+            let Some(slot) = RunSlot::cut(out, used, hdr_len, len - sent, max_payload, max_each)
+            else {
                 break;
             };
-            // Pad and CRC field first (as `tx_copy_small`).
-            if let Some(tail) = fpdu.last_chunk_mut::<8>() {
-                *tail = [0; 8];
-            }
-            let Some((hdr, rest)) = fpdu.split_at_mut_checked(2 + hdr_len) else {
-                break;
-            };
-            let Some(payload) = rest.get_mut(..seg) else {
-                break;
-            };
+            let (seg, total) = (slot.payload.len(), slot.total);
             // A copy that cannot be made leaves the general path to report it.
-            if !self.sq_copy_range(seq, sent, payload) {
+            if !self.sq_copy_range(seq, sent, slot.payload) {
                 break;
             }
-            codec::emit_mpa_len(hdr, ulpdu_len);
             let new_sent = sent + seg as u64;
             let last = new_sent >= len;
-            let ulp_hdr = hdr.get_mut(2..).unwrap_or_default();
-            let imm_follows = self.put_sq_segment(ulp_hdr, seq, op, sent, new_sent, last);
+            let imm_follows = self.put_sq_segment(slot.ulp_hdr, seq, op, sent, new_sent, last);
             let done = TxDone::Sq {
                 seq,
                 bytes: seg,
                 last: last && !imm_follows,
             };
+            let fpdu = out.get_mut(used..used + total).unwrap_or_default();
             self.tx_copy_run_done(fpdu, done);
             used += total;
             sent = new_sent;
