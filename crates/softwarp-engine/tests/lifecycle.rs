@@ -890,3 +890,70 @@ fn borrowed_work_requests_post_as_owned_ones_and_refuse_more_than_max_sge() {
         [(21, WcStatus::Success, 200)]
     );
 }
+
+/// Receives `wire` on `b` through `recv_from` (staged reads, so whole FPDUs go one after the
+/// other through one call).
+fn receive_all(b: &mut Side, wire: &[u8]) {
+    assert_eq!(b.receive_with(wire, true, || usize::MAX), wire.len());
+}
+
+#[test]
+fn tagged_placements_hold_no_reference_once_the_receive_call_returns() {
+    // A Write of 20 MSS-sized FPDUs, and a Read of as many Read Responses: the receiver
+    // keeps the target's memory from one FPDU to the next inside a call, and lets it go when
+    // the call returns, also in the middle of a message (a deregistration then waits for
+    // nothing the peer does).
+    let len = 20 * 1400;
+    let mut p = Pair::new(Split::Whole, stream());
+    let (_src, sstag, siova, _) = p.a.filled_region(len, Access::NONE, 3);
+    let (_sink, kstag, kiova) = p.b.region(
+        len,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+    );
+    let write = SendWr {
+        wr_id: 1,
+        op: SendOp::Write {
+            remote_addr: kiova,
+            rkey: kstag,
+        },
+        payload: Payload::Sgl(SgList::single(sge(sstag, siova, 0, len as u32))),
+        signaled: true,
+        fence: false,
+    };
+    p.a.qp.post_send(&write, &p.a.mrs).unwrap();
+    let mut wire = Vec::new();
+    p.a.transmit_with(&mut wire, true, || usize::MAX);
+    // The first ten FPDUs (MPA length, ULPDU, pad, CRC each), then the rest.
+    let mut half = 0;
+    for _ in 0..10 {
+        let ulpdu = usize::from(u16::from_be_bytes([wire[half], wire[half + 1]]));
+        half += (2 + ulpdu).next_multiple_of(4) + 4;
+    }
+    receive_all(&mut p.b, &wire[..half]);
+    let memory = p.b.mrs.memory(kstag).unwrap();
+    assert_eq!(
+        memory.strong_count(),
+        1,
+        "only the STag table refers to the memory between two receive calls"
+    );
+    receive_all(&mut p.b, &wire[half..]);
+    assert_eq!(p.a.send_wcs()[0].status, WcStatus::Success);
+    // The Read: b's memory back to a's sink, in Read Responses.
+    let (_back, bstag, biova) = p.a.region(len, Access::LOCAL_WRITE);
+    let read = SendWr {
+        wr_id: 2,
+        op: SendOp::Read {
+            remote_addr: kiova,
+            rkey: kstag,
+        },
+        payload: Payload::Sgl(SgList::single(sge(bstag, biova, 0, len as u32))),
+        signaled: true,
+        fence: false,
+    };
+    p.a.qp.post_send(&read, &p.a.mrs).unwrap();
+    p.drive();
+    assert_eq!(p.a.send_wcs()[0].status, WcStatus::Success);
+    // Nothing in flight on either side holds either region.
+    assert_eq!(p.b.mrs.deregister(kstag), Ok(0));
+    assert_eq!(p.a.mrs.deregister(bstag), Ok(0));
+}

@@ -271,6 +271,21 @@ impl Qp {
         until: ReadUntil,
         res: &mut impl RxResources,
     ) -> RecvEnd {
+        let end = self.recv_from_inner(src, stage, budget, until, res);
+        // No reference to placed memory outlives the call.
+        self.rx.let_go();
+        end
+    }
+
+    #[inline(always)]
+    fn recv_from_inner(
+        &mut self,
+        src: &mut impl VectoredRead,
+        stage: &mut [u8],
+        budget: &mut usize,
+        until: ReadUntil,
+        res: &mut impl RxResources,
+    ) -> RecvEnd {
         // QPs on an SRQ do not stage: their receiver may block with staged bytes.
         let staging = !self.cfg.use_srq;
         let mut empty_targets = 0;

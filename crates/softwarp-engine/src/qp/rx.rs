@@ -154,6 +154,13 @@ pub(crate) struct RxState {
     payload_len: usize,
     payload_done: usize,
     plan: Plan,
+    /// The memory the last tagged FPDU (Write or Read Response) was placed in, kept for the
+    /// next one of the same `Qp::recv_from` call: a run of FPDUs into one region then takes
+    /// and drops no reference per FPDU (two locked instructions, each waiting for the
+    /// stores of the payload copy before it). Every FPDU is still validated against the
+    /// STag table; this is dropped when the call returns, so it never outlives a call (a
+    /// deregistered region's release waits for no peer).
+    held: Option<Arc<MrMemory>>,
     deferred: Option<Deferred>,
     /// RTR responder with a zero-length Send RTR: the first Send is the RTR.
     swallow_rtr_send: bool,
@@ -311,6 +318,7 @@ impl RxState {
             payload_len: 0,
             payload_done: 0,
             plan: Plan::Discard,
+            held: None,
             deferred: None,
             swallow_rtr_send: false,
             mk: RxMarkers::new(),
@@ -397,6 +405,22 @@ impl RxState {
             self.deferred = Some(Deferred { fault, target });
         }
         self.plan = Plan::Discard;
+    }
+
+    /// A reference to `mem`, just validated, for a tagged placement: the one [`RxState::held`]
+    /// from the FPDU before when it is the same memory, else a new one.
+    #[inline]
+    fn lend(&mut self, mem: &Arc<MrMemory>) -> Arc<MrMemory> {
+        match self.held.take() {
+            Some(h) if Arc::ptr_eq(&h, mem) => h,
+            _ => Arc::clone(mem),
+        }
+    }
+
+    /// Drops the reference kept between tagged FPDUs (at the end of every receive call).
+    #[inline]
+    pub(crate) fn let_go(&mut self) {
+        self.held = None;
     }
 }
 
@@ -1310,12 +1334,12 @@ impl Qp {
                 // (paraphrase) Before placing an RDMA Write the Data Sink validates the STag
                 // (valid, associated with this stream's PD, remote write allowed) and that TO
                 // and length stay inside the tagged buffer.
-                let v = mrs
-                    .validate(Stag(stag), pd, Access::REMOTE_WRITE, to, len)
+                let (mem, off) = mrs
+                    .validate_borrowed(Stag(stag), pd, Access::REMOTE_WRITE, to, len)
                     .map_err(|e| (Fault::Tagged(e), FaultTarget::None))?;
                 self.rx.plan = Plan::Write {
-                    mem: Some(v.memory),
-                    off: v.region_offset,
+                    mem: Some(self.rx.lend(mem)),
+                    off,
                     last,
                 };
                 Ok(())
@@ -1336,12 +1360,13 @@ impl Qp {
                 let mut mem = None;
                 let mut off = 0;
                 if len > 0 {
-                    let v = match mrs.validate(Stag(stag), pd, Access::LOCAL_WRITE, to, len) {
-                        Ok(v) => v,
-                        Err(e) => return bad(e),
-                    };
-                    off = v.region_offset;
-                    mem = Some(v.memory);
+                    let (m, o) =
+                        match mrs.validate_borrowed(Stag(stag), pd, Access::LOCAL_WRITE, to, len) {
+                            Ok(v) => v,
+                            Err(e) => return bad(e),
+                        };
+                    off = o;
+                    mem = Some(self.rx.lend(m));
                 }
                 self.rx.plan = Plan::ReadResponse { mem, off, last };
                 Ok(())
@@ -1642,7 +1667,8 @@ impl Qp {
         let seg = self.rx.payload_len as u64;
         match plan {
             Plan::Discard => {}
-            Plan::Write { last, .. } => {
+            Plan::Write { last, mem, .. } => {
+                self.rx.held = mem;
                 self.stats.rx.write.bytes += seg;
                 self.rx.write_len += seg;
                 if last {
@@ -1651,7 +1677,8 @@ impl Qp {
                     self.rx.write_len = 0;
                 }
             }
-            Plan::ReadResponse { last, .. } => {
+            Plan::ReadResponse { last, mem, .. } => {
+                self.rx.held = mem;
                 self.stats.rx.read_response.bytes += seg;
                 let mut done = None;
                 if let Some(head) = self.orq.front_mut() {
