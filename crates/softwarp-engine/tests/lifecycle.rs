@@ -14,7 +14,7 @@ use softwarp_engine::qp::{
 };
 use softwarp_engine::srq::SrqId;
 use softwarp_engine::wr::{Payload, RecvWr, SendOp, SendWr, SgList, WcOpcode, WcStatus};
-use util::{contents, qp_config, sge, CutReader, Pair, Side, Split};
+use util::{contents, qp_config, sge, signaled_wr, CutReader, Pair, Side, Split};
 
 fn stream() -> StreamConfig {
     let mut s = StreamConfig::for_mss(1448);
@@ -910,17 +910,12 @@ fn tagged_placements_hold_no_reference_once_the_receive_call_returns() {
         len,
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
     );
-    let write = SendWr {
-        wr_id: 1,
-        op: SendOp::Write {
-            remote_addr: kiova,
-            rkey: kstag,
-        },
-        payload: Payload::Sgl(SgList::single(sge(sstag, siova, 0, len as u32))),
-        signaled: true,
-        fence: false,
+    let write = SendOp::Write {
+        remote_addr: kiova,
+        rkey: kstag,
     };
-    p.a.qp.post_send(&write, &p.a.mrs).unwrap();
+    let wr = signaled_wr(1, write, SgList::single(sge(sstag, siova, 0, len as u32)));
+    p.a.qp.post_send(&wr, &p.a.mrs).unwrap();
     let mut wire = Vec::new();
     p.a.transmit_with(&mut wire, true, || usize::MAX);
     // The first ten FPDUs (MPA length, ULPDU, pad, CRC each), then the rest.
@@ -940,17 +935,12 @@ fn tagged_placements_hold_no_reference_once_the_receive_call_returns() {
     assert_eq!(p.a.send_wcs()[0].status, WcStatus::Success);
     // The Read: b's memory back to a's sink, in Read Responses.
     let (_back, bstag, biova) = p.a.region(len, Access::LOCAL_WRITE);
-    let read = SendWr {
-        wr_id: 2,
-        op: SendOp::Read {
-            remote_addr: kiova,
-            rkey: kstag,
-        },
-        payload: Payload::Sgl(SgList::single(sge(bstag, biova, 0, len as u32))),
-        signaled: true,
-        fence: false,
+    let read = SendOp::Read {
+        remote_addr: kiova,
+        rkey: kstag,
     };
-    p.a.qp.post_send(&read, &p.a.mrs).unwrap();
+    let wr = signaled_wr(2, read, SgList::single(sge(bstag, biova, 0, len as u32)));
+    p.a.qp.post_send(&wr, &p.a.mrs).unwrap();
     p.drive();
     assert_eq!(p.a.send_wcs()[0].status, WcStatus::Success);
     // Nothing in flight on either side holds either region.

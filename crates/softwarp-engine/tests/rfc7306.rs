@@ -24,7 +24,7 @@ use softwarp_wire::rdmap::{
     Placement, RdmapError, RemoteOperationError, RemoteProtectionError, Segment, TerminateError,
     TerminateRepr, UntaggedBufferError,
 };
-use util::{contents, sge, Pair, Side, Split, MARKER_MODES};
+use util::{contents, sge, signaled_wr, Pair, Side, Split, MARKER_MODES};
 
 fn stream(crc: bool) -> StreamConfig {
     let mut s = StreamConfig::for_mss(1448);
@@ -38,16 +38,6 @@ const SPLITS: [Split; 4] = [
     Split::Random { seed: 3, max: 11 },
     Split::Staged { seed: 3, max: 4000 },
 ];
-
-fn wr(wr_id: u64, op: SendOp, sgl: SgList) -> SendWr<'static> {
-    SendWr {
-        wr_id,
-        op,
-        payload: Payload::Sgl(sgl),
-        signaled: true,
-        fence: false,
-    }
-}
 
 fn word(r: &Region, off: usize) -> u64 {
     let mut b = [0u8; 8];
@@ -85,7 +75,7 @@ fn write_imm(
     };
     p.a.qp
         .post_send(
-            &wr(
+            &signaled_wr(
                 7,
                 SendOp::WriteWithImm {
                     remote_addr: diova,
@@ -158,7 +148,7 @@ fn send_with_immediate_completes_the_data_receive_then_the_value_receive() {
             }
             p.a.qp
                 .post_send(
-                    &wr(
+                    &signaled_wr(
                         1,
                         SendOp::SendWithImm {
                             solicited: true,
@@ -246,11 +236,11 @@ fn a_write_with_immediate_takes_one_receive_so_the_next_send_lands_in_the_next_o
                 invalidate: None,
             };
             p.a.qp
-                .post_send(&wr(1, write_imm, SgList::new()), &p.a.mrs)
+                .post_send(&signaled_wr(1, write_imm, SgList::new()), &p.a.mrs)
                 .unwrap();
             p.a.qp
                 .post_send(
-                    &wr(2, send, SgList::single(sge(sstag, siova, 0, 10_001))),
+                    &signaled_wr(2, send, SgList::single(sge(sstag, siova, 0, 10_001))),
                     &p.a.mrs,
                 )
                 .unwrap();
@@ -310,7 +300,7 @@ fn a_send_between_a_write_and_immediate_data_makes_it_a_plain_receive_with_immed
     ];
     for (i, op) in ops.into_iter().enumerate() {
         p.a.qp
-            .post_send(&wr(i as u64, op, one()), &p.a.mrs)
+            .post_send(&signaled_wr(i as u64, op, one()), &p.a.mrs)
             .unwrap();
     }
     p.drive();
@@ -358,7 +348,7 @@ impl AtomicSetup {
         self.p
             .a
             .qp
-            .post_send(&wr(wr_id, op, sgl), &self.p.a.mrs)
+            .post_send(&signaled_wr(wr_id, op, sgl), &self.p.a.mrs)
             .unwrap();
     }
     fn fetch_add(&mut self, wr_id: u64, at: u64, add: u64) {
@@ -451,7 +441,7 @@ fn atomics_beyond_ord_wait_and_reads_and_atomics_complete_in_posting_order() {
     t.p.a
         .qp
         .post_send(
-            &wr(
+            &signaled_wr(
                 1,
                 SendOp::Read {
                     remote_addr: riova,
@@ -504,7 +494,7 @@ fn atomics_of_several_qps_on_one_word_are_atomic() {
                         let id = batch * 40 + i;
                         p.a.qp
                             .post_send(
-                                &wr(
+                                &signaled_wr(
                                     id,
                                     SendOp::FetchAdd {
                                         remote_addr: 0x8008,
@@ -571,7 +561,7 @@ fn atomic_sinks_must_be_one_sge_of_eight_bytes() {
     ];
     for sgl in bad {
         assert_eq!(
-            t.p.a.qp.post_send(&wr(1, op, sgl), &t.p.a.mrs),
+            t.p.a.qp.post_send(&signaled_wr(1, op, sgl), &t.p.a.mrs),
             Err(QpError::AtomicSink)
         );
     }
@@ -591,7 +581,7 @@ fn atomic_sinks_must_be_one_sge_of_eight_bytes() {
     t.p.a
         .qp
         .post_send(
-            &wr(2, op, SgList::single(sge(rostag, roiova, 0, 8))),
+            &signaled_wr(2, op, SgList::single(sge(rostag, roiova, 0, 8))),
             &t.p.a.mrs,
         )
         .unwrap();
@@ -933,7 +923,7 @@ fn an_atomic_response_for_another_request_or_a_read_response_instead_is_refused(
         let mut a = Side::new(1, stream(false));
         let (sink, kstag, kiova) = a.region(8, Access::LOCAL_WRITE);
         a.qp.post_send(
-            &wr(
+            &signaled_wr(
                 5,
                 SendOp::FetchAdd {
                     remote_addr: 0x1000,
@@ -1257,7 +1247,7 @@ fn an_atomic_response_with_extra_or_missing_bytes_is_refused_and_writes_no_origi
                 let mut a = Side::new(1, stream(crc));
                 let (sink, kstag, kiova) = a.region(8, Access::LOCAL_WRITE);
                 a.qp.post_send(
-                    &wr(
+                    &signaled_wr(
                         5,
                         SendOp::FetchAdd {
                             remote_addr: 0x1000,

@@ -13,7 +13,7 @@ use softwarp_engine::qp::{
     StreamConfig, TxPiece, VectoredRead, VectoredWrite, STAGE_LEN,
 };
 use softwarp_engine::srq::{Srq, SrqId};
-use softwarp_engine::wr::{CqTarget, Sge, WorkCompletion};
+use softwarp_engine::wr::{CqTarget, Payload, SendOp, SendWr, SgList, Sge, WorkCompletion};
 
 /// How the bytes of one direction are cut before they are handed to the receiver (and how
 /// many bytes the sender's "socket" accepts per write).
@@ -621,6 +621,17 @@ pub fn strip_stream(
 }
 
 /// An SGE over `len` bytes at `off` of the registration (stag, iova).
+/// A signaled, unfenced work request of `op` over `sgl`.
+pub fn signaled_wr(wr_id: u64, op: SendOp, sgl: SgList) -> SendWr<'static> {
+    SendWr {
+        wr_id,
+        op,
+        payload: Payload::Sgl(sgl),
+        signaled: true,
+        fence: false,
+    }
+}
+
 pub fn sge(stag: Stag, iova: u64, off: u64, len: u32) -> Sge {
     Sge {
         addr: iova + off,
