@@ -2,25 +2,24 @@
 //!
 //! The stream's completion channel (an eventfd the stack writes at every completion once
 //! the CQs are armed) wakes the task through tokio's [`AsyncFd`]: an operation that would
-//! block arms the CQs ([`IwarpStream::arm_readiness`]), tries once more, and only then parks
-//! the task. The reading and the writing side each register their own duplicate of the
-//! eventfd, so the halves of `tokio::io::split` may run in different tasks.
+//! block parks the task's waker on the connection and arms the CQs
+//! ([`IwarpStream::park`]), tries once more, and only then waits for the channel. The
+//! reading and the writing side each register their own duplicate of the eventfd, so the
+//! halves of `tokio::io::split` may run in different tasks.
 //!
-//! Whoever polls the stream drains the eventfd, so a completion that one side processed (a
-//! grant that lets the other side write, say) may never reach the reactor as an event for
-//! the other side. Each side therefore leaves its waker here before it arms the CQs, and a
-//! poll that finds the other side able to go on wakes it.
+//! Whoever polls the stream drains the eventfd, so a completion that one side took (data
+//! for a parked reader, a grant for a parked writer) may never reach the reactor as an
+//! event: the poll that counts an event of a parked direction wakes that task itself.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
-use std::sync::{Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
-use crate::{IwarpStream, Readiness};
+use crate::IwarpStream;
 
 /// An iWARP stream for tokio: [`AsyncRead`] and [`AsyncWrite`], made inside a tokio runtime
 /// from an [`IwarpStream`] in iWARP mode ([`AsyncIwarpStream::new`]). Its blocking mode
@@ -30,21 +29,12 @@ pub struct AsyncIwarpStream {
     stream: IwarpStream,
     reads: AsyncFd<OwnedFd>,
     writes: AsyncFd<OwnedFd>,
-    /// The parked sides' wakers: reading, writing.
-    parked: Mutex<[Option<Waker>; 2]>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
-    Read = 0,
-    Write = 1,
-}
-
-fn can(side: Side, r: &Readiness) -> bool {
-    match side {
-        Side::Read => r.readable,
-        Side::Write => r.writable,
-    }
+    Read,
+    Write,
 }
 
 #[allow(unsafe_code)]
@@ -76,7 +66,6 @@ impl AsyncIwarpStream {
             stream,
             reads,
             writes,
-            parked: Mutex::new([None, None]),
         })
     }
 
@@ -90,44 +79,19 @@ impl AsyncIwarpStream {
         self.stream
     }
 
-    fn parked(&self) -> MutexGuard<'_, [Option<Waker>; 2]> {
-        self.parked.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Wakes the parked sides other than `me` that `r` says can go on.
-    fn wake_ready(&self, me: Option<Side>, r: &Readiness) {
-        let mut parked = self.parked();
-        for side in [Side::Read, Side::Write] {
-            if me.is_some_and(|m| m as usize == side as usize) {
-                continue;
-            }
-            if can(side, r) || r.error {
-                if let Some(w) = parked[side as usize].take() {
-                    w.wake();
-                }
-            }
-        }
-    }
-
     /// Runs `op` for `side` until it does not return `WouldBlock`, parking the task on
-    /// that side's eventfd in between. The waker is left here before the CQs are armed, so
-    /// a completion that the other side processes from then on wakes this one.
+    /// that side's eventfd in between. The waker is parked on the connection before the
+    /// last try, so an event of this side that any poll takes from then on wakes it.
     fn poll_op<T>(
         &self,
         side: Side,
         cx: &mut Context<'_>,
         mut op: impl FnMut() -> io::Result<T>,
     ) -> Poll<io::Result<T>> {
-        let fd = match side {
-            Side::Read => &self.reads,
-            Side::Write => &self.writes,
-        };
+        let write = side == Side::Write;
+        let fd = if write { &self.writes } else { &self.reads };
         let done = |r: io::Result<T>| {
-            self.parked()[side as usize] = None;
-            // This call may have processed what the other side waits for.
-            if self.parked().iter().any(Option::is_some) {
-                self.wake_ready(Some(side), &self.stream.poll_ready());
-            }
+            self.stream.unpark(write);
             Poll::Ready(r)
         };
         loop {
@@ -135,9 +99,7 @@ impl AsyncIwarpStream {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 r => return done(r),
             }
-            self.parked()[side as usize] = Some(cx.waker().clone());
-            let r = self.stream.arm_readiness();
-            self.wake_ready(Some(side), &r);
+            self.stream.park(write, cx.waker());
             match op() {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 r => return done(r),

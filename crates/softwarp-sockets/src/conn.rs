@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use softwarp::{
@@ -137,6 +138,17 @@ struct State {
     /// change of these once.
     rx_events: u64,
     tx_events: u64,
+    /// Tasks parked on reading and on writing (feature `tokio`), with the event count each
+    /// last saw: see [`Conn::park`].
+    parked: [Option<Parked>; 2],
+}
+
+/// A task waiting for one direction of the stream.
+#[derive(Debug)]
+struct Parked {
+    waker: Waker,
+    /// `rx_events` or `tx_events` when it parked.
+    seen: u64,
 }
 
 impl State {
@@ -295,6 +307,7 @@ impl Conn {
             closed: false,
             rx_events: 0,
             tx_events: 0,
+            parked: [None, None],
         };
         Ok(Arc::new(Conn {
             qp,
@@ -336,12 +349,14 @@ impl Conn {
 
     // ---- progress -------------------------------------------------------------------
 
-    /// Takes every completion and acts on it, sends what waited for credits, and grants.
+    /// Takes every completion and acts on it, sends what waited for credits, and grants;
+    /// then wakes the parked tasks whose direction saw an event.
     fn progress(&self, st: &mut State) {
         while self.channel.try_get_cq_event().is_some() {}
         self.drain(st, &self.recv_cq, Self::on_recv);
         self.drain(st, &self.send_cq, Self::on_send);
         self.flush_control(st);
+        wake_parked(st);
     }
 
     /// Polls `cq` until it is empty, handing each completion to `on`.
@@ -625,6 +640,31 @@ impl Conn {
         self.readiness(&st)
     }
 
+    /// Parks `waker` on reading (`write` false) or writing, then arms both CQs as
+    /// [`Conn::arm`] does. From then on, the first [`Conn::progress`] (whoever calls it: the
+    /// other half of a split stream, `poll_ready`, a blocking call) that counts an event of
+    /// that direction wakes it. A completion a poll takes drains the completion channel,
+    /// and an edge-triggered waiter on the channel (tokio's reactor) then never hears of
+    /// it: so a task that parks must be woken by the poll that took its event.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn park(&self, write: bool, waker: &Waker) {
+        let mut st = lock(&self.state);
+        self.progress(&mut st);
+        self.arm_cqs();
+        self.progress(&mut st);
+        let seen = if write { st.tx_events } else { st.rx_events };
+        st.parked[usize::from(write)] = Some(Parked {
+            waker: waker.clone(),
+            seen,
+        });
+    }
+
+    /// Forgets the task parked on reading or writing (its operation went through).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn unpark(&self, write: bool) {
+        lock(&self.state).parked[usize::from(write)] = None;
+    }
+
     /// Runs `attempt` until it returns `Some`, waiting for completions in between as `wait`
     /// allows: the one blocking-wait loop of every call on the connection.
     fn run<T>(
@@ -835,9 +875,11 @@ impl Conn {
         self.progress(&mut st);
         st.eof_in = true;
         st.read_shut = true;
+        st.rx_events = st.rx_events.wrapping_add(1);
         while let Some(m) = st.rx_ready.pop_front() {
             self.repost(&mut st, m.slot);
         }
+        wake_parked(&mut st);
     }
 
     /// Closes the connection: sends the EOF, waits (at most the linger time) until every
@@ -1144,6 +1186,18 @@ impl Drop for Conn {
         let closed = lock(&self.state).closed;
         if !closed {
             self.close();
+        }
+    }
+}
+
+/// Wakes the parked tasks whose direction counted an event since they parked.
+fn wake_parked(st: &mut State) {
+    let events = [st.rx_events, st.tx_events];
+    for (slot, now) in st.parked.iter_mut().zip(events) {
+        if slot.as_ref().is_some_and(|p| p.seen != now) {
+            if let Some(p) = slot.take() {
+                p.waker.wake();
+            }
         }
     }
 }

@@ -388,6 +388,23 @@ impl IwarpStream {
         }
     }
 
+    /// Parks `waker` on reading or writing and arms the CQs (`Conn::park`): the next
+    /// poll of the stream that counts an event of that direction wakes it.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn park(&self, write: bool, waker: &std::task::Waker) {
+        if let Inner::Iwarp(c) = &self.inner {
+            c.park(write, waker);
+        }
+    }
+
+    /// Forgets the task parked on reading or writing.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn unpark(&self, write: bool) {
+        if let Inner::Iwarp(c) = &self.inner {
+            c.unpark(write);
+        }
+    }
+
     /// True while an iWARP stream's EOF waits for a credit.
     #[cfg(feature = "tokio")]
     pub(crate) fn eof_pending(&self) -> bool {

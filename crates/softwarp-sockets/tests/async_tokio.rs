@@ -2,11 +2,16 @@
 //! multi-threaded runtime, the halves of `tokio::io::split` in different tasks.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::io::{Read, Write};
 use std::net::Shutdown;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
 
 use softwarp_sockets::{AsyncIwarpStream, IwarpListener, IwarpStream};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
@@ -59,6 +64,102 @@ async fn echo_through_split_halves_in_separate_tasks() {
     assert_eq!(server.await.unwrap(), data.len() as u64);
     assert_eq!(back.len(), data.len());
     assert!(back == data, "the echoed bytes differ");
+}
+
+/// A waker that counts its wake-ups.
+#[derive(Default)]
+struct Count(AtomicUsize);
+
+impl Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Polls `c` (nobody else reading it) until `ready` says the side a parked task waits for
+/// can go on, so that this poll, not the runtime, takes the completion and drains the
+/// channel; polls again a moment later for a channel write that trailed its completion,
+/// then lets the runtime's reactor run.
+async fn taken_by_another_poll(
+    c: &AsyncIwarpStream,
+    ready: fn(&softwarp_sockets::Readiness) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready(&c.get_ref().poll_ready()) {
+        assert!(Instant::now() < deadline, "the completion within 10 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    c.get_ref().poll_ready();
+    // A current-thread runtime runs its reactor only here: the event, if the channel still
+    // held one, would wake the task through its `AsyncFd`.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// A completion that another poll of the stream takes (the other half of a split, or
+/// `poll_ready`) drains the completion channel before the reactor sees it: the parked
+/// reader must be woken by that poll, or it sleeps forever.
+#[tokio::test(flavor = "current_thread")]
+async fn a_reader_is_woken_when_another_poll_takes_its_data() {
+    let (c, mut s) = pair();
+    let mut c = AsyncIwarpStream::new(c).unwrap();
+    let count = Arc::new(Count::default());
+    let waker = Waker::from(count.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut buf = [0u8; 16];
+    let mut rb = ReadBuf::new(&mut buf);
+    assert!(Pin::new(&mut c).poll_read(&mut cx, &mut rb).is_pending());
+    s.write_all(b"hello").unwrap();
+    taken_by_another_poll(&c, |r| r.readable).await;
+    assert!(
+        count.0.load(Ordering::SeqCst) >= 1,
+        "the parked reader was never woken"
+    );
+    assert!(matches!(
+        Pin::new(&mut c).poll_read(&mut cx, &mut rb),
+        Poll::Ready(Ok(()))
+    ));
+    assert_eq!(rb.filled(), b"hello");
+}
+
+/// The same for a writer parked for credits: the peer's read returns them, another poll
+/// takes the grant.
+#[tokio::test(flavor = "current_thread")]
+async fn a_writer_is_woken_when_another_poll_takes_its_credits() {
+    let (c, mut s) = pair();
+    let mut c = AsyncIwarpStream::new(c).unwrap();
+    let count = Arc::new(Count::default());
+    let waker = Waker::from(count.clone());
+    let mut cx = Context::from_waker(&waker);
+    let chunk = vec![7u8; 1 << 16];
+    let mut sent = 0usize;
+    let mut parked = false;
+    for _ in 0..10_000 {
+        match Pin::new(&mut c).poll_write(&mut cx, &chunk) {
+            Poll::Ready(Ok(n)) => sent += n,
+            Poll::Ready(Err(e)) => panic!("{e}"),
+            Poll::Pending => {
+                parked = true;
+                break;
+            }
+        }
+    }
+    assert!(parked, "the writer never ran out of credits");
+    let before = count.0.load(Ordering::SeqCst);
+    let mut got = 0usize;
+    let mut sink = vec![0u8; 1 << 16];
+    while got < sent {
+        got += s.read(&mut sink).unwrap();
+    }
+    taken_by_another_poll(&c, |r| r.writable).await;
+    assert!(
+        count.0.load(Ordering::SeqCst) > before,
+        "the parked writer was never woken"
+    );
+    assert!(matches!(
+        Pin::new(&mut c).poll_write(&mut cx, &chunk),
+        Poll::Ready(Ok(_))
+    ));
 }
 
 #[tokio::test]
