@@ -349,10 +349,27 @@ impl Conn {
 
     // ---- progress -------------------------------------------------------------------
 
-    /// Takes every completion and acts on it, sends what waited for credits, and grants;
-    /// then wakes the parked tasks whose direction saw an event.
+    /// Consumes the completion channel's events, then takes every completion
+    /// ([`Conn::take_completions`]). An event means its CQ fired and is no longer armed:
+    /// while a task is parked ([`Conn::park`]) the CQs are armed again at once and polled
+    /// once more, so the next completion signals the channel whoever consumed this one.
     fn progress(&self, st: &mut State) {
-        while self.channel.try_get_cq_event().is_some() {}
+        let mut fired = false;
+        while self.channel.try_get_cq_event().is_some() {
+            fired = true;
+        }
+        self.take_completions(st);
+        if fired && st.parked.iter().any(Option::is_some) {
+            self.arm_cqs();
+            self.take_completions(st);
+        }
+    }
+
+    /// Takes every completion and acts on it, sends what waited for credits, and grants;
+    /// then wakes the parked tasks whose direction saw an event. Leaves the completion
+    /// channel alone: after [`Conn::arm_cqs`], an event that arrives is left for the
+    /// descriptor's waiter.
+    fn take_completions(&self, st: &mut State) {
         self.drain(st, &self.recv_cq, Self::on_recv);
         self.drain(st, &self.send_cq, Self::on_send);
         self.flush_control(st);
@@ -636,7 +653,7 @@ impl Conn {
         let mut st = lock(&self.state);
         self.progress(&mut st);
         self.arm_cqs();
-        self.progress(&mut st);
+        self.take_completions(&mut st);
         self.readiness(&st)
     }
 
@@ -650,13 +667,13 @@ impl Conn {
     pub(crate) fn park(&self, write: bool, waker: &Waker) {
         let mut st = lock(&self.state);
         self.progress(&mut st);
-        self.arm_cqs();
-        self.progress(&mut st);
         let seen = if write { st.tx_events } else { st.rx_events };
         st.parked[usize::from(write)] = Some(Parked {
             waker: waker.clone(),
             seen,
         });
+        self.arm_cqs();
+        self.take_completions(&mut st);
     }
 
     /// Forgets the task parked on reading or writing (its operation went through).
@@ -689,7 +706,7 @@ impl Conn {
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
                 self.arm_cqs();
-                self.progress(&mut st);
+                self.take_completions(&mut st);
                 if let Some(r) = attempt(self, &mut st) {
                     return r;
                 }

@@ -162,6 +162,42 @@ async fn a_writer_is_woken_when_another_poll_takes_its_credits() {
     ));
 }
 
+/// A channel event that another poll consumes disarmed its CQ: here a WINDOW
+/// advertisement (no event of either direction) arrives while a reader is parked and a
+/// blocking call takes it. The CQs must be armed again for the reader, or the data that
+/// follows signals nobody.
+#[tokio::test(flavor = "current_thread")]
+async fn a_reader_hears_of_data_after_another_poll_consumed_a_control_message() {
+    let (c, mut s) = pair();
+    let mut c = AsyncIwarpStream::new(c).unwrap();
+    let count = Arc::new(Count::default());
+    let waker = Waker::from(count.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut buf = [0u8; 16];
+    let mut rb = ReadBuf::new(&mut buf);
+    assert!(Pin::new(&mut c).poll_read(&mut cx, &mut rb).is_pending());
+    let _window = s.expose(4096, 0).unwrap();
+    c.get_ref()
+        .wait_peer_window(0, 4096, Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(count.0.load(Ordering::SeqCst), 0, "a window is not data");
+    s.write_all(b"after").unwrap();
+    // Only the reactor can hear of it now: nobody else polls the stream.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count.0.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the parked reader was never woken"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(matches!(
+        Pin::new(&mut c).poll_read(&mut cx, &mut rb),
+        Poll::Ready(Ok(()))
+    ));
+    assert_eq!(rb.filled(), b"after");
+}
+
 #[tokio::test]
 async fn a_plain_stream_or_no_runtime_is_refused() {
     let l = IwarpListener::bind("127.0.0.1:0").unwrap();
