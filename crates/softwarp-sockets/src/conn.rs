@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::{Duration, Instant};
@@ -31,7 +31,8 @@ use crate::wire::{self, Header, Hello, Kind, WindowAd, HEADER_LEN};
 
 /// The longest a blocked call sleeps before looking again. Several threads may wait on one
 /// stream (a reader and a writer); the one that drains the completion channel makes the
-/// progress for all, and a sleeper notices it within this time at the latest.
+/// progress for all and kicks the others ([`Conn::kick`]); this bounds a wait should
+/// anything else go unseen.
 const WAIT_SLICE: Duration = Duration::from_millis(20);
 
 /// Longest [`Conn::close`] waits for the peer's end of the graceful close.
@@ -141,6 +142,8 @@ struct State {
     /// Tasks parked on reading and on writing (feature `tokio`), with the event count each
     /// last saw: see [`Conn::park`].
     parked: [Option<Parked>; 2],
+    /// Threads blocked in [`Conn::run`]'s wait.
+    waiting: u32,
 }
 
 /// A task waiting for one direction of the stream.
@@ -170,6 +173,9 @@ pub(crate) struct Conn {
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
     channel: CompletionChannel,
+    /// A semaphore eventfd that blocked calls wait on beside the channel: a look that
+    /// consumed the channel's event while others wait writes a unit for each of them.
+    kick: OwnedFd,
     pd: ProtectionDomain,
     state: Mutex<State>,
     info: ConnectionInfo,
@@ -230,6 +236,12 @@ impl Conn {
         let send_slots = opts.send_slots;
         let pd = dev.alloc_pd().map_err(io_err)?;
         let channel = dev.create_comp_channel().map_err(io_err)?;
+        let kick = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC
+                | rustix::event::EventfdFlags::NONBLOCK
+                | rustix::event::EventfdFlags::SEMAPHORE,
+        )?;
         let recv_cq = dev
             .create_cq(recv_slots as usize, Some(&channel))
             .map_err(io_err)?;
@@ -308,6 +320,7 @@ impl Conn {
             rx_events: 0,
             tx_events: 0,
             parked: [None, None],
+            waiting: 0,
         };
         Ok(Arc::new(Conn {
             qp,
@@ -316,6 +329,7 @@ impl Conn {
             send_cq,
             recv_cq,
             channel,
+            kick,
             pd,
             state: Mutex::new(state),
             info,
@@ -363,6 +377,15 @@ impl Conn {
             self.arm_cqs();
             self.take_completions(st);
         }
+        if fired && st.waiting > 0 {
+            self.kick(st.waiting);
+        }
+    }
+
+    /// Wakes `n` threads blocked in [`Conn::run`]: the event this look consumed may have
+    /// been one of theirs (their wait arms the CQs again when they look).
+    fn kick(&self, n: u32) {
+        let _ = rustix::io::write(&self.kick, &u64::from(n).to_ne_bytes());
     }
 
     /// Takes every completion and acts on it, sends what waited for credits, and grants;
@@ -696,7 +719,7 @@ impl Conn {
         } = wait;
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
-            {
+            let slice = {
                 let mut st = lock(&self.state);
                 self.progress(&mut st);
                 if let Some(r) = attempt(self, &mut st) {
@@ -710,16 +733,23 @@ impl Conn {
                 if let Some(r) = attempt(self, &mut st) {
                     return r;
                 }
-            }
-            let mut slice = WAIT_SLICE;
-            if let Some(d) = deadline {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(io::ErrorKind::WouldBlock.into());
+                let mut slice = WAIT_SLICE;
+                if let Some(d) = deadline {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(io::ErrorKind::WouldBlock.into());
+                    }
+                    slice = slice.min(left);
                 }
-                slice = slice.min(left);
+                st.waiting = st.waiting.saturating_add(1);
+                slice
+            };
+            let woke = wait_readable(&self.channel, &self.kick, slice);
+            {
+                let mut st = lock(&self.state);
+                st.waiting = st.waiting.saturating_sub(1);
             }
-            match wait_readable(&self.channel, slice) {
+            match woke {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted && !interruptible => {}
                 r => r?,
             }
@@ -1241,18 +1271,71 @@ fn post_slot(
     })
 }
 
-/// Waits until `fd` is readable or `timeout` passes (`Interrupted` when a signal came).
-fn wait_readable(fd: impl std::os::fd::AsFd, timeout: Duration) -> io::Result<()> {
-    let mut fds = [rustix::event::PollFd::new(
-        &fd,
-        rustix::event::PollFlags::IN,
-    )];
+/// Waits until `fd` or `kick` is readable or `timeout` passes (`Interrupted` when a signal
+/// came); takes one unit of `kick` (a semaphore eventfd) when it was.
+fn wait_readable(fd: impl AsFd, kick: impl AsFd, timeout: Duration) -> io::Result<()> {
+    use rustix::event::{PollFd, PollFlags};
+    let mut fds = [
+        PollFd::new(&fd, PollFlags::IN),
+        PollFd::new(&kick, PollFlags::IN),
+    ];
     let ts = rustix::event::Timespec {
         tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
         tv_nsec: i64::from(timeout.subsec_nanos()),
     };
-    match rustix::event::poll(&mut fds, Some(&ts)) {
-        Ok(_) => Ok(()),
-        Err(e) => Err(e.into()),
+    rustix::event::poll(&mut fds, Some(&ts))?;
+    if fds[1].revents().contains(PollFlags::IN) {
+        // Another thread may have taken the unit first: nothing to do then.
+        let _ = rustix::io::read(&kick, &mut [0u8; 8]);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::io::Write;
+
+    use super::*;
+    use crate::{IwarpListener, IwarpStream};
+
+    fn pair() -> (IwarpStream, IwarpStream) {
+        let l = IwarpListener::bind_iwarp("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || l.accept().unwrap().0);
+        let c = IwarpStream::connect_iwarp(addr).unwrap();
+        (c, t.join().unwrap())
+    }
+
+    /// A thread blocked in a read waits on the completion channel; when another thread's
+    /// call consumes the channel's event (its data), the blocked one must be kicked, not
+    /// left to sleep out its slice (20 ms per message for a program with a reading and a
+    /// writing thread).
+    #[test]
+    fn a_look_that_consumes_a_blocked_threads_event_kicks_it() {
+        let (c, mut s) = pair();
+        let conn = Arc::clone(c.conn().unwrap());
+        // As `run` leaves it before it sleeps: the CQs armed, one thread counted.
+        {
+            let mut st = lock(&conn.state);
+            conn.progress(&mut st);
+            conn.arm_cqs();
+            conn.take_completions(&mut st);
+            st.waiting = 1;
+        }
+        s.write_all(b"data").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !conn.poll_ready().readable {
+            assert!(Instant::now() < deadline, "the data within 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut unit = [0u8; 8];
+        assert_eq!(
+            rustix::io::read(&conn.kick, &mut unit).ok(),
+            Some(8),
+            "the blocked thread was not kicked"
+        );
+        assert_eq!(u64::from_ne_bytes(unit), 1);
+        lock(&conn.state).waiting = 0;
     }
 }

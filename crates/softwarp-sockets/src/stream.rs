@@ -562,7 +562,7 @@ impl IwarpStream {
         self.conn().ok().map(|c| c.recv_slots())
     }
 
-    fn conn(&self) -> io::Result<&Arc<Conn>> {
+    pub(crate) fn conn(&self) -> io::Result<&Arc<Conn>> {
         match &self.inner {
             Inner::Iwarp(c) => Ok(c),
             Inner::Tcp(_) => Err(not_iwarp()),
