@@ -5,12 +5,13 @@
 //! waits for (see DESIGN.md, "Decisions: extended sockets").
 //!
 //! ```text
-//! cargo run --release -p softwarp-sockets --example split_echo [N] [GAP_US]
+//! cargo run --release -p softwarp-sockets --example split_echo [N] [GAP_US] [tcp]
 //! ```
 //!
 //! Prints, for iWARP and TCP: the median, 99th percentile and largest round trip in
 //! microseconds, and how many took over 1, 5 and 15 ms. N (default 2000) is the number of
-//! messages; GAP_US defaults to 200.
+//! messages; GAP_US defaults to 200. With `tcp` only the `std::net` run, for the preload
+//! library (`SOFTWARP_SOCKETS=all LD_PRELOAD=libsoftwarp_preload.so`, which makes it iWARP).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
@@ -36,15 +37,24 @@ impl Split for TcpStream {
     }
 }
 
-fn run<T: Split>(c: T, s: T, what: &str, n: usize, gap: Duration) {
+/// `c` against the server end that `accept` gives on the echo thread (over the preload
+/// library an accepted connection runs its MPA exchange at its first read).
+fn run<T: Split>(
+    c: impl FnOnce() -> T,
+    accept: impl FnOnce() -> T + Send + 'static,
+    what: &str,
+    n: usize,
+    gap: Duration,
+) {
     let echo = std::thread::spawn(move || {
-        let mut s = s;
+        let mut s = accept();
         let mut buf = [0u8; 16];
         for _ in 0..n {
             s.read_exact(&mut buf).unwrap();
             s.write_all(&buf).unwrap();
         }
     });
+    let c = c();
     let start = Instant::now();
     let mut w = c.handle();
     let writer = std::thread::spawn(move || {
@@ -86,17 +96,30 @@ fn main() {
     let n: usize = args.next().map_or(2000, |a| a.parse().expect("N"));
     let gap = Duration::from_micros(args.next().map_or(200, |a| a.parse().expect("GAP_US")));
     assert!(n > 0, "N must be positive");
+    let tcp_only = args.next().is_some_and(|a| a == "tcp");
 
+    if !tcp_only {
+        native(n, gap);
+    }
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let accept = move || {
+        let s = l.accept().unwrap().0;
+        s.set_nodelay(true).unwrap();
+        s
+    };
+    let connect = move || {
+        let c = TcpStream::connect(addr).unwrap();
+        c.set_nodelay(true).unwrap();
+        c
+    };
+    run(connect, accept, "tcp", n, gap);
+}
+
+fn native(n: usize, gap: Duration) {
     let l = IwarpListener::bind_iwarp("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
-    let t = std::thread::spawn(move || l.accept().unwrap().0);
-    let c = IwarpStream::connect_iwarp(addr).unwrap();
-    run(c, t.join().unwrap(), "iwarp", n, gap);
-
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let s = l.accept().unwrap().0;
-    c.set_nodelay(true).unwrap();
-    s.set_nodelay(true).unwrap();
-    run(c, s, "tcp", n, gap);
+    let accept = move || l.accept().unwrap().0;
+    let connect = move || IwarpStream::connect_iwarp(addr).unwrap();
+    run(connect, accept, "iwarp", n, gap);
 }
