@@ -88,7 +88,8 @@ use libc::{
     timespec, timeval,
 };
 use softwarp_sockets::{
-    IwarpOptions, IwarpStream, Readiness, Side, SOL_SOFTWARP, SO_IWARP_ACTIVE, SO_IWARP_MODE,
+    IwarpOptions, IwarpStream, Readiness, Side, StreamWaiter, SOL_SOFTWARP, SO_IWARP_ACTIVE,
+    SO_IWARP_MODE,
 };
 
 use config::Mode;
@@ -1913,14 +1914,50 @@ fn revents_of(r: &Readiness, events: i16) -> i16 {
 }
 
 /// Readiness of a stream, arming it when nothing is ready.
-fn stream_readiness(s: &StreamEntry) -> Readiness {
+fn stream_readiness(s: &StreamEntry, waiter: Option<&StreamWaiter<'_>>) -> Readiness {
     if inherited(s) {
         return Readiness {
             error: true,
             ..Readiness::default()
         };
     }
-    s.stream.arm_readiness()
+    match waiter {
+        Some(w) => w.arm_readiness(),
+        None => s.stream.arm_readiness(),
+    }
+}
+
+/// Counts this thread as waiting on each stream of `kinds` (see
+/// [`softwarp_sockets::IwarpStream::waiter`]): before their readiness is looked at, so
+/// that another thread's call that takes a completion from then on kicks this wait.
+fn waiters(kinds: &[Polled]) -> Vec<Option<StreamWaiter<'_>>> {
+    kinds
+        .iter()
+        .map(|k| match k {
+            Polled::Stream(s) if !inherited(s) => s.stream.waiter(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The kicks of `waiters` as poll entries, appended to `set`.
+fn push_kicks(set: &mut Vec<pollfd>, waiters: &[Option<StreamWaiter<'_>>]) {
+    for w in waiters.iter().flatten() {
+        set.push(pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&w.kick_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
+}
+
+/// Takes the kicks that `set[from..]` (made by [`push_kicks`]) reports.
+fn take_kicks(set: &[pollfd], from: usize, waiters: &[Option<StreamWaiter<'_>>]) {
+    for (p, w) in set.iter().skip(from).zip(waiters.iter().flatten()) {
+        if p.revents & libc::POLLIN != 0 {
+            w.take_kick();
+        }
+    }
 }
 
 fn deadline_of(timeout_ms: c_int) -> Option<Instant> {
@@ -1969,6 +2006,8 @@ fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c
     let mut tmp: Vec<pollfd> = fds.to_vec();
     loop {
         let kinds: Vec<Polled> = fds.iter().map(|p| polled(p.fd)).collect();
+        let waiting = waiters(&kinds);
+        tmp.truncate(fds.len());
         let mut ours_ready = 0;
         for (i, p) in fds.iter_mut().enumerate() {
             tmp[i] = pollfd {
@@ -1978,7 +2017,8 @@ fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c
             };
             match &kinds[i] {
                 Polled::Stream(s) => {
-                    p.revents = revents_of(&stream_readiness(s), p.events);
+                    let w = waiting.get(i).and_then(Option::as_ref);
+                    p.revents = revents_of(&stream_readiness(s, w), p.events);
                     if p.revents != 0 {
                         ours_ready += 1;
                     }
@@ -2003,11 +2043,13 @@ fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c
                 left.min(SLICE).as_millis() as c_int
             }
         };
+        push_kicks(&mut tmp, &waiting);
         // SAFETY: libc's poll over our copy of the set.
         let n = unsafe { real_poll()(tmp.as_mut_ptr(), tmp.len() as nfds_t, wait) };
         if n < 0 {
             return -1;
         }
+        take_kicks(&tmp, fds.len(), &waiting);
         let mut others = 0;
         let mut changed = false;
         for (i, p) in fds.iter_mut().enumerate() {
@@ -2442,15 +2484,16 @@ pub unsafe extern "C" fn epoll_ctl(
 const IN_BITS: u32 = (libc::EPOLLIN | libc::EPOLLRDNORM | libc::EPOLLRDHUP) as u32;
 const OUT_BITS: u32 = (libc::EPOLLOUT | libc::EPOLLWRNORM) as u32;
 
-/// What one registration reports now (updating its edge-triggered state), or 0.
-fn reg_events(reg: &mut Reg) -> u32 {
+/// What one registration reports now (updating its edge-triggered state), or 0; a stream
+/// is armed for `waiter` when there is one.
+fn reg_events(reg: &mut Reg, waiter: Option<&StreamWaiter<'_>>) -> u32 {
     if reg.disabled {
         return 0;
     }
     let want = (reg.events & (IN_BITS | OUT_BITS)) as i16;
     let (rev, counts) = match polled(reg.fd) {
         Polled::Stream(s) => {
-            let r = stream_readiness(&s);
+            let r = stream_readiness(&s, waiter);
             // Only the events of the registered direction count as a new edge (a send
             // completing does not report EPOLLIN again, as in the kernel).
             let rx = if reg.events & IN_BITS != 0 {
@@ -2469,7 +2512,7 @@ fn reg_events(reg: &mut Reg) -> u32 {
             return match finish(reg.fd, false) {
                 Progress::Pending => 0,
                 // Now a stream, a failed connect or (after a fallback) a plain socket.
-                Progress::Connected | Progress::Failed(_) => reg_events(reg),
+                Progress::Connected | Progress::Failed(_) => reg_events(reg, None),
             };
         }
         Polled::Failed(e) => (failed_revents(&e, want), (1, 1)),
@@ -2515,12 +2558,14 @@ fn epoll_mixed(
     loop {
         let mut regs: Vec<Reg> =
             epoll_reg::with(|r| r.iter().filter(|e| e.epfd == epfd).copied().collect());
+        let kinds: Vec<Polled> = regs.iter().map(|r| polled(r.fd)).collect();
+        let waiting = waiters(&kinds);
         let mut n = 0usize;
-        for reg in &mut regs {
+        for (i, reg) in regs.iter_mut().enumerate() {
             if n >= cap {
                 break;
             }
-            let rev = reg_events(reg);
+            let rev = reg_events(reg, waiting.get(i).and_then(Option::as_ref));
             if rev != 0 {
                 outs[n] = epoll_event {
                     events: rev,
@@ -2554,6 +2599,32 @@ fn epoll_mixed(
         };
         let room = cap.saturating_sub(n);
         if room > 0 {
+            // The kicks cannot join the program's epoll set: wait on the set itself (an
+            // epoll descriptor is readable while it has events) beside them, then collect.
+            let wait = if wait != 0 && waiting.iter().any(Option::is_some) {
+                let mut set = vec![pollfd {
+                    fd: epfd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                }];
+                push_kicks(&mut set, &waiting);
+                let ts = (wait >= 0).then(|| timespec {
+                    tv_sec: libc::time_t::from(wait / 1000),
+                    tv_nsec: libc::c_long::from(wait % 1000) * 1_000_000,
+                });
+                let tsp = ts
+                    .as_ref()
+                    .map_or(std::ptr::null(), |t| t as *const timespec);
+                // SAFETY: libc's ppoll over our set, with the caller's signal mask.
+                let r = unsafe { real_ppoll()(set.as_mut_ptr(), set.len() as nfds_t, tsp, mask) };
+                if r < 0 && n == 0 {
+                    return -1;
+                }
+                take_kicks(&set, 1, &waiting);
+                0
+            } else {
+                wait
+            };
             // SAFETY: libc's epoll_pwait into our buffer of `room` events.
             let got =
                 unsafe { real_epoll_pwait()(epfd, buf.as_mut_ptr(), room as c_int, wait, mask) };

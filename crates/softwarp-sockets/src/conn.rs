@@ -15,6 +15,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::{Duration, Instant};
@@ -142,8 +143,6 @@ struct State {
     /// Tasks parked on reading and on writing (feature `tokio`), with the event count each
     /// last saw: see [`Conn::park`].
     parked: [Option<Parked>; 2],
-    /// Threads blocked in [`Conn::run`]'s wait.
-    waiting: u32,
 }
 
 /// A task waiting for one direction of the stream.
@@ -176,6 +175,9 @@ pub(crate) struct Conn {
     /// A semaphore eventfd that blocked calls wait on beside the channel: a look that
     /// consumed the channel's event while others wait writes a unit for each of them.
     kick: OwnedFd,
+    /// Threads waiting on the channel: blocked in [`Conn::run`]'s wait, or an event loop's
+    /// [`crate::StreamWaiter`] (counted without the state's lock, before they look).
+    waiting: AtomicU32,
     pd: ProtectionDomain,
     state: Mutex<State>,
     info: ConnectionInfo,
@@ -320,7 +322,6 @@ impl Conn {
             rx_events: 0,
             tx_events: 0,
             parked: [None, None],
-            waiting: 0,
         };
         Ok(Arc::new(Conn {
             qp,
@@ -330,6 +331,7 @@ impl Conn {
             recv_cq,
             channel,
             kick,
+            waiting: AtomicU32::new(0),
             pd,
             state: Mutex::new(state),
             info,
@@ -368,6 +370,12 @@ impl Conn {
     /// while a task is parked ([`Conn::park`]) the CQs are armed again at once and polled
     /// once more, so the next completion signals the channel whoever consumed this one.
     fn progress(&self, st: &mut State) {
+        self.progress_as(st, 0);
+    }
+
+    /// [`Conn::progress`] for a caller that is itself counted in `waiting` `me` times (it
+    /// does not kick itself).
+    fn progress_as(&self, st: &mut State, me: u32) {
         let mut fired = false;
         while self.channel.try_get_cq_event().is_some() {
             fired = true;
@@ -377,8 +385,9 @@ impl Conn {
             self.arm_cqs();
             self.take_completions(st);
         }
-        if fired && st.waiting > 0 {
-            self.kick(st.waiting);
+        let others = self.waiting.load(Ordering::SeqCst).saturating_sub(me);
+        if fired && others > 0 {
+            self.kick(others);
         }
     }
 
@@ -705,6 +714,36 @@ impl Conn {
         lock(&self.state).parked[usize::from(write)] = None;
     }
 
+    /// Counts an event loop's thread as waiting on the channel ([`crate::StreamWaiter`]):
+    /// from now on a look by another thread that consumes a channel event kicks it.
+    pub(crate) fn begin_wait(&self) {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Ends [`Conn::begin_wait`].
+    pub(crate) fn end_wait(&self) {
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// [`Conn::arm`] for a thread counted by [`Conn::begin_wait`].
+    pub(crate) fn arm_as_waiter(&self) -> Readiness {
+        let mut st = lock(&self.state);
+        self.progress_as(&mut st, 1);
+        self.arm_cqs();
+        self.take_completions(&mut st);
+        self.readiness(&st)
+    }
+
+    /// The kick descriptor: readable while a unit for a waiting thread is there.
+    pub(crate) fn kick_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.kick.as_fd()
+    }
+
+    /// Takes one unit of the kick (after a wait reported it readable).
+    pub(crate) fn take_kick(&self) {
+        let _ = rustix::io::read(&self.kick, &mut [0u8; 8]);
+    }
+
     /// Runs `attempt` until it returns `Some`, waiting for completions in between as `wait`
     /// allows: the one blocking-wait loop of every call on the connection.
     fn run<T>(
@@ -741,14 +780,11 @@ impl Conn {
                     }
                     slice = slice.min(left);
                 }
-                st.waiting = st.waiting.saturating_add(1);
+                self.waiting.fetch_add(1, Ordering::SeqCst);
                 slice
             };
             let woke = wait_readable(&self.channel, &self.kick, slice);
-            {
-                let mut st = lock(&self.state);
-                st.waiting = st.waiting.saturating_sub(1);
-            }
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
             match woke {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted && !interruptible => {}
                 r => r?,
@@ -1321,8 +1357,8 @@ mod tests {
             conn.progress(&mut st);
             conn.arm_cqs();
             conn.take_completions(&mut st);
-            st.waiting = 1;
         }
+        conn.waiting.store(1, Ordering::SeqCst);
         s.write_all(b"data").unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !conn.poll_ready().readable {
@@ -1336,6 +1372,6 @@ mod tests {
             "the blocked thread was not kicked"
         );
         assert_eq!(u64::from_ne_bytes(unit), 1);
-        lock(&conn.state).waiting = 0;
+        conn.waiting.store(0, Ordering::SeqCst);
     }
 }

@@ -56,7 +56,7 @@ pub use options::{
     default_device, forget_default_device_after_fork, IwarpOptions, SOL_SOFTWARP, SO_IWARP_ACTIVE,
     SO_IWARP_MODE,
 };
-pub use stream::{IwarpListener, IwarpStream, Readiness, Side, Socket, Window};
+pub use stream::{IwarpListener, IwarpStream, Readiness, Side, Socket, StreamWaiter, Window};
 
 #[cfg(feature = "tokio")]
 pub use aio::AsyncIwarpStream;

@@ -3,7 +3,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -542,6 +542,18 @@ impl IwarpStream {
         }
     }
 
+    /// Counts the calling thread as waiting on this stream's descriptor ([`AsRawFd`]) until
+    /// the returned guard drops (iWARP mode; `None` for plain TCP). Another thread's call
+    /// on the stream that takes the completion this thread waits for then makes
+    /// [`StreamWaiter::kick_fd`] readable: an event loop waits on both descriptors, arming
+    /// with [`StreamWaiter::arm_readiness`] (the guard's thread does not kick itself). The
+    /// completion channel alone cannot tell it: whoever looks first consumes its event.
+    pub fn waiter(&self) -> Option<StreamWaiter<'_>> {
+        let conn = self.conn().ok()?;
+        conn.begin_wait();
+        Some(StreamWaiter { conn })
+    }
+
     /// The QP number of the connection (as `softwarp resources` lists it), in iWARP mode.
     pub fn qp_num(&self) -> Option<u32> {
         self.conn().ok().map(|c| c.qp_num())
@@ -743,5 +755,37 @@ impl Window {
     /// The whole window.
     pub fn to_vec(&self) -> io::Result<Vec<u8>> {
         self.mr.to_vec().map_err(crate::conn::io_err)
+    }
+}
+
+/// A thread waiting on an iWARP stream's descriptor: see [`IwarpStream::waiter`].
+#[derive(Debug)]
+pub struct StreamWaiter<'a> {
+    conn: &'a Arc<Conn>,
+}
+
+impl StreamWaiter<'_> {
+    /// [`IwarpStream::arm_readiness`] for the waiting thread.
+    pub fn arm_readiness(&self) -> Readiness {
+        self.conn.arm_as_waiter()
+    }
+
+    /// Readable while another thread's call took a completion this one may wait for: wait
+    /// on it beside the stream's descriptor, and call [`StreamWaiter::take_kick`] when it
+    /// was readable.
+    pub fn kick_fd(&self) -> BorrowedFd<'_> {
+        self.conn.kick_fd()
+    }
+
+    /// Takes the kick this thread's wait reported (one unit: every waiting thread gets
+    /// its own).
+    pub fn take_kick(&self) {
+        self.conn.take_kick();
+    }
+}
+
+impl Drop for StreamWaiter<'_> {
+    fn drop(&mut self) {
+        self.conn.end_wait();
     }
 }

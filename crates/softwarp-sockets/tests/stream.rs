@@ -414,3 +414,73 @@ fn peek_copies_without_consuming_and_waitall_waits_for_the_rest() {
     assert_eq!(r.read(&mut buf).unwrap(), 5);
     assert_eq!(r.read(&mut buf).unwrap(), 0, "EOF after the peeked bytes");
 }
+
+/// Whether `fd` is readable now (a poll without waiting).
+fn readable_now(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::event::poll(&mut fds, Some(&zero)).unwrap() == 1
+}
+
+/// An event loop's thread waits on the stream's descriptor with a `StreamWaiter`; another
+/// thread's call that takes its completion (here `poll_ready`) kicks it, one unit for one
+/// waiter. The waiter's own look never kicks itself.
+#[test]
+fn a_waiter_is_kicked_by_another_threads_look_and_never_by_its_own() {
+    let (c, mut s) = pair();
+    let w = c.waiter().expect("an iWARP stream has waiters");
+    assert!(!w.arm_readiness().readable);
+    assert!(!readable_now(w.kick_fd()));
+    s.write_all(b"one").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c.poll_ready().readable {
+        assert!(Instant::now() < deadline, "the data within 10 s");
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        readable_now(w.kick_fd()),
+        "another thread's look took the event: kicked"
+    );
+    w.take_kick();
+    assert!(!readable_now(w.kick_fd()), "one unit for one waiter");
+    let mut buf = [0u8; 3];
+    (&c).read_exact(&mut buf).unwrap();
+    // Now the waiter's own look takes the next event.
+    assert!(!w.arm_readiness().readable);
+    s.write_all(b"two").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !w.arm_readiness().readable {
+        assert!(Instant::now() < deadline, "the data within 10 s");
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        !readable_now(w.kick_fd()),
+        "its own look does not kick the waiter"
+    );
+    drop(w);
+    // No waiter: nobody is kicked.
+    (&c).read_exact(&mut buf).unwrap();
+    let w2 = c.waiter().unwrap();
+    assert!(!w2.arm_readiness().readable);
+    drop(w2);
+    s.write_all(b"three").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c.poll_ready().readable {
+        assert!(Instant::now() < deadline, "the data within 10 s");
+        thread::sleep(Duration::from_millis(1));
+    }
+    let w3 = c.waiter().unwrap();
+    assert!(
+        !readable_now(w3.kick_fd()),
+        "a waiter that left is not kicked"
+    );
+    let plain = TcpListener::bind("127.0.0.1:0").unwrap();
+    let t = IwarpStream::connect(plain.local_addr().unwrap()).unwrap();
+    assert!(t.waiter().is_none(), "plain TCP has no waiter");
+}
