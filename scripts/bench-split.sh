@@ -24,7 +24,7 @@ fi
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
 cc -O2 -pthread -o "$bin/split-poll" scripts/split-poll.c
-lib=$PWD/$TARGET/release/libsoftwarp_preload.so
+lib=$(cd "$TARGET/release" && pwd)/libsoftwarp_preload.so
 echo "# $(date -u '+%F %T') UTC, load $(cut -d' ' -f1-3 /proc/loadavg), $(git rev-parse --short HEAD)"
 for r in $(seq "$ROUNDS"); do
   echo "## round $r"
