@@ -76,6 +76,38 @@ impl Wake for Count {
     }
 }
 
+/// Polls an async stream by hand with a counting waker.
+struct Probe {
+    count: Arc<Count>,
+    waker: Waker,
+}
+
+impl Probe {
+    fn new() -> Self {
+        let count = Arc::new(Count::default());
+        let waker = Waker::from(Arc::clone(&count));
+        Self { count, waker }
+    }
+
+    fn woken(&self) -> usize {
+        self.count.0.load(Ordering::SeqCst)
+    }
+
+    fn read(&self, c: &mut AsyncIwarpStream, rb: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(c).poll_read(&mut Context::from_waker(&self.waker), rb)
+    }
+
+    fn write(&self, c: &mut AsyncIwarpStream, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(c).poll_write(&mut Context::from_waker(&self.waker), buf)
+    }
+}
+
+/// An iWARP pair, the first end async (in the current runtime).
+fn async_pair() -> (AsyncIwarpStream, IwarpStream) {
+    let (c, s) = pair();
+    (AsyncIwarpStream::new(c).unwrap(), s)
+}
+
 /// Polls `c` (nobody else reading it) until `ready` says the side a parked task waits for
 /// can go on, so that this poll, not the runtime, takes the completion and drains the
 /// channel; polls again a moment later for a channel write that trailed its completion,
@@ -101,24 +133,15 @@ async fn taken_by_another_poll(
 /// reader must be woken by that poll, or it sleeps forever.
 #[tokio::test(flavor = "current_thread")]
 async fn a_reader_is_woken_when_another_poll_takes_its_data() {
-    let (c, mut s) = pair();
-    let mut c = AsyncIwarpStream::new(c).unwrap();
-    let count = Arc::new(Count::default());
-    let waker = Waker::from(count.clone());
-    let mut cx = Context::from_waker(&waker);
+    let (mut c, mut s) = async_pair();
+    let probe = Probe::new();
     let mut buf = [0u8; 16];
     let mut rb = ReadBuf::new(&mut buf);
-    assert!(Pin::new(&mut c).poll_read(&mut cx, &mut rb).is_pending());
+    assert!(probe.read(&mut c, &mut rb).is_pending());
     s.write_all(b"hello").unwrap();
     taken_by_another_poll(&c, |r| r.readable).await;
-    assert!(
-        count.0.load(Ordering::SeqCst) >= 1,
-        "the parked reader was never woken"
-    );
-    assert!(matches!(
-        Pin::new(&mut c).poll_read(&mut cx, &mut rb),
-        Poll::Ready(Ok(()))
-    ));
+    assert!(probe.woken() >= 1, "the parked reader was never woken");
+    assert!(matches!(probe.read(&mut c, &mut rb), Poll::Ready(Ok(()))));
     assert_eq!(rb.filled(), b"hello");
 }
 
@@ -126,16 +149,13 @@ async fn a_reader_is_woken_when_another_poll_takes_its_data() {
 /// takes the grant.
 #[tokio::test(flavor = "current_thread")]
 async fn a_writer_is_woken_when_another_poll_takes_its_credits() {
-    let (c, mut s) = pair();
-    let mut c = AsyncIwarpStream::new(c).unwrap();
-    let count = Arc::new(Count::default());
-    let waker = Waker::from(count.clone());
-    let mut cx = Context::from_waker(&waker);
+    let (mut c, mut s) = async_pair();
+    let probe = Probe::new();
     let chunk = vec![7u8; 1 << 16];
     let mut sent = 0usize;
     let mut parked = false;
     for _ in 0..10_000 {
-        match Pin::new(&mut c).poll_write(&mut cx, &chunk) {
+        match probe.write(&mut c, &chunk) {
             Poll::Ready(Ok(n)) => sent += n,
             Poll::Ready(Err(e)) => panic!("{e}"),
             Poll::Pending => {
@@ -145,21 +165,15 @@ async fn a_writer_is_woken_when_another_poll_takes_its_credits() {
         }
     }
     assert!(parked, "the writer never ran out of credits");
-    let before = count.0.load(Ordering::SeqCst);
+    let before = probe.woken();
     let mut got = 0usize;
     let mut sink = vec![0u8; 1 << 16];
     while got < sent {
         got += s.read(&mut sink).unwrap();
     }
     taken_by_another_poll(&c, |r| r.writable).await;
-    assert!(
-        count.0.load(Ordering::SeqCst) > before,
-        "the parked writer was never woken"
-    );
-    assert!(matches!(
-        Pin::new(&mut c).poll_write(&mut cx, &chunk),
-        Poll::Ready(Ok(_))
-    ));
+    assert!(probe.woken() > before, "the parked writer was never woken");
+    assert!(matches!(probe.write(&mut c, &chunk), Poll::Ready(Ok(_))));
 }
 
 /// A channel event that another poll consumes disarmed its CQ: here a WINDOW
@@ -168,33 +182,27 @@ async fn a_writer_is_woken_when_another_poll_takes_its_credits() {
 /// follows signals nobody.
 #[tokio::test(flavor = "current_thread")]
 async fn a_reader_hears_of_data_after_another_poll_consumed_a_control_message() {
-    let (c, mut s) = pair();
-    let mut c = AsyncIwarpStream::new(c).unwrap();
-    let count = Arc::new(Count::default());
-    let waker = Waker::from(count.clone());
-    let mut cx = Context::from_waker(&waker);
+    let (mut c, mut s) = async_pair();
+    let probe = Probe::new();
     let mut buf = [0u8; 16];
     let mut rb = ReadBuf::new(&mut buf);
-    assert!(Pin::new(&mut c).poll_read(&mut cx, &mut rb).is_pending());
+    assert!(probe.read(&mut c, &mut rb).is_pending());
     let _window = s.expose(4096, 0).unwrap();
     c.get_ref()
         .wait_peer_window(0, 4096, Duration::from_secs(10))
         .unwrap();
-    assert_eq!(count.0.load(Ordering::SeqCst), 0, "a window is not data");
+    assert_eq!(probe.woken(), 0, "a window is not data");
     s.write_all(b"after").unwrap();
     // Only the reactor can hear of it now: nobody else polls the stream.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while count.0.load(Ordering::SeqCst) == 0 {
+    while probe.woken() == 0 {
         assert!(
             Instant::now() < deadline,
             "the parked reader was never woken"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(matches!(
-        Pin::new(&mut c).poll_read(&mut cx, &mut rb),
-        Poll::Ready(Ok(()))
-    ));
+    assert!(matches!(probe.read(&mut c, &mut rb), Poll::Ready(Ok(()))));
     assert_eq!(rb.filled(), b"after");
 }
 

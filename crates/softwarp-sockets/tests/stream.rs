@@ -428,6 +428,15 @@ fn readable_now(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     rustix::event::poll(&mut fds, Some(&zero)).unwrap() == 1
 }
 
+/// Polls `ready` every millisecond until it says yes (at most 10 s).
+fn until_within_10s(mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready() {
+        assert!(Instant::now() < deadline, "not within 10 s");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// An event loop's thread waits on the stream's descriptor with a `StreamWaiter`; another
 /// thread's call that takes its completion (here `poll_ready`) kicks it, one unit for one
 /// waiter. The waiter's own look never kicks itself.
@@ -438,11 +447,7 @@ fn a_waiter_is_kicked_by_another_threads_look_and_never_by_its_own() {
     assert!(!w.arm_readiness().readable);
     assert!(!readable_now(w.kick_fd()));
     s.write_all(b"one").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !c.poll_ready().readable {
-        assert!(Instant::now() < deadline, "the data within 10 s");
-        thread::sleep(Duration::from_millis(1));
-    }
+    until_within_10s(|| c.poll_ready().readable);
     assert!(
         readable_now(w.kick_fd()),
         "another thread's look took the event: kicked"
@@ -454,11 +459,7 @@ fn a_waiter_is_kicked_by_another_threads_look_and_never_by_its_own() {
     // Now the waiter's own look takes the next event.
     assert!(!w.arm_readiness().readable);
     s.write_all(b"two").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !w.arm_readiness().readable {
-        assert!(Instant::now() < deadline, "the data within 10 s");
-        thread::sleep(Duration::from_millis(1));
-    }
+    until_within_10s(|| w.arm_readiness().readable);
     assert!(
         !readable_now(w.kick_fd()),
         "its own look does not kick the waiter"
@@ -470,11 +471,7 @@ fn a_waiter_is_kicked_by_another_threads_look_and_never_by_its_own() {
     assert!(!w2.arm_readiness().readable);
     drop(w2);
     s.write_all(b"three").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !c.poll_ready().readable {
-        assert!(Instant::now() < deadline, "the data within 10 s");
-        thread::sleep(Duration::from_millis(1));
-    }
+    until_within_10s(|| c.poll_ready().readable);
     let w3 = c.waiter().unwrap();
     assert!(
         !readable_now(w3.kick_fd()),
