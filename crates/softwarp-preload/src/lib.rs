@@ -24,11 +24,12 @@
 //! completion arrives, with no thread or socketpair of ours. The eventfd says "something
 //! happened", not "a read will not block" (bytes may still wait in the receive ring after a
 //! partial read; a send completion is not data), so `poll`, `select` and `epoll_wait` are
-//! intercepted too: for an iWARP descriptor they ask the stream
-//! ([`softwarp_sockets::IwarpStream::arm_readiness`]: data, EOF or error to read; credits
-//! and a free slot to write) and wait on the eventfd only when nothing is ready, in slices of
-//! at most 50 ms (another thread may have consumed the wake-up). A socketpair fed by the
-//! library was the alternative; it needs a thread to feed it and a copy of every byte.
+//! intercepted too: for an iWARP descriptor they ask the stream (a
+//! [`softwarp_sockets::StreamWaiter`]'s `arm_readiness`: data, EOF or error to read; credits
+//! and a free slot to write) and wait on the eventfd only when nothing is ready, beside the
+//! waiter's kick descriptor (another thread's call on the stream may consume the eventfd's
+//! wake-up: it then kicks the waiting threads), in slices of at most 50 ms. A socketpair fed
+//! by the library was the alternative; it needs a thread to feed it and a copy of every byte.
 //!
 //! # Socket semantics, as the kernel's TCP
 //!
