@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
@@ -391,8 +391,9 @@ impl Conn {
         }
     }
 
-    /// Wakes `n` threads blocked in [`Conn::run`]: the event this look consumed may have
-    /// been one of theirs (their wait arms the CQs again when they look).
+    /// Wakes `n` waiting threads (blocked in [`Conn::run`], or holding a
+    /// [`crate::StreamWaiter`]): the event this look consumed may have been one of theirs
+    /// (each arms the CQs again when it looks).
     fn kick(&self, n: u32) {
         let _ = rustix::io::write(&self.kick, &u64::from(n).to_ne_bytes());
     }
@@ -735,7 +736,7 @@ impl Conn {
     }
 
     /// The kick descriptor: readable while a unit for a waiting thread is there.
-    pub(crate) fn kick_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+    pub(crate) fn kick_fd(&self) -> BorrowedFd<'_> {
         self.kick.as_fd()
     }
 

@@ -761,7 +761,7 @@ impl Window {
 /// A thread waiting on an iWARP stream's descriptor: see [`IwarpStream::waiter`].
 #[derive(Debug)]
 pub struct StreamWaiter<'a> {
-    conn: &'a Arc<Conn>,
+    conn: &'a Conn,
 }
 
 impl StreamWaiter<'_> {
