@@ -41,7 +41,7 @@
 //! - `SO_RCVTIMEO` / `SO_SNDTIMEO`: a blocking read or write that waited that long fails
 //!   with `EAGAIN` (or returns the bytes it moved).
 //! - A signal interrupting a blocking read or write: `EINTR`, or the call restarts when
-//!   every caught signal's handler has `SA_RESTART` (see [`restart_after_signal`]).
+//!   every caught signal's handler has `SA_RESTART` (see `restart_after_signal` in the source).
 //!   `poll`, `select` and `epoll_wait` always return `EINTR`, as the kernel's.
 //! - `MSG_PEEK` (with `MSG_DONTWAIT`, `MSG_WAITALL`), `MSG_WAITALL`.
 //! - A write after the peer closed or after `shutdown(SHUT_WR)`: `EPIPE` and `SIGPIPE`
@@ -61,7 +61,7 @@
 //!
 //! # Pass-through
 //!
-//! A data call on a descriptor that is not ours ([`dispatch`], inlined into each interposer)
+//! A data call on a descriptor that is not ours (`dispatch`, inlined into each interposer)
 //! loads the descriptor's byte in the table's 64 Ki-entry bitmap and libc's function
 //! pointer cached at its first use, and jumps to it; `poll`, `select` (and their `p`
 //! forms) jump to libc while no descriptor is ours, `epoll_wait` while no registration

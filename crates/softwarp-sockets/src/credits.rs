@@ -1,5 +1,5 @@
 //! Credit-based flow control between the two ends of an iWARP stream: pure bookkeeping, no
-//! I/O (unit-tested here, driven by [`crate::conn`]).
+//! I/O (unit-tested here, driven by the crate's private `conn` module).
 //!
 //! Every Send consumes one receive buffer (a *slot*) at the peer, so a sender may send only
 //! while it holds a *credit*: a slot the peer has posted and told it about. Each side starts
