@@ -63,6 +63,10 @@ pub struct QpStats {
     /// out of the receive buffer and received from there (each such read also stops the
     /// early reads until Sends of one layout come twice in a row again).
     pub rx_early_missed_bytes: u64,
+    /// FPDUs in the middle of a message received by comparing their header with the one
+    /// before it instead of parsing it (runs of small FPDUs, as a 1500-byte MTU gives: see
+    /// `Qp::rx_run_fpdu`); each was still validated and its CRC checked.
+    pub rx_run_fpdus: u64,
     /// FPDUs whose CRC did not match.
     pub crc_errors: u64,
     /// MPA markers sent (RFC 5044 section 4.3).

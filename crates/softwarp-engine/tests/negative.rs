@@ -1128,3 +1128,152 @@ fn rfc7306_opcodes_and_queue_3_follow_the_streams_rfc7306_setting() {
         );
     }
 }
+
+// Runs (`Qp::rx_run_fpdu`): the middle FPDUs of a message, taken by comparing their headers
+// with the one before, are still checked one by one. Each test feeds whole FPDUs (the
+// runtime's read-ahead), where runs are taken, and counts them, so that it tests the run
+// path and not only the general one.
+
+/// The FPDUs of one Write of `n` segments of `each` bytes (segment `i` filled with `i + 1`)
+/// to `stag` from `iova` on, the last one with the Last flag.
+fn write_run(stag: Stag, iova: u64, n: usize, each: usize, crc: bool) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| {
+            let payload = vec![i as u8 + 1; each];
+            let seg = Segment {
+                last: i + 1 == n,
+                placement: Placement::Tagged {
+                    stag: stag.0,
+                    tagged_offset: iova + (i * each) as u64,
+                },
+                message: Message::RdmaWrite,
+                payload: &payload,
+            };
+            fpdu(&seg, crc)
+        })
+        .collect()
+}
+
+#[test]
+fn a_run_stops_at_the_first_fpdu_after_its_stag_was_deregistered_or_invalidated() {
+    for deregister in [true, false] {
+        let mut v = Victim::new(false);
+        let (stag, iova) = v.region(8192, Access::REMOTE_WRITE);
+        let fpdus = write_run(stag, iova, 6, 1000, false);
+        v.feed_whole(&fpdus[..3].concat());
+        assert_eq!(v.side.qp.stats().rx_run_fpdus, 2, "FPDUs 2 and 3 in a run");
+        let got = contents(&v.regions[0]);
+        assert!(got[..3000]
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i / 1000) as u8 + 1));
+        if deregister {
+            v.side.mrs.deregister(stag).unwrap();
+        } else {
+            v.side.mrs.invalidate_local(stag, util::PD).unwrap();
+        }
+        // The application may reuse the memory from here on: the peer writes nothing more.
+        v.snapshot();
+        v.feed_whole(&fpdus[3..].concat());
+        v.assert_untouched();
+        v.expect_terminate(false, ddp_tagged(TaggedBufferError::InvalidStag));
+        assert_eq!(v.side.qp.stats().rx_run_fpdus, 2, "deregister {deregister}");
+    }
+}
+
+#[test]
+fn a_run_stops_at_the_end_of_its_registration_not_of_the_memory() {
+    let mut v = Victim::new(false);
+    let (r, _, _, _) = v.side.filled_region(4000, Access::NONE, 0xbb);
+    let iova = 0x7700_0000;
+    let stag = v
+        .side
+        .mrs
+        .register(
+            util::PD,
+            r.clone(),
+            0,
+            2500,
+            Some(iova),
+            Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    v.regions.push(r);
+    v.snapshot();
+    v.feed_whole(&write_run(stag, iova, 4, 1000, false).concat());
+    assert_eq!(v.side.qp.stats().rx_run_fpdus, 1, "FPDU 2 in a run");
+    let got = contents(&v.regions[0]);
+    assert!(got[..2000]
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == (i / 1000) as u8 + 1));
+    assert_eq!(
+        &got[2000..],
+        &v.before[0][2000..],
+        "nothing past the first two"
+    );
+    v.expect_terminate(false, ddp_tagged(TaggedBufferError::BaseOrBoundsViolation));
+}
+
+#[test]
+fn a_corrupted_fpdu_in_a_run_is_a_crc_error_and_delivers_nothing() {
+    for write in [false, true] {
+        let mut v = Victim::new(true);
+        let (stag, iova) = v.region(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        let mut fpdus = if write {
+            write_run(stag, iova, 5, 1000, true)
+        } else {
+            v.side
+                .qp
+                .post_recv(RecvWr {
+                    wr_id: 1,
+                    sgl: SgList::single(sge(stag, iova, 0, 8192)),
+                })
+                .unwrap();
+            (0..5u8)
+                .map(|i| {
+                    let payload = [i + 1; 1000];
+                    let seg = send_seg(1, u32::from(i) * 1000, i == 4, Message::Send, &payload);
+                    fpdu(&seg, true)
+                })
+                .collect()
+        };
+        fpdus[2][500] ^= 0x08; // a payload byte of the third FPDU
+        v.feed_whole(&fpdus.concat());
+        assert_eq!(v.side.qp.stats().rx_run_fpdus, 1, "FPDU 2 in a run");
+        assert_eq!(v.side.qp.stats().crc_errors, 1);
+        v.expect_terminate(true, TerminateError::Llp(LlpError::Mpa(MpaError::CrcError)));
+        let wcs = v.side.recv_wcs();
+        if write {
+            assert!(wcs.is_empty());
+            assert_eq!(v.side.qp.stats().rx.write.messages, 0);
+        } else {
+            assert_eq!(wcs.len(), 1);
+            assert_eq!(wcs[0].status, WcStatus::WrFlushErr, "never delivered");
+        }
+    }
+}
+
+#[test]
+fn fpdus_of_a_write_out_of_order_land_where_their_headers_name() {
+    // DDP lets a tagged FPDU name any offset of its buffer: one that does not continue
+    // the run is not placed where the run would have put it.
+    for crc in [false, true] {
+        let mut v = Victim::new(crc);
+        let (stag, iova) = v.region(6000, Access::REMOTE_WRITE);
+        let mut fpdus = write_run(stag, iova, 6, 1000, crc);
+        fpdus.swap(2, 3);
+        v.feed_whole(&fpdus.concat());
+        let got = contents(&v.regions[0]);
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, &b)| b == (i / 1000) as u8 + 1),
+            "crc {crc}"
+        );
+        assert_eq!(v.side.qp.state(), QpState::Rts);
+        assert!(!v.side.qp.terminate_sent());
+        let s = v.side.qp.stats();
+        assert_eq!((s.rx_run_fpdus, s.rx_fpdus, s.rx.write.messages), (1, 6, 1));
+    }
+}

@@ -42,6 +42,16 @@ enum Seg {
         size: u32,
     },
     Raw(Vec<u8>),
+    /// Consecutive FPDUs of one message, `lens` bytes each, the Last flag on the last one
+    /// only (a run, `Qp::rx_run_fpdu`): Send segments of MSN 1 from MO 0 (`send`), or tagged
+    /// FPDUs as `Tagged` into target `t` from `off` on, each continuing the one before.
+    Run {
+        send: bool,
+        resp: bool,
+        t: usize,
+        off: i64,
+        lens: Vec<usize>,
+    },
 }
 
 fn seg() -> impl Strategy<Value = Seg> {
@@ -52,14 +62,72 @@ fn seg() -> impl Strategy<Value = Seg> {
             .prop_map(|(msn, mo, len, last)| Seg::Send { msn, mo, len, last }),
         1 => (0..5usize, 0..9000u32).prop_map(|(t, size)| Seg::ReadRequest { t, size }),
         1 => proptest::collection::vec(any::<u8>(), 0..64).prop_map(Seg::Raw),
+        2 => run(),
     ]
 }
 
-/// The ULPDU of `s` for a target whose STags are `stags`.
+fn run() -> impl Strategy<Value = Seg> {
+    (
+        any::<bool>(),
+        any::<bool>(),
+        0..5usize,
+        -100i64..(LEN as i64),
+        proptest::collection::vec(1..400usize, 2..8),
+    )
+        .prop_map(|(send, resp, t, off, lens)| Seg::Run {
+            send,
+            resp,
+            t,
+            off,
+            lens,
+        })
+}
+
+/// The ULPDUs of `s` for a target whose STags are `stags`: one, or a run's.
+fn ulpdus(s: &Seg, stags: &[u32; 4]) -> Vec<Vec<u8>> {
+    let Seg::Run {
+        send,
+        resp,
+        t,
+        off,
+        lens,
+    } = s
+    else {
+        return vec![ulpdu(s, stags)];
+    };
+    let mut at = 0;
+    let mut out = Vec::new();
+    for (i, &len) in lens.iter().enumerate() {
+        let last = i + 1 == lens.len();
+        let one = if *send {
+            Seg::Send {
+                msn: 1,
+                mo: at as u32,
+                len,
+                last,
+            }
+        } else {
+            Seg::Tagged {
+                resp: *resp,
+                t: *t,
+                stag: 0,
+                off: off + at as i64,
+                len,
+                last,
+            }
+        };
+        out.push(ulpdu(&one, stags));
+        at += len;
+    }
+    out
+}
+
+/// The ULPDU of `s` (not a run) for a target whose STags are `stags`.
 fn ulpdu(s: &Seg, stags: &[u32; 4]) -> Vec<u8> {
     let payload: Vec<u8>;
     let seg = match s {
         Seg::Raw(b) => return b.clone(),
+        Seg::Run { .. } => unreachable!("`ulpdus` expands a run"),
         &Seg::Tagged {
             resp,
             t,
@@ -160,12 +228,14 @@ proptest! {
         let crc = harness::stream_config(cfg).crc;
         let mut stream = Vec::new();
         for (i, s) in segs.iter().enumerate() {
-            let mut f = frame(&ulpdu(s, &stags), crc);
-            if bad_crc[i] && crc && f.len() >= 4 {
-                let n = f.len();
-                f[n - 1] ^= 0x5a;
+            for (j, u) in ulpdus(s, &stags).iter().enumerate() {
+                let mut f = frame(u, crc);
+                if bad_crc[i] && crc && f.len() >= 4 && j == i % 3 {
+                    let n = f.len();
+                    f[n - 1] ^= 0x5a;
+                }
+                stream.extend_from_slice(&f);
             }
-            stream.extend_from_slice(&f);
         }
         for (at, mask) in flips {
             if !stream.is_empty() {
@@ -174,6 +244,35 @@ proptest! {
             }
         }
         t.feed(&stream, &cuts, staged);
+    }
+
+    /// Runs only, read whole into the staging buffer without markers (where
+    /// `Qp::rx_run_fpdu` takes their middle FPDUs), some CRCs bad, some bytes flipped.
+    #[test]
+    fn runs_never_write_outside_what_the_peer_may_write(
+        cfg in any::<u8>(),
+        runs in proptest::collection::vec(run(), 1..4),
+        bad_crc in any::<u8>(),
+        flips in proptest::collection::vec((any::<usize>(), 1u8..=255), 0..2),
+    ) {
+        let cfg = cfg & !2;
+        let mut t = Target::new(cfg);
+        let stags = [t.write.stag.0, t.read.stag.0, t.none.stag.0, t.other_pd.stag.0];
+        let crc = harness::stream_config(cfg).crc;
+        let mut stream = Vec::new();
+        for (i, u) in runs.iter().flat_map(|s| ulpdus(s, &stags)).enumerate() {
+            let mut f = frame(&u, crc);
+            if crc && i == usize::from(bad_crc) {
+                let n = f.len();
+                f[n - 1] ^= 0x5a;
+            }
+            stream.extend_from_slice(&f);
+        }
+        for (at, mask) in flips {
+            let n = stream.len();
+            stream[at % n] ^= mask;
+        }
+        t.feed(&stream, &[], true);
     }
 }
 

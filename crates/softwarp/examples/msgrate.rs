@@ -1,7 +1,7 @@
 //! Message rate of small Sends between two busy-polled QPs on loopback, driven by one thread.
 //!
 //! ```text
-//! cargo run --release -p softwarp --example msgrate -- [MESSAGES] [--size B] [--list N] [--recv-each] [--crc-off] [--fpdu B]
+//! cargo run --release -p softwarp --example msgrate -- [MESSAGES] [--size B] [--list N] [--recv-each] [--crc-off] [--fpdu B] [--write-imm]
 //! valgrind --tool=callgrind target/release/examples/msgrate 20000
 //! ```
 //!
@@ -12,6 +12,8 @@
 //! instructions per message are the difference of two runs of different lengths divided by
 //! the difference of their message counts (setup and teardown cancel out). Prints the
 //! messages, the time, and the rate (wall clock: meaningful only on a quiet machine).
+//! `--write-imm` posts RDMA Writes with Immediate Data into the receiver's buffer instead of
+//! Sends (each still completes a receive WR), to count the tagged receive path.
 #![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
@@ -69,6 +71,7 @@ fn main() {
     // FPDUs of at most this many bytes (`ConnectOptions::max_fpdu_len`; 0: the loopback
     // default of 65,535), as against a peer whose MSS is 1460: `--fpdu 1460`.
     let fpdu = arg(&args, "--fpdu", 0);
+    let write_imm = args.iter().any(|a| a == "--write-imm");
 
     let dev = Device::builder().ras(RasConfig::from_env()).open().unwrap();
     let pd = dev.alloc_pd().unwrap();
@@ -86,7 +89,13 @@ fn main() {
     attr.cap.max_recv_wr = depth;
     let receiver = pd.create_qp(&attr).unwrap();
     let src = pd.reg_mr(size.max(1), AccessFlags::NONE).unwrap();
-    let dst = pd.reg_mr(size.max(1), AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = pd
+        .reg_mr(
+            size.max(1),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+    let (dst_addr, dst_rkey) = (dst.sge(0, 0).unwrap().addr, dst.rkey());
     let recv_wr = RecvWr {
         wr_id: 0,
         sgl: SgList::single(dst.sge(0, size as u32).unwrap()),
@@ -119,9 +128,17 @@ fn main() {
             signaled += usize::from(signal);
             wrs.push(SendWr {
                 wr_id: id,
-                op: SendOp::Send {
-                    solicited: false,
-                    invalidate: None,
+                op: if write_imm {
+                    SendOp::WriteWithImm {
+                        remote_addr: dst_addr,
+                        rkey: dst_rkey,
+                        imm: id as u32,
+                    }
+                } else {
+                    SendOp::Send {
+                        solicited: false,
+                        invalidate: None,
+                    }
                 },
                 payload: Payload::Sgl(SgList::single(src.sge(0, size as u32).unwrap())),
                 signaled: signal,

@@ -891,7 +891,7 @@ impl QpView {
         let s = &self.stats;
         collect_ops(out, "tx", "sent", &s.tx, &labels);
         collect_ops(out, "rx", "received", &s.rx, &labels);
-        let counters: [(&str, &str, u64); 14] = [
+        let counters: [(&str, &str, u64); 15] = [
             ("softwarp_qp_tx_fpdus_total", "FPDUs sent.", s.tx_fpdus),
             ("softwarp_qp_rx_fpdus_total", "FPDUs received.", s.rx_fpdus),
             (
@@ -918,6 +918,11 @@ impl QpView {
                 "softwarp_qp_rx_early_missed_bytes_total",
                 "Bytes read early into a posted receive that their header sent elsewhere (copied out again).",
                 s.rx_early_missed_bytes,
+            ),
+            (
+                "softwarp_qp_rx_run_fpdus_total",
+                "FPDUs in the middle of a message taken by comparing their header with the one before (still validated and CRC-checked).",
+                s.rx_run_fpdus,
             ),
             (
                 "softwarp_qp_crc_errors_total",
@@ -1015,6 +1020,7 @@ fn counters_of(s: &QpStats) -> BTreeMap<String, u64> {
         ("rx_staged_payload_bytes", s.rx_staged_payload_bytes),
         ("rx_early_bytes", s.rx_early_bytes),
         ("rx_early_missed_bytes", s.rx_early_missed_bytes),
+        ("rx_run_fpdus", s.rx_run_fpdus),
         ("crc_errors", s.crc_errors),
         ("tx_markers", s.tx_markers),
         ("rx_markers", s.rx_markers),
