@@ -36,7 +36,7 @@ mod tcp;
 pub mod ucx;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 
@@ -139,6 +139,13 @@ pub struct BenchArgs {
     /// Repeat every measurement this many times and report the median.
     #[arg(long, default_value_t = 1)]
     runs: usize,
+    /// Before the runs of each size, run Softwarp and the TCP baseline alternately, unmeasured,
+    /// for at least this many milliseconds (0: no warm-up). Unpinned, the scheduler may start
+    /// both ends of a ping-pong on one CPU and spread them only tens of milliseconds later:
+    /// without it the first size of an invocation measured 27 us for a 4 KiB Write that
+    /// takes 6 (BENCHMARKS.md).
+    #[arg(long, default_value_t = 100)]
+    warmup_ms: u64,
     /// Skip the raw TCP baseline.
     #[arg(long)]
     no_tcp: bool,
@@ -798,6 +805,25 @@ fn describe_outcome(o: &perftest::Outcome) -> String {
 
 /// `-D`: the iterations that make a run last about `secs` seconds, from one calibration
 /// run of a twentieth of the default iterations (at least 10).
+/// Runs Softwarp and (with `tcp`) the TCP baseline alternately through `run`, unmeasured,
+/// until `ms` milliseconds passed (at most [`WARMUP_ROUNDS`] rounds): see `--warmup-ms`.
+fn warm_up(ms: u64, tcp: bool, mut run: impl FnMut(Which) -> Result<()>) -> Result<()> {
+    let until = Instant::now() + Duration::from_millis(ms);
+    for _ in 0..WARMUP_ROUNDS {
+        if Instant::now() >= until {
+            break;
+        }
+        run(Which::Softwarp)?;
+        if tcp {
+            run(Which::Tcp)?;
+        }
+    }
+    Ok(())
+}
+
+/// The most rounds of [`warm_up`] (runs of a tenth of the iterations each).
+const WARMUP_ROUNDS: usize = 100;
+
 fn iters_for(secs: u64, default: u64, mut run: impl FnMut(u64) -> Result<Timed>) -> Result<u64> {
     let probe = (default / 20).max(10);
     let t = run(probe)?;
@@ -902,6 +928,8 @@ fn run_client(
                     }
                     (None, None) => default_iters(shape.kind, size),
                 };
+                let n = (iters / 10).max(1);
+                warm_up(args.warmup_ms, tcp, |which| conn.run(which, size, n).map(|_| ()))?;
                 let ucx_test = ucx_bin.as_ref().and_then(|_| ucx::test_for(shape));
                 let mut row = Row {
                     spec,
@@ -1007,6 +1035,7 @@ impl Output {
             duration_secs: args.duration,
             max_fpdu: args.fpdu.unwrap_or(0),
             pinned: args.pin,
+            warmup_ms: args.warmup_ms,
             cpus: cpus(),
             load_1m: loadavg(),
         };
@@ -1357,5 +1386,35 @@ mod tests {
         assert_eq!(resolve("127.0.0.1:9", 7).unwrap().port(), 9);
         assert_eq!(resolve("::1", 7).unwrap().port(), 7);
         assert_eq!(resolve("[::1]:9", 7).unwrap().port(), 9);
+    }
+
+    #[test]
+    fn the_warm_up_alternates_both_stacks_for_its_time_and_no_longer() {
+        let mut seen = Vec::new();
+        warm_up(0, true, |w| {
+            seen.push(w);
+            Ok(())
+        })
+        .unwrap();
+        assert!(seen.is_empty(), "no warm-up at 0 ms");
+        let t0 = Instant::now();
+        warm_up(30, true, |w| {
+            seen.push(w);
+            std::thread::sleep(Duration::from_millis(5));
+            Ok(())
+        })
+        .unwrap();
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(30), "{took:?}");
+        assert!(seen.len() >= 6 && seen.len() % 2 == 0, "{seen:?}");
+        assert!(seen.chunks(2).all(|c| c == [Which::Softwarp, Which::Tcp]));
+        seen.clear();
+        warm_up(30, false, |w| {
+            seen.push(w);
+            Ok(())
+        })
+        .unwrap();
+        assert!(seen.iter().all(|&w| w == Which::Softwarp));
+        assert_eq!(seen.len(), WARMUP_ROUNDS, "bounded in rounds");
     }
 }

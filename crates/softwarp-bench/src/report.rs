@@ -347,6 +347,10 @@ pub struct Config {
     pub max_fpdu: usize,
     /// Threads pinned (`--pin`).
     pub pinned: bool,
+    /// Unmeasured warm-up before each size, milliseconds (`--warmup-ms`; 0 in documents
+    /// from before it existed).
+    #[serde(default)]
+    pub warmup_ms: u64,
     /// CPUs of the machine.
     pub cpus: usize,
     /// The 1-minute load average at the start (`None` when unknown).
