@@ -776,8 +776,8 @@ impl Qp {
         if rx.phase != Phase::Header || rx.hdr_have != 0 || rx.mk.on || self.cfg.use_srq {
             return None;
         }
-        if let Some(run) = rx.run {
-            if let Some(total) = self.rx_run_fpdu(run, bytes, res.get().0) {
+        if rx.run.is_some() {
+            if let Some(total) = self.rx_run_fpdu(bytes, res.get().0) {
                 return Some(total);
             }
         }
@@ -914,7 +914,7 @@ impl Qp {
 
     /// [`Qp::rx_whole_fpdu`]'s path for the middle FPDUs of a message (a run): the FPDU at
     /// the start of `bytes` continues the Write, Read Response or Send whose FPDU before it
-    /// did not end it (`run`), and is not its last either. Its header is accepted only when
+    /// did not end it (`RxState::run`), and is not its last either. Its header is accepted only when
     /// its bytes are exactly the ones the general path accepted for the FPDU before, with
     /// the offset field moved on by that FPDU's payload (so no field needs parsing), and
     /// the payload is under [`BIG_PAYLOAD`] bytes (as a 1500-byte MTU's are; larger ones
@@ -929,7 +929,8 @@ impl Qp {
     /// Why: parsing, planning and finishing an FPDU on the general path costs about 500
     /// instructions on top of its copy (callgrind, `examples/msgrate --fpdu 1460`).
     #[inline(never)]
-    fn rx_run_fpdu(&mut self, run: RxRun, bytes: &[u8], mrs: &MrTable) -> Option<usize> {
+    fn rx_run_fpdu(&mut self, bytes: &[u8], mrs: &MrTable) -> Option<usize> {
+        let run = self.rx.run?;
         let ulpdu_len = codec::mpa_len(bytes);
         if ulpdu_len > self.rx.max_ulpdu {
             return None;
