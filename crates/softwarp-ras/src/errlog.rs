@@ -43,6 +43,9 @@ pub enum CriticalKind {
     /// A process of another user (not root) connected to the control socket and was
     /// refused.
     ControlRefused,
+    /// A connection's peer stopped answering: the kernel dropped the connection after
+    /// keepalive probes or sent data went unanswered past their bound; its QP is in Error.
+    PeerUnreachable,
 }
 
 impl CriticalKind {
@@ -57,6 +60,7 @@ impl CriticalKind {
             CriticalKind::LeakAtClose => "leak_at_close",
             CriticalKind::CmOverload => "cm_overload",
             CriticalKind::ControlRefused => "control_refused",
+            CriticalKind::PeerUnreachable => "peer_unreachable",
         }
     }
 
@@ -104,6 +108,12 @@ impl CriticalKind {
                 "Another user's process tried to use this process's control socket (trace \
                  changes, dumps, statistics): only the owner and root may. Find who by the \
                  uid and pid in the detail; run softwarp as the owning user or as root."
+            }
+            CriticalKind::PeerUnreachable => {
+                "The peer host stopped answering (down, unreachable, or its network cut): \
+                 check it and the path to it (ping, ip route, softwarp doctor); the QP must \
+                 be destroyed and the connection re-established. The bound is the \
+                 connection's keepalive (ConnectOptions::tcp_keepalive, SOFTWARP_TCP_KEEPALIVE)."
             }
         }
     }

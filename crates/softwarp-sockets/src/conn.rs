@@ -281,6 +281,9 @@ impl Conn {
             .crc_mode(opts.crc)
             .timeout(opts.connect_timeout)
             .first_fpdu_delay(Duration::ZERO)
+            // The program's own SO_KEEPALIVE settings on its socket stay as they are, as
+            // over kernel TCP.
+            .tcp_keepalive(None)
             .private_data(&hello.encode());
         tcp.set_nodelay(true)?;
         let info = match side {

@@ -15,6 +15,8 @@
 //! | `SOFTWARP_RFC7306` | `on`, `off`: Immediate Data and atomics | on |
 //! | `SOFTWARP_TX_ALIAS_LEAD` | `off`: no short FPDUs leading a large message whose payload would hit 4 KiB aliasing in the kernel's copy (`ConnectOptions::tx_alias_lead`) | on |
 //! | `SOFTWARP_MPA_TIMEOUT_MS` | TCP connect and MPA exchange bound | 5000 |
+//! | `SOFTWARP_TCP_KEEPALIVE` | `off`, or `IDLE,INTERVAL,COUNT` in seconds (`ConnectOptions::tcp_keepalive`: a peer silent for IDLE is probed every INTERVAL; COUNT unanswered probes drop the connection, the QP goes to Error and the error log says `peer_unreachable`) | `60,10,6` |
+//! | `SOFTWARP_TCP_USER_TIMEOUT_MS` | how long sent data may stay unacknowledged before the connection is dropped (`ConnectOptions::tcp_user_timeout`); `0`: the kernel's own bound | the kernel's |
 //! | `SOFTWARP_BUSY_POLL` | `1`: CQs made without a completion channel are busy-polled (`CompletionQueue::set_busy_poll`: the thread polling the CQ moves its QPs' bytes; when its polls stop for 10-20 ms with bytes waiting, the progress thread moves them until they are back, so nothing stalls) | off |
 //! | `SOFTWARP_IDLE_SLEEP` | `0`: a thread that keeps polling an empty CQ spins for ever; otherwise, after 262,144 empty polls in a row (about 3 ms), one poll in 1024 sleeps 100 us until a completion comes (`CompletionQueue::set_idle_sleep`), so that a program spinning on a CQ with nothing coming (perftest's passive `ib_write_bw` server) leaves the cores to the progress threads; busy-polled CQs never sleep | on |
 //! | `SOFTWARP_CLOSE_WAIT_MS` | how long a responder's `rdma_disconnect`/`ibv_destroy_qp` waits for the initiator to close first ([`crate::cm::teardown`]); `0`: close at once | 2000 |
@@ -25,7 +27,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use softwarp::{ConnectOptions, CrcMode, MarkerMode, MpaRevision, TerminateLayout};
+use softwarp::{ConnectOptions, CrcMode, Keepalive, MarkerMode, MpaRevision, TerminateLayout};
 
 /// The connection settings of this process.
 pub fn options() -> ConnectOptions {
@@ -205,7 +207,35 @@ pub fn from(get: impl Fn(&str) -> Option<String>) -> Result<ConnectOptions, Bad>
     if let Some(on) = flag("SOFTWARP_TX_ALIAS_LEAD", "on, off")? {
         o.tx_alias_lead = on;
     }
+    if let Some(v) = get("SOFTWARP_TCP_KEEPALIVE").filter(|v| !v.is_empty()) {
+        o.tcp_keepalive = keepalive(&v).ok_or(("SOFTWARP_TCP_KEEPALIVE", v, KEEPALIVE))?;
+    }
+    if let Some(d) = millis(&get, "SOFTWARP_TCP_USER_TIMEOUT_MS")? {
+        o.tcp_user_timeout = (!d.is_zero()).then_some(d);
+    }
     Ok(o)
+}
+
+const KEEPALIVE: &str = "off, or IDLE,INTERVAL,COUNT (seconds, seconds, probes; each at least 1)";
+
+/// `off`, or `IDLE,INTERVAL,COUNT`: the keepalive settings it names (`None` inside for
+/// `off`), or `None` when it names none.
+fn keepalive(v: &str) -> Option<Option<Keepalive>> {
+    if matches!(v, "off" | "0") {
+        return Some(None);
+    }
+    let n: Vec<u64> = v
+        .split(',')
+        .map(|p| p.trim().parse().ok().filter(|&n| n >= 1))
+        .collect::<Option<_>>()?;
+    let [idle, interval, count] = n[..] else {
+        return None;
+    };
+    Some(Some(Keepalive {
+        idle: Duration::from_secs(idle),
+        interval: Duration::from_secs(interval),
+        count: u32::try_from(count).ok()?,
+    }))
 }
 
 #[cfg(test)]
@@ -293,5 +323,36 @@ mod tests {
         assert_eq!(e, ("SOFTWARP_MPA_REV", "3".to_string(), "1, 2"));
         let e = from(env(&[("SOFTWARP_FIRST_FPDU_DELAY_MS", "soon")])).expect_err("refused");
         assert_eq!(e.0, "SOFTWARP_FIRST_FPDU_DELAY_MS");
+    }
+
+    #[test]
+    fn keepalive_and_user_timeout_come_from_the_environment() {
+        let d = from(env(&[])).expect("defaults");
+        assert_eq!(d.tcp_keepalive, Some(Keepalive::DEFAULT));
+        assert_eq!(d.tcp_user_timeout, None);
+        let o = from(env(&[
+            ("SOFTWARP_TCP_KEEPALIVE", "5,2,3"),
+            ("SOFTWARP_TCP_USER_TIMEOUT_MS", "1500"),
+        ]))
+        .expect("set");
+        assert_eq!(
+            o.tcp_keepalive,
+            Some(Keepalive {
+                idle: Duration::from_secs(5),
+                interval: Duration::from_secs(2),
+                count: 3
+            })
+        );
+        assert_eq!(o.tcp_user_timeout, Some(Duration::from_millis(1500)));
+        let off = from(env(&[
+            ("SOFTWARP_TCP_KEEPALIVE", "off"),
+            ("SOFTWARP_TCP_USER_TIMEOUT_MS", "0"),
+        ]))
+        .expect("off");
+        assert_eq!((off.tcp_keepalive, off.tcp_user_timeout), (None, None));
+        for bad in ["5,2", "5,0,3", "a,b,c", "5,2,3,4", "on"] {
+            let e = from(env(&[("SOFTWARP_TCP_KEEPALIVE", bad)])).expect_err(bad);
+            assert_eq!(e.0, "SOFTWARP_TCP_KEEPALIVE", "{bad}");
+        }
     }
 }

@@ -121,7 +121,7 @@ mod sys;
 pub use aio::{AsyncCompletionChannel, AsyncCq, AsyncEvents, CmEvents};
 pub use cm::{
     CmEvent, CmEventChannel, CmId, CmListener, CmState, ConnId, ConnectOptions, ConnectRequest,
-    ConnectionInfo, CrcMode, DisconnectReason, ListenOptions, ListenerId, ListenerStats,
+    ConnectionInfo, CrcMode, DisconnectReason, Keepalive, ListenOptions, ListenerId, ListenerStats,
     MarkerMode, Role, RtrTypes, MAX_QUEUED_REQUEST_ERRORS,
 };
 pub use connect::Listener;

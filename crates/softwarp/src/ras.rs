@@ -758,6 +758,16 @@ impl QpRas {
         );
     }
 
+    /// The kernel timed the connection out (`detail`: the error and what it means): a
+    /// trace record and the error log's `peer_unreachable` line.
+    pub(crate) fn peer_unreachable(&self, detail: &str) {
+        sw_event!(Qp, 2, qpn = self.qpn, "{}", detail);
+        errlog::report(&self.event(
+            CriticalKind::PeerUnreachable,
+            format!("QP {}: {detail}; QP to Error", self.qpn),
+        ));
+    }
+
     /// Samples TCP_INFO of the QP's socket if an interval has passed (progress pass and
     /// statistics). Never waits for the sampler's lock.
     pub(crate) fn sample_tcp(&self, fd: Option<BorrowedFd<'_>>) {

@@ -140,6 +140,13 @@ pub enum QpErrorReason {
         /// What went away.
         detail: String,
     },
+    /// The peer stopped answering: the kernel dropped the connection after TCP keepalive
+    /// probes ([`crate::ConnectOptions::tcp_keepalive`]), or data sent
+    /// ([`crate::ConnectOptions::tcp_user_timeout`]), went unanswered past their bound.
+    PeerUnreachable {
+        /// The error the socket gave, and what it means.
+        detail: String,
+    },
     /// The engine's cause: a Terminate sent or received, the connection closed, the
     /// application moved the QP to Error, a work request failed locally.
     Cause(Cause),
@@ -152,6 +159,7 @@ impl fmt::Display for QpErrorReason {
             QpErrorReason::NetworkGone { detail } => {
                 write!(f, "unexpected close: {detail}")
             }
+            QpErrorReason::PeerUnreachable { detail } => f.write_str(detail),
             QpErrorReason::Cause(Cause::PeerTerminate { layer, etype, code }) => write!(
                 f,
                 "the peer sent a Terminate (layer {layer}, error type {etype}, code {code:#04x})"

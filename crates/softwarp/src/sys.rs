@@ -265,6 +265,21 @@ pub(crate) fn set_tcp_user_timeout(fd: BorrowedFd<'_>, timeout: Duration) -> io:
     socket2::SockRef::from(&fd).set_tcp_user_timeout(Some(timeout))
 }
 
+/// TCP keepalive on: `SO_KEEPALIVE`, and `TCP_KEEPIDLE`, `TCP_KEEPINTVL`, `TCP_KEEPCNT`
+/// (whole seconds; the kernel refuses 0).
+pub(crate) fn set_tcp_keepalive(
+    fd: BorrowedFd<'_>,
+    idle: Duration,
+    interval: Duration,
+    count: u32,
+) -> io::Result<()> {
+    let k = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(interval)
+        .with_retries(count);
+    socket2::SockRef::from(&fd).set_tcp_keepalive(&k)
+}
+
 /// Sets `SO_LINGER` to on with a zero timeout: closing the socket then resets the
 /// connection (RST) instead of the orderly FIN exchange.
 pub(crate) fn set_linger_zero(fd: BorrowedFd<'_>) -> io::Result<()> {

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use netns::{unavailable, Ns};
+use netns::{drop_packets, unavailable, Ns};
 use softwarp::*;
 use util::{pattern, wait_wcs, End, WAIT};
 
@@ -52,69 +52,15 @@ impl Drop for Net {
     }
 }
 
-/// A veth pair between two new namespaces, 10.77.0.1 and 10.77.0.2.
+/// A veth pair between two new namespaces, 10.77.0.1 and 10.77.0.2 ([`netns::veth`]).
 fn veth() -> Net {
-    let a = Ns::new("a");
-    let b = Ns::new("b");
-    a.ip(&[
-        "link", "add", "sw0", "type", "veth", "peer", "name", "sw1", "netns", &b.0,
-    ]);
-    a.ip(&["addr", "add", "10.77.0.1/24", "dev", "sw0"]);
-    b.ip(&["addr", "add", "10.77.0.2/24", "dev", "sw1"]);
-    // One wire-sized packet per skb (no segmentation offload), so that "1 % of the
-    // packets" means 1 % of MTU-sized packets, as on a real link.
-    for (ns, dev) in [(&a, "sw0"), (&b, "sw1")] {
-        ns.ip(&[
-            "link",
-            "set",
-            dev,
-            "gso_max_size",
-            "1500",
-            "gso_max_segs",
-            "1",
-            "up",
-        ]);
-    }
+    let (a, b) = netns::veth();
     Net {
         a,
         b,
         b_addr: "10.77.0.2".parse().unwrap(),
         bridge: None,
     }
-}
-
-/// Drops `pct` % of the packets `ns` sends (nftables, output hook).
-fn drop_packets(ns: &Ns, pct: u32) {
-    ns.exec("nft", &["add", "table", "inet", "swt"]);
-    ns.exec(
-        "nft",
-        &[
-            "add",
-            "chain",
-            "inet",
-            "swt",
-            "out",
-            "{ type filter hook output priority 0; }",
-        ],
-    );
-    ns.exec(
-        "nft",
-        &[
-            "add",
-            "rule",
-            "inet",
-            "swt",
-            "out",
-            "numgen",
-            "random",
-            "mod",
-            "100",
-            "<",
-            &pct.to_string(),
-            "counter",
-            "drop",
-        ],
-    );
 }
 
 /// Packets the rule of [`drop_packets`] dropped in `ns` so far.

@@ -58,6 +58,10 @@ pub enum DisconnectReason {
     /// interface went down or disappeared ("unexpected close"; `QueuePair::error_reason`
     /// has the detail). The QP was terminated at once.
     NetworkGone,
+    /// The peer stopped answering: the kernel dropped the connection after keepalive
+    /// probes ([`crate::ConnectOptions::tcp_keepalive`]) or sent data
+    /// ([`crate::ConnectOptions::tcp_user_timeout`]) went unanswered past their bound.
+    PeerUnreachable,
 }
 
 /// An event of the connection manager.

@@ -139,6 +139,7 @@ impl ConnObserver for IdShared {
             LinkDown::Destroyed => DisconnectReason::Local,
             LinkDown::DeviceFailed => DisconnectReason::DeviceFailed,
             LinkDown::NetworkGone => DisconnectReason::NetworkGone,
+            LinkDown::PeerUnreachable => DisconnectReason::PeerUnreachable,
         };
         if st.reason.is_none() {
             st.reason = Some(reason);

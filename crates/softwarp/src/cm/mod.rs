@@ -67,5 +67,5 @@ pub use channel::{resolve, CmEventChannel};
 pub use event::{CmEvent, ConnId, DisconnectReason, ListenerId, MAX_QUEUED_REQUEST_ERRORS};
 pub use id::{CmId, CmState};
 pub use listener::{CmListener, ListenOptions};
-pub use options::{ConnectOptions, ConnectionInfo, CrcMode, MarkerMode, Role, RtrTypes};
+pub use options::{ConnectOptions, ConnectionInfo, CrcMode, Keepalive, MarkerMode, Role, RtrTypes};
 pub use request::ConnectRequest;

@@ -9,6 +9,31 @@ pub use softwarp_engine::mpa::{CrcMode, MarkerMode, Role, RtrTypes};
 use softwarp_engine::qp::{RtrKind, TerminateLayout};
 use softwarp_wire::mpa::frame::MpaRevision;
 
+/// TCP keepalive settings of a connection ([`ConnectOptions::tcp_keepalive`]): a peer that
+/// sent nothing for `idle` is probed every `interval`, and the connection is dropped after
+/// `count` unanswered probes, about `idle + count * interval` after the peer's last byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Silence from the peer before the first probe (`TCP_KEEPIDLE`, whole seconds, at
+    /// least 1).
+    pub idle: Duration,
+    /// Time between probes (`TCP_KEEPINTVL`, whole seconds, at least 1).
+    pub interval: Duration,
+    /// Unanswered probes before the connection is dropped (`TCP_KEEPCNT`, at least 1).
+    pub count: u32,
+}
+
+impl Keepalive {
+    /// Softwarp's default: 60 s of silence, then 6 probes 10 s apart (a vanished peer is
+    /// found in about 2 minutes; the kernel's own defaults, when keepalive is on, take
+    /// 2 hours 11 minutes).
+    pub const DEFAULT: Keepalive = Keepalive {
+        idle: Duration::from_secs(60),
+        interval: Duration::from_secs(10),
+        count: 6,
+    };
+}
+
 /// Settings of MPA connection establishment, for both ends: what an initiator asks for
 /// (connect) and what a responder accepts and answers (listen, accept). The defaults are
 /// Softwarp's; [`ConnectOptions::linux_siw`] gives Linux siw's.
@@ -104,6 +129,17 @@ pub struct ConnectOptions {
     /// keeps acknowledging zero-window probes: none at all). A peer that stops reading
     /// holds the send buffer and the work requests behind it for that long.
     pub tcp_user_timeout: Option<Duration>,
+    /// TCP keepalive on the connection (`SO_KEEPALIVE` with `TCP_KEEPIDLE`,
+    /// `TCP_KEEPINTVL`, `TCP_KEEPCNT`): after [`Keepalive::idle`] without a byte from the
+    /// peer the kernel probes it, and when [`Keepalive::count`] probes in a row go
+    /// unanswered it drops the connection; the QP then goes to Error with
+    /// [`crate::Cause::LlpClosed`], flushes its work, and the error log says the peer
+    /// stopped answering (`peer_unreachable`). Without it a peer host that vanishes (power
+    /// lost, cable pulled, crashed without a reset) while nothing is in flight leaves the
+    /// QP in RTS for ever, holding its memory and posted receives. Default
+    /// [`Keepalive::DEFAULT`] (60 s idle, then 6 probes 10 s apart: about 2 minutes); `None`
+    /// leaves the socket as the kernel made it (no keepalive).
+    pub tcp_keepalive: Option<Keepalive>,
     /// Lead a message of 64 KiB or more with a few 1-byte FPDUs when its payload, copied by
     /// the kernel into the socket, would land 1-63 bytes ahead of its source modulo 4 KiB
     /// (default true). That is the case for a page-aligned buffer (most applications'), and
@@ -140,6 +176,7 @@ impl ConnectOptions {
             rx_stall_timeout: Duration::from_secs(30),
             rfc7306: o.rfc7306,
             tcp_user_timeout: None,
+            tcp_keepalive: Some(Keepalive::DEFAULT),
             tx_alias_lead: true,
         }
     }
@@ -183,6 +220,12 @@ impl ConnectOptions {
     /// Sets [`ConnectOptions::tcp_user_timeout`].
     pub fn tcp_user_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.tcp_user_timeout = timeout;
+        self
+    }
+
+    /// Sets [`ConnectOptions::tcp_keepalive`].
+    pub fn tcp_keepalive(mut self, keepalive: Option<Keepalive>) -> Self {
+        self.tcp_keepalive = keepalive;
         self
     }
 

@@ -152,6 +152,8 @@ pub(crate) enum LinkDown {
     /// The network under the connection went away (local address removed, interface
     /// down or gone).
     NetworkGone,
+    /// The kernel timed the connection out: the peer stopped answering.
+    PeerUnreachable,
 }
 
 /// Tells the connection manager (if it manages the QP) that the connection went away.
@@ -183,6 +185,10 @@ fn prepare_stream(
     if let Some(t) = opts.tcp_user_timeout {
         sys::set_tcp_user_timeout(stream.as_fd(), t)
             .map_err(|e| Error::io("set TCP_USER_TIMEOUT", e))?;
+    }
+    if let Some(k) = opts.tcp_keepalive {
+        sys::set_tcp_keepalive(stream.as_fd(), k.idle, k.interval, k.count)
+            .map_err(|e| Error::io("set TCP keepalive", e))?;
     }
     let mss = sys::tcp_maxseg(stream.as_fd()).map_err(|e| Error::io("getsockopt TCP_MAXSEG", e))?;
     let local_addr = stream

@@ -247,7 +247,7 @@ impl QpShared {
                 }
                 RecvEnd::Failed(e) => {
                     tracing::debug!(qp = self.qp_num, error = %e, "read failed");
-                    link_down(inner, LinkDown::ConnectionLost);
+                    self.connection_failed(inner, &e);
                     return self.rx_closed(inner, "connection failed (read)");
                 }
                 RecvEnd::Bug(why) => {
@@ -264,6 +264,25 @@ impl QpShared {
     #[inline(never)]
     fn rx_pass_unstaged(&self, inner: &mut QpInner, budget: &mut usize) -> RxEnd {
         self.rx_pass(inner, &mut [0u8; 512], budget, true)
+    }
+
+    /// A read or write of the connection failed with `e`: tells the connection manager,
+    /// and when the kernel timed the connection out (`ETIMEDOUT`: keepalive probes, or sent
+    /// data, unanswered past their bound) records that the peer stopped answering, as the
+    /// QP's error reason and in the error log.
+    fn connection_failed(&self, inner: &QpInner, e: &std::io::Error) {
+        if e.kind() != std::io::ErrorKind::TimedOut {
+            link_down(inner, LinkDown::ConnectionLost);
+            return;
+        }
+        let detail = format!(
+            "{e}: the peer stopped answering (TCP keepalive, TCP_USER_TIMEOUT or \
+             retransmissions expired)"
+        );
+        self.ras.peer_unreachable(&detail);
+        self.failure
+            .set(crate::recovery::QpErrorReason::PeerUnreachable { detail });
+        link_down(inner, LinkDown::PeerUnreachable);
     }
 
     fn rx_closed(&self, inner: &mut QpInner, why: &'static str) -> RxEnd {
@@ -344,7 +363,7 @@ impl QpShared {
             SendEnd::Failed(e) => {
                 tracing::debug!(qp = self.qp_num, error = %e, "connection failed (write)");
                 conn.write_failed = true;
-                link_down(inner, LinkDown::ConnectionLost);
+                self.connection_failed(inner, &e);
                 inner.qp.handle_llp_closed();
                 TxEnd::Dead
             }

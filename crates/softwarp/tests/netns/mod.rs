@@ -1,5 +1,6 @@
 //! Network namespaces for tests (root only): create, run `ip` in them, move a thread
-//! into one; deleted on drop. Used by `net_matrix.rs` and `device_recovery.rs`.
+//! into one; deleted on drop; a veth pair between two, and nftables drop rules. Used by
+//! `net_matrix.rs`, `device_recovery.rs` and `peer_vanishes.rs`.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Command;
@@ -80,4 +81,53 @@ impl Drop for Ns {
     fn drop(&mut self) {
         let _ = run("ip", &["netns", "del", &self.0]);
     }
+}
+
+/// A veth pair between two new namespaces: `sw0` with 10.77.0.1 in the first, `sw1` with
+/// 10.77.0.2 in the second, one wire-sized packet per skb (no segmentation offload), so
+/// that "1 % of the packets" means 1 % of MTU-sized packets, as on a real link.
+pub fn veth() -> (Ns, Ns) {
+    let a = Ns::new("a");
+    let b = Ns::new("b");
+    a.ip(&[
+        "link", "add", "sw0", "type", "veth", "peer", "name", "sw1", "netns", &b.0,
+    ]);
+    a.ip(&["addr", "add", "10.77.0.1/24", "dev", "sw0"]);
+    b.ip(&["addr", "add", "10.77.0.2/24", "dev", "sw1"]);
+    for (ns, dev) in [(&a, "sw0"), (&b, "sw1")] {
+        ns.ip(&[
+            "link",
+            "set",
+            dev,
+            "gso_max_size",
+            "1500",
+            "gso_max_segs",
+            "1",
+            "up",
+        ]);
+    }
+    (a, b)
+}
+
+/// Drops `pct` % of the packets `ns` sends (nftables, output hook; 100: every one).
+pub fn drop_packets(ns: &Ns, pct: u32) {
+    ns.exec("nft", &["add", "table", "inet", "swt"]);
+    ns.exec(
+        "nft",
+        &[
+            "add",
+            "chain",
+            "inet",
+            "swt",
+            "out",
+            "{ type filter hook output priority 0; }",
+        ],
+    );
+    let pct = pct.to_string();
+    let mut rule = vec!["add", "rule", "inet", "swt", "out"];
+    if pct != "100" {
+        rule.extend(["numgen", "random", "mod", "100", "<", &pct]);
+    }
+    rule.extend(["counter", "drop"]);
+    ns.exec("nft", &rule);
 }
