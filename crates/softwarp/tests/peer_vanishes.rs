@@ -15,12 +15,14 @@
 //! Needs root, `ip` (iproute2) and `nft` (nftables); skips with a printed reason otherwise.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod cm_support;
 mod netns;
 mod util;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use cm_support::{disconnected, established, request};
 use netns::{drop_packets, unavailable, Ns};
 use softwarp::*;
 use util::{wait_wcs, End, WAIT};
@@ -38,26 +40,29 @@ const FAST: Keepalive = Keepalive {
 const NOTICE: Duration = Duration::from_secs(15);
 const CONTROL_MORE: Duration = Duration::from_secs(2);
 
-/// `a` (in `ns_a`) connected to `b` (in `ns_b`, at 10.77.0.2) with `opts`, a receive
-/// posted on each and one Send each way delivered.
-fn connect_in(ns_a: &Ns, ns_b: &Ns, a: &End, b: &End, opts: &ConnectOptions) {
-    let listener = std::thread::scope(|s| {
+/// Runs `f` on a thread inside `ns`: the sockets it makes (and the threads it starts, such
+/// as a device's) live there.
+fn in_ns<T: Send>(ns: &Ns, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
         s.spawn(|| {
-            ns_b.enter();
-            Listener::bind(SocketAddr::new("10.77.0.2".parse().unwrap(), 0)).unwrap()
+            ns.enter();
+            f()
         })
         .join()
         .unwrap()
+    })
+}
+
+/// `a` (in `ns_a`) connected to `b` (in `ns_b`, at 10.77.0.2) with `opts`, a receive
+/// posted on each and one Send each way delivered.
+fn connect_in(ns_a: &Ns, ns_b: &Ns, a: &End, b: &End, opts: &ConnectOptions) {
+    let listener = in_ns(ns_b, || {
+        Listener::bind(SocketAddr::new("10.77.0.2".parse().unwrap(), 0)).unwrap()
     });
     let addr = listener.local_addr().unwrap();
     std::thread::scope(|s| {
         let acc = s.spawn(|| listener.accept_timeout(&b.qp, opts, WAIT).unwrap());
-        s.spawn(|| {
-            ns_a.enter();
-            a.qp.connect(addr, opts).unwrap();
-        })
-        .join()
-        .unwrap();
+        in_ns(ns_a, || a.qp.connect(addr, opts).unwrap());
         acc.join().unwrap();
     });
     for (from, to) in [(a, b), (b, a)] {
@@ -196,4 +201,49 @@ fn a_vanished_peer_fails_the_qp_after_keepalive_with_the_progress_thread() {
 #[test]
 fn a_vanished_peer_fails_the_qp_after_keepalive_in_busy_poll_mode() {
     case(true);
+}
+
+#[test]
+fn a_vanished_peer_ends_a_cm_connection_as_peer_unreachable() {
+    if let Some(why) = unavailable(&["ip", "nft"]) {
+        println!("skipped: {why}");
+        return;
+    }
+    let (ns_a, ns_b) = netns::veth();
+    let keep = ConnectOptions::default().tcp_keepalive(Some(FAST));
+    // Each end opens its device and event channel inside its namespace (the connection
+    // manager's sockets are made on their threads), and listens or connects from there.
+    let end = || (End::new(None, None), CmEventChannel::new().unwrap());
+    let (client, cch) = in_ns(&ns_a, end);
+    let (server, sch) = in_ns(&ns_b, end);
+    let opts = ListenOptions::default().options(keep.clone());
+    let l = in_ns(&ns_b, || sch.listen("10.77.0.2:0", &opts).unwrap());
+    let cid = in_ns(&ns_a, || {
+        cch.connect(&client.qp, l.local_addr(), &keep).unwrap()
+    });
+    let sid = request(&sch).accept(&server.qp, &keep).unwrap();
+    established(&sch, sid.conn_id());
+    established(&cch, cid.conn_id());
+    let mr = post_pending_recv(&client);
+
+    drop_packets(&ns_b, 100);
+    let t0 = Instant::now();
+    assert_eq!(
+        disconnected(&cch, cid.conn_id()),
+        DisconnectReason::PeerUnreachable
+    );
+    let took = t0.elapsed();
+    let reason = client.qp.error_reason();
+    assert!(
+        matches!(reason, Some(QpErrorReason::PeerUnreachable { .. })),
+        "{reason:?}"
+    );
+    let wcs = wait_wcs(&client.rcq, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (77, WcStatus::WrFlushErr));
+    println!(
+        "connection manager: Disconnected (PeerUnreachable) {:.2} s after the peer went silent",
+        took.as_secs_f64()
+    );
+    drop(mr);
+    drop((cid, sid, l, cch, sch));
 }
