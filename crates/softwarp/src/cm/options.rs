@@ -32,6 +32,19 @@ impl Keepalive {
         interval: Duration::from_secs(10),
         count: 6,
     };
+
+    /// The values the kernel takes (`TCP_KEEPIDLE`, `TCP_KEEPINTVL` in whole seconds),
+    /// or why not: an idle time or interval under 1 s, or no probe.
+    pub(crate) fn kernel_values(&self) -> Result<(Duration, Duration, u32), &'static str> {
+        let secs = |d: Duration| Duration::from_secs(d.as_secs());
+        if self.idle.as_secs() < 1 || self.interval.as_secs() < 1 || self.count < 1 {
+            return Err(
+                "ConnectOptions::tcp_keepalive needs an idle time and an interval \
+                        of at least 1 s and a count of at least 1",
+            );
+        }
+        Ok((secs(self.idle), secs(self.interval), self.count))
+    }
 }
 
 /// Settings of MPA connection establishment, for both ends: what an initiator asks for
@@ -377,5 +390,31 @@ mod tests {
         // The defaults are the engine's.
         let d = ConnectOptions::default();
         assert_eq!(d.offer(), Offer::default());
+    }
+
+    #[test]
+    fn keepalive_is_on_by_default_and_refuses_what_the_kernel_would() {
+        assert_eq!(
+            ConnectOptions::default().tcp_keepalive,
+            Some(Keepalive::DEFAULT)
+        );
+        let s = Duration::from_secs;
+        let k = |idle, interval, count| Keepalive {
+            idle,
+            interval,
+            count,
+        };
+        assert_eq!(
+            k(s(5), Duration::from_millis(2500), 3).kernel_values(),
+            Ok((s(5), s(2), 3)),
+            "whole seconds"
+        );
+        for bad in [
+            k(Duration::from_millis(500), s(1), 1),
+            k(s(1), Duration::ZERO, 1),
+            k(s(1), s(1), 0),
+        ] {
+            assert!(bad.kernel_values().is_err(), "{bad:?}");
+        }
     }
 }

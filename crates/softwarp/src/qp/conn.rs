@@ -187,7 +187,8 @@ fn prepare_stream(
             .map_err(|e| Error::io("set TCP_USER_TIMEOUT", e))?;
     }
     if let Some(k) = opts.tcp_keepalive {
-        sys::set_tcp_keepalive(stream.as_fd(), k.idle, k.interval, k.count)
+        let (idle, interval, count) = k.kernel_values().map_err(Error::InvalidArgument)?;
+        sys::set_tcp_keepalive(stream.as_fd(), idle, interval, count)
             .map_err(|e| Error::io("set TCP keepalive", e))?;
     }
     let mss = sys::tcp_maxseg(stream.as_fd()).map_err(|e| Error::io("getsockopt TCP_MAXSEG", e))?;
