@@ -35,7 +35,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use netns::{unavailable, Ns};
+use netns::{in_ns, unavailable, Ns};
 use softwarp::*;
 use softwarp_ras::control::{self, FaultStatusResult, Request};
 use softwarp_ras::tracker::ResourceKind;
@@ -396,19 +396,6 @@ fn link(a: &Ns, b: &Ns) {
     b.ip(&["addr", "add", &format!("{B_ADDR}/24"), "dev", "sw1"]);
     a.ip(&["link", "set", "sw0", "up"]);
     b.ip(&["link", "set", "sw1", "up"]);
-}
-
-/// Runs `f` on a thread inside `ns` (devices opened there watch that namespace; sockets
-/// made there live there).
-fn in_ns<T: Send>(ns: &Ns, f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            ns.enter();
-            f()
-        })
-        .join()
-        .unwrap()
-    })
 }
 
 /// Connects `a` (from namespace `na`) to `b` (listening in namespace `nb`).

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use netns::{drop_packets, unavailable, Ns};
+use netns::{drop_packets, in_ns, unavailable, Ns};
 use softwarp::*;
 use util::{pattern, wait_wcs, End, WAIT};
 
@@ -247,23 +247,13 @@ const MAX_SIZE: usize = 64 * 1024;
 /// returns the bytes moved.
 fn transfer(net: &Net, a: &End, b: &End) -> usize {
     let opts = ConnectOptions::default();
-    let listener = std::thread::scope(|s| {
-        s.spawn(|| {
-            net.b.enter();
-            Listener::bind(SocketAddr::new(net.b_addr, 0)).unwrap()
-        })
-        .join()
-        .unwrap()
+    let listener = in_ns(&net.b, || {
+        Listener::bind(SocketAddr::new(net.b_addr, 0)).unwrap()
     });
     let addr = listener.local_addr().unwrap();
     std::thread::scope(|s| {
         let acc = s.spawn(|| listener.accept_timeout(&b.qp, &opts, WAIT).unwrap());
-        s.spawn(|| {
-            net.a.enter();
-            a.qp.connect(addr, &opts).unwrap();
-        })
-        .join()
-        .unwrap();
+        in_ns(&net.a, || a.qp.connect(addr, &opts).unwrap());
         acc.join().unwrap();
     });
 

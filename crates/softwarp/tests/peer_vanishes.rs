@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use cm_support::{disconnected, established, request};
-use netns::{drop_packets, unavailable, Ns};
+use netns::{drop_packets, in_ns, unavailable, Ns};
 use softwarp::*;
 use util::{wait_wcs, End, WAIT};
 
@@ -39,19 +39,6 @@ const FAST: Keepalive = Keepalive {
 /// control must stay in RTS after the keepalive QP failed.
 const NOTICE: Duration = Duration::from_secs(15);
 const CONTROL_MORE: Duration = Duration::from_secs(2);
-
-/// Runs `f` on a thread inside `ns`: the sockets it makes (and the threads it starts, such
-/// as a device's) live there.
-fn in_ns<T: Send>(ns: &Ns, f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            ns.enter();
-            f()
-        })
-        .join()
-        .unwrap()
-    })
-}
 
 /// `a` (in `ns_a`) connected to `b` (in `ns_b`, at 10.77.0.2) with `opts`, a receive
 /// posted on each and one Send each way delivered.

@@ -83,6 +83,19 @@ impl Drop for Ns {
     }
 }
 
+/// Runs `f` on a thread inside `ns` (devices opened there watch that namespace; sockets
+/// made there, and threads started there, live there).
+pub fn in_ns<T: Send>(ns: &Ns, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            ns.enter();
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
 /// A veth pair between two new namespaces: `sw0` with 10.77.0.1 in the first, `sw1` with
 /// 10.77.0.2 in the second, one wire-sized packet per skb (no segmentation offload), so
 /// that "1 % of the packets" means 1 % of MTU-sized packets, as on a real link.
