@@ -914,11 +914,11 @@ impl Qp {
 
     /// [`Qp::rx_whole_fpdu`]'s path for the middle FPDUs of a message (a run): the FPDU at
     /// the start of `bytes` continues the Write, Read Response or Send whose FPDU before it
-    /// did not end it (`RxState::run`), and is not its last either. Its header is accepted only when
-    /// its bytes are exactly the ones the general path accepted for the FPDU before, with
-    /// the offset field moved on by that FPDU's payload (so no field needs parsing), and
-    /// the payload is under [`BIG_PAYLOAD`] bytes (as a 1500-byte MTU's are; larger ones
-    /// are read into their destinations, not staged). Each FPDU is still validated as the
+    /// did not end it (`RxState::run`), and is not its last either. Its header is accepted
+    /// only when its bytes are exactly the ones the general path accepted for the FPDU
+    /// before, with the offset field moved on by that FPDU's payload (so no field needs
+    /// parsing), and the payload is under [`BIG_PAYLOAD`] bytes (as a 1500-byte MTU's are;
+    /// larger ones are read into their destinations, not staged). Each FPDU is still validated as the
     /// general path does: a Write's or Read Response's STag, rights and bounds against the
     /// STag table (an STag deregistered or invalidated since the FPDU before fails here),
     /// a Read Response against the ORQ, a Send against its receive WR's room; and its CRC
