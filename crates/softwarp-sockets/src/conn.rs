@@ -175,6 +175,11 @@ pub(crate) struct Conn {
     /// A semaphore eventfd that blocked calls wait on beside the channel: a look that
     /// consumed the channel's event while others wait writes a unit for each of them.
     kick: OwnedFd,
+    /// An epoll set holding the connection's TCP socket (`QueuePair::watch_socket`): a
+    /// blocked call sleeps on it too, and moves the peer's bytes itself when they wake it
+    /// (`Conn::serve`), one thread wake-up per message instead of the progress thread's and
+    /// then its own.
+    socket_watch: OwnedFd,
     /// Threads waiting on the channel: blocked in [`Conn::run`]'s wait, or an event loop's
     /// [`crate::StreamWaiter`] (counted without the state's lock, before they look).
     waiting: AtomicU32,
@@ -326,8 +331,12 @@ impl Conn {
             tx_events: 0,
             parked: [None, None],
         };
+        let socket_watch =
+            rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)?;
+        qp.watch_socket(socket_watch.as_fd(), 0).map_err(io_err)?;
         Ok(Arc::new(Conn {
             qp,
+            socket_watch,
             rx,
             tx,
             send_cq,
@@ -748,6 +757,13 @@ impl Conn {
         let _ = rustix::io::read(&self.kick, &mut [0u8; 8]);
     }
 
+    /// Moves the connection's bytes on this thread (its socket woke a blocked call): true
+    /// when this thread ran the pass, false when another thread is moving them (its
+    /// completions follow) or the QP refused (the progress thread then moves them).
+    fn serve(&self) -> bool {
+        matches!(self.qp.service(), Ok(true))
+    }
+
     /// Runs `attempt` until it returns `Some`, waiting for completions in between as `wait`
     /// allows: the one blocking-wait loop of every call on the connection.
     fn run<T>(
@@ -761,10 +777,22 @@ impl Conn {
             interruptible,
         } = wait;
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        // The socket woke the last wait: its bytes are moved on this thread first.
+        let mut serve = false;
+        // Whether the next wait sleeps on the socket too. Not right after a pass another
+        // thread held (it is moving the bytes; its completion wakes this one), nor after
+        // one that brought nothing (a socket readable for good, at its end, must not spin
+        // this loop).
+        let mut watch = true;
         loop {
+            let served = serve && self.serve();
             let slice = {
                 let mut st = lock(&self.state);
+                let seen = (st.rx_events, st.tx_events);
                 self.progress(&mut st);
+                if serve {
+                    watch = served && seen != (st.rx_events, st.tx_events);
+                }
                 if let Some(r) = attempt(self, &mut st) {
                     return r;
                 }
@@ -787,12 +815,15 @@ impl Conn {
                 self.waiting.fetch_add(1, Ordering::SeqCst);
                 slice
             };
-            let woke = wait_readable(&self.channel, &self.kick, slice);
+            let socket = watch.then(|| self.socket_watch.as_fd());
+            let woke = wait_readable(&self.channel, &self.kick, socket, slice);
             self.waiting.fetch_sub(1, Ordering::SeqCst);
-            match woke {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted && !interruptible => {}
-                r => r?,
-            }
+            watch = true;
+            serve = match woke {
+                Ok(by_socket) => by_socket,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted && !interruptible => false,
+                Err(e) => return Err(e),
+            };
         }
     }
 
@@ -1311,24 +1342,44 @@ fn post_slot(
     })
 }
 
-/// Waits until `fd` or `kick` is readable or `timeout` passes (`Interrupted` when a signal
-/// came); takes one unit of `kick` (a semaphore eventfd) when it was.
-fn wait_readable(fd: impl AsFd, kick: impl AsFd, timeout: Duration) -> io::Result<()> {
+/// Waits until `fd`, `kick` or `socket` (an epoll set holding the connection's socket,
+/// when given) is readable or `timeout` passes (`Interrupted` when a signal came); takes
+/// one unit of `kick` (a semaphore eventfd) when it was. True when the socket was readable.
+fn wait_readable(
+    fd: impl AsFd,
+    kick: impl AsFd,
+    socket: Option<BorrowedFd<'_>>,
+    timeout: Duration,
+) -> io::Result<bool> {
     use rustix::event::{PollFd, PollFlags};
     let mut fds = [
         PollFd::new(&fd, PollFlags::IN),
         PollFd::new(&kick, PollFlags::IN),
     ];
+    let mut with_socket: [PollFd<'_>; 3];
+    let set: &mut [PollFd<'_>] = match socket {
+        Some(sock) => {
+            let [a, b] = fds;
+            with_socket = [a, b, PollFd::from_borrowed_fd(sock, PollFlags::IN)];
+            &mut with_socket
+        }
+        None => &mut fds,
+    };
     let ts = rustix::event::Timespec {
         tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
         tv_nsec: i64::from(timeout.subsec_nanos()),
     };
-    rustix::event::poll(&mut fds, Some(&ts))?;
-    if fds[1].revents().contains(PollFlags::IN) {
+    rustix::event::poll(set, Some(&ts))?;
+    if set
+        .get(1)
+        .is_some_and(|k| k.revents().contains(PollFlags::IN))
+    {
         // Another thread may have taken the unit first: nothing to do then.
         let _ = rustix::io::read(&kick, &mut [0u8; 8]);
     }
-    Ok(())
+    Ok(set
+        .get(2)
+        .is_some_and(|s| s.revents().contains(PollFlags::IN)))
 }
 
 #[cfg(test)]

@@ -185,7 +185,7 @@ impl CqShared {
     fn drive(&self) {
         let qps = lock(&self.qps);
         for qp in qps.iter().filter_map(Weak::upgrade) {
-            qp.busy_pass();
+            let _ = qp.busy_pass();
         }
     }
 

@@ -280,6 +280,21 @@ pub(crate) fn set_tcp_keepalive(
     socket2::SockRef::from(&fd).set_tcp_keepalive(&k)
 }
 
+/// Adds `fd` to the epoll set `epfd` for readability (level-triggered), with `data`.
+pub(crate) fn epoll_add_readable(
+    epfd: BorrowedFd<'_>,
+    fd: BorrowedFd<'_>,
+    data: u64,
+) -> io::Result<()> {
+    use rustix::event::epoll;
+    Ok(epoll::add(
+        epfd,
+        fd,
+        epoll::EventData::new_u64(data),
+        epoll::EventFlags::IN,
+    )?)
+}
+
 /// Sets `SO_LINGER` to on with a zero timeout: closing the socket then resets the
 /// connection (RST) instead of the orderly FIN exchange.
 pub(crate) fn set_linger_zero(fd: BorrowedFd<'_>) -> io::Result<()> {

@@ -108,6 +108,68 @@ fn busy_polled_ends_exchange_sends_writes_and_reads() {
     assert_eq!(first, None, "sink {:?}", &sink.to_vec().unwrap()[..16]);
 }
 
+/// What a thread that sleeps on a connection's socket needs (`softwarp-sockets`' blocking
+/// calls): `QueuePair::watch_socket` puts the socket into the thread's epoll set, which is
+/// readable once the peer's bytes are there, and `QueuePair::service` moves them on that
+/// thread. b is busy-polled and nobody polls it, so nothing else reads its socket for the
+/// 10-20 ms before the progress thread's take-over.
+#[test]
+fn watch_socket_and_service_let_the_woken_thread_move_the_bytes() {
+    use rustix::event::{epoll, poll, PollFd, PollFlags, Timespec};
+    use std::os::fd::AsFd;
+    let mut a = End::new(None, None);
+    let mut b = busy_end();
+    let set = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
+    assert!(matches!(
+        b.qp.watch_socket(set.as_fd(), 7),
+        Err(Error::NotConnected)
+    ));
+    connect(&mut a, &mut b, &ConnectOptions::default());
+    b.qp.watch_socket(set.as_fd(), 7).unwrap();
+    let (dst, _) = b.mr(64, AccessFlags::LOCAL_WRITE, 1);
+    b.qp.post_recv(&RecvWr {
+        wr_id: 5,
+        sgl: SgList::single(dst.sge(0, 64).unwrap()),
+    })
+    .unwrap();
+    let mut fds = [PollFd::new(&set, PollFlags::IN)];
+    let none = Timespec::default();
+    assert_eq!(poll(&mut fds, Some(&none)).unwrap(), 0, "nothing sent yet");
+    let (src, data) = a.mr(64, AccessFlags::LOCAL_WRITE, 2);
+    a.qp.post_send(&send_wr(
+        1,
+        send_op(false, None),
+        Payload::Sgl(SgList::single(src.sge(0, 64).unwrap())),
+    ))
+    .unwrap();
+    assert_eq!(wait_wcs(&a.scq, 1)[0].status, WcStatus::Success);
+    // The Send is in b's socket: the set says so, and the pass on this thread takes it.
+    let bound = Timespec {
+        tv_sec: 5,
+        tv_nsec: 0,
+    };
+    assert_eq!(
+        poll(&mut fds, Some(&bound)).unwrap(),
+        1,
+        "the socket within 5 s"
+    );
+    let before = b.qp.stats().rx_fpdus;
+    assert!(b.qp.service().unwrap(), "nobody else holds b");
+    assert_eq!(b.qp.stats().rx_fpdus, before + 1, "service read the Send");
+    assert_eq!(
+        poll(&mut fds, Some(&none)).unwrap(),
+        0,
+        "the socket is read"
+    );
+    let wc = busy_wait(&b.rcq);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (5, WcStatus::Success, 64)
+    );
+    assert_eq!(dst.to_vec().unwrap(), data);
+    drop((src, dst));
+}
+
 #[test]
 fn a_busy_polled_qp_notices_its_peer_going_away() {
     let mut a = End::new(None, None);

@@ -67,9 +67,10 @@ pub(crate) enum Entry {
     RegMr,
     DeregMr,
     CreateSrq,
+    Service,
 }
 
-const ENTRY_NAMES: [&str; 16] = [
+const ENTRY_NAMES: [&str; 17] = [
     "QueuePair::post_send",
     "QueuePair::post_recv",
     "SharedReceiveQueue::post_recv",
@@ -86,6 +87,7 @@ const ENTRY_NAMES: [&str; 16] = [
     "ProtectionDomain::reg_mr",
     "MemoryRegion::drop (deregister)",
     "ProtectionDomain::create_srq",
+    "QueuePair::service",
 ];
 
 impl Entry {

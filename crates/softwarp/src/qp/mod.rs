@@ -71,7 +71,7 @@ pub(crate) use poller::RX_LOOK_PERIOD;
 use pump::TxEnd;
 
 use std::net::ToSocketAddrs;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -494,6 +494,36 @@ impl QueuePair {
             recv_cq: attr.recv_cq.clone(),
             _ras: tracked,
         })
+    }
+
+    /// Moves this QP's bytes on the calling thread now: one non-blocking pass of receive,
+    /// transmit and completions (the pass a busy-polled CQ's poll makes for its QPs).
+    /// Returns `Ok(false)` at once when another thread is moving them right now (the
+    /// progress thread, or a post's transmit pass): their completions follow as usual.
+    ///
+    /// For a thread that sleeps on the connection's socket ([`QueuePair::watch_socket`])
+    /// rather than only on a completion channel: when the peer's bytes wake it, it moves
+    /// them itself instead of waiting for the progress thread to move them and then signal
+    /// the channel, one thread wake-up per message instead of two. The progress thread
+    /// still watches the socket, so nothing depends on the caller.
+    pub fn service(&self) -> Result<bool> {
+        let _inside = self.shared.enter(Entry::Service)?;
+        Ok(self.shared.busy_pass())
+    }
+
+    /// Adds the connection's TCP socket to the caller's epoll set `epfd` (readable,
+    /// `EPOLLIN`, level-triggered, with `data`): a thread about to sleep until the peer
+    /// sends can sleep on the set (beside its completion channel) and call
+    /// [`QueuePair::service`] when it wakes. The socket stays the QP's: the kernel removes
+    /// it from every epoll set when the QP closes it, so the set never holds a socket the
+    /// QP no longer owns (nor keeps one open). [`Error::NotConnected`] without a connection.
+    pub fn watch_socket(&self, epfd: BorrowedFd<'_>, data: u64) -> Result<()> {
+        let g = self.shared.lock();
+        let Some(conn) = g.conn.as_ref() else {
+            return Err(Error::NotConnected);
+        };
+        crate::sys::epoll_add_readable(epfd, conn.stream.as_fd(), data)
+            .map_err(|e| Error::io("epoll_ctl(EPOLL_CTL_ADD) of the connection's socket", e))
     }
 
     /// The QP number (reported in completions and events).

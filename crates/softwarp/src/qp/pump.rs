@@ -447,19 +447,19 @@ impl QpShared {
         }
     }
 
-    /// Busy poll (on the thread polling a busy-poll CQ): one non-blocking pass of
-    /// receive, transmit and completions, unless another thread holds the QP. When the
-    /// connection needs closing, the progress thread is asked to do it (it owns the
-    /// poller registration).
-    pub(crate) fn busy_pass(self: &Arc<Self>) {
+    /// Busy poll (on the thread polling a busy-poll CQ, or `QueuePair::service`): one
+    /// non-blocking pass of receive, transmit and completions, unless another thread holds
+    /// the QP (then false). When the connection needs closing, the progress thread is asked
+    /// to do it (it owns the poller registration).
+    pub(crate) fn busy_pass(self: &Arc<Self>) -> bool {
         let mut g = match self.inner.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
+            Err(std::sync::TryLockError::WouldBlock) => return false,
         };
         let inner = &mut *g;
         if inner.conn.is_none() || inner.close_kicked {
-            return;
+            return true;
         }
         inner.app_passes = inner.app_passes.wrapping_add(1);
         let mut budget = PASS_BUDGET;
@@ -495,6 +495,7 @@ impl QpShared {
             drop(g);
             self.device.progress.kick(Arc::clone(self));
         }
+        true
     }
 
     /// The transmit half of a busy pass, with the batch buffer the receive half's lookup
