@@ -1355,31 +1355,23 @@ fn wait_readable(
     let mut fds = [
         PollFd::new(&fd, PollFlags::IN),
         PollFd::new(&kick, PollFlags::IN),
+        // Without a socket to watch, the kick again with no event asked (poll ignores it).
+        match socket {
+            Some(sock) => PollFd::from_borrowed_fd(sock, PollFlags::IN),
+            None => PollFd::new(&kick, PollFlags::empty()),
+        },
     ];
-    let mut with_socket: [PollFd<'_>; 3];
-    let set: &mut [PollFd<'_>] = match socket {
-        Some(sock) => {
-            let [a, b] = fds;
-            with_socket = [a, b, PollFd::from_borrowed_fd(sock, PollFlags::IN)];
-            &mut with_socket
-        }
-        None => &mut fds,
-    };
     let ts = rustix::event::Timespec {
         tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
         tv_nsec: i64::from(timeout.subsec_nanos()),
     };
-    rustix::event::poll(set, Some(&ts))?;
-    if set
-        .get(1)
-        .is_some_and(|k| k.revents().contains(PollFlags::IN))
-    {
+    rustix::event::poll(&mut fds, Some(&ts))?;
+    let [_, kicked, by_socket] = fds.map(|p| p.revents().contains(PollFlags::IN));
+    if kicked {
         // Another thread may have taken the unit first: nothing to do then.
         let _ = rustix::io::read(&kick, &mut [0u8; 8]);
     }
-    Ok(set
-        .get(2)
-        .is_some_and(|s| s.revents().contains(PollFlags::IN)))
+    Ok(socket.is_some() && by_socket)
 }
 
 #[cfg(test)]
