@@ -1941,24 +1941,66 @@ fn waiters(kinds: &[Polled]) -> Vec<Option<StreamWaiter<'_>>> {
         .collect()
 }
 
-/// The kicks of `waiters` as poll entries, appended to `set`.
-fn push_kicks(set: &mut Vec<pollfd>, waiters: &[Option<StreamWaiter<'_>>]) {
-    for w in waiters.iter().flatten() {
-        set.push(pollfd {
-            fd: std::os::fd::AsRawFd::as_raw_fd(&w.kick_fd()),
-            events: libc::POLLIN,
-            revents: 0,
-        });
-    }
-}
-
-/// Takes the kicks that `set[from..]` (made by [`push_kicks`]) reports.
-fn take_kicks(set: &[pollfd], from: usize, waiters: &[Option<StreamWaiter<'_>>]) {
-    for (p, w) in set.iter().skip(from).zip(waiters.iter().flatten()) {
-        if p.revents & libc::POLLIN != 0 {
-            w.take_kick();
+/// The kicks of `waiters` as poll entries, appended to `set`, each followed by its stream's
+/// socket watch unless `quiet` says to leave it out (its last serve brought nothing).
+/// Returns, for each entry, its waiter's index and whether it is the socket watch.
+fn push_kicks(
+    set: &mut Vec<pollfd>,
+    waiters: &[Option<StreamWaiter<'_>>],
+    quiet: &[bool],
+) -> Vec<(usize, bool)> {
+    let mut what = Vec::new();
+    for (i, w) in waiters.iter().enumerate() {
+        let Some(w) = w else {
+            continue;
+        };
+        let mut fds = vec![(w.kick_fd(), false)];
+        if !quiet.get(i).copied().unwrap_or(false) {
+            fds.push((w.socket_fd(), true));
+        }
+        for (fd, socket) in fds {
+            set.push(pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            what.push((i, socket));
         }
     }
+    what
+}
+
+/// Takes the kicks that `set[from..]` (made by [`push_kicks`], whose entries `what` names)
+/// reports, and moves the bytes of the streams whose socket watch it reports on this thread
+/// (`StreamWaiter::serve`). Sets `quiet` for the streams whose serve brought nothing
+/// (another thread was moving the bytes, or a socket readable for good at its end), clears
+/// it for the rest. True when a serve brought an event: the readiness must be asked again.
+fn take_kicks(
+    set: &[pollfd],
+    from: usize,
+    what: &[(usize, bool)],
+    waiters: &[Option<StreamWaiter<'_>>],
+    quiet: &mut Vec<bool>,
+) -> bool {
+    quiet.clear();
+    quiet.resize(waiters.len(), false);
+    let mut served = false;
+    for (p, &(i, socket)) in set.iter().skip(from).zip(what) {
+        let Some(w) = waiters.get(i).and_then(Option::as_ref) else {
+            continue;
+        };
+        if p.revents & libc::POLLIN == 0 {
+            continue;
+        }
+        if !socket {
+            w.take_kick();
+        } else if w.serve() {
+            served = true;
+        } else if let Some(q) = quiet.get_mut(i) {
+            *q = true;
+        }
+    }
+    served
 }
 
 fn deadline_of(timeout_ms: c_int) -> Option<Instant> {
@@ -2005,6 +2047,8 @@ fn special(fd: c_int) -> bool {
 /// progress or a failed one).
 fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c_int {
     let mut tmp: Vec<pollfd> = fds.to_vec();
+    // Streams whose socket watch the next wait leaves out (see `take_kicks`).
+    let mut quiet = Vec::new();
     loop {
         let kinds: Vec<Polled> = fds.iter().map(|p| polled(p.fd)).collect();
         let waiting = waiters(&kinds);
@@ -2044,15 +2088,14 @@ fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c
                 left.min(SLICE).as_millis() as c_int
             }
         };
-        push_kicks(&mut tmp, &waiting);
+        let what = push_kicks(&mut tmp, &waiting, &quiet);
         // SAFETY: libc's poll over our copy of the set.
         let n = unsafe { real_poll()(tmp.as_mut_ptr(), tmp.len() as nfds_t, wait) };
         if n < 0 {
             return -1;
         }
-        take_kicks(&tmp, fds.len(), &waiting);
+        let mut changed = take_kicks(&tmp, fds.len(), &what, &waiting, &mut quiet);
         let mut others = 0;
-        let mut changed = false;
         for (i, p) in fds.iter_mut().enumerate() {
             match &kinds[i] {
                 Polled::Other => {
@@ -2556,6 +2599,8 @@ fn epoll_mixed(
     let outs = unsafe { std::slice::from_raw_parts_mut(out, cap) };
     let deadline = deadline_of(timeout);
     let mut buf = vec![epoll_event { events: 0, u64: 0 }; cap];
+    // Streams whose socket watch the next wait leaves out (see `take_kicks`).
+    let mut quiet = Vec::new();
     loop {
         let mut regs: Vec<Reg> =
             epoll_reg::with(|r| r.iter().filter(|e| e.epfd == epfd).copied().collect());
@@ -2608,7 +2653,7 @@ fn epoll_mixed(
                     events: libc::POLLIN,
                     revents: 0,
                 }];
-                push_kicks(&mut set, &waiting);
+                let what = push_kicks(&mut set, &waiting, &quiet);
                 let ts = (wait >= 0).then(|| timespec {
                     tv_sec: libc::time_t::from(wait / 1000),
                     tv_nsec: libc::c_long::from(wait % 1000) * 1_000_000,
@@ -2621,7 +2666,10 @@ fn epoll_mixed(
                 if r < 0 && n == 0 {
                     return -1;
                 }
-                take_kicks(&set, 1, &waiting);
+                if take_kicks(&set, 1, &what, &waiting, &mut quiet) {
+                    // A stream's bytes were moved here: ask the streams again.
+                    continue;
+                }
                 0
             } else {
                 wait

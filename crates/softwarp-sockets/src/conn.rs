@@ -747,6 +747,12 @@ impl Conn {
         self.readiness(&st)
     }
 
+    /// The epoll set holding the connection's socket: readable while the peer's bytes
+    /// wait in the socket.
+    pub(crate) fn socket_fd(&self) -> BorrowedFd<'_> {
+        self.socket_watch.as_fd()
+    }
+
     /// The kick descriptor: readable while a unit for a waiting thread is there.
     pub(crate) fn kick_fd(&self) -> BorrowedFd<'_> {
         self.kick.as_fd()
@@ -757,11 +763,20 @@ impl Conn {
         let _ = rustix::io::read(&self.kick, &mut [0u8; 8]);
     }
 
-    /// Moves the connection's bytes on this thread (its socket woke a blocked call): true
-    /// when this thread ran the pass, false when another thread is moving them (its
-    /// completions follow) or the QP refused (the progress thread then moves them).
-    fn serve(&self) -> bool {
-        matches!(self.qp.service(), Ok(true))
+    /// Moves the connection's bytes on this thread (its socket woke a wait), then looks (as
+    /// a caller counted `me` times among the waiting threads: it does not kick itself).
+    /// True when that brought an event (data, room to send, the end, an error). False when
+    /// another thread was moving the bytes (its completion follows) or the pass brought
+    /// nothing (a socket readable for good, at its end): the next wait should leave the
+    /// socket out, or it would wake at once again.
+    pub(crate) fn serve(&self, me: u32) -> bool {
+        if !matches!(self.qp.service(), Ok(true)) {
+            return false;
+        }
+        let mut st = lock(&self.state);
+        let seen = (st.rx_events, st.tx_events);
+        self.progress_as(&mut st, me);
+        seen != (st.rx_events, st.tx_events)
     }
 
     /// Runs `attempt` until it returns `Some`, waiting for completions in between as `wait`
@@ -785,14 +800,12 @@ impl Conn {
         // this loop).
         let mut watch = true;
         loop {
-            let served = serve && self.serve();
+            if serve {
+                watch = self.serve(0);
+            }
             let slice = {
                 let mut st = lock(&self.state);
-                let seen = (st.rx_events, st.tx_events);
                 self.progress(&mut st);
-                if serve {
-                    watch = served && seen != (st.rx_events, st.tx_events);
-                }
                 if let Some(r) = attempt(self, &mut st) {
                     return r;
                 }

@@ -782,6 +782,24 @@ impl StreamWaiter<'_> {
     pub fn take_kick(&self) {
         self.conn.take_kick();
     }
+
+    /// Readable while the peer's bytes wait in the connection's TCP socket (an epoll set
+    /// holding it): wait on it too, and call [`StreamWaiter::serve`] when it was readable,
+    /// so that this thread moves them instead of waiting for the device's progress thread
+    /// to move them and signal the stream's descriptor (one thread wake-up instead of two).
+    pub fn socket_fd(&self) -> BorrowedFd<'_> {
+        self.conn.socket_fd()
+    }
+
+    /// Moves the connection's bytes on this thread (after [`StreamWaiter::socket_fd`] was
+    /// readable) and takes what that completed; true when it brought an event (ask the
+    /// readiness again). False when another thread was moving them (its completion follows,
+    /// signalling the stream's descriptor) or the pass brought nothing (a socket readable
+    /// for good, at its end): leave the socket out of the next wait then, or it wakes at
+    /// once again.
+    pub fn serve(&self) -> bool {
+        self.conn.serve(1)
+    }
 }
 
 impl Drop for StreamWaiter<'_> {
