@@ -71,8 +71,52 @@ fn preloaded(program: &str, args: &[&str], dir: &Path, env: &[(&str, &str)]) -> 
     c
 }
 
+/// A spawned program, killed and reaped when dropped unless waited for: a test that panics
+/// must not leave its servers running (one left spinning took a core and made later tests
+/// on the machine time out).
+struct Reaped(Option<Child>);
+
+impl Reaped {
+    fn take(mut self) -> Child {
+        self.0.take().expect("a program is waited for once")
+    }
+}
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("a program is waited for once")
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("a program is waited for once")
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+trait SpawnReaped {
+    fn spawn_reaped(&mut self) -> Reaped;
+}
+
+impl SpawnReaped for Command {
+    fn spawn_reaped(&mut self) -> Reaped {
+        Reaped(Some(self.spawn().unwrap()))
+    }
+}
+
 /// Waits at most `limit` for `child`; kills it past that.
-fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> Output {
+fn wait_bounded(child: Reaped, limit: Duration, what: &str) -> Output {
+    let mut child = child.take();
     let deadline = Instant::now() + limit;
     loop {
         if child.try_wait().unwrap().is_some() {
@@ -99,7 +143,7 @@ fn run_client(make: impl FnMut() -> Command, what: &str) -> Output {
 /// [`run_client`] with each run bounded by `limit`.
 fn run_client_within(mut make: impl FnMut() -> Command, what: &str, limit: Duration) -> Output {
     for _ in 0..100 {
-        let out = wait_bounded(make().spawn().unwrap(), limit, what);
+        let out = wait_bounded(make().spawn_reaped(), limit, what);
         let err = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() && err.contains("Connection refused") {
             std::thread::sleep(Duration::from_millis(50));
@@ -160,8 +204,7 @@ fn socat_moves_files_both_ways_over_iwarp() {
         &dir,
         &ALL,
     )
-    .spawn()
-    .unwrap();
+    .spawn_reaped();
     let s_down = preloaded(
         "socat",
         &[
@@ -172,8 +215,7 @@ fn socat_moves_files_both_ways_over_iwarp() {
         &dir,
         &ALL,
     )
-    .spawn()
-    .unwrap();
+    .spawn_reaped();
     let d2 = dir.clone();
     let c_down = std::thread::spawn(move || {
         run_client_within(
@@ -272,8 +314,7 @@ fn socat_in_pass_through_mode_stays_plain_tcp() {
         &dir,
         &env,
     )
-    .spawn()
-    .unwrap();
+    .spawn_reaped();
     // The client is not preloaded at all: plain TCP on both ends.
     let client = run_client(
         || {
@@ -341,7 +382,7 @@ fn a_c_program_opts_in_with_the_header_and_falls_back_without_the_library() {
             c.stdin(Stdio::null());
             c
         };
-        let server = cmd(&["server", &port]).spawn().unwrap();
+        let server = cmd(&["server", &port]).spawn_reaped();
         let client = run_client(|| cmd(&["client", &port, "3000000"]), "C client");
         let server = wait_bounded(server, Duration::from_secs(30), "C server");
         let (cout, sout) = (
@@ -376,9 +417,7 @@ fn iperf3_runs_over_iwarp_both_directions_and_four_parallel_streams() {
     let dir = work_dir("iperf3");
     for extra in [&[][..], &["-R", "-P", "4"][..]] {
         let port = free_port().to_string();
-        let server = preloaded("iperf3", &["-s", "-1", "-p", &port], &dir, &ALL)
-            .spawn()
-            .unwrap();
+        let server = preloaded("iperf3", &["-s", "-1", "-p", &port], &dir, &ALL).spawn_reaped();
         let mut args = vec!["-c", "127.0.0.1", "-p", &port, "-n", "16M"];
         args.extend_from_slice(extra);
         let client = run_client(|| preloaded("iperf3", &args, &dir, &ALL), "iperf3 client");
@@ -431,8 +470,7 @@ fn redis_benchmark_runs_against_redis_server_over_iwarp() {
         &dir,
         &ALL,
     )
-    .spawn()
-    .unwrap();
+    .spawn_reaped();
     // redis-benchmark does not give up when nobody listens: wait until the server does.
     let mut server = server;
     let log = server.stdout.take().unwrap();
@@ -563,7 +601,7 @@ fn socket_semantics_match_the_kernels() {
         };
         cmd.arg(mode);
         let t0 = Instant::now();
-        let out = wait_bounded(cmd.spawn().unwrap(), Duration::from_secs(90), mode);
+        let out = wait_bounded(cmd.spawn_reaped(), Duration::from_secs(90), mode);
         let text = String::from_utf8_lossy(&out.stdout);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -605,8 +643,7 @@ fn a_forking_server_serves_each_connection_in_its_child() {
         &dir,
         &ALL,
     )
-    .spawn()
-    .unwrap();
+    .spawn_reaped();
     let server_pid = server.id();
     let mut clients = Vec::new();
     for i in 0..3 {
@@ -682,15 +719,12 @@ fn curl_fetches_from_python_http_server_over_iwarp() {
         &dir,
         &[("SOFTWARP_SOCKETS", "all")],
     )
-    .spawn()
-    .unwrap();
+    .spawn_reaped();
     let url = format!("http://127.0.0.1:{port}/file.bin");
     let deadline = Instant::now() + Duration::from_secs(30);
     let out = loop {
         let out = wait_bounded(
-            preloaded("curl", &["-sS", "-o", "got.bin", &url], &dir, &ALL)
-                .spawn()
-                .unwrap(),
+            preloaded("curl", &["-sS", "-o", "got.bin", &url], &dir, &ALL).spawn_reaped(),
             Duration::from_secs(60),
             "curl",
         );
@@ -701,7 +735,7 @@ fn curl_fetches_from_python_http_server_over_iwarp() {
         std::thread::sleep(Duration::from_millis(100));
     };
     let _ = server.kill();
-    let server = server.wait_with_output().unwrap();
+    let server = server.take().wait_with_output().unwrap();
     assert!(
         out.status.success(),
         "curl {:?}: {}\nserver: {}",
