@@ -1949,16 +1949,16 @@ fn push_kicks(
     waiters: &[Option<StreamWaiter<'_>>],
     quiet: &[bool],
 ) -> Vec<(usize, bool)> {
-    let mut what = Vec::new();
+    let mut what = Vec::with_capacity(2 * waiters.len());
     for (i, w) in waiters.iter().enumerate() {
         let Some(w) = w else {
             continue;
         };
-        let mut fds = vec![(w.kick_fd(), false)];
-        if !quiet.get(i).copied().unwrap_or(false) {
-            fds.push((w.socket_fd(), true));
-        }
-        for (fd, socket) in fds {
+        let watch = !quiet.get(i).copied().unwrap_or(false);
+        for (fd, socket) in [(w.kick_fd(), false), (w.socket_fd(), true)] {
+            if socket && !watch {
+                continue;
+            }
             set.push(pollfd {
                 fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
                 events: libc::POLLIN,
