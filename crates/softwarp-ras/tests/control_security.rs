@@ -14,7 +14,7 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -148,16 +148,23 @@ fn skip_unless_root(test: &str) -> bool {
     true
 }
 
-/// The process-wide error log of this test binary (set once).
+/// The process-wide error log of this test binary (set once). It outlives every test, so it
+/// lives under Cargo's scratch directory for integration tests (`target/tmp`, emptied here at
+/// the first use) rather than in a [`common::TempDir`] that a static would never drop.
 fn error_log() -> &'static Path {
-    static DIR: std::sync::OnceLock<common::TempDir> = std::sync::OnceLock::new();
-    let dir = DIR.get_or_init(|| common::TempDir::new("seclog"));
-    let path = dir.path().join("errors.jsonl");
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("control_security-errlog");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    });
+    let path = dir.join("errors.jsonl");
     if errlog::global().is_none() {
         let _ = errlog::set_global(
             ErrorLog::open(ErrorLogConfig {
                 path: path.clone(),
-                ..ErrorLogConfig::in_dir(dir.path())
+                ..ErrorLogConfig::in_dir(dir)
             })
             .unwrap(),
         );
