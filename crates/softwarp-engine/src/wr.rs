@@ -187,6 +187,13 @@ impl SendOp {
         )
     }
 
+    /// True for the operations whose message is tagged (RDMA Write, with or without
+    /// Immediate Data: its data segments; the Immediate Data message is untagged).
+    #[inline]
+    pub fn is_tagged(&self) -> bool {
+        matches!(self, SendOp::Write { .. } | SendOp::WriteWithImm { .. })
+    }
+
     /// True for the atomics.
     #[inline]
     pub fn is_atomic(&self) -> bool {

@@ -182,6 +182,19 @@ pub(crate) enum TxDone {
     Rtr,
 }
 
+impl TxDone {
+    /// The queue whose turn the FPDU counts against ([`Qp::tx_pick`]); none for the
+    /// Terminate and the RTR, which go out ahead of both.
+    #[inline(always)]
+    fn side(self) -> Option<TxSide> {
+        match self {
+            Self::Sq { .. } | Self::ReadRequest { .. } | Self::AtomicRequest => Some(TxSide::Sq),
+            Self::ReadResponse { .. } | Self::AtomicResponse => Some(TxSide::Irq),
+            Self::Terminate | Self::Rtr => None,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct FpduBuild {
     hdr: [u8; HDR_CAP],
@@ -391,14 +404,45 @@ impl<'a> RunSlot<'a> {
     }
 }
 
-/// The message being transmitted, when it spans several FPDUs.
+/// The send queue's message being transmitted, when it spans several FPDUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TxMsg {
     None,
     Sq(u64),
     /// The data of a Write/Send with Immediate went out; its Immediate Data comes next.
     Imm(u64),
-    ReadResponse,
+}
+
+/// Where the next FPDU comes from: the send queue, or the queue of inbound Read and Atomic
+/// Requests (their responses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TxSide {
+    Sq,
+    Irq,
+}
+
+impl TxSide {
+    fn other(self) -> Self {
+        match self {
+            Self::Sq => Self::Irq,
+            Self::Irq => Self::Sq,
+        }
+    }
+}
+
+/// Bytes (whole FPDUs) one side sends in a row while the other waits with a message that
+/// may be interleaved with the first's (see [`Qp::tx_pick`]): a small Send posted behind a
+/// long Read Response waits for at most this much of it (besides what the socket holds).
+pub const TX_INTERLEAVE_QUANTUM: u64 = 64 * 1024;
+
+/// What [`Qp::tx_pick`] decided: the side that builds next, the one to try when it
+/// cannot (a fence or the ORD holds the send queue back), and how many bytes the first
+/// may send in a row before the other is due.
+#[derive(Debug, Clone, Copy)]
+struct TxPick {
+    side: TxSide,
+    fallback: Option<TxSide>,
+    budget: u64,
 }
 
 #[derive(Debug)]
@@ -413,7 +457,13 @@ pub(crate) struct TxState {
     pool: Vec<Box<FpduBuild>>,
     /// Bytes the last [`Qp::poll_tx_gather`] offered (0 after a copy).
     gather_offered: usize,
+    /// The send queue's message in progress.
     msg: TxMsg,
+    /// A Read Response is in progress: the IRQ's front has sent some of its bytes, not all.
+    rresp: bool,
+    /// The side whose FPDUs were built last, and their bytes since it took the turn.
+    turn: TxSide,
+    turn_bytes: u64,
     rtr_pending: bool,
     /// MPA responder (RFC 5044 `responder_waits`, or the RFC 6581 RTR responder): nothing
     /// but a Terminate may be sent before the peer's first FPDU arrived. The one copy of
@@ -463,6 +513,9 @@ impl TxState {
             pool: Vec::new(),
             gather_offered: 0,
             msg: TxMsg::None,
+            rresp: false,
+            turn: TxSide::Sq,
+            turn_bytes: 0,
             rtr_pending: false,
             gate_until_rx: false,
             max_fpdu: MIN_FPDU_LEN,
@@ -509,6 +562,7 @@ impl TxState {
         self.build.is_none()
             && self.ahead.is_empty()
             && self.msg == TxMsg::None
+            && !self.rresp
             && self.spill.is_empty()
     }
 
@@ -523,6 +577,7 @@ impl TxState {
             self.recycle();
         }
         self.msg = TxMsg::None;
+        self.rresp = false;
     }
 
     /// Retires the front build; the next one built ahead (if any) becomes the front.
@@ -703,6 +758,7 @@ impl Qp {
     /// Builds the next FPDU behind the ones already built; returns its length.
     fn build_ahead(&mut self) -> Option<usize> {
         let local_error_next = self.tx.msg == TxMsg::None
+            && !self.tx.rresp
             && self.sq_entry(self.sq_tx_seq).is_some_and(|e| e.local_error);
         if local_error_next || !matches!(self.state, QpState::Rts | QpState::Closing) {
             // A failed QP sends its Terminate (the front build) and nothing after it; a WR
@@ -752,6 +808,7 @@ impl Qp {
             || self.tx.build.is_some()
             || !self.tx.ahead.is_empty()
             || self.tx.msg != TxMsg::None
+            || self.tx.rresp
             || self.tx.rtr_pending
             || self.terminate.wants_tx()
             || !self.irq.is_empty()
@@ -853,6 +910,7 @@ impl Qp {
         if tx.build.is_some()
             || !tx.ahead.is_empty()
             || tx.msg != TxMsg::None
+            || tx.rresp
             || tx.rtr_pending
             || tx.gate_until_rx
             || tx.markers
@@ -994,17 +1052,26 @@ impl Qp {
         {
             return 0;
         }
-        match self.tx.msg {
-            TxMsg::Sq(seq) => self.tx_copy_sq_run(seq, out, max_each),
-            TxMsg::ReadResponse => self.tx_copy_read_response_run(out, max_each),
-            TxMsg::None | TxMsg::Imm(_) => 0,
+        let pick = self.tx_pick();
+        let budget = usize::try_from(pick.budget).unwrap_or(usize::MAX);
+        match (pick.side, self.tx.msg) {
+            (TxSide::Sq, TxMsg::Sq(seq)) => self.tx_copy_sq_run(seq, out, max_each, budget),
+            (TxSide::Irq, _) if self.tx.rresp => {
+                self.tx_copy_read_response_run(out, max_each, budget)
+            }
+            _ => 0,
         }
     }
 
     /// [`Qp::tx_copy_run`] for the Read Response in progress (the front of the IRQ, past its
     /// first [`ALIAS_LEAD_MAX_BYTES`]): its FPDUs straight from the validated source, as
     /// [`Qp::build_read_response`] would build them.
-    fn tx_copy_read_response_run(&mut self, out: &mut [u8], max_each: usize) -> usize {
+    fn tx_copy_read_response_run(
+        &mut self,
+        out: &mut [u8],
+        max_each: usize,
+        budget: usize,
+    ) -> usize {
         let hdr_len = codec::TAGGED_HEADER_LEN;
         let max_payload = self.tx.max_small.1;
         let mut used = 0;
@@ -1041,7 +1108,10 @@ impl Qp {
             used += total;
             if last {
                 self.irq.pop();
-                self.tx.msg = TxMsg::None;
+                self.tx.rresp = false;
+                break;
+            }
+            if used >= budget {
                 break;
             }
         }
@@ -1067,11 +1137,20 @@ impl Qp {
         self.tx.stream_offset = self.tx.stream_offset.wrapping_add(total as u64);
         self.stats.tx_stream_bytes += total as u64;
         self.stats.tx_fpdus += 1;
+        if let Some(side) = done.side() {
+            self.tx_turn_account(side, total);
+        }
         self.on_fpdu_sent(done);
     }
 
     /// [`Qp::tx_copy_run`] for the Send or Write (`seq`) in progress.
-    fn tx_copy_sq_run(&mut self, seq: u64, out: &mut [u8], max_each: usize) -> usize {
+    fn tx_copy_sq_run(
+        &mut self,
+        seq: u64,
+        out: &mut [u8],
+        max_each: usize,
+        budget: usize,
+    ) -> usize {
         let Some(e) = self.sq_entry(seq) else {
             return 0;
         };
@@ -1115,7 +1194,7 @@ impl Qp {
             self.tx_copy_run_done(fpdu, done);
             used += total;
             sent = new_sent;
-            if last {
+            if last || used >= budget {
                 break;
             }
         }
@@ -1265,6 +1344,9 @@ impl Qp {
         let plain_len = b.hdr_len + payload_len + b.trailer_len;
         b.layout = None;
         b.total = plain_len;
+        if let Some(side) = done.side() {
+            self.tx_turn_account(side, plain_len);
+        }
         if self.tx.markers {
             //= https://www.rfc-editor.org/rfc/rfc5044#section-4.3
             // (paraphrase) With markers negotiated for this direction, the sender inserts a
@@ -1316,17 +1398,94 @@ impl Qp {
             self.build_rtr();
             return;
         }
-        match self.tx.msg {
-            TxMsg::Sq(seq) => return self.build_sq(seq),
-            TxMsg::Imm(seq) => return self.build_immediate(seq),
-            TxMsg::ReadResponse => return self.build_read_response(),
-            TxMsg::None => {}
+        let pick = self.tx_pick();
+        self.build_from(pick.side);
+        if self.tx.build.is_none() {
+            if let Some(side) = pick.fallback {
+                self.build_from(side);
+            }
         }
-        if !self.irq.is_empty() {
-            self.build_read_response();
+    }
+
+    /// Builds the next FPDU of `side` (none when it has nothing it may send now).
+    fn build_from(&mut self, side: TxSide) {
+        match (side, self.tx.msg) {
+            (TxSide::Irq, _) => self.build_read_response(),
+            (TxSide::Sq, TxMsg::Sq(seq)) => self.build_sq(seq),
+            (TxSide::Sq, TxMsg::Imm(seq)) => self.build_immediate(seq),
+            (TxSide::Sq, TxMsg::None) => self.build_sq(self.sq_tx_seq),
+        }
+    }
+
+    /// Chooses between the send queue and the IRQ (Read and Atomic Responses) for the next
+    /// FPDU. Messages of the two may be interleaved FPDU by FPDU when one is tagged (a Write,
+    /// a Read Response) and the other untagged (a Send, a Read or Atomic Request, Immediate
+    /// Data, an Atomic Response), the mix Linux siw accepts (its receive path keeps one
+    /// context for the tagged message in progress and one for the untagged one) and
+    /// RFC 5041 places from each segment's own header. Such a pair takes turns of
+    /// [`TX_INTERLEAVE_QUANTUM`] bytes, so a small Send posted behind a long Read Response
+    /// (or a peer's Read behind a long Send) waits for one turn, not the whole message. A
+    /// message in progress that may not be interleaved with the other side's next one (two
+    /// tagged, two untagged) finishes first; with nothing in progress the turns alternate
+    /// the same way.
+    //= https://www.rfc-editor.org/rfc/rfc5041#section-5.1
+    // (paraphrase) Tagged segments carry their STag and tagged offset, untagged ones their
+    // queue number, MSN and message offset: each is placed from its own header.
+    #[inline(always)]
+    fn tx_pick(&self) -> TxPick {
+        let alone = |side| TxPick {
+            side,
+            fallback: None,
+            budget: u64::MAX,
+        };
+        let Some(front) = self.irq.front() else {
+            return alone(TxSide::Sq);
+        };
+        let irq_tagged = front.atomic.is_none();
+        let sq_tagged = match self.tx.msg {
+            TxMsg::Sq(seq) => self.sq_entry(seq).map(|e| e.op.is_tagged()),
+            TxMsg::Imm(_) => Some(false),
+            TxMsg::None => self
+                .sq_entry(self.sq_tx_seq)
+                .filter(|e| !e.local_error)
+                .map(|e| e.op.is_tagged()),
+        };
+        let Some(sq_tagged) = sq_tagged else {
+            // Nothing on the send queue, or a WR that fails the QP once the Read Response
+            // in progress is out.
+            return alone(TxSide::Irq);
+        };
+        let mixable = sq_tagged != irq_tagged;
+        if !mixable && self.tx.msg != TxMsg::None {
+            return alone(TxSide::Sq);
+        }
+        if !mixable && self.tx.rresp {
+            return alone(TxSide::Irq);
+        }
+        let (side, spent) = if self.tx.turn_bytes >= TX_INTERLEAVE_QUANTUM {
+            (self.tx.turn.other(), 0)
         } else {
-            self.build_sq(self.sq_tx_seq);
+            (self.tx.turn, self.tx.turn_bytes)
+        };
+        TxPick {
+            side,
+            fallback: Some(side.other()),
+            budget: if mixable {
+                TX_INTERLEAVE_QUANTUM - spent
+            } else {
+                u64::MAX
+            },
         }
+    }
+
+    /// Counts an FPDU of `total` bytes built from `side` against its turn.
+    #[inline(always)]
+    fn tx_turn_account(&mut self, side: TxSide, total: usize) {
+        if self.tx.turn != side {
+            self.tx.turn = side;
+            self.tx.turn_bytes = 0;
+        }
+        self.tx.turn_bytes += total as u64;
     }
 
     fn build_terminate(&mut self) {
@@ -1393,7 +1552,7 @@ impl Qp {
         };
         let Some(irq) = self.irq.front_mut() else {
             self.tx.spare = Some(b);
-            self.tx.msg = TxMsg::None;
+            self.tx.rresp = false;
             return;
         };
         if let Some((request_id, original_value)) = irq.atomic {
@@ -1412,7 +1571,7 @@ impl Qp {
                 },
             );
             self.irq.pop();
-            self.tx.msg = TxMsg::None;
+            self.tx.rresp = false;
             self.frame_fpdu(b, hdr_len, TxDone::AtomicResponse);
             return;
         }
@@ -1447,10 +1606,8 @@ impl Qp {
         );
         if last {
             self.irq.pop();
-            self.tx.msg = TxMsg::None;
-        } else {
-            self.tx.msg = TxMsg::ReadResponse;
         }
+        self.tx.rresp = !last;
         self.frame_fpdu(b, hdr_len, TxDone::ReadResponse { bytes: seg, last });
     }
 
