@@ -1053,12 +1053,13 @@ impl Qp {
             return 0;
         }
         let pick = self.tx_pick();
+        // The turn's end: a run takes the whole FPDUs that fit before it (the general path
+        // then builds the one that crosses it).
         let budget = usize::try_from(pick.budget).unwrap_or(usize::MAX);
+        let out = out.get_mut(..budget.min(out.len())).unwrap_or_default();
         match (pick.side, self.tx.msg) {
-            (TxSide::Sq, TxMsg::Sq(seq)) => self.tx_copy_sq_run(seq, out, max_each, budget),
-            (TxSide::Irq, _) if self.tx.rresp => {
-                self.tx_copy_read_response_run(out, max_each, budget)
-            }
+            (TxSide::Sq, TxMsg::Sq(seq)) => self.tx_copy_sq_run(seq, out, max_each),
+            (TxSide::Irq, _) if self.tx.rresp => self.tx_copy_read_response_run(out, max_each),
             _ => 0,
         }
     }
@@ -1066,12 +1067,7 @@ impl Qp {
     /// [`Qp::tx_copy_run`] for the Read Response in progress (the front of the IRQ, past its
     /// first [`ALIAS_LEAD_MAX_BYTES`]): its FPDUs straight from the validated source, as
     /// [`Qp::build_read_response`] would build them.
-    fn tx_copy_read_response_run(
-        &mut self,
-        out: &mut [u8],
-        max_each: usize,
-        budget: usize,
-    ) -> usize {
+    fn tx_copy_read_response_run(&mut self, out: &mut [u8], max_each: usize) -> usize {
         let hdr_len = codec::TAGGED_HEADER_LEN;
         let max_payload = self.tx.max_small.1;
         let mut used = 0;
@@ -1111,19 +1107,18 @@ impl Qp {
                 self.tx.rresp = false;
                 break;
             }
-            if used >= budget {
-                break;
-            }
         }
         if used > 0 {
             self.tx.gather_offered = 0;
+            self.tx_turn_account(TxSide::Irq, used);
         }
         used
     }
 
     /// What [`Qp::tx_copy_run`] records for each FPDU it wrote (`fpdu`, whole): its CRC,
     /// then what committing a built FPDU would have (stream offset, counters,
-    /// [`Qp::on_fpdu_sent`]).
+    /// [`Qp::on_fpdu_sent`]). The run's bytes count against its side's turn once, at its
+    /// end.
     #[inline(always)]
     fn tx_copy_run_done(&mut self, fpdu: &mut [u8], done: TxDone) {
         let total = fpdu.len();
@@ -1137,20 +1132,11 @@ impl Qp {
         self.tx.stream_offset = self.tx.stream_offset.wrapping_add(total as u64);
         self.stats.tx_stream_bytes += total as u64;
         self.stats.tx_fpdus += 1;
-        if let Some(side) = done.side() {
-            self.tx_turn_account(side, total);
-        }
         self.on_fpdu_sent(done);
     }
 
     /// [`Qp::tx_copy_run`] for the Send or Write (`seq`) in progress.
-    fn tx_copy_sq_run(
-        &mut self,
-        seq: u64,
-        out: &mut [u8],
-        max_each: usize,
-        budget: usize,
-    ) -> usize {
+    fn tx_copy_sq_run(&mut self, seq: u64, out: &mut [u8], max_each: usize) -> usize {
         let Some(e) = self.sq_entry(seq) else {
             return 0;
         };
@@ -1194,12 +1180,13 @@ impl Qp {
             self.tx_copy_run_done(fpdu, done);
             used += total;
             sent = new_sent;
-            if last || used >= budget {
+            if last {
                 break;
             }
         }
         if used > 0 {
             self.tx.gather_offered = 0;
+            self.tx_turn_account(TxSide::Sq, used);
         }
         used
     }
