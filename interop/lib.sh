@@ -54,3 +54,13 @@ stop_capture() {
   kill -INT "$CAP_PID" 2>/dev/null
   wait "$CAP_PID" 2>/dev/null
 }
+
+# lost_packets NAME: true when the capture $OUT/NAME.pcap lost packets (tcpdump on the tap, with
+# qemu keeping both cores busy): it says nothing about the stacks, and callers run such a case
+# again (twice at most). Needs $SW (the softwarp executable).
+lost_packets() {
+  local dropped
+  dropped=$(sed -n 's/^\([0-9]*\) packets dropped by kernel/\1/p' "$OUT/$1.tcpdump")
+  [ "${dropped:-0}" != 0 ] && return 0
+  "$SW" decode "$OUT/$1.pcap" 2>/dev/null | grep -qE " ERROR +the capture (lost|ends inside)"
+}

@@ -113,14 +113,6 @@ report() {  # report NAME OK(0|1) DETAIL [LOGS...]
   fi
 }
 
-# A capture that lost packets (tcpdump on the tap, with qemu keeping both cores busy) says
-# nothing about the stacks: such a case runs again, twice at most.
-lost_packets() {  # lost_packets NAME
-  local dropped
-  dropped=$(sed -n 's/^\([0-9]*\) packets dropped by kernel/\1/p' "$OUT/$1.tcpdump")
-  [ "${dropped:-0}" != 0 ] && return 0
-  "$SW" decode "$OUT/$1.pcap" 2>/dev/null | grep -qE " ERROR +the capture (lost|ends inside)"
-}
 
 # rping: OURS are `softwarp exec` flags. siw's rping server ignores -C and serves until the
 # client disconnects; both ends print a "ping data" line per ping with -v.

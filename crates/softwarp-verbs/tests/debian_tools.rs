@@ -716,6 +716,30 @@ fn c_program_sees_immediate_data_send_with_invalidate_and_async_events_live() {
     );
 }
 
+/// A C responder that posts Sends while its 64 MiB Read Response is going out: the reader,
+/// whose one CQ orders its send and receive completions as its QP finished them, gets them
+/// before the Read completes (interleaving on transmit; before it, 0 of 8 every time).
+#[test]
+fn c_program_gets_the_responders_sends_before_its_long_read_completes() {
+    let _serial = serial();
+    let Some(lines) = run_forked_c("read_while_send", Duration::from_secs(60), &[]) else {
+        return;
+    };
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines[1], "ok: 61 server checks");
+    assert_eq!(
+        lines[2],
+        "server: 8 Sends posted during the Read Response completed"
+    );
+    let before: usize = lines[0]
+        .strip_prefix("client: Read of 67108864 bytes verified; ")
+        .and_then(|l| l.strip_suffix(" of 8 Sends arrived before it completed"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{lines:?}"));
+    println!("{}", lines[0]);
+    assert!(before >= 1, "{lines:?}");
+}
+
 /// perftest's server answers the client's last message and closes at once; a client that is
 /// slow to finish its last Send (Linux siw under emulation) then saw it fail. The server's
 /// `rdma_disconnect` and `ibv_destroy_qp` now wait for the initiator to close first
