@@ -72,30 +72,33 @@ report() {  # report NAME OK(0|1) DETAIL [LOGS...]
   fi
 }
 
-# The responder's Sends (same direction as its Read Response) between the first and the last
-# Read Response segment, in a decode (`softwarp decode`: frame, src>dst, kind, ...).
-sends_inside_read_response() {  # sends_inside_read_response DECODE
-  awk '$3 == "ReadResp" { if (!first) { first = NR; dir = $2 } last = NR }
-       $3 == "Send" { s[NR] = $2 }
-       END { n = 0; for (i in s) if (i + 0 > first && i + 0 < last && s[i] == dir) n++; print n + 0 }' "$1"
+# In a decode (`softwarp decode`: frame, src>dst, kind, T=, L=, ...), the responder's Send
+# segments (same direction as its Read Response) between the first and the last Read Response
+# segment, and its Read Response segments inside a Send (after a Send segment with L=0,
+# before the one with L=1): "SENDS_INSIDE RRESP_INSIDE".
+interleaved_segments() {  # interleaved_segments DECODE
+  awk '$3 == "ReadResp" { if (!first) { first = NR; dir = $2 } last = NR; if (open) r++ }
+       $3 == "Send" { s[NR] = $2; if ($2 == dir || !dir) open = ($5 == "L=0") }
+       END { n = 0; for (i in s) if (i + 0 > first && i + 0 < last && s[i] == dir) n++
+             print n + 0, r + 0 }' "$1"
 }
 
-run_case() {  # run_case NAME ROLE(ours-responder|siw-responder) CRC(on|off) "OURS"
-  local name=$1 role=$2 crc=$3 ours=$4
+run_case() {  # run_case NAME ROLE(ours-responder|siw-responder) CRC(on|off) "OURS" [SENDS LEN]
+  local name=$1 role=$2 crc=$3 ours=$4 sends=${5:-$SENDS} len=${6:-32}
   PORT=$((PORT+1))
   local port=$PORT o=$OUT/$name.ours.log s=$OUT/$name.siw.log ours_rc siw_rc
   start_capture "$name" "$port" || { report "$name" 1 "no capture"; return; }
   # shellcheck disable=SC2086
   if [ "$role" = ours-responder ]; then
-    timeout 150 "$H" "$SW" exec $ours -- "$EXE" -s "$HOST_IP" "$port" "$SIZE" "$SENDS" >"$o" 2>&1 &
+    timeout 150 "$H" "$SW" exec $ours -- "$EXE" -s "$HOST_IP" "$port" "$SIZE" "$sends" "$len" >"$o" 2>&1 &
     local spid=$!
     for _ in $(seq 50); do "$H" ss -ltn 2>/dev/null | grep -q ":$port " && break; sleep 0.1; done
-    "$G" "timeout 120 /tmp/read_while_send -c $HOST_IP $port $SIZE $SENDS; echo rc=\$?" >"$s" 2>&1
+    "$G" "timeout 120 /tmp/read_while_send -c $HOST_IP $port $SIZE $sends $len; echo rc=\$?" >"$s" 2>&1
     wait "$spid"; ours_rc=$?
   else
-    "$G" "rm -f /tmp/swi-$name.*; (timeout 120 /tmp/read_while_send -s $GUEST_IP $port $SIZE $SENDS >/tmp/swi-$name.log 2>&1; echo \$? >/tmp/swi-$name.rc) >/dev/null 2>&1 &"
+    "$G" "rm -f /tmp/swi-$name.*; (timeout 120 /tmp/read_while_send -s $GUEST_IP $port $SIZE $sends $len >/tmp/swi-$name.log 2>&1; echo \$? >/tmp/swi-$name.rc) >/dev/null 2>&1 &"
     for _ in $(seq 50); do "$G" "ss -ltn | grep -q ':$port '" && break; sleep 0.2; done
-    timeout 150 "$H" env SOFTWARP_CONNECT_RETRIES=30 "$SW" exec $ours -- "$EXE" -c "$GUEST_IP" "$port" "$SIZE" "$SENDS" >"$o" 2>&1
+    timeout 150 "$H" env SOFTWARP_CONNECT_RETRIES=30 "$SW" exec $ours -- "$EXE" -c "$GUEST_IP" "$port" "$SIZE" "$sends" "$len" >"$o" 2>&1
     ours_rc=$?
     "$G" "for i in \$(seq 150); do [ -f /tmp/swi-$name.rc ] && break; sleep 0.2; done; cat /tmp/swi-$name.log; echo rc=\$(cat /tmp/swi-$name.rc 2>/dev/null || echo timeout)" >"$s" 2>&1
   fi
@@ -118,14 +121,17 @@ run_case() {  # run_case NAME ROLE(ours-responder|siw-responder) CRC(on|off) "OU
       -q -z expert >"$OUT/$name.expert" 2>/dev/null
     grep -qE "^Errors|Malformed" "$OUT/$name.expert" && { problems+=" tshark reports errors ($name.expert);"; errs=1; }
   fi
-  local reader line inside
+  local reader line inside rinside
   reader=$([ "$role" = ours-responder ] && echo "$s" || echo "$o")
   line=$(grep -m1 "^client: Read of" "$reader")
-  inside=$(sends_inside_read_response "$dec")
+  read -r inside rinside < <(interleaved_segments "$dec")
   if [ "$role" = ours-responder ] && [ "${inside:-0}" -lt 1 ]; then
     problems+=" no Send inside the Read Response on the wire;"; errs=1
   fi
-  local detail="${line#client: } Sends inside the Read Response on the wire: $inside; $(grep -cvE ' MPA-(REQ|REP) ' "$dec") FPDUs"
+  if [ "$role" = ours-responder ] && [ "$len" -gt 100000 ] && [ "${rinside:-0}" -lt 1 ]; then
+    problems+=" no Read Response segment inside a Send on the wire;"; errs=1
+  fi
+  local detail="${line#client: } On the wire: $inside Send segments inside the Read Response, $rinside Read Response segments inside Sends; $(grep -cvE ' MPA-(REQ|REP) ' "$dec") FPDUs"
   if [ "$ours_rc" = 0 ] && [ "$siw_rc" = 0 ] && [ -n "$line" ] && [ $errs = 0 ]; then
     report "$name" 0 "$detail"
   else
@@ -136,6 +142,7 @@ run_case() {  # run_case NAME ROLE(ours-responder|siw-responder) CRC(on|off) "OU
 load_siw "" || exit 2
 run_case ours-responder-crcoff ours-responder off "--crc off"
 run_case ours-responder-crcon  ours-responder on  ""
+run_case ours-responder-long-sends ours-responder on "" 4 1048576
 run_case siw-responder-crcoff  siw-responder  off "--crc off"
 "$G" "dmesg | grep -i 'siw.*intersection' | tail -3" >"$OUT/dmesg.log" 2>&1
 if [ -s "$OUT/dmesg.log" ]; then

@@ -9,8 +9,12 @@
  * nothing before the initiator's first FPDU (RFC 5044, outside peer-to-peer mode).
  *
  *   read_while_send PORT                            both on 127.0.0.1 (forked), 64 MiB, 8 Sends
- *   read_while_send -s HOST PORT SIZE SENDS         the server (responder) alone
- *   read_while_send -c HOST PORT SIZE SENDS         the client (reader) alone
+ *   read_while_send -s HOST PORT SIZE SENDS [LEN]   the server (responder) alone
+ *   read_while_send -c HOST PORT SIZE SENDS [LEN]   the client (reader) alone
+ *
+ * LEN: the length of each Send (default 32; both sides must agree). With long Sends the
+ * Read Response's segments also go out inside them. Each Send starts with "send I of N" and
+ * continues with bytes that depend on I.
  *
  * interop/run-siw-interleave.sh runs the server over Softwarp and the client over Linux siw. */
 #include <endian.h>
@@ -35,6 +39,16 @@ struct info {
 static const char *host = "127.0.0.1";
 static size_t size = 64u << 20;
 static int sends = 8;
+static size_t msg_len = MSG;
+
+/* Fills Send `i` (msg_len bytes). */
+static void fill_send(char *m, int i)
+{
+	memset(m, 0, MSG);
+	snprintf(m, MSG, "send %d of %d", i, sends);
+	for (size_t k = MSG; k < msg_len; k++)
+		m[k] = (char)(i * 29 + k * 7 + (k >> 11));
+}
 
 static uint8_t pattern(size_t i)
 {
@@ -109,12 +123,12 @@ static int server(const char *port)
 	for (size_t i = 0; i < size; i++)
 		src[i] = pattern(i);
 	static char ctl[3][MSG], info_buf[sizeof(struct info)];
-	char *out = calloc(sends, MSG);
+	char *out = calloc(sends, msg_len);
 	CHECK(out, "allocate");
 	struct ibv_mr *smr = ibv_reg_mr(pd, src, size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
 	struct ibv_mr *cmr = ibv_reg_mr(pd, ctl, sizeof ctl, IBV_ACCESS_LOCAL_WRITE);
 	struct ibv_mr *imr = ibv_reg_mr(pd, info_buf, sizeof info_buf, 0);
-	struct ibv_mr *omr = ibv_reg_mr(pd, out, (size_t)sends * MSG, 0);
+	struct ibv_mr *omr = ibv_reg_mr(pd, out, (size_t)sends * msg_len, 0);
 	CHECK(smr && cmr && imr && omr, "ibv_reg_mr");
 	CHECK(rdma_post_recv(id, (void *)WR_HI, ctl[2], MSG, cmr) == 0, "post_recv hi");
 	CHECK(rdma_post_recv(id, (void *)WR_GO, ctl[0], MSG, cmr) == 0, "post_recv go");
@@ -142,9 +156,10 @@ static int server(const char *port)
 			CHECK(0, "unexpected wr_id %llu", (unsigned long long)wc.wr_id);
 	}
 	for (int i = 0; i < sends; i++) {
-		char *m = out + (size_t)i * MSG;
-		snprintf(m, MSG, "send %d of %d", i, sends);
-		CHECK(rdma_post_send(id, (void *)(uintptr_t)i, m, MSG, omr, 0) == 0, "send %d", i);
+		char *m = out + (size_t)i * msg_len;
+		fill_send(m, i);
+		CHECK(rdma_post_send(id, (void *)(uintptr_t)i, m, msg_len, omr, 0) == 0, "send %d",
+		      i);
 	}
 	int sent = 0, done = 0;
 	while (sent < sends || !done) {
@@ -182,15 +197,18 @@ static int client(const char *port)
 	uint8_t *sink = aligned_alloc(4096, size);
 	CHECK(sink, "allocate %zu bytes", size);
 	memset(sink, 0, size);
-	char *in = calloc(sends + 1, MSG);
+	char *in = calloc(sends + 1, msg_len);
+	char *want = malloc(msg_len);
 	static char ctl[3][MSG] = { "go", "done", "hi" };
-	CHECK(in, "allocate");
+	CHECK(in && want, "allocate");
 	struct ibv_mr *kmr = ibv_reg_mr(pd, sink, size, IBV_ACCESS_LOCAL_WRITE);
-	struct ibv_mr *rmr = ibv_reg_mr(pd, in, (size_t)(sends + 1) * MSG, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *rmr =
+		ibv_reg_mr(pd, in, (size_t)(sends + 1) * msg_len, IBV_ACCESS_LOCAL_WRITE);
 	struct ibv_mr *cmr = ibv_reg_mr(pd, ctl, sizeof ctl, 0);
 	CHECK(kmr && rmr && cmr, "ibv_reg_mr");
 	for (int i = 0; i <= sends; i++)
-		CHECK(rdma_post_recv(id, (void *)(uintptr_t)i, in + (size_t)i * MSG, MSG, rmr) == 0,
+		CHECK(rdma_post_recv(id, (void *)(uintptr_t)i, in + (size_t)i * msg_len, msg_len,
+				     rmr) == 0,
 		      "post_recv %d", i);
 	struct rdma_conn_param p;
 	conn_param(&p);
@@ -227,10 +245,11 @@ static int client(const char *port)
 			go_sent = 1;
 		} else {
 			CHECK(wc.opcode == IBV_WC_RECV, "opcode %d", wc.opcode);
-			char want[MSG] = { 0 };
-			snprintf(want, MSG, "send %d of %d", received, sends);
-			CHECK(memcmp(in + wc.wr_id * MSG, want, MSG) == 0, "Send %d holds '%.32s'",
-			      received, in + wc.wr_id * MSG);
+			fill_send(want, received);
+			CHECK(wc.byte_len == msg_len && memcmp(in + wc.wr_id * msg_len, want,
+							       msg_len) == 0,
+			      "Send %d: %u bytes, starting '%.32s'", received, wc.byte_len,
+			      in + wc.wr_id * msg_len);
 			received++;
 		}
 	}
@@ -252,19 +271,23 @@ static int client(const char *port)
 	rdma_destroy_ep(id);
 	free(sink);
 	free(in);
+	free(want);
 	return 0;
 }
 
 int main(int argc, char **argv)
 {
-	if (argc == 6 && (strcmp(argv[1], "-s") == 0 || strcmp(argv[1], "-c") == 0)) {
+	if ((argc == 6 || argc == 7) && (strcmp(argv[1], "-s") == 0 || strcmp(argv[1], "-c") == 0)) {
 		setvbuf(stdout, NULL, _IOLBF, 0);
 		alarm(120);
 		host = argv[2];
 		size = strtoull(argv[4], NULL, 0);
 		sends = atoi(argv[5]);
-		if (size == 0 || size > (1u << 31) || sends < 1 || sends > 1000) {
-			fprintf(stderr, "SIZE 1..2^31, SENDS 1..1000\n");
+		if (argc == 7)
+			msg_len = strtoull(argv[6], NULL, 0);
+		if (size == 0 || size > (1u << 31) || sends < 1 || sends > 1000 || msg_len < MSG ||
+		    msg_len > (64u << 20)) {
+			fprintf(stderr, "SIZE 1..2^31, SENDS 1..1000, LEN 32..64 MiB\n");
 			return 2;
 		}
 		who = argv[1][1] == 's' ? "server" : "client";
