@@ -278,3 +278,59 @@ fn a_bad_initiator_gets_the_same_answer_and_error_on_every_path() {
         );
     }
 }
+
+/// A graceful close ends the same way on every path, as `rdma_disconnect` promises: the side
+/// that disconnects gets its posted receive back with a flush status and its QP ends in
+/// Error (so does the peer's, which saw the stream end), and `reset` makes both Idle to
+/// connect again. The blocking paths used to leave the closing side's receives posted in
+/// an Idle QP, never completed.
+#[test]
+fn a_graceful_close_flushes_the_closing_sides_receives_on_every_path() {
+    for path in PATHS {
+        let opts = ConnectOptions::default();
+        let client = End::new(None, None);
+        let server = End::new(None, None);
+        let (cbuf, _) = client.mr(4096, LW, 1);
+        let (sbuf, _) = server.mr(4096, LW, 2);
+        post_recv(&client.qp, &cbuf, 0, 4096, 10);
+        post_recv(&server.qp, &sbuf, 0, 4096, 20);
+        let keep = connect_over(path, &client, &server, &opts);
+        client.qp.disconnect().unwrap();
+        assert_eq!(
+            client.qp.wait_closed(WAIT).unwrap(),
+            QpState::Error,
+            "{path:?}"
+        );
+        let wc = wait_wcs(&client.rcq, 1);
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status),
+            (10, WcStatus::WrFlushErr),
+            "{path:?}"
+        );
+        let wc = wait_wcs(&server.rcq, 1);
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status),
+            (20, WcStatus::WrFlushErr),
+            "{path:?}"
+        );
+        assert_eq!(
+            server.qp.wait_closed(WAIT).unwrap(),
+            QpState::Error,
+            "{path:?}"
+        );
+        drop(keep);
+        client.qp.reset().unwrap();
+        server.qp.reset().unwrap();
+        assert_eq!(client.qp.state(), QpState::Idle, "{path:?}");
+        // The same QPs connect again and carry a Send.
+        post_recv(&server.qp, &sbuf, 0, 4096, 21);
+        let _keep = connect_over(path, &client, &server, &opts);
+        post_send(&client.qp, &cbuf, 0, 64, 3);
+        let wc = wait_wcs(&server.rcq, 1);
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status, wc[0].byte_len),
+            (21, WcStatus::Success, 64),
+            "{path:?}"
+        );
+    }
+}

@@ -276,12 +276,12 @@ impl QpShared {
         (false, conn.shut_wr)
     }
 
-    /// The connection is closed: a connection-manager QP also flushes the receives a
-    /// graceful close left posted (as siw does on close), then its observer hears of it.
+    /// The connection is closed: the receives a graceful close left posted complete with a
+    /// flush status and the QP ends in Error (as siw does on close, and as
+    /// `rdma_disconnect` promises; [`crate::QueuePair::reset`] makes it Idle to connect
+    /// again), on every connection path; then a connection-manager QP's observer hears of
+    /// it.
     pub(super) fn connection_gone(&self, inner: &mut QpInner) {
-        if inner.observer.is_none() {
-            return;
-        }
         // The peer never closed its side (the linger time ran out): the stream is over all
         // the same.
         if matches!(inner.qp.state(), QpState::Closing | QpState::Terminate) {

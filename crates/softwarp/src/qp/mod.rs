@@ -766,7 +766,10 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Graceful close: no new sends; once outstanding work is done the connection closes.
+    /// Graceful close: no new sends; once outstanding work is done the connection closes,
+    /// the receives still posted complete with [`crate::WcStatus::WrFlushErr`] and the QP is in
+    /// Error ([`QueuePair::reset`] makes it Idle to connect again), on every connection
+    /// path.
     pub fn disconnect(&self) -> Result<()> {
         let _inside = self.shared.enter(Entry::Disconnect)?;
         self.shared.disconnect()
