@@ -64,3 +64,21 @@ lost_packets() {
   [ "${dropped:-0}" != 0 ] && return 0
   "$SW" decode "$OUT/$1.pcap" 2>/dev/null | grep -qE " ERROR +the capture (lost|ends inside)"
 }
+
+# report NAME OK(0|1) DETAIL [LOGS...]: counts and prints a case's verdict ("PASS NAME: ..." or
+# "FAIL NAME: ..." followed by the last lines of each log), also into $SUMMARY when it is set.
+# The caller sets PASS=0 FAIL=0 first.
+report() {
+  local name=$1 ok=$2 detail=$3 line; shift 3
+  if [ "$ok" = 0 ]; then
+    PASS=$((PASS+1)); line="PASS $name: $detail"
+  else
+    FAIL=$((FAIL+1)); line="FAIL $name: $detail"
+  fi
+  echo "$line"
+  [ -n "${SUMMARY:-}" ] && echo "$line" >>"$SUMMARY"
+  if [ "$ok" != 0 ]; then
+    for l in "$@"; do [ -f "$l" ] && { echo "    --- $(basename "$l"):"; tail -8 "$l" | cut -c1-160 | sed 's/^/    /'; }; done
+  fi
+  return 0
+}

@@ -103,16 +103,6 @@ check_capture() {  # check_capture NAME CONNS CRC(on|off) RTR(yes|no)
   return $errs
 }
 
-report() {  # report NAME OK(0|1) DETAIL [LOGS...]
-  local name=$1 ok=$2 detail=$3; shift 3
-  if [ "$ok" = 0 ]; then
-    PASS=$((PASS+1)); echo "PASS $name: $detail"; echo "PASS $name: $detail" >>"$SUMMARY"
-  else
-    FAIL=$((FAIL+1)); echo "FAIL $name: $detail"; echo "FAIL $name: $detail" >>"$SUMMARY"
-    for l in "$@"; do [ -f "$l" ] && { echo "    --- $(basename "$l"):"; tail -8 "$l" | cut -c1-160 | sed 's/^/    /'; }; done
-  fi
-}
-
 
 # rping: OURS are `softwarp exec` flags. siw's rping server ignores -C and serves until the
 # client disconnects; both ends print a "ping data" line per ping with -v.

@@ -14,7 +14,9 @@
 #   interop/run-siw-interleave.sh [--up] [--harness DIR] [--out DIR] [--size BYTES]
 #                                 [--sends N]
 #
-#   --size BYTES  the Read (default 8 MiB: under TCG the guest link moves a few MiB/s)
+#   --size BYTES  the Read (default 32 MiB: well above what the host's send buffer and the
+#                 guest's receive buffer hold together, 4 + 6 MiB, so that the Sends are
+#                 posted while much of the Read Response is not yet in the socket)
 #   --sends N     Sends the responder posts on "go" (default 8)
 #
 # Needs root (the harness's network namespace), tcpdump, cargo, cc and the rdma-core headers
@@ -27,7 +29,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HARNESS=${IWARP_HARNESS:-$REPO/../shared/interop}
 OUT=""
 UP=0
-SIZE=$((8 << 20))
+SIZE=$((32 << 20))
 SENDS=8
 while [ $# -gt 0 ]; do
   case $1 in
@@ -61,16 +63,6 @@ echo "captures and logs: $OUT"
 
 PASS=0 FAIL=0
 PORT=${IWARP_INTERLEAVE_PORT:-19800}
-
-report() {  # report NAME OK(0|1) DETAIL [LOGS...]
-  local name=$1 ok=$2 detail=$3; shift 3
-  if [ "$ok" = 0 ]; then
-    PASS=$((PASS+1)); echo "PASS $name: $detail"
-  else
-    FAIL=$((FAIL+1)); echo "FAIL $name: $detail"
-    for l in "$@"; do [ -f "$l" ] && { echo "    --- $(basename "$l"):"; tail -8 "$l" | cut -c1-160 | sed 's/^/    /'; }; done
-  fi
-}
 
 # In a decode (`softwarp decode`: frame, src>dst, kind, T=, L=, ...), the responder's Send
 # segments (same direction as its Read Response) between the first and the last Read Response

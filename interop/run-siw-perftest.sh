@@ -94,16 +94,6 @@ check_capture() {  # check_capture NAME CRC(on|off)
   return $errs
 }
 
-report() {  # report NAME OK(0|1) DETAIL [LOGS...]
-  local name=$1 ok=$2 detail=$3; shift 3
-  if [ "$ok" = 0 ]; then
-    PASS=$((PASS+1)); echo "PASS $name: $detail"; echo "PASS $name: $detail" >>"$SUMMARY"
-  else
-    FAIL=$((FAIL+1)); echo "FAIL $name: $detail"; echo "FAIL $name: $detail" >>"$SUMMARY"
-    for l in "$@"; do [ -f "$l" ] && { echo "    --- $(basename "$l"):"; tail -8 "$l" | cut -c1-160 | sed 's/^/    /'; }; done
-  fi
-}
-
 # Our figures from the JSON document (perftest's MB/s of 2^20 bytes, or the typical latency). With
 # ROWS (the -a cases), the document must hold that many rows, one per size, each positive.
 ours_figure() {  # ours_figure FILE [ROWS]

@@ -101,16 +101,6 @@ check_capture() {  # check_capture NAME CRC(on|off) REV(1|2) PINGS RTR(yes|no) T
   return $errs
 }
 
-report() {  # report NAME OK(0|1) DETAIL [LOGS...]
-  local name=$1 ok=$2 detail=$3; shift 3
-  if [ "$ok" = 0 ]; then
-    PASS=$((PASS+1)); echo "PASS $name: $detail"
-  else
-    FAIL=$((FAIL+1)); echo "FAIL $name: $detail"
-    for l in "$@"; do [ -f "$l" ] && { echo "    --- $(basename "$l"):"; tail -6 "$l" | cut -c1-160 | sed 's/^/    /'; }; done
-  fi
-}
-
 # One case. EXPECT: ok | xfail-ord0 | term-from-siw | term-to-siw-LAYOUT
 run_case() {  # run_case NAME ROLE(client|server) "SIW PARAMS" "OUR FLAGS" SIZE SIW_SIZE CRC REV RTR EXPECT
   local name=$1 role=$2 params=$3 ours=$4 size=$5 ssize=$6 crc=$7 rev=$8 rtr=$9 expect=${10}
