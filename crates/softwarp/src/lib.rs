@@ -124,7 +124,7 @@ pub use cm::{
     ConnectionInfo, CrcMode, DisconnectReason, Keepalive, ListenOptions, ListenerId, ListenerStats,
     MarkerMode, Role, RtrTypes, MAX_QUEUED_REQUEST_ERRORS,
 };
-pub use connect::Listener;
+pub use connect::{Listener, LISTENER_BACKLOG};
 pub use context::BlockingContext;
 pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION, IDLE_SLEEP, IDLE_SPIN_POLLS};
 pub use device::{list_devices, Device, DeviceAttr, DeviceBuilder, Quiesced, DEVICE_NAME};

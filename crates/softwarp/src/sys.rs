@@ -341,6 +341,28 @@ pub(crate) fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io
     }
 }
 
+/// Waits until one of `fds` is readable or `timeout` passes (`None`: no limit); as
+/// [`poll_readable`] for several descriptors (a blocking listener and the connections whose
+/// MPA Requests it is reading).
+pub(crate) fn poll_any_readable(
+    fds: &[BorrowedFd<'_>],
+    timeout: Option<Duration>,
+) -> io::Result<()> {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let ts = timeout.and_then(|d| Timespec::try_from(d).ok());
+    let mut polled: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::new(fd, PollFlags::IN))
+        .collect();
+    loop {
+        match rustix::event::poll(&mut polled, ts.as_ref()) {
+            Ok(_) => return Ok(()),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// True when a `poll(2)` with no wait reports `fd` writable (or in error or hung up: a
 /// write then does not block either). TCP answers from `tcp_poll` without the socket lock,
 /// and says writable only once the free send space is at least half of what is queued, so

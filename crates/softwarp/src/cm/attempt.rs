@@ -495,19 +495,29 @@ pub(crate) fn respond_blocking(
     stream: TcpStream,
     opts: &ConnectOptions,
 ) -> Result<ConnectionInfo> {
-    let result = screen_blocking(stream, opts).and_then(|(mut stream, req)| {
-        match reply_for(qp, &req, opts) {
-            Ok((bytes, neg)) => Ok((stream, bytes, neg)),
-            Err(e) => {
-                // As a dropped `ConnectRequest`: the peer hears a reject.
-                let _ = reject(&mut stream, Some(&req), opts, &[], opts.timeout);
-                Err(e)
-            }
-        }
-    });
-    match result {
-        Ok((stream, bytes, neg)) => send_reply(qp, stream, &bytes, neg, opts, None),
+    match screen_blocking(stream, opts) {
+        Ok((stream, req)) => answer_blocking(qp, stream, &req, opts),
         Err(e) => {
+            qp.abandon_connect();
+            Err(e)
+        }
+    }
+}
+
+/// The rest of the responder's side once `req` was read and screened on `stream`: the
+/// Reply accepting it into `qp` (claimed) under `opts` and the establishment, or, for a
+/// Request `opts` cannot accept, a reject; `qp` is given back (Idle) on any failure.
+pub(crate) fn answer_blocking(
+    qp: &Arc<QpShared>,
+    mut stream: TcpStream,
+    req: &PeerRequest,
+    opts: &ConnectOptions,
+) -> Result<ConnectionInfo> {
+    match reply_for(qp, req, opts) {
+        Ok((bytes, neg)) => send_reply(qp, stream, &bytes, neg, opts, None),
+        Err(e) => {
+            // As a dropped `ConnectRequest`: the peer hears a reject.
+            let _ = reject(&mut stream, Some(req), opts, &[], opts.timeout);
             qp.abandon_connect();
             Err(e)
         }

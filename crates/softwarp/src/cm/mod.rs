@@ -61,6 +61,7 @@ mod request;
 mod worker;
 
 pub use admission::ListenerStats;
+pub(crate) use admission::EVICT_AGE;
 #[cfg(feature = "tokio")]
 pub(crate) use channel::attempt_outcome;
 pub use channel::{resolve, CmEventChannel};
