@@ -159,20 +159,25 @@ impl Listener {
             if left.is_some_and(|l| l.is_zero()) {
                 break Err(Error::Timeout(timeout.unwrap_or_default()));
             }
-            // Until the call's deadline, the first Request's, or the first eviction.
+            // Until the call's deadline or the first Request's; the listener's socket while
+            // there is room, or once the oldest held connection may be closed for a new one
+            // (before that, until it may: a connection waiting in the kernel's queue would
+            // make the socket readable at once, again and again).
             let mut wait = held
                 .iter()
                 .filter_map(|h| h.r.deadline.remaining_at(now))
                 .chain(left)
                 .min();
-            if held.len() >= self.backlog {
-                let evictable = held.front().map(|h| {
-                    EVICT_AGE.saturating_sub(now.saturating_duration_since(h.accepted_at))
-                });
-                wait = wait.into_iter().chain(evictable).min();
+            let evictable_in = held
+                .front()
+                .map(|h| EVICT_AGE.saturating_sub(now.saturating_duration_since(h.accepted_at)));
+            let full = held.len() >= self.backlog;
+            let watch_listener = !full || evictable_in.is_some_and(|d| d.is_zero());
+            if !watch_listener {
+                wait = wait.into_iter().chain(evictable_in).min();
             }
             let mut fds: Vec<BorrowedFd<'_>> = Vec::with_capacity(held.len() + 1);
-            if held.len() < self.backlog {
+            if watch_listener {
                 fds.push(self.inner.as_fd());
             }
             fds.extend(held.iter().map(|h| h.r.stream.as_fd()));

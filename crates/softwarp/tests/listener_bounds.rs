@@ -101,3 +101,32 @@ fn a_full_listener_closes_its_oldest_stalled_peer_for_a_waiting_client() {
     assert!(took < Duration::from_secs(5), "{took:?}");
     assert_eq!(l.pending(), 1, "one silent peer was closed to make room");
 }
+
+/// CPU time this thread has used (`/proc/thread-self/schedstat`, nanoseconds on CPU).
+fn thread_cpu() -> Duration {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+    Duration::from_nanos(s.split_whitespace().next().unwrap().parse().unwrap())
+}
+
+/// A full listener whose oldest silent peer may be closed, with nobody waiting in the
+/// kernel's queue, sleeps until something happens instead of spinning.
+#[test]
+fn a_full_listener_with_nobody_waiting_sleeps() {
+    let l = Listener::bind_backlog("127.0.0.1:0", 1).unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = End::new(None, None);
+    let opts = ConnectOptions::default().timeout(MPA_TIMEOUT);
+    let _silent = TcpStream::connect(addr).unwrap();
+    let r = l.accept_timeout(&server.qp, &opts, Duration::from_millis(200));
+    assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+    assert_eq!(l.pending(), 1);
+    // The silent peer is now old enough to be closed for a newcomer; none comes.
+    std::thread::sleep(Duration::from_millis(1100));
+    let cpu = thread_cpu();
+    let r = l.accept_timeout(&server.qp, &opts, Duration::from_millis(500));
+    let used = thread_cpu() - cpu;
+    assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+    println!("a 500 ms accept on a full listener used {used:?} of CPU");
+    assert!(used < Duration::from_millis(100), "{used:?}");
+    assert_eq!(l.pending(), 1, "nothing to make room for");
+}
