@@ -1310,6 +1310,48 @@ fn a_terminate_with_undefined_values_gets_no_answer_and_the_stream_is_closed() {
     }
 }
 
+/// A Terminate and the peer's FIN read in one pass: once the application sees a receive
+/// flushed, the event that says why is already on the device's queue (the runtime moves a
+/// QP's events before its completions). Before, a thread polling the CQ while the progress
+/// thread moved both could see the flush first and find no event: Linux siw's rping
+/// Terminate case (`interop/run-siw-rping.sh`) failed that way in 2 of 4 runs.
+#[test]
+fn the_event_that_failed_a_qp_is_queued_before_its_flushed_completions() {
+    for round in 0..30 {
+        let stack = Stack::new(2);
+        let mut peer = stack.connect(Role::Initiator);
+        // DDP, tagged buffer error, base or bounds violation; then the FIN.
+        let bytes = peer.frame(&raw_terminate(&[0x11, 0x01, 0x00, 0x00]));
+        peer.send_bytes(&bytes);
+        peer.shutdown();
+        let deadline = std::time::Instant::now() + WAIT;
+        let wc = loop {
+            if let Some(wc) = stack.end.rcq.poll_one() {
+                break wc;
+            }
+            assert!(std::time::Instant::now() < deadline, "round {round}");
+            std::hint::spin_loop();
+        };
+        assert_eq!(wc.status, WcStatus::WrFlushErr, "round {round}");
+        let ev = stack.end.dev.try_get_async_event();
+        assert!(
+            matches!(
+                ev,
+                Some(AsyncEvent::QpAccessError {
+                    cause: Cause::PeerTerminate {
+                        layer: 1,
+                        etype: 1,
+                        code: 1
+                    },
+                    ..
+                })
+            ),
+            "round {round}: {ev:?}"
+        );
+        stack.close(peer);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // RFC 7306 opcodes and queue 3, with and without RFC 7306
 // ---------------------------------------------------------------------------------------

@@ -227,15 +227,10 @@ impl QpShared {
         lock(&self.inner)
     }
 
-    /// Moves completions to the CQs and events to the device.
+    /// Moves events to the device and completions to the CQs. Events first: an
+    /// application that sees a work request flushed finds the event that failed the QP
+    /// (a Terminate's cause, say) already there, even when both came from one pass.
     fn drain(&self, inner: &mut QpInner) {
-        // Most drains find nothing: ask before the (not inlined) polls. Send completions
-        // first, as `Qp::poll_completion` orders them; each CQ locked once for its run.
-        if inner.qp.has_completion() {
-            let qp = &mut inner.qp;
-            self.send_cq.push_all(|| qp.poll_send_completion());
-            self.recv_cq.push_all(|| qp.poll_recv_completion());
-        }
         while let Some(ev) = inner.qp.poll_event() {
             if let Some(cause) = crate::recovery::event_cause(&ev) {
                 self.failure
@@ -255,6 +250,13 @@ impl QpShared {
                 continue;
             }
             self.device.events.push(ev);
+        }
+        // Most drains find nothing: ask before the (not inlined) polls. Send completions
+        // first, as `Qp::poll_completion` orders them; each CQ locked once for its run.
+        if inner.qp.has_completion() {
+            let qp = &mut inner.qp;
+            self.send_cq.push_all(|| qp.poll_send_completion());
+            self.recv_cq.push_all(|| qp.poll_recv_completion());
         }
         if let Some(srq) = &self.srq {
             srq.forward_event();
