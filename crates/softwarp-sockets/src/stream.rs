@@ -1,12 +1,13 @@
 //! `std::net`-shaped types: [`Socket`] (options before connect/listen), [`IwarpStream`],
 //! [`IwarpListener`], and the one-sided [`Window`].
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockAddr, Type};
 
@@ -101,10 +102,7 @@ impl Socket {
     /// Listens: in iWARP mode every accepted connection runs the MPA exchange as responder.
     pub fn listen(self, backlog: i32) -> io::Result<IwarpListener> {
         self.inner.listen(backlog)?;
-        Ok(IwarpListener {
-            tcp: self.inner.into(),
-            iwarp: self.iwarp,
-        })
+        IwarpListener::new(self.inner.into(), self.iwarp)
     }
 
     /// Connects (without a time limit other than the kernel's); in iWARP mode then runs the
@@ -140,20 +138,74 @@ fn libc_enoprotoopt() -> i32 {
     rustix::io::Errno::NOPROTOOPT.raw_os_error()
 }
 
+/// Connections an iWARP-mode [`IwarpListener`] holds while their MPA Requests come in.
+pub const LISTENER_HELD: usize = 128;
+
+/// How long a held connection keeps its place at a full listener once another is waiting
+/// (the connection manager's eviction age).
+const EVICT_AGE: Duration = Duration::from_secs(1);
+
 /// A listener shaped like [`TcpListener`]; in iWARP mode, accepted streams are iWARP.
+///
+/// In iWARP mode a blocking [`IwarpListener::accept`] waits for the MPA Requests of the
+/// connections it took side by side: a peer that connects and never finishes its Request
+/// (silent, half a Request) keeps one of [`LISTENER_HELD`] places until its
+/// [`IwarpOptions::connect_timeout`], not the listener, and a good client is accepted as
+/// soon as its Request is in. Full, with another connection waiting, the listener closes
+/// the one that has waited longest once it has waited a second.
 #[derive(Debug)]
 pub struct IwarpListener {
     tcp: TcpListener,
     iwarp: Option<IwarpOptions>,
+    /// iWARP mode: connections taken whose MPA Request is not all in yet, oldest first.
+    held: Mutex<VecDeque<HeldConn>>,
+    /// The caller's mode ([`IwarpListener::set_nonblocking`]); in iWARP mode the socket
+    /// itself is always non-blocking.
+    nonblocking: AtomicBool,
+}
+
+/// A connection an iWARP-mode listener took, its MPA Request still coming in.
+#[derive(Debug)]
+struct HeldConn {
+    tcp: TcpStream,
+    peer: SocketAddr,
+    accepted_at: Instant,
+}
+
+/// Whether a held connection's MPA Request is all in (as far as peeking at its socket
+/// shows); true also for bytes that can never be a valid Request and for a closed or
+/// failed socket, whose exchange then fails at once with the reason.
+fn request_in(tcp: &TcpStream) -> bool {
+    use softwarp_wire::mpa::frame::{MpaFrame, HEADER_LEN, MAX_PRIVATE_DATA_LEN};
+    let mut buf = [0u8; HEADER_LEN + MAX_PRIVATE_DATA_LEN];
+    match tcp.peek(&mut buf) {
+        Ok(0) => true,
+        Ok(n) => !matches!(MpaFrame::needed(buf.get(..n).unwrap_or_default()), Ok(1..)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
+        Err(_) => true,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl IwarpListener {
+    fn new(tcp: TcpListener, iwarp: Option<IwarpOptions>) -> io::Result<Self> {
+        if iwarp.is_some() {
+            tcp.set_nonblocking(true)?;
+        }
+        Ok(Self {
+            tcp,
+            iwarp,
+            held: Mutex::new(VecDeque::new()),
+            nonblocking: AtomicBool::new(false),
+        })
+    }
+
     /// A plain TCP listener on `addr`.
     pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<Self> {
-        Ok(Self {
-            tcp: TcpListener::bind(addr)?,
-            iwarp: None,
-        })
+        Self::new(TcpListener::bind(addr)?, None)
     }
 
     /// An iWARP-mode listener on `addr` with default settings.
@@ -164,10 +216,7 @@ impl IwarpListener {
     /// An iWARP-mode listener on `addr` with `opts`.
     pub fn bind_with<A: ToSocketAddrs>(addr: A, opts: IwarpOptions) -> io::Result<Self> {
         opts.check()?;
-        Ok(Self {
-            tcp: TcpListener::bind(addr)?,
-            iwarp: Some(opts),
-        })
+        Self::new(TcpListener::bind(addr)?, Some(opts))
     }
 
     /// True in iWARP mode.
@@ -175,16 +224,116 @@ impl IwarpListener {
         self.iwarp.is_some()
     }
 
-    /// Accepts a connection; in iWARP mode runs the MPA exchange as responder (bounded by
-    /// [`IwarpOptions::connect_timeout`]), so a peer that is not an iWARP-mode
-    /// softwarp-sockets peer is refused with an error (and the next accept goes on).
+    /// Accepts a connection; in iWARP mode runs the MPA exchange as responder (its Request
+    /// bounded by [`IwarpOptions::connect_timeout`]), so a peer that is not an iWARP-mode
+    /// softwarp-sockets peer is refused with an error (one per call; the next accept goes
+    /// on). Blocking, the Requests of the connections taken are awaited side by side (see
+    /// the type's docs) and the others stay held for the next call
+    /// ([`IwarpListener::pending`]); non-blocking, one waiting connection is taken and its
+    /// exchange runs at once.
     pub fn accept(&self) -> io::Result<(IwarpStream, SocketAddr)> {
-        let (tcp, peer) = self.tcp.accept()?;
-        let stream = match &self.iwarp {
-            None => IwarpStream::from_tcp(tcp),
-            Some(opts) => IwarpStream::establish(tcp, Side::Responder, opts)?,
+        let Some(opts) = &self.iwarp else {
+            let (tcp, peer) = self.tcp.accept()?;
+            return Ok((IwarpStream::from_tcp(tcp), peer));
         };
-        Ok((stream, peer))
+        if self.nonblocking.load(Ordering::Relaxed) {
+            let (tcp, peer) = self.tcp.accept()?;
+            tcp.set_nonblocking(false)?;
+            return Ok((IwarpStream::establish(tcp, Side::Responder, opts)?, peer));
+        }
+        let mut held = lock(&self.held);
+        loop {
+            self.take_connections(&mut held)?;
+            let now = Instant::now();
+            let mut taken = None;
+            for (i, h) in held.iter().enumerate() {
+                if request_in(&h.tcp) {
+                    taken = Some((i, true));
+                    break;
+                }
+                if now.saturating_duration_since(h.accepted_at) >= opts.connect_timeout {
+                    taken = Some((i, false));
+                    break;
+                }
+            }
+            if let Some((i, complete)) = taken {
+                let Some(h) = held.remove(i) else {
+                    continue;
+                };
+                drop(held);
+                if !complete {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "no MPA Request from {} within {:?}",
+                            h.peer, opts.connect_timeout
+                        ),
+                    ));
+                }
+                h.tcp.set_nonblocking(false)?;
+                return Ok((
+                    IwarpStream::establish(h.tcp, Side::Responder, opts)?,
+                    h.peer,
+                ));
+            }
+            // Until the first held connection's time runs out; the listener's socket while
+            // there is room or once the oldest may be closed for a newcomer (before that a
+            // timer until it may: a waiting connection would keep the socket readable).
+            let mut wait = held
+                .front()
+                .map(|h| (h.accepted_at + opts.connect_timeout).saturating_duration_since(now));
+            let evictable_in = held
+                .front()
+                .map(|h| EVICT_AGE.saturating_sub(now.saturating_duration_since(h.accepted_at)));
+            let watch = held.len() < LISTENER_HELD || evictable_in.is_some_and(|d| d.is_zero());
+            if !watch {
+                wait = wait.into_iter().chain(evictable_in).min();
+            }
+            let mut fds: Vec<BorrowedFd<'_>> = Vec::with_capacity(held.len() + 1);
+            if watch {
+                fds.push(self.tcp.as_fd());
+            }
+            fds.extend(held.iter().map(|h| h.tcp.as_fd()));
+            poll_readable(&fds, wait)?;
+        }
+    }
+
+    /// Takes the connections waiting in the kernel's queue while there is room; full, takes
+    /// one more in place of the oldest once that has waited [`EVICT_AGE`].
+    fn take_connections(&self, held: &mut VecDeque<HeldConn>) -> io::Result<()> {
+        loop {
+            let full = held.len() >= LISTENER_HELD;
+            if full
+                && !held
+                    .front()
+                    .is_some_and(|h| h.accepted_at.elapsed() >= EVICT_AGE)
+            {
+                return Ok(());
+            }
+            match self.tcp.accept() {
+                Ok((tcp, peer)) => {
+                    tcp.set_nonblocking(true)?;
+                    if full {
+                        if let Some(old) = held.pop_front() {
+                            tracing::debug!(peer = %old.peer, "connection without an MPA Request evicted");
+                        }
+                    }
+                    held.push_back(HeldConn {
+                        tcp,
+                        peer,
+                        accepted_at: Instant::now(),
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// iWARP mode: connections taken whose MPA Request is not all in yet.
+    pub fn pending(&self) -> usize {
+        lock(&self.held).len()
     }
 
     /// Accepted connections, as [`TcpListener::incoming`].
@@ -197,10 +346,31 @@ impl IwarpListener {
         self.tcp.local_addr()
     }
 
-    /// Non-blocking `accept` (the MPA exchange of an accepted connection still blocks, at
-    /// most [`IwarpOptions::connect_timeout`]).
+    /// Non-blocking `accept` (in iWARP mode the MPA exchange of the connection taken still
+    /// blocks, at most [`IwarpOptions::connect_timeout`]).
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        self.tcp.set_nonblocking(on)
+        self.nonblocking.store(on, Ordering::Relaxed);
+        if self.iwarp.is_none() {
+            self.tcp.set_nonblocking(on)?;
+        }
+        Ok(())
+    }
+}
+
+/// Waits until one of `fds` is readable or `timeout` passes (`None`: no limit).
+fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result<()> {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let ts = timeout.and_then(|d| Timespec::try_from(d).ok());
+    let mut polled: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::new(fd, PollFlags::IN))
+        .collect();
+    loop {
+        match rustix::event::poll(&mut polled, ts.as_ref()) {
+            Ok(_) => return Ok(()),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 

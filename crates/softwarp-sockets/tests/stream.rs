@@ -261,30 +261,69 @@ fn without_the_option_the_same_types_are_plain_tcp() {
     assert!(s.expose(10, 0).is_err(), "one-sided needs iWARP mode");
 }
 
+/// A plain TCP client that connects first and says nothing does not hold up the iWARP
+/// client behind it: the iWARP one is accepted at once, and the plain one is refused at
+/// the next call, once its MPA timeout (300 ms here) ran out.
 #[test]
-fn an_iwarp_listener_refuses_a_plain_tcp_client_and_keeps_listening() {
+fn an_iwarp_listener_refuses_a_plain_tcp_client_without_holding_up_an_iwarp_one() {
     let opts = IwarpOptions {
         connect_timeout: Duration::from_millis(300),
         ..IwarpOptions::default()
     };
     let l = IwarpListener::bind_with("127.0.0.1:0", opts.clone()).unwrap();
     let addr = l.local_addr().unwrap();
-    let t = thread::spawn(move || {
-        let first = l.accept().map(|_| ());
-        let second = l.accept().map(|(s, _)| s);
-        (first, second)
-    });
     let plain = TcpStream::connect(addr).unwrap();
-    // Accepted after the plain client was refused (the listener's 300 ms MPA timeout).
+    let t = thread::spawn(move || {
+        let first = l.accept().map(|(s, _)| s);
+        let held = l.pending();
+        let second = l.accept().map(|_| ());
+        (first, held, second)
+    });
     let c = IwarpStream::connect_iwarp(addr).unwrap();
-    let (first, second) = t.join().unwrap();
-    assert!(first.is_err(), "a plain TCP peer must be refused");
-    let s = second.unwrap();
+    let (first, held, second) = t.join().unwrap();
+    let s = first.unwrap();
+    assert_eq!(held, 1, "the plain client is still held");
+    let e = second.unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
     drop(plain);
     (&c).write_all(b"ok").unwrap();
     let mut b = [0u8; 2];
     (&s).read_exact(&mut b).unwrap();
     assert_eq!(&b, b"ok");
+}
+
+/// Peers that never finish their MPA Request (30 silent, 10 with half of one) do not hold
+/// up a good client: a blocking accept waits for their Requests side by side. Before, each
+/// held the accepting thread for its whole `connect_timeout`.
+#[test]
+fn stalled_peers_do_not_hold_up_a_good_client_at_an_iwarp_listener() {
+    let l = IwarpListener::bind_iwarp("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut bad = Vec::new();
+    for i in 0..40 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        if i % 4 == 3 {
+            s.write_all(b"MPA ID Req").unwrap();
+        }
+        bad.push(s);
+    }
+    let started = std::time::Instant::now();
+    let t = thread::spawn(move || {
+        let got = l.accept().map(|(s, _)| s);
+        (got, l.pending())
+    });
+    let c = IwarpStream::connect_iwarp(addr).unwrap();
+    let (got, held) = t.join().unwrap();
+    let took = started.elapsed();
+    let s = got.unwrap();
+    println!("a good client behind 40 stalled peers accepted in {took:?} (their timeout: 5 s)");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert_eq!(held, 40);
+    (&c).write_all(b"ok").unwrap();
+    let mut b = [0u8; 2];
+    (&s).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ok");
+    drop(bad);
 }
 
 #[test]
