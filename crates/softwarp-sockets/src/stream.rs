@@ -279,9 +279,10 @@ impl IwarpListener {
             // Until the first held connection's time runs out; the listener's socket while
             // there is room or once the oldest may be closed for a newcomer (before that a
             // timer until it may: a waiting connection would keep the socket readable).
-            let mut wait = held
-                .front()
-                .map(|h| (h.accepted_at + opts.connect_timeout).saturating_duration_since(now));
+            let mut wait = held.front().map(|h| {
+                opts.connect_timeout
+                    .saturating_sub(now.saturating_duration_since(h.accepted_at))
+            });
             let evictable_in = held
                 .front()
                 .map(|h| EVICT_AGE.saturating_sub(now.saturating_duration_since(h.accepted_at)));
@@ -304,9 +305,9 @@ impl IwarpListener {
         loop {
             let full = held.len() >= LISTENER_HELD;
             if full
-                && !held
+                && held
                     .front()
-                    .is_some_and(|h| h.accepted_at.elapsed() >= EVICT_AGE)
+                    .is_none_or(|h| h.accepted_at.elapsed() < EVICT_AGE)
             {
                 return Ok(());
             }
