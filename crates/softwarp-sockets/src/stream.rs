@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -147,21 +147,35 @@ const EVICT_AGE: Duration = Duration::from_secs(1);
 
 /// A listener shaped like [`TcpListener`]; in iWARP mode, accepted streams are iWARP.
 ///
-/// In iWARP mode a blocking [`IwarpListener::accept`] waits for the MPA Requests of the
-/// connections it took side by side: a peer that connects and never finishes its Request
-/// (silent, half a Request) keeps one of [`LISTENER_HELD`] places until its
-/// [`IwarpOptions::connect_timeout`], not the listener, and a good client is accepted as
-/// soon as its Request is in. Full, with another connection waiting, the listener closes
-/// the one that has waited longest once it has waited a second.
+/// In iWARP mode the listener waits for the MPA Requests of the connections it took side
+/// by side: a peer that connects and never finishes its Request (silent, half a Request)
+/// keeps one of [`LISTENER_HELD`] places until its [`IwarpOptions::connect_timeout`], not
+/// the listener, and a good client is accepted as soon as its Request is in. Full, with
+/// another connection waiting, the listener closes the one that has waited longest once it
+/// has waited a second. Its descriptor ([`AsRawFd`]) is then an epoll set that becomes
+/// readable when [`IwarpListener::accept`] has something to do: a connection waiting (while
+/// there is room), more bytes of a held Request, or a held connection's time running out.
 #[derive(Debug)]
 pub struct IwarpListener {
     tcp: TcpListener,
-    iwarp: Option<IwarpOptions>,
-    /// iWARP mode: connections taken whose MPA Request is not all in yet, oldest first.
-    held: Mutex<VecDeque<HeldConn>>,
+    iwarp: Option<Screening>,
     /// The caller's mode ([`IwarpListener::set_nonblocking`]); in iWARP mode the socket
     /// itself is always non-blocking.
     nonblocking: AtomicBool,
+}
+
+/// What an iWARP-mode listener keeps besides its socket.
+#[derive(Debug)]
+struct Screening {
+    opts: IwarpOptions,
+    /// Connections taken whose MPA Request is not all in yet, oldest first.
+    held: Mutex<VecDeque<HeldConn>>,
+    /// The listener's socket (level-triggered, while there is room or the oldest held
+    /// connection may go), the held sockets (edge-triggered: a half Request does not keep
+    /// the set readable) and `timer`.
+    epoll: OwnedFd,
+    /// Armed for the first held connection's deadline or eviction.
+    timer: OwnedFd,
 }
 
 /// A connection an iWARP-mode listener took, its MPA Request still coming in.
@@ -190,15 +204,75 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The token of the listener's socket and of the timer in the epoll set (held sockets use
+/// their descriptor numbers, which are never these).
+const LISTENER_TOKEN: u64 = u64::MAX;
+const TIMER_TOKEN: u64 = u64::MAX - 1;
+
+impl Screening {
+    fn new(tcp: &TcpListener, opts: IwarpOptions) -> io::Result<Self> {
+        use rustix::event::epoll;
+        use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        let timer = timerfd_create(
+            TimerfdClockId::Monotonic,
+            TimerfdFlags::CLOEXEC | TimerfdFlags::NONBLOCK,
+        )?;
+        epoll::add(
+            &ep,
+            tcp,
+            epoll::EventData::new_u64(LISTENER_TOKEN),
+            epoll::EventFlags::IN,
+        )?;
+        epoll::add(
+            &ep,
+            &timer,
+            epoll::EventData::new_u64(TIMER_TOKEN),
+            epoll::EventFlags::IN,
+        )?;
+        Ok(Self {
+            opts,
+            held: Mutex::new(VecDeque::new()),
+            epoll: ep,
+            timer,
+        })
+    }
+
+    /// Waits for the set (at most `timeout`; `None`: no limit) and forgets what it
+    /// reported (edges, the timer's expiry): the caller looks at everything anyway.
+    fn wait(&self, timeout: Option<Duration>) -> io::Result<()> {
+        use rustix::event::{epoll, Timespec};
+        let ts = timeout.and_then(|d| Timespec::try_from(d).ok());
+        let mut events = Vec::with_capacity(16);
+        loop {
+            match epoll::wait(
+                &self.epoll,
+                rustix::buffer::spare_capacity(&mut events),
+                ts.as_ref(),
+            ) {
+                Ok(_) => break,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut expiries = [0u8; 8];
+        let _ = rustix::io::read(&self.timer, &mut expiries);
+        Ok(())
+    }
+}
+
 impl IwarpListener {
     fn new(tcp: TcpListener, iwarp: Option<IwarpOptions>) -> io::Result<Self> {
-        if iwarp.is_some() {
-            tcp.set_nonblocking(true)?;
-        }
+        let iwarp = match iwarp {
+            Some(opts) => {
+                tcp.set_nonblocking(true)?;
+                Some(Screening::new(&tcp, opts)?)
+            }
+            None => None,
+        };
         Ok(Self {
             tcp,
             iwarp,
-            held: Mutex::new(VecDeque::new()),
             nonblocking: AtomicBool::new(false),
         })
     }
@@ -224,26 +298,25 @@ impl IwarpListener {
         self.iwarp.is_some()
     }
 
-    /// Accepts a connection; in iWARP mode runs the MPA exchange as responder (its Request
-    /// bounded by [`IwarpOptions::connect_timeout`]), so a peer that is not an iWARP-mode
-    /// softwarp-sockets peer is refused with an error (one per call; the next accept goes
-    /// on). Blocking, the Requests of the connections taken are awaited side by side (see
-    /// the type's docs) and the others stay held for the next call
-    /// ([`IwarpListener::pending`]); non-blocking, one waiting connection is taken and its
-    /// exchange runs at once.
+    /// Accepts a connection; in iWARP mode runs the MPA exchange as responder once the
+    /// peer's Request is all in (each connection's Request bounded by
+    /// [`IwarpOptions::connect_timeout`]), so a peer that is not an iWARP-mode
+    /// softwarp-sockets peer is refused with an error (one per call; `TimedOut` for one
+    /// that sent no whole Request in time) and the next accept goes on. The other
+    /// connections taken stay held for the next call ([`IwarpListener::pending`]).
+    /// Non-blocking, it returns `WouldBlock` when no Request is complete.
     pub fn accept(&self) -> io::Result<(IwarpStream, SocketAddr)> {
-        let Some(opts) = &self.iwarp else {
+        let Some(sc) = &self.iwarp else {
             let (tcp, peer) = self.tcp.accept()?;
             return Ok((IwarpStream::from_tcp(tcp), peer));
         };
-        if self.nonblocking.load(Ordering::Relaxed) {
-            let (tcp, peer) = self.tcp.accept()?;
-            tcp.set_nonblocking(false)?;
-            return Ok((IwarpStream::establish(tcp, Side::Responder, opts)?, peer));
-        }
-        let mut held = lock(&self.held);
+        let mut held = lock(&sc.held);
         loop {
-            self.take_connections(&mut held)?;
+            // Forget what the set reports now (edges, the timer): everything is looked at
+            // below, and an unharvested edge would keep the set readable for the caller's
+            // event loop.
+            sc.wait(Some(Duration::ZERO))?;
+            self.take_connections(sc, &mut held)?;
             let now = Instant::now();
             let mut taken = None;
             for (i, h) in held.iter().enumerate() {
@@ -251,7 +324,7 @@ impl IwarpListener {
                     taken = Some((i, true));
                     break;
                 }
-                if now.saturating_duration_since(h.accepted_at) >= opts.connect_timeout {
+                if now.saturating_duration_since(h.accepted_at) >= sc.opts.connect_timeout {
                     taken = Some((i, false));
                     break;
                 }
@@ -260,48 +333,89 @@ impl IwarpListener {
                 let Some(h) = held.remove(i) else {
                     continue;
                 };
+                let _ = rustix::event::epoll::delete(&sc.epoll, &h.tcp);
+                self.arm(sc, &held, now)?;
                 drop(held);
                 if !complete {
                     return Err(io::Error::new(
                         io::ErrorKind::TimedOut,
                         format!(
                             "no MPA Request from {} within {:?}",
-                            h.peer, opts.connect_timeout
+                            h.peer, sc.opts.connect_timeout
                         ),
                     ));
                 }
                 h.tcp.set_nonblocking(false)?;
-                return Ok((
-                    IwarpStream::establish(h.tcp, Side::Responder, opts)?,
-                    h.peer,
-                ));
+                let stream = IwarpStream::establish(h.tcp, Side::Responder, &sc.opts)?;
+                return Ok((stream, h.peer));
             }
-            // Until the first held connection's time runs out; the listener's socket while
-            // there is room or once the oldest may be closed for a newcomer (before that a
-            // timer until it may: a waiting connection would keep the socket readable).
-            let mut wait = held.front().map(|h| {
-                opts.connect_timeout
-                    .saturating_sub(now.saturating_duration_since(h.accepted_at))
-            });
-            let evictable_in = held
-                .front()
-                .map(|h| EVICT_AGE.saturating_sub(now.saturating_duration_since(h.accepted_at)));
-            let watch = held.len() < LISTENER_HELD || evictable_in.is_some_and(|d| d.is_zero());
-            if !watch {
-                wait = wait.into_iter().chain(evictable_in).min();
+            self.arm(sc, &held, now)?;
+            if self.nonblocking.load(Ordering::Relaxed) {
+                return Err(io::ErrorKind::WouldBlock.into());
             }
-            let mut fds: Vec<BorrowedFd<'_>> = Vec::with_capacity(held.len() + 1);
-            if watch {
-                fds.push(self.tcp.as_fd());
-            }
-            fds.extend(held.iter().map(|h| h.tcp.as_fd()));
-            poll_readable(&fds, wait)?;
+            sc.wait(None)?;
         }
+    }
+
+    /// Sets what wakes the epoll set next: the listener's socket while there is room or
+    /// once the oldest held connection may be closed for a newcomer (before that the timer:
+    /// a waiting connection would keep the socket readable), and the timer for the first
+    /// held connection's deadline.
+    fn arm(&self, sc: &Screening, held: &VecDeque<HeldConn>, now: Instant) -> io::Result<()> {
+        use rustix::event::epoll;
+        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
+        let evictable_in = held
+            .front()
+            .map(|h| EVICT_AGE.saturating_sub(now.saturating_duration_since(h.accepted_at)));
+        let watch = held.len() < LISTENER_HELD || evictable_in.is_some_and(|d| d.is_zero());
+        let flags = if watch {
+            epoll::EventFlags::IN
+        } else {
+            epoll::EventFlags::empty()
+        };
+        epoll::modify(
+            &sc.epoll,
+            &self.tcp,
+            epoll::EventData::new_u64(LISTENER_TOKEN),
+            flags,
+        )?;
+        let mut next = held.front().map(|h| {
+            sc.opts
+                .connect_timeout
+                .saturating_sub(now.saturating_duration_since(h.accepted_at))
+        });
+        if !watch {
+            next = next.into_iter().chain(evictable_in).min();
+        }
+        // Zero disarms a timerfd: a deadline already due fires in a nanosecond.
+        let value = next.map_or(
+            Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            |d| {
+                let d = d.max(Duration::from_nanos(1));
+                Timespec {
+                    tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+                    tv_nsec: i64::from(d.subsec_nanos()),
+                }
+            },
+        );
+        let spec = Itimerspec {
+            it_interval: Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: value,
+        };
+        timerfd_settime(&sc.timer, TimerfdTimerFlags::empty(), &spec)?;
+        Ok(())
     }
 
     /// Takes the connections waiting in the kernel's queue while there is room; full, takes
     /// one more in place of the oldest once that has waited [`EVICT_AGE`].
-    fn take_connections(&self, held: &mut VecDeque<HeldConn>) -> io::Result<()> {
+    fn take_connections(&self, sc: &Screening, held: &mut VecDeque<HeldConn>) -> io::Result<()> {
+        use rustix::event::epoll;
         loop {
             let full = held.len() >= LISTENER_HELD;
             if full
@@ -319,6 +433,13 @@ impl IwarpListener {
                             tracing::debug!(peer = %old.peer, "connection without an MPA Request evicted");
                         }
                     }
+                    let token = u64::try_from(tcp.as_raw_fd()).unwrap_or(0);
+                    epoll::add(
+                        &sc.epoll,
+                        &tcp,
+                        epoll::EventData::new_u64(token),
+                        epoll::EventFlags::IN | epoll::EventFlags::ET,
+                    )?;
                     held.push_back(HeldConn {
                         tcp,
                         peer,
@@ -334,7 +455,7 @@ impl IwarpListener {
 
     /// iWARP mode: connections taken whose MPA Request is not all in yet.
     pub fn pending(&self) -> usize {
-        lock(&self.held).len()
+        self.iwarp.as_ref().map_or(0, |sc| lock(&sc.held).len())
     }
 
     /// Accepted connections, as [`TcpListener::incoming`].
@@ -347,8 +468,8 @@ impl IwarpListener {
         self.tcp.local_addr()
     }
 
-    /// Non-blocking `accept` (in iWARP mode the MPA exchange of the connection taken still
-    /// blocks, at most [`IwarpOptions::connect_timeout`]).
+    /// Non-blocking `accept` (in iWARP mode the MPA exchange of a connection whose Request
+    /// is all in still runs in the call, which is quick).
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         self.nonblocking.store(on, Ordering::Relaxed);
         if self.iwarp.is_none() {
@@ -358,26 +479,20 @@ impl IwarpListener {
     }
 }
 
-/// Waits until one of `fds` is readable or `timeout` passes (`None`: no limit).
-fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result<()> {
-    use rustix::event::{PollFd, PollFlags, Timespec};
-    let ts = timeout.and_then(|d| Timespec::try_from(d).ok());
-    let mut polled: Vec<PollFd<'_>> = fds
-        .iter()
-        .map(|fd| PollFd::new(fd, PollFlags::IN))
-        .collect();
-    loop {
-        match rustix::event::poll(&mut polled, ts.as_ref()) {
-            Ok(_) => return Ok(()),
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
+impl AsFd for IwarpListener {
+    /// The listening socket; in iWARP mode the epoll set described at [`IwarpListener`].
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match &self.iwarp {
+            Some(sc) => sc.epoll.as_fd(),
+            None => self.tcp.as_fd(),
         }
     }
 }
 
 impl AsRawFd for IwarpListener {
+    /// As [`AsFd::as_fd`].
     fn as_raw_fd(&self) -> RawFd {
-        self.tcp.as_raw_fd()
+        self.as_fd().as_raw_fd()
     }
 }
 

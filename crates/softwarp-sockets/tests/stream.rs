@@ -520,3 +520,63 @@ fn a_waiter_is_kicked_by_another_threads_look_and_never_by_its_own() {
     let t = IwarpStream::connect(plain.local_addr().unwrap()).unwrap();
     assert!(t.waiter().is_none(), "plain TCP has no waiter");
 }
+
+/// Waits until `fd` is readable or `timeout` passes.
+fn poll_in(fd: &impl std::os::fd::AsFd, timeout: Duration) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let ts = Timespec::try_from(timeout).unwrap();
+    rustix::event::poll(&mut fds, Some(&ts)).unwrap() > 0
+}
+
+/// An event loop over a non-blocking iWARP listener: its descriptor wakes the loop for a
+/// good client behind stalled peers (accepted at once), not for their half Requests (no
+/// spinning), and again when each stalled peer's time runs out (one `TimedOut` per call).
+#[test]
+fn a_nonblocking_iwarp_listener_wakes_its_event_loop_for_requests_and_timeouts() {
+    let opts = IwarpOptions {
+        connect_timeout: Duration::from_millis(600),
+        ..IwarpOptions::default()
+    };
+    let l = IwarpListener::bind_with("127.0.0.1:0", opts).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut bad = Vec::new();
+    for i in 0..8 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        if i % 2 == 1 {
+            s.write_all(b"MPA ID Req").unwrap();
+        }
+        bad.push(s);
+    }
+    let client = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(100));
+        IwarpStream::connect_iwarp(addr).unwrap()
+    });
+    let started = Instant::now();
+    let (mut good, mut timed_out, mut wakeups) = (None, 0, 0);
+    while started.elapsed() < Duration::from_secs(10) && (good.is_none() || timed_out < 8) {
+        if !poll_in(&l, Duration::from_secs(2)) {
+            continue;
+        }
+        wakeups += 1;
+        match l.accept() {
+            Ok((s, _)) => good = Some((s, started.elapsed())),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == ErrorKind::TimedOut => timed_out += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let (s, at) = good.expect("the good client was accepted");
+    println!("good client accepted after {at:?}; {timed_out} stalled peers timed out; {wakeups} wake-ups");
+    assert!(at < Duration::from_millis(550), "{at:?}");
+    assert_eq!(timed_out, 8);
+    assert!(wakeups < 60, "the loop spun: {wakeups} wake-ups");
+    assert_eq!(l.pending(), 0);
+    let c = client.join().unwrap();
+    (&c).write_all(b"ok").unwrap();
+    let mut b = [0u8; 2];
+    (&s).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ok");
+    drop(bad);
+}
