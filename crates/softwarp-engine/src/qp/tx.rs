@@ -459,8 +459,6 @@ pub(crate) struct TxState {
     gather_offered: usize,
     /// The send queue's message in progress.
     msg: TxMsg,
-    /// A Read Response is in progress: the IRQ's front has sent some of its bytes, not all.
-    rresp: bool,
     /// The side whose FPDUs were built last, and their bytes since it took the turn.
     turn: TxSide,
     turn_bytes: u64,
@@ -513,7 +511,6 @@ impl TxState {
             pool: Vec::new(),
             gather_offered: 0,
             msg: TxMsg::None,
-            rresp: false,
             turn: TxSide::Sq,
             turn_bytes: 0,
             rtr_pending: false,
@@ -562,7 +559,6 @@ impl TxState {
         self.build.is_none()
             && self.ahead.is_empty()
             && self.msg == TxMsg::None
-            && !self.rresp
             && self.spill.is_empty()
     }
 
@@ -577,7 +573,6 @@ impl TxState {
             self.recycle();
         }
         self.msg = TxMsg::None;
-        self.rresp = false;
     }
 
     /// Retires the front build; the next one built ahead (if any) becomes the front.
@@ -758,7 +753,7 @@ impl Qp {
     /// Builds the next FPDU behind the ones already built; returns its length.
     fn build_ahead(&mut self) -> Option<usize> {
         let local_error_next = self.tx.msg == TxMsg::None
-            && !self.tx.rresp
+            && !self.rresp_in_progress()
             && self.sq_entry(self.sq_tx_seq).is_some_and(|e| e.local_error);
         if local_error_next || !matches!(self.state, QpState::Rts | QpState::Closing) {
             // A failed QP sends its Terminate (the front build) and nothing after it; a WR
@@ -808,7 +803,6 @@ impl Qp {
             || self.tx.build.is_some()
             || !self.tx.ahead.is_empty()
             || self.tx.msg != TxMsg::None
-            || self.tx.rresp
             || self.tx.rtr_pending
             || self.terminate.wants_tx()
             || !self.irq.is_empty()
@@ -910,7 +904,6 @@ impl Qp {
         if tx.build.is_some()
             || !tx.ahead.is_empty()
             || tx.msg != TxMsg::None
-            || tx.rresp
             || tx.rtr_pending
             || tx.gate_until_rx
             || tx.markers
@@ -1059,7 +1052,9 @@ impl Qp {
         let out = out.get_mut(..budget.min(out.len())).unwrap_or_default();
         match (pick.side, self.tx.msg) {
             (TxSide::Sq, TxMsg::Sq(seq)) => self.tx_copy_sq_run(seq, out, max_each),
-            (TxSide::Irq, _) if self.tx.rresp => self.tx_copy_read_response_run(out, max_each),
+            (TxSide::Irq, _) if self.rresp_in_progress() => {
+                self.tx_copy_read_response_run(out, max_each)
+            }
             _ => 0,
         }
     }
@@ -1104,7 +1099,6 @@ impl Qp {
             used += total;
             if last {
                 self.irq.pop();
-                self.tx.rresp = false;
                 break;
             }
         }
@@ -1446,7 +1440,7 @@ impl Qp {
         if !mixable && self.tx.msg != TxMsg::None {
             return alone(TxSide::Sq);
         }
-        if !mixable && self.tx.rresp {
+        if !mixable && self.rresp_in_progress() {
             return alone(TxSide::Irq);
         }
         let (side, spent) = if self.tx.turn_bytes >= TX_INTERLEAVE_QUANTUM {
@@ -1463,6 +1457,13 @@ impl Qp {
                 u64::MAX
             },
         }
+    }
+
+    /// A Read Response is in progress: the IRQ's front has sent some of its bytes (it
+    /// leaves the IRQ with its last).
+    #[inline(always)]
+    fn rresp_in_progress(&self) -> bool {
+        self.irq.front().is_some_and(|f| f.sent > 0)
     }
 
     /// Counts an FPDU of `total` bytes built from `side` against its turn.
@@ -1539,7 +1540,6 @@ impl Qp {
         };
         let Some(irq) = self.irq.front_mut() else {
             self.tx.spare = Some(b);
-            self.tx.rresp = false;
             return;
         };
         if let Some((request_id, original_value)) = irq.atomic {
@@ -1558,7 +1558,6 @@ impl Qp {
                 },
             );
             self.irq.pop();
-            self.tx.rresp = false;
             self.frame_fpdu(b, hdr_len, TxDone::AtomicResponse);
             return;
         }
@@ -1594,7 +1593,6 @@ impl Qp {
         if last {
             self.irq.pop();
         }
-        self.tx.rresp = !last;
         self.frame_fpdu(b, hdr_len, TxDone::ReadResponse { bytes: seg, last });
     }
 
