@@ -4,7 +4,7 @@
 
 mod util;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use softwarp::*;
 use util::*;
@@ -260,7 +260,10 @@ fn filled_socket(n: usize, len: u32) -> (End, End, [MemoryRegion; 2]) {
         })
         .unwrap();
     }
-    connect(&mut a, &mut b, &ConnectOptions::default());
+    // No first-FPDU hold-off: the Sends posted right away must leave on a's own thread
+    // (held, the progress thread would send them when the hold ends).
+    let opts = ConnectOptions::default().first_fpdu_delay(Duration::ZERO);
+    connect(&mut a, &mut b, &opts);
     let (src, _) = a.mr(len as usize, AccessFlags::NONE, 3);
     let send = SendWr {
         wr_id: 0,

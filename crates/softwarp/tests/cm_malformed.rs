@@ -577,6 +577,32 @@ fn the_first_fpdu_delay_holds_a_send_posted_at_establishment_on_the_cm_path() {
     assert_eq!(wc[0].status, WcStatus::Success);
 }
 
+/// The blocking connect holds the first FPDU the same way and returns at once: it used to
+/// sleep out the hold-off before returning (400 ms here).
+#[test]
+fn the_blocking_connect_returns_at_once_and_holds_its_first_fpdu() {
+    const DELAY: Duration = Duration::from_millis(400);
+    let (addr, peer) = timing_responder();
+    let opts = ConnectOptions::default()
+        .crc(false)
+        .timeout(WAIT)
+        .first_fpdu_delay(DELAY);
+    let e = End::new(None, None);
+    let started = Instant::now();
+    e.qp.connect(addr, &opts).unwrap();
+    let took = started.elapsed();
+    assert!(took < DELAY / 2, "connect took {took:?}");
+    let (buf, _) = e.mr(64, AccessFlags::LOCAL_WRITE, 1);
+    post_send(&e.qp, &buf, 0, 8, 1);
+    let after_reply = peer.join().unwrap();
+    assert!(
+        after_reply >= DELAY,
+        "the first FPDU left {after_reply:?} after the Reply, before the {DELAY:?} hold-off"
+    );
+    let wc = wait_wcs(&e.scq, 1);
+    assert_eq!(wc[0].status, WcStatus::Success);
+}
+
 #[test]
 fn without_a_first_fpdu_delay_the_send_leaves_and_completes() {
     let (addr, peer) = timing_responder();

@@ -5,7 +5,7 @@
 
 mod util;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use softwarp::*;
 use util::*;
@@ -178,7 +178,9 @@ fn posts_behind_a_full_socket_queue_for_the_progress_thread() {
         })
         .unwrap();
     }
-    connect(&mut a, &mut b, &ConnectOptions::default());
+    // No first-FPDU hold-off: the posts below must meet a full socket, not a held QP.
+    let opts = ConnectOptions::default().first_fpdu_delay(Duration::ZERO);
+    connect(&mut a, &mut b, &opts);
     let (src, data) = a.mr(MSG, AccessFlags::NONE, 4);
     for i in 0..COUNT {
         let wr = SendWr {

@@ -335,15 +335,11 @@ pub(crate) fn initiate_blocking(mut a: Initiator) -> Result<ConnectionInfo> {
                 if let Some(s) = a.stream.as_mut() {
                     let _ = poll.registry().deregister(s);
                 }
-                // The first-FPDU hold-off (siw's Reply race), waited out here as a blocking
-                // call may, within the deadline: the QP is then as free as any other, and
-                // sends posted right after this returns go out on the posting thread.
-                let delay = a.opts.first_fpdu_delay;
-                let hold = a.deadline.remaining().map_or(delay, |left| delay.min(left));
-                if !hold.is_zero() {
-                    std::thread::sleep(hold);
-                }
-                return a.establish(neg, None, Duration::ZERO);
+                // The first-FPDU hold-off (siw's Reply race): the QP holds its FPDUs for
+                // it, as on the connection manager's path, and the call returns at once
+                // (work posted meanwhile leaves when the hold ends).
+                let hold = a.opts.first_fpdu_delay;
+                return a.establish(neg, None, hold);
             }
             Step::Failed(f) => return fail(&a, f),
         }
