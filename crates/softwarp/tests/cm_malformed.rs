@@ -554,17 +554,20 @@ fn timing_responder() -> (SocketAddr, JoinHandle<Duration>) {
     (addr, h)
 }
 
-#[test]
-fn the_first_fpdu_delay_holds_a_send_posted_at_establishment_on_the_cm_path() {
-    const DELAY: Duration = Duration::from_millis(400);
-    let (addr, peer) = timing_responder();
-    let opts = ConnectOptions::default()
+/// The hold-off of the first-FPDU tests, and their options.
+const DELAY: Duration = Duration::from_millis(400);
+
+fn delayed() -> ConnectOptions {
+    ConnectOptions::default()
         .crc(false)
         .timeout(WAIT)
-        .first_fpdu_delay(DELAY);
-    let (e, ev) = attempt(addr, &opts);
-    assert!(matches!(ev, CmEvent::Established { .. }), "{ev:?}");
-    // Posted at once: without the hold-off it would leave right away.
+        .first_fpdu_delay(DELAY)
+}
+
+/// Posts a Send on `e`, just established: without the hold-off it would leave at once.
+/// Checks that `peer` (a [`timing_responder`]) saw it only `DELAY` after its Reply, and that
+/// the held Send still completes.
+fn first_send_is_held(e: &End, peer: JoinHandle<Duration>) {
     let (buf, _) = e.mr(64, AccessFlags::LOCAL_WRITE, 1);
     post_send(&e.qp, &buf, 0, 8, 1);
     let after_reply = peer.join().unwrap();
@@ -572,35 +575,29 @@ fn the_first_fpdu_delay_holds_a_send_posted_at_establishment_on_the_cm_path() {
         after_reply >= DELAY,
         "the first FPDU left {after_reply:?} after the Reply, before the {DELAY:?} hold-off"
     );
-    // The held Send still completes.
     let wc = wait_wcs(&e.scq, 1);
     assert_eq!(wc[0].status, WcStatus::Success);
+}
+
+#[test]
+fn the_first_fpdu_delay_holds_a_send_posted_at_establishment_on_the_cm_path() {
+    let (addr, peer) = timing_responder();
+    let (e, ev) = attempt(addr, &delayed());
+    assert!(matches!(ev, CmEvent::Established { .. }), "{ev:?}");
+    first_send_is_held(&e, peer);
 }
 
 /// The blocking connect holds the first FPDU the same way and returns at once: it used to
 /// sleep out the hold-off before returning (400 ms here).
 #[test]
 fn the_blocking_connect_returns_at_once_and_holds_its_first_fpdu() {
-    const DELAY: Duration = Duration::from_millis(400);
     let (addr, peer) = timing_responder();
-    let opts = ConnectOptions::default()
-        .crc(false)
-        .timeout(WAIT)
-        .first_fpdu_delay(DELAY);
     let e = End::new(None, None);
     let started = Instant::now();
-    e.qp.connect(addr, &opts).unwrap();
+    e.qp.connect(addr, &delayed()).unwrap();
     let took = started.elapsed();
     assert!(took < DELAY / 2, "connect took {took:?}");
-    let (buf, _) = e.mr(64, AccessFlags::LOCAL_WRITE, 1);
-    post_send(&e.qp, &buf, 0, 8, 1);
-    let after_reply = peer.join().unwrap();
-    assert!(
-        after_reply >= DELAY,
-        "the first FPDU left {after_reply:?} after the Reply, before the {DELAY:?} hold-off"
-    );
-    let wc = wait_wcs(&e.scq, 1);
-    assert_eq!(wc[0].status, WcStatus::Success);
+    first_send_is_held(&e, peer);
 }
 
 #[test]
