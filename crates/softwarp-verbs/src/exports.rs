@@ -144,6 +144,7 @@ macro_rules! exports {
 
 exports! {
     "IBVERBS_1.0": [
+        ibv_copy_qp_attr_from_kern, ibv_copy_path_rec_from_kern, ibv_copy_path_rec_to_kern,
         ibv_create_comp_channel, ibv_destroy_comp_channel, ibv_read_sysfs_file,
         ibv_get_sysfs_path, ibv_rate_to_mult, mult_to_ibv_rate,
     ]
@@ -157,16 +158,24 @@ exports! {
         ibv_init_ah_from_wc, ibv_attach_mcast, ibv_detach_mcast, ibv_event_type_str,
         ibv_node_type_str, ibv_port_state_str, ibv_wc_status_str, ibv_fork_init,
         ibv_dontfork_range, ibv_dofork_range, ibv_rate_to_mbps, mbps_to_ibv_rate,
-        ibv_resolve_eth_l2_from_gid,
+        ibv_resolve_eth_l2_from_gid, ibv_copy_ah_attr_from_kern, ibv_register_driver,
     ]
     "IBVERBS_1.5": [ibv_get_pkey_index]
     "IBVERBS_1.6": [ibv_qp_to_qp_ex]
     "IBVERBS_1.9": [ibv_get_device_index]
+    // Objects of other processes and devices, ECE (verbs/foreign.rs).
+    "IBVERBS_1.10": [
+        ibv_import_device, ibv_import_pd, ibv_unimport_pd, ibv_import_mr, ibv_unimport_mr,
+        ibv_query_ece, ibv_set_ece,
+    ]
     "IBVERBS_1.11": [_ibv_query_gid_ex, _ibv_query_gid_table]
-    "IBVERBS_1.13": [ibv_is_fork_initialized]
+    "IBVERBS_1.12": [ibv_reg_dmabuf_mr]
+    "IBVERBS_1.13": [ibv_is_fork_initialized, ibv_import_dm, ibv_unimport_dm]
     "IBVERBS_1.14": [ibv_query_qp_data_in_order]
     "IBVERBS_PRIVATE_34": [
-        ibv_query_gid_type,
+        ibv_query_gid_type, __ioctl_final_num_attrs, ibv_read_ibdev_sysfs_file,
+        ibv_cmd_poll_cq, ibv_cmd_post_recv, ibv_cmd_post_send, ibv_cmd_post_srq_recv,
+        ibv_cmd_req_notify_cq,
         // Provider interface (private.rs): what Debian's libmlx5/libefa import.
         execute_ioctl, ibv_cmd_advise_mr, ibv_cmd_alloc_dm, ibv_cmd_alloc_mw, ibv_cmd_alloc_pd,
         ibv_cmd_attach_mcast, ibv_cmd_close_xrcd, ibv_cmd_create_ah, ibv_cmd_create_counters,
@@ -195,7 +204,10 @@ exports! {
         rdma_freeaddrinfo, rdma_join_multicast, rdma_leave_multicast, rpoll,
         rdma_destroy_ep, rdma_destroy_srq,
     ]
+    "RDMACM_1.1": [rdma_join_multicast_ex]
     "RDMACM_1.2": [rdma_establish, rdma_init_qp_attr]
+    // InfiniBand's ECE (cm/ib_only.rs).
+    "RDMACM_1.3": [rdma_get_remote_ece, rdma_set_local_ece, rdma_reject_ece]
 }
 
 // `(n)`: the number of the call's C arguments, i.e. the argument register that is free for

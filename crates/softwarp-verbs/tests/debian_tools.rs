@@ -675,6 +675,154 @@ fn c_program_uses_iova_rereg_mr_rdma_create_srq_and_sees_no_memory_windows() {
     assert_eq!(out.stdout, "ok: 52 checks\n");
 }
 
+/// `name@VERSION` of every function and object `lib` defines (`objdump -T`), and
+/// `@VERSION` for each version node it defines (`objdump -p`).
+fn exported(objdump: &Path, lib: &Path) -> std::collections::BTreeSet<String> {
+    let run = |flag: &str| {
+        let out = Command::new(objdump)
+            .arg(flag)
+            .arg(lib)
+            .output()
+            .expect("run objdump");
+        assert!(out.status.success(), "objdump {flag} {}", lib.display());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut set = std::collections::BTreeSet::new();
+    for line in run("-T").lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // `ADDR g DF .text SIZE VERSION NAME`; `(VERSION)` for a non-default one.
+        if f.len() >= 6 && (line.contains(" DF ") || line.contains(" DO ")) {
+            if line.contains("*UND*") || line.contains("*ABS*") {
+                continue;
+            }
+            let version = f[f.len() - 2].trim_matches(|c| c == '(' || c == ')');
+            set.insert(format!("{}@{version}", f[f.len() - 1]));
+        }
+    }
+    let p = run("-p");
+    let defs = p
+        .split("Version definitions:")
+        .nth(1)
+        .and_then(|rest| rest.split("Version References:").next())
+        .unwrap_or("");
+    // `N FLAGS HASH NAME`; flags 0x01 marks the file's own name (its soname).
+    for line in defs.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() == 4 && f[1] != "0x01" {
+            set.insert(format!("@{}", f[3]));
+        }
+    }
+    set
+}
+
+/// CI installs what the ABI comparison reads: a missing part fails there, and is skipped
+/// with the reason on a user's machine.
+fn required<T>(what: Option<T>, why: &str) -> Option<T> {
+    if what.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but {why}"
+        );
+        println!("skipped: {why}");
+    }
+    what
+}
+
+#[test]
+fn the_library_exports_every_symbol_of_the_installed_rdma_core_but_the_listed_gaps() {
+    let Some(objdump) = required(
+        tool("objdump", "binutils"),
+        "objdump is not installed (apt-get install binutils)",
+    ) else {
+        return;
+    };
+    let installed: Vec<PathBuf> = ["libibverbs.so.1", "librdmacm.so.1"]
+        .iter()
+        .filter_map(|name| {
+            ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+                .iter()
+                .map(|arch| Path::new("/usr/lib").join(arch).join(name))
+                .find(|p| p.exists())
+        })
+        .collect();
+    let Some(installed) = required(
+        (installed.len() == 2).then_some(installed),
+        "Debian's libibverbs1/librdmacm1 are not installed (apt-get install ibverbs-utils rdmacm-utils)",
+    ) else {
+        return;
+    };
+    let theirs: std::collections::BTreeSet<String> = installed
+        .iter()
+        .flat_map(|lib| exported(&objdump, lib))
+        .collect();
+    let ours = exported(&objdump, &lib_dir().join("libibverbs.so.1"));
+    let listed =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/abi-gaps.txt"))
+            .expect("tests/abi-gaps.txt");
+    let listed: std::collections::BTreeSet<&str> = listed
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let gaps: Vec<&String> = theirs.difference(&ours).collect();
+    let unlisted: Vec<&&String> = gaps
+        .iter()
+        .filter(|g| !listed.contains(g.as_str()))
+        .collect();
+    let stale: Vec<&&str> = listed
+        .iter()
+        .filter(|l| !gaps.iter().any(|g| g == *l))
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "{} symbols of rdma-core missing from the library: {unlisted:?}",
+        unlisted.len()
+    );
+    assert!(
+        stale.is_empty(),
+        "listed in tests/abi-gaps.txt but exported (or not in rdma-core): {stale:?}"
+    );
+    assert!(
+        theirs.len() > 200,
+        "read {} rdma-core symbols",
+        theirs.len()
+    );
+}
+
+#[test]
+fn c_program_calls_the_abi_of_imports_ece_dmabuf_multicast_and_kernel_marshalling() {
+    let _serial = serial();
+    let Some(exe) = build_c("abi_calls", &["-libverbs", "-lrdmacm"]) else {
+        return;
+    };
+    let run = |mut cmd: Command, what: &str| {
+        let out = finish(
+            cmd.spawn().expect("run the program"),
+            Duration::from_secs(20),
+            what,
+        );
+        assert!(out.status.success(), "{what}: {}{}", out.stdout, out.stderr);
+        out.stdout
+    };
+    // The calls that touch no device, over Debian's own libibverbs (the program's link) and
+    // over Softwarp's: the same answers, so the layouts are rdma-core's.
+    let mut debian = Command::new(&exe);
+    debian
+        .arg("pure")
+        .env_remove("LD_LIBRARY_PATH")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let theirs = run(debian, "abi_calls pure over rdma-core");
+    let mut softwarp = command(&exe);
+    softwarp.arg("pure");
+    let ours = run(softwarp, "abi_calls pure over softwarp");
+    let all = run(command(&exe), "abi_calls");
+    let _ = std::fs::remove_file(&exe);
+    assert_eq!(theirs, "ok: 16 checks\n");
+    assert_eq!(ours, theirs);
+    assert_eq!(all, "ok: 49 checks\n");
+}
+
 /// Builds and runs `tests/c/NAME.c`, a program that forks a server and a client on
 /// 127.0.0.1:PORT, within `limit`; returns its stdout lines sorted (both print concurrently)
 /// after checking it succeeded, or `None` when it cannot be built here.

@@ -211,7 +211,7 @@ impl Id {
     }
 
     /// A value read out of the C struct by `f` (a field, copied).
-    fn get<T>(&self, f: impl FnOnce(&rdma_cm_id) -> T) -> T {
+    pub(crate) fn get<T>(&self, f: impl FnOnce(&rdma_cm_id) -> T) -> T {
         // SAFETY: the id is live (`&self`); the reference lasts for `f` only, which copies a
         // field out, and no store to the struct happens during it: this library writes the
         // struct from its own calls, not from `f`, and the application writes its fields
@@ -1201,25 +1201,6 @@ pub unsafe extern "C" fn swv_rdma_migrate_id(
     // SAFETY: the id's channel field, as rdma-core sets it.
     unsafe { (*id).channel = channel };
     0
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn swv_rdma_join_multicast(
-    _id: *mut rdma_cm_id,
-    _addr: *mut sockaddr,
-    _ctx: *mut c_void,
-) -> c_int {
-    tracing::warn!(target: "softwarp::verbs", "rdma_join_multicast: not supported by softwarp (iWARP is connected only)");
-    err(libc::ENOSYS)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn swv_rdma_leave_multicast(
-    _id: *mut rdma_cm_id,
-    _addr: *mut sockaddr,
-) -> c_int {
-    tracing::warn!(target: "softwarp::verbs", "rdma_leave_multicast: not supported by softwarp (iWARP is connected only)");
-    err(libc::ENOSYS)
 }
 
 #[no_mangle]

@@ -4,6 +4,7 @@
 
 pub mod addrinfo;
 pub mod channel;
+pub mod ib_only;
 pub mod id;
 pub mod teardown;
 

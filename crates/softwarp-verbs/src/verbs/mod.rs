@@ -3,6 +3,8 @@
 pub mod context;
 pub mod cq;
 pub mod cq_ex;
+pub mod foreign;
+pub mod marshall;
 pub mod mr;
 pub mod qp;
 pub mod qp_ex;
