@@ -823,6 +823,102 @@ fn c_program_calls_the_abi_of_imports_ece_dmabuf_multicast_and_kernel_marshallin
     assert_eq!(all, "ok: 49 checks\n");
 }
 
+/// rdma-core's test suite, as python3-pyverbs installs it, copied into a fresh directory
+/// with its gzipped modules unpacked (Debian compresses the larger ones).
+fn rdma_core_suite() -> Option<PathBuf> {
+    let shipped = Path::new("/usr/share/doc/rdma-core/tests");
+    let python = Path::new("/usr/bin/python3");
+    let has_pyverbs = python.exists()
+        && Command::new(python)
+            .args(["-c", "import pyverbs"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+    required(
+        (shipped.is_dir() && has_pyverbs).then_some(()),
+        "rdma-core's test suite is not installed (apt-get install python3-pyverbs)",
+    )?;
+    let gzip = required(tool("gzip", "gzip"), "gzip is not installed")?;
+    let dir = lib_dir().join(format!("rdma-core-tests-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the suite's directory");
+    for entry in std::fs::read_dir(shipped).expect("read the suite") {
+        let path = entry.expect("suite entry").path();
+        if path.is_file() {
+            let to = dir.join(path.file_name().expect("a file name"));
+            std::fs::copy(&path, &to).expect("copy a suite file");
+            if to.extension().is_some_and(|e| e == "gz") {
+                let st = Command::new(&gzip)
+                    .arg("-d")
+                    .arg(&to)
+                    .status()
+                    .expect("gzip");
+                assert!(st.success(), "gzip -d {}", to.display());
+            }
+        }
+    }
+    Some(dir)
+}
+
+#[test]
+fn rdma_core_own_test_suite_gives_the_expected_outcome_of_every_test() {
+    let _serial = serial();
+    let Some(suite) = rdma_core_suite() else {
+        return;
+    };
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rdma-core");
+    let mut cmd = command(Path::new("/usr/bin/python3"));
+    cmd.arg(here.join("run_suite.py")).arg(&suite);
+    let out = finish(
+        cmd.spawn().expect("run the suite"),
+        Duration::from_secs(240),
+        "rdma-core tests",
+    );
+    let _ = std::fs::remove_dir_all(&suite);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    let got: std::collections::BTreeMap<&str, (&str, &str)> = out
+        .stdout
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ' ');
+            Some((f.next()?, (f.next()?, f.next().unwrap_or(""))))
+        })
+        .collect();
+    let expected = std::fs::read_to_string(here.join("expected.txt")).expect("expected.txt");
+    let expected: std::collections::BTreeMap<&str, &str> = expected
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?, f.next()?))
+        })
+        .collect();
+    let mut differ = Vec::new();
+    for (id, outcome) in &expected {
+        match got.get(id) {
+            Some((o, _)) if o == outcome => {}
+            Some((o, why)) => differ.push(format!("{id}: expected {outcome}, got {o} {why}")),
+            None => differ.push(format!("{id}: expected {outcome}, did not run")),
+        }
+    }
+    for (id, (o, why)) in &got {
+        if !expected.contains_key(id) {
+            differ.push(format!("{id}: not in expected.txt, got {o} {why}"));
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "{} of {} tests differ from tests/rdma-core/expected.txt:\n{}",
+        differ.len(),
+        got.len(),
+        differ.join("\n")
+    );
+    let ok = got.values().filter(|(o, _)| *o == "ok").count();
+    println!(
+        "rdma-core's suite: {} tests, {ok} ok, as expected",
+        got.len()
+    );
+}
+
 /// Builds and runs `tests/c/NAME.c`, a program that forks a server and a client on
 /// 127.0.0.1:PORT, within `limit`; returns its stdout lines sorted (both print concurrently)
 /// after checking it succeeded, or `None` when it cannot be built here.

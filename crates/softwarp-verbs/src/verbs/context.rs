@@ -429,6 +429,7 @@ unsafe extern "C" fn query_device_ex(
     unsafe {
         let mut full: ibv_device_attr_ex = std::mem::zeroed();
         fill_device_attr(c, &mut full.orig_attr);
+        full.phys_port_cnt_ex = u32::from(full.orig_attr.phys_port_cnt);
         let n = attr_size.min(size_of::<ibv_device_attr_ex>());
         std::ptr::copy_nonoverlapping(std::ptr::addr_of!(full).cast::<u8>(), attr.cast::<u8>(), n);
     }

@@ -145,7 +145,13 @@ pub unsafe fn create(
     let Ok(n) = usize::try_from(cqe) else {
         return Err(libc::EINVAL);
     };
-    if n == 0 || comp_vector < 0 || comp_vector >= c.vctx.context.num_comp_vectors {
+    // More entries than the device's `max_cqe` is EINVAL, as the kernel answers for every
+    // provider (rdma-core's tests check it), not the ENOMEM of a failed allocation.
+    if n == 0
+        || n > c.dev.query().max_cqe
+        || comp_vector < 0
+        || comp_vector >= c.vctx.context.num_comp_vectors
+    {
         return Err(libc::EINVAL);
     }
     // SAFETY: channels come from `ibv_create_comp_channel`.

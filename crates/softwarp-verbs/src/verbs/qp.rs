@@ -118,11 +118,17 @@ fn create(ctx: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Result<*mut ibv
             "QP types other than RC (iWARP is reliable connected)",
         ));
     }
+    // CREATE_FLAGS with no flag set asks for nothing (rdma-core's tests pass it so).
     let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-    if a.comp_mask & !known != 0 {
+    let asked = if a.create_flags == 0 {
+        a.comp_mask & !IBV_QP_INIT_ATTR_CREATE_FLAGS
+    } else {
+        a.comp_mask
+    };
+    if asked & !known != 0 {
         return Err(errno::unsupported(
             CALL,
-            "comp_mask bits other than PD and SEND_OPS_FLAGS",
+            "comp_mask bits other than PD and SEND_OPS_FLAGS, or creation flags",
         ));
     }
     if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
@@ -192,7 +198,9 @@ fn create(ctx: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Result<*mut ibv
     let ptr = Box::into_raw(Box::new(Qp {
         ex: UnsafeCell::new(ex),
         qp,
-        idle_state: AtomicU32::new(IBV_QPS_RESET),
+        // An iWARP QP starts in INIT (siw's IDLE): rdma-core's `ibv_query_qp` on an RNIC
+        // reports it so, while the struct says RESET until the first query, as there.
+        idle_state: AtomicU32::new(IBV_QPS_INIT),
         cap: granted,
         sq_sig_all: init.sq_sig_all,
         builder: Mutex::new(WrBuilder::default()),
