@@ -89,8 +89,8 @@ use libc::{
     timespec, timeval,
 };
 use softwarp_sockets::{
-    IwarpOptions, IwarpStream, Readiness, Side, StreamWaiter, SOL_SOFTWARP, SO_IWARP_ACTIVE,
-    SO_IWARP_MODE,
+    Handshake, IwarpOptions, IwarpStream, Readiness, Side, StreamWaiter, SOL_SOFTWARP,
+    SO_IWARP_ACTIVE, SO_IWARP_MODE,
 };
 
 use config::Mode;
@@ -454,9 +454,15 @@ pub unsafe extern "C" fn getsockopt(
     len: *mut socklen_t,
 ) -> c_int {
     if level == SOL_SOFTWARP && name == SO_IWARP_ACTIVE {
-        // Active once the deferred MPA exchange ran (an accepted connection: now).
-        if let Some(side) = deferred_side(fd) {
-            finish(fd, side == Side::Responder);
+        // Active once the deferred MPA exchange ended; a blocking socket waits for it (at
+        // most the connect timeout), a non-blocking one answers at once.
+        if let Some(Entry::Deferred(d)) = table::get(fd) {
+            let block = if d.nonblocking.load(Ordering::Relaxed) {
+                Block::No
+            } else {
+                Block::Until(None)
+            };
+            finish(fd, block);
         }
     }
     let entry = table::get(fd);
@@ -479,7 +485,7 @@ pub unsafe extern "C" fn getsockopt(
     let sol = level == libc::SOL_SOCKET;
     match entry {
         Some(Entry::Deferred(_) | Entry::Failed(_)) if sol && name == libc::SO_ERROR => {
-            let err = match finish(fd, false) {
+            let err = match finish(fd, Block::No) {
                 Progress::Pending | Progress::Connected => 0,
                 Progress::Failed(_) => match table::get(fd) {
                     Some(Entry::Failed(e)) => e.swap(0, Ordering::Relaxed),
@@ -632,67 +638,36 @@ fn timeout_of(tv: &timeval) -> Option<Duration> {
     (!d.is_zero()).then_some(d)
 }
 
-/// Runs the MPA exchange over the connected TCP socket `fd` and puts the stream behind
-/// `fd`. Returns 0 or -1 with errno. An initiator whose peer does not answer falls back to
-/// a new plain TCP connection when `SOFTWARP_SOCKETS_FALLBACK=tcp` says so.
-fn adopt(fd: c_int, side: Side, nonblocking: bool) -> c_int {
+/// Starts the MPA exchange as `side` on a duplicate of the program's socket `fd` (which
+/// keeps its number; the duplicate becomes the QP's socket).
+fn start_handshake(fd: c_int, side: Side) -> io::Result<Handshake> {
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on the program's socket.
+    let qp_fd = unsafe { real_fcntl()(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if qp_fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor was just created by us and is owned by nothing else.
+    let tcp = unsafe { std::net::TcpStream::from_raw_fd(qp_fd) };
+    Handshake::start(tcp, side, &IwarpOptions::default())
+}
+
+/// Puts `stream`, whose MPA exchange just ended on the program's socket `fd`, behind `fd`:
+/// `fd` becomes a duplicate of the stream's completion channel. Returns 0 or -1 with errno.
+fn place(fd: c_int, stream: IwarpStream, nonblocking: bool) -> c_int {
     // The program's timeouts, set on the TCP socket before connect/accept; the stream
     // applies them from now on (the QP's socket has its own settings).
     let timeouts = (
         timeval_option(fd, libc::SO_RCVTIMEO),
         timeval_option(fd, libc::SO_SNDTIMEO),
     );
-    // The peer's address, for a fallback (a refused MPA exchange may leave the socket
-    // reset, without one).
-    let peer = (side == Side::Initiator && config::get().fallback_tcp).then(|| peer_of(fd));
-    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on the program's connected socket.
-    let qp_fd = unsafe { real_fcntl()(fd, libc::F_DUPFD_CLOEXEC, 0) };
-    if qp_fd < 0 {
-        return -1;
-    }
-    // SAFETY: as above, a second duplicate for options and addresses.
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on the program's socket: a duplicate for options and
+    // addresses.
     let opt_fd = unsafe { real_fcntl()(fd, libc::F_DUPFD_CLOEXEC, 0) };
     if opt_fd < 0 {
-        let e = errno();
-        // SAFETY: closing the duplicate made above.
-        unsafe { real_close()(qp_fd) };
-        return fail(e);
+        return -1;
     }
-    // SAFETY: both descriptors were just created by us and are owned by nothing else.
-    let (tcp, keep) = unsafe {
-        (
-            std::net::TcpStream::from_raw_fd(qp_fd),
-            OwnedFd::from_raw_fd(opt_fd),
-        )
-    };
-    let stream = match IwarpStream::from_connected(tcp, side, &IwarpOptions::default()) {
-        Ok(s) => s,
-        Err(e) => {
-            drop(keep);
-            if let Some(peer) = peer {
-                eprintln!(
-                    "softwarp preload: fd {fd}: the peer did not answer the MPA exchange ({e}); \
-                     connecting again over plain TCP (SOFTWARP_SOCKETS_FALLBACK=tcp)"
-                );
-                return match peer {
-                    Some((ss, len)) => fall_back_to_tcp(fd, &ss, len, nonblocking),
-                    None => fail(libc::ECONNREFUSED),
-                };
-            }
-            // The peer is not an iWARP peer: no plain bytes may follow on this connection.
-            // SAFETY: shutdown of the program's socket.
-            unsafe { real_shutdown()(fd, libc::SHUT_RDWR) };
-            if nonblocking {
-                set_blocking(fd, true);
-            }
-            let code = match side {
-                Side::Initiator => libc::ECONNREFUSED,
-                Side::Responder => libc::ECONNABORTED,
-            };
-            eprintln!("softwarp preload: fd {fd}: iWARP connection failed: {e}");
-            return fail(code);
-        }
-    };
+    // SAFETY: the descriptor was just created by us and is owned by nothing else.
+    let keep = unsafe { OwnedFd::from_raw_fd(opt_fd) };
     let _ = stream.set_read_timeout(timeouts.0);
     let _ = stream.set_write_timeout(timeouts.1);
     stream.set_report_interrupts(true);
@@ -704,7 +679,9 @@ fn adopt(fd: c_int, side: Side, nonblocking: bool) -> c_int {
     // SAFETY: dup3 of the stream's channel over the program's descriptor number; the TCP
     // socket lives on in the two duplicates.
     if unsafe { real_dup3()(event_fd, fd, flags) } < 0 {
-        return -1;
+        let e = errno();
+        epoll_attach(fd, &regs, false);
+        return fail(e);
     }
     table::insert(
         fd,
@@ -738,7 +715,9 @@ const COPIED_OPTIONS: [(c_int, c_int); 6] = [
 
 /// `SOFTWARP_SOCKETS_FALLBACK=tcp`: replaces the program's socket `fd` (connected to a peer
 /// that did not answer MPA) with a new plain TCP connection to the same address, with the
-/// same options and flags, bounded by the connect timeout. Returns 0 or -1 with errno.
+/// same options and flags. A blocking socket waits for the connect (at most the connect
+/// timeout); a non-blocking one gets the connection in progress, writable (or with its
+/// `SO_ERROR`) once it is made, as after its own `connect`. Returns 0 or -1 with errno.
 fn fall_back_to_tcp(
     fd: c_int,
     ss: &libc::sockaddr_storage,
@@ -767,12 +746,14 @@ fn fall_back_to_tcp(
             unsafe { real_setsockopt()(new, level, name, buf.as_ptr().cast(), n) };
         }
     }
-    // SAFETY: libc's connect with the peer's address as getpeername gave it.
+    // SAFETY: libc's connect with the address the program connected to.
     if unsafe { real_connect()(new, (ss as *const libc::sockaddr_storage).cast(), len) } < 0 {
         let e = errno();
         if e != libc::EINPROGRESS {
             return close_new(e);
         }
+    }
+    if !nonblocking {
         let mut p = pollfd {
             fd: new,
             events: libc::POLLOUT,
@@ -805,16 +786,6 @@ fn fall_back_to_tcp(
     0
 }
 
-/// The peer address of socket `fd`.
-fn peer_of(fd: c_int) -> Option<(libc::sockaddr_storage, socklen_t)> {
-    // SAFETY: a zeroed sockaddr_storage is a valid out buffer for getpeername.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
-    // SAFETY: getpeername into our buffer of `len` bytes.
-    let r = unsafe { real_getpeername()(fd, (&raw mut ss).cast(), &mut len) };
-    (r == 0).then_some((ss, len))
-}
-
 /// The pending error of socket `fd` (`SO_ERROR`, which clears it).
 fn so_error(fd: c_int) -> c_int {
     let mut err: c_int = 0;
@@ -838,7 +809,7 @@ fn so_error(fd: c_int) -> c_int {
 
 /// Where a non-blocking connect is.
 enum Progress {
-    /// The TCP handshake is still under way.
+    /// The TCP handshake or the MPA exchange is still under way.
     Pending,
     /// Connected: iWARP, or plain TCP after a fallback.
     Connected,
@@ -846,90 +817,250 @@ enum Progress {
     Failed(c_int),
 }
 
-/// Runs a deferred MPA exchange ([`table::Deferred`]) when its socket is ready for it:
-/// writable (a connect) or readable (an accepted connection; with `block`, at once: the
-/// exchange waits for the peer's MPA Request, at most the connect timeout). Then the stream
-/// is behind `fd`; a failure is kept for `SO_ERROR` and I/O.
-fn finish(fd: c_int, block: bool) -> Progress {
+/// How long [`finish`] may wait for a deferred socket's MPA exchange.
+#[derive(Clone, Copy)]
+enum Block {
+    /// Not at all: a non-blocking socket, `MSG_DONTWAIT`, `poll`/`epoll_wait` (which wait
+    /// for the socket themselves).
+    No,
+    /// Until the exchange ends (at most its own deadline, the connect timeout) or this
+    /// instant (`SO_RCVTIMEO`/`SO_SNDTIMEO`): a blocking call.
+    Until(Option<Instant>),
+}
+
+/// Advances a deferred socket's MPA exchange ([`table::Deferred`]) with what its socket
+/// has (with [`Block::Until`], waiting for the socket). Once it ends the stream is behind
+/// `fd`; a failure is kept for `SO_ERROR` and I/O.
+fn finish(fd: c_int, block: Block) -> Progress {
     let d = match table::get(fd) {
         Some(Entry::Deferred(d)) => d,
         Some(Entry::Failed(e)) => return Progress::Failed(e.load(Ordering::Relaxed)),
         _ => return Progress::Connected,
     };
-    let guard = d.lock.lock().unwrap_or_else(|p| p.into_inner());
-    // Another thread may have finished it while this one waited for the lock.
-    if !matches!(table::get(fd), Some(Entry::Deferred(_))) {
-        drop(guard);
-        return finish(fd, block);
-    }
-    let ready = |events: i16| {
+    let Block::Until(limit) = block else {
+        return finish_step(fd, &d);
+    };
+    loop {
+        match finish_step(fd, &d) {
+            Progress::Pending => {}
+            done => return done,
+        }
+        let now = Instant::now();
+        if limit.is_some_and(|l| l <= now) {
+            return Progress::Pending;
+        }
+        // The exchange's socket, in slices (its deadline is looked at by the next step;
+        // another thread may be the one advancing it).
+        let slice = limit.map_or(SLICE, |l| l.saturating_duration_since(now).min(SLICE));
         let mut p = pollfd {
             fd,
-            events,
+            events: if d.wants_write.load(Ordering::Relaxed) {
+                libc::POLLOUT
+            } else {
+                libc::POLLIN
+            },
             revents: 0,
         };
-        // SAFETY: libc's poll over our one pollfd, without waiting.
-        unsafe { real_poll()(&mut p, 1, 0) > 0 }
+        // SAFETY: libc's poll over our one pollfd.
+        unsafe { real_poll()(&mut p, 1, ms_of(Some(slice)).max(1)) };
+    }
+}
+
+/// One step of [`finish`], never waiting: starts the exchange at the first look, then
+/// advances it with what the socket has.
+fn finish_step(fd: c_int, d: &Arc<table::Deferred>) -> Progress {
+    let mut ex = match d.exchange.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        // Another thread is advancing it: not ready yet, as far as this call can tell.
+        Err(std::sync::TryLockError::WouldBlock) => return Progress::Pending,
     };
-    let nonblocking = is_nonblocking(fd);
+    // Another thread may have ended it while this one looked up the entry.
+    if !matches!(table::get(fd), Some(Entry::Deferred(x)) if Arc::ptr_eq(&x, d)) {
+        drop(ex);
+        return match table::get(fd) {
+            Some(Entry::Failed(e)) => Progress::Failed(e.load(Ordering::Relaxed)),
+            _ => Progress::Connected,
+        };
+    }
+    let nonblocking = d.nonblocking.load(Ordering::Relaxed);
     let failed = |e: c_int| {
         table::insert(fd, Entry::Failed(Arc::new(e.into())));
         Progress::Failed(e)
     };
-    // The entry stays `Deferred` (other threads wait on the lock) until `adopt` puts the
-    // stream there, or the fallback removes it.
-    match d.side {
-        Side::Initiator => {
-            if !ready(libc::POLLOUT) {
-                return Progress::Pending;
+    match &mut *ex {
+        table::Exchange::Over => return Progress::Connected,
+        table::Exchange::NotStarted => {
+            if d.side == Side::Responder && config::get().fallback_tcp {
+                match first_bytes(fd, d.since) {
+                    FirstBytes::NotYet => return Progress::Pending,
+                    FirstBytes::Mpa => {}
+                    FirstBytes::Plain(why) => {
+                        eprintln!(
+                            "softwarp preload: fd {fd}: {why}; serving it over plain TCP \
+                             (SOFTWARP_SOCKETS_FALLBACK=tcp)"
+                        );
+                        *ex = table::Exchange::Over;
+                        let regs = epoll_detach(fd);
+                        table::remove(fd);
+                        epoll_attach(fd, &regs, false);
+                        return Progress::Connected;
+                    }
+                }
             }
-            let err = so_error(fd);
-            if err != 0 {
-                return failed(err);
+            match start_handshake(fd, d.side) {
+                Ok(handshake) => {
+                    *ex = table::Exchange::Running {
+                        handshake: Box::new(handshake),
+                        pid: std::process::id(),
+                    }
+                }
+                Err(e) => {
+                    *ex = table::Exchange::Over;
+                    return exchange_failed(fd, d, &e, &failed);
+                }
             }
-            if adopt(fd, Side::Initiator, nonblocking) == 0 {
-                return Progress::Connected;
-            }
-            failed(errno())
         }
-        Side::Responder => {
-            if !block && !ready(libc::POLLIN) {
-                return Progress::Pending;
+        table::Exchange::Running { pid, .. } if *pid != std::process::id() => {
+            // The parent's exchange (its QP is the parent's device's): not ours to end.
+            if let table::Exchange::Running { handshake, .. } =
+                std::mem::replace(&mut *ex, table::Exchange::Over)
+            {
+                std::mem::forget(handshake);
             }
-            if config::get().fallback_tcp && !peer_sends_mpa(fd) {
-                eprintln!(
-                    "softwarp preload: fd {fd}: the peer sent no MPA Request; serving it over \
-                     plain TCP (SOFTWARP_SOCKETS_FALLBACK=tcp)"
-                );
-                let regs = epoll_detach(fd);
-                table::remove(fd);
-                epoll_attach(fd, &regs, false);
-                return Progress::Connected;
+            eprintln!(
+                "softwarp preload: pid {}: fd {fd}: its MPA exchange began before fork() in \
+                 the parent; it fails here (set connections up in the child)",
+                std::process::id()
+            );
+            // SAFETY: shutdown of the program's socket.
+            unsafe { real_shutdown()(fd, libc::SHUT_RDWR) };
+            set_blocking(fd, nonblocking);
+            return failed(libc::ECONNRESET);
+        }
+        table::Exchange::Running { .. } => {}
+    }
+    let table::Exchange::Running { handshake, .. } = &mut *ex else {
+        return Progress::Pending;
+    };
+    // A TCP connect that failed: its own error (ECONNREFUSED, ETIMEDOUT, ...), as the
+    // kernel reports it (SO_ERROR is read, and cleared, here).
+    if d.side == Side::Initiator && handshake.wants_write() && ready(fd, libc::POLLOUT) {
+        let err = so_error(fd);
+        if err != 0 {
+            *ex = table::Exchange::Over;
+            set_blocking(fd, nonblocking);
+            return failed(err);
+        }
+    }
+    match handshake.advance() {
+        Ok(None) => {
+            d.wants_write
+                .store(handshake.wants_write(), Ordering::Relaxed);
+            Progress::Pending
+        }
+        Ok(Some(stream)) => {
+            *ex = table::Exchange::Over;
+            if place(fd, stream, nonblocking) == 0 {
+                Progress::Connected
+            } else {
+                failed(errno())
             }
-            if adopt(fd, Side::Responder, nonblocking) == 0 {
-                return Progress::Connected;
-            }
-            failed(libc::ECONNRESET)
+        }
+        Err(e) => {
+            *ex = table::Exchange::Over;
+            exchange_failed(fd, d, &e, &failed)
         }
     }
 }
 
-/// With `SOFTWARP_SOCKETS_FALLBACK=tcp`, the first bytes of an accepted connection decide
-/// its kind: an MPA Request (or the start of one) goes iWARP; other bytes, the EOF, an error,
-/// or nothing within the connect timeout (a client that waits for the server to speak
-/// first) leave it plain TCP. The bytes stay in the socket (`MSG_PEEK`).
-fn peer_sends_mpa(fd: c_int) -> bool {
-    let key = softwarp_wire::mpa::frame::KEY_REQUEST;
+/// True once a deferred socket's MPA exchange started (its socket is then non-blocking
+/// whatever the program asks: [`table::Deferred::nonblocking`] keeps the program's mode).
+fn exchange_started(d: &table::Deferred) -> bool {
+    match d.exchange.try_lock() {
+        Ok(g) => !matches!(*g, table::Exchange::NotStarted),
+        Err(std::sync::TryLockError::Poisoned(p)) => {
+            !matches!(*p.into_inner(), table::Exchange::NotStarted)
+        }
+        Err(std::sync::TryLockError::WouldBlock) => true,
+    }
+}
+
+/// True when a `poll(2)` with no wait reports `events` on `fd`.
+fn ready(fd: c_int, events: i16) -> bool {
     let mut p = pollfd {
         fd,
-        events: libc::POLLIN,
+        events,
         revents: 0,
     };
-    let ms = ms_of(Some(IwarpOptions::default().connect_timeout));
-    // SAFETY: libc's poll over our one pollfd.
-    if unsafe { real_poll()(&mut p, 1, ms) } <= 0 {
-        return false;
+    // SAFETY: libc's poll over our one pollfd, without waiting.
+    unsafe { real_poll()(&mut p, 1, 0) > 0 }
+}
+
+/// After the MPA exchange on `fd` failed with `e`: an initiator falls back to plain TCP
+/// when `SOFTWARP_SOCKETS_FALLBACK=tcp` says so; otherwise the socket is shut down (no
+/// plain bytes may follow on a connection that was to be iWARP) and the program sees
+/// `ECONNREFUSED` (a connect) or `ECONNRESET` (an accepted connection), as for a peer that
+/// reset the TCP connection.
+fn exchange_failed(
+    fd: c_int,
+    d: &table::Deferred,
+    e: &io::Error,
+    failed: &dyn Fn(c_int) -> Progress,
+) -> Progress {
+    let nonblocking = d.nonblocking.load(Ordering::Relaxed);
+    if d.side == Side::Initiator && config::get().fallback_tcp {
+        if let Some((bytes, len)) = d.addr {
+            eprintln!(
+                "softwarp preload: fd {fd}: the peer did not answer the MPA exchange ({e}); \
+                 connecting again over plain TCP (SOFTWARP_SOCKETS_FALLBACK=tcp)"
+            );
+            // SAFETY: a zeroed sockaddr_storage is valid; the bytes are the program's
+            // address (at most its size), copied in.
+            let ss = unsafe {
+                let mut ss: libc::sockaddr_storage = std::mem::zeroed();
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    (&raw mut ss).cast::<u8>(),
+                    bytes
+                        .len()
+                        .min(std::mem::size_of::<libc::sockaddr_storage>()),
+                );
+                ss
+            };
+            return match fall_back_to_tcp(fd, &ss, len, nonblocking) {
+                0 => Progress::Connected,
+                _ => failed(errno()),
+            };
+        }
     }
+    // SAFETY: shutdown of the program's socket.
+    unsafe { real_shutdown()(fd, libc::SHUT_RDWR) };
+    set_blocking(fd, nonblocking);
+    eprintln!("softwarp preload: fd {fd}: iWARP connection failed: {e}");
+    failed(match d.side {
+        Side::Initiator => libc::ECONNREFUSED,
+        Side::Responder => libc::ECONNRESET,
+    })
+}
+
+/// What the first bytes of an accepted connection say, with `SOFTWARP_SOCKETS_FALLBACK=tcp`.
+enum FirstBytes {
+    /// An MPA Request, or the start of one: iWARP.
+    Mpa,
+    /// Plain TCP, for this reason.
+    Plain(&'static str),
+    /// Nothing yet.
+    NotYet,
+}
+
+/// With `SOFTWARP_SOCKETS_FALLBACK=tcp`, the first bytes of an accepted connection decide
+/// its kind: an MPA Request (or the start of one) goes iWARP; other bytes, the EOF, an error,
+/// or nothing within the connect timeout after `since` (a client that waits for the server
+/// to speak first) leave it plain TCP. The bytes stay in the socket (`MSG_PEEK`); nothing
+/// waits.
+fn first_bytes(fd: c_int, since: Instant) -> FirstBytes {
+    let key = softwarp_wire::mpa::frame::KEY_REQUEST;
     let mut buf = [0u8; 16];
     // SAFETY: recv into our buffer of `buf.len()` bytes, peeking, without waiting.
     let n = unsafe {
@@ -941,16 +1072,16 @@ fn peer_sends_mpa(fd: c_int) -> bool {
         )
     };
     match usize::try_from(n) {
-        Ok(n) if n > 0 => buf.get(..n) == key.get(..n),
-        _ => false,
-    }
-}
-
-/// A deferred socket's side, if `fd` is one.
-fn deferred_side(fd: c_int) -> Option<Side> {
-    match table::get(fd) {
-        Some(Entry::Deferred(d)) => Some(d.side),
-        _ => None,
+        Ok(n) if n > 0 && buf.get(..n) == key.get(..n) => FirstBytes::Mpa,
+        Ok(n) if n > 0 => FirstBytes::Plain("the peer sent no MPA Request"),
+        Ok(_) => FirstBytes::Plain("the peer closed before sending anything"),
+        Err(_) if !matches!(errno(), libc::EAGAIN | libc::EINTR) => {
+            FirstBytes::Plain("the connection failed before an MPA Request")
+        }
+        Err(_) if since.elapsed() >= IwarpOptions::default().connect_timeout => {
+            FirstBytes::Plain("the peer sent nothing within the connect timeout")
+        }
+        Err(_) => FirstBytes::NotYet,
     }
 }
 
@@ -961,7 +1092,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // first time it finds the connection made, EISCONN after that).
         Some(Entry::Deferred(d)) if d.side == Side::Responder => return fail(libc::EISCONN),
         Some(Entry::Deferred(_)) => {
-            return match finish(fd, false) {
+            return match finish(fd, Block::No) {
                 Progress::Pending => fail(libc::EALREADY),
                 Progress::Connected => 0,
                 Progress::Failed(e) => fail(e),
@@ -974,27 +1105,42 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             return unsafe { real_connect()(fd, addr, len) };
         }
     }
-    if is_nonblocking(fd) {
-        // SAFETY: libc's connect with the caller's arguments, on a non-blocking socket.
-        let r = unsafe { real_connect()(fd, addr, len) };
-        if r < 0 {
-            let e = errno();
-            if e != libc::EINPROGRESS {
-                return fail(e);
-            }
-        }
-        // Connected or not, the MPA exchange is still to come: the socket becomes
-        // writable when it is done (or failed, with SO_ERROR set).
-        table::insert(fd, Entry::Deferred(table::Deferred::new(Side::Initiator)));
-        return fail(libc::EINPROGRESS);
+    // The address, for a fallback to plain TCP.
+    let mut stored = [0u8; 128];
+    let n = (len as usize).min(stored.len());
+    if !addr.is_null() {
+        // SAFETY: the caller's address of `len` bytes; at most `n` of them are copied.
+        unsafe { std::ptr::copy_nonoverlapping(addr.cast::<u8>(), stored.as_mut_ptr(), n) };
     }
-    // SAFETY: libc's connect with the caller's arguments, on a blocking socket.
+    let saved = (!addr.is_null()).then_some((stored, n as u32));
+    let nonblocking = is_nonblocking(fd);
+    // SAFETY: libc's connect with the caller's arguments.
     let r = unsafe { real_connect()(fd, addr, len) };
     if r < 0 {
-        return -1;
+        let e = errno();
+        if !(nonblocking && e == libc::EINPROGRESS) {
+            return fail(e);
+        }
     }
-    table::remove(fd);
-    adopt(fd, Side::Initiator, false)
+    // Connected or not, the MPA exchange is still to come: a non-blocking socket becomes
+    // writable when it is done (or failed, with SO_ERROR set); a blocking connect runs it
+    // now.
+    let d = table::Deferred::new(Side::Initiator, nonblocking, saved);
+    table::insert(fd, Entry::Deferred(d));
+    if nonblocking {
+        return fail(libc::EINPROGRESS);
+    }
+    match finish(fd, Block::Until(None)) {
+        Progress::Connected => 0,
+        // As the kernel: the error is the connect's, not left for SO_ERROR.
+        Progress::Failed(e) => {
+            if let Some(Entry::Failed(pending)) = table::get(fd) {
+                pending.store(0, Ordering::Relaxed);
+            }
+            fail(e)
+        }
+        Progress::Pending => fail(libc::ETIMEDOUT),
+    }
 }
 
 #[no_mangle]
@@ -1024,8 +1170,12 @@ pub unsafe extern "C" fn accept4(
     if k < 0 || !matches!(table::get(fd), Some(Entry::Listener)) {
         return k;
     }
-    // The MPA exchange runs when the program first uses the connection.
-    table::insert(k, Entry::Deferred(table::Deferred::new(Side::Responder)));
+    // The MPA exchange starts when the program first looks at the connection.
+    let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
+    table::insert(
+        k,
+        Entry::Deferred(table::Deferred::new(Side::Responder, nonblocking, None)),
+    );
     k
 }
 
@@ -1219,16 +1369,54 @@ enum Route {
     Errno(c_int),
 }
 
-/// Where an I/O call on `fd` goes (running a deferred MPA exchange when it is time).
-fn route(fd: c_int) -> Route {
+/// What an I/O call on a descriptor may do while its MPA exchange is under way.
+#[derive(Clone, Copy)]
+struct Io {
+    /// A write (`SO_SNDTIMEO` bounds its wait), else a read (`SO_RCVTIMEO`).
+    write: bool,
+    /// `MSG_DONTWAIT`: no wait, whatever `O_NONBLOCK` says.
+    dontwait: bool,
+}
+
+impl Io {
+    fn read(flags: c_int) -> Self {
+        Self {
+            write: false,
+            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        }
+    }
+
+    fn write(flags: c_int) -> Self {
+        Self {
+            write: true,
+            dontwait: flags & libc::MSG_DONTWAIT != 0,
+        }
+    }
+}
+
+/// Where an I/O call `io` on `fd` goes. A deferred socket's MPA exchange advances first:
+/// without waiting on a non-blocking socket (`EAGAIN` while it is under way, as for a
+/// connect in progress); on a blocking one the call waits for its end, at most the
+/// exchange's deadline and the socket's `SO_RCVTIMEO`/`SO_SNDTIMEO` (then `EAGAIN`).
+fn route(fd: c_int, io: Io) -> Route {
     match table::get(fd) {
         None | Some(Entry::Pending | Entry::Listener) => Route::Real,
         Some(Entry::Stream(s)) => Route::Stream(s),
         Some(Entry::Deferred(d)) => {
-            match finish(fd, !is_nonblocking(fd) && d.side == Side::Responder) {
+            let block = if io.dontwait || d.nonblocking.load(Ordering::Relaxed) {
+                Block::No
+            } else {
+                let name = if io.write {
+                    libc::SO_SNDTIMEO
+                } else {
+                    libc::SO_RCVTIMEO
+                };
+                Block::Until(timeval_option(fd, name).and_then(|t| Instant::now().checked_add(t)))
+            };
+            match finish(fd, block) {
                 Progress::Pending => Route::Errno(libc::EAGAIN),
                 Progress::Connected => table::stream(fd).map_or(Route::Real, Route::Stream),
-                Progress::Failed(_) => route(fd),
+                Progress::Failed(_) => route(fd, io),
             }
         }
         Some(Entry::Failed(e)) => match e.swap(0, Ordering::Relaxed) {
@@ -1249,6 +1437,7 @@ type Libc<F> = (fn() -> Option<F>, fn() -> F);
 #[inline(always)]
 fn dispatch<F, R: From<i8>>(
     fd: c_int,
+    io: Io,
     (cached, resolved): Libc<F>,
     call: impl FnOnce(F) -> R,
     stream: impl FnOnce(Arc<StreamEntry>) -> R,
@@ -1258,7 +1447,7 @@ fn dispatch<F, R: From<i8>>(
             return call(f);
         }
     }
-    dispatch_ours(fd, move || call(resolved()), stream)
+    dispatch_ours(fd, io, move || call(resolved()), stream)
 }
 
 /// [`dispatch`] of a descriptor that may be ours, by its [`route`]: its stream, the errno
@@ -1268,10 +1457,11 @@ fn dispatch<F, R: From<i8>>(
 #[inline(never)]
 fn dispatch_ours<R: From<i8>>(
     fd: c_int,
+    io: Io,
     real: impl FnOnce() -> R,
     stream: impl FnOnce(Arc<StreamEntry>) -> R,
 ) -> R {
-    match route(fd) {
+    match route(fd, io) {
         Route::Stream(s) => stream(s),
         Route::Errno(e) => fail(e),
         Route::Real => real(),
@@ -1282,6 +1472,7 @@ fn dispatch_ours<R: From<i8>>(
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     dispatch(
         fd,
+        Io::read(0),
         (real_read::cached, real_read),
         // SAFETY: libc's read with the caller's arguments.
         move |real| unsafe { real(fd, buf, n) },
@@ -1309,6 +1500,7 @@ pub unsafe extern "C" fn __read_chk(
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     dispatch(
         fd,
+        Io::write(0),
         (real_write::cached, real_write),
         // SAFETY: libc's write with the caller's arguments.
         move |real| unsafe { real(fd, buf, n) },
@@ -1321,6 +1513,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     dispatch(
         fd,
+        Io::read(0),
         (real_readv::cached, real_readv),
         // SAFETY: libc's readv with the caller's arguments.
         move |real| unsafe { real(fd, iov, cnt) },
@@ -1333,6 +1526,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     dispatch(
         fd,
+        Io::write(0),
         (real_writev::cached, real_writev),
         // SAFETY: libc's writev with the caller's arguments.
         move |real| unsafe { real(fd, iov, cnt) },
@@ -1345,6 +1539,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     dispatch(
         fd,
+        Io::read(flags),
         (real_recv::cached, real_recv),
         // SAFETY: libc's recv with the caller's arguments.
         move |real| unsafe { real(fd, buf, n, flags) },
@@ -1373,6 +1568,7 @@ pub unsafe extern "C" fn __recv_chk(
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
     dispatch(
         fd,
+        Io::write(flags),
         (real_send::cached, real_send),
         // SAFETY: libc's send with the caller's arguments.
         move |real| unsafe { real(fd, buf, n, flags) },
@@ -1392,6 +1588,7 @@ pub unsafe extern "C" fn recvfrom(
 ) -> ssize_t {
     dispatch(
         fd,
+        Io::read(flags),
         (real_recvfrom::cached, real_recvfrom),
         // SAFETY: libc's recvfrom with the caller's arguments.
         move |real| unsafe { real(fd, buf, n, flags, addr, alen) },
@@ -1435,6 +1632,7 @@ pub unsafe extern "C" fn sendto(
 ) -> ssize_t {
     dispatch(
         fd,
+        Io::write(flags),
         (real_sendto::cached, real_sendto),
         // SAFETY: libc's sendto with the caller's arguments.
         move |real| unsafe { real(fd, buf, n, flags, addr, alen) },
@@ -1448,6 +1646,7 @@ pub unsafe extern "C" fn sendto(
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     dispatch(
         fd,
+        Io::read(flags),
         (real_recvmsg::cached, real_recvmsg),
         // SAFETY: libc's recvmsg with the caller's arguments.
         move |real| unsafe { real(fd, msg, flags) },
@@ -1471,6 +1670,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     dispatch(
         fd,
+        Io::write(flags),
         (real_sendmsg::cached, real_sendmsg),
         // SAFETY: libc's sendmsg with the caller's arguments.
         move |real| unsafe { real(fd, msg, flags) },
@@ -1539,6 +1739,7 @@ pub unsafe extern "C" fn sendfile(
 ) -> ssize_t {
     dispatch(
         out_fd,
+        Io::write(0),
         (real_sendfile::cached, real_sendfile),
         // SAFETY: libc's sendfile with the caller's arguments.
         move |real| unsafe { real(out_fd, in_fd, offset, count) },
@@ -1556,6 +1757,7 @@ pub unsafe extern "C" fn sendfile64(
 ) -> ssize_t {
     dispatch(
         out_fd,
+        Io::write(0),
         (real_sendfile64::cached, real_sendfile64),
         // SAFETY: libc's sendfile64 with the caller's arguments.
         move |real| unsafe { real(out_fd, in_fd, offset, count) },
@@ -1583,6 +1785,7 @@ pub unsafe extern "C" fn sendmmsg(
 ) -> c_int {
     dispatch(
         fd,
+        Io::write(flags),
         (real_sendmmsg::cached, real_sendmmsg),
         // SAFETY: libc's sendmmsg with the caller's arguments.
         move |real| unsafe { real(fd, msgs, vlen, flags) },
@@ -1627,6 +1830,7 @@ pub unsafe extern "C" fn recvmmsg(
 ) -> c_int {
     dispatch(
         fd,
+        Io::read(flags),
         (real_recvmmsg::cached, real_recvmmsg),
         // SAFETY: libc's recvmmsg with the caller's arguments.
         move |real| unsafe { real(fd, msgs, vlen, flags, timeout) },
@@ -1838,6 +2042,31 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
                 .store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
             0
         }
+        (libc::F_GETFL, Entry::Deferred(d)) => {
+            // SAFETY: libc's fcntl with the caller's arguments.
+            let fl = unsafe { real_fcntl()(fd, cmd, arg) };
+            if fl < 0 {
+                return fl;
+            }
+            let nb = if d.nonblocking.load(Ordering::Relaxed) {
+                libc::O_NONBLOCK
+            } else {
+                0
+            };
+            (fl & !libc::O_NONBLOCK) | nb
+        }
+        (libc::F_SETFL, Entry::Deferred(d)) => {
+            d.nonblocking
+                .store(arg as c_int & libc::O_NONBLOCK != 0, Ordering::Relaxed);
+            let arg = if exchange_started(d) {
+                arg | libc::O_NONBLOCK as usize
+            } else {
+                arg
+            };
+            // SAFETY: libc's fcntl with the caller's flags (O_NONBLOCK kept while the
+            // exchange runs).
+            unsafe { real_fcntl()(fd, cmd, arg) }
+        }
         (libc::F_DUPFD | libc::F_DUPFD_CLOEXEC, _) => {
             // SAFETY: libc's fcntl with the caller's arguments.
             let n = unsafe { real_fcntl()(fd, cmd, arg) };
@@ -1852,6 +2081,17 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
+    if let (Some(Entry::Deferred(d)), libc::FIONBIO) = (table::get(fd), req) {
+        let p = arg as *const c_int;
+        if p.is_null() {
+            return fail(libc::EFAULT);
+        }
+        // SAFETY: FIONBIO's argument is the caller's int.
+        d.nonblocking.store(unsafe { *p } != 0, Ordering::Relaxed);
+        if exchange_started(&d) {
+            return 0;
+        }
+    }
     let Some(s) = table::stream(fd) else {
         // SAFETY: libc's ioctl with the caller's arguments.
         return unsafe { real_ioctl()(fd, req, arg) };
@@ -2023,9 +2263,11 @@ fn failed_revents(e: &AtomicI32, events: i16) -> i16 {
 #[derive(Clone)]
 enum Polled {
     Stream(Arc<StreamEntry>),
-    /// Waiting for the socket to be ready for the MPA exchange: writable (a connect) or
-    /// readable (an accepted connection).
-    Deferred(Side),
+    /// An MPA exchange under way, waiting for its socket to be writable (`write`: the TCP
+    /// connect, the Request) or readable (the peer's next bytes); never ready itself.
+    Deferred {
+        write: bool,
+    },
     Failed(Arc<AtomicI32>),
     Other,
 }
@@ -2033,7 +2275,9 @@ enum Polled {
 fn polled(fd: c_int) -> Polled {
     match table::get(fd) {
         Some(Entry::Stream(s)) => Polled::Stream(s),
-        Some(Entry::Deferred(d)) => Polled::Deferred(d.side),
+        Some(Entry::Deferred(d)) => Polled::Deferred {
+            write: d.wants_write.load(Ordering::Relaxed),
+        },
         Some(Entry::Failed(e)) => Polled::Failed(e),
         _ => Polled::Other,
     }
@@ -2050,6 +2294,13 @@ fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c
     // Streams whose socket watch the next wait leaves out (see `take_kicks`).
     let mut quiet = Vec::new();
     loop {
+        // The MPA exchanges under way advance with what their sockets have, and fail once
+        // their deadline passed (a socket that stays silent never wakes the wait below).
+        for p in fds.iter() {
+            if matches!(table::get(p.fd), Some(Entry::Deferred(_))) {
+                finish(p.fd, Block::No);
+            }
+        }
         let kinds: Vec<Polled> = fds.iter().map(|p| polled(p.fd)).collect();
         let waiting = waiters(&kinds);
         tmp.truncate(fds.len());
@@ -2069,8 +2320,8 @@ fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c
                     }
                     tmp[i].events = libc::POLLIN;
                 }
-                Polled::Deferred(Side::Initiator) => tmp[i].events = libc::POLLOUT,
-                Polled::Deferred(Side::Responder) => tmp[i].events = libc::POLLIN,
+                Polled::Deferred { write: true } => tmp[i].events = libc::POLLOUT,
+                Polled::Deferred { write: false } => tmp[i].events = libc::POLLIN,
                 Polled::Failed(e) => {
                     p.revents = failed_revents(e, p.events);
                     ours_ready += 1;
@@ -2104,9 +2355,10 @@ fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c
                         others += 1;
                     }
                 }
-                // Ready for the MPA exchange: run it, then look again.
-                Polled::Deferred(_) if tmp[i].revents != 0 => {
-                    changed |= !matches!(finish(p.fd, false), Progress::Pending);
+                // Bytes (or room) for the MPA exchange: advance it; once it ended, look
+                // again.
+                Polled::Deferred { .. } if tmp[i].revents != 0 => {
+                    changed |= !matches!(finish(p.fd, Block::No), Progress::Pending);
                 }
                 _ => {}
             }
@@ -2495,10 +2747,12 @@ pub unsafe extern "C" fn epoll_ctl(
         unsafe { ((*ev).events, (*ev).u64) }
     };
     // The kernel watches for wake-ups only: a stream's eventfd (level-triggered, input),
-    // or a deferred socket's readiness for the MPA exchange (edge-triggered: once).
+    // or a deferred socket's bytes and room for its MPA exchange (edge-triggered: once per
+    // arrival, so that bytes the exchange has not read yet, or a peer's EOF, do not keep
+    // the set readable; `epoll_wait` answers for the socket from the exchange).
     let wake_events = match kind {
         Polled::Stream(_) => libc::EPOLLIN as u32,
-        Polled::Deferred(Side::Responder) => (libc::EPOLLIN | libc::EPOLLET) as u32,
+        Polled::Deferred { .. } => (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET) as u32,
         _ => (libc::EPOLLOUT | libc::EPOLLET) as u32,
     };
     let mut wake = epoll_event {
@@ -2552,8 +2806,8 @@ fn reg_events(reg: &mut Reg, waiter: Option<&StreamWaiter<'_>>) -> u32 {
             };
             (revents_of(&r, want), (rx, tx))
         }
-        Polled::Deferred(_) => {
-            return match finish(reg.fd, false) {
+        Polled::Deferred { .. } => {
+            return match finish(reg.fd, Block::No) {
                 Progress::Pending => 0,
                 // Now a stream, a failed connect or (after a fallback) a plain socket.
                 Progress::Connected | Progress::Failed(_) => reg_events(reg, None),

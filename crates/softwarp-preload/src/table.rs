@@ -8,8 +8,9 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
-use softwarp_sockets::{IwarpStream, Side};
+use softwarp_sockets::{Handshake, IwarpStream, Side};
 
 /// A connected iWARP stream behind a descriptor (shared by its `dup`s).
 #[derive(Debug)]
@@ -26,26 +27,58 @@ pub struct StreamEntry {
     pub pid: u32,
 }
 
-/// A socket whose MPA exchange runs later, when the program first looks at it (`poll`,
-/// `select`, `epoll_wait`, `getsockopt`, I/O):
-/// - [`Side::Initiator`]: a non-blocking `connect` in progress (`EINPROGRESS`); the MPA
-///   exchange runs once the TCP handshake is done (the socket is writable).
-/// - [`Side::Responder`]: an accepted connection; the MPA exchange runs once the peer's MPA
-///   Request is there (the socket is readable), or at the first blocking call. Deferring it
-///   keeps `accept` from blocking, and lets the child of a forking server (`socat fork`)
-///   run it with a device of its own.
+/// A socket whose MPA exchange is under way, advanced as its bytes arrive by whatever the
+/// program calls on it (`poll`, `select`, `epoll_wait`, `getsockopt`, I/O), never waiting
+/// in a call the program made non-blocking:
+/// - [`Side::Initiator`]: a non-blocking `connect` in progress (`EINPROGRESS`), then the
+///   MPA Request and Reply.
+/// - [`Side::Responder`]: an accepted connection; the exchange starts when the program
+///   first looks at it (so that the child of a forking server, `socat fork`, runs it with a
+///   device of its own) and answers the peer's Request once it is all in.
 #[derive(Debug)]
 pub struct Deferred {
     pub side: Side,
-    /// One thread runs the exchange; others wait, then see the stream.
-    pub lock: Mutex<()>,
+    /// `O_NONBLOCK` as the program set it: the socket itself is non-blocking once the
+    /// exchange started (its open file description is shared with the exchange's
+    /// duplicate), so `fcntl`/`ioctl(FIONBIO)` answer from here.
+    pub nonblocking: AtomicBool,
+    /// True while the exchange waits for room to send (a TCP connect in progress, the
+    /// Request not all written), false while it waits for bytes: what `poll` and `epoll`
+    /// watch the socket for.
+    pub wants_write: AtomicBool,
+    /// When the connection was accepted or the connect started (the TCP fallback waits for
+    /// an accepted connection's first bytes at most the connect timeout from then).
+    pub since: Instant,
+    /// The address a `connect` went to (`sockaddr_storage` bytes and length), for the TCP
+    /// fallback.
+    pub addr: Option<([u8; 128], u32)>,
+    /// The exchange; one thread advances it at a time (the others find it busy and look
+    /// again later).
+    pub exchange: Mutex<Exchange>,
+}
+
+/// Where a [`Deferred`] socket's MPA exchange is.
+#[derive(Debug)]
+pub enum Exchange {
+    /// Not started: the program has not looked at the socket yet.
+    NotStarted,
+    /// Under way, started by process `pid` (a child of a `fork` does not advance its
+    /// parent's: the QP belongs to the parent's device).
+    Running { handshake: Box<Handshake>, pid: u32 },
+    /// Over: the descriptor became a stream, a failed connection or a plain socket (a
+    /// `dup` of the descriptor made meanwhile still holds this).
+    Over,
 }
 
 impl Deferred {
-    pub fn new(side: Side) -> Arc<Self> {
+    pub fn new(side: Side, nonblocking: bool, addr: Option<([u8; 128], u32)>) -> Arc<Self> {
         Arc::new(Self {
             side,
-            lock: Mutex::new(()),
+            nonblocking: nonblocking.into(),
+            wants_write: (side == Side::Initiator).into(),
+            since: Instant::now(),
+            addr,
+            exchange: Mutex::new(Exchange::NotStarted),
         })
     }
 }

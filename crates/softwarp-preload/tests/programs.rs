@@ -752,3 +752,233 @@ fn curl_fetches_from_python_http_server_over_iwarp() {
         "curl's stream: {streams:?}"
     );
 }
+
+/// A tool a test needs: true when it is there; otherwise the test skips with `why`, except
+/// under CI (`CI=true`), where a missing tool is a failure.
+fn need(program: &str, why: &str) -> bool {
+    if have(program) {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI: {program} is missing ({why})"
+    );
+    eprintln!("skipped: {program} is missing ({why})");
+    false
+}
+
+/// The `result ...` line of `stalled_peers` as (key, value) pairs.
+fn result_fields(stdout: &str) -> std::collections::HashMap<String, f64> {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("result "))
+        .unwrap_or_else(|| panic!("no result line in:\n{stdout}"));
+    let words: Vec<&str> = line.split_whitespace().skip(1).collect();
+    words
+        .chunks(2)
+        .filter_map(|kv| {
+            let v = kv.get(1)?;
+            let v = match v.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16).ok()? as f64,
+                None => v.parse().ok()?,
+            };
+            Some((kv[0].to_string(), v))
+        })
+        .collect()
+}
+
+/// The first line of `child`'s stdout within 10 s (the child keeps running), and a thread
+/// that reads the rest of it (until the child ends).
+fn first_line(child: &mut Reaped) -> (String, std::thread::JoinHandle<String>) {
+    use std::io::BufRead;
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = std::io::BufReader::new(out);
+        let mut line = String::new();
+        let _ = r.read_line(&mut line);
+        let _ = tx.send((line, r));
+    });
+    let (line, rest) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the program printed its first line");
+    let rest = std::thread::spawn(move || {
+        let mut rest = rest;
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut rest, &mut s);
+        s
+    });
+    (line, rest)
+}
+
+/// How a stalled peer stalls its MPA exchange.
+#[derive(Clone, Copy, Debug)]
+enum Stall {
+    /// Connects and sends nothing.
+    Silent,
+    /// Sends one byte of a Request.
+    OneByte,
+    /// Sends a Request's header announcing 100 bytes of private data, and 10 of them.
+    PartialRequest,
+}
+
+fn stalled_client(addr: std::net::SocketAddr, how: Stall) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let key = softwarp_wire::mpa::frame::KEY_REQUEST;
+    match how {
+        Stall::Silent => {}
+        Stall::OneByte => s.write_all(&key[..1]).unwrap(),
+        Stall::PartialRequest => {
+            let mut req = key.to_vec();
+            req.extend_from_slice(&[0x40, 1, 0, 100]);
+            req.extend_from_slice(&[0u8; 10]);
+            s.write_all(&req).unwrap();
+        }
+    }
+    s
+}
+
+/// A preloaded non-blocking server (`tests/c/stalled_peers.c`) whose event loop calls only
+/// `poll`/`epoll_wait` with timeout 0, `accept4` and non-blocking `recv`/`send`, while 9
+/// clients stall their MPA exchange (silent, 1 byte, half a Request) and 4 iWARP clients
+/// connect behind them: no call takes 100 ms (before, a zero-timeout `poll` ran the whole
+/// exchange of a readable accepted socket: 5 s per stalled client), the good clients are
+/// echoed at once, and each stalled connection fails with `ECONNRESET` after the connect
+/// timeout (5 s), reported by `poll`/`epoll` without a busy loop (no readiness without
+/// bytes behind it).
+#[test]
+fn a_nonblocking_server_never_waits_for_a_stalled_mpa_exchange() {
+    if !need("cc", "compiles tests/c/stalled_peers.c") {
+        return;
+    }
+    let dir = work_dir("stalled-peers-server");
+    let bin = compile_c("stalled_peers", &dir);
+    let bin = bin.to_str().unwrap();
+    let stalls = [Stall::Silent, Stall::OneByte, Stall::PartialRequest];
+    for mode in ["poll", "epoll"] {
+        let mut server = preloaded(
+            bin,
+            &["serve", mode, "15", "4", "9"],
+            &dir,
+            &[("SOFTWARP_SOCKETS", "all")],
+        )
+        .spawn_reaped();
+        let (line, rest) = first_line(&mut server);
+        let port: u16 = line
+            .strip_prefix("port ")
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{mode}: no port in {line:?}"));
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+        let stalled: Vec<_> = (0..9)
+            .map(|i| stalled_client(addr, stalls[i % 3]))
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut took = Vec::new();
+        for i in 0..4u8 {
+            use std::io::{Read, Write};
+            let t0 = Instant::now();
+            let mut c = softwarp_sockets::IwarpStream::connect_iwarp(addr)
+                .unwrap_or_else(|e| panic!("{mode}: good client {i}: {e}"));
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            c.write_all(&[b'p', i]).unwrap();
+            let mut echo = [0u8; 2];
+            c.read_exact(&mut echo)
+                .unwrap_or_else(|e| panic!("{mode}: good client {i}'s echo: {e}"));
+            assert_eq!(echo, [b'p', i], "{mode}");
+            took.push(t0.elapsed());
+        }
+        let out = wait_bounded(server, Duration::from_secs(30), mode);
+        drop(stalled);
+        let text = rest.join().unwrap();
+        assert!(out.status.success(), "{mode}: {:?}", out.status);
+        let f = result_fields(&text);
+        eprintln!("{mode}: good clients served in {took:?}; {}", text.trim());
+        assert_eq!(f["slow"], 0.0, "{mode}: calls of 100 ms or more: {text}");
+        assert!(f["max_ms"] < 100.0, "{mode}: {text}");
+        assert_eq!(f["served"], 4.0, "{mode}: {text}");
+        assert!(
+            took.iter().all(|t| *t < Duration::from_secs(2)),
+            "{mode}: good clients waited: {took:?}"
+        );
+        assert_eq!(
+            f["resets"], 9.0,
+            "{mode}: stalled connections reset: {text}"
+        );
+        assert_eq!(f["others"] + f["eofs"], 0.0, "{mode}: {text}");
+        let (first, last) = (f["first_reset_ms"], f["last_reset_ms"]);
+        assert!(
+            (4500.0..9000.0).contains(&first) && last < 9000.0,
+            "{mode}: the stalled exchanges fail after the connect timeout (5 s): {text}"
+        );
+        assert!(
+            f["spurious"] < 10.0,
+            "{mode}: readiness without bytes: {text}"
+        );
+    }
+}
+
+/// A raw TCP peer for the initiator: accepts one connection, then sends nothing
+/// (`reply` empty) or reads the MPA Request and sends `reply`, and holds the connection
+/// until the test ends (bounded: 20 s).
+fn stalling_acceptor(reply: &'static [u8]) -> (u16, std::sync::mpsc::Sender<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut s, _) = l.accept().unwrap();
+        if !reply.is_empty() {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut req = [0u8; 64];
+            let _ = s.read(&mut req);
+            s.write_all(reply).unwrap();
+        }
+        let _ = done_rx.recv_timeout(Duration::from_secs(20));
+    });
+    (port, done_tx)
+}
+
+/// A preloaded non-blocking `connect` to a peer that accepts TCP and then sends nothing,
+/// or part of an MPA Reply: `poll`/`epoll_wait` with timeout 0, a second `connect` and
+/// `getsockopt(SO_ERROR)` return at once (before, the first zero-timeout `poll` after the
+/// TCP handshake ran the whole exchange: 5 s), and the socket is reported ready (error)
+/// after the connect timeout, `SO_ERROR` `ECONNREFUSED`.
+#[test]
+fn a_nonblocking_connect_never_waits_for_a_stalled_mpa_exchange() {
+    if !need("cc", "compiles tests/c/stalled_peers.c") {
+        return;
+    }
+    let dir = work_dir("stalled-peers-client");
+    let bin = compile_c("stalled_peers", &dir);
+    let bin = bin.to_str().unwrap();
+    let partial_reply: &'static [u8] = b"MPA ID Rep Fr";
+    for (what, reply) in [("silent", &b""[..]), ("partial Reply", partial_reply)] {
+        for mode in ["poll", "epoll"] {
+            let (port, done) = stalling_acceptor(reply);
+            let client = preloaded(
+                bin,
+                &["connect", &port.to_string(), mode, "15"],
+                &dir,
+                &[("SOFTWARP_SOCKETS", "all")],
+            )
+            .spawn_reaped();
+            let out = wait_bounded(client, Duration::from_secs(30), what);
+            drop(done);
+            let text = String::from_utf8_lossy(&out.stdout);
+            eprintln!("{what}, {mode}: {}", text.trim());
+            let f = result_fields(&text);
+            assert_eq!(f["slow"], 0.0, "{what}, {mode}: {text}");
+            assert!(f["max_ms"] < 100.0, "{what}, {mode}: {text}");
+            assert!(
+                (4500.0..9000.0).contains(&f["ready_ms"]),
+                "{what}, {mode}: reported when the exchange failed: {text}"
+            );
+            assert_eq!(
+                f["so_error"],
+                f64::from(libc::ECONNREFUSED),
+                "{what}, {mode}: {text}"
+            );
+        }
+    }
+}

@@ -225,14 +225,29 @@ pub enum Side {
     Responder,
 }
 
+/// A connection's QP, queues and buffers, set up (receives posted) before its MPA exchange
+/// ([`crate::Handshake`]); [`Prepared::finish`] makes the connection once it is done.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    // Field order is drop order, as in [`Conn`].
+    pub(crate) qp: QueuePair,
+    rx: MemoryRegion,
+    tx: MemoryRegion,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    channel: CompletionChannel,
+    kick: OwnedFd,
+    pd: ProtectionDomain,
+    slot_size: usize,
+    recv_slots: u32,
+    send_slots: u32,
+    linger: Duration,
+}
+
 impl Conn {
-    /// Runs the MPA exchange over `tcp` (already connected; nothing else in flight) and
-    /// sets the connection up.
-    pub(crate) fn establish(
-        tcp: std::net::TcpStream,
-        side: Side,
-        opts: &IwarpOptions,
-    ) -> io::Result<Arc<Conn>> {
+    /// Sets up what a connection needs before its MPA exchange, and the connection
+    /// manager's options for the exchange (the hello in the private data).
+    pub(crate) fn prepare(opts: &IwarpOptions) -> io::Result<(Prepared, ConnectOptions)> {
         opts.check()?;
         let dev = match &opts.device {
             Some(d) => d.clone(),
@@ -290,12 +305,41 @@ impl Conn {
             // over kernel TCP.
             .tcp_keepalive(None)
             .private_data(&hello.encode());
-        tcp.set_nodelay(true)?;
-        let info = match side {
-            Side::Initiator => qp.connect_stream(tcp, &copts),
-            Side::Responder => qp.accept_stream(tcp, &copts),
-        }
-        .map_err(io_err)?;
+        let prepared = Prepared {
+            qp,
+            rx,
+            tx,
+            send_cq,
+            recv_cq,
+            channel,
+            kick,
+            pd,
+            slot_size,
+            recv_slots,
+            send_slots,
+            linger: opts.linger,
+        };
+        Ok((prepared, copts))
+    }
+}
+
+impl Prepared {
+    /// The connection, once the MPA exchange settled `info` (the QP is in RTS).
+    pub(crate) fn finish(self, info: ConnectionInfo) -> io::Result<Arc<Conn>> {
+        let Prepared {
+            qp,
+            rx,
+            tx,
+            send_cq,
+            recv_cq,
+            channel,
+            kick,
+            pd,
+            slot_size,
+            recv_slots,
+            send_slots,
+            linger,
+        } = self;
         let peer = match Hello::decode(&info.peer_private_data) {
             Ok(p) => p,
             Err(wire::Malformed(why)) => {
@@ -351,10 +395,12 @@ impl Conn {
             max_data,
             recv_slots,
             send_slots,
-            linger: opts.linger,
+            linger,
         }))
     }
+}
 
+impl Conn {
     /// What MPA negotiation settled (addresses included).
     pub(crate) fn info(&self) -> &ConnectionInfo {
         &self.info

@@ -48,10 +48,12 @@
 mod aio;
 mod conn;
 pub mod credits;
+mod handshake;
 mod options;
 mod stream;
 pub mod wire;
 
+pub use handshake::Handshake;
 pub use options::{
     default_device, forget_default_device_after_fork, IwarpOptions, SOL_SOFTWARP, SO_IWARP_ACTIVE,
     SO_IWARP_MODE,

@@ -534,11 +534,19 @@ impl IwarpStream {
         }
     }
 
+    /// Runs the MPA exchange as `side` over `tcp` on the calling thread (bounded by
+    /// [`IwarpOptions::connect_timeout`]).
     fn establish(tcp: TcpStream, side: Side, opts: &IwarpOptions) -> io::Result<Self> {
-        Ok(Self {
-            inner: Inner::Iwarp(Conn::establish(tcp, side, opts)?),
+        crate::Handshake::start(tcp, side, opts)?
+            .wait(None)?
+            .ok_or_else(|| io::ErrorKind::TimedOut.into())
+    }
+
+    pub(crate) fn from_conn(conn: Arc<Conn>) -> Self {
+        Self {
+            inner: Inner::Iwarp(conn),
             modes: Arc::default(),
-        })
+        }
     }
 
     /// Runs the MPA exchange as `role` over a TCP connection established by other means

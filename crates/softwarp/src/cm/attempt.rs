@@ -191,6 +191,15 @@ impl Initiator {
         }))
     }
 
+    /// How the attempt fails when its TCP connect failed and no address is left to try
+    /// (the connect of a caller's stream, [`Initiator::on_stream`]).
+    pub(crate) fn unreachable(&mut self) -> Failed {
+        Failed::Unreachable(match self.last_err.take() {
+            Some(e) => Error::io("TCP connect", e),
+            None => Error::NotConnected,
+        })
+    }
+
     /// How the attempt fails when its deadline passes.
     pub(crate) fn expired(&self) -> Failed {
         let total = self.opts.timeout;
