@@ -33,11 +33,19 @@
 //!
 //! # Socket semantics, as the kernel's TCP
 //!
-//! - A non-blocking `connect` returns `EINPROGRESS`; the MPA exchange runs when the TCP
-//!   handshake is done and the program next looks at the socket (`poll`, `select`,
-//!   `epoll_wait`, `getsockopt(SO_ERROR)`, I/O; at most the connect timeout, 5 s), then the
-//!   socket is writable and `SO_ERROR` is 0, or the error (`ECONNREFUSED` when nobody
-//!   listens or the peer does not answer MPA). A second `connect` meanwhile: `EALREADY`.
+//! - A non-blocking `connect` returns `EINPROGRESS`; the MPA exchange (a
+//!   [`softwarp_sockets::Handshake`]) advances as its bytes arrive, whenever the program
+//!   looks at the socket (`poll`, `select`, `epoll_wait`, `getsockopt(SO_ERROR)`, I/O), and
+//!   none of these waits for it; once it is done the socket is writable and `SO_ERROR` is 0,
+//!   or the error (`ECONNREFUSED` when nobody listens, the peer does not answer MPA, or the
+//!   exchange stalled for the connect timeout, 5 s). A second `connect` meanwhile:
+//!   `EALREADY`. An accepted connection's exchange starts at the program's first look and
+//!   advances the same way: not ready (`EAGAIN`) until it is done, a reset (`ECONNRESET`)
+//!   if it fails. A blocking call on such a socket waits for the exchange, at most its
+//!   deadline and `SO_RCVTIMEO`/`SO_SNDTIMEO`. While it runs, the program's epoll sets watch
+//!   the socket edge-triggered (each arrival wakes `epoll_wait` once, which advances the
+//!   exchange) and every wait looks again at least every 50 ms (deadlines, an exchange
+//!   another thread ended): see `finish` and `epoll_ctl` in the source.
 //! - `SO_RCVTIMEO` / `SO_SNDTIMEO`: a blocking read or write that waited that long fails
 //!   with `EAGAIN` (or returns the bytes it moved).
 //! - A signal interrupting a blocking read or write: `EINTR`, or the call restarts when

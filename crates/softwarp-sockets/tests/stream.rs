@@ -580,3 +580,87 @@ fn a_nonblocking_iwarp_listener_wakes_its_event_loop_for_requests_and_timeouts()
     assert_eq!(&b, b"ok");
     drop(bad);
 }
+
+/// The MPA exchange as an event loop drives it (the preload library's path): each
+/// `advance` returns at once, whatever the peer sent (nothing, one byte of a Request, or its
+/// header without the private data), and fails with `TimedOut` once the connect timeout
+/// passed; two handshakes advanced in turns (the initiator's started while its TCP connect
+/// is still in progress) make a working pair.
+#[test]
+fn a_handshake_advances_without_waiting_and_fails_at_its_deadline() {
+    use softwarp_sockets::{Handshake, Side};
+    let opts = IwarpOptions {
+        connect_timeout: Duration::from_millis(400),
+        ..IwarpOptions::default()
+    };
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let mut header = b"MPA ID Req Frame".to_vec();
+    header.extend_from_slice(&[0x40, 1, 0, 100]);
+    for sent in [&b""[..], &b"M"[..], &header[..]] {
+        let mut peer = TcpStream::connect(addr).unwrap();
+        peer.write_all(sent).unwrap();
+        let (tcp, _) = l.accept().unwrap();
+        let mut h = Handshake::start(tcp, Side::Responder, &opts).unwrap();
+        assert!(!h.wants_write());
+        let t0 = Instant::now();
+        let mut calls = 0;
+        let err = loop {
+            let t = Instant::now();
+            let r = h.advance();
+            assert!(
+                t.elapsed() < Duration::from_millis(50),
+                "{sent:?}: advance waited"
+            );
+            calls += 1;
+            match r {
+                Ok(None) => thread::sleep(Duration::from_millis(5)),
+                Ok(Some(_)) => panic!("{sent:?}: established without a Request"),
+                Err(e) => break e,
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "{sent:?}: never failed"
+            );
+        };
+        assert_eq!(err.kind(), ErrorKind::TimedOut, "{sent:?}: {err}");
+        let after = t0.elapsed();
+        assert!(
+            (Duration::from_millis(390)..Duration::from_secs(2)).contains(&after),
+            "{sent:?}: failed after {after:?} ({calls} calls)"
+        );
+    }
+
+    let client = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    client.set_nonblocking(true).unwrap();
+    match client.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INPROGRESS.raw_os_error()) => {}
+        Err(e) => panic!("connect: {e}"),
+    }
+    let mut ini = Handshake::start(client.into(), Side::Initiator, &opts).unwrap();
+    let (tcp, _) = l.accept().unwrap();
+    let mut res = Handshake::start(tcp, Side::Responder, &opts).unwrap();
+    let (mut a, mut b) = (None, None);
+    let t0 = Instant::now();
+    while a.is_none() || b.is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the pair never connected"
+        );
+        if a.is_none() {
+            a = ini.advance().unwrap();
+        }
+        if b.is_none() {
+            b = res.advance().unwrap();
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+    let (mut a, mut b) = (a.unwrap(), b.unwrap());
+    assert!(a.is_iwarp() && b.is_iwarp());
+    a.write_all(b"over iWARP").unwrap();
+    let mut got = [0u8; 10];
+    b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    b.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"over iWARP");
+}
