@@ -401,3 +401,133 @@ fn resources_of_a_c_program_name_the_c_function_that_created_each() {
         .unwrap_or_else(|| panic!("no QP row in\n{table}"));
     assert!(qp_row.contains("created_at(make_qp+0x"), "{qp_row}");
 }
+
+/// Says why a test cannot run here and returns; under `CI=true` (where every tool is
+/// installed) it fails instead.
+fn skip(reason: &str) {
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true and {reason}"
+    );
+    println!("skipped: {reason}");
+}
+
+/// Every file under `dir` (recursively), by name.
+fn files_under(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p.file_name().unwrap_or_default().to_string_lossy().into_owned());
+        }
+    }
+    out
+}
+
+/// Runs `ras_polite.c` under `softwarp exec` (with `--ras` when `ras`) with its runtime
+/// directory in a fresh directory; returns the number of `softwarp-ctl` threads the program
+/// counted in itself and the files in the runtime directory while it ran.
+fn run_ras_polite(exe: &std::path::Path, dir: &std::path::Path, ras: bool) -> (u32, Vec<String>) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let rt = dir.join(if ras { "rt-ras" } else { "rt-plain" });
+    let mut cmd = softwarp();
+    cmd.arg("exec");
+    if ras {
+        cmd.arg("--ras");
+    }
+    cmd.arg("--")
+        .arg(exe)
+        .env("SOFTWARP_RUNTIME_DIR", &rt)
+        .env_remove("SOFTWARP_RAS")
+        .env_remove("SOFTWARP_ERRLOG")
+        .env_remove("SOFTWARP_CONTROL")
+        .env_remove("SOFTWARP_METRICS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("run the C program");
+    let line = first_line(&mut child);
+    let files = files_under(&rt);
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(b"end\n");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for the program") {
+            break st;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("ras_polite did not exit within 20 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    assert!(status.success(), "ras_polite: {status}\n{line}{err}");
+    let ctl = line
+        .trim()
+        .strip_prefix("ready ctl=")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    (ctl, files)
+}
+
+/// A C program run with `softwarp exec` starts no RAS service unless asked (`--ras`, i.e.
+/// `SOFTWARP_RAS=on`), as a Rust program does: no `softwarp-ctl` thread, no control socket,
+/// no registry entry and no error log in its runtime directory. With `--ras` they are there.
+#[test]
+fn exec_starts_the_ras_services_only_with_ras() {
+    use std::path::Path;
+    if !on_path("cc") || !Path::new("/usr/include/rdma/rdma_cma.h").exists() {
+        skip("cc or the rdma-core headers are missing (apt-get install gcc libibverbs-dev librdmacm-dev)");
+        return;
+    }
+    // Short: the control socket's path must stay under 108 bytes.
+    let dir = std::env::temp_dir().join(format!("swp-rp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a directory for the program");
+    let exe = dir.join("ras_polite");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../softwarp-verbs/tests/c/ras_polite.c");
+    let built = Command::new("cc")
+        .args(["-Wall", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(["-libverbs", "-lrdmacm"])
+        .output()
+        .expect("run cc");
+    if !built.status.success() {
+        let err = String::from_utf8_lossy(&built.stderr).into_owned();
+        let _ = std::fs::remove_dir_all(&dir);
+        if err.contains("cannot find -l") {
+            skip("no libibverbs.so/librdmacm.so to link with (apt-get install libibverbs-dev librdmacm-dev)");
+            return;
+        }
+        panic!("cc failed: {err}");
+    }
+    let (ctl, files) = run_ras_polite(&exe, &dir, false);
+    let (ctl_ras, files_ras) = run_ras_polite(&exe, &dir, true);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(ctl, 0, "softwarp-ctl threads without --ras");
+    assert!(files.is_empty(), "runtime directory without --ras: {files:?}");
+    assert!(ctl_ras >= 1, "no softwarp-ctl thread with --ras");
+    for (what, suffix) in [
+        ("control socket", ".sock"),
+        ("registry entry", ".json"),
+        ("error log", ".jsonl"),
+    ] {
+        assert!(
+            files_ras.iter().any(|f| f.ends_with(suffix)),
+            "no {what} with --ras: {files_ras:?}"
+        );
+    }
+}

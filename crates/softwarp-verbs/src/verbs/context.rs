@@ -242,10 +242,14 @@ pub unsafe extern "C" fn swv_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_c
 }
 
 /// Opens a Softwarp device and wraps it in a new context.
+///
+/// The C application asks for no RAS services (it cannot: rdma-core has no such call), so
+/// they start as for a Rust application that did not ask: only when the operator sets
+/// `SOFTWARP_RAS=on` (`softwarp exec --ras`). Passing a configuration here would be the
+/// application asking, and every C program would run a control thread, a control socket, a
+/// registry entry and an error log.
 pub fn open_context() -> softwarp::Result<*mut ibv_context> {
-    let dev = Device::builder()
-        .ras(softwarp::RasConfig::from_env())
-        .open()?;
+    let dev = Device::builder().open()?;
     let async_watch =
         Watch::new(&[dev.async_event_fd().as_raw_fd()]).map_err(|e| softwarp::Error::Io {
             op: "epoll_create",
