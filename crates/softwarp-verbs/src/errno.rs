@@ -65,3 +65,12 @@ pub fn invalid(call: &'static str, what: &'static str) -> i32 {
     tracing::debug!(target: "softwarp::verbs", call, what, "invalid argument");
     libc::EINVAL
 }
+
+/// Traces a destroy refused because other objects still use the object (`what` names
+/// them), sets `errno` to `EBUSY` (rdma-core's providers leave the kernel's `EBUSY` there)
+/// and returns it.
+pub fn busy(call: &'static str, what: &'static str) -> i32 {
+    tracing::debug!(target: "softwarp::verbs", call, what, "object still in use");
+    set(libc::EBUSY);
+    libc::EBUSY
+}

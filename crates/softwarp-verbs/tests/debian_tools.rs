@@ -1202,3 +1202,66 @@ fn rping_capture_decodes_as_clean_iwarp_in_wireshark() {
     assert!(!text.contains("Bad CRC"), "{text}");
     assert!(!text.to_lowercase().contains("malformed"), "{text}");
 }
+
+/// Says why a test cannot run here; under `CI=true` (where everything is installed) it
+/// fails instead.
+fn skip(reason: &str) {
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true and {reason}"
+    );
+    println!("skipped: {reason}");
+}
+
+/// Builds `tests/c/NAME.c` and runs it (with `args`) under valgrind's memcheck: any invalid
+/// read, write or free in the program or the library (use after free included) makes it exit
+/// 97. Without valgrind (a failure under `CI=true`) it runs as it is. Returns the output after
+/// checking it succeeded, or `None` when it cannot be built here.
+fn run_c_memchecked(name: &str, args: &[&str], limit: Duration) -> Option<Output> {
+    let valgrind = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("valgrind"))
+            .find(|p| p.is_file())
+    });
+    let exe = build_c(name, &["-libverbs", "-lrdmacm"])?;
+    let mut cmd = match &valgrind {
+        Some(v) => {
+            let mut c = command(v);
+            c.args([
+                "--tool=memcheck",
+                "--error-exitcode=97",
+                "--leak-check=no",
+                "--show-error-list=yes",
+                "-q",
+            ])
+            .arg(&exe);
+            c
+        }
+        None => {
+            skip("valgrind is not installed (apt-get install valgrind): running without it");
+            command(&exe)
+        }
+    };
+    cmd.args(args);
+    let out = finish(cmd.spawn().expect("run the program"), limit, name);
+    let _ = std::fs::remove_file(&exe);
+    assert!(
+        out.status.success(),
+        "{name}: {}\n{}{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    Some(out)
+}
+
+/// Every destroy of an object still in use answers as rdma-core does (EBUSY, the object
+/// intact and working), under valgrind: no access to freed memory anywhere.
+#[test]
+fn c_destroy_of_objects_in_use_is_refused_with_ebusy_and_they_keep_working() {
+    let _serial = serial();
+    let Some(out) = run_c_memchecked("in_use", &[], Duration::from_secs(120)) else {
+        return;
+    };
+    assert_eq!(out.stdout, "ok: 94 checks\n", "{}", out.stderr);
+}

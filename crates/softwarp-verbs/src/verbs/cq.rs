@@ -14,10 +14,13 @@ use softwarp::{
 use crate::errno;
 use crate::ffi::*;
 use crate::verbs::context::{self, Context};
+use crate::verbs::users::Users;
 use crate::watch::Watch;
 
 /// `struct ibv_comp_channel` followed by Softwarp's channel and its CQs by id (to turn the
-/// CQ that fired back into the application's `ibv_cq`).
+/// CQ that fired back into the application's `ibv_cq`). Its `refcnt` counts the CQs, as
+/// rdma-core's does, and changes only under the lock of `cqs` (rdma-core: the context's
+/// mutex), which `ibv_destroy_comp_channel` holds while it checks it.
 #[repr(C)]
 pub struct Channel {
     pub ibv: ibv_comp_channel,
@@ -34,6 +37,8 @@ pub struct Cq {
     pub ibv: ibv_cq_ex,
     pub cq: CompletionQueue,
     pub current: Mutex<ibv_wc>,
+    /// The QPs that complete into it (`ibv_destroy_cq` answers `EBUSY` while any lives).
+    pub users: Users,
 }
 
 // `struct ibv_cq` is a prefix of `struct ibv_cq_ex` (rdma-core's design).
@@ -100,9 +105,14 @@ pub unsafe extern "C" fn swv_ibv_destroy_comp_channel(ch: *mut ibv_comp_channel)
     }
     // SAFETY: channels come from `ibv_create_comp_channel` (Box).
     let c = unsafe { &*ch.cast::<Channel>() };
-    if c.ibv.refcnt != 0 {
+    let cqs = lock(&c.cqs);
+    // SAFETY: the channel's C struct; `refcnt` changes only under `cqs`' lock, held here.
+    if unsafe { std::ptr::addr_of!((*ch).refcnt).read() } != 0 {
+        // rdma-core answers EBUSY without touching errno.
+        tracing::debug!(target: "softwarp::verbs", call = "ibv_destroy_comp_channel", "CQs still use the channel");
         return libc::EBUSY;
     }
+    drop(cqs);
     // SAFETY: as above; no CQ uses it any more.
     drop(unsafe { Box::from_raw(ch.cast::<Channel>()) });
     0
@@ -155,7 +165,7 @@ pub unsafe fn create(
         return Err(libc::EINVAL);
     }
     // SAFETY: channels come from `ibv_create_comp_channel`.
-    let ch = unsafe { channel.cast::<Channel>().as_mut() };
+    let ch = unsafe { channel.cast::<Channel>().as_ref() };
     let cq = c
         .dev
         .create_cq(n, ch.as_ref().map(|ch| &ch.ch))
@@ -180,10 +190,18 @@ pub unsafe fn create(
         ibv,
         cq,
         current: Mutex::new(to_ibv_wc(&EMPTY_COMPLETION)),
+        users: Users::new(),
     }));
     if let Some(ch) = ch {
-        ch.ibv.refcnt = ch.ibv.refcnt.saturating_add(1);
-        lock(&ch.cqs).insert(id, ptr as usize);
+        let mut cqs = lock(&ch.cqs);
+        cqs.insert(id, ptr as usize);
+        // SAFETY: the channel's C struct (`channel`, the application's pointer); `refcnt`
+        // changes only under `cqs`' lock, held here.
+        unsafe {
+            let r = std::ptr::addr_of_mut!((*channel).refcnt);
+            r.write(r.read().saturating_add(1));
+        }
+        drop(cqs);
     }
     c.objects().cqs.insert(id, ptr as usize);
     Ok(ptr)
@@ -219,11 +237,22 @@ pub unsafe extern "C" fn swv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     let Some(q) = (unsafe { Cq::from_ibv(cq) }) else {
         return libc::EINVAL;
     };
+    if q.users.busy() {
+        // The kernel's answer (`ib_destroy_usecnt`): QPs complete into it.
+        return errno::busy("ibv_destroy_cq", "QPs whose send or receive CQ it is");
+    }
     let id = q.cq.id();
+    let channel = q.ibv.channel;
     // SAFETY: channels come from `ibv_create_comp_channel` and outlive their CQs.
-    if let Some(ch) = unsafe { q.ibv.channel.cast::<Channel>().as_mut() } {
-        lock(&ch.cqs).remove(&id);
-        ch.ibv.refcnt = ch.ibv.refcnt.saturating_sub(1);
+    if let Some(ch) = unsafe { channel.cast::<Channel>().as_ref() } {
+        let mut cqs = lock(&ch.cqs);
+        cqs.remove(&id);
+        // SAFETY: as in `create`: `refcnt` changes under `cqs`' lock.
+        unsafe {
+            let r = std::ptr::addr_of_mut!((*channel).refcnt);
+            r.write(r.read().saturating_sub(1));
+        }
+        drop(cqs);
     }
     // SAFETY: contexts outlive their CQs.
     unsafe {

@@ -8,3 +8,4 @@ pub mod marshall;
 pub mod mr;
 pub mod qp;
 pub mod qp_ex;
+pub mod users;

@@ -11,12 +11,15 @@ use softwarp::{AccessFlags, MemoryRegion, ProtectionDomain};
 use crate::errno;
 use crate::ffi::*;
 use crate::verbs::context::Context;
+use crate::verbs::users::Users;
 
 /// `struct ibv_pd` followed by Softwarp's PD.
 #[repr(C)]
 pub struct Pd {
     pub ibv: ibv_pd,
     pub pd: ProtectionDomain,
+    /// Its MRs, QPs and SRQs (`ibv_dealloc_pd` answers `EBUSY` while any lives).
+    pub users: Users,
 }
 
 impl Pd {
@@ -57,6 +60,7 @@ pub unsafe extern "C" fn swv_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd 
                     handle,
                 },
                 pd,
+                users: Users::new(),
             }))
             .cast()
         }
@@ -69,10 +73,16 @@ pub unsafe extern "C" fn swv_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd 
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    if pd.is_null() {
+    // SAFETY: PDs come from `ibv_alloc_pd`.
+    let Some(p) = (unsafe { Pd::from_ibv(pd) }) else {
         return libc::EINVAL;
+    };
+    if p.users.busy() {
+        // The kernel's answer (`ib_destroy_usecnt`): its MRs, QPs and SRQs point to it.
+        return errno::busy("ibv_dealloc_pd", "MRs, QPs or SRQs of the PD");
     }
-    // SAFETY: PDs are allocated with Box in `ibv_alloc_pd`; the application gives it up.
+    // SAFETY: PDs are allocated with Box in `ibv_alloc_pd`; the application gives it up,
+    // and no object of this library points to it any more.
     drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
     0
 }
@@ -158,7 +168,7 @@ fn reg(
     match register(call, p, addr, len, iova, access) {
         Ok(mr) => {
             let stag = mr.stag().0;
-            Box::into_raw(Box::new(Mr {
+            let mr = Box::into_raw(Box::new(Mr {
                 ibv: ibv_mr {
                     context: p.ibv.context,
                     pd,
@@ -171,7 +181,9 @@ fn reg(
                 mr: Some(mr),
                 access,
             }))
-            .cast()
+            .cast::<ibv_mr>();
+            p.users.add();
+            mr
         }
         Err(e) => {
             errno::set(e);
@@ -279,6 +291,13 @@ pub unsafe extern "C" fn swv_ibv_rereg_mr(
         tracing::error!(target: "softwarp::verbs", error = %e, "ibv_rereg_mr: the old memory is still in use");
     }
     let stag = new.stag().0;
+    if new_pd != m.ibv.pd {
+        p.users.add();
+        // SAFETY: the MR's PD, alive while the MR uses it (its count says so).
+        if let Some(old_pd) = unsafe { Pd::from_ibv(m.ibv.pd) } {
+            old_pd.users.remove();
+        }
+    }
     m.ibv.pd = new_pd;
     m.ibv.addr = new_addr;
     m.ibv.length = new_len;
@@ -304,7 +323,12 @@ pub unsafe extern "C" fn swv_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             return libc::EBUSY;
         }
     }
+    let pd = m.ibv.pd;
     // SAFETY: as above; the application gives the MR up.
     drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
+    // SAFETY: the MR's PD, alive while the MR used it (its count said so).
+    if let Some(p) = unsafe { Pd::from_ibv(pd) } {
+        p.users.remove();
+    }
     0
 }

@@ -23,6 +23,7 @@ use crate::verbs::context::{self, Context};
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::Pd;
 use crate::verbs::qp_ex::{self, WrBuilder};
+use crate::verbs::users::Users;
 
 /// `struct ibv_qp_ex` (whose first member is the `ibv_qp` applications see) followed by
 /// Softwarp's QP.
@@ -88,6 +89,44 @@ pub struct Srq {
     pub max_wr: u32,
     pub max_sge: u32,
     pub limit: AtomicU32,
+    /// The QPs that receive from it (`ibv_destroy_srq` answers `EBUSY` while any lives).
+    pub users: Users,
+}
+
+impl Srq {
+    /// # Safety
+    /// `srq` must be NULL or a live SRQ of this library.
+    pub unsafe fn from_ibv<'a>(srq: *mut ibv_srq) -> Option<&'a Srq> {
+        // SAFETY: `ibv` is the first member of the `repr(C)` `Srq`.
+        unsafe { srq.cast::<Srq>().as_ref() }
+    }
+}
+
+/// Runs `f` on the use count of each object a QP uses (its PD, send CQ, receive CQ and SRQ,
+/// as its C struct names them; a CQ that is both is counted twice): each counts the QP from
+/// the QP's creation until its destroy.
+///
+/// # Safety
+/// Each pointer must be NULL or a live object of this library (a QP's objects are: their
+/// counts keep them).
+unsafe fn for_each_use(
+    (pd, send_cq, recv_cq, srq): (*mut ibv_pd, *mut ibv_cq, *mut ibv_cq, *mut ibv_srq),
+    f: impl Fn(&Users),
+) {
+    // SAFETY: the caller's live objects.
+    unsafe {
+        if let Some(p) = Pd::from_ibv(pd) {
+            f(&p.users);
+        }
+        for cq in [send_cq, recv_cq] {
+            if let Some(c) = Cq::from_ibv(cq) {
+                f(&c.users);
+            }
+        }
+        if let Some(s) = Srq::from_ibv(srq) {
+            f(&s.users);
+        }
+    }
 }
 
 /// Creates a QP from the extended attributes (`verbs_context.create_qp_ex`, also behind
@@ -146,7 +185,7 @@ fn create(ctx: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Result<*mut ibv
         return Err(errno::invalid(CALL, "missing CQ"));
     };
     // SAFETY: as above.
-    let srq = unsafe { a.srq.cast::<Srq>().as_ref() };
+    let srq = unsafe { Srq::from_ibv(a.srq) };
     let mut init = QpInitAttr::new(&scq.cq, &rcq.cq);
     init.srq = srq.map(|s| &s.srq);
     let cap = a.cap;
@@ -205,6 +244,8 @@ fn create(ctx: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Result<*mut ibv
         sq_sig_all: init.sq_sig_all,
         builder: Mutex::new(WrBuilder::default()),
     }));
+    // SAFETY: the objects the QP was just made with, checked above.
+    unsafe { for_each_use((a.pd, a.send_cq, a.recv_cq, a.srq), Users::add) };
     // SAFETY: contexts come from `ibv_open_device`.
     if let Some(c) = unsafe { Context::from_ibv(ctx) } {
         c.objects().qps.insert(qpn, ptr as usize);
@@ -373,14 +414,19 @@ pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         "ibv_destroy_qp",
     );
     let qpn = q.qp.qp_num();
+    let ctx = q.base(|b| b.context);
+    let uses = q.base(|b| (b.pd, b.send_cq, b.recv_cq, b.srq));
+    // SAFETY: QPs are allocated with Box in `create`; the application gives it up.
+    drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
+    // Its PD, CQs and SRQ may go once the QP is gone.
+    // SAFETY: the QP's objects, alive until now (their counts kept them).
+    unsafe { for_each_use(uses, Users::remove) };
     // SAFETY: contexts outlive their QPs.
     unsafe {
-        context::forget(q.base(|b| b.context), |o| {
+        context::forget(ctx, |o| {
             o.qps.remove(&qpn);
         })
     };
-    // SAFETY: QPs are allocated with Box in `create`; the application gives it up.
-    drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
     0
 }
 
@@ -801,7 +847,7 @@ pub unsafe extern "C" fn post_srq_recv(
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     // SAFETY: SRQs come from `ibv_create_srq`.
-    let Some(s) = (unsafe { srq.cast::<Srq>().as_ref() }) else {
+    let Some(s) = (unsafe { Srq::from_ibv(srq) }) else {
         return libc::EINVAL;
     };
     // SAFETY: the caller's list of work requests.
@@ -869,7 +915,9 @@ pub unsafe extern "C" fn swv_ibv_create_srq(
         max_wr: a.attr.max_wr,
         max_sge: MAX_SGE as u32,
         limit: AtomicU32::new(a.attr.srq_limit),
+        users: Users::new(),
     }));
+    p.users.add();
     // SAFETY: contexts outlive their objects.
     if let Some(c) = unsafe { Context::from_ibv(p.ibv.context) } {
         c.objects().srqs.insert(id, ptr as usize);
@@ -884,7 +932,7 @@ pub unsafe extern "C" fn swv_ibv_modify_srq(
     mask: c_int,
 ) -> c_int {
     // SAFETY: the caller's SRQ and attributes.
-    let (Some(s), Some(a)) = (unsafe { srq.cast::<Srq>().as_ref() }, unsafe {
+    let (Some(s), Some(a)) = (unsafe { Srq::from_ibv(srq) }, unsafe {
         attr.as_ref()
     }) else {
         return libc::EINVAL;
@@ -903,7 +951,7 @@ pub unsafe extern "C" fn swv_ibv_modify_srq(
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     // SAFETY: the caller's SRQ and attributes.
-    let (Some(s), Some(a)) = (unsafe { srq.cast::<Srq>().as_ref() }, unsafe {
+    let (Some(s), Some(a)) = (unsafe { Srq::from_ibv(srq) }, unsafe {
         attr.as_mut()
     }) else {
         return libc::EINVAL;
@@ -917,18 +965,27 @@ pub unsafe extern "C" fn swv_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     // SAFETY: the caller's SRQ.
-    let Some(s) = (unsafe { srq.cast::<Srq>().as_ref() }) else {
+    let Some(s) = (unsafe { Srq::from_ibv(srq) }) else {
         return libc::EINVAL;
     };
+    if s.users.busy() {
+        // The kernel's answer (`ib_destroy_srq_user`): QPs receive from it.
+        return errno::busy("ibv_destroy_srq", "QPs that receive from the SRQ");
+    }
     let id = s.srq.id();
+    let (ctx, pd) = (s.ibv.context, s.ibv.pd);
+    // SAFETY: SRQs are allocated with Box; the application gives it up.
+    drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
+    // SAFETY: the SRQ's PD, alive while the SRQ used it (its count said so).
+    if let Some(p) = unsafe { Pd::from_ibv(pd) } {
+        p.users.remove();
+    }
     // SAFETY: contexts outlive their objects.
     unsafe {
-        context::forget(s.ibv.context, |o| {
+        context::forget(ctx, |o| {
             o.srqs.remove(&id);
         })
     };
-    // SAFETY: SRQs are allocated with Box; the application gives it up.
-    drop(unsafe { Box::from_raw(srq.cast::<Srq>()) });
     0
 }
 
