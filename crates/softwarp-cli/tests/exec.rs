@@ -423,7 +423,12 @@ fn files_under(dir: &std::path::Path) -> Vec<String> {
         if p.is_dir() {
             out.extend(files_under(&p));
         } else {
-            out.push(p.file_name().unwrap_or_default().to_string_lossy().into_owned());
+            out.push(
+                p.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned(),
+            );
         }
     }
     out
@@ -518,7 +523,10 @@ fn exec_starts_the_ras_services_only_with_ras() {
     let (ctl_ras, files_ras) = run_ras_polite(&exe, &dir, true);
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(ctl, 0, "softwarp-ctl threads without --ras");
-    assert!(files.is_empty(), "runtime directory without --ras: {files:?}");
+    assert!(
+        files.is_empty(),
+        "runtime directory without --ras: {files:?}"
+    );
     assert!(ctl_ras >= 1, "no softwarp-ctl thread with --ras");
     for (what, suffix) in [
         ("control socket", ".sock"),

@@ -932,9 +932,7 @@ pub unsafe extern "C" fn swv_ibv_modify_srq(
     mask: c_int,
 ) -> c_int {
     // SAFETY: the caller's SRQ and attributes.
-    let (Some(s), Some(a)) = (unsafe { Srq::from_ibv(srq) }, unsafe {
-        attr.as_ref()
-    }) else {
+    let (Some(s), Some(a)) = (unsafe { Srq::from_ibv(srq) }, unsafe { attr.as_ref() }) else {
         return libc::EINVAL;
     };
     let mask = mask as u32;
@@ -951,9 +949,7 @@ pub unsafe extern "C" fn swv_ibv_modify_srq(
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     // SAFETY: the caller's SRQ and attributes.
-    let (Some(s), Some(a)) = (unsafe { Srq::from_ibv(srq) }, unsafe {
-        attr.as_mut()
-    }) else {
+    let (Some(s), Some(a)) = (unsafe { Srq::from_ibv(srq) }, unsafe { attr.as_mut() }) else {
         return libc::EINVAL;
     };
     a.max_wr = s.max_wr;
