@@ -46,6 +46,10 @@ pub enum CriticalKind {
     /// A connection's peer stopped answering: the kernel dropped the connection after
     /// keepalive probes or sent data went unanswered past their bound; its QP is in Error.
     PeerUnreachable,
+    /// A peer broke the protocol a QP carries above RDMAP (the extended sockets' stream
+    /// protocol): a message its state did not allow, or more than a queue's bound; the QP
+    /// was terminated.
+    PeerViolation,
 }
 
 impl CriticalKind {
@@ -61,6 +65,7 @@ impl CriticalKind {
             CriticalKind::CmOverload => "cm_overload",
             CriticalKind::ControlRefused => "control_refused",
             CriticalKind::PeerUnreachable => "peer_unreachable",
+            CriticalKind::PeerViolation => "peer_violation",
         }
     }
 
@@ -114,6 +119,12 @@ impl CriticalKind {
                  check it and the path to it (ping, ip route, softwarp doctor); the QP must \
                  be destroyed and the connection re-established. The bound is the \
                  connection's keepalive (ConnectOptions::tcp_keepalive, SOFTWARP_TCP_KEEPALIVE)."
+            }
+            CriticalKind::PeerViolation => {
+                "The peer sent what the stream protocol forbids (the detail names the rule): \
+                 a buggy or hostile peer, or a program that lets write notices pile up past \
+                 their bound. The connection is gone; check the peer's software and version, \
+                 and the snapshot named here."
             }
         }
     }

@@ -28,6 +28,7 @@ use softwarp::{
 
 use crate::credits::Credits;
 use crate::options::IwarpOptions;
+use crate::violation::{PeerViolation, MAX_NOTICES_UNREAD, MAX_NOTICES_UNSENT};
 use crate::wire::{self, Header, Hello, Kind, WindowAd, HEADER_LEN};
 
 /// The longest a blocked call sleeps before looking again. Several threads may wait on one
@@ -111,19 +112,45 @@ struct RxMsg {
     end: usize,
 }
 
+/// Why a connection failed.
+#[derive(Debug)]
+enum Failure {
+    /// A local or transport error (`why`), reported as `kind`.
+    Local(io::ErrorKind, String),
+    /// The peer broke the stream protocol: reported as `ConnectionAborted` with the
+    /// violation inside.
+    Peer(PeerViolation),
+}
+
+/// A window this end exposed: where the peer addresses it, and its registration.
+#[derive(Debug)]
+struct LocalWindow {
+    ad: WindowAd,
+    _mr: Arc<MemoryRegion>,
+}
+
+/// The queues a peer's messages fill and their bounds (see the `violation` module and
+/// DESIGN.md): `rx_ready` holds a receive slot per entry (at most `recv_slots`: a Send
+/// past the credits finds no receive posted and the engine terminates the connection);
+/// `peer_windows` at most [`MAX_WINDOWS`]; `wrote` at most [`MAX_NOTICES_UNREAD`];
+/// `ctrl_out` (this end's own WINDOW and WROTE messages waiting for the peer's grants) at
+/// most [`MAX_WINDOWS`] WINDOWs and [`MAX_NOTICES_UNSENT`] WROTEs.
 #[derive(Debug)]
 struct State {
     credits: Credits,
     rx_ready: VecDeque<RxMsg>,
     free_tx: Vec<u32>,
+    /// Reads return the end: the peer's EOF came, or the reading side was shut down.
     eof_in: bool,
+    /// The peer's EOF came.
+    peer_eof: bool,
     /// The application shut the reading side down.
     read_shut: bool,
     eof_out: EofOut,
     /// Control messages waiting for a credit (WINDOW, WROTE), in order.
     ctrl_out: VecDeque<(Kind, Vec<u8>)>,
     /// The connection failed: every later call returns this.
-    error: Option<(io::ErrorKind, String)>,
+    error: Option<Failure>,
     /// The peer's windows.
     peer_windows: Vec<WindowAd>,
     /// WROTE notices from the peer, oldest first.
@@ -133,7 +160,7 @@ struct State {
     /// Send slots of one-sided operations whose caller stopped waiting.
     orphans: Vec<u32>,
     /// Local windows (kept registered while the stream lives).
-    windows: Vec<Arc<MemoryRegion>>,
+    windows: Vec<LocalWindow>,
     closed: bool,
     /// Counts of events that may make a read newly possible (data, EOF, an error), and a
     /// write (a send slot freed, credits granted): edge-triggered readiness reports a
@@ -156,9 +183,15 @@ struct Parked {
 impl State {
     /// The connection's failure as an error, once it failed.
     fn failure(&self) -> Option<io::Error> {
-        self.error
-            .as_ref()
-            .map(|(kind, why)| io::Error::new(*kind, why.clone()))
+        self.error.as_ref().map(|f| match f {
+            Failure::Local(kind, why) => io::Error::new(*kind, why.clone()),
+            Failure::Peer(v) => io::Error::new(io::ErrorKind::ConnectionAborted, v.clone()),
+        })
+    }
+
+    /// True once the peer broke the protocol (its later messages are ignored).
+    fn aborted(&self) -> bool {
+        matches!(self.error, Some(Failure::Peer(_)))
     }
 }
 
@@ -361,6 +394,7 @@ impl Prepared {
             rx_ready: VecDeque::new(),
             free_tx: (0..send_slots).rev().collect(),
             eof_in: false,
+            peer_eof: false,
             read_shut: false,
             eof_out: EofOut::Open,
             ctrl_out: VecDeque::new(),
@@ -375,6 +409,7 @@ impl Prepared {
             tx_events: 0,
             parked: [None, None],
         };
+        crate::violation::register();
         let socket_watch =
             rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)?;
         qp.watch_socket(socket_watch.as_fd(), 0).map_err(io_err)?;
@@ -536,52 +571,127 @@ impl Conn {
         let (h, body) = match parsed {
             Ok(v) => v,
             Err(wire::Malformed(why)) => {
-                fail(st, io::ErrorKind::InvalidData, format!("peer sent {why}"));
-                let _ = self.qp.modify_to_error();
+                self.violation(st, PeerViolation::Malformed(why));
                 return;
             }
         };
-        st.credits.on_receive(u32::from(h.grant));
+        if st.aborted() {
+            // Messages the peer sent after its violation: the stream is gone.
+            return;
+        }
+        if let Err(outstanding) = st.credits.on_receive(u32::from(h.grant)) {
+            let grant = u32::from(h.grant);
+            self.violation(st, PeerViolation::Overgrant { grant, outstanding });
+            return;
+        }
         if h.grant > 0 {
             st.tx_events = st.tx_events.wrapping_add(1);
         }
-        if matches!(h.kind, Kind::Data | Kind::Eof) {
-            st.rx_events = st.rx_events.wrapping_add(1);
+        if let Err(v) = self.on_message(st, h, body, slot, len) {
+            self.violation(st, v);
         }
+    }
+
+    /// Acts on a received message of the peer that holds receive slot `slot` (`len` bytes,
+    /// header included; a DATA body stays in the slot, `body` is empty then), checked
+    /// against this end's state: the rule of each kind is in DESIGN.md.
+    fn on_message(
+        &self,
+        st: &mut State,
+        h: Header,
+        body: &[u8],
+        slot: u32,
+        len: usize,
+    ) -> Result<(), PeerViolation> {
         match h.kind {
-            // After shutdown(Read) bytes are dropped as they come (the peer keeps its credits).
-            Kind::Data if st.read_shut => self.repost(st, slot),
-            Kind::Data if len > HEADER_LEN => st.rx_ready.push_back(RxMsg {
-                slot,
-                at: HEADER_LEN,
-                end: len,
-            }),
-            Kind::Data | Kind::Grant => self.repost(st, slot),
+            Kind::Data => {
+                if st.peer_eof {
+                    return Err(PeerViolation::DataAfterEof);
+                }
+                if len <= HEADER_LEN {
+                    return Err(PeerViolation::EmptyData);
+                }
+                st.rx_events = st.rx_events.wrapping_add(1);
+                if st.read_shut {
+                    // After shutdown(Read) bytes are dropped as they come (the peer keeps
+                    // its credits).
+                    self.repost(st, slot);
+                } else {
+                    st.rx_ready.push_back(RxMsg {
+                        slot,
+                        at: HEADER_LEN,
+                        end: len,
+                    });
+                }
+            }
+            Kind::Grant => {
+                if h.grant == 0 {
+                    return Err(PeerViolation::EmptyGrant);
+                }
+                self.repost(st, slot);
+            }
             Kind::Eof => {
+                if st.peer_eof {
+                    return Err(PeerViolation::SecondEof);
+                }
+                st.peer_eof = true;
                 st.eof_in = true;
+                st.rx_events = st.rx_events.wrapping_add(1);
                 self.repost(st, slot);
             }
             Kind::Window => {
-                match WindowAd::decode(body) {
-                    Ok(ad) => {
-                        st.peer_windows.retain(|w| w.offset != ad.offset);
-                        if st.peer_windows.len() < MAX_WINDOWS {
-                            st.peer_windows.push(ad);
-                        }
-                    }
-                    Err(wire::Malformed(why)) => {
-                        fail(st, io::ErrorKind::InvalidData, format!("peer sent {why}"));
-                    }
+                let ad = WindowAd::decode(body)
+                    .map_err(|wire::Malformed(why)| PeerViolation::Malformed(why))?;
+                if ad.len == 0 {
+                    return Err(PeerViolation::EmptyWindow);
                 }
+                // The same offset again replaces the window (the peer exposed it anew).
+                st.peer_windows.retain(|w| w.offset != ad.offset);
+                if st.peer_windows.len() >= MAX_WINDOWS {
+                    return Err(PeerViolation::TooManyWindows);
+                }
+                st.peer_windows.push(ad);
                 self.repost(st, slot);
             }
             Kind::Wrote => {
-                if let Ok(n) = wire::decode_wrote(body) {
-                    st.wrote.push_back(n);
+                let (offset, len) = wire::decode_wrote(body)
+                    .map_err(|wire::Malformed(why)| PeerViolation::Malformed(why))?;
+                if st.windows.is_empty() {
+                    return Err(PeerViolation::WroteWithoutWindow { offset, len });
                 }
+                if !st
+                    .windows
+                    .iter()
+                    .any(|w| w.ad.locate(offset, len).is_some())
+                {
+                    return Err(PeerViolation::WroteOutsideWindow { offset, len });
+                }
+                if st.wrote.len() >= MAX_NOTICES_UNREAD {
+                    return Err(PeerViolation::TooManyNotices);
+                }
+                st.wrote.push_back((offset, len));
                 self.repost(st, slot);
             }
         }
+        Ok(())
+    }
+
+    /// The peer broke the stream protocol: the stream fails with `v` (the first failure
+    /// stays), the violation is counted, and the QP is terminated (a Terminate, a snapshot,
+    /// the error log's `peer_violation` line). The message's slot is not posted again.
+    fn violation(&self, st: &mut State, v: PeerViolation) {
+        if st.error.is_some() {
+            return;
+        }
+        crate::violation::count(&v);
+        let detail = v.to_string();
+        tracing::warn!(
+            target: "softwarp::sockets",
+            qpn = self.qp.qp_num(), peer = %self.info.peer_addr, violation = v.name(),
+            "{detail}: the stream is aborted"
+        );
+        set_failure(st, Failure::Peer(v));
+        let _ = self.qp.fail_peer_violation(&detail);
     }
 
     fn on_send(&self, st: &mut State, wc: &WorkCompletion) {
@@ -932,8 +1042,9 @@ impl Conn {
     }
 
     /// What a read with no bytes to give returns: 0 at the EOF, the error, or (`None`) wait.
+    /// A peer's violation is reported even after its EOF (the stream was aborted).
     fn nothing_to_read(st: &State) -> Option<io::Result<usize>> {
-        if st.eof_in {
+        if st.eof_in && !st.aborted() {
             return Some(Ok(0));
         }
         st.failure().map(Err)
@@ -1125,7 +1236,10 @@ impl Conn {
         if let Some(e) = st.failure() {
             return Err(e);
         }
-        st.windows.push(Arc::clone(&mr));
+        st.windows.push(LocalWindow {
+            ad,
+            _mr: Arc::clone(&mr),
+        });
         st.ctrl_out.push_back((Kind::Window, ad.encode().to_vec()));
         self.progress(&mut st);
         Ok(mr)
@@ -1187,15 +1301,34 @@ impl Conn {
         timeout: Duration,
     ) -> io::Result<()> {
         self.one_sided(OneSided::Write(data), offset, data.len(), timeout)?;
-        if notify {
-            let mut st = lock(&self.state);
-            st.ctrl_out.push_back((
-                Kind::Wrote,
-                wire::encode_wrote(offset, data.len() as u64).to_vec(),
-            ));
-            self.progress(&mut st);
+        if !notify {
+            return Ok(());
         }
-        Ok(())
+        // The notice waits for a credit behind at most MAX_NOTICES_UNSENT others: a peer
+        // that grants nothing stops this end's notices, not its memory.
+        let notice = wire::encode_wrote(offset, data.len() as u64);
+        self.run(Wait::at_most(timeout), |c, st| {
+            if let Some(e) = st.failure() {
+                return Some(Err(e));
+            }
+            let unsent = st.ctrl_out.iter().filter(|m| m.0 == Kind::Wrote).count();
+            if unsent >= MAX_NOTICES_UNSENT {
+                return None;
+            }
+            st.ctrl_out.push_back((Kind::Wrote, notice.to_vec()));
+            c.flush_control(st);
+            Some(Ok(()))
+        })
+        .map_err(|e| {
+            if e.kind() == io::ErrorKind::WouldBlock {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the WROTE notice found no room: the peer returned no credits",
+                )
+            } else {
+                e
+            }
+        })
     }
 
     /// RDMA Reads `buf.len()` bytes of the peer's window at `offset` into `buf`.
@@ -1382,7 +1515,15 @@ fn wake_parked(st: &mut State) {
 fn fail(st: &mut State, kind: io::ErrorKind, why: String) {
     if st.error.is_none() {
         tracing::debug!(target: "softwarp::sockets", %why, "iWARP stream failed");
-        st.error = Some((kind, why));
+    }
+    set_failure(st, Failure::Local(kind, why));
+}
+
+/// Records the connection's failure (the first one stays) and counts it as an event of
+/// both directions.
+fn set_failure(st: &mut State, f: Failure) {
+    if st.error.is_none() {
+        st.error = Some(f);
         st.rx_events = st.rx_events.wrapping_add(1);
         st.tx_events = st.tx_events.wrapping_add(1);
     }

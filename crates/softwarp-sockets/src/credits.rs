@@ -33,6 +33,8 @@ pub struct Credits {
     peer_send: u32,
     /// This end's receive slots.
     slots: u32,
+    /// The peer's receive slots: `send` never exceeds them (see [`Credits::on_receive`]).
+    peer_slots: u32,
 }
 
 impl Credits {
@@ -43,6 +45,7 @@ impl Credits {
             pending: 0,
             peer_send: own_slots,
             slots: own_slots,
+            peer_slots,
         }
     }
 
@@ -95,9 +98,18 @@ impl Credits {
     }
 
     /// A message arrived (it filled one of this end's slots) granting `grant` credits.
-    pub fn on_receive(&mut self, grant: u32) {
+    ///
+    /// A peer returns only slots that this end's messages filled, so the credits never
+    /// exceed the peer's slots: a grant that would is refused (`Err` with the slots this
+    /// end's messages hold at the peer, as far as it knows) and changes nothing.
+    pub fn on_receive(&mut self, grant: u32) -> Result<(), u32> {
+        let outstanding = self.peer_slots.saturating_sub(self.send);
+        if grant > outstanding {
+            return Err(outstanding);
+        }
         self.peer_send = self.peer_send.saturating_sub(1);
         self.send = self.send.saturating_add(grant);
+        Ok(())
     }
 
     /// A slot was posted again.
@@ -145,7 +157,7 @@ mod tests {
                 for i in 0..2 {
                     while let Some((g, data)) = self.wire[i].pop_front() {
                         moved = true;
-                        self.ends[i].on_receive(g);
+                        self.ends[i].on_receive(g).unwrap();
                         if data {
                             self.unread[i] += 1;
                         } else {
@@ -267,6 +279,19 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_of_more_than_this_end_filled_is_refused() {
+        let mut c = Credits::new(4, 8);
+        assert_eq!(c.on_receive(1), Err(0), "nothing sent yet");
+        c.take_message().unwrap();
+        c.take_message().unwrap();
+        assert_eq!(c.on_receive(3), Err(2));
+        assert_eq!(c.send_credits(), 6, "a refused grant changes nothing");
+        assert_eq!(c.on_receive(2), Ok(()));
+        assert_eq!(c.send_credits(), 8);
+        assert_eq!(c.on_receive(u32::MAX), Err(0));
+    }
+
+    #[test]
     fn the_last_credit_is_kept_for_grants() {
         let mut c = Credits::new(4, 4);
         assert!(c.take_message().is_some());
@@ -278,9 +303,9 @@ mod tests {
         c.on_repost();
         assert!(c.take_grant_message().is_none());
         c.on_repost();
-        c.on_receive(0);
-        c.on_receive(0);
-        c.on_receive(0);
+        c.on_receive(0).unwrap();
+        c.on_receive(0).unwrap();
+        c.on_receive(0).unwrap();
         assert_eq!(c.take_grant_message(), Some(2));
         assert_eq!(c.send_credits(), 0);
     }

@@ -24,6 +24,9 @@
 //! returns slots when the application has read them, in the header of its next message or in
 //! a small grant message. Stream semantics: partial reads, bytes never lost or reordered
 //! (Sends are delivered in order), EOF after `shutdown(Write)` or close, errors after a reset.
+//! Every message of the peer is checked against this end's state (the credits it gave, the
+//! windows it exposed) and every queue the peer fills is bounded; a peer that breaks a rule
+//! aborts the stream with a [`PeerViolation`] ([`violation`]).
 //!
 //! Memory per connection: `(recv_slots + send_slots) * slot_size` registered bytes, 1 MiB
 //! by default ([`IwarpOptions`]). Copies: one on send (into a registered send slot), none
@@ -51,6 +54,7 @@ pub mod credits;
 mod handshake;
 mod options;
 mod stream;
+pub mod violation;
 pub mod wire;
 
 pub use handshake::Handshake;
@@ -59,6 +63,7 @@ pub use options::{
     SO_IWARP_MODE,
 };
 pub use stream::{IwarpListener, IwarpStream, Readiness, Side, Socket, StreamWaiter, Window};
+pub use violation::{peer_violations, PeerViolation};
 
 #[cfg(feature = "tokio")]
 pub use aio::AsyncIwarpStream;

@@ -931,7 +931,9 @@ impl IwarpStream {
     }
 
     /// [`IwarpStream::write_remote`], then a notice the peer receives with
-    /// [`IwarpStream::recv_write_notice`] once the bytes are in its window.
+    /// [`IwarpStream::recv_write_notice`] once the bytes are in its window. The notice
+    /// needs a credit: while [`crate::violation::MAX_NOTICES_UNSENT`] notices wait for the
+    /// peer's, this call waits too (`TimedOut` after 10 s in all).
     pub fn write_remote_notify(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.conn()?
             .write_remote(offset, data, true, ONE_SIDED_TIMEOUT)
@@ -947,7 +949,9 @@ impl IwarpStream {
 
     /// The next `(offset, len)` the peer wrote with [`IwarpStream::write_remote_notify`]
     /// (the bytes are in the window by then), waiting at most `timeout` (non-blocking mode:
-    /// not at all).
+    /// not at all). Only notices inside a window this stream exposed are accepted, and at
+    /// most [`crate::violation::MAX_NOTICES_UNREAD`] wait here: a peer past either aborts
+    /// the stream ([`crate::PeerViolation`]).
     pub fn recv_write_notice(&self, timeout: Duration) -> io::Result<(u64, u64)> {
         self.conn()?.wrote_notice(self.nonblocking(), timeout)
     }

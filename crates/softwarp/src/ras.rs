@@ -768,6 +768,17 @@ impl QpRas {
         ));
     }
 
+    /// The peer broke the protocol above RDMAP (`detail`, the whole sentence): a trace
+    /// record and the error log's `peer_violation` line, naming the failure's snapshot.
+    pub(crate) fn peer_violation(&self, detail: String, snapshot: Option<u64>) {
+        sw_event!(Qp, 2, qpn = self.qpn, "{}", detail);
+        let event = self.event(CriticalKind::PeerViolation, detail);
+        errlog::report(&match snapshot {
+            Some(id) => event.with_snapshot(id),
+            None => event,
+        });
+    }
+
     /// Samples TCP_INFO of the QP's socket if an interval has passed (progress pass and
     /// statistics). Never waits for the sampler's lock.
     pub(crate) fn sample_tcp(&self, fd: Option<BorrowedFd<'_>>) {

@@ -147,6 +147,12 @@ pub enum QpErrorReason {
         /// The error the socket gave, and what it means.
         detail: String,
     },
+    /// The protocol the QP carries above RDMAP (the extended sockets' stream) found the
+    /// peer breaking it ([`crate::QueuePair::fail_peer_violation`]).
+    PeerViolation {
+        /// What the peer did.
+        detail: String,
+    },
     /// The engine's cause: a Terminate sent or received, the connection closed, the
     /// application moved the QP to Error, a work request failed locally.
     Cause(Cause),
@@ -160,6 +166,9 @@ impl fmt::Display for QpErrorReason {
                 write!(f, "unexpected close: {detail}")
             }
             QpErrorReason::PeerUnreachable { detail } => f.write_str(detail),
+            QpErrorReason::PeerViolation { detail } => {
+                write!(f, "the peer broke the protocol above RDMAP: {detail}")
+            }
             QpErrorReason::Cause(Cause::PeerTerminate { layer, etype, code }) => write!(
                 f,
                 "the peer sent a Terminate (layer {layer}, error type {etype}, code {code:#04x})"

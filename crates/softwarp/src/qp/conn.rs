@@ -475,6 +475,31 @@ impl QpShared {
         self.set_error_and_kick();
     }
 
+    /// The peer broke the protocol above RDMAP (see `QueuePair::fail_peer_violation`):
+    /// the reason is recorded (unless the QP failed before), the QP goes to Error and is
+    /// closed, then its snapshot is taken and the error log gets a line naming it.
+    pub(crate) fn peer_violation(self: &Arc<Self>, detail: &str) {
+        let reason = crate::recovery::QpErrorReason::PeerViolation {
+            detail: detail.to_string(),
+        };
+        self.failure.set(reason.clone());
+        let first = self.failure.get().as_ref() == Some(&reason);
+        self.set_error_and_kick();
+        if !first {
+            return;
+        }
+        let text = format!(
+            "QP {}: the peer broke the protocol above RDMAP: {detail}; the QP is in Error \
+             (a Terminate was sent)",
+            self.qp_num
+        );
+        let snapshot = self.take_snapshot(
+            softwarp_ras::errlog::CriticalKind::PeerViolation,
+            text.clone(),
+        );
+        self.ras.peer_violation(text, snapshot);
+    }
+
     /// The local address of the QP's connection, while it has one.
     pub(crate) fn local_addr(&self) -> Option<std::net::SocketAddr> {
         let g = self.lock();

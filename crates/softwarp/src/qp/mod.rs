@@ -768,6 +768,18 @@ impl QueuePair {
         Ok(())
     }
 
+    /// The protocol this QP carries above RDMAP (softwarp-sockets' stream, say) found its
+    /// peer breaking that protocol (`detail` says how): the QP goes to Error as with
+    /// [`QueuePair::modify_to_error`] (from RTS a Terminate tells the peer), with
+    /// [`crate::recovery::QpErrorReason::PeerViolation`] as its reason, a snapshot, and a
+    /// `peer_violation` line in the error log that names the snapshot. A QP that failed
+    /// before keeps its first reason, and then no line is written.
+    pub fn fail_peer_violation(&self, detail: &str) -> Result<()> {
+        let _inside = self.shared.enter(Entry::ModifyToError)?;
+        self.shared.peer_violation(detail);
+        Ok(())
+    }
+
     /// Graceful close: no new sends; once outstanding work is done the connection closes,
     /// the receives still posted complete with [`crate::WcStatus::WrFlushErr`] and the QP is in
     /// Error ([`QueuePair::reset`] makes it Idle to connect again), on every connection
