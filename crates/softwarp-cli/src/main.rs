@@ -150,6 +150,16 @@ struct ExecArgs {
     /// No RFC 6581 peer-to-peer mode as initiator (SOFTWARP_P2P=0).
     #[arg(long)]
     no_p2p: bool,
+    /// Show the device where rdma-core tools and middleware look for it: the program runs in
+    /// a mount namespace of its own whose /sys/class has infiniband/softwarp0 (port, GID,
+    /// device/net/IFNAME) beside the host's classes. Needs root or unprivileged user
+    /// namespaces; the host's /sys is not touched.
+    #[arg(long)]
+    sysfs: bool,
+    /// The network interface the view names in device/net (default: the interface the
+    /// device's GUID comes from, else lo).
+    #[arg(long, value_name = "IFNAME", requires = "sysfs")]
+    sysfs_netdev: Option<String>,
     /// Turn on the RAS services in the program (SOFTWARP_RAS=on), for `softwarp resources`.
     #[arg(long)]
     ras: bool,
@@ -247,6 +257,10 @@ fn exec(args: &ExecArgs) -> anyhow::Result<ExitCode> {
         if let Some(v) = value {
             cmd.env(var, v);
         }
+    }
+    if args.sysfs {
+        let view = softwarp_cli::sysfs_view::DeviceView::current(args.sysfs_netdev.as_deref())?;
+        softwarp_cli::sysfs_view::enter(&view).context("softwarp exec --sysfs")?;
     }
     let err = cmd.exec();
     Err(err).with_context(|| format!("running {}", Path::new(program).display()))

@@ -823,100 +823,54 @@ fn c_program_calls_the_abi_of_imports_ece_dmabuf_multicast_and_kernel_marshallin
     assert_eq!(all, "ok: 49 checks\n");
 }
 
-/// rdma-core's test suite, as python3-pyverbs installs it, copied into a fresh directory
-/// with its gzipped modules unpacked (Debian compresses the larger ones).
-fn rdma_core_suite() -> Option<PathBuf> {
-    let shipped = Path::new("/usr/share/doc/rdma-core/tests");
+/// Whether rdma-core's test suite and Debian's Python with pyverbs are installed (skips,
+/// or fails under CI, when not).
+fn rdma_core_suite_installed() -> bool {
     let python = Path::new("/usr/bin/python3");
-    let has_pyverbs = python.exists()
+    let installed = Path::new("/usr/share/doc/rdma-core/tests").is_dir()
+        && python.exists()
         && Command::new(python)
             .args(["-c", "import pyverbs"])
             .output()
             .is_ok_and(|o| o.status.success());
     required(
-        (shipped.is_dir() && has_pyverbs).then_some(()),
+        installed.then_some(()),
         "rdma-core's test suite is not installed (apt-get install python3-pyverbs)",
-    )?;
-    let gzip = required(tool("gzip", "gzip"), "gzip is not installed")?;
-    let dir = lib_dir().join(format!("rdma-core-tests-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create the suite's directory");
-    for entry in std::fs::read_dir(shipped).expect("read the suite") {
-        let path = entry.expect("suite entry").path();
-        if path.is_file() {
-            let to = dir.join(path.file_name().expect("a file name"));
-            std::fs::copy(&path, &to).expect("copy a suite file");
-            if to.extension().is_some_and(|e| e == "gz") {
-                let st = Command::new(&gzip)
-                    .arg("-d")
-                    .arg(&to)
-                    .status()
-                    .expect("gzip");
-                assert!(st.success(), "gzip -d {}", to.display());
-            }
-        }
-    }
-    Some(dir)
+    )
+    .is_some()
 }
 
+/// rdma-core's rdma_cm tests look for the device's network interface in sysfs and skip
+/// without it: `softwarp exec --sysfs` shows one, and softwarp-cli's `exec_sysfs.rs` runs
+/// them that way; here they are left out.
 #[test]
 fn rdma_core_own_test_suite_gives_the_expected_outcome_of_every_test() {
     let _serial = serial();
-    let Some(suite) = rdma_core_suite() else {
+    if !rdma_core_suite_installed() {
         return;
-    };
+    }
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rdma-core");
     let mut cmd = command(Path::new("/usr/bin/python3"));
-    cmd.arg(here.join("run_suite.py")).arg(&suite);
+    cmd.arg(here.join("run_suite.py"))
+        .arg(here.join("expected.txt"))
+        .arg("except=test_rdmacm");
     let out = finish(
         cmd.spawn().expect("run the suite"),
         Duration::from_secs(240),
         "rdma-core tests",
     );
-    let _ = std::fs::remove_dir_all(&suite);
-    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
-    let got: std::collections::BTreeMap<&str, (&str, &str)> = out
+    let summary: Vec<&str> = out
         .stdout
         .lines()
-        .filter_map(|l| {
-            let mut f = l.splitn(3, ' ');
-            Some((f.next()?, (f.next()?, f.next().unwrap_or(""))))
-        })
+        .filter(|l| l.starts_with("SUMMARY") || l.starts_with("DIFFER"))
         .collect();
-    let expected = std::fs::read_to_string(here.join("expected.txt")).expect("expected.txt");
-    let expected: std::collections::BTreeMap<&str, &str> = expected
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            Some((f.next()?, f.next()?))
-        })
-        .collect();
-    let mut differ = Vec::new();
-    for (id, outcome) in &expected {
-        match got.get(id) {
-            Some((o, _)) if o == outcome => {}
-            Some((o, why)) => differ.push(format!("{id}: expected {outcome}, got {o} {why}")),
-            None => differ.push(format!("{id}: expected {outcome}, did not run")),
-        }
-    }
-    for (id, (o, why)) in &got {
-        if !expected.contains_key(id) {
-            differ.push(format!("{id}: not in expected.txt, got {o} {why}"));
-        }
-    }
     assert!(
-        differ.is_empty(),
-        "{} of {} tests differ from tests/rdma-core/expected.txt:\n{}",
-        differ.len(),
-        got.len(),
-        differ.join("\n")
+        out.status.success(),
+        "{}\n{}",
+        summary.join("\n"),
+        out.stderr
     );
-    let ok = got.values().filter(|(o, _)| *o == "ok").count();
-    println!(
-        "rdma-core's suite: {} tests, {ok} ok, as expected",
-        got.len()
-    );
+    println!("{}", summary.join("\n"));
 }
 
 /// Builds and runs `tests/c/NAME.c`, a program that forks a server and a client on

@@ -32,6 +32,9 @@ use crate::RasConfig;
 /// The name of Softwarp's device.
 pub const DEVICE_NAME: &str = "softwarp0";
 
+/// The device's firmware version (`fw_ver`): Softwarp's own version.
+pub const FIRMWARE_VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// Names of the devices that can be opened.
 pub fn list_devices() -> Vec<String> {
     vec![DEVICE_NAME.to_string()]
@@ -81,7 +84,7 @@ impl DeviceAttr {
     fn softwarp() -> Self {
         Self {
             name: DEVICE_NAME.to_string(),
-            fw_ver: env!("CARGO_PKG_VERSION").to_string(),
+            fw_ver: FIRMWARE_VERSION.to_string(),
             transport: "iWARP",
             max_qp: 65536,
             max_qp_wr: 4096,

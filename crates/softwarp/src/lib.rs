@@ -105,6 +105,7 @@ mod cq;
 mod device;
 mod error;
 mod handshake;
+pub mod identity;
 mod inflight;
 mod markers;
 mod netwatch;
@@ -128,7 +129,9 @@ pub use cm::{
 pub use connect::{Listener, LISTENER_BACKLOG};
 pub use context::BlockingContext;
 pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION, IDLE_SLEEP, IDLE_SPIN_POLLS};
-pub use device::{list_devices, Device, DeviceAttr, DeviceBuilder, Quiesced, DEVICE_NAME};
+pub use device::{
+    list_devices, Device, DeviceAttr, DeviceBuilder, Quiesced, DEVICE_NAME, FIRMWARE_VERSION,
+};
 pub use error::{Error, MpaError, Result};
 pub use handshake::StreamHandshake;
 pub use inflight::{InflightReport, InsideThread};

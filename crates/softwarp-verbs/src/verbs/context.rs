@@ -148,35 +148,10 @@ pub fn copy_cstr(dst: &mut [c_char], s: &str) {
     }
 }
 
-/// The MAC address of the host's first interface that is up and not loopback (siw's GID is
-/// the MAC of its interface), or `None`.
-pub fn interface_mac() -> Option<[u8; 6]> {
-    let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-        .filter(|n| n != "lo")
-        .collect();
-    names.sort();
-    names.iter().find_map(|n| {
-        let state = std::fs::read_to_string(format!("/sys/class/net/{n}/operstate")).ok()?;
-        if state.trim() != "up" && state.trim() != "unknown" {
-            return None;
-        }
-        let text = std::fs::read_to_string(format!("/sys/class/net/{n}/address")).ok()?;
-        let mut mac = [0u8; 6];
-        let mut parts = text.trim().split(':');
-        for b in &mut mac {
-            *b = u8::from_str_radix(parts.next()?, 16).ok()?;
-        }
-        (mac != [0; 6]).then_some(mac)
-    })
-}
-
-/// The node GUID: the EUI-64 of the interface's MAC (as siw derives it), big-endian.
+/// The node GUID as `ibv_device_attr` holds it: the network-order bytes of
+/// [`softwarp::identity::node_guid`] in a `__be64`.
 fn node_guid() -> u64 {
-    let Some(m) = interface_mac() else { return 0 };
-    let eui = [m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]];
-    u64::from_ne_bytes(eui)
+    u64::from_ne_bytes(softwarp::identity::node_guid())
 }
 
 #[no_mangle]
@@ -496,21 +471,11 @@ pub unsafe extern "C" fn swv_ibv_query_port(
     unsafe { query_port_ex(ctx, port, attr, len) }
 }
 
-/// The port's one GID: the interface's link-local IPv6 address (`fe80::` and the EUI-64 of
-/// its MAC), zero when the host has no such interface.
+/// The port's one GID ([`softwarp::identity::gid`]).
 fn gid() -> ibv_gid {
-    // SAFETY: a union of byte arrays and integers: all-zero is valid.
-    let mut g: ibv_gid = unsafe { std::mem::zeroed() };
-    if interface_mac().is_some() {
-        let eui = node_guid().to_ne_bytes();
-        // SAFETY: `raw` is the byte view of the union.
-        unsafe {
-            g.raw[0] = 0xfe;
-            g.raw[1] = 0x80;
-            g.raw[8..].copy_from_slice(&eui);
-        }
+    ibv_gid {
+        raw: softwarp::identity::gid(),
     }
-    g
 }
 
 #[no_mangle]
