@@ -840,15 +840,17 @@ fn stalled_client(addr: std::net::SocketAddr, how: Stall) -> std::net::TcpStream
 }
 
 /// A preloaded non-blocking server (`tests/c/stalled_peers.c`) whose event loop calls only
-/// `poll`/`epoll_wait` with timeout 0, `accept4` and non-blocking `recv`/`send`, while 9
+/// `poll`/`epoll_wait` with timeout 0, `accept4` and non-blocking `recv`/`send`, while 27
 /// clients stall their MPA exchange (silent, 1 byte, half a Request) and 4 iWARP clients
 /// connect behind them: no call takes 100 ms (before, a zero-timeout `poll` ran the whole
 /// exchange of a readable accepted socket: 5 s per stalled client), the good clients are
 /// echoed at once, and each stalled connection fails with `ECONNRESET` after the connect
 /// timeout (5 s), reported by `poll`/`epoll` without a busy loop (no readiness without
-/// bytes behind it).
+/// bytes behind it). The stalled connections get no QP and buffers (1 MiB each) before
+/// their Request is in: the server's memory stays flat.
 #[test]
 fn a_nonblocking_server_never_waits_for_a_stalled_mpa_exchange() {
+    const STALLED: usize = 27;
     if !need("cc", "compiles tests/c/stalled_peers.c") {
         return;
     }
@@ -859,7 +861,7 @@ fn a_nonblocking_server_never_waits_for_a_stalled_mpa_exchange() {
     for mode in ["poll", "epoll"] {
         let mut server = preloaded(
             bin,
-            &["serve", mode, "15", "4", "9"],
+            &["serve", mode, "15", "4", &STALLED.to_string()],
             &dir,
             &[("SOFTWARP_SOCKETS", "all")],
         )
@@ -870,10 +872,12 @@ fn a_nonblocking_server_never_waits_for_a_stalled_mpa_exchange() {
             .and_then(|p| p.trim().parse().ok())
             .unwrap_or_else(|| panic!("{mode}: no port in {line:?}"));
         let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-        let stalled: Vec<_> = (0..9)
+        let rss_before = rss_kib(server.id());
+        let stalled: Vec<_> = (0..STALLED)
             .map(|i| stalled_client(addr, stalls[i % 3]))
             .collect();
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(500));
+        let grown = rss_kib(server.id()).saturating_sub(rss_before);
         let mut took = Vec::new();
         for i in 0..4u8 {
             use std::io::{Read, Write};
@@ -893,7 +897,11 @@ fn a_nonblocking_server_never_waits_for_a_stalled_mpa_exchange() {
         let text = rest.join().unwrap();
         assert!(out.status.success(), "{mode}: {:?}", out.status);
         let f = result_fields(&text);
-        eprintln!("{mode}: good clients served in {took:?}; {}", text.trim());
+        eprintln!(
+            "{mode}: good clients served in {took:?}; RSS +{grown} KiB with {STALLED} \
+             stalled connections; {}",
+            text.trim()
+        );
         assert_eq!(f["slow"], 0.0, "{mode}: calls of 100 ms or more: {text}");
         assert!(f["max_ms"] < 100.0, "{mode}: {text}");
         assert_eq!(f["served"], 4.0, "{mode}: {text}");
@@ -902,8 +910,12 @@ fn a_nonblocking_server_never_waits_for_a_stalled_mpa_exchange() {
             "{mode}: good clients waited: {took:?}"
         );
         assert_eq!(
-            f["resets"], 9.0,
+            f["resets"], STALLED as f64,
             "{mode}: stalled connections reset: {text}"
+        );
+        assert!(
+            grown < 4096,
+            "{mode}: the server grew {grown} KiB with {STALLED} stalled connections"
         );
         assert_eq!(f["others"] + f["eofs"], 0.0, "{mode}: {text}");
         let (first, last) = (f["first_reset_ms"], f["last_reset_ms"]);
@@ -916,6 +928,17 @@ fn a_nonblocking_server_never_waits_for_a_stalled_mpa_exchange() {
             "{mode}: readiness without bytes: {text}"
         );
     }
+}
+
+/// The resident memory of process `pid` in KiB (`VmRSS`).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
 }
 
 /// A raw TCP peer for the initiator: accepts one connection, then sends nothing

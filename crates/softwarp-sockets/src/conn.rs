@@ -278,9 +278,30 @@ pub(crate) struct Prepared {
 }
 
 impl Conn {
-    /// Sets up what a connection needs before its MPA exchange, and the connection
-    /// manager's options for the exchange (the hello in the private data).
-    pub(crate) fn prepare(opts: &IwarpOptions) -> io::Result<(Prepared, ConnectOptions)> {
+    /// The connection manager's options for the MPA exchange of a stream with `opts` (the
+    /// hello in the private data).
+    pub(crate) fn connect_options(opts: &IwarpOptions) -> ConnectOptions {
+        let hello = Hello {
+            slots: opts.recv_slots,
+            slot_size: opts.slot_size,
+        };
+        // Either end of a socket may write first; an MPA responder may not send before the
+        // initiator's first FPDU (RFC 5044), so the initiator negotiates RFC 6581
+        // peer-to-peer mode, whose RTR message opens the responder's way at once.
+        ConnectOptions::default()
+            .peer_to_peer(true)
+            .crc_mode(opts.crc)
+            .timeout(opts.connect_timeout)
+            .first_fpdu_delay(Duration::ZERO)
+            // The program's own SO_KEEPALIVE settings on its socket stay as they are, as
+            // over kernel TCP.
+            .tcp_keepalive(None)
+            .private_data(&hello.encode())
+    }
+
+    /// Sets up what a connection needs before its MPA exchange (the QP with its receives
+    /// posted, the buffers, the CQs).
+    pub(crate) fn prepare(opts: &IwarpOptions) -> io::Result<Prepared> {
         opts.check()?;
         let dev = match &opts.device {
             Some(d) => d.clone(),
@@ -322,23 +343,7 @@ impl Conn {
         for slot in 0..recv_slots {
             post_slot(&qp, &rx, slot, slot_size).map_err(io_err)?;
         }
-        let hello = Hello {
-            slots: recv_slots,
-            slot_size: opts.slot_size,
-        };
-        // Either end of a socket may write first; an MPA responder may not send before the
-        // initiator's first FPDU (RFC 5044), so the initiator negotiates RFC 6581
-        // peer-to-peer mode, whose RTR message opens the responder's way at once.
-        let copts = ConnectOptions::default()
-            .peer_to_peer(true)
-            .crc_mode(opts.crc)
-            .timeout(opts.connect_timeout)
-            .first_fpdu_delay(Duration::ZERO)
-            // The program's own SO_KEEPALIVE settings on its socket stay as they are, as
-            // over kernel TCP.
-            .tcp_keepalive(None)
-            .private_data(&hello.encode());
-        let prepared = Prepared {
+        Ok(Prepared {
             qp,
             rx,
             tx,
@@ -351,8 +356,7 @@ impl Conn {
             recv_slots,
             send_slots,
             linger: opts.linger,
-        };
-        Ok((prepared, copts))
+        })
     }
 }
 

@@ -17,7 +17,10 @@ use crate::stream::IwarpStream;
 use crate::Side;
 
 /// An MPA exchange in progress on a TCP connection (connected, or a non-blocking connect
-/// in progress on the initiator's side), with the stream's QP and buffers set up.
+/// in progress on the initiator's side). The initiator sets the stream's QP and buffers up
+/// first; the responder only once the peer's Request is in and acceptable, so a peer that
+/// never finishes its Request costs its socket and a small frame reader, not 1 MiB of
+/// registered buffers.
 ///
 /// [`Handshake::advance`] reads what has arrived and writes what the socket takes, then
 /// returns: `Ok(None)` while the peer's bytes are still to come. Wait for the socket
@@ -29,20 +32,32 @@ pub struct Handshake {
     // Field order is drop order: the exchange lets go of the QP before the QP goes.
     mpa: StreamHandshake,
     prepared: Option<Prepared>,
+    opts: IwarpOptions,
 }
 
 impl Handshake {
     /// Starts the exchange as `side` on `tcp` (made non-blocking).
     pub fn start(tcp: TcpStream, side: Side, opts: &IwarpOptions) -> io::Result<Self> {
-        let (prepared, copts) = Conn::prepare(opts)?;
-        let mpa = match side {
-            Side::Initiator => prepared.qp.start_connect_stream(tcp, &copts),
-            Side::Responder => prepared.qp.start_accept_stream(tcp, &copts),
-        }
-        .map_err(io_err)?;
+        opts.check()?;
+        let copts = Conn::connect_options(opts);
+        let (mpa, prepared) = match side {
+            Side::Initiator => {
+                let prepared = Conn::prepare(opts)?;
+                let mpa = prepared
+                    .qp
+                    .start_connect_stream(tcp, &copts)
+                    .map_err(io_err)?;
+                (mpa, Some(prepared))
+            }
+            Side::Responder => (
+                StreamHandshake::start_accept(tcp, &copts).map_err(io_err)?,
+                None,
+            ),
+        };
         Ok(Self {
             mpa,
-            prepared: Some(prepared),
+            prepared,
+            opts: opts.clone(),
         })
     }
 
@@ -52,7 +67,15 @@ impl Handshake {
     /// `ConnectionRefused` for one that is not an iWARP-mode softwarp-sockets peer). After
     /// the end: `NotConnected`.
     pub fn advance(&mut self) -> io::Result<Option<IwarpStream>> {
-        let Some(info) = self.mpa.advance().map_err(io_err)? else {
+        let mut info = self.mpa.advance().map_err(io_err)?;
+        if info.is_none() && self.mpa.needs_qp() {
+            // The responder's Request is in: now the stream's QP and buffers.
+            let prepared = Conn::prepare(&self.opts)?;
+            self.mpa.bind_qp(&prepared.qp).map_err(io_err)?;
+            self.prepared = Some(prepared);
+            info = self.mpa.advance().map_err(io_err)?;
+        }
+        let Some(info) = info else {
             return Ok(None);
         };
         let prepared = self
