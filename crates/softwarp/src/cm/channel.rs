@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use mio::net::TcpListener as MioListener;
 use mio::{Poll, Waker};
 use softwarp_ras::stats::{StatsBuilder, StatsSource};
 
@@ -23,11 +22,11 @@ use super::event::{CmEvent, ConnId, EventQueue, ListenerId};
 use super::id::{CmId, IdShared};
 use super::listener::{CmListener, ListenOptions};
 use super::options::{ConnectOptions, ConnectionInfo, Role};
+use super::reserve::PortReservation;
 use super::worker::{Active, Cmd, Worker, WAKE};
 use crate::device::lock;
 use crate::error::{Error, Result};
 use crate::qp::QueuePair;
-use crate::sys;
 
 /// State shared by a channel handle, its thread, and the connections it made.
 #[derive(Debug)]
@@ -37,7 +36,7 @@ pub(crate) struct ChannelShared {
     waker: Waker,
     next_id: AtomicU64,
     /// The channel's listeners, for statistics.
-    listeners: Mutex<Vec<Weak<ListenerState>>>,
+    pub(super) listeners: Mutex<Vec<Weak<ListenerState>>>,
 }
 
 impl ChannelShared {
@@ -242,26 +241,23 @@ impl CmEventChannel {
     /// created at the caller's line.
     #[track_caller]
     pub fn listen<A: ToSocketAddrs>(&self, addr: A, opts: &ListenOptions) -> Result<CmListener> {
-        let std_listener =
-            std::net::TcpListener::bind(addr).map_err(|e| Error::io("bind listener", e))?;
-        sys::set_listen_backlog(std_listener.as_fd(), opts.backlog)
-            .map_err(|e| Error::io("listen", e))?;
-        std_listener
-            .set_nonblocking(true)
-            .map_err(|e| Error::io("set O_NONBLOCK", e))?;
-        let local_addr = std_listener
-            .local_addr()
-            .map_err(|e| Error::io("getsockname", e))?;
-        let id = ListenerId(self.shared.next_id());
-        let state = Arc::new(ListenerState::new(id, local_addr, opts.backlog));
-        lock(&self.shared.listeners).push(Arc::downgrade(&state));
-        self.shared.send(Cmd::Listen {
-            state: Arc::clone(&state),
-            listener: MioListener::from_std(std_listener),
-            opts: Arc::new(opts.options.clone()),
-        })?;
-        tracing::debug!(listener = %id, %local_addr, backlog = opts.backlog, "listening");
-        Ok(CmListener::new(state, Arc::clone(&self.shared)))
+        let addrs = addr
+            .to_socket_addrs()
+            .map_err(|e| Error::io("bind listener", e))?;
+        // The first address that binds, as `std::net::TcpListener::bind` takes it.
+        let mut last = None;
+        for a in addrs {
+            match PortReservation::bind(a, None) {
+                Ok(port) => return self.listen_reserved(port, opts),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            Error::io(
+                "bind listener",
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address to bind"),
+            )
+        }))
     }
 
     /// Starts connecting `qp` (Idle, receives posted) to `addr`: TCP connect, MPA Request
@@ -336,7 +332,6 @@ pub(crate) fn attempt_outcome(id: CmId, ev: CmEvent) -> Result<(CmId, Connection
 }
 
 impl CmEventChannel {
-    #[cfg(any(test, feature = "tokio"))]
     pub(crate) fn shared(&self) -> &Arc<ChannelShared> {
         &self.shared
     }

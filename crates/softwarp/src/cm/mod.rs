@@ -6,7 +6,8 @@
 //! | `rdma_create_event_channel` | [`CmEventChannel::new`] (its fd: [`std::os::fd::AsRawFd`]) |
 //! | `rdma_get_cm_event` / `rdma_ack_cm_event` | [`CmEventChannel::get_event`], [`CmEventChannel::try_get_event`] (events are owned values: nothing to ack) |
 //! | `rdma_resolve_addr` | [`resolve`] (or any `ToSocketAddrs` given to connect) |
-//! | `rdma_listen` (with backlog) | [`CmEventChannel::listen`] with [`ListenOptions`] |
+//! | `rdma_bind_addr` | [`PortReservation::bind`] (port 0 picks one at once) |
+//! | `rdma_listen` (with backlog) | [`CmEventChannel::listen`] with [`ListenOptions`], or [`CmEventChannel::listen_reserved`] on a bound port |
 //! | `RDMA_CM_EVENT_CONNECT_REQUEST` | [`CmEvent::ConnectRequest`] |
 //! | `rdma_accept` / `rdma_reject` | [`ConnectRequest::accept`] / [`ConnectRequest::reject`] |
 //! | `rdma_connect` (private data, `responder_resources`, `initiator_depth`) | [`CmEventChannel::connect`] with [`ConnectOptions`] (`private_data`, `ird`, `ord`) |
@@ -58,6 +59,7 @@ mod id;
 mod listener;
 pub(crate) mod options;
 mod request;
+mod reserve;
 mod worker;
 
 pub use admission::ListenerStats;
@@ -70,3 +72,4 @@ pub use id::{CmId, CmState};
 pub use listener::{CmListener, ListenOptions};
 pub use options::{ConnectOptions, ConnectionInfo, CrcMode, Keepalive, MarkerMode, Role, RtrTypes};
 pub use request::ConnectRequest;
+pub use reserve::PortReservation;
