@@ -419,12 +419,10 @@ impl ControlServer {
             last_logged: None,
             unlogged: 0,
         };
-        let thread = std::thread::Builder::new()
-            .name("softwarp-ctl".into())
-            .spawn({
-                let stop = Arc::clone(&stop);
-                move || accept_loop(&listener, &stop, &handler, gate)
-            })?;
+        let thread = crate::thread::spawn("softwarp-ctl".into(), {
+            let stop = Arc::clone(&stop);
+            move || accept_loop(&listener, &stop, &handler, gate)
+        })?;
         Ok(Self {
             path,
             stop,
@@ -544,15 +542,13 @@ fn accept_loop(
             continue;
         }
         let slot = Slot::take(&active);
-        let spawned = std::thread::Builder::new()
-            .name("softwarp-ctl-conn".into())
-            .spawn({
-                let (stop, handler) = (Arc::clone(stop), Arc::clone(handler));
-                move || {
-                    let _slot = slot;
-                    let _ = serve_connection(stream, &stop, &*handler);
-                }
-            });
+        let spawned = crate::thread::spawn("softwarp-ctl-conn".into(), {
+            let (stop, handler) = (Arc::clone(stop), Arc::clone(handler));
+            move || {
+                let _slot = slot;
+                let _ = serve_connection(stream, &stop, &*handler);
+            }
+        });
         // On a failed spawn the closure (and the slot in it) is dropped: the count is
         // given back.
         if let Ok(h) = spawned {

@@ -91,6 +91,7 @@ pub mod service;
 pub mod snapshot;
 pub mod stats;
 pub mod sys;
+pub mod thread;
 pub mod trace;
 pub mod tracker;
 

@@ -51,18 +51,20 @@ impl Watch {
         flags >= 0 && flags & libc::O_NONBLOCK != 0
     }
 
-    /// Waits until a watched descriptor is readable (or a signal interrupts: the caller
-    /// looks again either way).
+    /// Waits until a watched descriptor is readable. A signal handled on this thread ends
+    /// the wait with `EINTR`, which the blocking calls return (-1 and `errno`), as
+    /// rdma-core's `read` of its channel does: programs end a wait this way (qperf with
+    /// `SIGALRM`). Softwarp's own threads block every signal, so a process signal lands on
+    /// an application thread. (rdma-core's `read` restarts instead when the handler was
+    /// installed with `SA_RESTART`; an epoll wait is never restarted, so here every
+    /// handled signal ends it, and a program that retries on `EINTR` sees no difference.)
     pub fn wait(&self) -> Result<(), c_int> {
         // SAFETY: plain C data for epoll_wait's output.
         let mut out: libc::epoll_event = unsafe { std::mem::zeroed() };
         // SAFETY: our epoll descriptor and a one-element output array.
         let rc = unsafe { libc::epoll_wait(self.fd(), &mut out, 1, -1) };
         if rc < 0 {
-            let e = last_errno();
-            if e != libc::EINTR {
-                return Err(e);
-            }
+            return Err(last_errno());
         }
         Ok(())
     }

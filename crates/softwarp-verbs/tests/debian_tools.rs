@@ -823,6 +823,22 @@ fn c_program_calls_the_abi_of_imports_ece_dmabuf_multicast_and_kernel_marshallin
     assert_eq!(all, "ok: 49 checks\n");
 }
 
+#[test]
+fn c_program_waiting_in_the_library_gets_eintr_from_its_signal_on_its_own_thread() {
+    let _serial = serial();
+    let Some(exe) = build_c("signals", &["-libverbs", "-lrdmacm", "-lpthread"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(20),
+        "signals",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, "ok: 24 checks\n");
+}
+
 /// Whether rdma-core's test suite and Debian's Python with pyverbs are installed (skips,
 /// or fails under CI, when not).
 fn rdma_core_suite_installed() -> bool {

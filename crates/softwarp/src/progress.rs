@@ -112,10 +112,9 @@ impl Progress {
         let poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
         let waker = Waker::new(poll.registry(), WAKE).map_err(|e| Error::io("eventfd", e))?;
         let (tx, rx) = mpsc::channel();
-        let handle = std::thread::Builder::new()
-            .name(format!("{device_name}-progress"))
-            .spawn(move || run(poll, rx))
-            .map_err(|e| Error::io("spawn progress thread", e))?;
+        let handle =
+            softwarp_ras::thread::spawn(format!("{device_name}-progress"), move || run(poll, rx))
+                .map_err(|e| Error::io("spawn progress thread", e))?;
         Ok(Self {
             tx: Mutex::new(tx),
             waker,

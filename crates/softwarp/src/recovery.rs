@@ -552,9 +552,8 @@ pub(crate) fn contain_in(
         (_, Some(d)) => dev.health.auto.clone().map(|c| (c, Arc::clone(d))),
     };
     if let Some((config, d)) = auto {
-        let spawned = std::thread::Builder::new()
-            .name(format!("{}-recovery", dev.attr.name))
-            .spawn(move || {
+        let spawned =
+            softwarp_ras::thread::spawn(format!("{}-recovery", dev.attr.name), move || {
                 let _ = recover(&d, &config);
             });
         if let Err(e) = spawned {

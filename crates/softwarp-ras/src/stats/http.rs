@@ -63,12 +63,10 @@ impl MetricsServer {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let render: Arc<Render> = Arc::new(render);
-        let thread = std::thread::Builder::new()
-            .name("softwarp-metrics".into())
-            .spawn({
-                let stop = Arc::clone(&stop);
-                move || serve(&listener, &stop, &*render)
-            })?;
+        let thread = crate::thread::spawn("softwarp-metrics".into(), {
+            let stop = Arc::clone(&stop);
+            move || serve(&listener, &stop, &*render)
+        })?;
         Ok(Self {
             addr,
             stop,

@@ -181,9 +181,7 @@ impl CmEventChannel {
         });
         softwarp_ras::stats::register_source(Arc::downgrade(&shared) as Weak<dyn StatsSource>);
         let worker = Worker::new(poll, rx, Arc::clone(&shared));
-        let thread = std::thread::Builder::new()
-            .name("softwarp-cm".into())
-            .spawn(move || worker.run())
+        let thread = softwarp_ras::thread::spawn("softwarp-cm".into(), move || worker.run())
             .map_err(|e| Error::io("spawn the connection manager thread", e))?;
         Ok(Self {
             shared,
