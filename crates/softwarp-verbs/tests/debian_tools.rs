@@ -1235,3 +1235,99 @@ fn c_destroy_of_objects_in_use_is_refused_with_ebusy_and_they_keep_working() {
     };
     assert_eq!(out.stdout, "ok: 94 checks\n", "{}", out.stderr);
 }
+
+/// rdma_cm calls after REJECTED (nothing listening, a listener that rejects), repeated
+/// resolve/connect/disconnect/ack, and calls on ids and channels destroyed then made again as
+/// Debian's perftest makes them: each answers the errno of the kernel's state machine (or
+/// EINVAL for a destroyed object), never a crash, under valgrind.
+#[test]
+fn c_cm_calls_after_rejected_and_on_destroyed_ids_answer_errnos() {
+    let _serial = serial();
+    let port = free_port().to_string();
+    let Some(out) = run_c_memchecked("cm_sequences", &[&port], Duration::from_secs(120)) else {
+        return;
+    };
+    assert_eq!(out.stdout, "ok: 746 checks\n", "{}", out.stderr);
+}
+
+/// A child killed and reaped when dropped (also when the test panics).
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The installed program `name`, or `None` after [`skip`] (which fails under `CI=true`).
+fn required_tool(name: &str, package: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        skip(&format!(
+            "{name} is not installed (apt-get install {package})"
+        ));
+    }
+    found
+}
+
+/// Debian's `ib_write_bw -R` client refused by a server that listens late (as Linux siw's
+/// perftest server does: here its rdma_cm `listen()` is delayed 1 s by strace's fault
+/// injection): the client gets REJECTED, and perftest 4.5's retry then destroys its ids,
+/// channel and the array holding them and resolves what it read from freed memory. Over
+/// this library that was a SIGSEGV in `rdma_resolve_addr` (each run of 1 tried on
+/// 2026-12-02); now every such call fails with EINVAL and the client exits with its own
+/// error, 20 runs in a row.
+#[test]
+fn perftest_client_refused_by_a_late_listener_exits_without_crashing_20_times() {
+    use std::os::unix::process::ExitStatusExt;
+    let _serial = serial();
+    let (Some(perftest), Some(strace)) = (
+        required_tool("ib_write_bw", "perftest"),
+        required_tool("strace", "strace"),
+    ) else {
+        return;
+    };
+    let mut rejected = 0;
+    for run in 0..20 {
+        let port = free_port();
+        let p = port.to_string();
+        let mut server = Reaped(
+            command(&strace)
+                .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=listen"])
+                // The first listen() is perftest's control socket, the second the rdma_cm's.
+                .args(["-e", "inject=listen:delay_enter=1000000:when=2+"])
+                .arg(&perftest)
+                .args(["-R", "-d", "softwarp0", "-n", "200", "-p", &p])
+                .spawn()
+                .expect("start the server"),
+        );
+        wait_listening(port, &mut server.0);
+        let client = command(&perftest)
+            .args(["-R", "-d", "softwarp0", "-n", "200", "-p", &p, "127.0.0.1"])
+            .spawn()
+            .expect("start the client");
+        let c = finish(client, Duration::from_secs(30), "ib_write_bw client");
+        drop(server);
+        let text = format!("{}{}", c.stdout, c.stderr);
+        assert!(
+            c.status.signal().is_none(),
+            "run {run}: the client died of signal {:?}\n{text}",
+            c.status.signal()
+        );
+        if text.contains("RDMA_CM_EVENT_REJECTED") {
+            rejected += 1;
+            assert!(
+                text.contains("Invalid argument"),
+                "run {run}: {}\n{text}",
+                c.status
+            );
+        }
+    }
+    // Each run reproduced the refusal (the client connects within 1 s of the handshake).
+    assert_eq!(rejected, 20, "runs refused");
+}

@@ -6,6 +6,13 @@
 //! both eventfds, so it is readable exactly while an event waits, as rdma-core's is.
 //! `rdma_get_cm_event` turns Softwarp's events into `struct rdma_cm_event`s; connection
 //! requests become new ids (on the listener's channel, as in rdma-core).
+//!
+//! A channel lives while it has ids, whatever the order of the destroys: it counts its ids
+//! ([`ChanState::ids`]), and `rdma_destroy_event_channel` of a channel with ids left only
+//! takes it from the application (later calls naming it fail with `EINVAL`); the destroy of
+//! its last id frees it. rdma-core frees it at once, under ids that still read it
+//! (`rdma_destroy_id` writes to `id->channel->fd`). The private channel of a synchronous id
+//! is made already given up, so its last id (the listener or one of its requests) frees it.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -15,6 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 use softwarp::{CmEvent, CmEventChannel, ConnId, ListenerId};
 
 use crate::cm::id::Id;
+use crate::cm::live::{CHANNELS, EVENTS};
 use crate::cm::{err, to_storage};
 use crate::errno;
 use crate::ffi::*;
@@ -38,6 +46,11 @@ pub struct ChanState {
     pub conns: HashMap<ConnId, usize>,
     /// Listening ids by listener.
     pub listeners: HashMap<ListenerId, usize>,
+    /// The ids on the channel (created on it, requests of its listeners, migrated to it).
+    ids: usize,
+    /// The application gave it up (or never had it: a synchronous id's own channel); the
+    /// last of its ids to go frees it.
+    given_up: bool,
 }
 
 /// `struct rdma_cm_event` and the private data it points to.
@@ -93,8 +106,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl EvChannel {
-    /// A new channel (its Softwarp channel thread included).
-    pub fn create() -> Result<Box<EvChannel>, c_int> {
+    /// A new channel (its Softwarp channel thread included); `private` for the own channel
+    /// of a synchronous id, which the application does not own and its last id frees.
+    pub fn create(private: bool) -> Result<Box<EvChannel>, c_int> {
         let inner =
             CmEventChannel::new().map_err(|e| errno::fail("rdma_create_event_channel", &e))?;
         // SAFETY: creates a new descriptor, owned at once when valid.
@@ -112,7 +126,10 @@ impl EvChannel {
             inner,
             watch,
             notify,
-            st: Mutex::new(ChanState::default()),
+            st: Mutex::new(ChanState {
+                given_up: private,
+                ..ChanState::default()
+            }),
         }))
     }
 
@@ -130,14 +147,67 @@ impl EvChannel {
         let _ = unsafe { libc::write(self.notify.as_raw_fd(), std::ptr::addr_of!(one).cast(), 8) };
     }
 
+    /// One more id is on the channel.
+    pub fn attach(&self) {
+        let mut st = self.state();
+        st.ids = st.ids.saturating_add(1);
+    }
+
+    /// The id `id` leaves the channel `ch` (destroyed, or migrated elsewhere): its queued
+    /// events go with it (the kernel drops the events of a destroyed id), and the channel is
+    /// freed when the application gave it up and this was its last id.
+    ///
+    /// # Safety
+    /// `ch` must be the channel of `id`, which was attached to it; nothing uses `ch` after
+    /// this call unless other ids are still on it.
+    pub unsafe fn detach(ch: *mut rdma_event_channel, id: *mut rdma_cm_id) {
+        // SAFETY: the caller's live channel.
+        let Some(c) = (unsafe { ch.cast::<EvChannel>().as_ref() }) else {
+            return;
+        };
+        let free = {
+            let mut st = c.state();
+            st.queue.retain(|ev| ev.c.id != id);
+            if st.queue.is_empty() {
+                c.reset_notify();
+            }
+            st.ids = st.ids.saturating_sub(1);
+            st.given_up && st.ids == 0
+        };
+        if free {
+            // SAFETY: allocated with Box (`rdma_create_event_channel`, or a synchronous id's
+            // own); given up by its owner, and its last id is gone.
+            drop(unsafe { Box::from_raw(ch.cast::<EvChannel>()) });
+        }
+    }
+
+    /// Takes the queued events of `id` out of the queue (`rdma_migrate_id` moves them to
+    /// the id's new channel, as the kernel does).
+    pub fn take_events(&self, id: *mut rdma_cm_id) -> Vec<Box<Event>> {
+        let mut st = self.state();
+        let (taken, kept): (VecDeque<Box<Event>>, VecDeque<Box<Event>>) =
+            std::mem::take(&mut st.queue)
+                .into_iter()
+                .partition(|ev| ev.c.id == id);
+        st.queue = kept;
+        if st.queue.is_empty() {
+            self.reset_notify();
+        }
+        taken.into()
+    }
+
+    /// Empties the notification eventfd (the queue of events made here is empty).
+    fn reset_notify(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reading our non-blocking eventfd resets it; EAGAIN when already 0.
+        let _ = unsafe { libc::read(self.notify.as_raw_fd(), std::ptr::addr_of_mut!(v).cast(), 8) };
+    }
+
     fn pop(&self) -> Option<Box<Event>> {
         let mut st = self.state();
         let ev = st.queue.pop_front();
         if st.queue.is_empty() {
-            let mut v: u64 = 0;
-            // SAFETY: reading our non-blocking eventfd resets it; EAGAIN when already 0.
-            let _ =
-                unsafe { libc::read(self.notify.as_raw_fd(), std::ptr::addr_of_mut!(v).cast(), 8) };
+            self.reset_notify();
         }
         ev
     }
@@ -270,8 +340,12 @@ impl EvChannel {
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_create_event_channel() -> *mut rdma_event_channel {
-    match EvChannel::create() {
-        Ok(ch) => Box::into_raw(ch).cast(),
+    match EvChannel::create(false) {
+        Ok(ch) => {
+            let p = Box::into_raw(ch).cast::<rdma_event_channel>();
+            CHANNELS.add(p);
+            p
+        }
         Err(e) => {
             errno::set(e);
             std::ptr::null_mut()
@@ -281,10 +355,27 @@ pub unsafe extern "C" fn swv_rdma_create_event_channel() -> *mut rdma_event_chan
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
-    if !ch.is_null() {
-        // SAFETY: channels come from `rdma_create_event_channel` (Box); the application
-        // gives it up after destroying its ids.
+    const CALL: &str = "rdma_destroy_event_channel";
+    if !CHANNELS.remove(ch) {
+        // Destroyed already, or never a channel: nothing to free (the call returns nothing).
+        tracing::debug!(target: "softwarp::verbs", call = CALL, "not a live event channel");
+        errno::set(libc::EINVAL);
+        return;
+    }
+    // SAFETY: a live channel of `rdma_create_event_channel` (Box).
+    let c = unsafe { &*ch.cast::<EvChannel>() };
+    let free = {
+        let mut st = c.state();
+        st.given_up = true;
+        st.ids == 0
+    };
+    if free {
+        // SAFETY: as above; the application gives it up and no id is on it.
         drop(unsafe { Box::from_raw(ch.cast::<EvChannel>()) });
+    } else {
+        // rdma-core frees it under its ids; here the last id's destroy does.
+        tracing::debug!(target: "softwarp::verbs", call = CALL, "ids still on the channel: freed with the last");
+        errno::set(libc::EBUSY);
     }
 }
 
@@ -293,15 +384,17 @@ pub unsafe extern "C" fn swv_rdma_get_cm_event(
     ch: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
-    if ch.is_null() || event.is_null() {
+    if !CHANNELS.contains(ch) || event.is_null() {
         return err(libc::EINVAL);
     }
-    // SAFETY: channels come from `rdma_create_event_channel`.
+    // SAFETY: a live channel of `rdma_create_event_channel`.
     let c = unsafe { &*ch.cast::<EvChannel>() };
     match c.next(true) {
         Ok(ev) => {
+            let p = Box::into_raw(ev).cast::<rdma_cm_event>();
+            EVENTS.add(p);
             // SAFETY: `event` is writable.
-            unsafe { *event = Box::into_raw(ev).cast() };
+            unsafe { *event = p };
             0
         }
         Err(e) => err(e),
@@ -310,10 +403,11 @@ pub unsafe extern "C" fn swv_rdma_get_cm_event(
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
-    if event.is_null() {
+    if !EVENTS.remove(event) {
+        // Acknowledged already (or never an event).
         return err(libc::EINVAL);
     }
-    // SAFETY: events come from `rdma_get_cm_event` (Box); the application gives it up.
+    // SAFETY: a live event of `rdma_get_cm_event` (Box); the application gives it up.
     drop(unsafe { Box::from_raw(event.cast::<Event>()) });
     0
 }

@@ -1,4 +1,15 @@
 //! `struct rdma_cm_id` and the calls on it.
+//!
+//! Each call checks the id's state as rdma-core's kernel (`drivers/infiniband/core/cma.c`)
+//! does and answers `EINVAL` where the kernel's state machine refuses it: `rdma_bind_addr`
+//! only on a fresh id; `rdma_resolve_addr` on a fresh or bound id (again after ADDR_ERROR,
+//! never once resolved); `rdma_resolve_route` once, after the address; `rdma_connect` once,
+//! after the route (a refused, failed or established connection keeps the id in the
+//! kernel's CONNECT state until it is destroyed: nothing but `rdma_disconnect`, which answers
+//! 0, and `rdma_destroy_id` applies); `rdma_listen` on a bound id; `rdma_accept` and
+//! `rdma_reject` on a connection request not yet answered. `rdma_disconnect` answers 0 on an
+//! id that connected or tried to (any number of times), and on a connection request;
+//! `EINVAL` on any other.
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
@@ -15,6 +26,7 @@ use softwarp::{
 };
 
 use crate::cm::channel::{write_addr, EvChannel, Event};
+use crate::cm::live::{CHANNELS, EVENTS, IDS};
 use crate::cm::{cm_context, err, from_sockaddr, source_for};
 use crate::errno;
 use crate::ffi::*;
@@ -47,10 +59,9 @@ pub struct Id {
     /// Its entry in `softwarp resources` (kind `cm_id`, tracker `rdma_cm`).
     _ras: ResourceHandle,
     /// Synchronous mode (created without a channel, or a request of a synchronous
-    /// listener): each call waits for its event.
+    /// listener): each call waits for its event, on a private channel of its own (or its
+    /// listener's), which the last of its ids frees.
     sync: bool,
-    /// The private channel of an id created without one.
-    own_channel: Option<Box<EvChannel>>,
 }
 
 /// An id's state, shared with its resource tracker entry (which describes it on demand).
@@ -72,6 +83,9 @@ struct IdState {
     request: Option<ConnectRequest>,
     conn: Option<CmId>,
     initiator: bool,
+    /// A connection request's id (the kernel's passive side: it never binds, resolves,
+    /// listens or connects).
+    passive: bool,
     /// Objects `rdma_create_qp` made because the application passed none.
     own_pd: bool,
     own_cqs: bool,
@@ -159,16 +173,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+impl IdState {
+    /// The kernel's IDLE or ADDR_BOUND: nothing resolved, listened, requested or connected.
+    fn unresolved(&self) -> bool {
+        self.dst.is_none() && self.listener.is_none() && self.conn.is_none() && !self.passive
+    }
+}
+
 impl Id {
     /// A new id, registered with the `rdma_cm` tracker (`#[track_caller]`: the C caller
     /// recorded by the creating call's trampoline, if any, else this library's line).
     #[track_caller]
-    fn boxed(
-        c: rdma_cm_id,
-        st: IdState,
-        sync: bool,
-        own_channel: Option<Box<EvChannel>>,
-    ) -> Box<Id> {
+    fn boxed(c: rdma_cm_id, st: IdState, sync: bool) -> Box<Id> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let shared = Arc::new(Shared(Mutex::new(st)));
         let ras = id_tracker().register(
@@ -183,24 +199,42 @@ impl Id {
             st: shared,
             _ras: ras,
             sync,
-            own_channel,
         })
+    }
+
+    /// Hands a new id out: it is counted on its channel, and its address becomes live
+    /// (calls may name it).
+    fn publish(id: Box<Id>) -> *mut Id {
+        let ch = id.get(|c| c.channel);
+        // SAFETY: an id's channel is live (checked by `rdma_create_id`, or a listener's).
+        if let Some(c) = unsafe { ch.cast::<EvChannel>().as_ref() } {
+            c.attach();
+        }
+        let p = Box::into_raw(id);
+        IDS.add(p);
+        p
     }
 
     fn state(&self) -> MutexGuard<'_, IdState> {
         lock(&self.st.0)
     }
 
+    /// The id `id` names, or `None` when it is not a live id (destroyed, NULL, or never
+    /// one: see `cm::live`).
+    ///
     /// # Safety
-    /// `id` must be NULL or a live id of this library.
+    /// No other thread may be destroying `id` meanwhile (as with rdma-core).
     pub unsafe fn from_c<'a>(id: *mut rdma_cm_id) -> Option<&'a Id> {
-        // SAFETY: `c` is the first member of the `repr(C)` `Id`.
+        if !IDS.contains(id) {
+            return None;
+        }
+        // SAFETY: a live id: `c` is the first member of the `repr(C)` `Id`.
         unsafe { id.cast::<Id>().as_ref() }
     }
 
     fn channel(&self) -> &EvChannel {
-        // SAFETY: an id's channel outlives it (rdma-core requires ids to be destroyed
-        // before their channel); a sync id's channel is its own.
+        // SAFETY: an id's channel lives while the id is on it (it counts its ids, and its
+        // last id frees it when given up).
         unsafe { &*self.get(|c| c.channel).cast::<EvChannel>() }
     }
 
@@ -294,16 +328,16 @@ impl Id {
                 bound: Some(local),
                 dst: Some(remote),
                 request: Some(req),
+                passive: true,
                 ep_qp_attr,
                 ep_pd,
                 ..IdState::default()
             },
             l.sync,
-            None,
         );
         id.set_src(local);
         id.set_dst(remote);
-        let p = Box::into_raw(id);
+        let p = Id::publish(id);
         l.channel().state().conns.insert(conn, p as usize);
         // The peer's (IRD, ORD): what it may read from us is our responder resources.
         let (rr, depth) = peer.map_or((QP_RD_ATOMIC, QP_RD_ATOMIC), |(ird, ord)| {
@@ -395,13 +429,15 @@ impl Id {
         let old = self.get(|c| c.event);
         // SAFETY: as in `set_src`.
         let p = unsafe { std::ptr::addr_of_mut!((*self.ptr()).event) };
-        // SAFETY: `id->event` is the library's to set in synchronous mode; the previous
-        // event (ours, boxed) is released.
-        unsafe {
-            p.write(Box::into_raw(ev).cast());
-            if !old.is_null() {
-                drop(Box::from_raw(old.cast::<Event>()));
-            }
+        let new = Box::into_raw(ev).cast::<rdma_cm_event>();
+        EVENTS.add(new);
+        // SAFETY: `id->event` is the library's to set in synchronous mode.
+        unsafe { p.write(new) };
+        // The previous event (ours, boxed) is released, unless the application acknowledged
+        // it already.
+        if EVENTS.remove(old) {
+            // SAFETY: a live event of this library (Box), no longer named anywhere.
+            drop(unsafe { Box::from_raw(old.cast::<Event>()) });
         }
     }
 }
@@ -459,16 +495,17 @@ unsafe fn create_id(
             "port spaces other than TCP (iWARP is connected only)",
         ));
     }
-    let (own_channel, ch) = if channel.is_null() {
-        match EvChannel::create() {
-            Ok(mut c) => {
-                let p = std::ptr::addr_of_mut!(c.c);
-                (Some(c), p)
-            }
+    let sync = channel.is_null();
+    let ch = if sync {
+        // A private channel, freed by its last id (this one, or its requests when it listens).
+        match EvChannel::create(true) {
+            Ok(c) => Box::into_raw(c).cast::<rdma_event_channel>(),
             Err(e) => return err(e),
         }
+    } else if CHANNELS.contains(channel) {
+        channel
     } else {
-        (None, channel)
+        return err(libc::EINVAL);
     };
     // SAFETY: plain C data; all-zero is valid.
     let mut c: rdma_cm_id = unsafe { std::mem::zeroed() };
@@ -476,19 +513,22 @@ unsafe fn create_id(
     c.context = context;
     c.ps = ps;
     c.qp_type = qp_type;
-    let sync = own_channel.is_some();
-    let id = Id::boxed(c, IdState::default(), sync, own_channel);
+    let id = Id::publish(Id::boxed(c, IdState::default(), sync));
     // SAFETY: `out` is writable.
-    unsafe { *out = Box::into_raw(id).cast() };
+    unsafe { *out = id.cast() };
     0
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
-    // SAFETY: the caller's id.
-    let Some(i) = (unsafe { Id::from_c(id) }) else {
+    if !IDS.remove(id) {
+        // Destroyed already, or never an id: nothing is read or freed.
         return err(libc::EINVAL);
-    };
+    }
+    // SAFETY: a live id until the line above, which took it from the application: ours to
+    // free.
+    let i = unsafe { &*id.cast::<Id>() };
+    let channel = i.get(|c| c.channel);
     {
         let mut st = i.state();
         let mut ch = i.channel().state();
@@ -500,12 +540,15 @@ pub unsafe extern "C" fn swv_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         st.conn = None;
     }
     let last = i.get(|c| c.event);
-    if !last.is_null() {
-        // SAFETY: a synchronous id's last event is ours (boxed).
+    if EVENTS.remove(last) {
+        // SAFETY: a synchronous id's last event is ours (boxed), not acknowledged.
         drop(unsafe { Box::from_raw(last.cast::<Event>()) });
     }
     // SAFETY: ids are allocated with Box; the application gives it up.
     drop(unsafe { Box::from_raw(id.cast::<Id>()) });
+    // Its queued events go, and its channel when it was the last id of a channel given up.
+    // SAFETY: the id's channel, on which it was counted; the id is gone.
+    unsafe { EvChannel::detach(channel, id) };
     0
 }
 
@@ -518,7 +561,7 @@ pub unsafe extern "C" fn swv_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sock
         return err(libc::EINVAL);
     };
     let mut st = i.state();
-    if st.bound.is_some() {
+    if st.bound.is_some() || !st.unresolved() {
         return err(libc::EINVAL);
     }
     // An address this host does not have cannot be bound (rdma-core: no device for it).
@@ -551,6 +594,10 @@ pub unsafe extern "C" fn swv_rdma_resolve_addr(
     }) else {
         return err(libc::EINVAL);
     };
+    if !i.state().unresolved() {
+        // Resolved, listening, requested or connected: the kernel's id is past ADDR_BOUND.
+        return err(libc::EINVAL);
+    }
     // SAFETY: as above.
     let s = unsafe { from_sockaddr(src.cast()) };
     if s.is_some() && i.state().bound.is_none() {
@@ -594,10 +641,19 @@ pub unsafe extern "C" fn swv_rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms
     let Some(i) = (unsafe { Id::from_c(id) }) else {
         return err(libc::EINVAL);
     };
-    if i.state().dst.is_none() {
-        return err(libc::EINVAL);
+    {
+        let mut st = i.state();
+        // The kernel's ADDR_RESOLVED only.
+        if st.dst.is_none()
+            || st.route_resolved
+            || st.conn.is_some()
+            || st.passive
+            || st.listener.is_some()
+        {
+            return err(libc::EINVAL);
+        }
+        st.route_resolved = true;
     }
-    i.state().route_resolved = true;
     i.channel()
         .push(Event::new(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
     i.complete()
@@ -613,7 +669,7 @@ pub unsafe extern "C" fn swv_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) ->
     let Some(addr) = st.bound else {
         return err(libc::EINVAL);
     };
-    if st.listener.is_some() {
+    if !st.unresolved() {
         return err(libc::EINVAL);
     }
     let backlog = u32::try_from(backlog)
@@ -921,8 +977,13 @@ pub unsafe extern "C" fn swv_rdma_connect(
     let Some(dst) = st.dst else {
         return err(errno::invalid(CALL, "the address is not resolved"));
     };
-    if st.conn.is_some() {
-        return err(libc::EISCONN);
+    // The kernel's ROUTE_RESOLVED only: once connecting (whatever became of it) the id
+    // stays in CONNECT until it is destroyed.
+    if !st.route_resolved || st.conn.is_some() || st.passive {
+        return err(errno::invalid(
+            CALL,
+            "the route is not resolved, or the id connected already",
+        ));
     }
     let ch = i.channel();
     // Registered under the channel's lock, before its events can be read.
@@ -1017,10 +1078,23 @@ pub unsafe extern "C" fn swv_rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     let Some(i) = (unsafe { Id::from_c(id) }) else {
         return err(libc::EINVAL);
     };
-    let conn = i.state().conn.clone();
-    let Some(conn) = conn else {
-        return err(libc::EINVAL);
+    let (conn, passive) = {
+        let st = i.state();
+        (st.conn.clone(), st.passive)
     };
+    let Some(conn) = conn else {
+        // A request not accepted (or rejected) has its kernel iWARP id: its disconnect is 0.
+        return if passive { 0 } else { err(libc::EINVAL) };
+    };
+    if matches!(
+        conn.state(),
+        softwarp::CmState::Failed | softwarp::CmState::Disconnected | softwarp::CmState::Closed
+    ) {
+        // Refused, failed or closed already: the kernel's iWARP CM answers 0 (its id is
+        // IDLE or CLOSING), however many times.
+        i.sync_qp_state();
+        return 0;
+    }
     if let Some(q) = i.qp() {
         crate::cm::teardown::let_peer_close_first(
             &q.qp,
@@ -1041,7 +1115,7 @@ pub unsafe extern "C" fn swv_rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_notify(id: *mut rdma_cm_id, _event: ibv_event_type) -> c_int {
     // iWARP has no communication-established event to forward (rdma-core: a no-op there).
-    if id.is_null() {
+    if !IDS.contains(id) {
         return err(libc::EINVAL);
     }
     0
@@ -1049,7 +1123,7 @@ pub unsafe extern "C" fn swv_rdma_notify(id: *mut rdma_cm_id, _event: ibv_event_
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_establish(id: *mut rdma_cm_id) -> c_int {
-    if id.is_null() {
+    if !IDS.contains(id) {
         return err(libc::EINVAL);
     }
     0
@@ -1092,7 +1166,7 @@ pub unsafe extern "C" fn swv_rdma_set_option(
     val: *mut c_void,
     len: usize,
 ) -> c_int {
-    if id.is_null() || (val.is_null() && len > 0) {
+    if !IDS.contains(id) || (val.is_null() && len > 0) {
         return err(libc::EINVAL);
     }
     match (level as u32, name as u32) {
@@ -1114,7 +1188,7 @@ pub unsafe extern "C" fn swv_rdma_set_option(
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_get_local_addr(id: *mut rdma_cm_id) -> *mut sockaddr {
-    if id.is_null() {
+    if !IDS.contains(id) {
         return std::ptr::null_mut();
     }
     // SAFETY: the caller's id; the address lives in it.
@@ -1123,7 +1197,7 @@ pub unsafe extern "C" fn swv_rdma_get_local_addr(id: *mut rdma_cm_id) -> *mut so
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_get_peer_addr(id: *mut rdma_cm_id) -> *mut sockaddr {
-    if id.is_null() {
+    if !IDS.contains(id) {
         return std::ptr::null_mut();
     }
     // SAFETY: as above.
@@ -1188,6 +1262,9 @@ pub unsafe extern "C" fn swv_rdma_migrate_id(
         return err(libc::EINVAL);
     };
     let st = i.state();
+    if !channel.is_null() && !CHANNELS.contains(channel) {
+        return err(libc::EINVAL);
+    }
     if channel.is_null()
         || i.is_sync()
         || st.listener.is_some()
@@ -1198,8 +1275,22 @@ pub unsafe extern "C" fn swv_rdma_migrate_id(
         tracing::warn!(target: "softwarp::verbs", "rdma_migrate_id: not supported by softwarp once the id listens or connects");
         return err(libc::ENOSYS);
     }
+    drop(st);
+    let old = i.get(|c| c.channel);
+    if old == channel {
+        return 0;
+    }
+    // SAFETY: a live channel (checked above).
+    let new = unsafe { &*channel.cast::<EvChannel>() };
+    new.attach();
+    // Its queued events move with it.
+    for ev in i.channel().take_events(id) {
+        new.push(ev);
+    }
     // SAFETY: the id's channel field, as rdma-core sets it.
     unsafe { (*id).channel = channel };
+    // SAFETY: the channel the id was counted on; the id now names the new one.
+    unsafe { EvChannel::detach(old, id) };
     0
 }
 

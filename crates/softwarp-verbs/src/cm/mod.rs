@@ -6,6 +6,7 @@ pub mod addrinfo;
 pub mod channel;
 pub mod ib_only;
 pub mod id;
+pub mod live;
 pub mod teardown;
 
 use std::ffi::c_int;
