@@ -35,6 +35,12 @@
 //!
 //! Bounds: a request line is at most 64 KiB; a connection idle for 60 s is closed; at most 8
 //! connections are served at once; the server thread notices shutdown within 100 ms.
+//!
+//! The client side trusts no path a registry entry names: [`connect_entry`] connects only
+//! to the registry's own socket file of the entry's pid (opened without following links,
+//! owned by the entry's uid) and only keeps a connection whose listening process
+//! (`SO_PEERCRED`) is the entry's pid and uid; every connect is bounded (`SO_SNDTIMEO`, or
+//! non-blocking), and [`ask_concurrently`] asks many processes at once within a deadline.
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
@@ -656,6 +662,15 @@ pub enum ClientError {
     /// The process answered with an error.
     #[error("the process refused: {0}")]
     Remote(String),
+    /// The socket is not the registered process's own: its file or directory belongs to
+    /// another user, is not at the registry's path, is reached through a symbolic link, or
+    /// the process listening on it (`SO_PEERCRED`) is not the registered one. Nothing was
+    /// sent.
+    #[error("not trusted: {0}")]
+    Untrusted(String),
+    /// The request was not sent: the time ran out before its turn.
+    #[error("not asked: {0}")]
+    NotAsked(&'static str),
 }
 
 /// A connection to one process's control socket (keep it open for repeated requests, e.g.
@@ -669,10 +684,12 @@ pub struct ControlClient {
 }
 
 impl ControlClient {
-    /// Connects to `path`; every request then waits at most `timeout` for its reply.
+    /// Connects to `path` (waiting at most `timeout` for a place in the listener's
+    /// backlog); every request then waits at most `timeout` for its reply. For a registered
+    /// process, [`ControlClient::connect_entry`] is the one to use: this one trusts `path`.
     pub fn connect(path: impl Into<PathBuf>, timeout: Duration) -> Result<Self, ClientError> {
         let path = path.into();
-        let stream = UnixStream::connect(&path).map_err(|source| ClientError::Io {
+        let stream = connect_unix(&path, Some(timeout)).map_err(|source| ClientError::Io {
             op: "connect to",
             path: path.display().to_string(),
             source,
@@ -680,6 +697,26 @@ impl ControlClient {
         Ok(Self {
             stream,
             path,
+            pending: Vec::new(),
+            timeout,
+        })
+    }
+
+    /// Connects to the control socket of a live registered process (an entry of
+    /// [`HostRegistry::scan`]) after checking that it is that process's own (see
+    /// [`connect_entry`]); every request then waits at most `timeout` for its reply.
+    pub fn connect_entry(entry: &ProcessEntry, timeout: Duration) -> Result<Self, ClientError> {
+        let stream = connect_entry(entry, Some(timeout))?;
+        stream
+            .set_nonblocking(false)
+            .map_err(|source| ClientError::Io {
+                op: "configure",
+                path: entry.control_socket.display().to_string(),
+                source,
+            })?;
+        Ok(Self {
+            stream,
+            path: entry.control_socket.clone(),
             pending: Vec::new(),
             timeout,
         })
@@ -762,9 +799,300 @@ impl ControlClient {
     }
 }
 
-/// Sends one request to the control socket at `path`.
+/// Sends one request to the control socket at `path` (a path the caller trusts; for a
+/// registered process, [`request_entry`]). `timeout` bounds the connect, and then the
+/// request.
 pub fn request(path: &Path, req: &Request, timeout: Duration) -> Result<Reply, ClientError> {
     ControlClient::connect(path, timeout)?.request(req)
+}
+
+/// Sends one request to a live registered process, over its own control socket only (see
+/// [`connect_entry`]).
+pub fn request_entry(
+    entry: &ProcessEntry,
+    req: &Request,
+    timeout: Duration,
+) -> Result<Reply, ClientError> {
+    ControlClient::connect_entry(entry, timeout)?.request(req)
+}
+
+/// A Unix stream socket connected to `path`. `Some(timeout)`: a blocking socket whose
+/// connect waits at most `timeout` for a place in a full backlog (`SO_SNDTIMEO`; a timeout
+/// the clock cannot represent waits without a bound). `None`: a non-blocking socket whose
+/// connect fails at once (`EAGAIN`) when the backlog is full.
+fn connect_unix(path: &Path, timeout: Option<Duration>) -> io::Result<UnixStream> {
+    use rustix::net::{sockopt, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let mut flags = SocketFlags::CLOEXEC;
+    if timeout.is_none() {
+        flags |= SocketFlags::NONBLOCK;
+    }
+    let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, flags, None)?;
+    if let Some(t) = timeout.filter(|t| !Deadline::after(*t).is_never()) {
+        // Zero means "no timeout" to the kernel: the shortest real one instead.
+        let t = t.max(Duration::from_millis(1));
+        sockopt::set_socket_timeout(&fd, sockopt::Timeout::Send, Some(t))?;
+    }
+    match rustix::net::connect(&fd, &SocketAddrUnix::new(path)?) {
+        Ok(()) => {}
+        // A blocking connect that timed out, or a non-blocking one with a full backlog.
+        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INPROGRESS) => {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the listener's backlog is full (the process does not accept)",
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    if timeout.is_some() {
+        sockopt::set_socket_timeout(&fd, sockopt::Timeout::Send, None)?;
+    }
+    Ok(UnixStream::from(fd))
+}
+
+/// Connects to a registered process's control socket, trusting nothing the entry says
+/// alone: the socket file is opened with [`crate::registry::open_control_socket`] (the
+/// registry's path, no symbolic link, directory and file owned by the entry's uid) and
+/// connected to through that descriptor (`/proc/self/fd/N`), and the listening process's
+/// kernel credentials (`SO_PEERCRED`) must be the entry's pid and uid. Nothing is sent on
+/// a connection that fails a check. `timeout` as [`connect_unix`]'s.
+pub fn connect_entry(
+    entry: &ProcessEntry,
+    timeout: Option<Duration>,
+) -> Result<UnixStream, ClientError> {
+    use std::os::fd::AsRawFd;
+    let path = entry.control_socket.display().to_string();
+    let file = crate::registry::open_control_socket(entry).map_err(|source| {
+        if source.kind() == io::ErrorKind::PermissionDenied {
+            ClientError::Untrusted(source.to_string())
+        } else {
+            ClientError::Io {
+                op: "open",
+                path: path.clone(),
+                source,
+            }
+        }
+    })?;
+    let via = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    let stream = connect_unix(&via, timeout).map_err(|source| ClientError::Io {
+        op: "connect to",
+        path: path.clone(),
+        source,
+    })?;
+    drop(file);
+    let (uid, pid) = sys::peer_credentials(stream.as_fd()).map_err(|source| ClientError::Io {
+        op: "read the credentials of",
+        path: path.clone(),
+        source,
+    })?;
+    if (uid, pid) != (entry.uid, entry.pid) {
+        return Err(ClientError::Untrusted(format!(
+            "{path} is served by pid {pid} of uid {uid}, not by pid {} of uid {}",
+            entry.pid, entry.uid
+        )));
+    }
+    Ok(stream)
+}
+
+/// Most requests [`ask_concurrently`] has open at once.
+pub const MAX_IN_FLIGHT: usize = 16;
+
+/// How [`ask_concurrently`] asks.
+#[derive(Debug, Clone, Copy)]
+pub struct Concurrently {
+    /// Nothing is connected, sent or read after it; requests without a reply by then are
+    /// [`ClientError::Timeout`]s, those not begun [`ClientError::NotAsked`].
+    pub deadline: Deadline,
+    /// The first this many entries are essential: once they all have their answer, the
+    /// others get until `grace` after the start, then are given up.
+    pub essential: usize,
+    /// See `essential`.
+    pub grace: Duration,
+    /// Longest reply line read, in bytes.
+    pub max_reply: usize,
+}
+
+/// One request in flight.
+struct Flight {
+    index: usize,
+    stream: UnixStream,
+    out: Vec<u8>,
+    sent: usize,
+    pending: Vec<u8>,
+}
+
+/// Sends `req` to each of `entries` (live registered processes) and collects their
+/// replies, at most [`MAX_IN_FLIGHT`] at once on non-blocking sockets and one `poll`, in
+/// the entries' order (so essential ones first), without a thread. Each connection is
+/// [`connect_entry`]'s (trusted or not made); the deadline is checked before each connect
+/// and bounds every wait, so the whole call returns by `how.deadline` (plus the time of
+/// one connect and one read). Answers are in the entries' order.
+pub fn ask_concurrently(
+    entries: &[ProcessEntry],
+    req: &Request,
+    how: &Concurrently,
+) -> Vec<Result<Reply, ClientError>> {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let start = Instant::now();
+    let grace_end = Deadline::after_from(start, how.grace);
+    let mut line = match serde_json::to_vec(req) {
+        Ok(l) => l,
+        Err(e) => {
+            return entries
+                .iter()
+                .map(|_| Err(ClientError::Protocol(e.to_string())))
+                .collect()
+        }
+    };
+    line.push(b'\n');
+    let mut answers: Vec<Option<Result<Reply, ClientError>>> =
+        entries.iter().map(|_| None).collect();
+    let mut flights: Vec<Flight> = Vec::new();
+    let mut next = 0usize;
+    let essential = how.essential.min(entries.len());
+    loop {
+        while flights.len() < MAX_IN_FLIGHT && next < entries.len() && !how.deadline.expired() {
+            let index = next;
+            next = next.saturating_add(1);
+            let Some(entry) = entries.get(index) else {
+                break;
+            };
+            match connect_entry(entry, None) {
+                Ok(stream) => flights.push(Flight {
+                    index,
+                    stream,
+                    out: line.clone(),
+                    sent: 0,
+                    pending: Vec::new(),
+                }),
+                Err(e) => {
+                    if let Some(a) = answers.get_mut(index) {
+                        *a = Some(Err(e));
+                    }
+                }
+            }
+        }
+        if flights.is_empty() && next >= entries.len() {
+            break;
+        }
+        let essentials_done = answers.iter().take(essential).all(Option::is_some);
+        let mut until = how.deadline;
+        if essentials_done {
+            if grace_end.expired() {
+                break;
+            }
+            until = until.min(grace_end);
+        }
+        if until.expired() {
+            break;
+        }
+        if flights.is_empty() {
+            // Only entries not begun: the loop above begins them unless the deadline passed.
+            continue;
+        }
+        let ready: Vec<PollFlags> = {
+            let mut fds: Vec<PollFd<'_>> = flights
+                .iter()
+                .map(|f| {
+                    let mut flags = PollFlags::IN;
+                    if f.sent < f.out.len() {
+                        flags |= PollFlags::OUT;
+                    }
+                    PollFd::new(&f.stream, flags)
+                })
+                .collect();
+            let ts = until
+                .remaining()
+                .and_then(|left| Timespec::try_from(left).ok());
+            match rustix::event::poll(&mut fds, ts.as_ref()) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+            fds.iter().map(PollFd::revents).collect()
+        };
+        let mut finished: Vec<(usize, Result<Reply, ClientError>)> = Vec::new();
+        for (slot, (f, revents)) in flights.iter_mut().zip(ready).enumerate() {
+            if revents.is_empty() {
+                continue;
+            }
+            if let Some(result) = advance(f, how.max_reply) {
+                finished.push((slot, result));
+            }
+        }
+        // Remove from the back so the slots stay valid.
+        for (slot, result) in finished.into_iter().rev() {
+            let f = flights.swap_remove(slot);
+            if let Some(a) = answers.get_mut(f.index) {
+                *a = Some(result);
+            }
+        }
+    }
+    let waited = start.elapsed();
+    for f in flights {
+        if let Some(a) = answers.get_mut(f.index) {
+            *a = Some(Err(ClientError::Timeout(waited)));
+        }
+    }
+    answers
+        .into_iter()
+        .map(|a| a.unwrap_or(Err(ClientError::NotAsked("no time was left for it"))))
+        .collect()
+}
+
+/// Sends what is left of `f`'s request and reads what arrived, without blocking; `Some`
+/// once the exchange is over.
+fn advance(f: &mut Flight, max_reply: usize) -> Option<Result<Reply, ClientError>> {
+    use rustix::net::{RecvFlags, SendFlags};
+    let io_err = |op: &'static str, e: rustix::io::Errno| ClientError::Io {
+        op,
+        path: "a control socket".into(),
+        source: e.into(),
+    };
+    while f.sent < f.out.len() {
+        let rest = f.out.get(f.sent..).unwrap_or(&[]);
+        // NOSIGNAL: a process that closed its end must not kill this one with SIGPIPE
+        // (the library may run in a C program that did not ignore it).
+        match rustix::net::send(&f.stream, rest, SendFlags::NOSIGNAL) {
+            Ok(n) => f.sent = f.sent.saturating_add(n),
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(rustix::io::Errno::INTR) => {}
+            // Closed early (a refusal): what it said is still readable below.
+            Err(rustix::io::Errno::PIPE | rustix::io::Errno::CONNRESET) => {
+                f.sent = f.out.len();
+            }
+            Err(e) => return Some(Err(io_err("send to", e))),
+        }
+    }
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match rustix::net::recv(&f.stream, &mut buf[..], RecvFlags::DONTWAIT) {
+            Ok((0, _)) => {
+                return Some(Err(ClientError::Protocol(
+                    "the process closed the connection without a reply".into(),
+                )))
+            }
+            Ok((n, _)) => {
+                let got = buf.get(..n).unwrap_or(&[]);
+                let had = f.pending.len();
+                f.pending.extend_from_slice(got);
+                if let Some(nl) = got.iter().position(|b| *b == b'\n') {
+                    let end = had.saturating_add(nl);
+                    let line = f.pending.get(..end).unwrap_or(&[]);
+                    return Some(
+                        serde_json::from_slice(line)
+                            .map_err(|e| ClientError::Protocol(e.to_string())),
+                    );
+                }
+                if f.pending.len() > max_reply {
+                    return Some(Err(ClientError::Protocol(format!(
+                        "reply longer than {max_reply} bytes"
+                    ))));
+                }
+            }
+            Err(rustix::io::Errno::AGAIN) => return None,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Some(Err(io_err("receive from", e))),
+        }
+    }
 }
 
 /// One process's answer in [`query_all`].
@@ -776,8 +1104,9 @@ pub struct ProcessReply {
     pub reply: Result<Reply, ClientError>,
 }
 
-/// Sends `req` to every live process of `registry` (stale entries are cleaned first), one
-/// after the other, each with `timeout`.
+/// Sends `req` to every live process of `registry` (stale entries are cleaned first; only
+/// trusted entries are live), one after the other, each with `timeout`, over
+/// [`request_entry`].
 pub fn query_all(
     registry: &HostRegistry,
     req: &Request,
@@ -787,7 +1116,7 @@ pub fn query_all(
         .live()?
         .into_iter()
         .map(|entry| {
-            let reply = request(&entry.control_socket, req, timeout);
+            let reply = request_entry(&entry, req, timeout);
             ProcessReply { entry, reply }
         })
         .collect())

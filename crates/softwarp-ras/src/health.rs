@@ -5,18 +5,22 @@
 //!
 //! Generic over the device (the `softwarp` crate implements [`FaultTarget`]); holders are
 //! [`ResourceInfo`]s of this process's tracker and of other registered processes, found
-//! through the host registry and their control sockets. No thread here: [`recover`] runs on
-//! its caller's thread and returns within the configured bound (plus one control-socket
-//! timeout per other process).
+//! through the host registry and their control sockets. What another process says is
+//! believed only as far as the kernel vouches for it (DESIGN.md, "Device health and
+//! recovery"): the registry's entries are checked against file owners and `/proc`, the
+//! socket against `SO_PEERCRED`, a reply speaks only for the process that sent it, names
+//! are the kernel's, only processes of this user are waited for or signalled. No thread
+//! here: [`recover`] runs on its caller's thread, asks the other processes concurrently on
+//! one `poll`, and returns by the configured bound (every wait is cut to the time left).
 
 use std::sync::{Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::{self, FaultStatusResult, Request};
+use crate::control::{self, ClientError, Concurrently, FaultStatusResult, Request};
 use crate::deadline::Deadline;
-use crate::registry::HostRegistry;
+use crate::registry::{HostRegistry, ProcessEntry};
 use crate::sys;
 use crate::tracker::ResourceInfo;
 
@@ -118,13 +122,25 @@ pub struct RecoveryReport {
     pub elapsed_ms: u64,
     /// The bound it had, in milliseconds.
     pub bound_ms: u64,
-    /// The holders still there at the end (all of them while it runs).
+    /// The holders still there at the end (all of them while it runs): this process's,
+    /// and those of other processes of the same user. The recovery waits for these.
     pub holders: Vec<ResourceInfo>,
+    /// Holders in processes of other users, as those processes reported them (the pid
+    /// and process name are the kernel's): reported, never waited for nor signalled. Each
+    /// process has its own instance of the device, whose resources live in that process:
+    /// they do not keep this one from recovering.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub foreign_holders: Vec<ResourceInfo>,
     /// Signals sent to holder processes.
     pub terminated: Vec<Termination>,
     /// Other processes whose holders could not be asked (their control socket did not
     /// answer), with why.
     pub unreachable: Vec<String>,
+    /// What the last round refused to believe, with why: registry entries it did not trust
+    /// (never connected to) and holders a reply named in another process than its own (at
+    /// most 32 lines, the last one counting the rest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<String>,
 }
 
 /// A device's health as `fault-status` reports it.
@@ -285,43 +301,178 @@ pub trait RecoverySubject {
     fn progress(&self, report: &RecoveryReport);
 }
 
+/// The longest a round of a recovery waits for the replies of other processes (never
+/// longer than what is left of the bound). A process that has not answered by then is
+/// listed as unreachable for that round.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
+/// Once every process of this user answered, how long after the start of the round the
+/// replies of other users' processes are still waited for (they are only reported).
+pub const FOREIGN_GRACE: Duration = Duration::from_millis(100);
+/// The longest `fault-status` reply a recovery reads, in bytes (about 13,000 holders).
+pub const MAX_STATUS_REPLY: usize = 4 * 1024 * 1024;
+/// Most lines of [`RecoveryReport::rejected`] per round (the last one counts the rest).
+pub const MAX_REJECTED_LINES: usize = 32;
+/// Most distinct rejections a recovery writes as level 1 records.
+const MAX_LOGGED_REJECTIONS: usize = 64;
+
+/// What one round learnt from the other registered processes.
+#[derive(Debug, Default)]
+struct Remote {
+    /// Holders in processes of this user: waited for.
+    counted: Vec<ResourceInfo>,
+    /// Holders in processes of other users: reported only.
+    foreign: Vec<ResourceInfo>,
+    /// The kernel's identity of each process of this user that answered (for
+    /// [`terminate_listed`]).
+    identities: Vec<sys::ProcessIdentity>,
+    unreachable: Vec<String>,
+    /// The deadline cut the registry scan short: some processes were not looked at.
+    incomplete: bool,
+}
+
+/// The rejections of one round (at most [`MAX_REJECTED_LINES`] lines, then a count), and
+/// the level 1 records of the recovery's distinct rejections (at most
+/// [`MAX_LOGGED_REJECTIONS`]).
+#[derive(Debug, Default)]
+struct Rejections {
+    round: Vec<String>,
+    more: u64,
+    logged: Vec<String>,
+    silenced: bool,
+}
+
+impl Rejections {
+    fn add(&mut self, line: String) {
+        if !self.logged.contains(&line) {
+            if self.logged.len() < MAX_LOGGED_REJECTIONS {
+                crate::sw_event!(Ras, 1, "recovery: {line}");
+                self.logged.push(line.clone());
+            } else if !self.silenced {
+                self.silenced = true;
+                crate::sw_event!(Ras, 1, "recovery: more rejections, not logged one by one");
+            }
+        }
+        if self.round.len() < MAX_REJECTED_LINES {
+            if !self.round.contains(&line) {
+                self.round.push(line);
+            }
+        } else {
+            self.more = self.more.saturating_add(1);
+        }
+    }
+
+    /// This round's lines (and the count of the others); starts the next round.
+    fn take_round(&mut self) -> Vec<String> {
+        let mut out = std::mem::take(&mut self.round);
+        if self.more > 0 {
+            out.push(format!("... and {} more", self.more));
+        }
+        self.more = 0;
+        out
+    }
+}
+
 /// Holders in other registered processes: resources of their failed or recovering
-/// instances of the same device (name and interface). Processes whose control socket does
-/// not answer are listed in `unreachable` (a process that is gone holds nothing: its
-/// control socket refuses, and it is not listed).
+/// instances of the same device (name and interface). Only what the kernel vouches for is
+/// used (see DESIGN.md, "Device health and recovery"): the registry gives only trusted
+/// entries (file, directory, entry and process of one uid, socket at the layout's path);
+/// each is asked over [`control::connect_entry`] (the socket is that process's, by
+/// `SO_PEERCRED`); a reply speaks only for the process that sent it (holders naming
+/// another pid are rejected), and a holder's process name is the kernel's. Holders in
+/// processes of this user are counted; those of other users are reported as foreign.
+/// The processes of this user are asked first and all requests run at once within
+/// `deadline` (and [`REQUEST_TIMEOUT`]). Processes that do not answer are listed in
+/// `unreachable` (a process that is gone holds nothing: it is not listed).
 fn remote_holders(
     registry: Option<&HostRegistry>,
     scope: &(String, Option<String>),
-    unreachable: &mut Vec<String>,
-) -> Vec<ResourceInfo> {
+    deadline: Deadline,
+    rejections: &mut Rejections,
+) -> Remote {
+    let mut out = Remote::default();
     let Some(registry) = registry else {
-        return Vec::new();
+        return out;
     };
-    let Ok(live) = registry.live() else {
-        return Vec::new();
+    let scan = match registry.scan_and_clean_until(deadline) {
+        Ok(s) => s,
+        Err(e) => {
+            out.unreachable
+                .push(format!("the host registry cannot be read: {e}"));
+            return out;
+        }
     };
+    for b in &scan.bad {
+        rejections.add(format!(
+            "registry entry {} skipped: {}",
+            b.path.display(),
+            b.reason
+        ));
+    }
     let me = sys::pid();
-    let mut out = Vec::new();
-    for entry in live.into_iter().filter(|e| e.pid != me) {
-        let reply = control::request(
-            &entry.control_socket,
-            &Request::FaultStatus,
-            Duration::from_millis(500),
-        );
-        let status: FaultStatusResult = match reply.and_then(|r| r.into_result()) {
+    let euid = sys::euid();
+    let mut entries: Vec<ProcessEntry> = scan.live.into_iter().filter(|e| e.pid != me).collect();
+    // This user's processes first: they are the essential ones.
+    entries.sort_by_key(|e| e.uid != euid);
+    let essential = entries.iter().filter(|e| e.uid == euid).count();
+    let how = Concurrently {
+        deadline: deadline.min(Deadline::after(REQUEST_TIMEOUT)),
+        essential,
+        grace: FOREIGN_GRACE,
+        max_reply: MAX_STATUS_REPLY,
+    };
+    out.incomplete = scan.truncated;
+    if scan.truncated {
+        out.unreachable
+            .push("the time ran out before every registry entry was read".into());
+    }
+    let answers = control::ask_concurrently(&entries, &Request::FaultStatus, &how);
+    for (entry, answer) in entries.iter().zip(answers) {
+        let who = format!("pid {} ({}, uid {})", entry.pid, entry.name, entry.uid);
+        let own = entry.uid == euid;
+        let status: FaultStatusResult = match answer.and_then(|r| r.into_result()) {
             Ok(s) => s,
+            Err(e @ ClientError::Untrusted(_)) => {
+                rejections.add(format!("{who} not asked: {e}"));
+                continue;
+            }
             Err(e) => {
                 if sys::pid_exists(entry.pid) && !is_zombie(entry.pid) {
-                    unreachable.push(format!("pid {} ({}): {e}", entry.pid, entry.name));
+                    out.unreachable.push(format!("{who}: {e}"));
                 }
                 continue;
             }
         };
+        // The process that answered is entry.pid of entry.uid (its socket's SO_PEERCRED);
+        // its name is the kernel's. Gone or changed meanwhile: it holds nothing of ours.
+        let Some(identity) =
+            sys::process_identity(entry.pid).filter(|i| i.owner() == Some(entry.uid))
+        else {
+            continue;
+        };
         for dev in status.devices {
             let failed = matches!(dev.state, DeviceState::Failed | DeviceState::Recovering);
-            if failed && dev.name == scope.0 && dev.interface == scope.1 {
-                out.extend(dev.holders);
+            if !(failed && dev.name == scope.0 && dev.interface == scope.1) {
+                continue;
             }
+            for mut h in dev.holders {
+                if h.pid != entry.pid {
+                    rejections.add(format!(
+                        "{who} named a holder in pid {} ({}): ignored, a reply speaks only \
+                         for its own process",
+                        h.pid, h.process
+                    ));
+                    continue;
+                }
+                h.process.clone_from(&identity.comm);
+                if own {
+                    out.counted.push(h);
+                } else {
+                    out.foreign.push(h);
+                }
+            }
+        }
+        if own {
+            out.identities.push(identity);
         }
     }
     out
@@ -342,10 +493,14 @@ fn ms(d: Duration) -> u64 {
 }
 
 /// Waits (at most `config.bound`) until no holder of `subject`'s resources is left, here or
-/// in other processes of `registry` (`None`: this process only). Processes named in
-/// `config.terminate` that still hold resources after `config.release_wait` get `SIGTERM`,
-/// and `SIGKILL` after `config.grace` more; every other holder is only reported. Runs on the
-/// caller's thread.
+/// in other processes of this user in `registry` (`None`: this process only); holders in
+/// processes of other users are reported ([`RecoveryReport::foreign_holders`]), not waited
+/// for. Processes of this user named in `config.terminate` (by the kernel's name) that
+/// still hold resources after `config.release_wait` get `SIGTERM`, and `SIGKILL` after
+/// `config.grace` more; every other holder is only reported. Runs on the caller's thread
+/// and returns by the bound (plus the time of one registry file or one `poll` wake-up):
+/// the registry scan checks the deadline before each entry, and every connect, send and
+/// receive to another process is bounded by the time left.
 pub fn recover(
     subject: &dyn RecoverySubject,
     config: &RecoveryConfig,
@@ -360,19 +515,26 @@ pub fn recover(
         elapsed_ms: 0,
         bound_ms: ms(config.bound),
         holders: Vec::new(),
+        foreign_holders: Vec::new(),
         terminated: Vec::new(),
         unreachable: Vec::new(),
+        rejected: Vec::new(),
     };
     // Processes sent SIGTERM, and when.
-    let mut termed: Vec<(u32, Instant)> = Vec::new();
+    let mut termed: Vec<(sys::ProcessIdentity, Instant)> = Vec::new();
+    let mut rejections = Rejections::default();
     loop {
-        let mut unreachable = Vec::new();
         let mut holders = subject.local_holders();
-        holders.extend(remote_holders(registry, &scope, &mut unreachable));
+        let remote = remote_holders(registry, &scope, deadline, &mut rejections);
+        holders.extend(remote.counted);
         report.elapsed_ms = ms(start.elapsed());
         report.holders = holders;
-        report.unreachable = unreachable;
-        if report.holders.is_empty() {
+        report.foreign_holders = remote.foreign;
+        report.unreachable = remote.unreachable;
+        report.rejected = rejections.take_round();
+        // A round the deadline cut short did not see every process of this user: it
+        // cannot tell that nobody holds.
+        if report.holders.is_empty() && !remote.incomplete {
             report.outcome = RecoveryOutcome::Recovered;
             return report;
         }
@@ -381,13 +543,16 @@ pub fn recover(
             return report;
         }
         if start.elapsed() >= config.release_wait {
+            let holders = std::mem::take(&mut report.holders);
             terminate_listed(
                 config,
                 start,
-                &report.holders.clone(),
+                &holders,
+                &remote.identities,
                 &mut termed,
                 &mut report,
             );
+            report.holders = holders;
         }
         subject.progress(&report);
         let left = deadline.remaining().unwrap_or(config.poll);
@@ -396,24 +561,33 @@ pub fn recover(
 }
 
 /// Sends `SIGTERM` to listed holder processes not signalled yet, `SIGKILL` to those whose
-/// grace ran out.
+/// grace ran out. Only processes in `verified` are candidates: processes of this user
+/// whose identity the kernel gave (the `SO_PEERCRED` of the connection that answered, then
+/// `/proc`), that hold resources, and whose kernel name is listed. Each signal goes to
+/// that very process ([`sys::signal_verified`]: a pidfd, and the same start time, uids and
+/// name as when it answered). Never this process, never another user's.
 fn terminate_listed(
     config: &RecoveryConfig,
     start: Instant,
     holders: &[ResourceInfo],
-    termed: &mut Vec<(u32, Instant)>,
+    verified: &[sys::ProcessIdentity],
+    termed: &mut Vec<(sys::ProcessIdentity, Instant)>,
     report: &mut RecoveryReport,
 ) {
     let me = sys::pid();
-    let mut pids: Vec<(u32, String)> = holders
-        .iter()
-        .filter(|h| h.pid != me && config.terminate.contains(&h.process))
-        .map(|h| (h.pid, h.process.clone()))
-        .collect();
-    pids.sort();
-    pids.dedup();
-    for (pid, process) in pids {
-        let sent = termed.iter().find(|(p, _)| *p == pid).map(|(_, t)| *t);
+    let euid = sys::euid();
+    for id in verified {
+        if id.pid == me
+            || id.owner() != Some(euid)
+            || !config.terminate.contains(&id.comm)
+            || !holders.iter().any(|h| h.pid == id.pid)
+        {
+            continue;
+        }
+        let sent = termed
+            .iter()
+            .find(|(t, _)| t.pid == id.pid && t.start_ticks == id.start_ticks)
+            .map(|(_, at)| *at);
         let signal = match sent {
             None => "SIGTERM",
             Some(t) if t.elapsed() >= config.grace => "SIGKILL",
@@ -422,15 +596,16 @@ fn terminate_listed(
         if report
             .terminated
             .iter()
-            .any(|x| x.pid == pid && x.signal == signal)
+            .any(|x| x.pid == id.pid && x.signal == signal)
         {
             continue;
         }
-        match sys::signal_process(pid, signal == "SIGKILL") {
+        let (pid, process) = (id.pid, id.comm.clone());
+        match sys::signal_verified(id, signal == "SIGKILL") {
             Ok(()) => {
                 crate::sw_event!(Ras, 1, pid, process = %process, "recovery: {signal} sent to a holder");
                 if sent.is_none() {
-                    termed.push((pid, Instant::now()));
+                    termed.push((id.clone(), Instant::now()));
                 }
                 report.terminated.push(Termination {
                     pid,

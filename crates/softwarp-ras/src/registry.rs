@@ -1,7 +1,15 @@
 //! The host registry: every process using Softwarp leaves one JSON file in a runtime
 //! directory (pid, name, start time, control socket), so the CLI finds every process on the
 //! host. Files of dead processes are detected (the pid is gone, or was reused by another
-//! process) and removed by readers.
+//! process) and removed by readers, in their own directory.
+//!
+//! A file says only what its writer wanted: an entry of a running process is live (listed,
+//! asked) only when the file's owner, its directory's owner, the uid in the entry and the
+//! kernel's owner of the pid are one user, and its control socket is the layout's path for
+//! the pid (`<dir>/<pid>.sock`); files are opened without following symbolic links, and
+//! [`open_control_socket`] re-checks the socket file (a socket, that user's, no link) for
+//! each connection. Anything else is a bad entry, never connected to. A scan reads at most
+//! [`MAX_ENTRIES`] files.
 //!
 //! The runtime directory is the first of:
 //! 1. `$SOFTWARP_RUNTIME_DIR`;
@@ -23,11 +31,13 @@
 use std::ffi::OsString;
 use std::fs;
 use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::deadline::Deadline;
 use crate::{clock, sys};
 
 /// The shared directory in which every user has their own runtime directory (named by uid).
@@ -238,8 +248,11 @@ pub struct Scan {
     pub live: Vec<ProcessEntry>,
     /// Entries of processes that are gone (dead or pid reused).
     pub stale: Vec<ProcessEntry>,
-    /// Files that could not be read or parsed.
+    /// Files that could not be read or parsed, and entries not trusted.
     pub bad: Vec<BadEntry>,
+    /// The deadline passed before every file was read ([`HostRegistry::scan_and_clean_until`]).
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 /// The registry in one runtime directory.
@@ -345,51 +358,69 @@ impl HostRegistry {
         dirs
     }
 
-    /// Reads every entry and sorts it into live, stale and bad. Removes nothing.
+    /// Reads every entry and sorts it into live, stale and bad. Removes nothing. A live
+    /// entry is one that the kernel and the file system vouch for (see [`trust`]); an
+    /// entry of a running process that does not pass is bad, with the reason, and is never
+    /// connected to.
     pub fn scan(&self) -> io::Result<Scan> {
-        Ok(self.scan_files()?.0)
+        Ok(self.scan_files(Deadline::NEVER)?.0)
     }
 
-    /// [`HostRegistry::scan`], and the file and socket of every stale entry.
-    fn scan_files(&self) -> io::Result<(Scan, Vec<(PathBuf, PathBuf)>)> {
+    /// [`HostRegistry::scan`], and the pids of the stale entries of this registry's own
+    /// directory (the only ones a reader removes).
+    fn scan_files(&self, deadline: Deadline) -> io::Result<(Scan, Vec<u32>)> {
         let mut scan = Scan::default();
-        let mut stale_files = Vec::new();
-        let mut paths: Vec<PathBuf> = Vec::new();
-        for (i, dir) in self.scan_dirs().iter().enumerate() {
-            let read = match fs::read_dir(dir) {
-                Ok(r) => r,
+        let mut stale_own = Vec::new();
+        let mut dirs: Vec<ScanDir> = Vec::new();
+        let mut names: Vec<(PathBuf, usize, String)> = Vec::new();
+        for (i, path) in self.scan_dirs().into_iter().enumerate() {
+            let opened = open_dir_nofollow(&path).and_then(|(fd, owner)| {
+                let listed = list_json(&fd, MAX_ENTRIES.saturating_sub(names.len()))?;
+                Ok((fd, owner, listed))
+            });
+            let (fd, owner, listed) = match opened {
+                Ok(o) => o,
                 // Our own directory must be readable; another user's may vanish meanwhile.
                 Err(e) if i == 0 => return Err(e),
                 Err(_) => continue,
             };
-            let left = MAX_ENTRIES.saturating_sub(paths.len());
-            paths.extend(
-                read.filter_map(Result::ok)
-                    .map(|e| e.path())
-                    .filter(|p| {
-                        p.extension().is_some_and(|e| e == "json")
-                            && p.file_name()
-                                .and_then(|n| n.to_str())
-                                .is_some_and(|n| !n.starts_with('.'))
-                    })
-                    .take(left),
-            );
+            // Another user's directory is theirs (named by their uid and owned by it) when
+            // opened, not only when `scan_dirs` looked at it.
+            if i > 0 && path.file_name().and_then(|n| n.to_str()) != Some(&owner.to_string()) {
+                continue;
+            }
+            let d = dirs.len();
+            names.extend(listed.into_iter().map(|n| (path.join(&n), d, n)));
+            dirs.push(ScanDir { path, fd, owner });
         }
-        paths.sort();
-        for path in paths {
-            let named_pid = path
-                .file_stem()
-                .and_then(|s| s.to_str())
+        names.sort();
+        for (path, d, name) in names {
+            // About 20 us per entry: checked for each, a scan of 4,096 takes up to 80 ms.
+            if deadline.expired() {
+                scan.truncated = true;
+                break;
+            }
+            let Some(dir) = dirs.get(d) else { continue };
+            let named_pid = name
+                .strip_suffix(".json")
                 .and_then(|s| s.parse::<u32>().ok());
-            match read_entry(&path) {
-                Ok(e) if named_pid != Some(e.pid) => scan.bad.push(BadEntry {
+            match read_entry_at(&dir.fd, &name) {
+                Ok((e, _)) if named_pid != Some(e.pid) => scan.bad.push(BadEntry {
                     path,
                     reason: format!("the file names pid {}, not its own", e.pid),
                 }),
-                Ok(e) => match e.liveness() {
-                    Liveness::Alive => scan.live.push(e),
+                Ok((e, file_owner)) => match e.liveness() {
+                    Liveness::Alive => match trust(&e, dir, file_owner) {
+                        Ok(()) => scan.live.push(e),
+                        Err(why) => scan.bad.push(BadEntry {
+                            path,
+                            reason: format!("not trusted: {why}"),
+                        }),
+                    },
                     Liveness::Dead | Liveness::PidReused => {
-                        stale_files.push((path, e.control_socket.clone()));
+                        if d == 0 {
+                            stale_own.push(e.pid);
+                        }
                         scan.stale.push(e);
                     }
                 },
@@ -398,31 +429,40 @@ impl HostRegistry {
         }
         scan.live.sort_by_key(|e| e.pid);
         scan.stale.sort_by_key(|e| e.pid);
-        Ok((scan, stale_files))
+        Ok((scan, stale_own))
     }
 
     /// Scans, then removes the files (entry and socket) of stale processes, and bad files
-    /// named after a pid that no longer runs. Returns what was found (removal failures are
-    /// ignored: only the owner, or root, can remove).
+    /// named after a pid that no longer runs, in this registry's own directory only: root's
+    /// scans read other users' directories but leave their files to them (a path in a
+    /// directory another user controls is never one root removes). Returns what was found
+    /// (removal failures are ignored).
     pub fn scan_and_clean(&self) -> io::Result<Scan> {
-        let (scan, stale_files) = self.scan_files()?;
-        for (entry, socket) in &stale_files {
-            let _ = fs::remove_file(entry);
-            // Only a socket beside its entry: never another path an entry merely names.
-            if socket.parent().is_some() && socket.parent() == entry.parent() {
-                let _ = fs::remove_file(socket);
-            }
+        self.scan_and_clean_until(Deadline::NEVER)
+    }
+
+    /// [`HostRegistry::scan_and_clean`] that reads no more entries once `deadline` passed
+    /// (the scan is then [`Scan::truncated`]).
+    pub fn scan_and_clean_until(&self, deadline: Deadline) -> io::Result<Scan> {
+        let (scan, stale_own) = self.scan_files(deadline)?;
+        for pid in stale_own {
+            let _ = fs::remove_file(self.entry_path(pid));
+            // Only the socket the layout gives the pid: never another path an entry names.
+            let _ = fs::remove_file(self.socket_path(pid));
         }
         for b in &scan.bad {
+            if b.path.parent() != Some(self.dir.as_path()) {
+                continue;
+            }
             let pid = b
                 .path
                 .file_stem()
                 .and_then(|s| s.to_str())
                 .and_then(|s| s.parse::<u32>().ok());
-            if let (Some(pid), Some(dir)) = (pid, b.path.parent()) {
+            if let Some(pid) = pid {
                 if !sys::pid_exists(pid) {
-                    let _ = fs::remove_file(&b.path);
-                    let _ = fs::remove_file(dir.join(format!("{pid}.sock")));
+                    let _ = fs::remove_file(self.entry_path(pid));
+                    let _ = fs::remove_file(self.socket_path(pid));
                 }
             }
         }
@@ -435,16 +475,185 @@ impl HostRegistry {
     }
 }
 
-fn read_entry(path: &Path) -> Result<ProcessEntry, String> {
-    let meta = fs::symlink_metadata(path).map_err(|e| e.to_string())?;
-    if !meta.is_file() {
+/// A directory of a scan, opened without following a symbolic link.
+struct ScanDir {
+    path: PathBuf,
+    fd: OwnedFd,
+    /// Its owner when it was opened.
+    owner: u32,
+}
+
+/// Opens the directory `path` for reading; its last component must not be a symbolic link
+/// (a user may replace their own directory by a link to another one at any time). Returns
+/// it and its owner.
+fn open_dir_nofollow(path: &Path) -> io::Result<(OwnedFd, u32)> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    Ok((fd, st.st_uid))
+}
+
+/// The names of the registry files in the directory `dir` (`*.json`, not hidden), at most
+/// `max`.
+fn list_json(dir: &OwnedFd, max: usize) -> io::Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut read = rustix::fs::Dir::read_from(dir)?;
+    while out.len() < max {
+        let Some(entry) = read.read() else { break };
+        let entry = entry?;
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
+        if name.ends_with(".json") && !name.starts_with('.') {
+            out.push(name.to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a live process's entry, read from `file_owner`'s file in `dir`, speaks for that
+/// process. Everything is checked against the kernel and the file system, nothing is taken
+/// from the entry alone: the file's owner, the directory's owner, the uid in the entry and
+/// the real owner of the pid (`/proc/<pid>/status`: real, effective, saved and file-system
+/// uid all that uid) agree, and the control socket is exactly the path the layout gives
+/// the pid (`<dir>/<pid>.sock`). Another user can write any text into a file of theirs;
+/// this makes such a file count only for that user's own running processes, at the
+/// registry's own path.
+fn trust(entry: &ProcessEntry, dir: &ScanDir, file_owner: u32) -> Result<(), String> {
+    if file_owner != entry.uid {
+        return Err(format!(
+            "the file belongs to uid {file_owner}, the entry says uid {}",
+            entry.uid
+        ));
+    }
+    if dir.owner != entry.uid {
+        return Err(format!(
+            "the directory belongs to uid {}, the entry says uid {}",
+            dir.owner, entry.uid
+        ));
+    }
+    match sys::process_identity(entry.pid).map(|i| i.owner()) {
+        Some(Some(owner)) if owner == entry.uid => {}
+        Some(Some(owner)) => {
+            return Err(format!(
+                "pid {} belongs to uid {owner}, the entry says uid {}",
+                entry.pid, entry.uid
+            ))
+        }
+        Some(None) => {
+            return Err(format!(
+                "pid {} runs with several user ids (set-user-id)",
+                entry.pid
+            ))
+        }
+        None => return Err(format!("pid {} cannot be read in /proc", entry.pid)),
+    }
+    let layout = dir.path.join(format!("{}.sock", entry.pid));
+    if entry.control_socket != layout {
+        return Err(format!(
+            "its control socket {} is not {} (the registry's layout)",
+            entry.control_socket.display(),
+            layout.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Opens the control socket file of a live entry (from [`HostRegistry::scan`]) for a
+/// connection, again without trusting any path: the socket must be named `<pid>.sock`, its
+/// directory and the socket file must be reached without following a symbolic link, and
+/// both must belong to the entry's uid. Returns an `O_PATH` descriptor of the socket file;
+/// [`crate::control`] connects through `/proc/self/fd/<fd>`, so the socket connected to is
+/// the very file checked here, whatever happens to the path meanwhile.
+pub fn open_control_socket(entry: &ProcessEntry) -> io::Result<OwnedFd> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let denied = |why: String| io::Error::new(io::ErrorKind::PermissionDenied, why);
+    let name = format!("{}.sock", entry.pid);
+    let path = &entry.control_socket;
+    if path.file_name().and_then(|n| n.to_str()) != Some(name.as_str()) {
+        return Err(denied(format!(
+            "{} is not the control socket of pid {}",
+            path.display(),
+            entry.pid
+        )));
+    }
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let dfd = rustix::fs::open(dir, flags | OFlags::DIRECTORY, Mode::empty())?;
+    let dst = rustix::fs::fstat(&dfd)?;
+    if dst.st_uid != entry.uid {
+        return Err(denied(format!(
+            "{} belongs to uid {}, not to uid {}",
+            dir.display(),
+            dst.st_uid,
+            entry.uid
+        )));
+    }
+    let fd = rustix::fs::openat(&dfd, name.as_str(), flags, Mode::empty())?;
+    let st = rustix::fs::fstat(&fd)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Socket {
+        return Err(denied(format!("{} is not a socket", path.display())));
+    }
+    if st.st_uid != entry.uid {
+        return Err(denied(format!(
+            "{} belongs to uid {}, not to uid {}",
+            path.display(),
+            st.st_uid,
+            entry.uid
+        )));
+    }
+    Ok(fd)
+}
+
+/// Reads the registry file `name` of the directory `dir` (not following a symbolic link);
+/// returns the entry and the file's owner.
+fn read_entry_at(dir: &OwnedFd, name: &str) -> Result<(ProcessEntry, u32), String> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::LOOP => "a symbolic link".to_string(),
+        e => e.to_string(),
+    })?;
+    read_entry_fd(fd)
+}
+
+fn read_entry_fd(fd: OwnedFd) -> Result<(ProcessEntry, u32), String> {
+    use std::io::Read;
+    let st = rustix::fs::fstat(&fd).map_err(|e| e.to_string())?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
         return Err("not a regular file".into());
     }
-    if meta.len() > MAX_ENTRY_BYTES {
-        return Err(format!("{} bytes, more than {MAX_ENTRY_BYTES}", meta.len()));
+    let len = u64::try_from(st.st_size).unwrap_or(u64::MAX);
+    if len > MAX_ENTRY_BYTES {
+        return Err(format!("{len} bytes, more than {MAX_ENTRY_BYTES}"));
     }
-    let text = fs::read(path).map_err(|e| e.to_string())?;
-    serde_json::from_slice(&text).map_err(|e| e.to_string())
+    let mut text = Vec::new();
+    fs::File::from(fd)
+        .take(MAX_ENTRY_BYTES)
+        .read_to_end(&mut text)
+        .map_err(|e| e.to_string())?;
+    let entry = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
+    Ok((entry, st.st_uid))
+}
+
+fn read_entry(path: &Path) -> Result<ProcessEntry, String> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(read_entry_fd(fd)?.0)
 }
 
 /// A process's registry file; removed when dropped.

@@ -104,20 +104,103 @@ pub fn pid_exists(pid: u32) -> bool {
     }
 }
 
-/// Sends `SIGTERM` (or `SIGKILL` when `kill`) to process `pid` (a recovery terminating a
-/// process that holds a failed device's resources).
-pub fn signal_process(pid: u32, kill: bool) -> io::Result<()> {
-    let pid = i32::try_from(pid)
+/// What the kernel says about one process: who owns it, what it is called and when it
+/// started (the pair pid + start time names one process for the life of the host). Read
+/// from `/proc/<pid>/status`, `/proc/<pid>/comm` and `/proc/<pid>/stat`, never from
+/// anything the process says about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    /// The process id.
+    pub pid: u32,
+    /// Its real, effective, saved and file-system user ids (`Uid:` of `status`).
+    pub uids: [u32; 4],
+    /// Its name as the kernel knows it (`comm`, at most 15 bytes).
+    pub comm: String,
+    /// Its start time in clock ticks since boot.
+    pub start_ticks: u64,
+}
+
+impl ProcessIdentity {
+    /// The user the process wholly belongs to: `Some(uid)` when its real, effective, saved
+    /// and file-system uids are all `uid`; `None` for a process between two users (a
+    /// set-user-id program), which is nobody's for the recovery and the registry.
+    pub fn owner(&self) -> Option<u32> {
+        let [r, e, s, f] = self.uids;
+        (r == e && e == s && s == f).then_some(r)
+    }
+}
+
+/// The kernel's [`ProcessIdentity`] of `pid`; `None` when the process is gone (or `/proc`
+/// says something unexpected).
+pub fn process_identity(pid: u32) -> Option<ProcessIdentity> {
+    if pid == 0 {
+        return None;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let uids = parse_status_uids(&status)?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    let start_ticks = process_start_ticks(pid)?;
+    Some(ProcessIdentity {
+        pid,
+        uids,
+        comm: comm.trim_end_matches('\n').to_string(),
+        start_ticks,
+    })
+}
+
+/// The four numbers of the `Uid:` line of a `/proc/<pid>/status` text.
+pub(crate) fn parse_status_uids(status: &str) -> Option<[u32; 4]> {
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    let mut it = line.split_ascii_whitespace().map(str::parse::<u32>);
+    let mut out = [0u32; 4];
+    for slot in &mut out {
+        *slot = it.next()?.ok()?;
+    }
+    Some(out)
+}
+
+/// Sends `SIGTERM` (or `SIGKILL` when `kill`) to the process `expected` describes, and only
+/// to it: a pidfd is opened first (it keeps naming that one process even if the pid is
+/// reused later), then the kernel's identity of the pid is read again and must equal
+/// `expected` (same start time: not a reused pid; same uids and name), and the signal goes
+/// through the pidfd (`pidfd_send_signal`). A process that changed or is gone is an error
+/// (`ESRCH` or `InvalidData`), and nothing is sent. Without pidfds (Linux before 5.3) it
+/// refuses (`Unsupported`) rather than signal a pid that may have been reused.
+pub fn signal_verified(expected: &ProcessIdentity, kill: bool) -> io::Result<()> {
+    let pid = i32::try_from(expected.pid)
         .ok()
         .and_then(rustix::process::Pid::from_raw)
         .filter(|p| p.as_raw_pid() > 0)
         .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let pidfd = match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOSYS) => {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no pidfd_open (Linux 5.3 or later): a reused pid cannot be ruled out",
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    match process_identity(expected.pid) {
+        Some(now) if now == *expected => {}
+        Some(now) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "pid {} is not the verified process any more: {now:?}",
+                    expected.pid
+                ),
+            ))
+        }
+        None => return Err(rustix::io::Errno::SRCH.into()),
+    }
     let sig = if kill {
         rustix::process::Signal::KILL
     } else {
         rustix::process::Signal::TERM
     };
-    rustix::process::kill_process(pid, sig).map_err(io::Error::from)
+    rustix::process::pidfd_send_signal(&pidfd, sig).map_err(io::Error::from)
 }
 
 /// The start time of process `pid` in clock ticks since boot (field 22 of
@@ -194,6 +277,25 @@ mod tests {
         assert_eq!(parse_stat_start_ticks("12 (x) S 1 2 3"), None);
         assert_eq!(parse_stat_start_ticks("no parenthesis"), None);
         assert_eq!(parse_stat_start_ticks(""), None);
+    }
+
+    #[test]
+    fn status_uids_are_the_four_numbers_of_the_uid_line() {
+        let status = "Name:\tx\nUmask:\t0022\nUid:\t1000\t0\t1000\t1000\nGid:\t5\t5\t5\t5\n";
+        assert_eq!(parse_status_uids(status), Some([1000, 0, 1000, 1000]));
+        assert_eq!(parse_status_uids("Uid:\t1 2 3\n"), None);
+        assert_eq!(parse_status_uids("Gid:\t1 2 3 4\n"), None);
+        let me = process_identity(pid()).unwrap();
+        assert_eq!(me.owner(), Some(uid()));
+        assert_eq!(me.comm, process_name());
+        assert_eq!(
+            ProcessIdentity {
+                uids: [1, 0, 1, 1],
+                ..me
+            }
+            .owner(),
+            None
+        );
     }
 
     #[test]

@@ -354,11 +354,15 @@ fn root_scans_every_users_directory_in_the_shared_base_and_skips_impostors() {
         .unwrap()
         .with_shared_base(base.path());
     // A live process of user 65534 registered in its own directory, and one in a directory
-    // named after another uid but owned by 65534 (an impostor's).
+    // named after another uid but owned by 65534 (an impostor's). The processes are
+    // 65534's: an entry counts only for a process of the user it names.
     let mut sleepers: Vec<std::process::Child> = (0..2)
         .map(|_| {
+            use std::os::unix::process::CommandExt;
             std::process::Command::new("sleep")
                 .arg("30")
+                .uid(NOBODY)
+                .gid(NOBODY)
                 .spawn()
                 .unwrap()
         })

@@ -72,7 +72,7 @@ pub fn run(args: &DumpArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         let req = Request::Dump {
             reason: Some(args.reason.clone()),
         };
-        let got = ControlClient::connect(&entry.control_socket, DUMP_TIMEOUT)
+        let got = ControlClient::connect_entry(entry, DUMP_TIMEOUT)
             .and_then(|mut c| c.request(&req))
             .and_then(|r| r.into_result::<DumpResult>());
         let bytes = match got {

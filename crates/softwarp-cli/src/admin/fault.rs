@@ -132,6 +132,23 @@ pub fn device_lines(d: &ProcessDevice) -> Vec<String> {
         for u in &r.unreachable {
             out.push(format!("  not answering: {u}"));
         }
+        let mut foreign: Vec<(u32, &str)> = r
+            .foreign_holders
+            .iter()
+            .map(|f| (f.pid, f.process.as_str()))
+            .collect();
+        foreign.sort_unstable();
+        foreign.dedup();
+        for (pid, process) in foreign {
+            let n = r.foreign_holders.iter().filter(|f| f.pid == pid).count();
+            out.push(format!(
+                "  {n} resource(s) held by pid {pid} ({process}) of another user: \
+                 reported, not waited for"
+            ));
+        }
+        for x in &r.rejected {
+            out.push(format!("  rejected: {x}"));
+        }
         if h.state != DeviceState::Operational && !r.holders.is_empty() {
             let when = if r.outcome == RecoveryOutcome::Running {
                 "now"
@@ -308,6 +325,10 @@ mod tests {
                         at_ms: 500,
                     }],
                     unreachable: Vec::new(),
+                    foreign_holders: Vec::new(),
+                    rejected: vec!["pid 8 (liar, uid 65534) named a holder in pid 1 (init): \
+                                    ignored"
+                        .into()],
                 }),
                 holders: Vec::new(),
             },
@@ -327,6 +348,10 @@ mod tests {
             lines[1].ends_with("; SIGTERM to pid 9 (rogue) at 500 ms"),
             "{}",
             lines[1]
+        );
+        assert_eq!(
+            lines[2],
+            "  rejected: pid 8 (liar, uid 65534) named a holder in pid 1 (init): ignored"
         );
     }
 }

@@ -112,7 +112,7 @@ pub fn ask(entries: &[ProcessEntry], req: &Request) -> Vec<Answer> {
         .iter()
         .map(|entry| Answer {
             entry: entry.clone(),
-            reply: control::request(&entry.control_socket, req, TIMEOUT),
+            reply: control::request_entry(entry, req, TIMEOUT),
         })
         .collect()
 }

@@ -128,7 +128,7 @@ impl Watched {
         let client = match &mut self.client {
             Some(c) => c,
             None => {
-                let c = ControlClient::connect(&self.entry.control_socket, TIMEOUT)
+                let c = ControlClient::connect_entry(&self.entry, TIMEOUT)
                     .map_err(|e| e.to_string())?;
                 self.client.insert(c)
             }

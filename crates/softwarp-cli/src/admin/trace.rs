@@ -181,7 +181,7 @@ fn tail(
     let mut followed = Vec::new();
     let mut batch = Vec::new();
     for entry in entries {
-        let mut client = match ControlClient::connect(&entry.control_socket, TIMEOUT) {
+        let mut client = match ControlClient::connect_entry(&entry, TIMEOUT) {
             Ok(c) => c,
             Err(e) => {
                 failures.push(Failure::new(&entry, e));
