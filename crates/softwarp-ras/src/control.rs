@@ -668,9 +668,10 @@ pub enum ClientError {
     /// sent.
     #[error("not trusted: {0}")]
     Untrusted(String),
-    /// The request was not sent: the time ran out before its turn.
-    #[error("not asked: {0}")]
-    NotAsked(&'static str),
+    /// The caller's deadline passed before the request was sent, or before its reply came
+    /// (not the process's fault: nothing can be concluded about it).
+    #[error("the deadline passed {0}")]
+    DeadlinePassed(&'static str),
 }
 
 /// A connection to one process's control socket (keep it open for repeated requests, e.g.
@@ -899,9 +900,11 @@ pub const MAX_IN_FLIGHT: usize = 16;
 /// How [`ask_concurrently`] asks.
 #[derive(Debug, Clone, Copy)]
 pub struct Concurrently {
-    /// Nothing is connected, sent or read after it; requests without a reply by then are
-    /// [`ClientError::Timeout`]s, those not begun [`ClientError::NotAsked`].
+    /// Nothing is connected, sent or read after it; requests without a reply by then, and
+    /// those not begun, are [`ClientError::DeadlinePassed`].
     pub deadline: Deadline,
+    /// The longest one request waits for its reply (its slot then goes to the next).
+    pub per_request: Duration,
     /// The first this many entries are essential: once they all have their answer, the
     /// others get until `grace` after the start, then are given up.
     pub essential: usize,
@@ -914,6 +917,8 @@ pub struct Concurrently {
 /// One request in flight.
 struct Flight {
     index: usize,
+    /// When it is given up.
+    until: Deadline,
     stream: UnixStream,
     out: Vec<u8>,
     sent: usize,
@@ -925,7 +930,8 @@ struct Flight {
 /// the entries' order (so essential ones first), without a thread. Each connection is
 /// [`connect_entry`]'s (trusted or not made); the deadline is checked before each connect
 /// and bounds every wait, so the whole call returns by `how.deadline` (plus the time of
-/// one connect and one read). Answers are in the entries' order.
+/// one connect and one read); a request without a reply after `how.per_request` is a
+/// [`ClientError::Timeout`] and frees its place. Answers are in the entries' order.
 pub fn ask_concurrently(
     entries: &[ProcessEntry],
     req: &Request,
@@ -959,6 +965,7 @@ pub fn ask_concurrently(
             match connect_entry(entry, None) {
                 Ok(stream) => flights.push(Flight {
                     index,
+                    until: how.deadline.min(Deadline::after(how.per_request)),
                     stream,
                     out: line.clone(),
                     sent: 0,
@@ -1000,7 +1007,8 @@ pub fn ask_concurrently(
                     PollFd::new(&f.stream, flags)
                 })
                 .collect();
-            let ts = until
+            let wake = flights.iter().fold(until, |w, f| w.min(f.until));
+            let ts = wake
                 .remaining()
                 .and_then(|left| Timespec::try_from(left).ok());
             match rustix::event::poll(&mut fds, ts.as_ref()) {
@@ -1011,11 +1019,20 @@ pub fn ask_concurrently(
         };
         let mut finished: Vec<(usize, Result<Reply, ClientError>)> = Vec::new();
         for (slot, (f, revents)) in flights.iter_mut().zip(ready).enumerate() {
-            if revents.is_empty() {
-                continue;
-            }
-            if let Some(result) = advance(f, how.max_reply) {
-                finished.push((slot, result));
+            let result = if revents.is_empty() {
+                None
+            } else {
+                advance(f, how.max_reply)
+            };
+            match result {
+                Some(r) => finished.push((slot, r)),
+                None if how.deadline.expired() => {
+                    finished.push((slot, Err(ClientError::DeadlinePassed("before it answered"))))
+                }
+                None if f.until.expired() => {
+                    finished.push((slot, Err(ClientError::Timeout(how.per_request))))
+                }
+                None => {}
             }
         }
         // Remove from the back so the slots stay valid.
@@ -1027,14 +1044,19 @@ pub fn ask_concurrently(
         }
     }
     let waited = start.elapsed();
+    let cut = how.deadline.expired();
     for f in flights {
         if let Some(a) = answers.get_mut(f.index) {
-            *a = Some(Err(ClientError::Timeout(waited)));
+            *a = Some(Err(if cut {
+                ClientError::DeadlinePassed("before it answered")
+            } else {
+                ClientError::Timeout(waited)
+            }));
         }
     }
     answers
         .into_iter()
-        .map(|a| a.unwrap_or(Err(ClientError::NotAsked("no time was left for it"))))
+        .map(|a| a.unwrap_or(Err(ClientError::DeadlinePassed("before it was asked"))))
         .collect()
 }
 

@@ -301,9 +301,9 @@ pub trait RecoverySubject {
     fn progress(&self, report: &RecoveryReport);
 }
 
-/// The longest a round of a recovery waits for the replies of other processes (never
-/// longer than what is left of the bound). A process that has not answered by then is
-/// listed as unreachable for that round.
+/// The longest a recovery waits for one other process's reply in a round (never past the
+/// bound). A process that has not answered by then is listed as unreachable for that round
+/// and does not keep the device failed; its place goes to the next process.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 /// Once every process of this user answered, how long after the start of the round the
 /// replies of other users' processes are still waited for (they are only reported).
@@ -316,7 +316,7 @@ pub const MAX_REJECTED_LINES: usize = 32;
 const MAX_LOGGED_REJECTIONS: usize = 64;
 
 /// What one round learnt from the other registered processes.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Remote {
     /// Holders in processes of this user: waited for.
     counted: Vec<ResourceInfo>,
@@ -326,7 +326,8 @@ struct Remote {
     /// [`terminate_listed`]).
     identities: Vec<sys::ProcessIdentity>,
     unreachable: Vec<String>,
-    /// The deadline cut the registry scan short: some processes were not looked at.
+    /// The deadline cut the round short: some entries were not read, or some processes of
+    /// this user not asked or not answered. Such a round cannot tell that nobody holds.
     incomplete: bool,
 }
 
@@ -361,6 +362,18 @@ impl Rejections {
         }
     }
 
+    /// Whether another line would only be counted (the round's lines and the records are
+    /// used up): the caller can skip making it.
+    fn full(&self) -> bool {
+        self.round.len() >= MAX_REJECTED_LINES
+            && (self.silenced || self.logged.len() >= MAX_LOGGED_REJECTIONS)
+    }
+
+    /// Counts a line not made (see [`Rejections::full`]).
+    fn count(&mut self) {
+        self.more = self.more.saturating_add(1);
+    }
+
     /// This round's lines (and the count of the others); starts the next round.
     fn take_round(&mut self) -> Vec<String> {
         let mut out = std::mem::take(&mut self.round);
@@ -380,8 +393,8 @@ impl Rejections {
 /// `SO_PEERCRED`); a reply speaks only for the process that sent it (holders naming
 /// another pid are rejected), and a holder's process name is the kernel's. Holders in
 /// processes of this user are counted; those of other users are reported as foreign.
-/// The processes of this user are asked first and all requests run at once within
-/// `deadline` (and [`REQUEST_TIMEOUT`]). Processes that do not answer are listed in
+/// The processes of this user are asked first, up to [`control::MAX_IN_FLIGHT`] at once,
+/// each for at most [`REQUEST_TIMEOUT`], all within `deadline`. Processes that do not answer are listed in
 /// `unreachable` (a process that is gone holds nothing: it is not listed).
 fn remote_holders(
     registry: Option<&HostRegistry>,
@@ -402,6 +415,11 @@ fn remote_holders(
         }
     };
     for b in &scan.bad {
+        // 4,096 hostile entries make as many lines a round: only those shown are made.
+        if rejections.full() {
+            rejections.count();
+            continue;
+        }
         rejections.add(format!(
             "registry entry {} skipped: {}",
             b.path.display(),
@@ -415,7 +433,8 @@ fn remote_holders(
     entries.sort_by_key(|e| e.uid != euid);
     let essential = entries.iter().filter(|e| e.uid == euid).count();
     let how = Concurrently {
-        deadline: deadline.min(Deadline::after(REQUEST_TIMEOUT)),
+        deadline,
+        per_request: REQUEST_TIMEOUT,
         essential,
         grace: FOREIGN_GRACE,
         max_reply: MAX_STATUS_REPLY,
@@ -437,6 +456,12 @@ fn remote_holders(
             }
             Err(e) => {
                 if sys::pid_exists(entry.pid) && !is_zombie(entry.pid) {
+                    // Not asked, or not answered, before the deadline: it may hold. (One
+                    // that did not answer within REQUEST_TIMEOUT is unreachable, and does
+                    // not keep the device failed.)
+                    if own && matches!(e, ClientError::DeadlinePassed(_)) {
+                        out.incomplete = true;
+                    }
                     out.unreachable.push(format!("{who}: {e}"));
                 }
                 continue;
@@ -455,6 +480,10 @@ fn remote_holders(
                 continue;
             }
             for mut h in dev.holders {
+                if h.pid != entry.pid && rejections.full() {
+                    rejections.count();
+                    continue;
+                }
                 if h.pid != entry.pid {
                     rejections.add(format!(
                         "{who} named a holder in pid {} ({}): ignored, a reply speaks only \
@@ -523,9 +552,22 @@ pub fn recover(
     // Processes sent SIGTERM, and when.
     let mut termed: Vec<(sys::ProcessIdentity, Instant)> = Vec::new();
     let mut rejections = Rejections::default();
+    // The last round that saw every process of this user.
+    let mut complete: Option<Remote> = None;
     loop {
         let mut holders = subject.local_holders();
-        let remote = remote_holders(registry, &scope, deadline, &mut rejections);
+        let mut remote = remote_holders(registry, &scope, deadline, &mut rejections);
+        if !remote.incomplete {
+            complete = Some(remote.clone());
+        } else if let Some(last) = &complete {
+            // The deadline cut this round short (it may begin right at the deadline): the
+            // last complete round's view of the other processes stands.
+            remote = Remote {
+                incomplete: true,
+                unreachable: std::mem::take(&mut remote.unreachable),
+                ..last.clone()
+            };
+        }
         holders.extend(remote.counted);
         report.elapsed_ms = ms(start.elapsed());
         report.holders = holders;
