@@ -91,7 +91,10 @@ impl DeviceAttr {
             max_sge: MAX_SGE,
             max_inline_data: MAX_INLINE,
             max_cq: 1024,
-            max_cqe: 65536,
+            // Linux siw's (SIW_MAX_CQE): a CQ's ring grows as completions arrive, so the
+            // bound costs nothing until used, and libfabric's rxm asks for CQs of
+            // (tx + rx) x 256 peers.
+            max_cqe: 3_276_800,
             max_mr: 4096,
             max_mr_size: u64::from(u32::MAX),
             max_pd: 1024,

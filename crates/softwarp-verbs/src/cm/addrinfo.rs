@@ -1,6 +1,9 @@
 //! `rdma_getaddrinfo`/`rdma_freeaddrinfo`: the system's `getaddrinfo` for names and ports,
 //! each result as an RC/TCP-port-space `rdma_addrinfo` (source address for `RAI_PASSIVE`,
-//! destination otherwise), allocated with `malloc` as rdma-core does.
+//! destination otherwise), allocated with `malloc` as rdma-core does. As in rdma-core, a
+//! call with neither name nor service takes the result from the hints (libfabric's verbs
+//! provider asks so), and a source address in the hints becomes the result's when it has
+//! none.
 
 use std::ffi::{c_char, c_int};
 
@@ -42,7 +45,7 @@ pub unsafe extern "C" fn swv_rdma_getaddrinfo(
     hints: *const rdma_addrinfo,
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
-    if res.is_null() || (node.is_null() && service.is_null()) {
+    if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
         return err(libc::EINVAL);
     }
     // SAFETY: NULL or the application's hints.
@@ -56,6 +59,86 @@ pub unsafe extern "C" fn swv_rdma_getaddrinfo(
             return err(libc::EOPNOTSUPP);
         }
     }
+    let head = if node.is_null() && service.is_null() {
+        // rdma-core: no name and no service, the addresses come from the hints.
+        // SAFETY: `h` is the caller's (checked non-NULL above).
+        match h.map(|h| unsafe { from_hints(h) }) {
+            Some(Ok(ai)) => ai,
+            Some(Err(e)) => return err(e),
+            None => return err(libc::EINVAL),
+        }
+    } else {
+        // SAFETY: forwarded.
+        match unsafe { resolve(node, service, h, flags) } {
+            Ok(head) => head,
+            Err(rc) => return rc,
+        }
+    };
+    // rdma-core: a source address in the hints is the result's when it has none.
+    if let Some(h) = h {
+        let mut cur = head;
+        // SAFETY: our list, every element calloc'd; the hints' address is the caller's
+        // `ai_src_len` bytes.
+        while let Some(a) = unsafe { cur.as_mut() } {
+            if a.ai_src_len == 0 && h.ai_src_len != 0 {
+                if let Some((addr, len)) = unsafe { dup_addr(h.ai_src_addr.cast()) } {
+                    a.ai_src_addr = addr;
+                    a.ai_src_len = len;
+                }
+            }
+            cur = a.ai_next;
+        }
+    }
+    // SAFETY: `res` is writable.
+    unsafe { *res = head };
+    0
+}
+
+/// One result from the hints alone (rdma-core: their flags, family, QP type, port space and
+/// destination address).
+///
+/// # Safety
+/// `h`'s addresses must be the caller's, of their stated lengths.
+unsafe fn from_hints(h: &rdma_addrinfo) -> Result<*mut rdma_addrinfo, c_int> {
+    // SAFETY: calloc of one structure, checked; all-zero is valid.
+    let ai =
+        unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }.cast::<rdma_addrinfo>();
+    // SAFETY: checked for NULL here; ours.
+    let Some(a) = (unsafe { ai.as_mut() }) else {
+        return Err(libc::ENOMEM);
+    };
+    a.ai_flags = h.ai_flags;
+    a.ai_family = h.ai_family;
+    a.ai_qp_type = h.ai_qp_type;
+    a.ai_port_space = h.ai_port_space;
+    if h.ai_dst_len != 0 {
+        // SAFETY: the caller's address.
+        match unsafe { dup_addr(h.ai_dst_addr.cast()) } {
+            Some((addr, len)) => {
+                a.ai_dst_addr = addr;
+                a.ai_dst_len = len;
+            }
+            None => {
+                // SAFETY: our allocation, nothing else in it.
+                unsafe { libc::free(ai.cast()) };
+                return Err(libc::EINVAL);
+            }
+        }
+    }
+    Ok(ai)
+}
+
+/// The system's `getaddrinfo` for `node`/`service`, each result as an `rdma_addrinfo`; the
+/// call's return code on failure (`errno` set).
+///
+/// # Safety
+/// `node` and `service` are NULL or NUL-terminated strings.
+unsafe fn resolve(
+    node: *const c_char,
+    service: *const c_char,
+    h: Option<&rdma_addrinfo>,
+    flags: c_int,
+) -> Result<*mut rdma_addrinfo, c_int> {
     // SAFETY: plain C data; all-zero is valid.
     let mut gh: libc::addrinfo = unsafe { std::mem::zeroed() };
     gh.ai_socktype = libc::SOCK_STREAM;
@@ -79,7 +162,7 @@ pub unsafe extern "C" fn swv_rdma_getaddrinfo(
             libc::ENOENT
         };
         crate::errno::set(e);
-        return rc;
+        return Err(rc);
     }
     let mut head: *mut rdma_addrinfo = std::ptr::null_mut();
     let mut tail: *mut *mut rdma_addrinfo = &mut head;
@@ -120,12 +203,9 @@ pub unsafe extern "C" fn swv_rdma_getaddrinfo(
     // SAFETY: getaddrinfo's list, released once.
     unsafe { libc::freeaddrinfo(gres) };
     if head.is_null() {
-        crate::errno::set(libc::ENOENT);
-        return -1;
+        return Err(err(libc::ENOENT));
     }
-    // SAFETY: `res` is writable.
-    unsafe { *res = head };
-    0
+    Ok(head)
 }
 
 #[no_mangle]

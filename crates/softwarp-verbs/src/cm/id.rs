@@ -14,13 +14,14 @@
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 
 use softwarp_ras::tracker::{
     DescribeResource, ResourceDetails, ResourceHandle, ResourceKind, Tracker,
 };
 
+use softwarp::cm::PortReservation;
 use softwarp::{
     CmId, CmListener, ConnId, ConnectOptions, ConnectRequest, ConnectionInfo, ListenOptions, Role,
 };
@@ -60,8 +61,8 @@ pub struct Id {
     _ras: ResourceHandle,
     /// Synchronous mode (created without a channel, or a request of a synchronous
     /// listener): each call waits for its event, on a private channel of its own (or its
-    /// listener's), which the last of its ids frees.
-    sync: bool,
+    /// listener's), which the last of its ids frees. `rdma_migrate_id` changes it.
+    sync: AtomicBool,
 }
 
 /// An id's state, shared with its resource tracker entry (which describes it on demand).
@@ -86,6 +87,12 @@ struct IdState {
     /// A connection request's id (the kernel's passive side: it never binds, resolves,
     /// listens or connects).
     passive: bool,
+    /// The port `rdma_bind_addr` took (chosen then for port 0), listened on by
+    /// `rdma_listen`.
+    reserved: Option<PortReservation>,
+    /// `RDMA_OPTION_ID_AFONLY`: an IPv6 bind takes the port for IPv6 only (`Some(true)`) or
+    /// for IPv4 too (`Some(false)`); unset, the host's default.
+    afonly: Option<bool>,
     /// Objects `rdma_create_qp` made because the application passed none.
     own_pd: bool,
     own_cqs: bool,
@@ -198,7 +205,7 @@ impl Id {
             c: UnsafeCell::new(c),
             st: shared,
             _ras: ras,
-            sync,
+            sync: AtomicBool::new(sync),
         })
     }
 
@@ -254,7 +261,7 @@ impl Id {
     }
 
     fn is_sync(&self) -> bool {
-        self.sync
+        self.sync.load(Ordering::Acquire)
     }
 
     pub fn is_initiator(&self) -> bool {
@@ -333,7 +340,7 @@ impl Id {
                 ep_pd,
                 ..IdState::default()
             },
-            l.sync,
+            l.is_sync(),
         );
         id.set_src(local);
         id.set_dst(remote);
@@ -399,7 +406,7 @@ impl Id {
     /// status as the call's result (rdma-core's `ucma_complete`): the event is kept in
     /// `id->event` until the next one.
     fn complete(&self) -> c_int {
-        if !self.sync {
+        if !self.is_sync() {
             return 0;
         }
         let me = self.ptr();
@@ -564,19 +571,22 @@ pub unsafe extern "C" fn swv_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sock
     if st.bound.is_some() || !st.unresolved() {
         return err(libc::EINVAL);
     }
-    // An address this host does not have cannot be bound (rdma-core: no device for it).
-    if !a.ip().is_unspecified() {
-        if let Err(e) = std::net::TcpListener::bind(SocketAddr::new(a.ip(), 0)) {
-            return err(e.raw_os_error().unwrap_or(libc::EADDRNOTAVAIL));
-        }
-    }
     let ctx = match cm_context() {
         Ok(c) => c,
         Err(e) => return err(e),
     };
-    st.bound = Some(a);
+    // The port is taken now, as the kernel's rdma_cm takes it: port 0 picks one, which
+    // `rdma_get_src_port` reports before `rdma_listen` (qperf sends it to its peer then). An
+    // address this host does not have fails here (EADDRNOTAVAIL), a port in use at listen.
+    let res = match PortReservation::bind(a, st.afonly) {
+        Ok(r) => r,
+        Err(e) => return err(errno::fail("rdma_bind_addr", &e)),
+    };
+    let local = res.local_addr();
+    st.bound = Some(local);
+    st.reserved = Some(res);
     drop(st);
-    i.set_src(a);
+    i.set_src(local);
     i.set_verbs(ctx);
     0
 }
@@ -680,7 +690,11 @@ pub unsafe extern "C" fn swv_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) ->
         .backlog(backlog)
         .options(crate::env::options());
     let ch = i.channel();
-    let l = match ch.inner.listen(addr, &opts) {
+    let listened = match st.reserved.take() {
+        Some(port) => ch.inner.listen_reserved(port, &opts),
+        None => ch.inner.listen(addr, &opts),
+    };
+    let l = match listened {
         Ok(l) => l,
         Err(e) => return err(errno::fail("rdma_listen", &e)),
     };
@@ -1170,14 +1184,30 @@ pub unsafe extern "C" fn swv_rdma_set_option(
         return err(libc::EINVAL);
     }
     match (level as u32, name as u32) {
-        // Accepted and without effect here: the TOS, address reuse, v6-only and the ACK
-        // timeout belong to the TCP connection, which uses the host's defaults.
+        // IPv6 only or both families, for the bind to come (the kernel takes it while the id
+        // is fresh or bound; the port is held from the bind on, so a bound id keeps it).
+        (RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY) => {
+            if len != std::mem::size_of::<c_int>() {
+                return err(libc::EINVAL);
+            }
+            // SAFETY: the caller's `int` (length checked).
+            let v = unsafe { val.cast::<c_int>().read_unaligned() };
+            // SAFETY: a live id (checked above).
+            let Some(i) = (unsafe { Id::from_c(id) }) else {
+                return err(libc::EINVAL);
+            };
+            let mut st = i.state();
+            if !st.unresolved() {
+                return err(libc::EINVAL);
+            }
+            st.afonly = Some(v != 0);
+            0
+        }
+        // Accepted and without effect here: the TOS, address reuse and the ACK timeout
+        // belong to the TCP connection, which uses the host's defaults.
         (
             RDMA_OPTION_ID,
-            RDMA_OPTION_ID_TOS
-            | RDMA_OPTION_ID_REUSEADDR
-            | RDMA_OPTION_ID_AFONLY
-            | RDMA_OPTION_ID_ACK_TIMEOUT,
+            RDMA_OPTION_ID_TOS | RDMA_OPTION_ID_REUSEADDR | RDMA_OPTION_ID_ACK_TIMEOUT,
         ) => 0,
         _ => {
             tracing::warn!(target: "softwarp::verbs", level, name, "rdma_set_option: not supported by softwarp");
@@ -1265,31 +1295,53 @@ pub unsafe extern "C" fn swv_rdma_migrate_id(
     if !channel.is_null() && !CHANNELS.contains(channel) {
         return err(libc::EINVAL);
     }
-    if channel.is_null()
-        || i.is_sync()
-        || st.listener.is_some()
-        || st.conn.is_some()
-        || st.request.is_some()
-    {
-        // Softwarp reports a connection's events on the channel it began on.
-        tracing::warn!(target: "softwarp::verbs", "rdma_migrate_id: not supported by softwarp once the id listens or connects");
-        return err(libc::ENOSYS);
+    // rdma-core: a synchronous id cannot become synchronous again.
+    if channel.is_null() && i.is_sync() {
+        return err(libc::EINVAL);
     }
-    drop(st);
     let old = i.get(|c| c.channel);
     if old == channel {
         return 0;
     }
-    // SAFETY: a live channel (checked above).
-    let new = unsafe { &*channel.cast::<EvChannel>() };
+    if st.listener.is_some() || st.conn.is_some() || st.request.is_some() {
+        // Softwarp reports a connection's events on the channel it began on.
+        tracing::warn!(target: "softwarp::verbs", "rdma_migrate_id: not supported by softwarp once the id listens or connects (to another channel)");
+        return err(libc::ENOSYS);
+    }
+    drop(st);
+    // NULL: the id becomes synchronous, on a private channel of its own (rdma-core makes
+    // one too); else the application's channel.
+    let (new_ptr, to_sync) = if channel.is_null() {
+        match EvChannel::create(true) {
+            Ok(c) => (Box::into_raw(c).cast::<rdma_event_channel>(), true),
+            Err(e) => return err(e),
+        }
+    } else {
+        (channel, false)
+    };
+    // SAFETY: a live channel (checked above, or just made).
+    let new = unsafe { &*new_ptr.cast::<EvChannel>() };
     new.attach();
     // Its queued events move with it.
     for ev in i.channel().take_events(id) {
         new.push(ev);
     }
+    if i.is_sync() {
+        // The last event a synchronous call kept in `id->event` is released, as rdma-core
+        // acknowledges it.
+        let last = i.get(|c| c.event);
+        if EVENTS.remove(last) {
+            // SAFETY: a live event of this library (Box), named only by `id->event`.
+            drop(unsafe { Box::from_raw(last.cast::<Event>()) });
+        }
+        // SAFETY: the id's field, ours to clear.
+        unsafe { (*id).event = std::ptr::null_mut() };
+    }
+    i.sync.store(to_sync, Ordering::Release);
     // SAFETY: the id's channel field, as rdma-core sets it.
-    unsafe { (*id).channel = channel };
-    // SAFETY: the channel the id was counted on; the id now names the new one.
+    unsafe { (*id).channel = new_ptr };
+    // SAFETY: the channel the id was counted on; the id now names the new one. A
+    // synchronous id's private channel goes with its last id.
     unsafe { EvChannel::detach(old, id) };
     0
 }
