@@ -901,6 +901,59 @@ fn libfabric_fi_pingpong_msg_and_rdm_over_the_verbs_provider() {
     }
 }
 
+/// qperf's RC tests (Debian's qperf 0.4.11, `-cm1`: connections through rdma_cm), in
+/// wait mode and poll mode, against one qperf server: each test binds a port and sends it to
+/// the client before it listens, so `SOFTWARP_CONNECT_RETRIES` lets a refused connect try
+/// again, and qperf ends each test with SIGALRM in `ibv_get_cq_event`/`rdma_get_cm_event`.
+#[test]
+fn qperf_rc_tests_in_wait_and_poll_mode() {
+    let _serial = serial();
+    let Some(qperf) = required_tool("qperf", "qperf") else {
+        return;
+    };
+    let tests = [
+        "rc_lat",
+        "rc_bw",
+        "rc_bi_bw",
+        "rc_rdma_write_lat",
+        "rc_rdma_write_bw",
+        "rc_rdma_read_lat",
+        "rc_rdma_read_bw",
+    ];
+    for poll in ["0", "1"] {
+        let port = free_port();
+        let p = port.to_string();
+        let mut server = Reaped(
+            command(&qperf)
+                .args(["--listen_port", &p])
+                .spawn()
+                .expect("start the server"),
+        );
+        wait_listening(port, &mut server.0);
+        let client = command(&qperf)
+            .env("SOFTWARP_CONNECT_RETRIES", "20")
+            .args(["-lp", &p, "-cm1", "-cp", poll, "-t", "1", "127.0.0.1"])
+            .args(tests)
+            .spawn()
+            .expect("start the client");
+        let c = finish(client, Duration::from_secs(90), "qperf client");
+        drop(server);
+        assert!(c.status.success(), "poll {poll}: {}{}", c.stdout, c.stderr);
+        let results = c
+            .stdout
+            .lines()
+            .filter(|l| l.contains("latency  =") || l.contains("bw  ="))
+            .count();
+        assert_eq!(
+            results,
+            tests.len(),
+            "poll {poll}: {}{}",
+            c.stdout,
+            c.stderr
+        );
+    }
+}
+
 /// Whether rdma-core's test suite and Debian's Python with pyverbs are installed (skips,
 /// or fails under CI, when not).
 fn rdma_core_suite_installed() -> bool {
