@@ -83,7 +83,7 @@ pub(crate) struct CqShared {
     state: Mutex<CqState>,
     channel: Option<Arc<ChannelShared>>,
     /// QPs that complete into this CQ (moved to Error on overflow; driven by busy polls).
-    qps: Mutex<Vec<Weak<QpShared>>>,
+    pub(crate) qps: crate::device::WeakList<QpShared>,
     count: Mutex<CountGuard>,
     /// The CQ's number, reserved while it lives.
     _number: crate::device::IdLease,
@@ -100,6 +100,7 @@ pub(crate) struct CqShared {
 
 impl Drop for CqShared {
     fn drop(&mut self) {
+        self.device.ras.cqs.died();
         lock(&self.count).release(&self.device.counts.cq);
     }
 }
@@ -163,9 +164,7 @@ impl CqShared {
     }
 
     pub(crate) fn add_qp(&self, qp: &Arc<QpShared>) {
-        let mut qps = lock(&self.qps);
-        qps.retain(|w| w.strong_count() > 0);
-        qps.push(Arc::downgrade(qp));
+        self.qps.insert(qp, &self.device.progress.counters);
     }
 
     /// Completions the application took from this CQ so far (statistics; the progress
@@ -175,7 +174,7 @@ impl CqShared {
     }
 
     pub(crate) fn qps(&self) -> Vec<Arc<QpShared>> {
-        lock(&self.qps).iter().filter_map(Weak::upgrade).collect()
+        self.qps.live()
     }
 
     /// Busy poll: one non-blocking progress pass (receive, transmit, completions) over the
@@ -183,7 +182,7 @@ impl CqShared {
     /// lock is taken is skipped (its owner is moving its bytes). Called without the CQ's
     /// own lock (the pass pushes completions).
     fn drive(&self) {
-        let qps = lock(&self.qps);
+        let qps = self.qps.lock();
         for qp in qps.iter().filter_map(Weak::upgrade) {
             let _ = qp.busy_pass();
         }
@@ -318,7 +317,7 @@ impl CompletionQueue {
                 idle_sleeps: 0,
             }),
             channel: channel.map(|c| Arc::clone(&c.shared)),
-            qps: Mutex::new(Vec::new()),
+            qps: crate::device::WeakList::default(),
             count: Mutex::new(count),
             _number: number,
             ras: Arc::downgrade(&ras),
@@ -327,7 +326,7 @@ impl CompletionQueue {
             end: markers::End::new(markers::Kind::Cq),
         });
         ras.describe_with(Arc::downgrade(&shared) as Weak<dyn DescribeResource>);
-        device.ras.add_cq(&shared);
+        device.ras.add_cq(&shared, &device.progress.counters);
         sw_event!(Cq, 4, cq = id.0, cqe, "CQ created");
         Ok(Self {
             shared,

@@ -137,6 +137,7 @@ pub use handshake::StreamHandshake;
 pub use inflight::{InflightReport, InsideThread};
 pub use owned::{EditGuard, OwnedBuf, OwnedMr, OwnedRelease};
 pub use pd::{AccessFlags, MemoryRegion, MrRelease, ProtectionDomain};
+pub use progress::ProgressStats;
 pub use qp::{QpCap, QpInitAttr, QueuePair};
 pub use recovery::{
     CqErrorReason, DeviceFault, DeviceState, FaultKind, QpErrorReason, RecoveryConfig,

@@ -2,14 +2,21 @@
 //! non-blocking sockets of the device's connected QPs.
 //!
 //! On readiness it runs a QP's progress pass (receive until `EAGAIN`, transmit what is left,
-//! move completions and events, close the connection when the QP is finished). Every
-//! [`crate::qp::RX_LOOK_PERIOD`], while it has busy-polled QPs, it looks whether their
-//! polls stopped with bytes waiting, and takes such a QP over (`QpShared::rx_look`). Other
+//! move completions and events, close the connection when the QP is finished). Other
 //! threads talk to it through a command channel and a `mio::Waker`: register a new
 //! connection, kick a QP whose state changed, move the QPs of an overflowed CQ to Error.
 //! It never blocks on anything but `epoll_wait`.
+//!
+//! Its timers cost nothing for a QP that needs none: a QP's receive stall looks
+//! ([`crate::ConnectOptions::rx_stall_timeout`]) are armed in a heap of deadlines only
+//! while its peer is inside an FPDU (a service pass ended there), and the busy-poll look
+//! ([`crate::qp::RX_LOOK_PERIOD`]) walks only the busy-polled QPs. Registering a QP, closing
+//! one and a wake-up touch no other QP, so the work per connection is the same at ten
+//! connections and at ten thousand ([`ProgressStats`] counts it).
 
-use std::collections::{BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, ThreadId};
@@ -20,7 +27,7 @@ use mio::{Events, Poll, Token, Waker};
 use crate::cq::CqShared;
 use crate::device::lock;
 use crate::error::{Error, Result};
-use crate::qp::QpShared;
+use crate::qp::{QpShared, StallLook};
 
 const WAKE: Token = Token(0);
 /// The device's rtnetlink socket (`crate::netwatch`), when it watches the network.
@@ -30,61 +37,137 @@ const RETRY: Duration = Duration::from_millis(5);
 /// Size of the progress thread's staging buffer (it also swallows bytes arriving after a
 /// QP stopped receiving): the engine's advice.
 pub(crate) const SCRATCH_LEN: usize = softwarp_engine::qp::STAGE_LEN;
-/// Shortest interval between two receive stall looks.
+/// Shortest interval between two receive stall looks at a QP.
 const STALL_LOOK_MIN: Duration = Duration::from_millis(5);
 
-/// A periodic look of the progress thread: off while it has no period, else due every
-/// period. Two kinds: for peers stalled in the middle of an FPDU (every quarter of the
-/// shortest receive stall timeout among its QPs, so a stall is found between the timeout
-/// and 1.5 times it), and for busy-polled QPs whose polls stopped
-/// ([`crate::qp::RX_LOOK_PERIOD`], while it has busy-polled QPs).
+/// What the progress thread did, counted for [`crate::Device::progress_stats`]: the work
+/// that could grow with the number of connections, so that a test can see it does not.
 #[derive(Debug, Default)]
-struct Looks {
-    period: Option<Duration>,
+pub(crate) struct Counters {
+    served: AtomicU64,
+    wakeups: AtomicU64,
+    timer_looks: AtomicU64,
+    qp_visits: AtomicU64,
+}
+
+impl Counters {
+    /// `n` QP entries of a per-device collection inserted, looked at or walked past.
+    pub(crate) fn visit(&self, n: usize) {
+        self.qp_visits
+            .fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn add(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stats(&self) -> ProgressStats {
+        ProgressStats {
+            served: self.served.load(Ordering::Relaxed),
+            wakeups: self.wakeups.load(Ordering::Relaxed),
+            timer_looks: self.timer_looks.load(Ordering::Relaxed),
+            qp_visits: self.qp_visits.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Counters of a device's progress thread and of its per-device QP collections
+/// ([`crate::Device::progress_stats`]): what a connection costs besides its own bytes, so
+/// that its growth with the number of connections can be measured by counting rather than
+/// by timing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ProgressStats {
+    /// Connected QPs the progress thread serves now.
+    pub served: u64,
+    /// Times `epoll_wait` returned.
+    pub wakeups: u64,
+    /// QPs the progress thread looked at on a timer (a receive stall look, a busy-poll
+    /// receive look). An idle QP in the default mode is never looked at.
+    pub timer_looks: u64,
+    /// QP entries of the device's collections inserted, looked at or walked past: the
+    /// device's and CQs' QP lists at QP creation and their compactions, the progress
+    /// thread's registrations and timer looks. Constant per connection whatever the count.
+    pub qp_visits: u64,
+}
+
+/// A connected QP the progress thread serves, with its timers.
+struct Served {
+    qp: Arc<QpShared>,
+    /// Period of its receive stall looks (a quarter of its stall timeout, at least
+    /// [`STALL_LOOK_MIN`]); `None` without a timeout.
+    stall_period: Option<Duration>,
+    /// When its next stall look is due, while one is armed (its entry in [`Timers`]).
+    stall_at: Option<Instant>,
+    /// Busy-polled (its receive CQ was when it connected): looked at every
+    /// [`crate::qp::RX_LOOK_PERIOD`], and its stall looks go on while it is connected (its
+    /// polls read, not the progress thread, which cannot tell when a read ended inside an
+    /// FPDU).
+    busy: bool,
+}
+
+/// The deadlines of the QPs' stall looks, earliest first. An entry is checked against the
+/// QP's own [`Served::stall_at`] when it comes due: a QP that closed leaves a stale entry
+/// behind, dropped then (tokens are never reused).
+#[derive(Default)]
+struct Timers {
+    heap: BinaryHeap<Reverse<(Instant, Token)>>,
+}
+
+impl Timers {
+    fn arm(&mut self, s: &mut Served, token: Token, now: Instant) {
+        let Some(at) = s.stall_period.and_then(|p| now.checked_add(p)) else {
+            return;
+        };
+        s.stall_at = Some(at);
+        self.heap.push(Reverse((at, token)));
+    }
+
+    /// How long `epoll_wait` may sleep before the next deadline.
+    fn wait(&self, now: Instant) -> Option<Duration> {
+        self.heap
+            .peek()
+            .map(|Reverse((t, _))| t.saturating_duration_since(now))
+    }
+
+    /// The next entry due at `now`, if any.
+    fn pop_due(&mut self, now: Instant) -> Option<(Instant, Token)> {
+        match self.heap.peek() {
+            Some(Reverse((t, _))) if *t <= now => self.heap.pop().map(|Reverse(e)| e),
+            _ => None,
+        }
+    }
+}
+
+/// The busy-poll look's period: on while the progress thread has busy-polled QPs.
+#[derive(Debug, Default)]
+struct Periodic {
     next: Option<Instant>,
 }
 
-impl Looks {
-    /// Sets the period (at registration and close); `None` stops the looks.
-    fn set(&mut self, period: Option<Duration>) {
-        self.period = period;
-        if self.period.is_none() {
+impl Periodic {
+    fn set(&mut self, on: bool, now: Instant) {
+        if !on {
             self.next = None;
         } else if self.next.is_none() {
-            self.next = self.period.and_then(|p| Instant::now().checked_add(p));
+            self.next = now.checked_add(crate::qp::RX_LOOK_PERIOD);
         }
     }
 
-    /// How long `epoll_wait` may sleep before the next look.
     fn wait(&self, now: Instant) -> Option<Duration> {
         self.next.map(|t| t.saturating_duration_since(now))
     }
 
     /// True when a look is due (and schedules the next one).
     fn due(&mut self, now: Instant) -> bool {
-        match (self.next, self.period) {
-            (Some(t), Some(p)) if now >= t => {
-                self.next = now.checked_add(p);
+        match self.next {
+            Some(t) if now >= t => {
+                self.next = now.checked_add(crate::qp::RX_LOOK_PERIOD);
                 true
             }
             _ => false,
         }
     }
-}
-
-/// The periods of the progress thread's looks, from its QPs (at registration and close).
-fn set_looks(stall: &mut Looks, busy: &mut Looks, qps: &HashMap<Token, Arc<QpShared>>) {
-    stall.set(
-        qps.values()
-            .filter_map(|qp| qp.rx_stall_timeout())
-            .min()
-            .map(|t| (t / 4).max(STALL_LOOK_MIN)),
-    );
-    busy.set(
-        qps.values()
-            .any(|qp| qp.busy_polled())
-            .then_some(crate::qp::RX_LOOK_PERIOD),
-    );
 }
 
 pub(crate) enum Cmd {
@@ -105,6 +188,8 @@ pub(crate) struct Progress {
     waker: Waker,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: ThreadId,
+    /// What it did ([`ProgressStats`]); also counted by the device's QP lists.
+    pub(crate) counters: Arc<Counters>,
 }
 
 impl Progress {
@@ -112,14 +197,18 @@ impl Progress {
         let poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
         let waker = Waker::new(poll.registry(), WAKE).map_err(|e| Error::io("eventfd", e))?;
         let (tx, rx) = mpsc::channel();
-        let handle =
-            softwarp_ras::thread::spawn(format!("{device_name}-progress"), move || run(poll, rx))
-                .map_err(|e| Error::io("spawn progress thread", e))?;
+        let counters = Arc::new(Counters::default());
+        let c = Arc::clone(&counters);
+        let handle = softwarp_ras::thread::spawn(format!("{device_name}-progress"), move || {
+            run(poll, rx, &c)
+        })
+        .map_err(|e| Error::io("spawn progress thread", e))?;
         Ok(Self {
             tx: Mutex::new(tx),
             waker,
             thread_id: handle.thread().id(),
             thread: Mutex::new(Some(handle)),
+            counters,
         })
     }
 
@@ -179,10 +268,10 @@ impl Drop for Progress {
     }
 }
 
-fn run(mut poll: Poll, rx: Receiver<Cmd>) {
+fn run(mut poll: Poll, rx: Receiver<Cmd>, counters: &Counters) {
     crate::context::mark_progress_thread();
     let mut events = Events::with_capacity(1024);
-    let mut qps: HashMap<Token, Arc<QpShared>> = HashMap::new();
+    let mut qps: HashMap<Token, Served> = HashMap::new();
     // Token of each registered QP, by the address of its shared state (for kicks).
     let mut tokens: HashMap<usize, Token> = HashMap::new();
     let key = |qp: &Arc<QpShared>| Arc::as_ptr(qp) as usize;
@@ -192,8 +281,10 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
     let mut again: BTreeSet<Token> = BTreeSet::new();
     let mut delayed: BTreeSet<Token> = BTreeSet::new();
     let mut scratch = vec![0u8; SCRATCH_LEN];
-    let mut stall = Looks::default();
-    let mut busy = Looks::default();
+    let mut timers = Timers::default();
+    // The busy-polled QPs, and the period of their look.
+    let mut busy: BTreeSet<Token> = BTreeSet::new();
+    let mut busy_look = Periodic::default();
     let mut netwatch: Option<Box<crate::netwatch::NetWatch>> = None;
     loop {
         let timeout = if !again.is_empty() {
@@ -204,7 +295,7 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
             None
         };
         let now = Instant::now();
-        let timeout = [timeout, stall.wait(now), busy.wait(now)]
+        let timeout = [timeout, timers.wait(now), busy_look.wait(now)]
             .into_iter()
             .flatten()
             .min();
@@ -214,6 +305,7 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
                 return;
             }
         }
+        Counters::add(&counters.wakeups);
         let mut todo: BTreeSet<Token> = std::mem::take(&mut again);
         todo.extend(std::mem::take(&mut delayed));
         let mut net_readable = false;
@@ -230,10 +322,24 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
                     let token = Token(next_token);
                     next_token += 1;
                     if qp.register(poll.registry(), token) {
-                        tokens.insert(key(&qp), token);
-                        qps.insert(token, qp);
+                        let mut s = Served {
+                            stall_period: qp
+                                .rx_stall_timeout()
+                                .map(|t| (t / 4).max(STALL_LOOK_MIN)),
+                            stall_at: None,
+                            busy: qp.busy_polled(),
+                            qp,
+                        };
+                        if s.busy {
+                            busy.insert(token);
+                            busy_look.set(true, Instant::now());
+                            timers.arm(&mut s, token, Instant::now());
+                        }
+                        tokens.insert(key(&s.qp), token);
+                        qps.insert(token, s);
                         todo.insert(token);
-                        set_looks(&mut stall, &mut busy, &qps);
+                        counters.visit(1);
+                        counters.served.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 Ok(Cmd::Kick(qp)) => {
@@ -279,32 +385,57 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
                 w.readable();
             }
         }
-        if stall.due(Instant::now()) {
-            let now = Instant::now();
-            for (token, qp) in &qps {
-                if qp.check_rx_stall(now) {
-                    todo.insert(*token);
-                }
-            }
-        }
-        if busy.due(Instant::now()) {
-            for (token, qp) in &qps {
-                if qp.rx_look(poll.registry()) {
-                    todo.insert(*token);
-                }
-            }
-        }
-        let mut closed_any = false;
-        for token in todo {
-            let Some(qp) = qps.get(&token) else {
+        // The stall looks that are due, and only those.
+        let now = Instant::now();
+        while let Some((at, token)) = timers.pop_due(now) {
+            let Some(s) = qps.get_mut(&token) else {
                 continue;
             };
-            let pass = qp.service(poll.registry(), &mut scratch);
-            if pass.closed {
-                tokens.remove(&key(qp));
-                qps.remove(&token);
-                closed_any = true;
+            if s.stall_at != Some(at) {
                 continue;
+            }
+            s.stall_at = None;
+            Counters::add(&counters.timer_looks);
+            counters.visit(1);
+            match s.qp.check_rx_stall(now) {
+                StallLook::Stalled => {
+                    todo.insert(token);
+                }
+                StallLook::Watching => timers.arm(s, token, now),
+                // Inside no FPDU: no more looks until a pass ends inside one (a busy-polled
+                // QP's polls read: its looks go on).
+                StallLook::Quiet if s.busy => timers.arm(s, token, now),
+                StallLook::Quiet => {}
+            }
+        }
+        if busy_look.due(Instant::now()) {
+            for token in &busy {
+                if let Some(s) = qps.get(token) {
+                    Counters::add(&counters.timer_looks);
+                    counters.visit(1);
+                    if s.qp.rx_look(poll.registry()) {
+                        todo.insert(*token);
+                    }
+                }
+            }
+        }
+        for token in todo {
+            let Some(s) = qps.get_mut(&token) else {
+                continue;
+            };
+            let pass = s.qp.service(poll.registry(), &mut scratch);
+            if pass.closed {
+                tokens.remove(&key(&s.qp));
+                qps.remove(&token);
+                if busy.remove(&token) {
+                    busy_look.set(!busy.is_empty(), Instant::now());
+                }
+                counters.served.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            if pass.in_fpdu && s.stall_at.is_none() {
+                // The peer stopped inside an FPDU for now: look whether it goes on.
+                timers.arm(s, token, Instant::now());
             }
             if pass.more {
                 again.insert(token);
@@ -312,9 +443,6 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>) {
             if pass.retry || pass.lingering {
                 delayed.insert(token);
             }
-        }
-        if closed_any {
-            set_looks(&mut stall, &mut busy, &qps);
         }
     }
 }

@@ -187,7 +187,7 @@ pub(crate) fn access_text(a: softwarp_engine::mr::Access) -> String {
 #[derive(Debug)]
 pub(crate) struct DeviceRas {
     pub(crate) tracker: Tracker,
-    cqs: Mutex<Vec<Weak<CqShared>>>,
+    pub(crate) cqs: crate::device::WeakList<CqShared>,
 }
 
 impl DeviceRas {
@@ -198,7 +198,7 @@ impl DeviceRas {
         let n = OPENED.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         Self {
             tracker: Tracker::new(format!("{name}/{n}")),
-            cqs: Mutex::new(Vec::new()),
+            cqs: crate::device::WeakList::default(),
         }
     }
 
@@ -208,14 +208,12 @@ impl DeviceRas {
     }
 
     /// Exports `cq`'s statistics with the device's.
-    pub(crate) fn add_cq(&self, cq: &Arc<CqShared>) {
-        let mut cqs = lock(&self.cqs);
-        cqs.retain(|w| w.strong_count() > 0);
-        cqs.push(Arc::downgrade(cq));
+    pub(crate) fn add_cq(&self, cq: &Arc<CqShared>, counters: &crate::progress::Counters) {
+        self.cqs.insert(cq, counters);
     }
 
     pub(crate) fn live_cqs(&self) -> Vec<Arc<CqShared>> {
-        lock(&self.cqs).iter().filter_map(Weak::upgrade).collect()
+        self.cqs.live()
     }
 }
 

@@ -82,28 +82,6 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// Raises the soft limit on open files to `want` (within the hard limit); false when the
-/// hard limit is lower.
-fn raise_nofile(want: u64) -> bool {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let lim = getrlimit(Resource::Nofile);
-    let hard = lim.maximum.unwrap_or(u64::MAX);
-    if hard < want {
-        return false;
-    }
-    if lim.current.is_some_and(|c| c >= want) {
-        return true;
-    }
-    setrlimit(
-        Resource::Nofile,
-        Rlimit {
-            current: Some(want),
-            maximum: lim.maximum,
-        },
-    )
-    .is_ok()
-}
-
 /// A valid MPA revision 2 Request with 500 bytes of private data (520 bytes in all).
 fn long_request() -> Vec<u8> {
     let pd = [0x42u8; 500];

@@ -68,6 +68,7 @@ mod pump;
 use conn::Conn;
 pub(crate) use conn::{ConnObserver, LinkDown};
 pub(crate) use poller::RX_LOOK_PERIOD;
+pub(crate) use pump::StallLook;
 use pump::TxEnd;
 
 use std::net::ToSocketAddrs;
@@ -217,6 +218,10 @@ pub(crate) struct QpShared {
 
 impl Drop for QpShared {
     fn drop(&mut self) {
+        // Its entries in the device's and CQs' lists (one per CQ role, as inserted).
+        self.device.qps.died();
+        self.send_cq.qps.died();
+        self.recv_cq.qps.died();
         lock(&self.count).release(&self.device.counts.qp);
     }
 }

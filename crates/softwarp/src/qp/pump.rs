@@ -61,6 +61,22 @@ pub(crate) struct Pass {
     pub(crate) lingering: bool,
     /// The connection is closed and deregistered: forget the QP.
     pub(crate) closed: bool,
+    /// The pass ended with the peer inside an FPDU: the receive stall looks start (see
+    /// [`QpShared::check_rx_stall`]).
+    pub(crate) in_fpdu: bool,
+}
+
+/// What a receive stall look ([`QpShared::check_rx_stall`]) found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StallLook {
+    /// The peer stopped inside an FPDU for the timeout: the stream is terminated and the
+    /// QP needs a pass to close.
+    Stalled,
+    /// Inside an FPDU, or held by another thread: look again a period later.
+    Watching,
+    /// Inside no FPDU (or no stall timeout, no connection): nothing to look at until a
+    /// pass ends inside one.
+    Quiet,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -444,6 +460,7 @@ impl QpShared {
             retry: !closed && (rx == RxEnd::Blocked || tx == TxEnd::Held),
             lingering,
             closed,
+            in_fpdu: !closed && inner.qp.rx_in_fpdu(),
         }
     }
 
@@ -516,35 +533,35 @@ impl QpShared {
 
     /// The progress thread's receive stall look ([`ConnectOptions::rx_stall_timeout`]): a
     /// peer found in the middle of an FPDU, with no byte received since a look at least the
-    /// timeout ago, gets its stream terminated. Returns true then (the QP needs a pass to
-    /// close). Skips a QP another thread holds: that thread is moving its bytes.
-    pub(crate) fn check_rx_stall(&self, now: Instant) -> bool {
+    /// timeout ago, gets its stream terminated ([`StallLook::Stalled`]: the QP needs a pass
+    /// to close). Skips a QP another thread holds: that thread is moving its bytes.
+    pub(crate) fn check_rx_stall(&self, now: Instant) -> StallLook {
         let mut g = match self.inner.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return false,
+            Err(std::sync::TryLockError::WouldBlock) => return StallLook::Watching,
         };
         let inner = &mut *g;
         let Some(conn) = inner.conn.as_mut() else {
-            return false;
+            return StallLook::Quiet;
         };
         let Some(limit) = conn.rx_stall else {
-            return false;
+            return StallLook::Quiet;
         };
         if !inner.qp.rx_in_fpdu() {
             conn.stall_mark = None;
-            return false;
+            return StallLook::Quiet;
         }
         let bytes = inner.qp.stats().rx_stream_bytes;
         match conn.stall_mark {
             Some((seen, since)) if seen == bytes => {
                 if now.saturating_duration_since(since) < limit {
-                    return false;
+                    return StallLook::Watching;
                 }
             }
             _ => {
                 conn.stall_mark = Some((bytes, now));
-                return false;
+                return StallLook::Watching;
             }
         }
         tracing::warn!(
@@ -556,6 +573,6 @@ impl QpShared {
         let mut budget = PASS_BUDGET;
         let _ = self.tx_pass(inner, &mut budget);
         self.drain(inner);
-        true
+        StallLook::Stalled
     }
 }

@@ -25,6 +25,28 @@ pub fn opt_in_ras() {
     });
 }
 
+/// Raises the soft limit on open files to `want` (within the hard limit); false when the
+/// hard limit is lower.
+pub fn raise_nofile(want: u64) -> bool {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lim = getrlimit(Resource::Nofile);
+    let hard = lim.maximum.unwrap_or(u64::MAX);
+    if hard < want {
+        return false;
+    }
+    if lim.current.is_some_and(|c| c >= want) {
+        return true;
+    }
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(want),
+            maximum: lim.maximum,
+        },
+    )
+    .is_ok()
+}
+
 /// Upper bound of every wait in the tests.
 pub const WAIT: Duration = Duration::from_secs(20);
 
