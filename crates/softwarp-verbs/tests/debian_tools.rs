@@ -954,6 +954,62 @@ fn qperf_rc_tests_in_wait_and_poll_mode() {
     }
 }
 
+/// uDAPL (dapl2-utils), the consumer API of OpenRDMA, over this library: Debian's `dtest`
+/// with the ofa-v2 rdma_cm provider (`libdaplofa.so.2`) on `lo`, from a `dat.conf` of the
+/// test's own (`DAT_OVERRIDE`): connect, RMR exchange, bursts of RDMA Writes with Sends,
+/// RDMA Reads, ping-pong, both directions.
+#[test]
+fn udapl_dtest_over_the_ofa_v2_rdma_cm_provider() {
+    let _serial = serial();
+    let Some(dtest) = required_tool("dtest", "dapl2-utils") else {
+        return;
+    };
+    let conf = lib_dir().join(format!("dat-{}.conf", std::process::id()));
+    std::fs::write(
+        &conf,
+        "ofa-v2-lo u2.0 nonthreadsafe default libdaplofa.so.2 dapl.2.0 \"lo 0\" \"\"\n",
+    )
+    .expect("write dat.conf");
+    // dtest's server takes its client on a TCP socket of fixed port 15828 first.
+    let mut server = Reaped(
+        command(&dtest)
+            .env("DAT_OVERRIDE", &conf)
+            .args(["-P", "ofa-v2-lo", "-s", "-b", "65536", "-B", "20"])
+            .spawn()
+            .expect("start the server"),
+    );
+    wait_listening(15828, &mut server.0);
+    let client = command(&dtest)
+        .env("DAT_OVERRIDE", &conf)
+        .args([
+            "-P",
+            "ofa-v2-lo",
+            "-h",
+            "127.0.0.1",
+            "-b",
+            "65536",
+            "-B",
+            "20",
+        ])
+        .spawn()
+        .expect("start the client");
+    let c = finish(client, Duration::from_secs(120), "dtest client");
+    let s = finish(server.take(), Duration::from_secs(30), "dtest server");
+    let _ = std::fs::remove_file(&conf);
+    assert!(c.status.success(), "{}{}", c.stdout, c.stderr);
+    assert!(
+        c.stdout.contains("DAPL Test Complete. PASSED"),
+        "{}",
+        c.stdout
+    );
+    assert!(
+        s.stdout.contains("DAPL Test Complete. PASSED"),
+        "{}{}",
+        s.stdout,
+        s.stderr
+    );
+}
+
 /// Whether rdma-core's test suite and Debian's Python with pyverbs are installed (skips,
 /// or fails under CI, when not).
 fn rdma_core_suite_installed() -> bool {
@@ -1367,6 +1423,18 @@ fn c_cm_calls_after_rejected_and_on_destroyed_ids_answer_errnos() {
 
 /// A child killed and reaped when dropped (also when the test panics).
 struct Reaped(Child);
+
+impl Reaped {
+    /// The child, no longer killed on drop (to wait for its own end).
+    fn take(mut self) -> Child {
+        let child = std::mem::replace(
+            &mut self.0,
+            Command::new("true").spawn().expect("a stand-in child"),
+        );
+        drop(self);
+        child
+    }
+}
 
 impl Drop for Reaped {
     fn drop(&mut self) {

@@ -283,11 +283,22 @@ impl Id {
         unsafe { write_addr(p.cast(), addr) };
     }
 
+    /// The id has its device (bound, resolved): `verbs` and `port_num`, as rdma-core sets
+    /// both then (uDAPL queries the port `port_num` names right after its bind).
     fn set_verbs(&self, ctx: *mut ibv_context) {
         // SAFETY: as in `set_src`.
-        let p = unsafe { std::ptr::addr_of_mut!((*self.ptr()).verbs) };
-        // SAFETY: the application's view of `verbs`, written as rdma-core does.
-        unsafe { p.write(ctx) };
+        let (p, port) = unsafe {
+            (
+                std::ptr::addr_of_mut!((*self.ptr()).verbs),
+                std::ptr::addr_of_mut!((*self.ptr()).port_num),
+            )
+        };
+        // SAFETY: the application's view of `verbs` and `port_num`, written as rdma-core
+        // does.
+        unsafe {
+            p.write(ctx);
+            port.write(1);
+        }
     }
 
     fn qp(&self) -> Option<&Qp> {
