@@ -547,6 +547,10 @@ pub unsafe extern "C" fn swv_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     // free.
     let i = unsafe { &*id.cast::<Id>() };
     let channel = i.get(|c| c.channel);
+    // The PD `rdma_create_qp` made for it, unless its QP (left to the application, as in
+    // rdma-core) or something else still uses it.
+    // SAFETY: the id, ours until freed below.
+    unsafe { release_own_pd(i) };
     {
         let mut st = i.state();
         let mut ch = i.channel().state();
@@ -923,6 +927,28 @@ pub unsafe extern "C" fn swv_rdma_create_srq(
     rc
 }
 
+/// Deallocates the PD `rdma_create_qp` made for the id (none given) once the id's QP is
+/// gone and nothing else uses it; while something does (an SRQ `rdma_create_srq` made in it,
+/// MRs of the application), `ibv_dealloc_pd` refuses and the PD stays the id's, to be tried
+/// again by `rdma_destroy_srq` and `rdma_destroy_id`.
+///
+/// # Safety
+/// `i` is a live id (or one its destroy holds).
+unsafe fn release_own_pd(i: &Id) {
+    let idp = i.ptr();
+    let mut st = i.state();
+    // SAFETY: the id's C fields, which this library fills.
+    unsafe {
+        if !st.own_pd || !(*idp).qp.is_null() {
+            return;
+        }
+        if swv_ibv_dealloc_pd((*idp).pd) == 0 {
+            (*idp).pd = std::ptr::null_mut();
+            st.own_pd = false;
+        }
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_destroy_srq(id: *mut rdma_cm_id) {
     // SAFETY: the caller's id.
@@ -937,6 +963,8 @@ pub unsafe extern "C" fn swv_rdma_destroy_srq(id: *mut rdma_cm_id) {
         if !srq.is_null() {
             let _ = swv_ibv_destroy_srq(srq);
         }
+        // The id's own PD, if the SRQ was what kept it.
+        release_own_pd(i);
     }
 }
 
@@ -946,13 +974,10 @@ pub unsafe extern "C" fn swv_rdma_destroy_qp(id: *mut rdma_cm_id) {
     let Some(i) = (unsafe { Id::from_c(id) }) else {
         return;
     };
-    let (own_pd, own_cqs) = {
+    let own_cqs = {
         let mut st = i.state();
         st.qpn = None;
-        (
-            std::mem::take(&mut st.own_pd),
-            std::mem::take(&mut st.own_cqs),
-        )
+        std::mem::take(&mut st.own_cqs)
     };
     // SAFETY: the id's C fields are the application's view of objects this library made;
     // they are released as rdma-core releases them.
@@ -971,10 +996,7 @@ pub unsafe extern "C" fn swv_rdma_destroy_qp(id: *mut rdma_cm_id) {
             (*id).send_cq_channel = std::ptr::null_mut();
             (*id).recv_cq_channel = std::ptr::null_mut();
         }
-        if own_pd {
-            swv_ibv_dealloc_pd((*id).pd);
-            (*id).pd = std::ptr::null_mut();
-        }
+        release_own_pd(i);
     }
 }
 

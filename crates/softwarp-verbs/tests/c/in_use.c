@@ -178,7 +178,24 @@ static void cm_pairs(void)
 	errno = 0;
 	CHECK(ibv_destroy_comp_channel(id->send_cq_channel) == EBUSY && errno == 0);
 	rdma_destroy_qp(id);
-	CHECK(id->qp == NULL && id->send_cq == NULL);
+	CHECK(id->qp == NULL && id->send_cq == NULL && id->pd == NULL);
+
+	/* An SRQ rdma_create_srq made in the PD rdma_create_qp made: the PD goes with the last
+	 * of the QP and the SRQ, whichever order. */
+	struct ibv_qp_init_attr ia3 = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	CHECK(rdma_create_qp(id, NULL, &ia3) == 0 && id->pd);
+	struct ibv_srq_init_attr sia = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	CHECK(rdma_create_srq(id, NULL, &sia) == 0 && id->srq && id->srq->pd == id->pd);
+	struct ibv_pd *own = id->pd;
+	BUSY(ibv_dealloc_pd(own));
+	rdma_destroy_qp(id);
+	CHECK(id->qp == NULL && id->pd == own);
+	BUSY(ibv_dealloc_pd(own));
+	rdma_destroy_srq(id);
+	CHECK(id->srq == NULL && id->pd == NULL);
 
 	/* rdma_destroy_id of an id with a QP: allowed (rdma-core does not look); the QP stays
 	 * the application's, and its PD and CQ stay in use until it goes. */
