@@ -1418,7 +1418,7 @@ fn c_cm_calls_after_rejected_and_on_destroyed_ids_answer_errnos() {
     let Some(out) = run_c_memchecked("cm_sequences", &[&port], Duration::from_secs(120)) else {
         return;
     };
-    assert_eq!(out.stdout, "ok: 746 checks\n", "{}", out.stderr);
+    assert_eq!(out.stdout, "ok: 727 checks\n", "{}", out.stderr);
 }
 
 /// A child killed and reaped when dropped (also when the test panics).

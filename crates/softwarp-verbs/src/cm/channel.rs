@@ -22,7 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 use softwarp::{CmEvent, CmEventChannel, ConnId, ListenerId};
 
 use crate::cm::id::Id;
-use crate::cm::live::{CHANNELS, EVENTS};
+use crate::cm::live::{CHANNELS, EVENTS, GONE_CHANNELS};
 use crate::cm::{err, to_storage};
 use crate::errno;
 use crate::ffi::*;
@@ -344,6 +344,7 @@ pub unsafe extern "C" fn swv_rdma_create_event_channel() -> *mut rdma_event_chan
         Ok(ch) => {
             let p = Box::into_raw(ch).cast::<rdma_event_channel>();
             CHANNELS.add(p);
+            GONE_CHANNELS.forget(p);
             p
         }
         Err(e) => {
@@ -362,6 +363,7 @@ pub unsafe extern "C" fn swv_rdma_destroy_event_channel(ch: *mut rdma_event_chan
         errno::set(libc::EINVAL);
         return;
     }
+    GONE_CHANNELS.add(ch);
     // SAFETY: a live channel of `rdma_create_event_channel` (Box).
     let c = unsafe { &*ch.cast::<EvChannel>() };
     let free = {
@@ -379,12 +381,36 @@ pub unsafe extern "C" fn swv_rdma_destroy_event_channel(ch: *mut rdma_event_chan
     }
 }
 
+/// How long `rdma_get_cm_event` holds a thread that calls it on a channel the application
+/// destroyed before answering `EINVAL`.
+pub const DESTROYED_CHANNEL_HOLD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Holds a thread that reads a channel the application destroyed for
+/// [`DESTROYED_CHANNEL_HOLD`]. rdma-core programs read their channel in a thread of their own
+/// while the main thread tears down and returns from `main` (Debian's rping: its `cm_thread`
+/// acknowledges the DISCONNECTED event and calls `rdma_get_cm_event` again, the main thread
+/// meanwhile destroys the id and the channel, and a failed call makes it `exit(-1)`). Over
+/// rdma-core that thread is most often already blocked in `read()` on the channel's fd, which
+/// closing it does not wake, and the process ends with `main`'s status. Held here, it stays
+/// blocked long enough for that, and a program that reads its destroyed channel from its only
+/// thread still gets its `EINVAL`, a second later.
+fn hold_reader_of_destroyed_channel() {
+    tracing::debug!(target: "softwarp::verbs", call = "rdma_get_cm_event", "the channel was destroyed: held, then EINVAL");
+    std::thread::sleep(DESTROYED_CHANNEL_HOLD);
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_get_cm_event(
     ch: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
-    if !CHANNELS.contains(ch) || event.is_null() {
+    if !CHANNELS.contains(ch) {
+        if GONE_CHANNELS.contains(ch) {
+            hold_reader_of_destroyed_channel();
+        }
+        return err(libc::EINVAL);
+    }
+    if event.is_null() {
         return err(libc::EINVAL);
     }
     // SAFETY: a live channel of `rdma_create_event_channel`.

@@ -12,7 +12,7 @@
 //! read that is not an object's. A call racing the destroy of the same object on another
 //! thread is the application's error, as with rdma-core.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
 /// The addresses of the live objects of one kind.
@@ -58,3 +58,49 @@ pub static CHANNELS: Live = Live::new();
 /// `struct rdma_cm_event`s handed out and not yet acknowledged (`rdma_get_cm_event`, and the
 /// `id->event` of a synchronous id).
 pub static EVENTS: Live = Live::new();
+
+/// The addresses of the last [`GONE_KEPT`] objects of one kind the application destroyed (an
+/// address handed out again leaves it), for the calls that answer a destroyed object
+/// differently from a pointer that never was one.
+pub struct Gone(Mutex<VecDeque<usize>>);
+
+/// How many destroyed addresses a [`Gone`] remembers.
+pub const GONE_KEPT: usize = 1024;
+
+impl Gone {
+    pub const fn new() -> Self {
+        Self(Mutex::new(VecDeque::new()))
+    }
+
+    fn list(&self) -> MutexGuard<'_, VecDeque<usize>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `p` was destroyed.
+    pub fn add<T>(&self, p: *const T) {
+        let mut l = self.list();
+        if l.len() >= GONE_KEPT {
+            l.pop_front();
+        }
+        l.push_back(p as usize);
+    }
+
+    /// `p` names a new object.
+    pub fn forget<T>(&self, p: *const T) {
+        self.list().retain(|&a| a != p as usize);
+    }
+
+    /// True when `p` was destroyed (and not handed out again).
+    pub fn contains<T>(&self, p: *const T) -> bool {
+        self.list().contains(&(p as usize))
+    }
+}
+
+impl Default for Gone {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Event channels the application destroyed.
+pub static GONE_CHANNELS: Gone = Gone::new();
