@@ -1010,6 +1010,22 @@ fn udapl_dtest_over_the_ofa_v2_rdma_cm_provider() {
     );
 }
 
+#[test]
+fn c_program_tearing_down_from_two_threads_gets_rdma_cores_order() {
+    let _serial = serial();
+    let Some(exe) = build_c("cm_teardown", &["-lrdmacm", "-lpthread"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(20),
+        "cm_teardown",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, "ok: 12 checks\n");
+}
+
 /// Whether rdma-core's test suite and Debian's Python with pyverbs are installed (skips,
 /// or fails under CI, when not).
 fn rdma_core_suite_installed() -> bool {

@@ -16,6 +16,7 @@ use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::time::Duration;
 
 use softwarp_ras::tracker::{
     DescribeResource, ResourceDetails, ResourceHandle, ResourceKind, Tracker,
@@ -537,6 +538,33 @@ unsafe fn create_id(
     0
 }
 
+/// Longest `rdma_destroy_id` waits for the application to acknowledge the id's events.
+const ACK_WAIT: Duration = Duration::from_secs(2);
+
+/// rdma-core's `rdma_destroy_id` returns once every event it reported about the id was
+/// acknowledged. Programs count on that order: rping's main thread destroys its id and then
+/// its channel when its CM thread has handled DISCONNECTED, and that thread acknowledges
+/// the event and waits in `rdma_get_cm_event` again before the channel goes; destroyed
+/// first, the channel answered `EINVAL` and rping exited with an error. Connection requests
+/// are not waited for (rdma-core counts them on the listener, and programs reject and
+/// destroy a request's id in the handler). Bounded, where rdma-core waits for ever: a
+/// program that destroys an id on the thread holding its event goes on after `ACK_WAIT`.
+fn wait_for_acks(i: &Id, id: *mut rdma_cm_id) {
+    let kept = i.get(|c| c.event) as usize;
+    let deadline = softwarp_ras::deadline::Deadline::after(ACK_WAIT);
+    let unacked = || {
+        EVENTS.any(|p: *const rdma_cm_event| {
+            // SAFETY: a live event (the set's lock keeps it so): a boxed `Event`, whose C
+            // struct comes first.
+            let c = unsafe { &(*p.cast::<Event>()).c };
+            p as usize != kept && c.id == id && c.event != RDMA_CM_EVENT_CONNECT_REQUEST
+        })
+    };
+    while unacked() && !deadline.expired() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     if !IDS.remove(id) {
@@ -546,6 +574,7 @@ pub unsafe extern "C" fn swv_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     // SAFETY: a live id until the line above, which took it from the application: ours to
     // free.
     let i = unsafe { &*id.cast::<Id>() };
+    wait_for_acks(i, id);
     let channel = i.get(|c| c.channel);
     // The PD `rdma_create_qp` made for it, unless its QP (left to the application, as in
     // rdma-core) or something else still uses it.

@@ -37,6 +37,12 @@ impl Live {
         !p.is_null() && self.set().contains(&(p as usize))
     }
 
+    /// True when `pred` holds for a live object; `pred` runs under the set's lock, so no
+    /// object it is given is destroyed meanwhile (a destroy removes it from the set first).
+    pub fn any<T>(&self, pred: impl Fn(*const T) -> bool) -> bool {
+        self.set().iter().any(|&a| pred(a as *const T))
+    }
+
     /// `p` is being destroyed: true when it was live (the caller then frees it), false when it
     /// was not (destroyed already, or never one: the caller touches nothing).
     pub fn remove<T>(&self, p: *const T) -> bool {
