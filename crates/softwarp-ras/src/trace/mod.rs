@@ -97,6 +97,23 @@ pub enum Component {
     Ras,
 }
 
+/// `a::b::c` → (`a`, `Some("b::c")`), `a` → (`a`, `None`): split at the first `:` (a
+/// module path has them only in pairs) by a loop over the bytes. `split_once("::")` set a
+/// substring searcher up at each call, and this runs several times for every event the
+/// subscriber is asked about: a third of a connection set-up's instructions at 10,000
+/// connections (issue 39, BENCHMARKS.md).
+fn split_path(path: &str) -> (&str, Option<&str>) {
+    let b = path.as_bytes();
+    match b.iter().position(|&c| c == b':') {
+        Some(i) => {
+            let after = b[i..].iter().take_while(|&&c| c == b':').count();
+            // Both cuts are next to an ASCII `:`: character boundaries.
+            (&path[..i], path.get(i + after..))
+        }
+        None => (path, None),
+    }
+}
+
 /// Number of components.
 const COMPONENTS: usize = 9;
 /// Level slots: one per component, then one for foreign (non-Softwarp) events.
@@ -166,13 +183,10 @@ impl Component {
     /// - the crates `softwarp_wire`, `softwarp_engine`, `softwarp_sockets`, `softwarp_ras` →
     ///   their component; any other `softwarp_*` crate → [`Runtime`](Component::Runtime).
     pub fn from_target(target: &str) -> Option<Component> {
-        let (krate, rest) = match target.split_once("::") {
-            Some((k, r)) => (k, Some(r)),
-            None => (target, None),
-        };
+        let (krate, rest) = split_path(target);
         match krate {
             "softwarp" => {
-                let module = rest.map(|r| r.split("::").next().unwrap_or(r));
+                let module = rest.map(|r| split_path(r).0);
                 Some(match module {
                     Some("pd") => Component::Mr,
                     Some("connect") => Component::Cm,
@@ -797,6 +811,25 @@ mod tests {
                 Some(c)
             );
         }
+    }
+
+    #[test]
+    fn a_target_splits_at_its_first_path_separator() {
+        assert_eq!(
+            split_path("softwarp::qp::pump"),
+            ("softwarp", Some("qp::pump"))
+        );
+        assert_eq!(split_path("qp::pump"), ("qp", Some("pump")));
+        assert_eq!(split_path("softwarp"), ("softwarp", None));
+        assert_eq!(split_path("softwarp::"), ("softwarp", Some("")));
+        assert_eq!(split_path(""), ("", None));
+        assert_eq!(split_path("é::ü"), ("é", Some("ü")));
+        assert_eq!(
+            Component::from_target("softwarp::qp::pump"),
+            Some(Component::Qp)
+        );
+        assert_eq!(Component::from_target("softwarp::cm"), Some(Component::Cm));
+        assert_eq!(Component::from_target("mio::poll"), None);
     }
 
     #[test]
