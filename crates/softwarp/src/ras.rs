@@ -395,6 +395,34 @@ impl StatsSource for DeviceShared {
             self.events.lost_count(),
         );
         self.health.collect(out, dev);
+        let p = self.progress.counters.stats();
+        let labels = [("device", dev)];
+        out.gauge_int(
+            "softwarp_progress_qps",
+            "Connected QPs the device's progress thread serves.",
+            &labels,
+            p.served,
+        );
+        let counters = [
+            (
+                "softwarp_progress_wakeups_total",
+                "Times the progress thread's epoll_wait returned.",
+                p.wakeups,
+            ),
+            (
+                "softwarp_progress_timer_looks_total",
+                "QPs the progress thread looked at on a timer (receive stall and busy-poll looks).",
+                p.timer_looks,
+            ),
+            (
+                "softwarp_progress_qp_visits_total",
+                "QP entries of the device's collections inserted, looked at or walked past.",
+                p.qp_visits,
+            ),
+        ];
+        for (name, help, v) in counters {
+            out.counter(name, help, &labels, v);
+        }
         for qp in self.live_qps() {
             qp.ras_view().collect(out, dev);
         }

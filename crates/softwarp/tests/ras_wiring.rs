@@ -122,6 +122,20 @@ fn counters_match_the_traffic_sent_exactly() {
     };
     assert_eq!(cq(&a.dev, &a.scq), (N as u64, N as u64));
     assert_eq!(cq(&b.dev, &b.rcq), (N as u64, N as u64));
+    // Each device's progress thread serves its one connected QP; its counters are there.
+    for e in [&a, &b] {
+        let d = [("device", e.dev.instance_name())];
+        assert_eq!(
+            snap.get("softwarp_progress_qps", &d),
+            Some(Value::Int(1)),
+            "{d:?}"
+        );
+        assert!(counter(&snap, "softwarp_progress_wakeups_total", &d) > 0);
+        assert_eq!(
+            counter(&snap, "softwarp_progress_qp_visits_total", &d),
+            e.dev.progress_stats().qp_visits
+        );
+    }
     // A connected QP has a TCP_INFO sample.
     let tcp = [("device", a.dev.instance_name()), ("qpn", aq.as_str())];
     assert!(snap.get("softwarp_tcp_rtt_seconds", &tcp).is_some());
