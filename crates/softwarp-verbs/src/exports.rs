@@ -201,14 +201,61 @@ exports! {
         rdma_disconnect, rdma_get_cm_event, rdma_ack_cm_event, rdma_get_src_port,
         rdma_get_dst_port, rdma_free_devices, rdma_event_str, rdma_set_option,
         rdma_get_local_addr, rdma_get_peer_addr, rdma_migrate_id, rdma_getaddrinfo,
-        rdma_freeaddrinfo, rdma_join_multicast, rdma_leave_multicast, rpoll,
-        rdma_destroy_ep, rdma_destroy_srq,
+        rdma_freeaddrinfo, rdma_join_multicast, rdma_leave_multicast, rdma_destroy_ep,
+        rdma_destroy_srq,
+        // rsocket (rsocket/).
+        rsocket, rbind, rlisten, raccept, rconnect, rshutdown, rclose, rrecv, rrecvfrom,
+        rrecvmsg, rsend, rsendto, rsendmsg, rread, rreadv, rwrite, rwritev, rselect,
+        rgetpeername, rgetsockname, rsetsockopt, rgetsockopt, rfcntl,
     ]
     "RDMACM_1.1": [rdma_join_multicast_ex]
     "RDMACM_1.2": [rdma_establish, rdma_init_qp_attr]
     // InfiniBand's ECE (cm/ib_only.rs).
     "RDMACM_1.3": [rdma_get_remote_ece, rdma_set_local_ece, rdma_reject_ece]
 }
+
+/// Exports `NAME@@VERSION` as a jump to a Rust function of another name.
+macro_rules! exports_to {
+    ($( $ver:literal : [ $($name:ident => $target:ident),* $(,)? ] )*) => {
+        #[cfg(target_arch = "x86_64")]
+        std::arch::global_asm!(
+            ".pushsection .text",
+            $( $( concat!(
+                ".globl ", stringify!($name), "\n",
+                ".type ", stringify!($name), ",@function\n",
+                ".p2align 4\n",
+                stringify!($name), ":\n",
+                "jmp ", stringify!($target), "\n",
+                ".size ", stringify!($name), ", .-", stringify!($name), "\n",
+                ".hidden ", stringify!($target), "\n",
+                ".symver ", stringify!($name), ",", stringify!($name), "@@", $ver, "\n",
+            ), )* )*
+            ".popsection",
+        );
+        #[cfg(target_arch = "aarch64")]
+        std::arch::global_asm!(
+            ".pushsection .text",
+            $( $( concat!(
+                ".globl ", stringify!($name), "\n",
+                ".type ", stringify!($name), ",%function\n",
+                ".p2align 4\n",
+                stringify!($name), ":\n",
+                "b ", stringify!($target), "\n",
+                ".size ", stringify!($name), ", .-", stringify!($name), "\n",
+                ".hidden ", stringify!($target), "\n",
+                ".symver ", stringify!($name), ",", stringify!($name), "@@", $ver, "\n",
+            ), )* )*
+            ".popsection",
+        );
+    };
+}
+
+// rsocket's `rpoll` understands rsockets (rsocket/poll.rs). cm/channel.rs's `swv_rpoll`
+// (a plain `poll(2)`) is no longer exported: hidden here until its owner removes it.
+exports_to! {
+    "RDMACM_1.0": [rpoll => swv_rs_rpoll]
+}
+std::arch::global_asm!(".hidden swv_rpoll");
 
 // `(n)`: the number of the call's C arguments, i.e. the argument register that is free for
 // the return address (the `swvc_` signatures in caller.rs have one more argument).

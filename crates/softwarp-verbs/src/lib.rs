@@ -46,5 +46,6 @@ pub mod errno;
 pub mod exports;
 pub mod ffi;
 mod private;
+pub mod rsocket;
 pub mod verbs;
 pub mod watch;

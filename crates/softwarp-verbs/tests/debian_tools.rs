@@ -74,6 +74,11 @@ struct Output {
 
 /// Waits for `child` at most `limit`, killing it past that; collects its output.
 fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
+    finish_in(&mut child, limit, what)
+}
+
+/// [`finish`] of a child someone else owns (a [`Reaped`]).
+fn finish_in(child: &mut Child, limit: Duration, what: &str) -> Output {
     let mut out = child.stdout.take().expect("piped stdout");
     let mut err = child.stderr.take().expect("piped stderr");
     let o = std::thread::spawn(move || {
@@ -1546,4 +1551,178 @@ fn perftest_client_refused_by_a_late_listener_exits_without_crashing_20_times() 
     }
     // Each run reproduced the refusal (the client connects within 1 s of the handshake).
     assert_eq!(rejected, 20, "runs refused");
+}
+
+/// Debian's `rstream` as server and client over this library on 127.0.0.1 with the same
+/// `args` on both ends; returns (server, client) output after checking both succeeded.
+fn rstream_pair(rstream: &Path, args: &[&str]) -> (Output, Output) {
+    let port = free_port();
+    let p = port.to_string();
+    let mut server = Reaped(
+        command(rstream)
+            .args(["-b", "127.0.0.1", "-p", &p])
+            .args(args)
+            .spawn()
+            .expect("start the rstream server"),
+    );
+    wait_listening(port, &mut server.0);
+    let mut client = Reaped(
+        command(rstream)
+            .args(["-s", "127.0.0.1", "-p", &p])
+            .args(args)
+            .spawn()
+            .expect("start the rstream client"),
+    );
+    let c = finish_in(
+        &mut client.0,
+        Duration::from_secs(60),
+        &format!("rstream client {args:?}"),
+    );
+    let s = finish_in(
+        &mut server.0,
+        Duration::from_secs(20),
+        &format!("rstream server {args:?}"),
+    );
+    assert!(
+        c.status.success() && s.status.success(),
+        "rstream {args:?}: client exit {} server exit {}\nclient:\n{}{}\nserver:\n{}{}",
+        c.status,
+        s.status,
+        c.stdout,
+        c.stderr,
+        s.stdout,
+        s.stderr
+    );
+    (s, c)
+}
+
+/// The result line of an `rstream -S SIZE -C COUNT` run: (bytes, xfers) as printed.
+fn rstream_row(out: &str) -> Option<(String, String)> {
+    let line = out.lines().find(|l| l.starts_with("custom"))?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    Some((f.get(1)?.to_string(), f.get(2)?.to_string()))
+}
+
+/// rstream's transfers at `sizes` ((-S, -C, the size as rstream prints it)) with `mode`'s
+/// -T options and `-T v` (every byte verified by the receiver), both ends over Softwarp.
+fn rstream_sizes(mode: &[&str], sizes: &[(&str, &str, &str)]) {
+    let _serial = serial();
+    let Some(rstream) = tool("rstream", "rdmacm-utils") else {
+        return skip("rstream is not installed");
+    };
+    for (size, count, printed) in sizes {
+        let mut args: Vec<&str> = mode.to_vec();
+        args.extend(["-T", "v", "-S", size, "-C", count]);
+        let (s, c) = rstream_pair(&rstream, &args);
+        for (who, out) in [("server", &s), ("client", &c)] {
+            let row = rstream_row(&out.stdout);
+            assert_eq!(
+                row.as_ref().map(|(b, _)| b.as_str()),
+                Some(*printed),
+                "{who} {args:?}:\n{}{}",
+                out.stdout,
+                out.stderr
+            );
+            assert!(!out.stderr.contains("data mismatch"), "{}", out.stderr);
+        }
+    }
+}
+
+#[test]
+fn rstream_blocking_moves_verified_data_at_64_bytes_to_1_mib() {
+    rstream_sizes(
+        &["-T", "b"],
+        &[
+            ("64", "2000", "64"),
+            ("4096", "1000", "4k"),
+            ("65536", "300", "64k"),
+            ("1048576", "30", "1m"),
+        ],
+    );
+}
+
+#[test]
+fn rstream_nonblocking_moves_verified_data() {
+    rstream_sizes(
+        &["-T", "n"],
+        &[("100", "1000", "100"), ("65536", "200", "64k")],
+    );
+}
+
+#[test]
+fn rstream_async_with_rpoll_moves_verified_data() {
+    rstream_sizes(
+        &["-T", "a"],
+        &[("4096", "1000", "4k"), ("1000000", "20", "976k")],
+    );
+}
+
+#[test]
+fn rstream_async_and_blocking_moves_verified_data() {
+    rstream_sizes(&["-T", "a", "-T", "b"], &[("8192", "500", "8k")]);
+}
+
+/// The rsocket calls of `tests/c/rsocket_api.c` and the kernel's TCP calls of the same
+/// program print the same transcript (errno of calls on a closed socket, EAGAIN of an empty
+/// non-blocking receive, poll and select over a socket and a pipe, half-close, shutdown
+/// then receive, ...), and rsocket's own answers (rclose of a closed rsocket, an unknown
+/// domain) are rdma-core's.
+#[test]
+fn rsocket_c_api_gives_the_transcript_of_kernel_tcp() {
+    let _serial = serial();
+    let Some(exe) = build_c("rsocket_api", &["-lrdmacm"]) else {
+        return skip("the C test cannot be built here");
+    };
+    let run = |mode: &str| {
+        let port = free_port().to_string();
+        let mut child = Reaped(
+            command(&exe)
+                .args([port.as_str(), mode])
+                .spawn()
+                .expect("run rsocket_api"),
+        );
+        let out = finish_in(
+            &mut child.0,
+            Duration::from_secs(40),
+            &format!("rsocket_api {mode}"),
+        );
+        assert!(
+            out.status.success(),
+            "rsocket_api {mode}: {}\n{}{}",
+            out.status,
+            out.stdout,
+            out.stderr
+        );
+        let mut lines: Vec<String> = out.stdout.lines().map(str::to_string).collect();
+        lines.sort_unstable();
+        lines
+    };
+    let tcp = run("tcp");
+    let rs = run("rs");
+    let _ = std::fs::remove_file(&exe);
+    let shared = |l: &Vec<String>| -> Vec<String> {
+        l.iter()
+            .filter(|l| !l.starts_with("rs: ") && !l.starts_with("ok: "))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        shared(&rs),
+        shared(&tcp),
+        "rsocket:\n{rs:#?}\nTCP:\n{tcp:#?}"
+    );
+    assert_eq!(shared(&tcp).len(), 21, "{tcp:#?}");
+    for expected in [
+        "rs: rclose of a closed rsocket returns EBADF",
+        "rs: rsocket(AF_UNIX): -1 ENOTSUP",
+        "ok: 27 server checks",
+        "client: non-blocking recv with nothing received: -1 EAGAIN",
+        "server: recv after its own SHUT_RDWR: 0",
+        "server: poll over the drained pipe and the socket: 1, pipe clear, socket POLLIN set",
+    ] {
+        assert!(
+            rs.iter().any(|l| l == expected),
+            "missing {expected:?}: {rs:#?}"
+        );
+    }
 }

@@ -1,0 +1,272 @@
+/* rsocket's socket semantics, side by side with kernel TCP: the same sequence of calls runs
+ * with rsocket's functions (`rsocket_api PORT rs`) or with the kernel's (`... tcp`), and each
+ * step prints what it saw, so that the test compares the two transcripts. One process forks:
+ * the parent is the server, the child the client, on 127.0.0.1:PORT.
+ *
+ *   - a call on a socket number that is closed: EBADF (rclose returns EBADF itself, as
+ *     rdma-core's does: printed for rs only)
+ *   - an unknown domain: refused (rsocket: ENOTSUP)
+ *   - a non-blocking connect: EINPROGRESS, then POLLOUT and SO_ERROR 0
+ *   - a non-blocking recv with nothing received: EAGAIN
+ *   - poll over the socket and a pipe: only the pipe readable, then only the socket
+ *   - select: the socket readable
+ *   - getsockname/getpeername: the ports of each end
+ *   - writev, then MSG_PEEK, readv and recvmsg; sendmsg; MSG_WAITALL over several sends
+ *   - options: TCP_NODELAY, F_GETFL/F_SETFL; SOL_RDMA sizes (rs only)
+ *   - shutdown(SHUT_WR) by the client: the server reads the rest then 0 (end of stream),
+ *     and can still send to the client, which reads it
+ *   - shutdown(SHUT_RDWR), then recv on the same socket: 0
+ *   - connect to a port nobody listens on: ECONNREFUSED
+ *
+ *   cc -o rsocket_api rsocket_api.c -lrdmacm && ./rsocket_api 7471 rs
+ */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <rdma/rsocket.h>
+
+#include "forked.h"
+
+static int use_rs;
+
+#define S(f, ...) (use_rs ? r##f(__VA_ARGS__) : f(__VA_ARGS__))
+
+static int xfcntl(int s, int cmd, int arg)
+{
+	return use_rs ? rfcntl(s, cmd, arg) : fcntl(s, cmd, arg);
+}
+
+static struct sockaddr_in addr_of(int port)
+{
+	struct sockaddr_in a;
+	memset(&a, 0, sizeof a);
+	a.sin_family = AF_INET;
+	a.sin_port = htons(port);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	return a;
+}
+
+static int port;
+
+static const char *err_name(int e)
+{
+	switch (e) {
+	case EAGAIN: return "EAGAIN";
+	case EBADF: return "EBADF";
+	case EINPROGRESS: return "EINPROGRESS";
+	case ECONNREFUSED: return "ECONNREFUSED";
+	case ENOTSUP: return "ENOTSUP";
+	case EAFNOSUPPORT: return "EAFNOSUPPORT";
+	default: return "other";
+	}
+}
+
+/* Reads exactly `len` bytes (blocking socket). */
+static void read_all(int s, char *buf, size_t len)
+{
+	size_t got = 0;
+	while (got < len) {
+		ssize_t n = S(recv, s, buf + got, len - got, 0);
+		CHECK(n > 0, "recv after %zu of %zu", got, len);
+		got += n;
+	}
+}
+
+static int client(const char *port_str)
+{
+	(void) port_str;
+	char buf[256];
+
+	int s = S(socket, AF_INET, SOCK_STREAM, 0);
+	CHECK(s >= 0, "socket");
+	int one = 1;
+	CHECK(S(setsockopt, s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0, "TCP_NODELAY");
+	int v = 0;
+	socklen_t vl = sizeof v;
+	CHECK(S(getsockopt, s, IPPROTO_TCP, TCP_NODELAY, &v, &vl) == 0 && v == 1, "get TCP_NODELAY %d", v);
+	CHECK(xfcntl(s, F_SETFL, O_NONBLOCK) == 0, "F_SETFL");
+	CHECK(xfcntl(s, F_GETFL, 0) & O_NONBLOCK, "F_GETFL");
+
+	struct sockaddr_in a = addr_of(port);
+	int rc = S(connect, s, (struct sockaddr *) &a, sizeof a);
+	printf("client: non-blocking connect: %d %s\n", rc, rc ? err_name(errno) : "");
+	struct pollfd pf = { .fd = s, .events = POLLOUT };
+	rc = S(poll, &pf, 1, 10000);
+	int e = -1;
+	socklen_t el = sizeof e;
+	CHECK(S(getsockopt, s, SOL_SOCKET, SO_ERROR, &e, &el) == 0, "SO_ERROR");
+	printf("client: poll for POLLOUT: %d, POLLOUT %s, SO_ERROR %d\n", rc,
+	       (pf.revents & POLLOUT) ? "set" : "clear", e);
+
+	ssize_t n = S(recv, s, buf, sizeof buf, 0);
+	printf("client: non-blocking recv with nothing received: %zd %s\n", n, err_name(errno));
+	CHECK(xfcntl(s, F_SETFL, 0) == 0, "F_SETFL 0");
+
+	struct sockaddr_in me, peer;
+	socklen_t ml = sizeof me, pl = sizeof peer;
+	CHECK(S(getsockname, s, (struct sockaddr *) &me, &ml) == 0, "getsockname");
+	CHECK(S(getpeername, s, (struct sockaddr *) &peer, &pl) == 0, "getpeername");
+	printf("client: getpeername: the server's port %s, length %u; getsockname: a port %s\n",
+	       ntohs(peer.sin_port) == port ? "yes" : "no", pl, ntohs(me.sin_port) ? "yes" : "no");
+
+	/* The server waits in poll for this. */
+	CHECK(S(send, s, "ping", 4, 0) == 4, "send ping");
+
+	struct iovec iov[3] = { { "wri", 3 }, { "te", 2 }, { "v!", 2 } };
+	CHECK((use_rs ? rwritev(s, iov, 3) : writev(s, iov, 3)) == 7, "writev");
+	struct msghdr m;
+	memset(&m, 0, sizeof m);
+	struct iovec one_iov = { "sendmsg", 7 };
+	m.msg_iov = &one_iov;
+	m.msg_iovlen = 1;
+	CHECK(S(sendmsg, s, &m, 0) == 7, "sendmsg");
+	for (int i = 0; i < 4; i++)
+		CHECK(S(send, s, "abcd", 4, 0) == 4, "send part %d", i);
+
+	/* Half-close: the server reads to the end, then answers. */
+	CHECK(S(shutdown, s, SHUT_WR) == 0, "shutdown SHUT_WR");
+	read_all(s, buf, 6);
+	printf("client: after its SHUT_WR it reads the server's %.6s\n", buf);
+	n = S(recv, s, buf, sizeof buf, 0);
+	printf("client: then end of stream: %zd\n", n);
+	CHECK(S(close, s) == 0, "close");
+
+	/* Nobody listens on a port the kernel just gave and took back. */
+	int k = socket(AF_INET, SOCK_STREAM, 0);
+	a = addr_of(0);
+	socklen_t al = sizeof a;
+	CHECK(bind(k, (struct sockaddr *) &a, sizeof a) == 0, "bind a kernel socket");
+	CHECK(getsockname(k, (struct sockaddr *) &a, &al) == 0, "its port");
+	close(k);
+	s = S(socket, AF_INET, SOCK_STREAM, 0);
+	rc = S(connect, s, (struct sockaddr *) &a, sizeof a);
+	printf("client: blocking connect to a closed port: %d %s\n", rc, err_name(errno));
+	S(close, s);
+	printf("client: %d checks\n", checks);
+	return 0;
+}
+
+static int server(const char *port_str)
+{
+	(void) port_str;
+	char buf[256];
+
+	/* Calls on a closed socket. */
+	int c = S(socket, AF_INET, SOCK_STREAM, 0);
+	CHECK(c >= 0, "socket");
+	CHECK(S(close, c) == 0, "close");
+	ssize_t n = S(send, c, "x", 1, 0);
+	printf("server: send on a closed socket: %zd %s\n", n, err_name(errno));
+	n = S(recv, c, buf, 1, 0);
+	printf("server: recv on a closed socket: %zd %s\n", n, err_name(errno));
+	int rc = xfcntl(c, F_GETFL, 0);
+	printf("server: fcntl on a closed socket: %d %s\n", rc, err_name(errno));
+	struct sockaddr_in sa;
+	socklen_t sl = sizeof sa;
+	rc = S(getsockname, c, (struct sockaddr *) &sa, &sl);
+	printf("server: getsockname on a closed socket: %d %s\n", rc, err_name(errno));
+	if (use_rs) {
+		rc = rclose(c);
+		printf("rs: rclose of a closed rsocket returns %s\n", rc == EBADF ? "EBADF" : "?");
+		errno = 0;
+		rc = rsocket(AF_UNIX, SOCK_STREAM, 0);
+		printf("rs: rsocket(AF_UNIX): %d %s\n", rc, err_name(errno));
+		int s = rsocket(AF_INET, SOCK_STREAM, 0);
+		int sq = 100, il = 128, got = 0;
+		socklen_t gl = sizeof got;
+		CHECK(rsetsockopt(s, SOL_RDMA, RDMA_SQSIZE, &sq, sizeof sq) == 0, "RDMA_SQSIZE");
+		CHECK(rsetsockopt(s, SOL_RDMA, RDMA_INLINE, &il, sizeof il) == 0, "RDMA_INLINE");
+		CHECK(rgetsockopt(s, SOL_RDMA, RDMA_SQSIZE, &got, &gl) == 0 && got == 100, "sq %d", got);
+		CHECK(rgetsockopt(s, SOL_RDMA, RDMA_INLINE, &got, &gl) == 0 && got == 128, "inline %d", got);
+		rclose(s);
+	}
+
+	int l = S(socket, AF_INET, SOCK_STREAM, 0);
+	CHECK(l >= 0, "socket");
+	int one = 1;
+	CHECK(S(setsockopt, l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0, "SO_REUSEADDR");
+	struct sockaddr_in a = addr_of(port);
+	CHECK(S(bind, l, (struct sockaddr *) &a, sizeof a) == 0, "bind");
+	CHECK(S(listen, l, 4) == 0, "listen");
+	forked_ready();
+	int s = S(accept, l, NULL, NULL);
+	CHECK(s >= 0, "accept");
+
+	/* poll over the socket and a pipe. */
+	int p[2];
+	CHECK(pipe(p) == 0, "pipe");
+	CHECK(write(p[1], "p", 1) == 1, "write pipe");
+	struct pollfd fds[2] = { { .fd = p[0], .events = POLLIN }, { .fd = s, .events = POLLIN } };
+	/* The client's ping may already be here: wait for the pipe alone first. */
+	rc = S(poll, fds, 1, 1000);
+	printf("server: poll over a written pipe: %d, pipe POLLIN %s\n", rc,
+	       (fds[0].revents & POLLIN) ? "set" : "clear");
+	CHECK(read(p[0], buf, 1) == 1, "read pipe");
+	rc = S(poll, fds, 2, 10000);
+	printf("server: poll over the drained pipe and the socket: %d, pipe %s, socket POLLIN %s\n",
+	       rc, fds[0].revents ? "set" : "clear", (fds[1].revents & POLLIN) ? "set" : "clear");
+	fd_set rd;
+	FD_ZERO(&rd);
+	FD_SET(s, &rd);
+	FD_SET(p[0], &rd);
+	struct timeval tv = { 10, 0 };
+	int maxfd = (s > p[0] ? s : p[0]) + 1;
+	rc = use_rs ? rselect(maxfd, &rd, NULL, NULL, &tv) : select(maxfd, &rd, NULL, NULL, &tv);
+	printf("server: select: %d, socket %s, pipe %s\n", rc, FD_ISSET(s, &rd) ? "set" : "clear",
+	       FD_ISSET(p[0], &rd) ? "set" : "clear");
+	read_all(s, buf, 4);
+	printf("server: received %.4s\n", buf);
+
+	/* writev's 7 bytes, then sendmsg's 7: peeked, then read in pieces. */
+	read_all(s, buf, 1); /* at least one byte of writev's is here */
+	n = S(recv, s, buf + 1, 6, MSG_PEEK);
+	CHECK(n > 0, "peek");
+	char peek[8];
+	memcpy(peek, buf + 1, n);
+	read_all(s, buf + 1, 6);
+	CHECK(memcmp(peek, buf + 1, n) == 0, "peeked bytes are the ones read");
+	printf("server: writev's bytes: %.7s (peek saw the same)\n", buf);
+	struct iovec riov[2] = { { buf, 7 }, { buf + 7, 7 } };
+	n = 0;
+	while (n < 7) {
+		riov[0].iov_base = buf + n;
+		riov[0].iov_len = 7 - n;
+		ssize_t k = use_rs ? rreadv(s, riov, 2) : readv(s, riov, 1);
+		CHECK(k > 0, "readv");
+		n += k;
+	}
+	printf("server: readv: %.7s\n", buf);
+	n = S(recv, s, buf, 16, MSG_WAITALL);
+	printf("server: MSG_WAITALL for 16 bytes over 4 sends: %zd %.16s\n", n, buf);
+	n = S(recv, s, buf, sizeof buf, 0);
+	printf("server: after the client's SHUT_WR: %zd\n", n);
+	CHECK(S(send, s, "answer", 6, 0) == 6, "send after the peer's SHUT_WR");
+
+	/* Our own shutdown, then recv. */
+	CHECK(S(shutdown, s, SHUT_RDWR) == 0, "shutdown SHUT_RDWR");
+	n = S(recv, s, buf, sizeof buf, 0);
+	printf("server: recv after its own SHUT_RDWR: %zd\n", n);
+	S(close, s);
+	S(close, l);
+	close(p[0]);
+	close(p[1]);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 3) {
+		fprintf(stderr, "usage: %s PORT rs|tcp\n", argv[0]);
+		return 2;
+	}
+	use_rs = strcmp(argv[2], "rs") == 0;
+	port = atoi(argv[1]);
+	char *fargv[] = { argv[0], argv[1], NULL };
+	return forked_main(2, fargv, client, server);
+}
