@@ -1556,7 +1556,11 @@ fn perftest_client_refused_by_a_late_listener_exits_without_crashing_20_times() 
 /// Debian's `rstream` as server and client over this library on 127.0.0.1 with the same
 /// `args` on both ends; returns (server, client) output after checking both succeeded.
 fn rstream_pair(rstream: &Path, args: &[&str]) -> (Output, Output) {
-    let port = free_port();
+    rstream_pair_on(rstream, free_port(), args)
+}
+
+/// [`rstream_pair`] on `port`.
+fn rstream_pair_on(rstream: &Path, port: u16, args: &[&str]) -> (Output, Output) {
     let p = port.to_string();
     let mut server = Reaped(
         command(rstream)
@@ -1725,4 +1729,343 @@ fn rsocket_c_api_gives_the_transcript_of_kernel_tcp() {
             "missing {expected:?}: {rs:#?}"
         );
     }
+}
+
+/// `struct rs_conn_data` as rdma-core's rsocket.c lays it out (written here from rsocket.c,
+/// independently of the library's `rsocket/wire.rs`): version, flags, big-endian credits,
+/// 3 reserved bytes, the scaled iomap size, then two big-endian `struct rs_sge` (address,
+/// key, length): the target SGL and the first half of the receive buffer.
+#[derive(Debug)]
+struct RsConnData {
+    version: u8,
+    flags: u8,
+    credits: u16,
+    reserved: [u8; 3],
+    iomap: u8,
+    sgl: (u64, u32, u32),
+    data: (u64, u32, u32),
+}
+
+fn rs_conn_data(b: &[u8]) -> RsConnData {
+    assert!(b.len() >= 40, "private data of {} bytes", b.len());
+    let u64be = |o: usize| u64::from_be_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+    let u32be = |o: usize| u32::from_be_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+    RsConnData {
+        version: b[0],
+        flags: b[1],
+        credits: u16::from_be_bytes([b[2], b[3]]),
+        reserved: [b[4], b[5], b[6]],
+        iomap: b[7],
+        sgl: (u64be(8), u32be(16), u32be(20)),
+        data: (u64be(24), u32be(32), u32be(36)),
+    }
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// One RDMAP message: (sender's port, opcode, sink STag, sink TO, payload).
+type Fpdu = (u16, u8, u32, u64, Vec<u8>);
+
+/// The TCP byte stream of each direction (by source port) of what `run` exchanged on
+/// 127.0.0.1:`port`, captured by tcpdump and split into frames by tshark; `None` after
+/// [`skip`] when capturing is not possible here.
+fn capture_streams(
+    port: u16,
+    run: impl FnOnce(),
+) -> Option<std::collections::BTreeMap<u16, Vec<u8>>> {
+    let (Some(tcpdump), Some(tshark)) = (tool("tcpdump", "tcpdump"), tool("tshark", "tshark"))
+    else {
+        skip("tcpdump or tshark is not installed");
+        return None;
+    };
+    let p = port.to_string();
+    let pcap = std::env::temp_dir().join(format!(
+        "softwarp-verbs-rstream-{}.pcap",
+        std::process::id()
+    ));
+    let mut dump = Reaped(
+        Command::new(&tcpdump)
+            .args(["-i", "lo", "--immediate-mode", "-U", "-w"])
+            .arg(&pcap)
+            .args(["tcp", "port", &p])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tcpdump"),
+    );
+    let mut stderr = std::io::BufReader::new(dump.0.stderr.take().expect("piped"));
+    let mut banner = String::new();
+    for _ in 0..20 {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut stderr, &mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        banner.push_str(&line);
+        if banner.contains("listening on") {
+            break;
+        }
+    }
+    if !banner.contains("listening on") {
+        skip(&format!("tcpdump cannot capture on lo here: {banner}"));
+        return None;
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    run();
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = Command::new("kill")
+        .arg("-INT")
+        .arg(dump.0.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dump.0.try_wait().expect("wait for tcpdump").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "tcpdump did not stop within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Each direction's TCP byte stream (tshark only splits the frames: the MPA, DDP and
+    // RDMAP parsing below is written from the RFCs and rsocket.c).
+    let out = Command::new(&tshark)
+        .args(["-n", "-r"])
+        .arg(&pcap)
+        .args(["-T", "fields", "-E", "separator=|"])
+        .args([
+            "-e",
+            "tcp.srcport",
+            "-e",
+            "tcp.seq_raw",
+            "-e",
+            "tcp.payload",
+        ])
+        .output()
+        .expect("run tshark");
+    let _ = std::fs::remove_file(&pcap);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut streams: std::collections::BTreeMap<u16, (u64, Vec<u8>)> = Default::default();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split('|').collect();
+        if f.len() != 3 || f[2].is_empty() {
+            continue;
+        }
+        let (src, seq): (u16, u64) = (f[0].parse().expect("port"), f[1].parse().expect("seq"));
+        let st = streams.entry(src).or_insert((seq, Vec::new()));
+        // In order on loopback; a retransmission (a sequence number already had) is skipped.
+        if seq == st.0 + st.1.len() as u64 {
+            st.1.extend(hex(f[2]));
+        }
+    }
+    assert_eq!(streams.len(), 2, "{text}");
+    Some(streams.into_iter().map(|(k, (_, v))| (k, v)).collect())
+}
+
+/// The rsocket connection data of the MPA Request and Reply, and the RDMAP messages of
+/// both directions, from `streams` ([`capture_streams`]).
+fn rsocket_messages(
+    streams: &std::collections::BTreeMap<u16, Vec<u8>>,
+) -> (RsConnData, RsConnData, Vec<Fpdu>) {
+    let (mut request, mut reply) = (None, None);
+    let mut fpdus: Vec<Fpdu> = Vec::new();
+    for (src, bytes) in streams {
+        // MPA Request/Reply: 16-byte key, flags, revision, private data length, data.
+        assert!(bytes.len() >= 20, "{src}: {bytes:02x?}");
+        let key = &bytes[..16];
+        let rev = bytes[17];
+        let pd_len = usize::from(u16::from_be_bytes([bytes[18], bytes[19]]));
+        let pd = &bytes[20..20 + pd_len];
+        // MPA revision 2: RFC 6581's IRD/ORD come first.
+        let pd = if rev == 2 { &pd[4..] } else { pd };
+        match key {
+            b"MPA ID Req Frame" => request = Some(rs_conn_data(pd)),
+            b"MPA ID Rep Frame" => reply = Some(rs_conn_data(pd)),
+            other => panic!("not an MPA frame: {other:02x?}"),
+        }
+        // FPDUs: ULPDU length, ULPDU, pad to 4 bytes, CRC (no markers).
+        let mut at = 20 + pd_len;
+        let mut pending: Option<Fpdu> = None;
+        while at + 2 <= bytes.len() {
+            let len = usize::from(u16::from_be_bytes([bytes[at], bytes[at + 1]]));
+            let u = &bytes[at + 2..at + 2 + len];
+            at += (2 + len).div_ceil(4) * 4 + 4;
+            let (tagged, last, op) = (u[0] & 0x80 != 0, u[0] & 0x40 != 0, u[1] & 0x0f);
+            let (stag, to, payload) = if tagged {
+                let stag = u32::from_be_bytes(u[2..6].try_into().expect("4"));
+                let to = u64::from_be_bytes(u[6..14].try_into().expect("8"));
+                (stag, to, &u[14..])
+            } else {
+                (0, 0, &u[18..])
+            };
+            // A message of several DDP segments is gathered until its Last flag.
+            match pending.as_mut() {
+                Some(m) => m.4.extend_from_slice(payload),
+                None => pending = Some((*src, op, stag, to, payload.to_vec())),
+            }
+            if last {
+                fpdus.extend(pending.take());
+            }
+        }
+    }
+    (
+        request.expect("an MPA Request"),
+        reply.expect("an MPA Reply"),
+        fpdus,
+    )
+}
+
+/// A capture of Debian's rstream between two ends over this library, decoded (MPA, DDP,
+/// RDMAP) and checked against rdma-core's rsocket protocol on iWARP as rsocket.c writes it: the MPA
+/// Request and Reply carry `struct rs_conn_data` after MPA v2's IRD/ORD; every RDMA Write
+/// lands in the peer's announced receive buffer (data) or target SGL (16-byte entries naming
+/// the writer's other buffer half), and is followed by a 4-byte Send of the message (native,
+/// little-endian here: `RS_OP_DATA` with the Write's length, `RS_OP_SGL` with credits); the
+/// first data goes to the start of the announced buffer; a disconnect message ends it.
+#[test]
+fn rstream_capture_decodes_as_rdma_cores_rsocket_protocol() {
+    let _serial = serial();
+    let Some(rstream) = tool("rstream", "rdmacm-utils") else {
+        return skip("rstream is not installed");
+    };
+    let port = free_port();
+    let Some(streams) = capture_streams(port, || {
+        rstream_pair_on(&rstream, port, &["-T", "b", "-S", "100", "-C", "3"]);
+    }) else {
+        return;
+    };
+    let (request, reply, fpdus) = rsocket_messages(&streams);
+    for c in [&request, &reply] {
+        assert_eq!(c.version, 1, "{c:?}");
+        // RS_CONN_FLAG_IOMAP, not RS_CONN_FLAG_NET (a little-endian host).
+        assert_eq!(c.flags, 0x02, "{c:?}");
+        assert_eq!(c.credits, 384, "{c:?}: rdma-core's default receive queue");
+        assert_eq!((c.reserved, c.iomap), ([0; 3], 0), "{c:?}");
+        assert_eq!(c.sgl.2, 2, "{c:?}: RS_SGL_SIZE entries");
+        // rstream asks SO_RCVBUF 512 KiB: a 1 MiB buffer, half of it offered.
+        assert_eq!(c.data.2, 512 << 10, "{c:?}");
+    }
+    let mut disconnects = 0;
+    let mut data_bytes = 0;
+    for (side, peer, own) in [(true, &reply, &request), (false, &request, &reply)] {
+        let sent: Vec<&Fpdu> = fpdus
+            .iter()
+            .filter(|f| (f.0 != port) == side && !(f.1 == 0 && f.4.is_empty()))
+            .collect();
+        let mut first_data = true;
+        let mut i = 0;
+        while i < sent.len() {
+            let (_, op, stag, to, payload) = sent[i];
+            if *op == 0 {
+                let send = sent
+                    .get(i + 1)
+                    .unwrap_or_else(|| panic!("a Write without its Send"));
+                assert_eq!(
+                    (send.1, send.4.len()),
+                    (3, 4),
+                    "the Send after a Write: {send:?}"
+                );
+                let msg = u32::from_le_bytes(send.4[..4].try_into().expect("4 bytes"));
+                if *stag == peer.sgl.1 {
+                    assert!(
+                        *to >= peer.sgl.0 && *to + 16 <= peer.sgl.0 + 32 && payload.len() == 16,
+                        "SGL write at {to:#x}"
+                    );
+                    let addr = u64::from_le_bytes(payload[..8].try_into().expect("8"));
+                    let key = u32::from_le_bytes(payload[8..12].try_into().expect("4"));
+                    let len = u32::from_le_bytes(payload[12..16].try_into().expect("4"));
+                    assert_eq!(key, own.data.1, "the entry names the writer's buffer");
+                    assert!(addr >= own.data.0 && addr < own.data.0 + 2 * u64::from(own.data.2));
+                    assert_eq!(len, own.data.2);
+                    assert_eq!(msg >> 29, 4, "RS_OP_SGL after an SGL write: {msg:#x}");
+                } else {
+                    assert_eq!(*stag, peer.data.1, "a Write outside the announced buffers");
+                    let end = peer.data.0 + 2 * u64::from(peer.data.2);
+                    assert!(*to >= peer.data.0 && *to + payload.len() as u64 <= end);
+                    if first_data {
+                        assert_eq!(*to, peer.data.0, "the first data starts the buffer");
+                        first_data = false;
+                    }
+                    assert_eq!(msg, payload.len() as u32, "RS_OP_DATA with the length");
+                    data_bytes += payload.len();
+                }
+                i += 2;
+            } else {
+                assert_eq!(
+                    (*op, payload.len()),
+                    (3, 4),
+                    "a message Send: {:?}",
+                    sent[i]
+                );
+                let msg = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes"));
+                match msg >> 29 {
+                    4 => {}
+                    7 => {
+                        assert_eq!(msg & 0x1FFF_FFFF, 0, "RS_CTRL_DISCONNECT");
+                        disconnects += 1;
+                    }
+                    other => panic!("message {msg:#x} (op {other}) alone"),
+                }
+                i += 1;
+            }
+        }
+    }
+    // rstream's 16-byte sync each way, then 3 transfers of 100 bytes each way.
+    assert_eq!(data_bytes, 2 * (16 + 300), "{fpdus:02x?}");
+    assert!(disconnects >= 1, "no disconnect message: {fpdus:02x?}");
+}
+
+/// rsocket's keepalive as rdma-core's `tcp_svc` sends it: a client with `SO_KEEPALIVE` and
+/// `TCP_KEEPIDLE` 1 s, idle 2.5 s, sends `RS_CTRL_KEEPALIVE` as zero-length RDMA Writes to
+/// STag 0 at offset 0 about every second, which the server's end takes silently (the data
+/// after them arrives).
+#[test]
+fn rsocket_keepalive_sends_zero_length_writes_to_stag_0_every_idle_period() {
+    let _serial = serial();
+    let Some(exe) = build_c("rsocket_api", &["-lrdmacm"]) else {
+        return skip("the C test cannot be built here");
+    };
+    let port = free_port();
+    let mut out = None;
+    let streams = capture_streams(port, || {
+        let mut child = Reaped(
+            command(&exe)
+                .args([port.to_string().as_str(), "keepalive"])
+                .spawn()
+                .expect("run rsocket_api keepalive"),
+        );
+        out = Some(finish_in(
+            &mut child.0,
+            Duration::from_secs(30),
+            "rsocket_api keepalive",
+        ));
+    });
+    let _ = std::fs::remove_file(&exe);
+    let Some(streams) = streams else {
+        return;
+    };
+    let out = out.expect("the program ran");
+    assert!(
+        out.status.success(),
+        "{}\n{}{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stdout
+            .contains("server: received done after the client's idle time"),
+        "{}",
+        out.stdout
+    );
+    let (_, _, fpdus) = rsocket_messages(&streams);
+    let keepalives = fpdus
+        .iter()
+        .filter(|f| f.0 != port && f.1 == 0 && f.2 == 0 && f.3 == 0 && f.4.is_empty())
+        .count();
+    assert!(
+        (2..=3).contains(&keepalives),
+        "{keepalives} keepalives in 2.5 s: {fpdus:02x?}"
+    );
 }

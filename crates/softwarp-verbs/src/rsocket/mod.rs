@@ -8,6 +8,7 @@
 //! Each entry point keeps rdma-core's conventions: -1 with `errno`, `EBADF` for a number
 //! that is not an rsocket, and `rclose` returning `EBADF` itself (not -1) for one.
 
+pub mod keepalive;
 pub mod poll;
 pub mod stream;
 pub mod wire;
@@ -222,6 +223,9 @@ pub extern "C" fn swv_rclose(socket: c_int) -> c_int {
     };
     if rs.lock().state & state::CONNECTED != 0 {
         let _ = rs.shutdown(libc::SHUT_RDWR);
+    }
+    if rs.lock().keepalive {
+        keepalive::remove(&rs);
     }
     table().remove(&socket);
     0
@@ -505,6 +509,19 @@ pub unsafe extern "C" fn swv_rsetsockopt(
             which = Some(|g| &mut g.so_opts);
             match optname {
                 libc::SO_REUSEADDR | libc::SO_OOBINLINE => val().map(|v| opt_on = v != 0),
+                libc::SO_KEEPALIVE => val().map(|v| {
+                    let on = v != 0;
+                    if on && !g.keepalive {
+                        if g.keepalive_time == 0 {
+                            g.keepalive_time = keepalive::default_time();
+                        }
+                        keepalive::add(&rs, g.keepalive_time);
+                    } else if !on && g.keepalive {
+                        keepalive::remove(&rs);
+                    }
+                    g.keepalive = on;
+                    opt_on = on;
+                }),
                 libc::SO_RCVBUF => val().map(|v| {
                     if g.s.is_none() {
                         g.sizes.rbuf_size = (v as u32) << 1;
@@ -536,7 +553,19 @@ pub unsafe extern "C" fn swv_rsetsockopt(
             which = Some(|g| &mut g.tcp_opts);
             match optname {
                 libc::TCP_NODELAY => val().map(|v| opt_on = v != 0),
-                libc::TCP_MAXSEG => Ok(()),
+                // Not applicable: the connection is reliable (rdma-core's answer).
+                libc::TCP_MAXSEG | libc::TCP_KEEPCNT | libc::TCP_KEEPINTVL => Ok(()),
+                libc::TCP_KEEPIDLE => match val() {
+                    Ok(v) if v > 0 => {
+                        g.keepalive_time = v as u32;
+                        if g.keepalive {
+                            keepalive::add(&rs, g.keepalive_time);
+                        }
+                        Ok(())
+                    }
+                    Ok(_) => Err(libc::EINVAL),
+                    Err(e) => Err(e),
+                },
                 _ => Err(libc::ENOTSUP),
             }
         }
@@ -648,6 +677,8 @@ pub unsafe extern "C" fn swv_rgetsockopt(
         libc::IPPROTO_TCP => match optname {
             libc::TCP_NODELAY => Ok(bit(g.tcp_opts)),
             libc::TCP_MAXSEG => Ok(2048),
+            libc::TCP_KEEPCNT | libc::TCP_KEEPINTVL => Ok(1),
+            libc::TCP_KEEPIDLE => Ok(g.keepalive_time as c_int),
             _ => Err(libc::ENOTSUP),
         },
         libc::IPPROTO_IPV6 => match optname {

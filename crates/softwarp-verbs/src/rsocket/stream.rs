@@ -172,6 +172,10 @@ pub struct Inner {
     pub s: Option<Stream>,
     /// A thread waits on the completion channel (the others wait on `changed`).
     pub waiting: bool,
+    /// `SO_KEEPALIVE` is on (rdma-core's `RS_OPT_KEEPALIVE`).
+    pub keepalive: bool,
+    /// Seconds between keepalives (`TCP_KEEPIDLE`; 0: not set yet).
+    pub keepalive_time: u32,
 }
 
 /// One stream rsocket.
@@ -220,6 +224,8 @@ impl Rsocket {
                 cm_id: None,
                 s: None,
                 waiting: false,
+                keepalive: false,
+                keepalive_time: 0,
             }),
             changed: Condvar::new(),
         }
@@ -1104,8 +1110,35 @@ impl Rsocket {
         }
     }
 
+    /// `tcp_svc_send_keepalive`: `RS_CTRL_KEEPALIVE` as a zero-length RDMA Write to STag
+    /// 0, offset 0, when a control slot is free and the socket is connected.
+    pub fn send_keepalive(&self) {
+        let mut g = self.lock();
+        let connected = g.state & CONNECTED != 0;
+        if let Some(s) = g.s.as_mut() {
+            if s.ctrl_avail() && connected {
+                s.ctrl_seqno = s.ctrl_seqno.wrapping_add(1);
+                let m = wire::msg(Op::Ctrl, wire::CTRL_KEEPALIVE);
+                let _ = s.post(&SendWr {
+                    wr_id: u64::from(m),
+                    op: SendOp::Write {
+                        remote_addr: 0,
+                        rkey: Stag(0),
+                    },
+                    payload: Payload::Sgl(SgList::new()),
+                    signaled: true,
+                    fence: false,
+                });
+            }
+        }
+    }
+
     /// `rshutdown`.
     pub fn shutdown(&self, how: c_int) -> Result<(), c_int> {
+        let keepalive = self.lock().keepalive;
+        if keepalive {
+            super::keepalive::remove(self);
+        }
         let mut g = self.lock();
         let mut ret = Ok(());
         'out: {

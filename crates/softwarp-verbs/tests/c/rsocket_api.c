@@ -18,6 +18,10 @@
  *   - shutdown(SHUT_RDWR), then recv on the same socket: 0
  *   - connect to a port nobody listens on: ECONNREFUSED
  *
+ * `rsocket_api PORT keepalive`: the client turns SO_KEEPALIVE on with TCP_KEEPIDLE 1 s (and
+ * reads both back; TCP_KEEPIDLE 0 is refused with EINVAL), stays idle 2.5 s, then sends
+ * "done", which the server reads (the test captures the keepalives on the wire).
+ *
  *   cc -o rsocket_api rsocket_api.c -lrdmacm && ./rsocket_api 7471 rs
  */
 #include <arpa/inet.h>
@@ -259,14 +263,58 @@ static int server(const char *port_str)
 	return 0;
 }
 
+static int ka_client(const char *port_str)
+{
+	(void) port_str;
+	int s = rsocket(AF_INET, SOCK_STREAM, 0);
+	CHECK(s >= 0, "rsocket");
+	int one = 1, zero = 0, v = 0;
+	socklen_t vl = sizeof v;
+	CHECK(rsetsockopt(s, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) == 0, "SO_KEEPALIVE");
+	CHECK(rsetsockopt(s, IPPROTO_TCP, TCP_KEEPIDLE, &one, sizeof one) == 0, "TCP_KEEPIDLE");
+	CHECK(rsetsockopt(s, IPPROTO_TCP, TCP_KEEPIDLE, &zero, sizeof zero) == -1 && errno == EINVAL,
+	      "TCP_KEEPIDLE 0");
+	CHECK(rgetsockopt(s, SOL_SOCKET, SO_KEEPALIVE, &v, &vl) == 0 && v == 1, "get SO_KEEPALIVE %d", v);
+	CHECK(rgetsockopt(s, IPPROTO_TCP, TCP_KEEPIDLE, &v, &vl) == 0 && v == 1, "get TCP_KEEPIDLE %d", v);
+	struct sockaddr_in a = addr_of(port);
+	CHECK(rconnect(s, (struct sockaddr *) &a, sizeof a) == 0, "rconnect");
+	usleep(2500000);
+	CHECK(rsend(s, "done", 4, 0) == 4, "rsend");
+	CHECK(rshutdown(s, SHUT_RDWR) == 0, "rshutdown");
+	CHECK(rclose(s) == 0, "rclose");
+	printf("client: %d checks\n", checks);
+	return 0;
+}
+
+static int ka_server(const char *port_str)
+{
+	(void) port_str;
+	char buf[8];
+	int l = rsocket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = addr_of(port);
+	CHECK(rbind(l, (struct sockaddr *) &a, sizeof a) == 0, "rbind");
+	CHECK(rlisten(l, 1) == 0, "rlisten");
+	forked_ready();
+	int s = raccept(l, NULL, NULL);
+	CHECK(s >= 0, "raccept");
+	use_rs = 1;
+	read_all(s, buf, 4);
+	printf("server: received %.4s after the client's idle time\n", buf);
+	rclose(s);
+	rclose(l);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
-		fprintf(stderr, "usage: %s PORT rs|tcp\n", argv[0]);
+		fprintf(stderr, "usage: %s PORT rs|tcp|keepalive\n", argv[0]);
 		return 2;
 	}
-	use_rs = strcmp(argv[2], "rs") == 0;
+	use_rs = strcmp(argv[2], "tcp") != 0;
 	port = atoi(argv[1]);
 	char *fargv[] = { argv[0], argv[1], NULL };
+	if (strcmp(argv[2], "keepalive") == 0)
+		return forked_main(2, fargv, ka_client, ka_server);
 	return forked_main(2, fargv, client, server);
 }
