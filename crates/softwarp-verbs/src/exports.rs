@@ -206,7 +206,8 @@ exports! {
         // rsocket (rsocket/).
         rsocket, rbind, rlisten, raccept, rconnect, rshutdown, rclose, rrecv, rrecvfrom,
         rrecvmsg, rsend, rsendto, rsendmsg, rread, rreadv, rwrite, rwritev, rselect,
-        rgetpeername, rgetsockname, rsetsockopt, rgetsockopt, rfcntl,
+        rgetpeername, rgetsockname, rsetsockopt, rgetsockopt, rfcntl, riomap, riounmap,
+        riowrite,
     ]
     "RDMACM_1.1": [rdma_join_multicast_ex]
     "RDMACM_1.2": [rdma_establish, rdma_init_qp_attr]

@@ -1610,9 +1610,14 @@ fn rstream_row(out: &str) -> Option<(String, String)> {
 /// rstream's transfers at `sizes` ((-S, -C, the size as rstream prints it)) with `mode`'s
 /// -T options and `-T v` (every byte verified by the receiver), both ends over Softwarp.
 fn rstream_sizes(mode: &[&str], sizes: &[(&str, &str, &str)]) {
+    stream_tool_sizes("rstream", mode, sizes);
+}
+
+/// [`rstream_sizes`] with `program` (`rstream` or `riostream`, which take the same options).
+fn stream_tool_sizes(program: &str, mode: &[&str], sizes: &[(&str, &str, &str)]) {
     let _serial = serial();
-    let Some(rstream) = tool("rstream", "rdmacm-utils") else {
-        return skip("rstream is not installed");
+    let Some(rstream) = tool(program, "rdmacm-utils") else {
+        return skip(&format!("{program} is not installed"));
     };
     for (size, count, printed) in sizes {
         let mut args: Vec<&str> = mode.to_vec();
@@ -1719,6 +1724,8 @@ fn rsocket_c_api_gives_the_transcript_of_kernel_tcp() {
     for expected in [
         "rs: rclose of a closed rsocket returns EBADF",
         "rs: rsocket(AF_UNIX): -1 ENOTSUP",
+        "rs: riomap on an unconnected rsocket: -1 EINVAL",
+        "rs: riounmap of nothing mapped: -1 EINVAL",
         "ok: 27 server checks",
         "client: non-blocking recv with nothing received: -1 EAGAIN",
         "server: recv after its own SHUT_RDWR: 0",
@@ -2068,4 +2075,26 @@ fn rsocket_keepalive_sends_zero_length_writes_to_stag_0_every_idle_period() {
         (2..=3).contains(&keepalives),
         "{keepalives} keepalives in 2.5 s: {fpdus:02x?}"
     );
+}
+
+/// Debian's riostream (`riomap` of each end's buffer, the peer's `riowrite` into it, the
+/// last byte polled in memory) with both ends over Softwarp, every byte verified.
+#[test]
+fn riostream_blocking_writes_into_the_peers_iomap_verified() {
+    stream_tool_sizes(
+        "riostream",
+        &["-T", "b"],
+        &[
+            ("100", "500", "100"),
+            ("4096", "500", "4k"),
+            ("65536", "100", "64k"),
+            ("1048576", "10", "1m"),
+        ],
+    );
+}
+
+#[test]
+fn riostream_nonblocking_and_async_write_into_the_peers_iomap_verified() {
+    stream_tool_sizes("riostream", &["-T", "n"], &[("4096", "300", "4k")]);
+    stream_tool_sizes("riostream", &["-T", "a"], &[("65536", "50", "64k")]);
 }

@@ -8,6 +8,7 @@
 //! Each entry point keeps rdma-core's conventions: -1 with `errno`, `EBADF` for a number
 //! that is not an rsocket, and `rclose` returning `EBADF` itself (not -1) for one.
 
+pub mod iomap;
 pub mod keepalive;
 pub mod poll;
 pub mod stream;
@@ -227,8 +228,63 @@ pub extern "C" fn swv_rclose(socket: c_int) -> c_int {
     if rs.lock().keepalive {
         keepalive::remove(&rs);
     }
+    rs.release_iomaps();
     table().remove(&socket);
     0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_riomap(
+    socket: c_int,
+    buf: *mut c_void,
+    len: usize,
+    prot: c_int,
+    _flags: c_int,
+    offset: libc::off_t,
+) -> libc::off_t {
+    let Some(rs) = lookup(socket) else {
+        return libc::off_t::from(err(libc::EBADF));
+    };
+    if buf.is_null() || len == 0 {
+        return libc::off_t::from(err(libc::EINVAL));
+    }
+    // SAFETY: rdma-core's contract: the buffer stays valid while it is mapped.
+    match unsafe { rs.riomap(buf.cast::<u8>(), len, prot, offset) } {
+        Ok(o) => o,
+        Err(e) => libc::off_t::from(err(e)),
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn swv_riounmap(socket: c_int, buf: *mut c_void, len: usize) -> c_int {
+    let Some(rs) = lookup(socket) else {
+        return err(libc::EBADF);
+    };
+    ret_unit(rs.riounmap(buf as usize, len))
+}
+
+/// rdma-core's `riowrite` returns `size_t`: -1 (all ones) with `errno` on failure.
+#[no_mangle]
+pub unsafe extern "C" fn swv_riowrite(
+    socket: c_int,
+    buf: *const c_void,
+    count: usize,
+    offset: libc::off_t,
+    flags: c_int,
+) -> usize {
+    let Some(rs) = lookup(socket) else {
+        return ret_len(Err(libc::EBADF)) as usize;
+    };
+    if buf.is_null() && count > 0 {
+        return ret_len(Err(libc::EFAULT)) as usize;
+    }
+    let data: &[u8] = if count == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller's buffer of `count` bytes.
+        unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), count) }
+    };
+    ret_len(rs.riowrite(data, offset as u64, flags)) as usize
 }
 
 /// # Safety

@@ -23,6 +23,7 @@ use softwarp::{
     EMPTY_COMPLETION, MAX_INLINE,
 };
 
+use super::iomap::{self, IomapMr, Iomaps};
 use super::wire::{self, ConnData, Op, RsSge};
 use crate::errno;
 
@@ -120,7 +121,7 @@ pub struct Endpoint {
     target_mr: MemoryRegion,
     /// The receive buffer (`rbuf_size`), then one 4-byte message slot per receive.
     rmr: MemoryRegion,
-    _pd: ProtectionDomain,
+    pub pd: ProtectionDomain,
 }
 
 /// The stream state of rsocket.c (`struct rsocket`'s data-stream half).
@@ -149,6 +150,8 @@ pub struct Stream {
     rmsg: VecDeque<u32>,
     swap: bool,
     pub cq_armed: bool,
+    /// This end's iomap windows.
+    pub iomaps: Iomaps,
 }
 
 /// Everything of a socket behind its lock.
@@ -282,7 +285,7 @@ impl Endpoint {
             smr,
             target_mr,
             rmr,
-            _pd: pd,
+            pd,
         })
     }
 }
@@ -315,6 +318,7 @@ impl Stream {
             rmsg: VecDeque::with_capacity(usize::from(sizes.rq_size) + 1),
             swap: false,
             cq_armed: false,
+            iomaps: Iomaps::default(),
         };
         s.ep.cq.req_notify(false).map_err(|e| fail("rsocket", &e))?;
         for _ in 0..sizes.rq_size {
@@ -1059,6 +1063,11 @@ impl Rsocket {
             return Err(libc::ENOTCONN);
         }
         let nonblock = g.fd_flags & libc::O_NONBLOCK != 0 || flags & libc::MSG_DONTWAIT != 0;
+        if g.s.as_ref().is_some_and(|s| !s.iomaps.queue.is_empty()) {
+            let (ng, r) = self.send_iomaps(g, nonblock);
+            g = ng;
+            r?;
+        }
         let len: usize = iov.iter().map(|b| b.len()).sum();
         let mut left = len;
         let mut olen = OLAP_START_SIZE;
@@ -1107,6 +1116,200 @@ impl Rsocket {
         match ret {
             Err(e) if left == len => Err(e),
             _ => Ok(len - left),
+        }
+    }
+
+    /// `rs_send_iomaps`: every queued mapping written into the peer's table, waiting for
+    /// room to send as `rsend` does.
+    fn send_iomaps<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, Inner>,
+        nonblock: bool,
+    ) -> (MutexGuard<'a, Inner>, Result<(), c_int>) {
+        loop {
+            if g.s.as_ref().is_none_or(|s| s.iomaps.queue.is_empty()) {
+                return (g, Ok(()));
+            }
+            if !g.s.as_ref().is_some_and(Stream::can_send) {
+                let (ng, r) = self.process(g, nonblock, Until::Writable);
+                g = ng;
+                if let Err(e) = r {
+                    return (g, Err(e));
+                }
+                if g.state & WRITABLE == 0 {
+                    return (g, Err(libc::ECONNRESET));
+                }
+            }
+            let Some(s) = g.s.as_mut() else {
+                return (g, Err(libc::ENOTCONN));
+            };
+            let Some(m) = s.iomaps.queue.pop_front() else {
+                continue;
+            };
+            let r = match m.index {
+                Some(i) => s.write_iomap(&m, i),
+                None => Ok(()),
+            };
+            s.iomaps.list.push(m);
+            if let Err(e) = r {
+                return (g, Err(e));
+            }
+        }
+    }
+
+    /// `riomap`: `len` bytes at `buf` registered; with `PROT_WRITE` given an entry of the
+    /// peer's table and queued to be sent (by the next `rsend` or `riowrite`). Returns the
+    /// offset the peer addresses it by (`offset`, or the address when -1).
+    ///
+    /// # Safety
+    /// `buf` must stay valid for `len` bytes until `riounmap` or `rclose` returns; the peer
+    /// may write it at any time while it is mapped for writing.
+    pub unsafe fn riomap(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        prot: c_int,
+        offset: i64,
+    ) -> Result<i64, c_int> {
+        let (access, remote) = iomap::access(prot)?;
+        let mut g = self.lock();
+        let Some(s) = g.s.as_mut() else {
+            return Err(libc::EINVAL);
+        };
+        let index = if remote {
+            let entries = s.remote_iomap.length as usize;
+            Some(s.iomaps.free_index(entries).ok_or(libc::ENOMEM)?)
+        } else {
+            None
+        };
+        // SAFETY: the caller's contract (this function's) is reg_mr_raw's.
+        let mr = match unsafe { s.ep.pd.reg_mr_raw(buf, len, access) } {
+            Ok(mr) => mr,
+            Err(e) => {
+                if let Some(i) = index {
+                    if let Some(u) = s.iomaps.used.get_mut(i) {
+                        *u = false;
+                    }
+                }
+                return Err(fail("riomap", &e));
+            }
+        };
+        let offset = if offset == -1 {
+            buf as usize as i64
+        } else {
+            offset
+        };
+        let m = IomapMr {
+            offset: offset as u64,
+            mr,
+            addr: buf as usize,
+            len,
+            index,
+        };
+        if remote {
+            s.iomaps.queue.push_back(m);
+        } else {
+            s.iomaps.list.push(m);
+        }
+        Ok(offset)
+    }
+
+    /// `riounmap`: the mapping of exactly `buf`, `len` deregistered (`EINVAL` if there is
+    /// none); returns once nothing uses its memory.
+    pub fn riounmap(&self, buf: usize, len: usize) -> Result<(), c_int> {
+        let m = {
+            let mut g = self.lock();
+            let s = g.s.as_mut().ok_or(libc::EINVAL)?;
+            s.iomaps.take(buf, len).ok_or(libc::EINVAL)?
+        };
+        iomap::release(m);
+        Ok(())
+    }
+
+    /// Every mapping released (`rclose`).
+    pub fn release_iomaps(&self) {
+        let all = {
+            let mut g = self.lock();
+            g.s.as_mut().map(|s| s.iomaps.drain()).unwrap_or_default()
+        };
+        for m in all {
+            iomap::release(m);
+        }
+    }
+
+    /// `riowrite`: `buf` RDMA-written into the peer's mappings from `offset` on, as far as
+    /// they reach (transfers sized as `rsend`'s, cut at the mapping's end).
+    pub fn riowrite(&self, buf: &[u8], mut offset: u64, flags: c_int) -> Result<usize, c_int> {
+        let mut g = self.lock();
+        if g.s.is_none() {
+            return Err(libc::ENOTCONN);
+        }
+        let nonblock = g.fd_flags & libc::O_NONBLOCK != 0 || flags & libc::MSG_DONTWAIT != 0;
+        if g.s.as_ref().is_some_and(|s| !s.iomaps.queue.is_empty()) {
+            let (ng, r) = self.send_iomaps(g, nonblock);
+            g = ng;
+            r?;
+        }
+        let count = buf.len();
+        let mut left = count;
+        let mut olen = OLAP_START_SIZE;
+        let parts = [buf];
+        let mut cur = Gather {
+            iov: &parts,
+            idx: 0,
+            off: 0,
+        };
+        let mut iom: Option<(u64, RsSge)> = None;
+        let mut ret = Ok(());
+        while left > 0 {
+            if iom.is_none_or(|(o, sge)| offset > o + u64::from(sge.length)) {
+                iom = g.s.as_ref().and_then(|s| s.find_iomap(offset));
+                if iom.is_none() {
+                    break;
+                }
+            }
+            if !g.s.as_ref().is_some_and(Stream::can_send) {
+                let (ng, r) = self.process(g, nonblock, Until::Writable);
+                g = ng;
+                if let Err(e) = r {
+                    ret = Err(e);
+                    break;
+                }
+                if g.state & WRITABLE == 0 {
+                    ret = Err(libc::ECONNRESET);
+                    break;
+                }
+            }
+            let (Some(s), Some((o, sge))) = (g.s.as_mut(), iom) else {
+                break;
+            };
+            let mut xfer = if (olen as usize) < left {
+                let x = olen;
+                if olen < MAX_TRANSFER {
+                    olen <<= 1;
+                }
+                x
+            } else {
+                left as u32
+            };
+            xfer = xfer.min(s.sbuf_bytes_avail);
+            let room = (o + u64::from(sge.length)).saturating_sub(offset);
+            xfer = xfer.min(u32::try_from(room).unwrap_or(u32::MAX));
+            if xfer == 0 {
+                break;
+            }
+            let addr = sge.addr.wrapping_add(offset - o);
+            if let Err(e) = s.write_direct(&mut cur, xfer, addr, sge.key) {
+                ret = Err(e);
+                break;
+            }
+            left -= xfer as usize;
+            offset += u64::from(xfer);
+        }
+        drop(g);
+        match ret {
+            Err(e) if left == count => Err(e),
+            _ => Ok(count - left),
         }
     }
 
@@ -1251,7 +1454,6 @@ impl Stream {
 
     /// `rs_write_data` with the choice of inline, one or two SGEs that precedes it.
     fn write_data(&mut self, cur: &mut Gather<'_, '_>, xfer: u32) -> Result<(), c_int> {
-        let len = xfer as usize;
         let t = self.target(self.target_sge);
         let (addr, rkey) = (t.addr, t.key);
         let rest = RsSge {
@@ -1267,12 +1469,24 @@ impl Stream {
         self.sqe_avail -= 2;
         self.sbuf_bytes_avail -= xfer;
         let m = wire::msg(Op::Data, xfer);
-        let inline_ok = len <= usize::from(self.sizes.sq_inline);
-        if inline_ok {
+        self.with_payload(cur, xfer, |s, p| s.post_write_msg(p, m, addr, rkey))
+    }
+
+    /// The next `xfer` bytes of `cur` as a work request's payload, handed to `post`:
+    /// inline from the caller's buffer when they fit the inline size, else copied into the
+    /// send buffer (one SGE, or two where it wraps), as rsocket.c's `rsend` chooses.
+    fn with_payload(
+        &mut self,
+        cur: &mut Gather<'_, '_>,
+        xfer: u32,
+        post: impl FnOnce(&Self, Payload<'_>) -> Result<(), c_int>,
+    ) -> Result<(), c_int> {
+        let len = xfer as usize;
+        if len <= usize::from(self.sizes.sq_inline) {
             if let Some(data) = cur.contiguous(len) {
-                let data: Vec<u8> = data.to_vec();
+                let r = post(self, Payload::Inline(data));
                 cur.skip(len);
-                return self.post_write_msg(Payload::Inline(&data), m, addr, rkey);
+                return r;
             }
         }
         let left = self.sbuf_left();
@@ -1291,7 +1505,71 @@ impl Stream {
             self.ssgl_off = second;
             SgList::from_slice(&[a, b]).ok_or(libc::EINVAL)?
         };
-        self.post_write_msg(Payload::Sgl(sgl), m, addr, rkey)
+        post(self, Payload::Sgl(sgl))
+    }
+
+    /// `rs_write_direct`: `xfer` bytes RDMA-written into the peer's mapping at `addr`
+    /// (no message; one work request).
+    fn write_direct(
+        &mut self,
+        cur: &mut Gather<'_, '_>,
+        xfer: u32,
+        addr: u64,
+        rkey: u32,
+    ) -> Result<(), c_int> {
+        self.sqe_avail -= 1;
+        self.sbuf_bytes_avail -= xfer;
+        let m = wire::msg(Op::Write, xfer);
+        self.with_payload(cur, xfer, |s, p| {
+            s.post(&SendWr {
+                wr_id: u64::from(m),
+                op: SendOp::Write {
+                    remote_addr: addr,
+                    rkey: Stag(rkey),
+                },
+                payload: p,
+                signaled: true,
+                fence: false,
+            })
+        })
+    }
+
+    /// `rs_write_iomap`: a mapping's `rs_iomap` written into the peer's table entry, then
+    /// `RS_OP_IOMAP_SGL` with the index.
+    fn write_iomap(&mut self, m: &IomapMr, index: usize) -> Result<(), c_int> {
+        self.sseq_no = self.sseq_no.wrapping_add(1);
+        self.sqe_avail -= 2;
+        self.sbuf_bytes_avail -= wire::IOMAP_LEN as u32;
+        let sge = RsSge {
+            addr: m.mr.addr(),
+            key: m.mr.rkey().0,
+            length: m.len as u32,
+        };
+        let bytes = iomap::iomap_bytes(m.offset, sge, self.swap);
+        let addr = self
+            .remote_iomap
+            .addr
+            .wrapping_add((index * wire::IOMAP_LEN) as u64);
+        self.post_write_msg(
+            Payload::Inline(&bytes),
+            wire::msg(Op::IomapSgl, index as u32),
+            addr,
+            self.remote_iomap.key,
+        )
+    }
+
+    /// `rs_find_iomap`: the entry of our table (written by the peer) that holds `offset`.
+    fn find_iomap(&self, offset: u64) -> Option<(u64, RsSge)> {
+        let base = wire::SGE_LEN * wire::SGL_SIZE;
+        (0..usize::from(self.sizes.target_iomap_size)).find_map(|i| {
+            let mut b = [0u8; wire::IOMAP_LEN];
+            self.ep
+                .target_mr
+                .read_at(base + i * wire::IOMAP_LEN, &mut b)
+                .ok()?;
+            let (o, sge) = iomap::iomap_from_bytes(&b);
+            (offset >= o && offset < o.wrapping_add(u64::from(sge.length))).then_some((o, sge))
+        })
     }
 
     fn sge(&self, off: u32, len: u32) -> Result<Sge, c_int> {

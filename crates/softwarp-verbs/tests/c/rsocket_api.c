@@ -13,6 +13,7 @@
  *   - getsockname/getpeername: the ports of each end
  *   - writev, then MSG_PEEK, readv and recvmsg; sendmsg; MSG_WAITALL over several sends
  *   - options: TCP_NODELAY, F_GETFL/F_SETFL; SOL_RDMA sizes (rs only)
+ *   - riomap on an unconnected rsocket and riounmap of nothing mapped: EINVAL (rs only)
  *   - shutdown(SHUT_WR) by the client: the server reads the rest then 0 (end of stream),
  *     and can still send to the client, which reads it
  *   - shutdown(SHUT_RDWR), then recv on the same socket: 0
@@ -32,6 +33,7 @@
 #include <string.h>
 #include <sys/select.h>
 #include <sys/socket.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <rdma/rsocket.h>
 
@@ -188,6 +190,11 @@ static int server(const char *port_str)
 		CHECK(rsetsockopt(s, SOL_RDMA, RDMA_INLINE, &il, sizeof il) == 0, "RDMA_INLINE");
 		CHECK(rgetsockopt(s, SOL_RDMA, RDMA_SQSIZE, &got, &gl) == 0 && got == 100, "sq %d", got);
 		CHECK(rgetsockopt(s, SOL_RDMA, RDMA_INLINE, &got, &gl) == 0 && got == 128, "inline %d", got);
+		off_t o = riomap(s, buf, sizeof buf, PROT_WRITE, 0, -1);
+		printf("rs: riomap on an unconnected rsocket: %lld %s\n", (long long) o,
+		       o == -1 && errno == EINVAL ? "EINVAL" : "?");
+		rc = riounmap(s, buf, sizeof buf);
+		printf("rs: riounmap of nothing mapped: %d %s\n", rc, rc == -1 && errno == EINVAL ? "EINVAL" : "?");
 		rclose(s);
 	}
 
