@@ -126,7 +126,9 @@ pub struct ConnectOptions {
     /// without a bound, a peer could pin a registration that the application deregistered
     /// ([`crate::MrRelease::wait`]) forever. The Terminate is RDMAP's "Catastrophic error,
     /// localized to RDMAP Stream"; the QP reports [`crate::Fault::RxStall`]. Checked by the
-    /// progress thread every quarter of the shortest such timeout of its device's QPs.
+    /// progress thread every quarter of the timeout (5 ms at the least) while the peer is
+    /// inside an FPDU, and not at all otherwise: a stall is found about 1.25 times the timeout
+    /// after the last byte.
     pub rx_stall_timeout: Duration,
     /// Use the RFC 7306 extensions on the connection (default true): Immediate Data,
     /// Atomic Requests and Responses, DDP queue 3. MPA negotiates nothing for them, so both
