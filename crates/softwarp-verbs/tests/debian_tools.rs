@@ -1425,7 +1425,7 @@ fn c_destroy_of_objects_in_use_is_refused_with_ebusy_and_they_keep_working() {
     let Some(out) = run_c_memchecked("in_use", &[], Duration::from_secs(120)) else {
         return;
     };
-    assert_eq!(out.stdout, "ok: 100 checks\n", "{}", out.stderr);
+    assert_eq!(out.stdout, "ok: 108 checks\n", "{}", out.stderr);
 }
 
 /// rdma_cm calls after REJECTED (nothing listening, a listener that rejects), repeated

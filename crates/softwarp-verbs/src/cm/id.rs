@@ -844,7 +844,29 @@ unsafe fn create_qp_on(id: *mut rdma_cm_id, attr: &mut ibv_qp_init_attr_ex) -> c
         (*id).pd = attr.pd;
         i.state().qpn = Some((*qp).qp_num);
     }
+    // SAFETY: the QP just made.
+    if let Some(q) = unsafe { Qp::from_ibv(qp) } {
+        q.cm_id.store(id as usize, Ordering::Release);
+    }
     0
+}
+
+/// `ibv_destroy_qp` of `qp`, the QP of `id` (`rdma_create_qp`): the id no longer names it
+/// (`id->qp` NULL), when the id is still live and still names it. rdma-core leaves `id->qp`
+/// pointing to the freed QP, which its later `rdma_connect` or `rdma_destroy_qp` use.
+///
+/// # Safety
+/// `id` is NULL or the address an id had when it made `qp`.
+pub unsafe fn forget_qp(id: *mut rdma_cm_id, qp: *mut ibv_qp) {
+    // SAFETY: looked up first: a live id (`Id::from_c`), whose fields this library writes.
+    let Some(i) = (unsafe { Id::from_c(id) }) else {
+        return;
+    };
+    if i.get(|c| c.qp) == qp {
+        // SAFETY: the id's C field, as `rdma_destroy_qp` clears it.
+        unsafe { (*id).qp = std::ptr::null_mut() };
+        i.state().qpn = None;
+    }
 }
 
 #[no_mangle]

@@ -9,7 +9,7 @@
 use std::cell::UnsafeCell;
 use std::ffi::c_int;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use softwarp::{
@@ -41,6 +41,10 @@ pub struct Qp {
     pub sq_sig_all: bool,
     /// Work requests built with the `ibv_wr_*` API, posted by `ibv_wr_complete`.
     pub builder: Mutex<WrBuilder>,
+    /// The rdma_cm id whose `id->qp` it is (`rdma_create_qp`), 0 for none: its destroy by
+    /// `ibv_destroy_qp` clears that field, so later rdma_cm calls on the id see no QP
+    /// (`EINVAL`) instead of reading the freed one.
+    pub cm_id: AtomicUsize,
 }
 
 impl Qp {
@@ -243,6 +247,7 @@ fn create(ctx: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Result<*mut ibv
         cap: granted,
         sq_sig_all: init.sq_sig_all,
         builder: Mutex::new(WrBuilder::default()),
+        cm_id: AtomicUsize::new(0),
     }));
     // SAFETY: the objects the QP was just made with, checked above.
     unsafe { for_each_use((a.pd, a.send_cq, a.recv_cq, a.srq), Users::add) };
@@ -416,6 +421,8 @@ pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     let qpn = q.qp.qp_num();
     let ctx = q.base(|b| b.context);
     let uses = q.base(|b| (b.pd, b.send_cq, b.recv_cq, b.srq));
+    // SAFETY: NULL or the id that named this QP (looked up before it is written).
+    unsafe { crate::cm::id::forget_qp(q.cm_id.load(Ordering::Acquire) as *mut rdma_cm_id, qp) };
     // SAFETY: QPs are allocated with Box in `create`; the application gives it up.
     drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
     // Its PD, CQs and SRQ may go once the QP is gone.

@@ -224,6 +224,23 @@ static void cm_pairs(void)
 	CHECK(ibv_dealloc_pd(pd) == 0);
 	free(buf);
 
+	/* ibv_destroy_qp of an id's QP: the id names no QP any more (rdma-core leaves id->qp to
+	 * the freed QP), and rdma_destroy_qp then releases only the PD and CQs it made. */
+	struct rdma_cm_id *id3;
+	CHECK(rdma_create_id(ech, &id3, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_bind_addr(id3, (struct sockaddr *)&sin) == 0);
+	struct ibv_qp_init_attr ia4 = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	CHECK(rdma_create_qp(id3, NULL, &ia4) == 0 && id3->qp);
+	BUSY(ibv_destroy_cq(id3->send_cq));
+	CHECK(ibv_destroy_qp(id3->qp) == 0);
+	CHECK(id3->qp == NULL && id3->send_cq && id3->pd);
+	rdma_destroy_qp(id3);
+	CHECK(id3->send_cq == NULL && id3->recv_cq == NULL && id3->pd == NULL);
+	CHECK(rdma_destroy_id(id3) == 0);
+
 	CHECK(rdma_destroy_id(id) == 0);
 	rdma_destroy_event_channel(ech);
 }
