@@ -1726,7 +1726,16 @@ fn rsocket_c_api_gives_the_transcript_of_kernel_tcp() {
         "rs: rsocket(AF_UNIX): -1 ENOTSUP",
         "rs: riomap on an unconnected rsocket: -1 EINVAL",
         "rs: riounmap of nothing mapped: -1 EINVAL",
-        "ok: 27 server checks",
+        "rs: rsocket(SOCK_DGRAM): a socket",
+        "rs: datagram rrecv before rbind: -1 EINVAL",
+        "rs: datagram rbind: 0, a port yes",
+        "rs: datagram rrecvfrom, non-blocking: -1 EAGAIN",
+        "rs: datagram rpoll: 1, POLLOUT set, POLLIN clear",
+        "rs: datagram rsendto: -1 ENOTSUP",
+        "rs: datagram rsend without a destination: -1 EDESTADDRREQ",
+        "rs: datagram rconnect: -1 ENOTSUP",
+        "rs: datagram rlisten: -1 ENOTSUP",
+        "ok: 29 server checks",
         "client: non-blocking recv with nothing received: -1 EAGAIN",
         "server: recv after its own SHUT_RDWR: 0",
         "server: poll over the drained pipe and the socket: 1, pipe clear, socket POLLIN set",
@@ -2097,4 +2106,91 @@ fn riostream_blocking_writes_into_the_peers_iomap_verified() {
 fn riostream_nonblocking_and_async_write_into_the_peers_iomap_verified() {
     stream_tool_sizes("riostream", &["-T", "n"], &[("4096", "300", "4k")]);
     stream_tool_sizes("riostream", &["-T", "a"], &[("65536", "50", "64k")]);
+}
+
+/// Debian's rcopy (rsocket's file copy: the file's name and size, then its bytes, with rsend
+/// and rrecv) copies 3 MB with both ends over Softwarp, the copy byte for byte the original.
+#[test]
+fn rcopy_copies_a_file_byte_for_byte() {
+    let _serial = serial();
+    let Some(rcopy) = tool("rcopy", "rdmacm-utils") else {
+        return skip("rcopy is not installed");
+    };
+    let dir = std::env::temp_dir().join(format!("softwarp-verbs-rcopy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let src = dir.join("source");
+    let dst = dir.join("copy");
+    // Bytes that differ from offset to offset (a shifted copy would not compare equal).
+    let data: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&src, &data).expect("write the source");
+    let port = free_port();
+    let p = port.to_string();
+    // The server serves until killed (the guard kills and reaps it).
+    let mut server = Reaped(
+        command(&rcopy)
+            .args(["-p", &p])
+            .current_dir(&dir)
+            .spawn()
+            .expect("start the rcopy server"),
+    );
+    wait_listening(port, &mut server.0);
+    let mut client = Reaped(
+        command(&rcopy)
+            .arg(&src)
+            .arg(format!("127.0.0.1:{}", dst.display()))
+            .args(["-p", &p])
+            .spawn()
+            .expect("start the rcopy client"),
+    );
+    let c = finish_in(&mut client.0, Duration::from_secs(30), "rcopy client");
+    drop(server);
+    let copy = std::fs::read(&dst).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(c.status.success(), "{}\n{}{}", c.status, c.stdout, c.stderr);
+    assert!(c.stdout.contains("3000000 bytes in"), "{}", c.stdout);
+    assert!(
+        copy == data,
+        "the copy has {} bytes and differs",
+        copy.len()
+    );
+}
+
+/// Debian's udpong (datagram rsockets) answers as rdma-core's does on an iWARP device, which
+/// has no UD QPs: the server binds and waits for datagrams that cannot come, the client's
+/// `rconnect` fails with `EOPNOTSUPP`.
+#[test]
+fn udpong_client_gets_eopnotsupp_and_the_server_waits_as_on_iwarp() {
+    let _serial = serial();
+    let Some(udpong) = tool("udpong", "rdmacm-utils") else {
+        return skip("udpong is not installed");
+    };
+    let port = free_port().to_string();
+    let mut server = Reaped(
+        command(&udpong)
+            .args(["-b", "127.0.0.1", "-p", &port])
+            .spawn()
+            .expect("start the udpong server"),
+    );
+    let mut client = Reaped(
+        command(&udpong)
+            .args(["-s", "127.0.0.1", "-p", &port])
+            .spawn()
+            .expect("start the udpong client"),
+    );
+    let c = finish_in(&mut client.0, Duration::from_secs(20), "udpong client");
+    assert!(!c.status.success(), "{}{}", c.stdout, c.stderr);
+    assert!(
+        c.stderr.contains("rconnect: Operation not supported"),
+        "{}{}",
+        c.stdout,
+        c.stderr
+    );
+    // The server is still waiting (bound, nothing can arrive); the guard kills it.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        server.0.try_wait().expect("wait for the server").is_none(),
+        "the udpong server exited"
+    );
 }

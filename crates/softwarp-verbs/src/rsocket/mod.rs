@@ -8,6 +8,7 @@
 //! Each entry point keeps rdma-core's conventions: -1 with `errno`, `EBADF` for a number
 //! that is not an rsocket, and `rclose` returning `EBADF` itself (not -1) for one.
 
+pub mod dgram;
 pub mod iomap;
 pub mod keepalive;
 pub mod poll;
@@ -34,8 +35,9 @@ pub const RDMA_ROUTE: c_int = 4;
 
 struct Entry {
     sock: Arc<Rsocket>,
-    /// The socket's number; closed with the entry.
-    _fd: OwnedFd,
+    /// The socket's number, closed with the entry; a datagram socket's is its UDP socket,
+    /// which the socket owns.
+    _fd: Option<OwnedFd>,
 }
 
 fn table() -> std::sync::MutexGuard<'static, HashMap<c_int, Entry>> {
@@ -66,10 +68,23 @@ fn insert(sock: Rsocket) -> Result<c_int, c_int> {
         n,
         Entry {
             sock: Arc::new(sock),
-            _fd: fd,
+            _fd: Some(fd),
         },
     );
     Ok(n)
+}
+
+/// Gives a datagram socket its UDP socket's number.
+fn insert_dgram(sock: Rsocket) -> c_int {
+    let n = sock.udp.as_ref().map_or(-1, AsRawFd::as_raw_fd);
+    table().insert(
+        n,
+        Entry {
+            sock: Arc::new(sock),
+            _fd: None,
+        },
+    );
+    n
 }
 
 fn ret_unit(r: Result<(), c_int>) -> c_int {
@@ -92,12 +107,18 @@ fn ret_len(r: Result<usize, c_int>) -> isize {
 #[no_mangle]
 pub extern "C" fn swv_rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     if (domain != libc::AF_INET && domain != libc::AF_INET6)
-        || ty != libc::SOCK_STREAM
-        || (protocol != 0 && protocol != libc::IPPROTO_TCP)
+        || (ty != libc::SOCK_STREAM && ty != libc::SOCK_DGRAM)
+        || (ty == libc::SOCK_STREAM && protocol != 0 && protocol != libc::IPPROTO_TCP)
+        || (ty == libc::SOCK_DGRAM && protocol != 0 && protocol != libc::IPPROTO_UDP)
     {
-        // rdma-core's answer to every other domain, type or protocol; its SOCK_DGRAM
-        // rsockets need UD QPs, which an iWARP device has not (see DESIGN.md).
+        // rdma-core's answer to every other domain, type or protocol.
         return err(libc::ENOTSUP);
+    }
+    if ty == libc::SOCK_DGRAM {
+        return match dgram::create(domain) {
+            Ok(rs) => insert_dgram(rs),
+            Err(e) => err(e),
+        };
     }
     match insert(Rsocket::new(domain, Sizes::default())) {
         Ok(n) => n,
@@ -143,6 +164,10 @@ pub unsafe extern "C" fn swv_rbind(
     let Some(rs) = lookup(socket) else {
         return err(libc::EBADF);
     };
+    if rs.udp.is_some() {
+        // SAFETY: the caller's address of `_addrlen` bytes.
+        return unsafe { dgram::bind(&rs, addr, _addrlen) };
+    }
     // SAFETY: the caller's address of its family's size.
     let Some(a) = (unsafe { from_sockaddr(addr) }) else {
         return err(libc::EINVAL);
@@ -166,6 +191,10 @@ pub extern "C" fn swv_rlisten(socket: c_int, backlog: c_int) -> c_int {
     let Some(rs) = lookup(socket) else {
         return err(libc::EBADF);
     };
+    if rs.udp.is_some() {
+        // A datagram socket does not listen (the kernel's answer for UDP).
+        return err(libc::EOPNOTSUPP);
+    }
     ret_unit(rs.listen(backlog))
 }
 
@@ -201,6 +230,10 @@ pub unsafe extern "C" fn swv_rconnect(
     let Some(rs) = lookup(socket) else {
         return err(libc::EBADF);
     };
+    if rs.udp.is_some() {
+        // SAFETY: the caller's address of `_addrlen` bytes.
+        return unsafe { dgram::connect(&rs, addr, _addrlen) };
+    }
     // SAFETY: the caller's address of its family's size.
     let Some(a) = (unsafe { from_sockaddr(addr) }) else {
         return err(libc::EINVAL);
@@ -222,7 +255,9 @@ pub extern "C" fn swv_rclose(socket: c_int) -> c_int {
         // rdma-core returns the value itself here.
         return libc::EBADF;
     };
-    if rs.lock().state & state::CONNECTED != 0 {
+    if rs.udp.is_some() {
+        dgram::close(&rs);
+    } else if rs.lock().state & state::CONNECTED != 0 {
         let _ = rs.shutdown(libc::SHUT_RDWR);
     }
     if rs.lock().keepalive {
@@ -293,6 +328,9 @@ unsafe fn recv_into(socket: c_int, buf: *mut c_void, len: usize, flags: c_int) -
     let Some(rs) = lookup(socket) else {
         return ret_len(Err(libc::EBADF));
     };
+    if rs.udp.is_some() {
+        return ret_len(dgram::recv(&rs, flags));
+    }
     if buf.is_null() && len > 0 {
         return ret_len(Err(libc::EFAULT));
     }
@@ -311,6 +349,9 @@ unsafe fn send_from(socket: c_int, iov: &[libc::iovec], flags: c_int) -> isize {
     let Some(rs) = lookup(socket) else {
         return ret_len(Err(libc::EBADF));
     };
+    if rs.udp.is_some() {
+        return ret_len(dgram::send(&rs, false));
+    }
     let mut parts: Vec<&[u8]> = Vec::with_capacity(iov.len());
     for v in iov {
         if v.iov_len == 0 {
@@ -443,8 +484,11 @@ pub unsafe extern "C" fn swv_rsendto(
     dest: *const libc::sockaddr,
     destlen: libc::socklen_t,
 ) -> isize {
-    if lookup(socket).is_none() {
+    let Some(rs) = lookup(socket) else {
         return ret_len(Err(libc::EBADF));
+    };
+    if rs.udp.is_some() {
+        return ret_len(dgram::send(&rs, !dest.is_null()));
     }
     if !dest.is_null() || destlen != 0 {
         return ret_len(Err(libc::EISCONN));
@@ -495,6 +539,10 @@ pub unsafe extern "C" fn swv_rgetpeername(
     let Some(rs) = lookup(socket) else {
         return err(libc::EBADF);
     };
+    if rs.udp.is_some() {
+        // SAFETY: the caller's buffer and length.
+        return unsafe { dgram::name(&rs, true, addr, addrlen) };
+    }
     let peer = rs.lock().peer;
     // SAFETY: the caller's buffer and length.
     unsafe { copy_addr(addr, addrlen, peer) };
@@ -510,6 +558,10 @@ pub unsafe extern "C" fn swv_rgetsockname(
     let Some(rs) = lookup(socket) else {
         return err(libc::EBADF);
     };
+    if rs.udp.is_some() {
+        // SAFETY: the caller's buffer and length.
+        return unsafe { dgram::name(&rs, false, addr, addrlen) };
+    }
     let local = rs.lock().local;
     // SAFETY: the caller's buffer and length.
     unsafe { copy_addr(addr, addrlen, local) };
@@ -555,6 +607,12 @@ pub unsafe extern "C" fn swv_rsetsockopt(
     let Some(rs) = lookup(socket) else {
         return err(libc::EBADF);
     };
+    if rs.udp.is_some() && level != SOL_RDMA {
+        // SAFETY: the caller's option value.
+        if let Err(e) = unsafe { dgram::setsockopt(&rs, level, optname, optval, optlen) } {
+            return err(e);
+        }
+    }
     // SAFETY: the caller's option value.
     let val = || unsafe { opt_int(optval, optlen) };
     let mut g = rs.lock();

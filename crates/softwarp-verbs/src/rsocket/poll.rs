@@ -21,6 +21,9 @@ const WAKE_UP_INTERVAL_MS: c_int = 5000;
 /// `rs_poll_rs`: the events of `events` that hold for `rs` now (completions processed,
 /// without waiting).
 fn revents(rs: &Rsocket, events: i16) -> i16 {
+    if rs.udp.is_some() {
+        return super::dgram::revents(rs, events);
+    }
     let mut g = rs.lock();
     if g.state == LISTENING {
         Rsocket::drain_requests(&mut g);

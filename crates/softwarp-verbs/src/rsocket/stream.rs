@@ -186,6 +186,9 @@ pub struct Rsocket {
     pub family: c_int,
     pub inner: Mutex<Inner>,
     pub changed: Condvar,
+    /// A datagram rsocket's UDP socket (its number too, as in rdma-core); `None` for a
+    /// stream socket.
+    pub udp: Option<std::os::fd::OwnedFd>,
 }
 
 pub fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -231,6 +234,7 @@ impl Rsocket {
                 keepalive_time: 0,
             }),
             changed: Condvar::new(),
+            udp: None,
         }
     }
 

@@ -14,6 +14,10 @@
  *   - writev, then MSG_PEEK, readv and recvmsg; sendmsg; MSG_WAITALL over several sends
  *   - options: TCP_NODELAY, F_GETFL/F_SETFL; SOL_RDMA sizes (rs only)
  *   - riomap on an unconnected rsocket and riounmap of nothing mapped: EINVAL (rs only)
+ *   - a datagram rsocket as rdma-core's on an iWARP device (rs only): created and bound, a
+ *     receive before the bind EINVAL, after it EAGAIN (non-blocking), writable but never
+ *     readable, rsendto and rconnect EOPNOTSUPP (printed ENOTSUP: the same value on Linux;
+ *     no UD QP), rsend without a destination EDESTADDRREQ, rlisten EOPNOTSUPP
  *   - shutdown(SHUT_WR) by the client: the server reads the rest then 0 (end of stream),
  *     and can still send to the client, which reads it
  *   - shutdown(SHUT_RDWR), then recv on the same socket: 0
@@ -69,6 +73,8 @@ static const char *err_name(int e)
 	case ECONNREFUSED: return "ECONNREFUSED";
 	case ENOTSUP: return "ENOTSUP";
 	case EAFNOSUPPORT: return "EAFNOSUPPORT";
+	case EINVAL: return "EINVAL";
+	case EDESTADDRREQ: return "EDESTADDRREQ";
 	default: return "other";
 	}
 }
@@ -196,6 +202,31 @@ static int server(const char *port_str)
 		rc = riounmap(s, buf, sizeof buf);
 		printf("rs: riounmap of nothing mapped: %d %s\n", rc, rc == -1 && errno == EINVAL ? "EINVAL" : "?");
 		rclose(s);
+
+		int d = rsocket(AF_INET, SOCK_DGRAM, 0);
+		printf("rs: rsocket(SOCK_DGRAM): %s\n", d >= 0 ? "a socket" : "failed");
+		ssize_t dn = rrecv(d, buf, sizeof buf, MSG_DONTWAIT);
+		printf("rs: datagram rrecv before rbind: %zd %s\n", dn, err_name(errno));
+		struct sockaddr_in da = addr_of(0);
+		rc = rbind(d, (struct sockaddr *) &da, sizeof da);
+		socklen_t dl = sizeof da;
+		CHECK(rgetsockname(d, (struct sockaddr *) &da, &dl) == 0, "datagram rgetsockname");
+		printf("rs: datagram rbind: %d, a port %s\n", rc, ntohs(da.sin_port) ? "yes" : "no");
+		dn = rrecvfrom(d, buf, sizeof buf, MSG_DONTWAIT, NULL, NULL);
+		printf("rs: datagram rrecvfrom, non-blocking: %zd %s\n", dn, err_name(errno));
+		struct pollfd dp = { .fd = d, .events = POLLIN | POLLOUT };
+		rc = rpoll(&dp, 1, 100);
+		printf("rs: datagram rpoll: %d, POLLOUT %s, POLLIN %s\n", rc,
+		       dp.revents & POLLOUT ? "set" : "clear", dp.revents & POLLIN ? "set" : "clear");
+		dn = rsendto(d, "x", 1, 0, (struct sockaddr *) &da, sizeof da);
+		printf("rs: datagram rsendto: %zd %s\n", dn, err_name(errno));
+		dn = rsend(d, "x", 1, 0);
+		printf("rs: datagram rsend without a destination: %zd %s\n", dn, err_name(errno));
+		rc = rconnect(d, (struct sockaddr *) &da, sizeof da);
+		printf("rs: datagram rconnect: %d %s\n", rc, err_name(errno));
+		rc = rlisten(d, 1);
+		printf("rs: datagram rlisten: %d %s\n", rc, err_name(errno));
+		CHECK(rclose(d) == 0, "datagram rclose");
 	}
 
 	int l = S(socket, AF_INET, SOCK_STREAM, 0);
