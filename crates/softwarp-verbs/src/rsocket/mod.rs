@@ -33,6 +33,9 @@ pub const RDMA_INLINE: c_int = 2;
 pub const RDMA_IOMAPSIZE: c_int = 3;
 pub const RDMA_ROUTE: c_int = 4;
 
+/// How long `rclose` waits for the connection's graceful close (FIN out, the peer's in).
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 struct Entry {
     sock: Arc<Rsocket>,
     /// The socket's number, closed with the entry; a datagram socket's is its UDP socket,
@@ -259,6 +262,14 @@ pub extern "C" fn swv_rclose(socket: c_int) -> c_int {
         dgram::close(&rs);
     } else if rs.lock().state & state::CONNECTED != 0 {
         let _ = rs.shutdown(libc::SHUT_RDWR);
+    }
+    // The connection closed gracefully before the QP goes: a process exiting right after
+    // rclose would otherwise close the TCP socket with unread bytes (the peer's last
+    // credits), and the kernel's reset would drop what the peer has not read yet.
+    let ep = rs.lock().s.as_ref().map(|s| Arc::clone(&s.ep));
+    if let Some(ep) = ep {
+        let _ = ep.qp.disconnect();
+        let _ = ep.qp.wait_closed(CLOSE_WAIT);
     }
     if rs.lock().keepalive {
         keepalive::remove(&rs);
