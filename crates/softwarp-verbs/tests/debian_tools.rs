@@ -43,15 +43,23 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The installed program `name`, or `None` after saying why the test is skipped.
-fn tool(name: &str, package: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
+/// The program `name` on the `PATH`.
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|p| p.join(name))
             .find(|p| p.is_file())
-    });
+    })
+}
+
+/// The installed program `name`, or `None` after [`skip`] (which fails under `CI=true`:
+/// CI installs every program these tests run).
+fn tool(name: &str, package: &str) -> Option<PathBuf> {
+    let found = on_path(name);
     if found.is_none() {
-        println!("skipped: {name} is not installed (apt-get install {package})");
+        skip(&format!(
+            "{name} is not installed (apt-get install {package})"
+        ));
     }
     found
 }
@@ -624,7 +632,9 @@ fn build_c(name: &str, libs: &[&str]) -> Option<PathBuf> {
         "/usr/include/rdma/rdma_cma.h",
     ] {
         if !Path::new(header).exists() {
-            println!("skipped: {header} missing (apt-get install libibverbs-dev librdmacm-dev)");
+            skip(&format!(
+                "{header} missing (apt-get install libibverbs-dev librdmacm-dev)"
+            ));
             return None;
         }
     }
@@ -641,7 +651,7 @@ fn build_c(name: &str, libs: &[&str]) -> Option<PathBuf> {
     if !built.status.success() {
         let err = String::from_utf8_lossy(&built.stderr);
         if err.contains("cannot find -l") {
-            println!("skipped: a library to link with is missing: {err}");
+            skip(&format!("a library to link with is missing: {err}"));
             return None;
         }
         panic!("cc failed: {err}");
@@ -721,15 +731,10 @@ fn exported(objdump: &Path, lib: &Path) -> std::collections::BTreeSet<String> {
     set
 }
 
-/// CI installs what the ABI comparison reads: a missing part fails there, and is skipped
-/// with the reason on a user's machine.
+/// `what`, or `None` after [`skip`] with `why`.
 fn required<T>(what: Option<T>, why: &str) -> Option<T> {
     if what.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but {why}"
-        );
-        println!("skipped: {why}");
+        skip(why);
     }
     what
 }
@@ -868,7 +873,7 @@ fn c_program_gets_the_port_at_bind_afonly_migrate_and_hints_only_getaddrinfo() {
 #[test]
 fn libfabric_fi_pingpong_msg_and_rdm_over_the_verbs_provider() {
     let _serial = serial();
-    let Some(pingpong) = required_tool("fi_pingpong", "libfabric-bin") else {
+    let Some(pingpong) = tool("fi_pingpong", "libfabric-bin") else {
         return;
     };
     for (ep, provider) in [("msg", "verbs"), ("rdm", "verbs;ofi_rxm")] {
@@ -916,7 +921,7 @@ fn libfabric_fi_pingpong_msg_and_rdm_over_the_verbs_provider() {
 #[test]
 fn qperf_rc_tests_in_wait_and_poll_mode() {
     let _serial = serial();
-    let Some(qperf) = required_tool("qperf", "qperf") else {
+    let Some(qperf) = tool("qperf", "qperf") else {
         return;
     };
     let tests = [
@@ -967,7 +972,7 @@ fn qperf_rc_tests_in_wait_and_poll_mode() {
 #[test]
 fn udapl_dtest_over_the_ofa_v2_rdma_cm_provider() {
     let _serial = serial();
-    let Some(dtest) = required_tool("dtest", "dapl2-utils") else {
+    let Some(dtest) = tool("dtest", "dapl2-utils") else {
         return;
     };
     let conf = lib_dir().join(format!("dat-{}.conf", std::process::id()));
@@ -1381,11 +1386,7 @@ fn skip(reason: &str) {
 /// 97. Without valgrind (a failure under `CI=true`) it runs as it is. Returns the output after
 /// checking it succeeded, or `None` when it cannot be built here.
 fn run_c_memchecked(name: &str, args: &[&str], limit: Duration) -> Option<Output> {
-    let valgrind = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join("valgrind"))
-            .find(|p| p.is_file())
-    });
+    let valgrind = on_path("valgrind");
     let exe = build_c(name, &["-libverbs", "-lrdmacm"])?;
     let mut cmd = match &valgrind {
         Some(v) => {
@@ -1470,28 +1471,13 @@ impl Drop for Reaped {
                 rest.split_whitespace().nth(2).map(str::to_string)
             });
         if group.as_deref() == Some(pid.as_str()) {
-            let _ = Command::new("kill")
-                .args(["-KILL", "--", &format!("-{pid}")])
-                .status();
+            if let Some(p) = rustix::process::Pid::from_raw(self.0.id() as i32) {
+                let _ = rustix::process::kill_process_group(p, rustix::process::Signal::KILL);
+            }
         }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// The installed program `name`, or `None` after [`skip`] (which fails under `CI=true`).
-fn required_tool(name: &str, package: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        skip(&format!(
-            "{name} is not installed (apt-get install {package})"
-        ));
-    }
-    found
 }
 
 /// Debian's `ib_write_bw -R` client refused by a server that listens late (as Linux siw's
@@ -1505,10 +1491,9 @@ fn required_tool(name: &str, package: &str) -> Option<PathBuf> {
 fn perftest_client_refused_by_a_late_listener_exits_without_crashing_20_times() {
     use std::os::unix::process::ExitStatusExt;
     let _serial = serial();
-    let (Some(perftest), Some(strace)) = (
-        required_tool("ib_write_bw", "perftest"),
-        required_tool("strace", "strace"),
-    ) else {
+    let (Some(perftest), Some(strace)) =
+        (tool("ib_write_bw", "perftest"), tool("strace", "strace"))
+    else {
         return;
     };
     let mut rejected = 0;
