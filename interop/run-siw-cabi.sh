@@ -58,7 +58,7 @@ OUT=${OUT:-$(mktemp -d /tmp/softwarp-siw-cabi.XXXXXX)}
 mkdir -p "$OUT"
 echo "building softwarp and its C libraries..."
 (cd "$REPO" && cargo build --release -q -p softwarp-cli -p softwarp-verbs) || { echo "build failed" >&2; exit 2; }
-SW=$REPO/target/release/softwarp
+SW=${CARGO_TARGET_DIR:-$REPO/target}/release/softwarp
 echo "captures and logs: $OUT"
 echo "host: $(dpkg-query -W -f='${Package} ${Version}; ' rdmacm-utils perftest 2>/dev/null)"
 

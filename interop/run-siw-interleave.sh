@@ -51,7 +51,7 @@ OUT=${OUT:-$(mktemp -d /tmp/softwarp-siw-interleave.XXXXXX)}
 mkdir -p "$OUT"
 echo "building softwarp, its C libraries and read_while_send..."
 (cd "$REPO" && cargo build --release -q -p softwarp-cli -p softwarp-verbs) || { echo "build failed" >&2; exit 2; }
-SW=$REPO/target/release/softwarp
+SW=${CARGO_TARGET_DIR:-$REPO/target}/release/softwarp
 EXE=$OUT/read_while_send
 cc -O2 -Wall -o "$EXE" "$REPO/crates/softwarp-verbs/tests/c/read_while_send.c" -libverbs -lrdmacm \
   || { echo "cc failed" >&2; exit 2; }

@@ -51,7 +51,7 @@ OUT=${OUT:-$(mktemp -d /tmp/softwarp-siw-perftest.XXXXXX)}
 mkdir -p "$OUT"
 echo "building softwarp..."
 (cd "$REPO" && cargo build --release -q -p softwarp-cli) || { echo "build failed" >&2; exit 2; }
-SW=$REPO/target/release/softwarp
+SW=${CARGO_TARGET_DIR:-$REPO/target}/release/softwarp
 echo "captures and logs: $OUT (perftest in the guest: $("$G" 'ib_write_bw --version' 2>/dev/null | tr -d '\r'))"
 
 PASS=0 FAIL=0

@@ -47,7 +47,7 @@ OUT=${OUT:-$(mktemp -d /tmp/softwarp-siw-rping.XXXXXX)}
 mkdir -p "$OUT"
 echo "building the rping example..."
 (cd "$REPO" && cargo build --release -q -p softwarp --example rping) || { echo "build failed" >&2; exit 2; }
-RPING=$REPO/target/release/examples/rping
+RPING=${CARGO_TARGET_DIR:-$REPO/target}/release/examples/rping
 echo "captures and logs: $OUT"
 
 PASS=0 FAIL=0
