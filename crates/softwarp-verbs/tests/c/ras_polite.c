@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
@@ -58,7 +59,18 @@ int main(void)
 	CHECK(rdma_bind_addr(id, (struct sockaddr *)&sin) == 0);
 	CHECK(rdma_listen(id, 1) == 0);
 
-	printf("ready ctl=%d\n", ctl_threads());
+	/* A thread takes its name when it first runs (Rust's std names it from inside), which
+	 * on a loaded machine can be a while after the call that started it: with the services
+	 * asked for, wait (at most 5 s) for the name to show; without, give a late starter the
+	 * same chance to show up wrongly (300 ms). */
+	const char *ras = getenv("SOFTWARP_RAS");
+	int asked = ras && strcmp(ras, "on") == 0;
+	int ctl = ctl_threads();
+	for (int i = 0; i < (asked ? 500 : 30) && (asked ? ctl == 0 : 1); i++) {
+		usleep(10 * 1000);
+		ctl = ctl_threads();
+	}
+	printf("ready ctl=%d\n", ctl);
 	fflush(stdout);
 	char line[16];
 	if (!fgets(line, sizeof line, stdin))
