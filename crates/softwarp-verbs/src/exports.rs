@@ -204,7 +204,7 @@ exports! {
         rdma_freeaddrinfo, rdma_join_multicast, rdma_leave_multicast, rdma_destroy_ep,
         rdma_destroy_srq,
         // rsocket (rsocket/).
-        rsocket, rbind, rlisten, raccept, rconnect, rshutdown, rclose, rrecv, rrecvfrom,
+        rpoll, rsocket, rbind, rlisten, raccept, rconnect, rshutdown, rclose, rrecv, rrecvfrom,
         rrecvmsg, rsend, rsendto, rsendmsg, rread, rreadv, rwrite, rwritev, rselect,
         rgetpeername, rgetsockname, rsetsockopt, rgetsockopt, rfcntl, riomap, riounmap,
         riowrite,
@@ -214,49 +214,6 @@ exports! {
     // InfiniBand's ECE (cm/ib_only.rs).
     "RDMACM_1.3": [rdma_get_remote_ece, rdma_set_local_ece, rdma_reject_ece]
 }
-
-/// Exports `NAME@@VERSION` as a jump to a Rust function of another name.
-macro_rules! exports_to {
-    ($( $ver:literal : [ $($name:ident => $target:ident),* $(,)? ] )*) => {
-        #[cfg(target_arch = "x86_64")]
-        std::arch::global_asm!(
-            ".pushsection .text",
-            $( $( concat!(
-                ".globl ", stringify!($name), "\n",
-                ".type ", stringify!($name), ",@function\n",
-                ".p2align 4\n",
-                stringify!($name), ":\n",
-                "jmp ", stringify!($target), "\n",
-                ".size ", stringify!($name), ", .-", stringify!($name), "\n",
-                ".hidden ", stringify!($target), "\n",
-                ".symver ", stringify!($name), ",", stringify!($name), "@@", $ver, "\n",
-            ), )* )*
-            ".popsection",
-        );
-        #[cfg(target_arch = "aarch64")]
-        std::arch::global_asm!(
-            ".pushsection .text",
-            $( $( concat!(
-                ".globl ", stringify!($name), "\n",
-                ".type ", stringify!($name), ",%function\n",
-                ".p2align 4\n",
-                stringify!($name), ":\n",
-                "b ", stringify!($target), "\n",
-                ".size ", stringify!($name), ", .-", stringify!($name), "\n",
-                ".hidden ", stringify!($target), "\n",
-                ".symver ", stringify!($name), ",", stringify!($name), "@@", $ver, "\n",
-            ), )* )*
-            ".popsection",
-        );
-    };
-}
-
-// rsocket's `rpoll` understands rsockets (rsocket/poll.rs). cm/channel.rs's `swv_rpoll`
-// (a plain `poll(2)`) is no longer exported: hidden here until its owner removes it.
-exports_to! {
-    "RDMACM_1.0": [rpoll => swv_rs_rpoll]
-}
-std::arch::global_asm!(".hidden swv_rpoll");
 
 // `(n)`: the number of the call's C arguments, i.e. the argument register that is free for
 // the return address (the `swvc_` signatures in caller.rs have one more argument).

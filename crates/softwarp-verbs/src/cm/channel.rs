@@ -465,18 +465,6 @@ pub unsafe extern "C" fn swv_rdma_event_str(event: rdma_cm_event_type) -> *const
         .as_ptr()
 }
 
-/// rsocket's poll: no rsockets exist here, so it is `poll(2)` (as rdma-core's `rpoll` is for
-/// ordinary descriptors).
-#[no_mangle]
-pub unsafe extern "C" fn swv_rpoll(
-    fds: *mut libc::pollfd,
-    nfds: libc::nfds_t,
-    timeout: c_int,
-) -> c_int {
-    // SAFETY: forwarded unchanged.
-    unsafe { libc::poll(fds, nfds, timeout) }
-}
-
 /// Writes `addr` into a `sockaddr_storage`-sized union of `rdma_addr`.
 ///
 /// # Safety

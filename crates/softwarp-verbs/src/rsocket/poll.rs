@@ -181,7 +181,7 @@ pub fn rpoll(fds: &mut [libc::pollfd], timeout: c_int) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_rs_rpoll(
+pub unsafe extern "C" fn swv_rpoll(
     fds: *mut libc::pollfd,
     nfds: libc::nfds_t,
     timeout: c_int,
