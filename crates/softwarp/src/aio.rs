@@ -41,10 +41,10 @@ use tokio::io::Interest;
 use crate::cm::{
     CmEvent, CmEventChannel, CmId, CmListener, ConnectOptions, ConnectRequest, ConnectionInfo,
 };
-use crate::cq::{CompletionChannel, CompletionQueue};
-use crate::device::{Device, DeviceShared};
 use crate::error::{Error, Result};
-use crate::qp::QueuePair;
+use crate::verbs::cq::{CompletionChannel, CompletionQueue};
+use crate::verbs::device::{Device, DeviceShared};
+use crate::verbs::qp::QueuePair;
 
 /// A duplicate of one of the stack's eventfds (readable while something is queued, written
 /// at every new item), registered with the current tokio runtime.
@@ -189,7 +189,7 @@ impl AsyncCq {
     }
 
     fn poll_one(&self, cx: &mut Context<'_>) -> Poll<Result<WorkCompletion>> {
-        let mut wc = [crate::cq::EMPTY_COMPLETION];
+        let mut wc = [crate::verbs::cq::EMPTY_COMPLETION];
         self.poll_batch(cx, &mut wc).map_ok(|_| wc[0])
     }
 }

@@ -4,20 +4,26 @@
 //! QP state, a full queue), a peer that is incompatible or misbehaves during MPA negotiation
 //! (rejected, bad frame, timeout), or the operating system refusing something (with the
 //! operation that failed and the `io::Error`).
+//!
+//! The types the errors carry are here too (a device's fault, a QP's or CQ's error reason,
+//! the context of a refused blocking call, the threads a close waited for), so that this
+//! module uses nothing else of the crate; the modules that produce them re-export them
+//! (`recovery`, `context`, `inflight`).
 
+use std::fmt;
 use std::io;
-use std::time::Duration;
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime};
 
+use softwarp_engine::fault::Cause;
 use softwarp_engine::memory::MemoryError;
 use softwarp_engine::mpa::NegotiationError;
 use softwarp_engine::mr::MrError;
 use softwarp_engine::qp::QpError;
 use softwarp_engine::srq::SrqError;
+use softwarp_ras::health::DeviceState;
 use softwarp_wire::WireError;
 use thiserror::Error;
-
-use crate::context::BlockingContext;
-use crate::inflight::InflightReport;
 
 /// What a Softwarp call can fail with.
 #[derive(Debug, Error)]
@@ -101,9 +107,9 @@ pub enum Error {
         /// The device instance.
         device: String,
         /// Failed or recovering.
-        state: crate::recovery::DeviceState,
+        state: DeviceState,
         /// What happened.
-        fault: Box<crate::recovery::DeviceFault>,
+        fault: Box<DeviceFault>,
     },
     /// The QP is in Error for this reason (`QueuePair::error_reason`); destroy it (or reset
     /// it, once its device is operational) and connect again. Nothing touched the network.
@@ -112,7 +118,7 @@ pub enum Error {
         /// The QP.
         qpn: u32,
         /// Why.
-        reason: crate::recovery::QpErrorReason,
+        reason: QpErrorReason,
     },
     /// Work requests still use a registered buffer (posted and not completed): wait for
     /// their completions, then try again.
@@ -282,3 +288,256 @@ impl From<NegotiationError> for Error {
 
 /// Result with [`enum@Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What made a device fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FaultKind {
+    /// Injected: `Device::inject_fatal_error`, `Device::inject_fault` or `softwarp fault
+    /// inject`.
+    Injected,
+    /// The device's network interface went down (administratively or lost its carrier).
+    InterfaceDown {
+        /// The interface.
+        interface: String,
+    },
+    /// The device's network interface disappeared.
+    InterfaceRemoved {
+        /// The interface.
+        interface: String,
+    },
+    /// The last address of the device's network interface was removed.
+    AddressRemoved {
+        /// The interface.
+        interface: String,
+        /// The address.
+        addr: IpAddr,
+    },
+    /// A structure marker of the device or of one of its objects was found damaged
+    /// (`Error::MarkerDamaged`). No automatic recovery follows: the damaged words stay
+    /// damaged, and every call that checks them fails again.
+    MarkerDamaged {
+        /// What was found, e.g. `structure marker damaged: QP 3 begin=... (QueuePair::post_send)`.
+        what: String,
+    },
+}
+
+impl FaultKind {
+    /// The kind's name (`fault-status`, the error log): `injected`, `interface_down`,
+    /// `interface_removed`, `address_removed`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FaultKind::Injected => "injected",
+            FaultKind::InterfaceDown { .. } => "interface_down",
+            FaultKind::InterfaceRemoved { .. } => "interface_removed",
+            FaultKind::AddressRemoved { .. } => "address_removed",
+            FaultKind::MarkerDamaged { .. } => "marker_damaged",
+        }
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FaultKind::Injected => f.write_str("fault injected"),
+            FaultKind::InterfaceDown { interface } => write!(f, "interface {interface} went down"),
+            FaultKind::InterfaceRemoved { interface } => {
+                write!(f, "interface {interface} disappeared")
+            }
+            FaultKind::AddressRemoved { interface, addr } => {
+                write!(
+                    f,
+                    "address {addr} of interface {interface} was removed (none left)"
+                )
+            }
+            FaultKind::MarkerDamaged { what } => f.write_str(what),
+        }
+    }
+}
+
+/// A device's fault: what, when, and its number on the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceFault {
+    /// The device instance (`softwarp0/1`).
+    pub device: String,
+    /// What happened.
+    pub kind: FaultKind,
+    /// When.
+    pub time: SystemTime,
+    /// 1 for the device's first fault, 2 for the next ...
+    pub generation: u64,
+}
+
+impl fmt::Display for DeviceFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "device {} failed: {}", self.device, self.kind)
+    }
+}
+
+/// Why a QP is in the Error state (`QueuePair::error_reason`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QpErrorReason {
+    /// Its device failed.
+    DeviceFault(DeviceFault),
+    /// The network under the connection went away (its local address was removed, its
+    /// interface went down or disappeared): the QP was terminated at once.
+    NetworkGone {
+        /// What went away.
+        detail: String,
+    },
+    /// The peer stopped answering: the kernel dropped the connection after TCP keepalive
+    /// probes ([`crate::ConnectOptions::tcp_keepalive`]), or data sent
+    /// ([`crate::ConnectOptions::tcp_user_timeout`]), went unanswered past their bound.
+    PeerUnreachable {
+        /// The error the socket gave, and what it means.
+        detail: String,
+    },
+    /// The protocol the QP carries above RDMAP (the extended sockets' stream) found the
+    /// peer breaking it ([`crate::QueuePair::fail_peer_violation`]).
+    PeerViolation {
+        /// What the peer did.
+        detail: String,
+    },
+    /// The engine's cause: a Terminate sent or received, the connection closed, the
+    /// application moved the QP to Error, a work request failed locally.
+    Cause(Cause),
+}
+
+impl fmt::Display for QpErrorReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QpErrorReason::DeviceFault(d) => d.fmt(f),
+            QpErrorReason::NetworkGone { detail } => {
+                write!(f, "unexpected close: {detail}")
+            }
+            QpErrorReason::PeerUnreachable { detail } => f.write_str(detail),
+            QpErrorReason::PeerViolation { detail } => {
+                write!(f, "the peer broke the protocol above RDMAP: {detail}")
+            }
+            QpErrorReason::Cause(Cause::PeerTerminate { layer, etype, code }) => write!(
+                f,
+                "the peer sent a Terminate (layer {layer}, error type {etype}, code {code:#04x})"
+            ),
+            QpErrorReason::Cause(Cause::Detected(fault)) => {
+                write!(
+                    f,
+                    "{fault:?} detected in the peer's stream; a Terminate was sent"
+                )
+            }
+            QpErrorReason::Cause(Cause::LlpClosed) => {
+                f.write_str("the TCP connection closed or failed")
+            }
+            QpErrorReason::Cause(Cause::Application) => {
+                f.write_str("the application moved the QP to Error")
+            }
+            QpErrorReason::Cause(Cause::LocalOperation) => {
+                f.write_str("a work request failed local validation")
+            }
+            QpErrorReason::Cause(other) => write!(f, "{other:?}"),
+        }
+    }
+}
+
+/// Why a CQ is in error (`CompletionQueue::error_reason`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CqErrorReason {
+    /// It overflowed (more completions than its capacity); its QPs went to Error.
+    Overflow {
+        /// Its capacity.
+        capacity: usize,
+    },
+    /// Its device failed.
+    DeviceFault(DeviceFault),
+}
+
+impl fmt::Display for CqErrorReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CqErrorReason::Overflow { capacity } => {
+                write!(f, "the CQ overflowed (capacity {capacity})")
+            }
+            CqErrorReason::DeviceFault(d) => d.fmt(f),
+        }
+    }
+}
+
+/// Where a blocking call was made that would deadlock there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BlockingContext {
+    /// A device's progress thread (a `tracing` callback or a drop running on it).
+    ProgressThread,
+    /// A connection manager event channel's thread (a `tracing` callback or a drop
+    /// running on it).
+    CmThread,
+    /// Inside a Softwarp call on the same thread (a callback it made), named.
+    InsideCall(&'static str),
+}
+
+impl fmt::Display for BlockingContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BlockingContext::ProgressThread => f.write_str(
+                "a device's progress thread (a tracing callback or a drop running on it), \
+                 which moves the data and events every wait depends on",
+            ),
+            BlockingContext::CmThread => f.write_str(
+                "a connection manager event channel's thread (a tracing callback or a drop \
+                 running on it), which makes the events the wait depends on",
+            ),
+            BlockingContext::InsideCall(call) => write!(
+                f,
+                "inside {call} on the same thread (a callback it made, with its locks held)"
+            ),
+        }
+    }
+}
+
+/// Threads still inside a device's entry points when a close or quiesce ran out of time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InflightReport {
+    /// The device (open instance, e.g. `softwarp0/2`).
+    pub device: String,
+    /// How long the caller waited.
+    pub waited: Duration,
+    /// How many threads were counted inside.
+    pub inside: u64,
+    /// The threads that could be named (a thread inside another device's entry point
+    /// nested in this one's, or one without a slot, is counted but not listed).
+    pub threads: Vec<InsideThread>,
+}
+
+/// One thread inside an entry point.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InsideThread {
+    /// The thread's name (`<unnamed>` without one).
+    pub thread: String,
+    /// Its kernel thread id.
+    pub tid: u32,
+    /// The entry point, e.g. `QueuePair::post_send`.
+    pub entry: &'static str,
+}
+
+impl fmt::Display for InflightReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} thread(s) still inside entry points of {} after {:?}",
+            self.inside, self.device, self.waited
+        )?;
+        for (i, t) in self.threads.iter().enumerate() {
+            let sep = if i == 0 { ": " } else { ", " };
+            write!(f, "{sep}{} (tid {}) in {}", t.thread, t.tid, t.entry)?;
+        }
+        let unnamed = self.inside.saturating_sub(self.threads.len() as u64);
+        if unnamed > 0 {
+            write!(f, " ({unnamed} not identified)")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for InflightReport {}

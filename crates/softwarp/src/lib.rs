@@ -98,52 +98,43 @@
 
 #[cfg(feature = "tokio")]
 pub mod aio;
+mod availability;
 pub mod cm;
-mod connect;
-mod context;
-mod cq;
-mod device;
 mod error;
-mod handshake;
 pub mod identity;
-mod inflight;
-mod markers;
-mod netwatch;
-pub mod owned;
-mod pd;
-mod progress;
-mod qp;
 mod ras;
-pub mod recovery;
-mod srq;
-#[allow(unsafe_code)]
-mod sys;
+mod runtime;
+mod sync;
+mod verbs;
+
+pub use availability::recovery;
+pub use verbs::owned;
 
 #[cfg(feature = "tokio")]
 pub use aio::{AsyncCompletionChannel, AsyncCq, AsyncEvents, CmEvents};
+pub use cm::connect::{Listener, LISTENER_BACKLOG};
+pub use cm::handshake::StreamHandshake;
 pub use cm::{
     CmEvent, CmEventChannel, CmId, CmListener, CmState, ConnId, ConnectOptions, ConnectRequest,
     ConnectionInfo, CrcMode, DisconnectReason, Keepalive, ListenOptions, ListenerId, ListenerStats,
     MarkerMode, Role, RtrTypes, MAX_QUEUED_REQUEST_ERRORS,
 };
-pub use connect::{Listener, LISTENER_BACKLOG};
-pub use context::BlockingContext;
-pub use cq::{CompletionChannel, CompletionQueue, EMPTY_COMPLETION, IDLE_SLEEP, IDLE_SPIN_POLLS};
-pub use device::{
-    list_devices, Device, DeviceAttr, DeviceBuilder, Quiesced, DEVICE_NAME, FIRMWARE_VERSION,
-};
-pub use error::{Error, MpaError, Result};
-pub use handshake::StreamHandshake;
-pub use inflight::{InflightReport, InsideThread};
+pub use error::{BlockingContext, Error, InflightReport, InsideThread, MpaError, Result};
 pub use owned::{EditGuard, OwnedBuf, OwnedMr, OwnedRelease};
-pub use pd::{AccessFlags, MemoryRegion, MrRelease, ProtectionDomain};
-pub use progress::ProgressStats;
-pub use qp::{QpCap, QpInitAttr, QueuePair};
 pub use recovery::{
     CqErrorReason, DeviceFault, DeviceState, FaultKind, QpErrorReason, RecoveryConfig,
     RecoveryOutcome, RecoveryReport,
 };
-pub use srq::{SharedReceiveQueue, SrqInitAttr};
+pub use runtime::progress::ProgressStats;
+pub use verbs::cq::{
+    CompletionChannel, CompletionQueue, EMPTY_COMPLETION, IDLE_SLEEP, IDLE_SPIN_POLLS,
+};
+pub use verbs::device::{
+    list_devices, Device, DeviceAttr, DeviceBuilder, Quiesced, DEVICE_NAME, FIRMWARE_VERSION,
+};
+pub use verbs::pd::{AccessFlags, MemoryRegion, MrRelease, ProtectionDomain};
+pub use verbs::qp::{QpCap, QpInitAttr, QueuePair};
+pub use verbs::srq::{SharedReceiveQueue, SrqInitAttr};
 
 pub use softwarp_engine::cq::CqId;
 pub use softwarp_engine::event::AsyncEvent;

@@ -19,7 +19,7 @@ mod sync {
     pub(super) use loom::sync::atomic::{AtomicU64, Ordering};
 }
 
-#[path = "../src/inflight/gate.rs"]
+#[path = "../src/availability/inflight/gate.rs"]
 mod gate;
 
 use gate::{Gate, CLOSED, QUIESCED};

@@ -176,20 +176,24 @@ impl Component {
     /// The component a `tracing` target belongs to, `None` for other crates.
     ///
     /// - `softwarp::<component>[::...]` → that component (the target [`sw_event!`](crate::sw_event) sets, and
-    ///   the module path of the `softwarp` crate's `qp`, `cq`, `mr`, `cm` modules);
-    ///   `softwarp::pd` → [`Mr`](Component::Mr), `softwarp::connect` →
-    ///   [`Cm`](Component::Cm), `softwarp::srq` → [`Qp`](Component::Qp), any other
-    ///   `softwarp[::...]` → [`Runtime`](Component::Runtime);
+    ///   the module path of the `softwarp` crate's `cm`, `runtime` and `ras` modules);
+    ///   the verbs objects' modules (`softwarp::verbs::qp`, `::cq`) by the name under
+    ///   `verbs`, with `softwarp::verbs::pd` → [`Mr`](Component::Mr) and
+    ///   `softwarp::verbs::srq` → [`Qp`](Component::Qp); any other `softwarp[::...]` →
+    ///   [`Runtime`](Component::Runtime);
     /// - the crates `softwarp_wire`, `softwarp_engine`, `softwarp_sockets`, `softwarp_ras` →
     ///   their component; any other `softwarp_*` crate → [`Runtime`](Component::Runtime).
     pub fn from_target(target: &str) -> Option<Component> {
         let (krate, rest) = split_path(target);
         match krate {
             "softwarp" => {
-                let module = rest.map(|r| split_path(r).0);
-                Some(match module {
+                let mut module = rest.map(split_path);
+                // `verbs` is a layer of the crate, not a component: its modules are.
+                if let Some(("verbs", Some(inner))) = module {
+                    module = Some(split_path(inner));
+                }
+                Some(match module.map(|m| m.0) {
                     Some("pd") => Component::Mr,
-                    Some("connect") => Component::Cm,
                     Some("srq") => Component::Qp,
                     Some(m) => Component::from_name(m).unwrap_or(Component::Runtime),
                     None => Component::Runtime,
@@ -835,15 +839,41 @@ mod tests {
     #[test]
     fn targets_of_the_workspace_crates_map_to_components() {
         assert_eq!(
-            Component::from_target("softwarp::device"),
+            Component::from_target("softwarp::verbs::device"),
             Some(Component::Runtime)
         );
-        assert_eq!(Component::from_target("softwarp::pd"), Some(Component::Mr));
         assert_eq!(
-            Component::from_target("softwarp::connect"),
+            Component::from_target("softwarp::verbs::pd"),
+            Some(Component::Mr)
+        );
+        assert_eq!(
+            Component::from_target("softwarp::verbs::qp::pump"),
+            Some(Component::Qp)
+        );
+        assert_eq!(
+            Component::from_target("softwarp::verbs::cq"),
+            Some(Component::Cq)
+        );
+        assert_eq!(
+            Component::from_target("softwarp::verbs::srq"),
+            Some(Component::Qp)
+        );
+        assert_eq!(
+            Component::from_target("softwarp::verbs"),
+            Some(Component::Runtime)
+        );
+        assert_eq!(
+            Component::from_target("softwarp::cm::connect"),
             Some(Component::Cm)
         );
-        assert_eq!(Component::from_target("softwarp::srq"), Some(Component::Qp));
+        assert_eq!(
+            Component::from_target("softwarp::runtime::progress"),
+            Some(Component::Runtime)
+        );
+        assert_eq!(
+            Component::from_target("softwarp::availability::recovery"),
+            Some(Component::Runtime)
+        );
         assert_eq!(Component::from_target("softwarp"), Some(Component::Runtime));
         assert_eq!(
             Component::from_target("softwarp_wire::mpa"),

@@ -36,7 +36,7 @@ use softwarp_ras::errlog::{self, CriticalEvent, CriticalKind};
 
 use super::channel::ChannelShared;
 use super::event::ListenerId;
-use crate::device::lock;
+use crate::sync::lock;
 
 /// Error log entries about one listener or channel are at most this frequent.
 const REPORT_INTERVAL: Duration = Duration::from_secs(10);

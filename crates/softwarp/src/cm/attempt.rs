@@ -29,7 +29,7 @@ use softwarp_ras::deadline::Deadline;
 use super::frame_io::{self, FrameReader, Progress, ReadError};
 use super::options::{ConnectOptions, ConnectionInfo};
 use crate::error::{Error, MpaError, Result};
-use crate::qp::{ConnObserver, QpShared};
+use crate::verbs::qp::{ConnObserver, QpShared};
 
 /// The error of a failed socket operation during negotiation: a timeout, the peer gone, or
 /// the operating system's error.

@@ -3,7 +3,7 @@
 //! module), and blocking connects over it.
 //!
 //! Established connections belong to their device's progress thread; they report back
-//! through the QP's hook ([`crate::qp::ConnObserver`]).
+//! through the QP's hook ([`crate::verbs::qp::ConnObserver`]).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
@@ -24,9 +24,9 @@ use super::listener::{CmListener, ListenOptions};
 use super::options::{ConnectOptions, ConnectionInfo, Role};
 use super::reserve::PortReservation;
 use super::worker::{Active, Cmd, Worker, WAKE};
-use crate::device::lock;
 use crate::error::{Error, Result};
-use crate::qp::QueuePair;
+use crate::sync::lock;
+use crate::verbs::qp::QueuePair;
 
 /// State shared by a channel handle, its thread, and the connections it made.
 #[derive(Debug)]
@@ -206,7 +206,7 @@ impl CmEventChannel {
         timeout: Option<Duration>,
         pred: impl FnMut(&CmEvent) -> bool,
     ) -> Result<CmEvent> {
-        crate::context::check_wait("CmEventChannel::get_event", timeout)?;
+        crate::availability::context::check_wait("CmEventChannel::get_event", timeout)?;
         self.shared
             .events
             .take(timeout, pred)
@@ -299,7 +299,7 @@ impl CmEventChannel {
         addr: A,
         opts: &ConnectOptions,
     ) -> Result<(CmId, ConnectionInfo)> {
-        crate::context::check_blocking("CmEventChannel::connect_blocking")?;
+        crate::availability::context::check_blocking("CmEventChannel::connect_blocking")?;
         let id = self.connect(qp, addr, opts)?;
         let conn = id.conn_id();
         // The thread reports within `opts.timeout`; the margin only guards against a stuck

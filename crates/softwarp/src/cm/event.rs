@@ -13,9 +13,9 @@ use softwarp_ras::errlog::{self, CriticalEvent, CriticalKind};
 
 use super::options::ConnectionInfo;
 use super::request::ConnectRequest;
-use crate::device::lock;
 use crate::error::Error;
-use crate::sys::EventFd;
+use crate::runtime::sys::EventFd;
+use crate::sync::{self, lock};
 
 /// Identifies one connection (active or passive) in events: [`crate::CmId::conn_id`],
 /// [`ConnectRequest::conn_id`].
@@ -280,15 +280,9 @@ impl EventQueue {
                 return ev;
             }
             match deadline.remaining() {
-                None => q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner()),
+                None => q = sync::wait(&self.cv, q),
                 Some(left) if left.is_zero() => return None,
-                Some(left) => {
-                    q = self
-                        .cv
-                        .wait_timeout(q, left)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                }
+                Some(left) => q = sync::wait_timeout(&self.cv, q, left),
             }
         }
     }
@@ -302,7 +296,7 @@ impl EventQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::poll_readable;
+    use crate::runtime::sys::poll_readable;
     use std::os::fd::AsFd;
 
     fn readable(q: &EventQueue) -> bool {

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex, Weak};
 use super::channel::ChannelShared;
 use super::event::{CmEvent, ConnId, DisconnectReason};
 use super::options::{ConnectionInfo, Role};
-use crate::device::lock;
 use crate::error::{Error, Result};
-use crate::qp::{ConnObserver, LinkDown, QpShared};
+use crate::sync::lock;
+use crate::verbs::qp::{ConnObserver, LinkDown, QpShared};
 
 /// Where a connection is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

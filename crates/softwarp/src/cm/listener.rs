@@ -11,7 +11,7 @@ use super::id::CmId;
 use super::options::{ConnectOptions, ConnectionInfo};
 use super::request::ConnectRequest;
 use crate::error::{Error, Result};
-use crate::qp::QueuePair;
+use crate::verbs::qp::QueuePair;
 
 /// Settings of a listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +95,7 @@ impl CmListener {
     /// The next connection request of this listener, waiting at most `timeout` (`None`: no
     /// limit). Other events stay queued on the channel.
     pub fn get_request(&self, timeout: Option<Duration>) -> Result<ConnectRequest> {
-        crate::context::check_wait("CmListener::get_request", timeout)?;
+        crate::availability::context::check_wait("CmListener::get_request", timeout)?;
         let id = self.id;
         let ev = self
             .channel

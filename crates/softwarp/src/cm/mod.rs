@@ -53,8 +53,10 @@
 mod admission;
 pub(crate) mod attempt;
 mod channel;
+pub(crate) mod connect;
 mod event;
 pub(crate) mod frame_io;
+pub(crate) mod handshake;
 mod id;
 mod listener;
 pub(crate) mod options;

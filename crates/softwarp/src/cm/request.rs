@@ -13,9 +13,9 @@ use super::channel::ChannelShared;
 use super::event::{ConnId, ListenerId};
 use super::id::{CmId, IdShared};
 use super::options::{ConnectOptions, ConnectionInfo, Role};
-use crate::device::lock;
 use crate::error::{Error, Result};
-use crate::qp::QueuePair;
+use crate::sync::lock;
+use crate::verbs::qp::QueuePair;
 
 /// A peer's MPA Request, delivered as [`super::CmEvent::ConnectRequest`] (after
 /// `RDMA_CM_EVENT_CONNECT_REQUEST`): the peer waits for the Reply.

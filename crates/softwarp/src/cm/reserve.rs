@@ -21,9 +21,9 @@ use super::admission::ListenerState;
 use super::channel::CmEventChannel;
 use super::listener::{CmListener, ListenOptions};
 use super::worker::Cmd;
-use crate::device::lock;
 use crate::error::{Error, Result};
-use crate::sys;
+use crate::runtime::sys;
+use crate::sync::lock;
 
 /// A bound TCP port, not listening yet.
 #[derive(Debug)]

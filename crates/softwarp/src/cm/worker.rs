@@ -25,7 +25,7 @@ use super::id::IdShared;
 use super::options::ConnectOptions;
 use super::request::ConnectRequest;
 use crate::error::{Error, MpaError};
-use crate::sys;
+use crate::runtime::sys;
 
 /// The waker's token.
 pub(super) const WAKE: Token = Token(0);
@@ -110,7 +110,7 @@ impl Worker {
 
     /// Runs until the channel is dropped (or epoll fails).
     pub(super) fn run(mut self) {
-        crate::context::mark_cm_thread();
+        crate::availability::context::mark_cm_thread();
         let mut events = Events::with_capacity(1024);
         loop {
             let timeout = self.next_deadline().map(|d| {
@@ -567,7 +567,7 @@ fn fail_active(a: Box<Active>, failed: Failed) {
 
 fn establish_active(a: Box<Active>, neg: Negotiated) {
     let Active { id, a } = *a;
-    let observer: Arc<dyn crate::qp::ConnObserver> = Arc::clone(&id) as _;
+    let observer: Arc<dyn crate::verbs::qp::ConnObserver> = Arc::clone(&id) as _;
     let hold = a.opts.first_fpdu_delay;
     match a.establish(neg, Some(observer), hold) {
         Ok(info) => id.established(info),

@@ -27,7 +27,7 @@ use softwarp_ras::deadline::Deadline;
 use crate::cm::attempt::{self, Initiator, Responder, Step};
 use crate::cm::options::{ConnectOptions, ConnectionInfo};
 use crate::error::{Error, Result};
-use crate::qp::{QpShared, QueuePair};
+use crate::verbs::qp::{QpShared, QueuePair};
 
 /// An MPA exchange in progress on a TCP connection (see the module docs): call
 /// [`StreamHandshake::advance`] whenever the socket ([`StreamHandshake::socket`]) is ready

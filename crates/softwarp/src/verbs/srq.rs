@@ -8,11 +8,12 @@ use softwarp_engine::srq::{Srq, SrqId};
 use softwarp_engine::wr::RecvWr;
 use softwarp_ras::tracker::{DescribeResource, ResourceDetails, ResourceKind};
 
-use crate::device::{lock, CountGuard, Counts, DeviceShared};
+use crate::availability::inflight::Entry;
 use crate::error::{Error, Result};
-use crate::inflight::Entry;
-use crate::pd::ProtectionDomain;
 use crate::ras::{attrs, Tracked};
+use crate::sync::lock;
+use crate::verbs::device::{CountGuard, Counts, DeviceShared};
+use crate::verbs::pd::ProtectionDomain;
 
 /// Creation parameters of a shared receive queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +33,7 @@ pub(crate) struct SrqShared {
     max_sge: usize,
     count: Mutex<CountGuard>,
     /// The SRQ's number, reserved while it lives.
-    _number: crate::device::IdLease,
+    _number: crate::verbs::device::IdLease,
 }
 
 impl Drop for SrqShared {
@@ -60,7 +61,7 @@ impl SrqShared {
                         .map_or_else(|| "-".to_string(), |l| l.to_string()),
                 ),
             ]),
-            markers: crate::markers::ring_words(&[srq.ring_guard()]),
+            markers: crate::availability::markers::ring_words(&[srq.ring_guard()]),
             ..ResourceDetails::default()
         }
     }
@@ -174,11 +175,11 @@ impl SharedReceiveQueue {
         if !srq.guards_intact() {
             let (id, guard) = (srq.id(), srq.ring_guard());
             drop(srq);
-            return Err(crate::markers::damaged(
+            return Err(crate::availability::markers::damaged(
                 &s.device,
                 "srq",
                 u64::from(id.0),
-                &crate::markers::ring_words(&[guard]),
+                &crate::availability::markers::ring_words(&[guard]),
                 "SharedReceiveQueue::post_recv",
             ));
         }

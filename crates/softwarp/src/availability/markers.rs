@@ -29,8 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use softwarp_engine::RingGuard;
 use softwarp_ras::markers::{MarkerDamage, MarkerWord};
 
-use crate::device::DeviceShared;
 use crate::error::{Error, Result};
+use crate::verbs::device::DeviceShared;
 
 /// Kinds of objects with markers, with their begin and end words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,9 +210,9 @@ pub(crate) fn damaged(
     let text = format!("structure marker damaged: {object} {id} {first} ({check})");
     softwarp_ras::sw_event!(Ras, 1, device = dev.ras.instance(), "{}", text);
     // Fails the device once: a device that failed already records nothing more.
-    crate::recovery::contain_in(
+    crate::availability::recovery::contain_in(
         dev,
-        crate::recovery::FaultKind::MarkerDamaged { what: text },
+        crate::availability::recovery::FaultKind::MarkerDamaged { what: text },
         None,
     );
     Error::MarkerDamaged {

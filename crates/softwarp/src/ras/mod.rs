@@ -49,9 +49,10 @@ use softwarp_ras::tracker::{
 };
 use softwarp_wire::rdmap::TerminateError;
 
-use crate::cq::CqShared;
-use crate::device::{lock, DeviceShared};
-use crate::qp::QpShared;
+use crate::sync::lock;
+use crate::verbs::cq::CqShared;
+use crate::verbs::device::DeviceShared;
+use crate::verbs::qp::QpShared;
 use crate::ConnectionInfo;
 
 /// Called by every `Device::open` and listener bind: applies `SOFTWARP_TRACE` to the trace
@@ -187,7 +188,7 @@ pub(crate) fn access_text(a: softwarp_engine::mr::Access) -> String {
 #[derive(Debug)]
 pub(crate) struct DeviceRas {
     pub(crate) tracker: Tracker,
-    pub(crate) cqs: crate::device::WeakList<CqShared>,
+    pub(crate) cqs: crate::verbs::device::WeakList<CqShared>,
 }
 
 impl DeviceRas {
@@ -198,7 +199,7 @@ impl DeviceRas {
         let n = OPENED.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
         Self {
             tracker: Tracker::new(format!("{name}/{n}")),
-            cqs: crate::device::WeakList::default(),
+            cqs: crate::verbs::device::WeakList::default(),
         }
     }
 
@@ -208,7 +209,7 @@ impl DeviceRas {
     }
 
     /// Exports `cq`'s statistics with the device's.
-    pub(crate) fn add_cq(&self, cq: &Arc<CqShared>, counters: &crate::progress::Counters) {
+    pub(crate) fn add_cq(&self, cq: &Arc<CqShared>, counters: &crate::runtime::progress::Counters) {
         self.cqs.insert(cq, counters);
     }
 
@@ -249,7 +250,7 @@ pub(crate) fn device_closed(dev: &DeviceShared, device: &Tracked) {
 /// the ids): reports the device fatal error, then writes an automatic component dump if the
 /// RAS services run (file
 /// and network I/O: call it with no lock held).
-/// A device fault was contained (`crate::recovery::contain`): the error log line with the
+/// A device fault was contained (`crate::availability::recovery::contain`): the error log line with the
 /// recommended action.
 pub(crate) fn device_failed(dev: &DeviceShared, fault: &str, qps: usize, snapshots: &[u64]) {
     let ids: Vec<String> = snapshots.iter().map(u64::to_string).collect();
@@ -278,7 +279,7 @@ pub(crate) fn device_fault_dump(fault: &str) {
 /// A recovery ended: the error log line (outcome, time, holders, terminations) and a level
 /// 1 or 2 record.
 pub(crate) fn device_recovery(dev: &DeviceShared, r: &softwarp_ras::health::RecoveryReport) {
-    let holders = crate::recovery::holder_lines(&r.holders);
+    let holders = crate::availability::recovery::holder_lines(&r.holders);
     let terminated: Vec<String> = r
         .terminated
         .iter()

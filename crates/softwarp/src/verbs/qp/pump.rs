@@ -19,9 +19,10 @@ use softwarp_engine::srq::Srq;
 use super::conn::{link_down, LinkDown};
 use super::poller::WatchLook;
 use super::{QpInner, QpShared};
-use crate::device::DeviceShared;
-use crate::srq::SrqShared;
-use crate::sys;
+use crate::runtime::sys;
+use crate::sync;
+use crate::verbs::device::DeviceShared;
+use crate::verbs::srq::SrqShared;
 
 /// Bytes one progress pass reads (or writes) for one QP before letting others run.
 pub(super) const PASS_BUDGET: usize = 1 << 20;
@@ -297,7 +298,7 @@ impl QpShared {
         );
         self.ras.peer_unreachable(&detail);
         self.failure
-            .set(crate::recovery::QpErrorReason::PeerUnreachable { detail });
+            .set(crate::availability::recovery::QpErrorReason::PeerUnreachable { detail });
         link_down(inner, LinkDown::PeerUnreachable);
     }
 
@@ -469,10 +470,8 @@ impl QpShared {
     /// the QP (then false). When the connection needs closing, the progress thread is asked
     /// to do it (it owns the poller registration).
     pub(crate) fn busy_pass(self: &Arc<Self>) -> bool {
-        let mut g = match self.inner.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return false,
+        let Some(mut g) = sync::try_lock(&self.inner) else {
+            return false;
         };
         let inner = &mut *g;
         if inner.conn.is_none() || inner.close_kicked {
@@ -536,10 +535,8 @@ impl QpShared {
     /// timeout ago, gets its stream terminated ([`StallLook::Stalled`]: the QP needs a pass
     /// to close). Skips a QP another thread holds: that thread is moving its bytes.
     pub(crate) fn check_rx_stall(&self, now: Instant) -> StallLook {
-        let mut g = match self.inner.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return StallLook::Watching,
+        let Some(mut g) = sync::try_lock(&self.inner) else {
+            return StallLook::Watching;
         };
         let inner = &mut *g;
         let Some(conn) = inner.conn.as_mut() else {

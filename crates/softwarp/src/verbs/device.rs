@@ -15,18 +15,19 @@ use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::mr::{MrTable, Stag};
 use softwarp_engine::wr::{MAX_INLINE, MAX_SGE};
 
-use crate::cq::{CompletionChannel, CompletionQueue};
-use crate::error::{Error, Result};
-use crate::inflight::{DeviceGate, Entry, Inflight};
-use crate::markers;
-use crate::pd::ProtectionDomain;
-use crate::progress::{Progress, ProgressStats};
-use crate::qp::QpShared;
-use crate::ras::{DeviceRas, Tracked};
-use crate::recovery::{
+use crate::availability::inflight::{DeviceGate, Entry, Inflight};
+use crate::availability::markers;
+use crate::availability::recovery::{
     DeviceFault, DeviceState, FaultKind, Health, RecoveryConfig, RecoveryReport,
 };
-use crate::sys;
+use crate::error::{Error, Result};
+use crate::ras::{DeviceRas, Tracked};
+use crate::runtime::progress::{Progress, ProgressStats};
+use crate::runtime::sys;
+use crate::sync::{self, lock};
+use crate::verbs::cq::{CompletionChannel, CompletionQueue};
+use crate::verbs::pd::ProtectionDomain;
+use crate::verbs::qp::QpShared;
 use crate::RasConfig;
 
 /// The name of Softwarp's device.
@@ -207,25 +208,12 @@ impl EventQueue {
                 return Some(ev);
             }
             match deadline.remaining() {
-                None => q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner()),
+                None => q = sync::wait(&self.cv, q),
                 Some(left) if left.is_zero() => return None,
-                Some(left) => {
-                    q = self
-                        .cv
-                        .wait_timeout(q, left)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                }
+                Some(left) => q = sync::wait_timeout(&self.cv, q, left),
             }
         }
     }
-}
-
-/// Locks a mutex, ignoring poisoning: every structure behind our locks stays consistent
-/// between statements (the engine never panics by design), so a panic elsewhere must not
-/// wedge the device.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// State shared by a device and everything created from it. `repr(C)`: the structure
@@ -251,7 +239,7 @@ pub(crate) struct DeviceShared {
     pub(crate) counts: Counts,
     /// Resource tracker, statistics export, leak report (see `crate::ras`).
     pub(crate) ras: DeviceRas,
-    /// State, fault, recovery (see `crate::recovery`).
+    /// State, fault, recovery (see `crate::availability::recovery`).
     pub(crate) health: Health,
     end: markers::End,
 }
@@ -311,10 +299,10 @@ impl DeviceShared {
     /// (`#[inline]`: the posts that call it are generic, instantiated in other crates.)
     #[inline]
     pub(crate) fn mrs_read(&self) -> RwLockReadGuard<'_, MrTable> {
-        self.mrs.read().unwrap_or_else(|e| e.into_inner())
+        sync::read(&self.mrs)
     }
     pub(crate) fn mrs_write(&self) -> RwLockWriteGuard<'_, MrTable> {
-        self.mrs.write().unwrap_or_else(|e| e.into_inner())
+        sync::write(&self.mrs)
     }
     /// A number for a new QP, unused by any live one (held until the lease drops).
     pub(crate) fn next_qp_num(&self) -> Result<IdLease> {
@@ -338,7 +326,7 @@ impl DeviceShared {
         let inside = self
             .inflight
             .enter(entry)
-            .map_err(crate::inflight::refused)?;
+            .map_err(crate::availability::inflight::refused)?;
         if !markers::intact(markers::Kind::Device, &self.begin, &self.end) {
             return Err(self.markers_damaged(entry.name()));
         }
@@ -420,7 +408,7 @@ impl<T> Default for WeakList<T> {
 impl<T> WeakList<T> {
     /// Adds `obj`, first compacting when the dead are half of the list. Counts the entries
     /// inserted and walked in `counters`.
-    pub(crate) fn insert(&self, obj: &Arc<T>, counters: &crate::progress::Counters) {
+    pub(crate) fn insert(&self, obj: &Arc<T>, counters: &crate::runtime::progress::Counters) {
         let mut list = lock(&self.list);
         let dead = self.dead.load(Ordering::Relaxed);
         if dead > 0 && dead.saturating_mul(2) >= list.len() {
@@ -680,7 +668,8 @@ impl Device {
         // sockets of the QPs the application makes on it usually do. Asked for by the
         // application, a failure fails the open; implied by the RAS services, it is
         // reported and the device opens without the watch.
-        let netwatch = match watch.then(|| crate::netwatch::NetWatch::open(b.interface.as_deref()))
+        let netwatch = match watch
+            .then(|| crate::availability::netwatch::NetWatch::open(b.interface.as_deref()))
         {
             Some(Ok(w)) => Some(w),
             Some(Err(e)) if asked => return Err(e),
@@ -709,7 +698,7 @@ impl Device {
             end: markers::End::new(markers::Kind::Device),
         });
         // The shared state and the progress thread's staging buffer (approximate).
-        let bytes = std::mem::size_of::<DeviceShared>() + crate::progress::SCRATCH_LEN;
+        let bytes = std::mem::size_of::<DeviceShared>() + crate::runtime::progress::SCRATCH_LEN;
         let ras = crate::ras::device_opened(&shared, bytes as u64);
         Health::register_target(&shared);
         if let Some(w) = netwatch {
@@ -790,7 +779,7 @@ impl Device {
     /// Fails only with [`Error::WouldDeadlock`], on a thread where waiting would deadlock
     /// (a device's progress thread, a callback inside a Softwarp call).
     pub fn get_async_event(&self) -> Result<AsyncEvent> {
-        crate::context::check_blocking("Device::get_async_event")?;
+        crate::availability::context::check_blocking("Device::get_async_event")?;
         loop {
             if let Some(ev) = self.shared.events.take(None) {
                 return Ok(ev);
@@ -801,7 +790,7 @@ impl Device {
     /// Waits at most `timeout` for the next asynchronous event ([`Error::WouldDeadlock`]
     /// where waiting would deadlock, unless `timeout` is zero).
     pub fn get_async_event_timeout(&self, timeout: Duration) -> Result<AsyncEvent> {
-        crate::context::check_wait("Device::get_async_event_timeout", Some(timeout))?;
+        crate::availability::context::check_wait("Device::get_async_event_timeout", Some(timeout))?;
         self.shared
             .events
             .take(Some(timeout))
@@ -838,7 +827,7 @@ impl Device {
     /// event). Recovery follows as configured ([`DeviceBuilder::recovery`],
     /// [`Device::recover`]). `softwarp fault inject --pid P` does the same from outside.
     pub fn inject_fatal_error(&self) {
-        crate::recovery::contain(&self.shared, FaultKind::Injected);
+        crate::availability::recovery::contain(&self.shared, FaultKind::Injected);
     }
 
     /// What the device's progress thread and its QP bookkeeping did so far: QPs served,
@@ -874,7 +863,7 @@ impl Device {
     /// the bound ran out; the device then stays failed. If a recovery runs already, waits
     /// for it and returns its report. An error when the device has not failed.
     pub fn recover(&self, config: &RecoveryConfig) -> Result<RecoveryReport> {
-        crate::recovery::recover(&self.shared, config)
+        crate::availability::recovery::recover(&self.shared, config)
     }
 
     /// Closes the device, for every handle of it: new work is refused
@@ -893,9 +882,9 @@ impl Device {
     /// [`Error::MarkerDamaged`] when a marker was found damaged (the device failed; it is
     /// closed all the same).
     pub fn close(self, bound: Duration) -> Result<()> {
-        crate::context::check_blocking("Device::close")?;
+        crate::availability::context::check_blocking("Device::close")?;
         let sh = &self.shared;
-        sh.inflight.shut(crate::inflight::CLOSED);
+        sh.inflight.shut(crate::availability::inflight::CLOSED);
         let waited = sh.inflight.wait_empty(bound, sh.ras.instance());
         let checked = sh.check_all_markers("Device::close");
         for qp in sh.live_qps() {
@@ -923,20 +912,20 @@ impl Device {
     /// [`Error::WouldDeadlock`] on a thread where waiting would deadlock (a progress thread,
     /// or inside an entry point: the wait would be for the caller itself).
     pub fn quiesce(&self, bound: Duration) -> Result<Quiesced> {
-        crate::context::check_blocking("Device::quiesce")?;
+        crate::availability::context::check_blocking("Device::quiesce")?;
         let sh = &self.shared;
-        let before = sh.inflight.shut(crate::inflight::QUIESCED);
-        if before & crate::inflight::CLOSED != 0 {
-            if before & crate::inflight::QUIESCED == 0 {
-                sh.inflight.open(crate::inflight::QUIESCED);
+        let before = sh.inflight.shut(crate::availability::inflight::QUIESCED);
+        if before & crate::availability::inflight::CLOSED != 0 {
+            if before & crate::availability::inflight::QUIESCED == 0 {
+                sh.inflight.open(crate::availability::inflight::QUIESCED);
             }
             return Err(Error::DeviceClosed);
         }
-        if before & crate::inflight::QUIESCED != 0 {
+        if before & crate::availability::inflight::QUIESCED != 0 {
             return Err(Error::DeviceQuiesced);
         }
         if let Err(report) = sh.inflight.wait_empty(bound, sh.ras.instance()) {
-            sh.inflight.open(crate::inflight::QUIESCED);
+            sh.inflight.open(crate::availability::inflight::QUIESCED);
             return Err(Error::StillInside(report));
         }
         Ok(Quiesced {
@@ -973,7 +962,9 @@ impl Quiesced {
 
 impl Drop for Quiesced {
     fn drop(&mut self) {
-        self.shared.inflight.open(crate::inflight::QUIESCED);
+        self.shared
+            .inflight
+            .open(crate::availability::inflight::QUIESCED);
     }
 }
 
@@ -995,7 +986,7 @@ mod tests {
             }
         }
         let list = Arc::new(WeakList::default());
-        let counters = crate::progress::Counters::default();
+        let counters = crate::runtime::progress::Counters::default();
         let obj = || Arc::new(Obj(Arc::downgrade(&list)));
         let kept: Vec<Arc<Obj>> = (0..1000).map(|_| obj()).collect();
         for o in &kept {

@@ -16,45 +16,13 @@
 //!
 //! The checks are two thread-local reads, made only by the blocking calls (never on the
 //! data path): the runtime threads mark themselves when they start, and the in-flight
-//! slot ([`crate::inflight`]) says whether the thread is inside an entry point.
+//! slot ([`crate::availability::inflight`]) says whether the thread is inside an entry point.
 
 use std::cell::Cell;
-use std::fmt;
 
+use crate::availability::inflight::DeviceGate;
+pub(crate) use crate::error::BlockingContext;
 use crate::error::{Error, Result};
-use crate::inflight::DeviceGate;
-
-/// Where a blocking call was made that would deadlock there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum BlockingContext {
-    /// A device's progress thread (a `tracing` callback or a drop running on it).
-    ProgressThread,
-    /// A connection manager event channel's thread (a `tracing` callback or a drop
-    /// running on it).
-    CmThread,
-    /// Inside a Softwarp call on the same thread (a callback it made), named.
-    InsideCall(&'static str),
-}
-
-impl fmt::Display for BlockingContext {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BlockingContext::ProgressThread => f.write_str(
-                "a device's progress thread (a tracing callback or a drop running on it), \
-                 which moves the data and events every wait depends on",
-            ),
-            BlockingContext::CmThread => f.write_str(
-                "a connection manager event channel's thread (a tracing callback or a drop \
-                 running on it), which makes the events the wait depends on",
-            ),
-            BlockingContext::InsideCall(call) => write!(
-                f,
-                "inside {call} on the same thread (a callback it made, with its locks held)"
-            ),
-        }
-    }
-}
 
 const NONE: u8 = 0;
 const PROGRESS: u8 = 1;
@@ -147,7 +115,9 @@ mod tests {
         .join()
         .unwrap();
         let gate = DeviceGate::new();
-        let inside = gate.enter(crate::inflight::Entry::Poll).unwrap();
+        let inside = gate
+            .enter(crate::availability::inflight::Entry::Poll)
+            .unwrap();
         assert!(matches!(
             check_blocking("x"),
             Err(Error::WouldDeadlock {

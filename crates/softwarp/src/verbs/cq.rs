@@ -22,13 +22,14 @@ use softwarp_ras::markers::MarkerWord;
 use softwarp_ras::sw_event;
 use softwarp_ras::tracker::{DescribeResource, ResourceKind};
 
-use crate::device::{lock, CountGuard, Counts, DeviceShared};
+use crate::availability::inflight::Entry;
+use crate::availability::markers;
 use crate::error::{Error, Result};
-use crate::inflight::Entry;
-use crate::markers;
-use crate::qp::QpShared;
 use crate::ras::{CqView, Tracked};
-use crate::sys;
+use crate::runtime::sys;
+use crate::sync::lock;
+use crate::verbs::device::{CountGuard, Counts, DeviceShared};
+use crate::verbs::qp::QpShared;
 
 /// A blank completion, to initialise the slice given to [`CompletionQueue::poll`].
 pub const EMPTY_COMPLETION: WorkCompletion = WorkCompletion {
@@ -83,10 +84,10 @@ pub(crate) struct CqShared {
     state: Mutex<CqState>,
     channel: Option<Arc<ChannelShared>>,
     /// QPs that complete into this CQ (moved to Error on overflow; driven by busy polls).
-    pub(crate) qps: crate::device::WeakList<QpShared>,
+    pub(crate) qps: crate::verbs::device::WeakList<QpShared>,
     count: Mutex<CountGuard>,
     /// The CQ's number, reserved while it lives.
-    _number: crate::device::IdLease,
+    _number: crate::verbs::device::IdLease,
     /// The registration, owned by the application's [`CompletionQueue`] handles (the
     /// lingering connection of a destroyed QP keeps this state alive, not them).
     ras: Weak<Tracked>,
@@ -317,7 +318,7 @@ impl CompletionQueue {
                 idle_sleeps: 0,
             }),
             channel: channel.map(|c| Arc::clone(&c.shared)),
-            qps: crate::device::WeakList::default(),
+            qps: crate::verbs::device::WeakList::default(),
             count: Mutex::new(count),
             _number: number,
             ras: Arc::downgrade(&ras),
@@ -471,17 +472,17 @@ impl CompletionQueue {
     /// Why the CQ is in error: it overflowed, or its device failed (its QPs' work requests
     /// complete here with a flush status, which polling still returns). `None` while it is
     /// usable.
-    pub fn error_reason(&self) -> Option<crate::recovery::CqErrorReason> {
+    pub fn error_reason(&self) -> Option<crate::availability::recovery::CqErrorReason> {
         {
             let st = lock(&self.shared.state);
             if st.cq.is_error() {
-                return Some(crate::recovery::CqErrorReason::Overflow {
+                return Some(crate::availability::recovery::CqErrorReason::Overflow {
                     capacity: st.cq.capacity(),
                 });
             }
         }
-        crate::recovery::device_failure(&self.shared.device)
-            .map(crate::recovery::CqErrorReason::DeviceFault)
+        crate::availability::recovery::device_failure(&self.shared.device)
+            .map(crate::availability::recovery::CqErrorReason::DeviceFault)
     }
 
     /// Takes the oldest completion, if any.
@@ -672,7 +673,7 @@ impl CompletionChannel {
     /// progress thread, which makes the completions; a callback inside a Softwarp call),
     /// unless `timeout` is zero.
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<CompletionQueue> {
-        crate::context::check_wait("CompletionChannel::get_cq_event", timeout)?;
+        crate::availability::context::check_wait("CompletionChannel::get_cq_event", timeout)?;
         let deadline = Deadline::from_timeout(timeout);
         loop {
             if let Some(cq) = self.shared.take() {

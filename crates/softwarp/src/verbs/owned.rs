@@ -109,7 +109,7 @@ use std::time::Duration;
 use softwarp_engine::wr::Sge;
 
 use crate::error::{Error, Result};
-use crate::pd::{AccessFlags, MemoryRegion, MrRelease, ProtectionDomain};
+use crate::verbs::pd::{AccessFlags, MemoryRegion, MrRelease, ProtectionDomain};
 use crate::Stag;
 
 mod sealed {
@@ -166,7 +166,7 @@ impl sealed::Buf for bytes::BytesMut {
 impl OwnedBuf for bytes::BytesMut {}
 
 /// What a registration lets others do with its bytes, and so which views it has (see the
-/// [module docs](crate::owned)).
+/// [module docs](crate::verbs::owned)).
 pub trait Rights: sealed::Rights {}
 
 /// No access rights: only this side's Sends and RDMA Writes read the bytes. Shared views at
@@ -226,7 +226,7 @@ impl<B: OwnedBuf> Drop for Held<B> {
     }
 }
 
-/// An application-owned buffer registered by value (see the [module docs](crate::owned)
+/// An application-owned buffer registered by value (see the [module docs](crate::verbs::owned)
 /// for which views each kind `R` has and why).
 ///
 /// Dropping it deregisters the STag; the buffer is freed once nothing references its memory

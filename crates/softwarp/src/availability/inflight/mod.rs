@@ -37,13 +37,13 @@ mod sync {
 }
 
 use std::cell::{Cell, RefCell};
-use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::device::lock;
 use crate::error::{Error, Result};
+pub(crate) use crate::error::{InflightReport, InsideThread};
+use crate::sync::lock;
 
 pub(crate) use gate::{Refused, CLOSED, QUIESCED};
 
@@ -231,52 +231,6 @@ impl Drop for Inflight<'_> {
         self.gate.leave();
     }
 }
-
-/// Threads still inside a device's entry points when a close or quiesce ran out of time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InflightReport {
-    /// The device (open instance, e.g. `softwarp0/2`).
-    pub device: String,
-    /// How long the caller waited.
-    pub waited: Duration,
-    /// How many threads were counted inside.
-    pub inside: u64,
-    /// The threads that could be named (a thread inside another device's entry point
-    /// nested in this one's, or one without a slot, is counted but not listed).
-    pub threads: Vec<InsideThread>,
-}
-
-/// One thread inside an entry point.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InsideThread {
-    /// The thread's name (`<unnamed>` without one).
-    pub thread: String,
-    /// Its kernel thread id.
-    pub tid: u32,
-    /// The entry point, e.g. `QueuePair::post_send`.
-    pub entry: &'static str,
-}
-
-impl fmt::Display for InflightReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} thread(s) still inside entry points of {} after {:?}",
-            self.inside, self.device, self.waited
-        )?;
-        for (i, t) in self.threads.iter().enumerate() {
-            let sep = if i == 0 { ": " } else { ", " };
-            write!(f, "{sep}{} (tid {}) in {}", t.thread, t.tid, t.entry)?;
-        }
-        let unnamed = self.inside.saturating_sub(self.threads.len() as u64);
-        if unnamed > 0 {
-            write!(f, " ({unnamed} not identified)")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for InflightReport {}
 
 /// Where a thread says which entry point it is inside.
 #[derive(Debug)]

@@ -10,7 +10,7 @@
 //! Its timers cost nothing for a QP that needs none: a QP's receive stall looks
 //! ([`crate::ConnectOptions::rx_stall_timeout`]) are armed in a heap of deadlines only
 //! while its peer is inside an FPDU (a service pass ended there), and the busy-poll look
-//! ([`crate::qp::RX_LOOK_PERIOD`]) walks only the busy-polled QPs. Registering a QP, closing
+//! ([`crate::verbs::qp::RX_LOOK_PERIOD`]) walks only the busy-polled QPs. Registering a QP, closing
 //! one and a wake-up touch no other QP, so the work per connection is the same at ten
 //! connections and at ten thousand ([`ProgressStats`] counts it).
 
@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Poll, Token, Waker};
 
-use crate::cq::CqShared;
-use crate::device::lock;
 use crate::error::{Error, Result};
-use crate::qp::{QpShared, StallLook};
+use crate::sync::lock;
+use crate::verbs::cq::CqShared;
+use crate::verbs::qp::{QpShared, StallLook};
 
 const WAKE: Token = Token(0);
-/// The device's rtnetlink socket (`crate::netwatch`), when it watches the network.
+/// The device's rtnetlink socket (`crate::availability::netwatch`), when it watches the network.
 const NETLINK: Token = Token(usize::MAX);
 /// Delay before retrying QPs that wait for the peer's FIN or for completions to be taken.
 const RETRY: Duration = Duration::from_millis(5);
@@ -100,7 +100,7 @@ struct Served {
     /// When its next stall look is due, while one is armed (its entry in [`Timers`]).
     stall_at: Option<Instant>,
     /// Busy-polled (its receive CQ was when it connected): looked at every
-    /// [`crate::qp::RX_LOOK_PERIOD`], and its stall looks go on while it is connected (its
+    /// [`crate::verbs::qp::RX_LOOK_PERIOD`], and its stall looks go on while it is connected (its
     /// polls read, not the progress thread, which cannot tell when a read ended inside an
     /// FPDU).
     busy: bool,
@@ -150,7 +150,7 @@ impl Periodic {
         if !on {
             self.next = None;
         } else if self.next.is_none() {
-            self.next = now.checked_add(crate::qp::RX_LOOK_PERIOD);
+            self.next = now.checked_add(crate::verbs::qp::RX_LOOK_PERIOD);
         }
     }
 
@@ -162,7 +162,7 @@ impl Periodic {
     fn due(&mut self, now: Instant) -> bool {
         match self.next {
             Some(t) if now >= t => {
-                self.next = now.checked_add(crate::qp::RX_LOOK_PERIOD);
+                self.next = now.checked_add(crate::verbs::qp::RX_LOOK_PERIOD);
                 true
             }
             _ => false,
@@ -177,7 +177,7 @@ pub(crate) enum Cmd {
     Watch(Token),
     CqOverflow(Arc<CqShared>),
     /// Watch the network with this rtnetlink socket (registered for readability).
-    NetWatch(Box<crate::netwatch::NetWatch>),
+    NetWatch(Box<crate::availability::netwatch::NetWatch>),
     Shutdown,
 }
 
@@ -241,7 +241,7 @@ impl Progress {
 
     /// Hands the device's rtnetlink watcher to the progress thread (its socket joins the
     /// epoll set: no thread of its own).
-    pub(crate) fn net_watch(&self, w: crate::netwatch::NetWatch) -> Result<()> {
+    pub(crate) fn net_watch(&self, w: crate::availability::netwatch::NetWatch) -> Result<()> {
         self.send(Cmd::NetWatch(Box::new(w)))
     }
 
@@ -269,7 +269,7 @@ impl Drop for Progress {
 }
 
 fn run(mut poll: Poll, rx: Receiver<Cmd>, counters: &Counters) {
-    crate::context::mark_progress_thread();
+    crate::availability::context::mark_progress_thread();
     let mut events = Events::with_capacity(1024);
     let mut qps: HashMap<Token, Served> = HashMap::new();
     // Token of each registered QP, by the address of its shared state (for kicks).
@@ -285,7 +285,7 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>, counters: &Counters) {
     // The busy-polled QPs, and the period of their look.
     let mut busy: BTreeSet<Token> = BTreeSet::new();
     let mut busy_look = Periodic::default();
-    let mut netwatch: Option<Box<crate::netwatch::NetWatch>> = None;
+    let mut netwatch: Option<Box<crate::availability::netwatch::NetWatch>> = None;
     loop {
         let timeout = if !again.is_empty() {
             Some(Duration::ZERO)

@@ -12,7 +12,8 @@ use softwarp_engine::qp::QpState;
 
 use super::conn::RxTakeover;
 use super::{QpInner, QpShared};
-use crate::sys;
+use crate::runtime::sys;
+use crate::sync;
 
 /// How often an armed write watchdog looks whether the application still busy-polls.
 const WATCH_PERIOD: Duration = Duration::from_millis(5);
@@ -223,10 +224,8 @@ impl QpShared {
     /// (the QP needs a service pass now). Skips a QP another thread holds: that thread is
     /// moving its bytes.
     pub(crate) fn rx_look(&self, registry: &Registry) -> bool {
-        let mut g = match self.inner.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return false,
+        let Some(mut g) = sync::try_lock(&self.inner) else {
+            return false;
         };
         let inner = &mut *g;
         if inner.close_kicked || inner.qp.state() != QpState::Rts {

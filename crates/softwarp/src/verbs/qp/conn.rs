@@ -17,7 +17,7 @@ use super::pump::{TxEnd, PASS_BUDGET};
 use super::{state_name, QpInner, QpShared};
 use crate::cm::options::{ConnectOptions, ConnectionInfo};
 use crate::error::{Error, Result};
-use crate::sys;
+use crate::runtime::sys;
 
 /// How long a closing connection waits for the peer's FIN after sending its own.
 const LINGER: Duration = Duration::from_secs(2);
@@ -87,7 +87,8 @@ impl Conn {
     /// of a sender that waits for the socket to drain.
     #[inline]
     pub(super) fn wants_write(&self) -> bool {
-        !self.tx_full || (!self.registered && crate::sys::writable_now(self.stream.as_fd()))
+        !self.tx_full
+            || (!self.registered && crate::runtime::sys::writable_now(self.stream.as_fd()))
     }
 
     /// Who writes the socket when it drains (the `tx_by` detail of `softwarp resources`):
@@ -463,9 +464,14 @@ impl QpShared {
     /// Containment of a device fault: the QP records the fault as its reason, the
     /// connection manager hears that the device failed, and the QP goes to Error
     /// ([`QpShared::set_error_and_kick`]).
-    pub(crate) fn fail_device(self: &Arc<Self>, fault: &crate::recovery::DeviceFault) {
+    pub(crate) fn fail_device(
+        self: &Arc<Self>,
+        fault: &crate::availability::recovery::DeviceFault,
+    ) {
         self.failure
-            .set(crate::recovery::QpErrorReason::DeviceFault(fault.clone()));
+            .set(crate::availability::recovery::QpErrorReason::DeviceFault(
+                fault.clone(),
+            ));
         {
             let g = self.lock();
             if let Some(o) = &g.observer {
@@ -479,7 +485,7 @@ impl QpShared {
     /// the reason is recorded (unless the QP failed before), the QP goes to Error and is
     /// closed, then its snapshot is taken and the error log gets a line naming it.
     pub(crate) fn peer_violation(self: &Arc<Self>, detail: &str) {
-        let reason = crate::recovery::QpErrorReason::PeerViolation {
+        let reason = crate::availability::recovery::QpErrorReason::PeerViolation {
             detail: detail.to_string(),
         };
         self.failure.set(reason.clone());
@@ -520,7 +526,7 @@ impl QpShared {
                 return false;
             };
             self.failure
-                .set(crate::recovery::QpErrorReason::NetworkGone {
+                .set(crate::availability::recovery::QpErrorReason::NetworkGone {
                     detail: detail.to_string(),
                 });
             if let Some(o) = &inner.observer {

@@ -15,14 +15,14 @@ use softwarp_engine::wr::Sge;
 use softwarp_ras::deadline::Deadline;
 use softwarp_ras::tracker::{ResourceDetails, ResourceKind};
 
-use crate::cq::CompletionQueue;
-use crate::device::{CountGuard, Counts, DeviceShared, IdLease};
+use crate::availability::inflight::Entry;
+use crate::availability::markers;
 use crate::error::{Error, Result};
-use crate::inflight::Entry;
-use crate::markers;
-use crate::qp::{QpInitAttr, QueuePair};
 use crate::ras::{attrs, Tracked};
-use crate::srq::{SharedReceiveQueue, SrqInitAttr};
+use crate::verbs::cq::CompletionQueue;
+use crate::verbs::device::{CountGuard, Counts, DeviceShared, IdLease};
+use crate::verbs::qp::{QpInitAttr, QueuePair};
+use crate::verbs::srq::{SharedReceiveQueue, SrqInitAttr};
 
 /// Access rights of a memory registration (after `ibv_access_flags`): combine
 /// `LOCAL_WRITE`, `REMOTE_WRITE`, `REMOTE_READ` and `REMOTE_INVALIDATE` with `|`.
@@ -39,7 +39,7 @@ struct PdInner {
 
 impl Drop for PdInner {
     fn drop(&mut self) {
-        crate::device::lock(&self.count).release(&self.device.counts.pd);
+        crate::sync::lock(&self.count).release(&self.device.counts.pd);
     }
 }
 
@@ -455,7 +455,7 @@ impl MrRelease {
     /// [`Error::WouldDeadlock`] on a thread where waiting would deadlock (the progress
     /// thread ends the work that holds the memory), unless `timeout` is zero.
     pub fn wait(&self, timeout: Duration) -> Result<()> {
-        crate::context::check_wait("MrRelease::wait", Some(timeout))?;
+        crate::availability::context::check_wait("MrRelease::wait", Some(timeout))?;
         let deadline = Deadline::after(timeout);
         let mut nap = Duration::from_micros(50);
         loop {

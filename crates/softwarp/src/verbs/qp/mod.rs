@@ -84,15 +84,16 @@ use softwarp_engine::wr::{PayloadRef, RecvWr, RecvWrRef, SendWr, SendWrRef};
 use softwarp_ras::deadline::Deadline;
 use softwarp_ras::markers::MarkerWord;
 
+use crate::availability::inflight::{Entry, Inflight};
+use crate::availability::markers;
 use crate::cm::attempt;
 use crate::cm::options::{ConnectOptions, ConnectionInfo};
-use crate::cq::{CompletionQueue, CqShared};
-use crate::device::{lock, CountGuard, DeviceShared};
 use crate::error::{Error, Result};
-use crate::inflight::{Entry, Inflight};
-use crate::markers;
-use crate::pd::ProtectionDomain;
-use crate::srq::{SharedReceiveQueue, SrqShared};
+use crate::sync::lock;
+use crate::verbs::cq::{CompletionQueue, CqShared};
+use crate::verbs::device::{CountGuard, DeviceShared};
+use crate::verbs::pd::ProtectionDomain;
+use crate::verbs::srq::{SharedReceiveQueue, SrqShared};
 
 /// Capacities of a QP (after `ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,11 +209,11 @@ pub(crate) struct QpShared {
     inner: Mutex<QpInner>,
     count: Mutex<CountGuard>,
     /// The QP's number, reserved while it lives.
-    _number: crate::device::IdLease,
+    _number: crate::verbs::device::IdLease,
     /// Resource registration, state-change tracing, critical events, TCP_INFO.
     ras: crate::ras::QpRas,
     /// Why the QP failed (`QueuePair::error_reason`).
-    failure: crate::recovery::ErrorBlock,
+    failure: crate::availability::recovery::ErrorBlock,
     end: markers::End,
 }
 
@@ -237,9 +238,9 @@ impl QpShared {
     /// (a Terminate's cause, say) already there, even when both came from one pass.
     fn drain(&self, inner: &mut QpInner) {
         while let Some(ev) = inner.qp.poll_event() {
-            if let Some(cause) = crate::recovery::event_cause(&ev) {
+            if let Some(cause) = crate::availability::recovery::event_cause(&ev) {
                 self.failure
-                    .set(crate::recovery::QpErrorReason::Cause(cause));
+                    .set(crate::availability::recovery::QpErrorReason::Cause(cause));
             }
             let fd = inner.conn.as_ref().map(|c| c.stream.as_fd());
             self.ras.on_event(&ev, &inner.qp, inner.info.as_ref(), fd);
@@ -374,11 +375,11 @@ impl QpShared {
     #[inline(never)]
     fn enter_failed(
         &self,
-        entered: std::result::Result<Inflight<'_>, crate::inflight::Refused>,
+        entered: std::result::Result<Inflight<'_>, crate::availability::inflight::Refused>,
         entry: Entry,
     ) -> Error {
         match entered {
-            Err(r) => crate::inflight::refused(r),
+            Err(r) => crate::availability::inflight::refused(r),
             Ok(inside) => {
                 drop(inside);
                 self.markers_damaged(entry.name())
@@ -488,7 +489,7 @@ impl QueuePair {
             count: Mutex::new(count),
             _number: number,
             ras,
-            failure: crate::recovery::ErrorBlock::default(),
+            failure: crate::availability::recovery::ErrorBlock::default(),
             end: markers::End::new(markers::Kind::Qp),
         });
         let tracked = crate::ras::QpRas::track(&shared, qp_bytes(&attr.cap));
@@ -529,7 +530,7 @@ impl QueuePair {
         let Some(conn) = g.conn.as_ref() else {
             return Err(Error::NotConnected);
         };
-        crate::sys::epoll_add_readable(epfd, conn.stream.as_fd(), data)
+        crate::runtime::sys::epoll_add_readable(epfd, conn.stream.as_fd(), data)
             .map_err(|e| Error::io("epoll_ctl(EPOLL_CTL_ADD) of the connection's socket", e))
     }
 
@@ -542,7 +543,7 @@ impl QueuePair {
     /// under its connection ("unexpected close"), or the engine's cause (a Terminate sent
     /// or received, the connection closed, the application's modify to Error). `None`
     /// while it has not failed (and after a reset).
-    pub fn error_reason(&self) -> Option<crate::recovery::QpErrorReason> {
+    pub fn error_reason(&self) -> Option<crate::availability::recovery::QpErrorReason> {
         self.shared.failure.get()
     }
 
@@ -776,7 +777,7 @@ impl QueuePair {
     /// The protocol this QP carries above RDMAP (softwarp-sockets' stream, say) found its
     /// peer breaking that protocol (`detail` says how): the QP goes to Error as with
     /// [`QueuePair::modify_to_error`] (from RTS a Terminate tells the peer), with
-    /// [`crate::recovery::QpErrorReason::PeerViolation`] as its reason, a snapshot, and a
+    /// [`crate::availability::recovery::QpErrorReason::PeerViolation`] as its reason, a snapshot, and a
     /// `peer_violation` line in the error log that names the snapshot. A QP that failed
     /// before keeps its first reason, and then no line is written.
     pub fn fail_peer_violation(&self, detail: &str) -> Result<()> {
@@ -816,7 +817,7 @@ impl QueuePair {
     /// [`Error::WouldDeadlock`] on a thread where waiting would deadlock (the progress
     /// thread closes the connection: it cannot wait for itself).
     pub fn wait_closed(&self, timeout: Duration) -> Result<QpState> {
-        crate::context::check_wait("QueuePair::wait_closed", Some(timeout))?;
+        crate::availability::context::check_wait("QueuePair::wait_closed", Some(timeout))?;
         let deadline = Deadline::after(timeout);
         loop {
             {
@@ -845,7 +846,7 @@ impl QueuePair {
         addr: A,
         opts: &ConnectOptions,
     ) -> Result<ConnectionInfo> {
-        crate::context::check_blocking("QueuePair::connect")?;
+        crate::availability::context::check_blocking("QueuePair::connect")?;
         let addrs = crate::cm::resolve(addr)?;
         let a = attempt::Initiator::new(&self.shared, addrs, opts)?;
         attempt::initiate_blocking(a)
@@ -863,7 +864,7 @@ impl QueuePair {
         stream: std::net::TcpStream,
         opts: &ConnectOptions,
     ) -> Result<ConnectionInfo> {
-        crate::context::check_blocking("QueuePair::connect_stream")?;
+        crate::availability::context::check_blocking("QueuePair::connect_stream")?;
         let a = attempt::Initiator::on_stream(&self.shared, stream, opts)?;
         attempt::initiate_blocking(a)
     }
@@ -878,7 +879,7 @@ impl QueuePair {
         stream: std::net::TcpStream,
         opts: &ConnectOptions,
     ) -> Result<ConnectionInfo> {
-        crate::context::check_blocking("QueuePair::accept_stream")?;
+        crate::availability::context::check_blocking("QueuePair::accept_stream")?;
         attempt::claim_responder(&self.shared, opts)?;
         attempt::respond_blocking(&self.shared, stream, opts)
     }

@@ -8,7 +8,7 @@
 //!   whose local address was on it is terminated.
 //! - The device's own interface (`DeviceBuilder::interface`) down, removed, or left without
 //!   an address (IPv6 link-local ones do not count): the device fails
-//!   (`crate::recovery::contain`).
+//!   (`crate::availability::recovery::contain`).
 //!
 //! Opened only when the application asked (the RAS opt-in, `DeviceBuilder::interface`,
 //! `DeviceBuilder::watch_network`); no thread of its own. The socket is created on the
@@ -34,9 +34,9 @@ use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 use softwarp_ras::sw_event;
 
-use crate::device::DeviceShared;
+use crate::availability::recovery::FaultKind;
 use crate::error::{Error, Result};
-use crate::recovery::FaultKind;
+use crate::verbs::device::DeviceShared;
 
 /// Link changes and IPv4/IPv6 address changes (`RTMGRP_LINK | RTMGRP_IPV4_IFADDR |
 /// RTMGRP_IPV6_IFADDR`).
@@ -447,7 +447,7 @@ impl NetWatch {
             }
         }
         if let Some(kind) = self.device_fault(changes) {
-            crate::recovery::contain(&dev, kind);
+            crate::availability::recovery::contain(&dev, kind);
         }
         drop(dev);
     }

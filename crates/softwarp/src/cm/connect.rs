@@ -29,10 +29,10 @@ use softwarp_ras::deadline::Deadline;
 use crate::cm::attempt::{self, Responder};
 use crate::cm::options::{ConnectOptions, ConnectionInfo};
 use crate::cm::EVICT_AGE;
-use crate::device::lock;
 use crate::error::{Error, Result};
-use crate::qp::QueuePair;
-use crate::sys;
+use crate::runtime::sys;
+use crate::sync::lock;
+use crate::verbs::qp::QueuePair;
 
 /// Connections a [`Listener`] holds while it reads their MPA Requests, by default
 /// ([`Listener::bind`]).
@@ -141,7 +141,7 @@ impl Listener {
         opts: &ConnectOptions,
         timeout: Option<Duration>,
     ) -> Result<ConnectionInfo> {
-        crate::context::check_blocking("Listener::accept")?;
+        crate::availability::context::check_blocking("Listener::accept")?;
         let shared = qp.shared();
         attempt::claim_responder(shared, opts)?;
         let deadline = Deadline::from_timeout(timeout);

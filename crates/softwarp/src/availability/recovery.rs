@@ -24,8 +24,6 @@
 //!
 //! Nothing here is on the data path except the state check of the creating verbs.
 
-use std::fmt;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
@@ -39,183 +37,11 @@ use softwarp_ras::tracker::{ResourceInfo, ResourceKind};
 
 pub use softwarp_ras::health::{DeviceState, RecoveryConfig, RecoveryOutcome, RecoveryReport};
 
-use crate::device::{lock, DeviceShared};
+pub use crate::error::{CqErrorReason, DeviceFault, FaultKind, QpErrorReason};
+
 use crate::error::{Error, Result};
-
-/// What made a device fail.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FaultKind {
-    /// Injected: `Device::inject_fatal_error`, `Device::inject_fault` or `softwarp fault
-    /// inject`.
-    Injected,
-    /// The device's network interface went down (administratively or lost its carrier).
-    InterfaceDown {
-        /// The interface.
-        interface: String,
-    },
-    /// The device's network interface disappeared.
-    InterfaceRemoved {
-        /// The interface.
-        interface: String,
-    },
-    /// The last address of the device's network interface was removed.
-    AddressRemoved {
-        /// The interface.
-        interface: String,
-        /// The address.
-        addr: IpAddr,
-    },
-    /// A structure marker of the device or of one of its objects was found damaged
-    /// (`Error::MarkerDamaged`). No automatic recovery follows: the damaged words stay
-    /// damaged, and every call that checks them fails again.
-    MarkerDamaged {
-        /// What was found, e.g. `structure marker damaged: QP 3 begin=... (QueuePair::post_send)`.
-        what: String,
-    },
-}
-
-impl FaultKind {
-    /// The kind's name (`fault-status`, the error log): `injected`, `interface_down`,
-    /// `interface_removed`, `address_removed`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            FaultKind::Injected => "injected",
-            FaultKind::InterfaceDown { .. } => "interface_down",
-            FaultKind::InterfaceRemoved { .. } => "interface_removed",
-            FaultKind::AddressRemoved { .. } => "address_removed",
-            FaultKind::MarkerDamaged { .. } => "marker_damaged",
-        }
-    }
-}
-
-impl fmt::Display for FaultKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FaultKind::Injected => f.write_str("fault injected"),
-            FaultKind::InterfaceDown { interface } => write!(f, "interface {interface} went down"),
-            FaultKind::InterfaceRemoved { interface } => {
-                write!(f, "interface {interface} disappeared")
-            }
-            FaultKind::AddressRemoved { interface, addr } => {
-                write!(
-                    f,
-                    "address {addr} of interface {interface} was removed (none left)"
-                )
-            }
-            FaultKind::MarkerDamaged { what } => f.write_str(what),
-        }
-    }
-}
-
-/// A device's fault: what, when, and its number on the device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DeviceFault {
-    /// The device instance (`softwarp0/1`).
-    pub device: String,
-    /// What happened.
-    pub kind: FaultKind,
-    /// When.
-    pub time: SystemTime,
-    /// 1 for the device's first fault, 2 for the next ...
-    pub generation: u64,
-}
-
-impl fmt::Display for DeviceFault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "device {} failed: {}", self.device, self.kind)
-    }
-}
-
-/// Why a QP is in the Error state (`QueuePair::error_reason`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum QpErrorReason {
-    /// Its device failed.
-    DeviceFault(DeviceFault),
-    /// The network under the connection went away (its local address was removed, its
-    /// interface went down or disappeared): the QP was terminated at once.
-    NetworkGone {
-        /// What went away.
-        detail: String,
-    },
-    /// The peer stopped answering: the kernel dropped the connection after TCP keepalive
-    /// probes ([`crate::ConnectOptions::tcp_keepalive`]), or data sent
-    /// ([`crate::ConnectOptions::tcp_user_timeout`]), went unanswered past their bound.
-    PeerUnreachable {
-        /// The error the socket gave, and what it means.
-        detail: String,
-    },
-    /// The protocol the QP carries above RDMAP (the extended sockets' stream) found the
-    /// peer breaking it ([`crate::QueuePair::fail_peer_violation`]).
-    PeerViolation {
-        /// What the peer did.
-        detail: String,
-    },
-    /// The engine's cause: a Terminate sent or received, the connection closed, the
-    /// application moved the QP to Error, a work request failed locally.
-    Cause(Cause),
-}
-
-impl fmt::Display for QpErrorReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            QpErrorReason::DeviceFault(d) => d.fmt(f),
-            QpErrorReason::NetworkGone { detail } => {
-                write!(f, "unexpected close: {detail}")
-            }
-            QpErrorReason::PeerUnreachable { detail } => f.write_str(detail),
-            QpErrorReason::PeerViolation { detail } => {
-                write!(f, "the peer broke the protocol above RDMAP: {detail}")
-            }
-            QpErrorReason::Cause(Cause::PeerTerminate { layer, etype, code }) => write!(
-                f,
-                "the peer sent a Terminate (layer {layer}, error type {etype}, code {code:#04x})"
-            ),
-            QpErrorReason::Cause(Cause::Detected(fault)) => {
-                write!(
-                    f,
-                    "{fault:?} detected in the peer's stream; a Terminate was sent"
-                )
-            }
-            QpErrorReason::Cause(Cause::LlpClosed) => {
-                f.write_str("the TCP connection closed or failed")
-            }
-            QpErrorReason::Cause(Cause::Application) => {
-                f.write_str("the application moved the QP to Error")
-            }
-            QpErrorReason::Cause(Cause::LocalOperation) => {
-                f.write_str("a work request failed local validation")
-            }
-            QpErrorReason::Cause(other) => write!(f, "{other:?}"),
-        }
-    }
-}
-
-/// Why a CQ is in error (`CompletionQueue::error_reason`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CqErrorReason {
-    /// It overflowed (more completions than its capacity); its QPs went to Error.
-    Overflow {
-        /// Its capacity.
-        capacity: usize,
-    },
-    /// Its device failed.
-    DeviceFault(DeviceFault),
-}
-
-impl fmt::Display for CqErrorReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CqErrorReason::Overflow { capacity } => {
-                write!(f, "the CQ overflowed (capacity {capacity})")
-            }
-            CqErrorReason::DeviceFault(d) => d.fmt(f),
-        }
-    }
-}
+use crate::sync::{self, lock};
+use crate::verbs::device::DeviceShared;
 
 /// The fault of `dev` while it is failed or recovering.
 pub(crate) fn device_failure(dev: &DeviceShared) -> Option<DeviceFault> {
@@ -586,7 +412,7 @@ impl RecoverySubject for Subject<'_> {
 /// in the error log, when the bound ran out. A closed device has nothing to wait for; a
 /// device another caller holds quiesced is waited for without taking it over.
 fn threads_left_verbs(dev: &DeviceShared, within: Duration) -> bool {
-    use crate::inflight::{CLOSED, QUIESCED};
+    use crate::availability::inflight::{CLOSED, QUIESCED};
     let before = dev.inflight.shut(QUIESCED);
     if before & CLOSED != 0 {
         if before & QUIESCED == 0 {
@@ -633,12 +459,7 @@ pub(crate) fn recover(dev: &Arc<DeviceShared>, config: &RecoveryConfig) -> Resul
                 if left.is_zero() {
                     return Err(Error::Timeout(config.bound));
                 }
-                g = dev
-                    .health
-                    .ended
-                    .wait_timeout(g, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                g = sync::wait_timeout(&dev.health.ended, g, left);
             }
             return g.recovery.clone().ok_or(Error::DeviceStopped);
         }
