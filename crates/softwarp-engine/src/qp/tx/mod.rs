@@ -21,6 +21,8 @@
 //! message of a Write/Send with Immediate follows its data message directly (nothing is
 //! sent between them). No I/O here.
 
+mod alias;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -31,11 +33,10 @@ use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr, AtomicResponseRepr};
 
 use crate::fault::Cause;
 use crate::memory::Region;
-use crate::mr::{MrMemory, Validated};
-use crate::qp::{
-    codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqStatus, StreamConfig, COALESCE_MAX,
-};
+use crate::mr::MrMemory;
+use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqStatus, StreamConfig};
 use crate::wr::{SendOp, WcStatus, MAX_INLINE, MAX_SGE};
+use alias::{ALIAS_LEAD_MAX_BYTES, ALIAS_LEAD_MIN_LEN};
 
 /// Smallest `max_fpdu_len` accepted (room for every header and some payload).
 pub const MIN_FPDU_LEN: usize = 128;
@@ -150,7 +151,7 @@ impl<'a> TxPiece<'a> {
 
 /// Most FPDUs one [`Qp::poll_tx_gather`] offers (the runtime's byte cap, 512 KiB in
 /// [`Qp::send_to`], usually ends a call first: on loopback eight or nine FPDUs of 64 KiB
-/// and up to eight short ones leading a message, [`alias_lead`]). With MSS-sized FPDUs (a
+/// and up to eight short ones leading a message, [`alias::alias_lead`]). With MSS-sized FPDUs (a
 /// hardware peer or siw at MTU 1500) this bound ends the call, at about 36 KB.
 pub(crate) const MAX_GATHER_FPDUS: usize = 25;
 /// Most pieces one [`TxGather`] holds: three per FPDU of [`MAX_GATHER_FPDUS`] with one
@@ -217,7 +218,7 @@ struct FpduBuild {
     /// The CRC is not in the trailer yet (only between a build and the end of the
     /// [`Qp::tx_copy_fpdus`] that asked for it).
     crc_pending: bool,
-    /// One of the short FPDUs leading a message ([`alias_lead`]): left to the gather path,
+    /// One of the short FPDUs leading a message ([`alias::alias_lead`]): left to the gather path,
     /// so that it goes out in the same write as the large FPDU after it (copied into a
     /// batch, it would take a write call of its own).
     lead: bool,
@@ -476,7 +477,7 @@ pub(crate) struct TxState {
     /// Set by [`Qp::tx_copy_fpdus`] while it builds: leave the CRC to the copy.
     defer_crc: bool,
     /// Lead a large message from memory that would hit 4 KiB aliasing in the kernel's
-    /// copy with a few short FPDUs ([`alias_lead`]; on by default,
+    /// copy with a few short FPDUs ([`alias::alias_lead`]; on by default,
     /// [`Qp::set_tx_alias_lead`]).
     alias_lead: bool,
     /// Headers of a whole Send (without, with Solicited Event; MSN and MO 0), from the
@@ -606,32 +607,6 @@ impl TxState {
             &self.segment_headers
         };
         &set[usize::from(solicited)]
-    }
-
-    /// The payload cap of the FPDU at message offset `sent` of a message of `len` bytes
-    /// sent from `src` with `hdr_len`-byte headers and at most `max` payload bytes per
-    /// FPDU, when it is one of the short FPDUs leading the message ([`alias_lead`]; not
-    /// with markers, or when turned off). Not either when the connection's FPDUs are no
-    /// longer than [`COALESCE_MAX`] (MSS-sized, say): a runtime copies those into its batch,
-    /// so the kernel copies from the batch, not from `src`, and a short leading FPDU (left
-    /// to the gather path) would only take the FPDUs after it into a gathered write.
-    fn alias_cap(
-        &self,
-        src: &Validated,
-        hdr_len: usize,
-        len: u64,
-        sent: u64,
-        max: usize,
-    ) -> Option<usize> {
-        if !self.alias_lead || self.markers || self.max_fpdu <= COALESCE_MAX {
-            return None;
-        }
-        let addr = src
-            .memory
-            .region()
-            .addr()
-            .wrapping_add(src.region_offset as u64);
-        alias_lead(addr, hdr_len, len, sent, max).map(|lead| lead.min(max))
     }
 
     /// Largest payload of one FPDU with a header of `hdr_len` bytes.
@@ -787,7 +762,7 @@ impl Qp {
 
     /// Whether a large message whose payload would hit 4 KiB aliasing in the kernel's copy
     /// into the socket starts with a few short FPDUs that move it out of the window (on by
-    /// default; see `alias_lead` in this file and DESIGN.md). Off: every FPDU but a
+    /// default; see `alias.rs` and DESIGN.md). Off: every FPDU but a
     /// message's last carries the largest payload.
     pub fn set_tx_alias_lead(&mut self, on: bool) {
         self.tx.alias_lead = on;
@@ -1947,88 +1922,5 @@ impl crate::qp::pump::VectoredWrite for SliceSink<'_> {
             0 => Err(std::io::ErrorKind::WouldBlock.into()),
             n => Ok(n),
         }
-    }
-}
-
-/// Messages shorter than this are never led in ([`alias_lead`]). Measured on loopback,
-/// ping-pong, CRC off (BENCHMARKS.md), in the VM's two states: at 64 KiB 17.2 us against
-/// 22.9 with the lead-in when the copies are slow, even (10.5-10.9) when they are fast; at
-/// 128 KiB 23 against 34 us; at 16-32 KiB it cost 0.5-1 us in the fast state (the
-/// receiver handles the short FPDUs and copies what follows them through its staging
-/// buffer).
-const ALIAS_LEAD_MIN_LEN: u64 = 64 << 10;
-
-/// Source-to-destination distances (modulo 4 KiB) that [`alias_lead`] moves the payload
-/// out of: the kernel's `rep movsb` copy into the socket's page fragment runs at about half
-/// speed when the destination is less than a cache line ahead of the source modulo 4 KiB
-/// (`scripts/alias-copy.c`, distance by distance: a 64 KiB send call took 13.7-15.9 us at
-/// 1 to 63 bytes, 9.0-9.3 us at 0 and from 64 on; BENCHMARKS.md).
-const ALIAS_WINDOW: u64 = 64;
-
-/// The most FPDUs a message is led in with ([`alias_lead`]): past that the message is
-/// far from the window and wraps into it only near its end, not worth a dozen FPDUs.
-const ALIAS_LEAD_MAX_FPDUS: u64 = 8;
-
-/// The most payload bytes the leading FPDUs carry together, and so the message offset
-/// past which an FPDU is never a leading one. A message's last FPDU, when it would carry
-/// this much or less (a page-aligned 64 KiB Send's 19 bytes after a full FPDU of 65,517,
-/// a Write's 15, 1 MiB's 304 or 240), is carried by the leading FPDUs instead, one FPDU
-/// fewer for both ends to build and handle (BENCHMARKS.md). Small, because the leading
-/// payloads are copied in the aliasing window themselves.
-const ALIAS_LEAD_MAX_BYTES: u64 = 512;
-
-/// The payload of the leading FPDU that starts at message offset `sent` of a message of
-/// `len` bytes whose payload starts at address `addr`, whose FPDUs carry `hdr_len`-byte
-/// DDP/RDMAP headers and at most `max_payload` payload bytes, when the message is led in
-/// with short FPDUs; `None` for a normal FPDU.
-///
-/// Why: the kernel copies a `sendmsg` into the sending thread's page fragment, which
-/// starts over at offset 0 once the previous messages were consumed (a ping-pong). The
-/// first payload byte then lands at offset `2 + hdr_len` (MPA length and headers before
-/// it), and from a page-aligned buffer (most applications' and perftest's) the
-/// destination is 16 or 20 bytes ahead of the source modulo 4 KiB: every load of the copy
-/// then waits on a store to an address with the same low 12 bits (4 KiB aliasing), and a
-/// 64 KiB Send's `sendmsg` took 15.5 us against 8.2 us for the same bytes from a buffer
-/// 20 bytes further on. Only framing bytes move the distance (payload bytes advance both
-/// sides alike): each FPDU boundary moves it by the CRC, the pad and the next header, so
-/// the FPDUs of a message step through the distances from the first one up. When one of
-/// them would fall inside [`ALIAS_WINDOW`], short leading FPDUs move the first one to the
-/// window's end, from where the rest stay clear (up to about 150 full FPDUs, 9 MiB).
-/// Each carries one payload byte and three of pad (the largest step a boundary can make:
-/// 27 bytes for a Send, 23 for a Write, so the fewest FPDUs do it: a page-aligned Send
-/// takes two, a Write three), except that the last of them also carries what would have
-/// been the message's short last FPDU ([`ALIAS_LEAD_MAX_BYTES`]) when the distance stays
-/// clear with its pad. DDP allows any segmentation; the peer sees a few more FPDUs.
-fn alias_lead(addr: u64, hdr_len: usize, len: u64, sent: u64, max_payload: usize) -> Option<usize> {
-    if len < ALIAS_LEAD_MIN_LEN || max_payload == 0 || sent >= ALIAS_LEAD_MAX_BYTES {
-        return None;
-    }
-    let max = max_payload as u64;
-    let framing = 2 + hdr_len as u64;
-    let step = |payload: u64| (4 - (framing + payload) % 4) % 4 + 4 + framing;
-    // Where the first payload byte lands, minus where it comes from, modulo 4 KiB.
-    let first = framing.wrapping_sub(addr) % 4096;
-    // How far the full FPDUs after the first move it.
-    let full = len.div_ceil(max).saturating_sub(1);
-    let span = full.saturating_mul(step(max));
-    // Clear already, or too long to keep clear from any start.
-    if (first >= ALIAS_WINDOW && first + span < 4096) || span >= 4096 - ALIAS_WINDOW {
-        return None;
-    }
-    let fpdus = ((ALIAS_WINDOW + 4096 - first) % 4096).div_ceil(step(1));
-    if fpdus > ALIAS_LEAD_MAX_FPDUS {
-        return None;
-    }
-    // The last leading FPDU takes the short tail too when its pad keeps the distance
-    // clear: the others carry a byte each.
-    let tail = len % max;
-    let last = tail.saturating_sub(fpdus - 1);
-    let folded = (fpdus..=ALIAS_LEAD_MAX_BYTES).contains(&tail)
-        && (first + (fpdus - 1) * step(1) + step(last)) % 4096 >= ALIAS_WINDOW;
-    let last = if folded { last } else { 1 };
-    if sent < fpdus - 1 {
-        Some(1)
-    } else {
-        (sent == fpdus - 1).then_some(last as usize)
     }
 }
