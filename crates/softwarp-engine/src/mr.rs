@@ -3,8 +3,9 @@
 //! An STag is `index << 8 | key`: a 24-bit index into the [`MrTable`] and an 8-bit key that
 //! changes (unpredictably) every time an index is reused, so a stale or guessed STag fails
 //! validation. Keys of one index come in cycles of 256: each registration (or
-//! [`MrTable::rekey`]) of the index draws its key uniformly, from the operating system's
-//! random generator, among the keys not yet used in the current cycle, so within a cycle no
+//! [`MrTable::rekey`]) of the index draws its key uniformly, from the table's [`KeySource`]
+//! (given at construction: the runtime's is the operating system's random generator, tests
+//! pass a seeded [`SeededKeys`]), among the keys not yet used in the current cycle, so within a cycle no
 //! key repeats and a stale STag of the same index never validates; a new cycle starts once
 //! all 256 were used, and its first key is never the previous cycle's last. (The price of
 //! "never repeats" with 8 bits: the later keys of a cycle are drawn from fewer values, the
@@ -168,7 +169,7 @@ pub enum MrError {
     /// The registration is in another protection domain.
     #[error("STag {0:#010x} belongs to another protection domain")]
     PdMismatch(u32),
-    /// The operating system's random generator failed.
+    /// The table's [`KeySource`] had no random bits.
     #[error("no entropy for an STag key")]
     Entropy,
 }
@@ -311,47 +312,81 @@ impl Slot {
     }
 }
 
+/// Where an [`MrTable`]'s STag keys come from: 64 random bits per draw. RFC 5042
+/// (section 5.1) asks for keys a peer cannot predict, so a table whose STags face a network
+/// takes the operating system's generator (the runtime's source); [`SeededKeys`] is for
+/// tests and replays. The engine itself never asks the operating system for anything.
+/// Closures returning `Option<u64>` are sources too.
+pub trait KeySource: Send + Sync {
+    /// 64 random bits, or `None` when the source has none (the registration then fails
+    /// with [`MrError::Entropy`]).
+    fn next_u64(&mut self) -> Option<u64>;
+}
+
+impl<F: FnMut() -> Option<u64> + Send + Sync> KeySource for F {
+    fn next_u64(&mut self) -> Option<u64> {
+        self()
+    }
+}
+
+/// A reproducible [`KeySource`] (xorshift64*): the same registrations get the same STags in
+/// every run. For deterministic tests and replays only: its keys are predictable.
+#[derive(Debug, Clone)]
+pub struct SeededKeys(u64);
+
+impl SeededKeys {
+    /// A source seeded with `seed` (any value, 0 included).
+    pub fn new(seed: u64) -> Self {
+        SeededKeys(seed | 1)
+    }
+}
+
+impl KeySource for SeededKeys {
+    fn next_u64(&mut self) -> Option<u64> {
+        let s = &mut self.0;
+        *s ^= *s >> 12;
+        *s ^= *s << 25;
+        *s ^= *s >> 27;
+        Some(s.wrapping_mul(0x2545_f491_4f6c_dd1d))
+    }
+}
+
 /// The STag table of one device: every memory registration, by index.
-#[derive(Debug)]
 pub struct MrTable {
     /// `slots[0]` is index 1 (index 0 is reserved, see the module docs).
     slots: Vec<Slot>,
     /// Round-robin search start, so freed indices are not reused at once.
     next: usize,
     live: usize,
-    /// State of the seeded key generator of [`MrTable::with_key_seed`] (`None`: the OS's).
-    key_seed: Option<u64>,
+    /// Where the keys come from.
+    keys: Box<dyn KeySource>,
+}
+
+impl std::fmt::Debug for MrTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MrTable")
+            .field("slots", &self.slots)
+            .field("next", &self.next)
+            .field("live", &self.live)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Largest index an STag can carry (24 bits).
 const MAX_INDEX: usize = 0x00ff_ffff;
 
-/// A uniform number below `n` (`n >= 1`): from the seeded generator when there is one,
-/// else from the operating system's. 64 random bits scaled down (Lemire's multiply-shift):
-/// the bias is below `n / 2^64`.
-fn uniform_below(n: u16, seed: &mut Option<u64>) -> Result<u16, MrError> {
-    let x = match seed {
-        Some(state) => {
-            // xorshift64*: reproducible, not unpredictable (tests and replays only).
-            *state ^= *state >> 12;
-            *state ^= *state << 25;
-            *state ^= *state >> 27;
-            state.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        None => {
-            let mut b = [0u8; 8];
-            getrandom::fill(&mut b).map_err(|_| MrError::Entropy)?;
-            u64::from_le_bytes(b)
-        }
-    };
+/// A uniform number below `n` (`n >= 1`) from `keys`: 64 random bits scaled down
+/// (Lemire's multiply-shift): the bias is below `n / 2^64`.
+fn uniform_below(n: u16, keys: &mut dyn KeySource) -> Result<u16, MrError> {
+    let x = keys.next_u64().ok_or(MrError::Entropy)?;
     let scaled = (u128::from(x) * u128::from(n)) >> 64;
     u16::try_from(scaled).map_err(|_| MrError::Entropy)
 }
 
 impl MrTable {
     /// Creates a table for at most `capacity` registrations (clamped to the 24-bit index
-    /// space minus the reserved index 0). Allocates once.
-    pub fn new(capacity: usize) -> Self {
+    /// space minus the reserved index 0), drawing STag keys from `keys`. Allocates once.
+    pub fn new(capacity: usize, keys: impl KeySource + 'static) -> Self {
         let capacity = capacity.min(MAX_INDEX);
         let mut slots = Vec::with_capacity(capacity);
         for _ in 0..capacity {
@@ -365,18 +400,8 @@ impl MrTable {
             slots,
             next: 0,
             live: 0,
-            key_seed: None,
+            keys: Box::new(keys),
         }
-    }
-
-    /// As [`MrTable::new`], but the STag keys come from a generator seeded with `seed`, so
-    /// the same registrations get the same STags in every run: for deterministic tests and
-    /// replays only. A table whose STags face a network uses [`MrTable::new`] (keys from the
-    /// operating system's random generator, which a peer cannot predict).
-    pub fn with_key_seed(capacity: usize, seed: u64) -> Self {
-        let mut t = Self::new(capacity);
-        t.key_seed = Some(seed | 1);
-        t
     }
 
     /// Number of current registrations (deregistered ones still referenced by in-flight work
@@ -437,8 +462,8 @@ impl MrTable {
             .find(|&i| self.slots.get(i).is_some_and(Slot::is_free))
             .ok_or(MrError::TableFull)?;
         let slot = self.slots.get_mut(pos).ok_or(MrError::TableFull)?;
-        let seed = &mut self.key_seed;
-        let key = slot.keys.next(|n| uniform_below(n, seed))?;
+        let keys = &mut *self.keys;
+        let key = slot.keys.next(|n| uniform_below(n, keys))?;
         slot.releasing = None;
         slot.entry = Some(MrEntry {
             key,
@@ -592,8 +617,8 @@ impl MrTable {
             .slots
             .get_mut(pos)
             .ok_or(MrError::UnknownStag(stag.0))?;
-        let seed = &mut self.key_seed;
-        let key = slot.keys.next(|n| uniform_below(n, seed))?;
+        let keys = &mut *self.keys;
+        let key = slot.keys.next(|n| uniform_below(n, keys))?;
         let e = slot.entry.as_mut().ok_or(MrError::UnknownStag(stag.0))?;
         e.key = key;
         e.valid = true;
@@ -626,7 +651,7 @@ mod tests {
     use super::*;
 
     fn table_with(len: usize, access: Access) -> (MrTable, Stag, Arc<Region>) {
-        let mut t = MrTable::new(4);
+        let mut t = MrTable::new(4, SeededKeys::new(4));
         let r = Arc::new(Region::new_zeroed(len).unwrap());
         let s = t
             .register(PdId(1), r.clone(), 0, len, Some(0x1000), access)
@@ -636,7 +661,7 @@ mod tests {
 
     #[test]
     fn stag_is_never_zero_or_one() {
-        let mut t = MrTable::new(300);
+        let mut t = MrTable::new(300, SeededKeys::new(300));
         let r = Arc::new(Region::new_zeroed(8).unwrap());
         for _ in 0..300 {
             let s = t
@@ -725,7 +750,7 @@ mod tests {
 
     #[test]
     fn reuse_of_an_index_changes_the_key() {
-        let mut t = MrTable::new(1);
+        let mut t = MrTable::new(1, SeededKeys::new(1));
         let r = Arc::new(Region::new_zeroed(8).unwrap());
         let mut prev = t
             .register(PdId(1), r.clone(), 0, 8, None, Access::NONE)
@@ -760,7 +785,7 @@ mod tests {
 
     #[test]
     fn deregister_invalidates_at_once_and_frees_the_index_after_the_last_user() {
-        let mut t = MrTable::new(1);
+        let mut t = MrTable::new(1, SeededKeys::new(1));
         let r = Arc::new(Region::new_zeroed(8).unwrap());
         let s = t
             .register(PdId(1), r.clone(), 0, 8, Some(0x1000), Access::REMOTE_WRITE)
@@ -824,7 +849,7 @@ mod tests {
 
     #[test]
     fn registration_range_must_fit_the_region() {
-        let mut t = MrTable::new(2);
+        let mut t = MrTable::new(2, SeededKeys::new(2));
         let r = Arc::new(Region::new_zeroed(8).unwrap());
         assert!(matches!(
             t.register(PdId(1), r.clone(), 4, 5, None, Access::NONE),

@@ -23,7 +23,14 @@
 use std::sync::Arc;
 
 use softwarp_engine::memory::Region;
-use softwarp_engine::mr::{Access, MrTable, PdId, Stag};
+use softwarp_engine::mr::{Access, MrTable, PdId, SeededKeys, Stag};
+
+/// The operating system's generator, as the runtime gives the table.
+fn os_keys() -> Option<u64> {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).ok()?;
+    Some(u64::from_le_bytes(b))
+}
 
 const CYCLE: usize = 256;
 const REGISTRATIONS: usize = 100_000;
@@ -134,17 +141,17 @@ fn check_all(keys: &[u8]) {
 
 #[test]
 fn seeded_keys_never_repeat_within_a_cycle_and_steps_are_uniform() {
-    let mut table = MrTable::with_key_seed(1, 0x5eed_0017);
+    let mut table = MrTable::new(1, SeededKeys::new(0x5eed_0017));
     check_all(&keys(&mut table, REGISTRATIONS, false));
-    let mut table = MrTable::with_key_seed(1, 0x5eed_0018);
+    let mut table = MrTable::new(1, SeededKeys::new(0x5eed_0018));
     check_all(&keys(&mut table, REGISTRATIONS / 4, true));
 }
 
 #[test]
 fn os_random_keys_never_repeat_within_a_cycle_and_steps_are_uniform() {
-    let mut table = MrTable::new(1);
+    let mut table = MrTable::new(1, os_keys);
     check_all(&keys(&mut table, REGISTRATIONS, false));
-    let mut table = MrTable::new(1);
+    let mut table = MrTable::new(1, os_keys);
     check_all(&keys(&mut table, REGISTRATIONS / 4, true));
 }
 
@@ -156,7 +163,7 @@ fn the_checks_catch_predictable_keys() {
     let (chi, bound) = step_chi_square(&counter);
     assert!(chi > bound);
     // One random order repeated: steps look uniform, successive cycles agree everywhere.
-    let mut table = MrTable::with_key_seed(1, 7);
+    let mut table = MrTable::new(1, SeededKeys::new(7));
     let first = keys(&mut table, CYCLE, false);
     let repeated: Vec<u8> = first.iter().copied().cycle().take(100 * CYCLE).collect();
     let (matches, pairs) = cycle_matches(&repeated);

@@ -840,7 +840,7 @@ mod tests {
         });
         // MSS-sized FPDUs: a large Write is copied into the batch, FPDU after FPDU.
         qp.establish(StreamConfig::for_mss(1460)).unwrap();
-        let mut mrs = MrTable::new(4);
+        let mut mrs = MrTable::new(4, crate::mr::SeededKeys::new(4));
         let len = 1 << 20;
         let region = Arc::new(Region::new_zeroed(len).unwrap());
         let stag = mrs

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use softwarp_engine::memory::Region;
-use softwarp_engine::mr::{Access, MrTable, PdId, Stag};
+use softwarp_engine::mr::{Access, MrTable, PdId, SeededKeys, Stag};
 use softwarp_engine::qp::{
     copy_around, copy_to_dest, Qp, QpConfig, ReadDest, ReadUntil, RecvEnd, RxEnv, StreamConfig,
     VectoredRead,
@@ -123,7 +123,7 @@ impl Target {
             max_ord: 4,
         });
         qp.establish(stream_config(cfg)).expect("establish");
-        let mut mrs = MrTable::with_key_seed(16, KEY_SEED);
+        let mut mrs = MrTable::new(16, SeededKeys::new(KEY_SEED));
         let lw = Access::LOCAL_WRITE;
         let write = Guarded::new(
             &mut mrs,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use softwarp_engine::cq::{Cq, CqError, CqId};
 use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::memory::Region;
-use softwarp_engine::mr::{Access, MrTable, PdId, Stag};
+use softwarp_engine::mr::{Access, MrTable, PdId, SeededKeys, Stag};
 use softwarp_engine::qp::{
     copy_around, copy_to_dest, Qp, QpConfig, ReadDest, ReadUntil, RecvEnd, RxEnv, SendEnd,
     StreamConfig, TxPiece, VectoredRead, VectoredWrite, STAGE_LEN,
@@ -97,7 +97,7 @@ impl Side {
         Side {
             qp,
             // Seeded STag keys: every run of a test puts the same bytes on the wire.
-            mrs: MrTable::with_key_seed(64, u64::from(cfg.qp_num)),
+            mrs: MrTable::new(64, SeededKeys::new(u64::from(cfg.qp_num))),
             srq: cfg.use_srq.then(|| Srq::new(SrqId(1), cfg.pd, 64)),
             send_cq: Cq::new(CqId(cfg.qp_num * 2), 256),
             recv_cq: Cq::new(CqId(cfg.qp_num * 2 + 1), 256),

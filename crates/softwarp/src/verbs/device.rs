@@ -121,6 +121,14 @@ pub(crate) struct EventQueue {
     reported: [AtomicU64; EVENT_KINDS.len()],
 }
 
+/// The device's STag key source ([`softwarp_engine::mr::KeySource`]): 64 bits from the
+/// operating system's generator, which a peer cannot predict (RFC 5042 section 5.1).
+fn os_stag_key() -> Option<u64> {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
 /// Names of the kinds of asynchronous events, as the statistics label them.
 const EVENT_KINDS: [&str; 7] = [
     "qp_fatal",
@@ -685,7 +693,7 @@ impl Device {
         let shared = Arc::new(DeviceShared {
             begin: markers::Begin::new(markers::Kind::Device),
             inflight: DeviceGate::new(),
-            mrs: RwLock::new(MrTable::new(attr.max_mr)),
+            mrs: RwLock::new(MrTable::new(attr.max_mr, os_stag_key)),
             attr,
             events: EventQueue::new().map_err(|e| Error::io("eventfd", e))?,
             progress,
@@ -971,6 +979,19 @@ impl Drop for Quiesced {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The key source the STag table gets draws from the operating system (two draws agree
+    /// with probability 2^-64), and a table with it hands out keys.
+    #[test]
+    fn the_stag_key_source_is_the_operating_systems_generator() {
+        let (a, b) = (os_stag_key().unwrap(), os_stag_key().unwrap());
+        assert_ne!(a, b);
+        let mut mrs = MrTable::new(1, os_stag_key);
+        let region = Arc::new(softwarp_engine::memory::Region::new_zeroed(64).unwrap());
+        let pd = softwarp_engine::mr::PdId(1);
+        let access = softwarp_engine::mr::Access::NONE;
+        assert!(mrs.register(pd, region, 0, 64, None, access).is_ok());
+    }
 
     /// Objects come and go 10 at a time among 1,000 that stay: the list never holds more
     /// than twice the live ones plus the dead not yet counted, and an insertion walks fewer
