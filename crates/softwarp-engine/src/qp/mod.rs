@@ -10,10 +10,34 @@
 //! Methods are grouped quinn-style: getters; `handle_*` inputs; application commands
 //! (`post_*`, `modify`, `establish`, `destroy`); `poll_*` outputs. No I/O, no clocks, and no
 //! allocation after [`Qp::new`].
+//!
+//! # Sub-state machines
+//!
+//! A `Qp` holds three state machines, each a type with its own `impl` (as quinn-proto's
+//! `Connection` holds its stream and packet-space states, and siw splits `siw_rx_stream`
+//! from `siw_iwarp_tx`):
+//!
+//! - `sq::SendQueue`: the posted send WRs, their payload side tables and three cursors
+//!   (next to complete, next to transmit, next to post); completions leave it in posting
+//!   order.
+//! - `rx::RxState`: the receive WRs (own RQ), the message being received, the receive
+//!   completions, the expected MSNs and the FPDU state machine (header, payload, trailer,
+//!   markers). Its header is planned by one function per opcode (`rx/plan.rs`) and, once the
+//!   CRC checked, delivered by one per opcode (`rx/deliver.rs`).
+//! - `tx::TxState`: the FPDUs built and in flight, the message in progress, the turn
+//!   between the send queue and the responses, the MSNs to send (`tx/alias.rs`: the alias
+//!   lead-in of large messages).
+//!
+//! The `Qp` itself keeps what the two directions share and decides what crosses them: the
+//! ORQ (Reads and Atomic Requests sent: the transmit side adds, the receive side completes
+//! their send WRs), the IRQ (requests received: the receive side adds, the transmit side
+//! answers), the Terminate to send, the state, events and statistics, and the transitions
+//! that touch all of them (`fail`, `flush`, `reset`).
 
 mod codec;
 mod pump;
 mod rx;
+mod sq;
 mod terminate;
 mod tx;
 
@@ -23,14 +47,15 @@ use thiserror::Error;
 
 use crate::event::AsyncEvent;
 use crate::fault::{Cause, EventKind, Fault};
-use crate::mr::{Access, MrMemory, MrTable, PdId, Validated};
+use crate::mr::{MrMemory, MrTable, PdId, Validated};
 use crate::ring::{Ring, RingGuard};
 use crate::srq::Srq;
 use crate::stats::QpStats;
 use crate::wr::{
-    CqTarget, PayloadRef, RecvWr, RecvWrRef, SendOp, SendWr, SendWrRef, SgList, Sge, WcOpcode,
-    WcStatus, WorkCompletion, MAX_INLINE, MAX_SGE,
+    CqTarget, RecvWr, RecvWrRef, SendWr, SendWrRef, SgList, Sge, WcOpcode, WcStatus,
+    WorkCompletion, MAX_INLINE, MAX_SGE,
 };
+use sq::SendQueue;
 
 pub use pump::{
     copy_around, copy_to_dest, ReadDest, ReadUntil, RecvEnd, RxEnv, RxResources, SendEnd,
@@ -251,71 +276,6 @@ pub enum QpError {
     },
 }
 
-/// Status of a send queue entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SqStatus {
-    /// Waiting to be transmitted.
-    Queued,
-    /// Partly transmitted: `sent` payload bytes handed to the runtime.
-    Sending { sent: u64 },
-    /// RDMA Read Request sent; waiting for the Read Response.
-    AwaitingResponse,
-    /// Finished with this status and byte count (waiting to be polled).
-    Done(WcStatus, u32),
-}
-
-/// Where a send WR's payload lives. The SQ entry stays small (it is built at post time and
-/// moved into the ring): no SGE or one is kept in it; longer lists and inline bytes go to
-/// the QP's side tables, at the entry's slot (its sequence number modulo the SQ depth).
-#[derive(Debug)]
-enum SqData {
-    /// At most one SGE of registered memory, validated at post time (the reference keeps
-    /// the memory alive).
-    One {
-        sge: Option<Sge>,
-        mem: Option<Validated>,
-    },
-    /// Several SGEs, validated at post time, in `Qp::sq_sgls`.
-    Many,
-    /// Inline bytes copied at post time, in `Qp::sq_inline`.
-    Inline { len: usize },
-}
-
-/// A send WR's list of several SGEs and the validated memory behind them.
-#[derive(Debug, Default)]
-struct SqSgl {
-    sgl: SgList,
-    mem: [Option<Validated>; MAX_SGE],
-}
-
-#[derive(Debug)]
-struct SqEntry {
-    wr_id: u64,
-    op: SendOp,
-    signaled: bool,
-    fence: bool,
-    /// An SGE failed validation at post time.
-    local_error: bool,
-    data: SqData,
-    len: u64,
-    status: SqStatus,
-}
-
-impl SqEntry {
-    fn wc_opcode(&self) -> WcOpcode {
-        match self.op {
-            SendOp::Send { .. } | SendOp::SendWithImm { .. } => WcOpcode::Send,
-            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
-            SendOp::Read { .. } => WcOpcode::RdmaRead,
-            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
-            SendOp::CmpSwap { .. } => WcOpcode::CmpSwap,
-        }
-    }
-    fn is_done(&self) -> bool {
-        matches!(self.status, SqStatus::Done(..))
-    }
-}
-
 /// An RDMA Read or RFC 7306 Atomic Request we sent and whose response we await.
 #[derive(Debug)]
 struct OrqEntry {
@@ -363,35 +323,19 @@ pub struct Qp {
     stream: StreamConfig,
     destroyed: bool,
 
-    sq: Ring<SqEntry>,
-    /// Side tables of the SQ, one slot per entry (`seq % sq_depth`), allocated the first
-    /// time a WR needs them: SGE lists longer than one, inline bytes.
-    sq_sgls: Vec<SqSgl>,
-    sq_inline: Vec<[u8; MAX_INLINE]>,
-    /// Sequence number of `sq.front()`.
-    sq_front_seq: u64,
-    /// Sequence number the next posted WR gets.
-    sq_next_seq: u64,
-    /// Sequence number of the next WR to start transmitting.
-    sq_tx_seq: u64,
-
-    rq: Ring<RecvWr>,
-    rx_done: Ring<WorkCompletion>,
-    rx_msg: Option<RxMsg>,
-    /// Bytes the last `rx_target` offered, until the `rx_commit` that answers it.
-    rx_offered: usize,
-
-    orq: Ring<OrqEntry>,
-    irq: Ring<IrqEntry>,
-
-    tx: tx::TxState,
+    /// The send WRs (the application's transmit work).
+    sq: SendQueue,
+    /// The receive state machine and the receive WRs it fills (see the `rx` module).
     rx: rx::RxState,
+    /// The transmit state machine (see the `tx` module).
+    tx: tx::TxState,
 
-    /// Next MSN per untagged queue (0 Send and Immediate Data, 1 Read and Atomic Request,
-    /// 2 Terminate, 3 Atomic Response), transmit side.
-    tx_msn: [u32; 4],
-    /// Expected MSN per untagged queue, receive side.
-    rx_msn: [u32; 4],
+    /// RDMA Reads and Atomic Requests sent, awaiting their responses: the transmit side
+    /// adds, the receive side completes.
+    orq: Ring<OrqEntry>,
+    /// Read and Atomic Requests received, to answer: the receive side adds, the transmit
+    /// side answers.
+    irq: Ring<IrqEntry>,
 
     terminate: terminate::TerminateState,
     events: Ring<AsyncEvent>,
@@ -410,22 +354,11 @@ impl Qp {
             state: QpState::Idle,
             stream: StreamConfig::for_mss(1448),
             destroyed: false,
-            sq: Ring::new(cfg.sq_depth),
-            sq_sgls: Vec::new(),
-            sq_inline: Vec::new(),
-            sq_front_seq: 0,
-            sq_next_seq: 0,
-            sq_tx_seq: 0,
-            rq: Ring::new(if cfg.use_srq { 0 } else { cfg.rq_depth }),
-            rx_done: Ring::new(cfg.rq_depth),
-            rx_msg: None,
-            rx_offered: 0,
+            sq: SendQueue::new(cfg.sq_depth),
+            rx: rx::RxState::new(&cfg),
+            tx: tx::TxState::new(),
             orq: Ring::new(cfg.max_ord),
             irq: Ring::new(cfg.max_ird),
-            tx: tx::TxState::new(),
-            rx: rx::RxState::new(),
-            tx_msn: [1; 4],
-            rx_msn: [1; 4],
             terminate: terminate::TerminateState::default(),
             events: Ring::new(EVENT_RING),
             stats: QpStats::default(),
@@ -460,29 +393,29 @@ impl Qp {
     }
     /// Send WRs outstanding (posted and not yet polled).
     pub fn sq_len(&self) -> usize {
-        self.sq.len()
+        self.sq.ring.len()
     }
     /// Receive WRs posted to the own RQ and not yet used.
     pub fn rq_len(&self) -> usize {
-        self.rq.len()
+        self.rx.rq.len()
     }
     /// Whether the guard words of the send queue ring are intact (checked by the runtime
     /// at every post; two loads).
     #[inline]
     pub fn sq_guards_intact(&self) -> bool {
-        self.sq.guards_intact()
+        self.sq.ring.guards_intact()
     }
     /// Whether the guard words of the receive queue ring are intact.
     #[inline]
     pub fn rq_guards_intact(&self) -> bool {
-        self.rq.guards_intact()
+        self.rx.rq.guards_intact()
     }
     /// The guard words of every ring of the QP, as found.
     pub fn ring_guards(&self) -> [RingGuard; 6] {
         [
-            self.sq.guard("sq"),
-            self.rq.guard("rq"),
-            self.rx_done.guard("rx_done"),
+            self.sq.ring.guard("sq"),
+            self.rx.rq.guard("rq"),
+            self.rx.done.guard("rx_done"),
             self.orq.guard("orq"),
             self.irq.guard("irq"),
             self.events.guard("events"),
@@ -494,9 +427,9 @@ impl Qp {
     #[doc(hidden)]
     pub fn damage_ring_guard(&mut self, ring: &str, hi: bool) -> bool {
         match ring {
-            "sq" => self.sq.damage_guard(hi),
-            "rq" => self.rq.damage_guard(hi),
-            "rx_done" => self.rx_done.damage_guard(hi),
+            "sq" => self.sq.ring.damage_guard(hi),
+            "rq" => self.rx.rq.damage_guard(hi),
+            "rx_done" => self.rx.done.damage_guard(hi),
             "orq" => self.orq.damage_guard(hi),
             "irq" => self.irq.damage_guard(hi),
             "events" => self.events.damage_guard(hi),
@@ -519,48 +452,11 @@ impl Qp {
             && self.orq.is_empty()
             && self.irq.is_empty()
             && !self.terminate.is_pending()
-            && self.sq.iter().all(SqEntry::is_done)
+            && self.sq.all_done()
     }
     /// True once a Terminate was handed to the runtime (it should now close the connection).
     pub fn terminate_sent(&self) -> bool {
         self.terminate.sent
-    }
-
-    fn sq_entry(&self, seq: u64) -> Option<&SqEntry> {
-        let idx = usize::try_from(seq.checked_sub(self.sq_front_seq)?).ok()?;
-        self.sq.get(idx)
-    }
-
-    fn sq_entry_mut(&mut self, seq: u64) -> Option<&mut SqEntry> {
-        let idx = usize::try_from(seq.checked_sub(self.sq_front_seq)?).ok()?;
-        self.sq.get_mut(idx)
-    }
-
-    /// The side-table slot of the SQ entry `seq`: distinct for every entry in the ring,
-    /// which holds at most `sq_depth` consecutive sequence numbers.
-    fn sq_slot(&self, seq: u64) -> usize {
-        let depth = self.cfg.sq_depth.max(1) as u64;
-        usize::try_from(seq % depth).unwrap_or(0)
-    }
-
-    /// The SGEs of the SQ entry `seq` and their validated memory (empty for inline data).
-    fn sq_sges(&self, seq: u64) -> (&[Sge], &[Option<Validated>]) {
-        match self.sq_entry(seq).map(|e| &e.data) {
-            Some(SqData::One { sge, mem }) => (sge.as_slice(), std::slice::from_ref(mem)),
-            Some(SqData::Many) => match self.sq_sgls.get(self.sq_slot(seq)) {
-                Some(s) => (s.sgl.as_slice(), &s.mem),
-                None => (&[], &[]),
-            },
-            Some(SqData::Inline { .. }) | None => (&[], &[]),
-        }
-    }
-
-    /// The inline bytes of the SQ entry `seq` (`None` when it has registered memory).
-    fn sq_inline_bytes(&self, seq: u64) -> Option<&[u8]> {
-        match self.sq_entry(seq).map(|e| &e.data) {
-            Some(SqData::Inline { len }) => self.sq_inline.get(self.sq_slot(seq))?.get(..*len),
-            _ => None,
-        }
     }
 
     // ----- application commands -----
@@ -680,121 +576,10 @@ impl Qp {
                 state: self.state,
             });
         }
-        if self.sq.is_full() {
-            return Err(QpError::QueueFull("send"));
-        }
-        let is_read = wr.op.awaits_response();
-        let mut status = SqStatus::Queued;
-        // The side-table slot (a division) is computed only for entries that use one.
-        let (data, len) = match wr.payload {
-            PayloadRef::Inline(_) if wr.op.is_atomic() => return Err(QpError::AtomicSink),
-            PayloadRef::Inline(bytes) => {
-                if bytes.len() > MAX_INLINE || is_read {
-                    return Err(QpError::Inline(bytes.len()));
-                }
-                if self.sq_inline.is_empty() {
-                    self.sq_inline = vec![[0u8; MAX_INLINE]; self.cfg.sq_depth.max(1)];
-                }
-                let slot = self.sq_slot(self.sq_next_seq);
-                if let Some(dst) = self
-                    .sq_inline
-                    .get_mut(slot)
-                    .and_then(|b| b.get_mut(..bytes.len()))
-                {
-                    dst.copy_from_slice(bytes);
-                }
-                (SqData::Inline { len: bytes.len() }, bytes.len() as u64)
-            }
-            PayloadRef::Sges(sges) => {
-                if sges.len() > MAX_SGE {
-                    return Err(QpError::TooManySges(sges.len()));
-                }
-                let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
-                if wr.op.is_atomic() && (sges.len() != 1 || total != 8) {
-                    return Err(QpError::AtomicSink);
-                }
-                if is_read && sges.len() > 1 {
-                    return Err(QpError::ReadSinkSgl);
-                }
-                if total > u64::from(u32::MAX) {
-                    return Err(QpError::MessageTooLong(total));
-                }
-                let required = if is_read {
-                    Access::LOCAL_WRITE
-                } else {
-                    Access::NONE
-                };
-                let pd = self.cfg.pd;
-                let validate = |sge: &Sge, status: &mut SqStatus| {
-                    if sge.length == 0 {
-                        return None;
-                    }
-                    let v = mrs.validate(sge.lkey, pd, required, sge.addr, u64::from(sge.length));
-                    if v.is_err() {
-                        *status = SqStatus::Done(WcStatus::LocProtErr, 0);
-                    }
-                    v.ok()
-                };
-                let data = match sges {
-                    [] => SqData::One {
-                        sge: None,
-                        mem: None,
-                    },
-                    [sge] => SqData::One {
-                        sge: Some(*sge),
-                        mem: validate(sge, &mut status),
-                    },
-                    sges => {
-                        let slot = self.sq_slot(self.sq_next_seq);
-                        if self.sq_sgls.is_empty() {
-                            self.sq_sgls = std::iter::repeat_with(SqSgl::default)
-                                .take(self.cfg.sq_depth.max(1))
-                                .collect();
-                        }
-                        if let Some(side) = self.sq_sgls.get_mut(slot) {
-                            // At most `MAX_SGE` (checked above).
-                            side.sgl.assign(sges);
-                            for (m, sge) in side.mem.iter_mut().zip(sges) {
-                                *m = validate(sge, &mut status);
-                            }
-                        }
-                        SqData::Many
-                    }
-                };
-                (data, total)
-            }
-        };
-        if len > u64::from(u32::MAX) {
-            return Err(QpError::MessageTooLong(len));
-        }
-        let local_error = status != SqStatus::Queued;
-        let status = if in_error {
+        self.sq.post(wr, mrs, self.cfg.pd, in_error)?;
+        if in_error {
             self.stats.flushed += 1;
-            SqStatus::Done(WcStatus::WrFlushErr, 0)
-        } else {
-            // A local error is reported when the transmit path reaches the WR, so that
-            // completions stay in posting order.
-            SqStatus::Queued
-        };
-        let entry = SqEntry {
-            wr_id: wr.wr_id,
-            op: wr.op,
-            signaled: wr.signaled,
-            fence: wr.fence,
-            local_error,
-            data,
-            len,
-            status,
-        };
-        if self.sq.push(entry).is_err() {
-            // Unreachable (checked above); the side slot must not keep memory in use.
-            let slot = self.sq_slot(self.sq_next_seq);
-            if let Some(side) = self.sq_sgls.get_mut(slot) {
-                side.mem = no_validated();
-            }
-            return Err(QpError::QueueFull("send"));
         }
-        self.sq_next_seq += 1;
         Ok(())
     }
 
@@ -810,7 +595,8 @@ impl Qp {
     /// As [`Qp::post_recv`], copying the WR from `wr` straight into the receive queue.
     pub fn post_recv_ref(&mut self, wr: &RecvWr) -> Result<(), QpError> {
         if self.admit_recv(wr.wr_id, wr.sgl.total_len())? {
-            self.rq
+            self.rx
+                .rq
                 .push(*wr)
                 .map_err(|_| QpError::QueueFull("receive"))?;
         }
@@ -828,7 +614,8 @@ impl Qp {
         if let [one] = wr.sges {
             // The common case: the entry is built in the ring's slot.
             if self.admit_recv(wr.wr_id, u64::from(one.length))? {
-                self.rq
+                self.rx
+                    .rq
                     .push(RecvWr {
                         wr_id: wr.wr_id,
                         sgl: SgList::single(*one),
@@ -842,13 +629,14 @@ impl Qp {
             // An empty list goes in and the elements are copied into it there: no
             // intermediate `RecvWr` (whose eight inline SGEs the compiler moved one field
             // at a time).
-            self.rq
+            self.rx
+                .rq
                 .push(RecvWr {
                     wr_id: wr.wr_id,
                     sgl: SgList::new(),
                 })
                 .map_err(|_| QpError::QueueFull("receive"))?;
-            if let Some(last) = self.rq.back_mut() {
+            if let Some(last) = self.rx.rq.back_mut() {
                 // At most `MAX_SGE` elements (checked above).
                 last.sgl.assign(wr.sges);
             }
@@ -867,14 +655,15 @@ impl Qp {
         if total > u64::from(u32::MAX) {
             return Err(QpError::MessageTooLong(total));
         }
-        let used = self.rq.len() + self.rx_done.len() + usize::from(self.rx_msg.is_some());
+        let used = self.rx.rq.len() + self.rx.done.len() + usize::from(self.rx.msg.is_some());
         if used >= self.cfg.rq_depth {
             return Err(QpError::QueueFull("receive"));
         }
         if matches!(self.state, QpState::Error | QpState::Terminate) {
             self.stats.flushed += 1;
             let wc = self.recv_wc(wr_id, WcStatus::WrFlushErr, 0);
-            self.rx_done
+            self.rx
+                .done
                 .push(wc)
                 .map_err(|_| QpError::QueueFull("receive"))?;
             return Ok(false);
@@ -899,46 +688,13 @@ impl Qp {
     /// The next completion of the send queue ([`Qp::poll_completion`]'s first half): finished
     /// unsignaled WRs at the front are retired silently on the way.
     pub fn poll_send_completion(&mut self) -> Option<WorkCompletion> {
-        //= https://www.rfc-editor.org/rfc/rfc5040#section-5.5
-        // (paraphrase) Completions of the send queue are delivered to the ULP in the order
-        // the work requests were submitted, whatever order their operations finish in (an
-        // RDMA Read finishes when its last Read Response arrives, a later Send earlier).
-        while let Some(front) = self.sq.front() {
-            let SqStatus::Done(status, byte_len) = front.status else {
-                break;
-            };
-            let signaled = front.signaled || status != WcStatus::Success;
-            let wc = signaled.then(|| WorkCompletion {
-                wr_id: front.wr_id,
-                status,
-                opcode: front.wc_opcode(),
-                byte_len,
-                qp_num: self.cfg.qp_num,
-                invalidated_stag: None,
-                solicited: false,
-                imm: None,
-            });
-            if matches!(front.data, SqData::Many) {
-                // Release the memory references of the entry's SGE list.
-                let slot = self.sq_slot(self.sq_front_seq);
-                if let Some(side) = self.sq_sgls.get_mut(slot) {
-                    side.mem = no_validated();
-                }
-            }
-            // Dropped here: an SGE's validated memory reference goes with it.
-            let _ = self.sq.pop();
-            self.sq_front_seq += 1;
-            if wc.is_some() {
-                return wc;
-            }
-        }
-        None
+        self.sq.pop_completion(self.cfg.qp_num)
     }
 
     /// The next completion of the receive side ([`Qp::poll_completion`]'s second half).
     #[inline]
     pub fn poll_recv_completion(&mut self) -> Option<WorkCompletion> {
-        self.rx_done.pop()
+        self.rx.done.pop()
     }
 
     /// Whether [`Qp::poll_completion`] has anything to look at: a finished send WR at the
@@ -946,11 +702,7 @@ impl Qp {
     /// completion. Cheap enough to ask before every drain.
     #[inline]
     pub fn has_completion(&self) -> bool {
-        !self.rx_done.is_empty()
-            || self
-                .sq
-                .front()
-                .is_some_and(|e| matches!(e.status, SqStatus::Done(..)))
+        !self.rx.done.is_empty() || self.sq.front_done()
     }
 
     /// The next asynchronous event of this QP (errors with their cause).
@@ -1063,23 +815,16 @@ impl Qp {
 
     /// Completes every outstanding WR with `WrFlushErr` (or the status already decided).
     fn flush(&mut self) {
-        let mut flushed = 0;
-        for e in self.sq.iter_mut() {
-            if !e.is_done() {
-                e.status = SqStatus::Done(WcStatus::WrFlushErr, 0);
-                e.signaled = true;
-                flushed += 1;
-            }
-        }
-        if let Some(msg) = self.rx_msg.take() {
+        let mut flushed = self.sq.flush();
+        if let Some(msg) = self.rx.msg.take() {
             let wc = self.recv_wc(msg.wr.wr_id, WcStatus::WrFlushErr, 0);
             flushed += 1;
-            let _ = self.rx_done.push(wc);
+            let _ = self.rx.done.push(wc);
         }
-        while let Some(wr) = self.rq.pop() {
+        while let Some(wr) = self.rx.rq.pop() {
             let wc = self.recv_wc(wr.wr_id, WcStatus::WrFlushErr, 0);
             flushed += 1;
-            let _ = self.rx_done.push(wc);
+            let _ = self.rx.done.push(wc);
         }
         self.orq.clear();
         self.irq.clear();
@@ -1088,21 +833,11 @@ impl Qp {
     }
 
     fn reset(&mut self) {
-        self.sq.clear();
-        for side in self.sq_sgls.iter_mut() {
-            side.mem = no_validated();
-        }
-        self.sq_front_seq = self.sq_next_seq;
-        self.sq_tx_seq = self.sq_next_seq;
-        self.rq.clear();
-        self.rx_done.clear();
-        self.rx_msg = None;
+        self.sq.reset();
         self.orq.clear();
         self.irq.clear();
         self.tx = tx::TxState::new();
-        self.rx = rx::RxState::new();
-        self.tx_msn = [1; 4];
-        self.rx_msn = [1; 4];
+        self.rx.reset(&self.cfg);
         self.terminate = terminate::TerminateState::default();
         self.set_state(QpState::Idle);
     }

@@ -22,7 +22,7 @@
 //! before its header named it, with one exception: once two large Send messages of one
 //! layout came in a row, the next message's first large payload is read early, straight
 //! into the posted receive, with its leading FPDUs and header in front of it in the
-//! staging buffer ([`Qp::early_read`]; confirmed by the header or copied out again).
+//! staging buffer ([`RxState::early_read`](super::rx::RxState::early_read); confirmed by the header or copied out again).
 //! QPs on an SRQ never stage: their receiver may hold
 //! a header back until completions are polled, with staged bytes it could not take. Once
 //! the QP no longer receives, reads go to the staging buffer and are dropped, so the end
@@ -306,8 +306,8 @@ impl Qp {
             if *budget == 0 {
                 return RecvEnd::Budget;
             }
-            if staging && self.early_armed() {
-                let early = res.with_mrs(|mrs| self.early_read(stage.len(), mrs));
+            if staging && self.rx.early_armed() {
+                let early = res.with_mrs(|mrs| self.rx.early_read(stage.len(), mrs));
                 if let Some(early) = early {
                     res.release();
                     let asked = early.lead + early.len + SMALL_STAGE;
@@ -331,7 +331,7 @@ impl Qp {
             res.release();
             let small_stage = self.rx.big;
             let ahead =
-                staging && !small_stage && !stage.is_empty() && self.rx_expects_whole_fpdu();
+                staging && !small_stage && !stage.is_empty() && self.rx.expects_whole_fpdu();
             let (r, target_len, asked) = if ahead {
                 // A new FPDU starts: read it and what follows into the staging buffer only,
                 // from where whole FPDUs go to the engine in one step each.
@@ -437,9 +437,9 @@ impl Qp {
         }
     }
 
-    /// Does the early read `early` (see [`Qp::early_read`]): the lead into the staging
+    /// Does the early read `early` (see [`RxState::early_read`](super::rx::RxState::early_read)): the lead into the staging
     /// buffer, the expected payload into the posted receive, and [`SMALL_STAGE`] bytes of
-    /// staging behind it. When the lead is the expected one ([`Qp::early_lead_ok`]) it is
+    /// staging behind it. When the lead is the expected one ([`RxState::early_lead_ok`](super::rx::RxState::early_lead_ok)) it is
     /// received, and if its header then targets exactly the bytes read early, they are
     /// committed where they are. Otherwise they are copied out of the receive buffer into
     /// the staging buffer, between the lead and the bytes behind, and received from there
@@ -459,7 +459,7 @@ impl Qp {
         let region = early.memory.region();
         let (head, rest) = stage.split_at_mut(lead.min(stage.len()));
         // Behind the lead the staging buffer must have room for the payload too, should it
-        // be copied out ([`Qp::early_read`] cuts the read to fit).
+        // be copied out ([`RxState::early_read`](super::rx::RxState::early_read) cuts the read to fit).
         if rest.len() < early.len + SMALL_STAGE {
             return Err(RecvEnd::Bug("early read larger than the staging buffer"));
         }
@@ -480,7 +480,10 @@ impl Qp {
         }
         let placed = (n - lead).min(early.len);
         let behind = n - lead - placed;
-        if self.early_lead_ok(&early, stage.get(..lead).unwrap_or_default(), placed) {
+        if self
+            .rx
+            .early_lead_ok(&early, stage.get(..lead).unwrap_or_default(), placed)
+        {
             *staged = lead;
             while *fed < lead {
                 if let Some(end) = self.feed(stage, fed, lead, res) {
@@ -512,7 +515,7 @@ impl Qp {
         }
         *staged = lead + placed + behind;
         self.stats.rx_early_missed_bytes += placed as u64;
-        self.early_missed();
+        self.rx.early_missed();
         Ok(Ok(n))
     }
 
@@ -639,7 +642,7 @@ impl Qp {
                 }
                 let out = batch.get_mut(..BATCH_CAP).unwrap_or_default();
                 // The only WR waiting (a ping-pong's message): up to LONE_COPY_MAX.
-                let lone = self.sq_next_seq == self.sq_tx_seq.wrapping_add(1);
+                let lone = self.sq.next_seq == self.sq.tx_seq.wrapping_add(1);
                 let max_each = if lone { LONE_COPY_MAX } else { COALESCE_MAX };
                 let used = self.tx_copy_fpdus(out, max_each);
                 let batch = batch.get(..used).unwrap_or_default();

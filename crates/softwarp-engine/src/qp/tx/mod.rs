@@ -34,7 +34,8 @@ use softwarp_wire::rdmap::{AtomicOpcode, AtomicRequestRepr, AtomicResponseRepr};
 use crate::fault::Cause;
 use crate::memory::Region;
 use crate::mr::MrMemory;
-use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, SqStatus, StreamConfig};
+use crate::qp::sq::SqStatus;
+use crate::qp::{codec, sge_piece, OrqEntry, Qp, QpError, QpState, StreamConfig};
 use crate::wr::{SendOp, WcStatus, MAX_INLINE, MAX_SGE};
 use alias::{ALIAS_LEAD_MAX_BYTES, ALIAS_LEAD_MIN_LEN};
 
@@ -446,8 +447,14 @@ struct TxPick {
     budget: u64,
 }
 
+/// The transmit half of a QP: the FPDUs built and in flight, the message in progress, the
+/// turn between the send queue and the Read/Atomic Responses, the MSNs to send, and the
+/// stream's framing parameters. The send WRs themselves are in [`super::sq::SendQueue`].
 #[derive(Debug)]
 pub(crate) struct TxState {
+    /// Next MSN per untagged queue (0 Send and Immediate Data, 1 Read and Atomic Request,
+    /// 2 Terminate, 3 Atomic Response).
+    pub(super) msn: [u32; 4],
     build: Option<Box<FpduBuild>>,
     spare: Option<Box<FpduBuild>>,
     /// FPDUs built behind `build` for [`Qp::poll_tx_gather`] (none has started).
@@ -505,6 +512,7 @@ pub(crate) struct TxState {
 impl TxState {
     pub(crate) fn new() -> Self {
         Self {
+            msn: [1; 4],
             build: None,
             // Allocated once here so building an FPDU never allocates.
             spare: Some(FpduBuild::boxed()),
@@ -729,7 +737,7 @@ impl Qp {
     fn build_ahead(&mut self) -> Option<usize> {
         let local_error_next = self.tx.msg == TxMsg::None
             && !self.rresp_in_progress()
-            && self.sq_entry(self.sq_tx_seq).is_some_and(|e| e.local_error);
+            && self.sq.entry(self.sq.tx_seq).is_some_and(|e| e.local_error);
         if local_error_next || !matches!(self.state, QpState::Rts | QpState::Closing) {
             // A failed QP sends its Terminate (the front build) and nothing after it; a WR
             // with a local error fails the QP only once everything before it went out, as
@@ -781,7 +789,7 @@ impl Qp {
             || self.tx.rtr_pending
             || self.terminate.wants_tx()
             || !self.irq.is_empty()
-            || self.sq_tx_seq < self.sq_next_seq
+            || self.sq.tx_seq < self.sq.next_seq
     }
 
     /// The next FPDU by the general path, copied whole into the start of `out` and
@@ -892,8 +900,8 @@ impl Qp {
         let mut used = 0;
         let mut fpdus = 0;
         while fpdus < max_fpdus {
-            let seq = self.sq_tx_seq;
-            let Some(e) = self.sq_entry(seq) else {
+            let seq = self.sq.tx_seq;
+            let Some(e) = self.sq.entry(seq) else {
                 break;
             };
             if e.local_error
@@ -943,20 +951,20 @@ impl Qp {
                     solicited,
                     invalidate: None,
                 } => {
-                    let msn = self.tx_msn[0];
+                    let msn = self.tx.msn[0];
                     let t = &self.tx.send_headers[usize::from(solicited)];
                     if codec::put_send(ulp_hdr, t, msn, 0) == 0 {
                         break;
                     }
-                    self.tx_msn[0] = msn.wrapping_add(1);
+                    self.tx.msn[0] = msn.wrapping_add(1);
                 }
                 SendOp::Send {
                     solicited,
                     invalidate,
                 } => {
-                    let msn = self.tx_msn[0];
+                    let msn = self.tx.msn[0];
                     codec::emit_send(ulp_hdr, true, solicited, invalidate.map(|s| s.0), msn, 0);
-                    self.tx_msn[0] = msn.wrapping_add(1);
+                    self.tx.msn[0] = msn.wrapping_add(1);
                 }
                 SendOp::Write { remote_addr, rkey } => {
                     // Control bytes from the template, then STag and TO (big-endian).
@@ -977,14 +985,14 @@ impl Qp {
             }
             // What building the FPDU, committing all of it and `on_fpdu_sent` would have
             // recorded: the WR is done (it completes when the send queue is polled).
-            if let Some(e) = self.sq_entry_mut(seq) {
+            if let Some(e) = self.sq.entry_mut(seq) {
                 e.status = SqStatus::Done(WcStatus::Success, len as u32);
             }
             match op {
                 SendOp::Write { .. } => self.stats.tx.write.add(len as u64),
                 _ => self.stats.tx.send.add(len as u64),
             }
-            self.sq_tx_seq = seq + 1;
+            self.sq.tx_seq = seq + 1;
             self.tx.stream_offset = self.tx.stream_offset.wrapping_add(total as u64);
             self.stats.tx_stream_bytes += total as u64;
             self.stats.tx_fpdus += 1;
@@ -1106,7 +1114,7 @@ impl Qp {
 
     /// [`Qp::tx_copy_run`] for the Send or Write (`seq`) in progress.
     fn tx_copy_sq_run(&mut self, seq: u64, out: &mut [u8], max_each: usize) -> usize {
-        let Some(e) = self.sq_entry(seq) else {
+        let Some(e) = self.sq.entry(seq) else {
             return 0;
         };
         let SqStatus::Sending { sent } = e.status else {
@@ -1166,7 +1174,7 @@ impl Qp {
     /// line it added about 60 instructions to a 64-byte Send).
     #[inline(always)]
     fn sq_copy_range(&self, seq: u64, from: u64, out: &mut [u8]) -> bool {
-        if let Some(bytes) = self.sq_inline_bytes(seq) {
+        if let Some(bytes) = self.sq.inline_bytes(seq) {
             let src = usize::try_from(from)
                 .ok()
                 .and_then(|f| bytes.get(f..f.checked_add(out.len())?));
@@ -1178,7 +1186,7 @@ impl Qp {
                 None => false,
             };
         }
-        let (sges, mem) = self.sq_sges(seq);
+        let (sges, mem) = self.sq.sges(seq);
         // Payload bytes still to pass over before `from` (zero-length SGEs pass too).
         let mut skip = from;
         let mut at = 0usize;
@@ -1233,7 +1241,7 @@ impl Qp {
                     return;
                 }
                 let mut counted = None;
-                if let Some(e) = self.sq_entry_mut(seq) {
+                if let Some(e) = self.sq.entry_mut(seq) {
                     if let SqStatus::Sending { .. } = e.status {
                         e.status = SqStatus::Done(WcStatus::Success, e.len as u32);
                     }
@@ -1369,7 +1377,7 @@ impl Qp {
             (TxSide::Irq, _) => self.build_read_response(),
             (TxSide::Sq, TxMsg::Sq(seq)) => self.build_sq(seq),
             (TxSide::Sq, TxMsg::Imm(seq)) => self.build_immediate(seq),
-            (TxSide::Sq, TxMsg::None) => self.build_sq(self.sq_tx_seq),
+            (TxSide::Sq, TxMsg::None) => self.build_sq(self.sq.tx_seq),
         }
     }
 
@@ -1399,10 +1407,11 @@ impl Qp {
         };
         let irq_tagged = front.atomic.is_none();
         let sq_tagged = match self.tx.msg {
-            TxMsg::Sq(seq) => self.sq_entry(seq).map(|e| e.op.is_tagged()),
+            TxMsg::Sq(seq) => self.sq.entry(seq).map(|e| e.op.is_tagged()),
             TxMsg::Imm(_) => Some(false),
             TxMsg::None => self
-                .sq_entry(self.sq_tx_seq)
+                .sq
+                .entry(self.sq.tx_seq)
                 .filter(|e| !e.local_error)
                 .map(|e| e.op.is_tagged()),
         };
@@ -1455,7 +1464,7 @@ impl Qp {
         let Some(mut b) = self.take_spare() else {
             return;
         };
-        let msn = self.tx_msn[2];
+        let msn = self.tx.msn[2];
         let layout = self.stream.terminate_layout;
         let Some(len) = self
             .terminate
@@ -1464,7 +1473,7 @@ impl Qp {
             self.tx.spare = Some(b);
             return;
         };
-        self.tx_msn[2] = self.tx_msn[2].wrapping_add(1);
+        self.tx.msn[2] = self.tx.msn[2].wrapping_add(1);
         self.frame_fpdu(b, len, TxDone::Terminate);
     }
 
@@ -1480,8 +1489,8 @@ impl Qp {
         let len = match kind {
             super::RtrKind::Write => codec::emit_write(hdr, true, codec::RTR_STAG, 0),
             super::RtrKind::Send => {
-                let msn = self.tx_msn[0];
-                self.tx_msn[0] = msn.wrapping_add(1);
+                let msn = self.tx.msn[0];
+                self.tx.msn[0] = msn.wrapping_add(1);
                 codec::emit_send(hdr, true, false, None, msn, 0)
             }
             super::RtrKind::Read => {
@@ -1489,8 +1498,8 @@ impl Qp {
                     self.tx.spare = Some(b);
                     return;
                 }
-                let msn = self.tx_msn[1];
-                self.tx_msn[1] = msn.wrapping_add(1);
+                let msn = self.tx.msn[1];
+                self.tx.msn[1] = msn.wrapping_add(1);
                 let _ = self.orq.push(OrqEntry {
                     seq: None,
                     atomic: None,
@@ -1522,8 +1531,8 @@ impl Qp {
             // (paraphrase) The responder answers each Atomic Request, in order, with an
             // Atomic Response on untagged queue 3 that echoes the Request Identifier and
             // carries the value the target word had before the operation.
-            let msn = self.tx_msn[3];
-            self.tx_msn[3] = msn.wrapping_add(1);
+            let msn = self.tx.msn[3];
+            self.tx.msn[3] = msn.wrapping_add(1);
             let hdr_len = codec::emit_atomic_response(
                 b.hdr.get_mut(2..).unwrap_or(&mut []),
                 msn,
@@ -1574,15 +1583,15 @@ impl Qp {
     fn build_sq(&mut self, seq: u64) {
         let ord = self.stream.ord;
         let orq_len = self.orq.len();
-        let (op, fence, local_error, status, len) = match self.sq_entry(seq) {
+        let (op, fence, local_error, status, len) = match self.sq.entry(seq) {
             Some(e) => (e.op, e.fence, e.local_error, e.status, e.len),
             None => return,
         };
         if local_error {
-            if let Some(e) = self.sq_entry_mut(seq) {
+            if let Some(e) = self.sq.entry_mut(seq) {
                 e.status = SqStatus::Done(WcStatus::LocProtErr, 0);
             }
-            self.sq_tx_seq = seq + 1;
+            self.sq.tx_seq = seq + 1;
             self.tx.msg = TxMsg::None;
             self.fail_local();
             return;
@@ -1592,7 +1601,7 @@ impl Qp {
             SqStatus::Sending { sent } => sent,
             SqStatus::AwaitingResponse | SqStatus::Done(..) => {
                 // Already handled (e.g. flushed): move on.
-                self.sq_tx_seq = self.sq_tx_seq.max(seq + 1);
+                self.sq.tx_seq = self.sq.tx_seq.max(seq + 1);
                 self.tx.msg = TxMsg::None;
                 return;
             }
@@ -1605,14 +1614,15 @@ impl Qp {
                 return;
             }
             let (sink_stag, sink_to) = self
-                .sq_sges(seq)
+                .sq
+                .sges(seq)
                 .0
                 .first()
                 .map_or((0, 0), |s| (s.lkey.0, s.addr));
             let Some(mut b) = self.take_spare() else {
                 return;
             };
-            let msn = self.tx_msn[1];
+            let msn = self.tx.msn[1];
             let hdr_len = codec::emit_read_request(
                 b.hdr.get_mut(2..).unwrap_or(&mut []),
                 msn,
@@ -1622,7 +1632,7 @@ impl Qp {
                 rkey.0,
                 remote_addr,
             );
-            self.tx_msn[1] = msn.wrapping_add(1);
+            self.tx.msn[1] = msn.wrapping_add(1);
             let _ = self.orq.push(OrqEntry {
                 seq: Some(seq),
                 atomic: None,
@@ -1631,10 +1641,10 @@ impl Qp {
                 len,
                 received: 0,
             });
-            if let Some(e) = self.sq_entry_mut(seq) {
+            if let Some(e) = self.sq.entry_mut(seq) {
                 e.status = SqStatus::AwaitingResponse;
             }
-            self.sq_tx_seq = seq + 1;
+            self.sq.tx_seq = seq + 1;
             self.tx.msg = TxMsg::None;
             self.frame_fpdu(b, hdr_len, TxDone::ReadRequest { bytes: len });
             return;
@@ -1657,7 +1667,7 @@ impl Qp {
         };
         let mut max = self.tx.max_payload(hdr_len);
         if sent < ALIAS_LEAD_MAX_BYTES {
-            let (sges, mem) = self.sq_sges(seq);
+            let (sges, mem) = self.sq.sges(seq);
             // The copy that matters is of the first element's bytes.
             let lead = sges
                 .first()
@@ -1672,9 +1682,9 @@ impl Qp {
         // Gather the segment's payload.
         let mut seg = 0usize;
         let mut inline_len = 0usize;
-        match self.sq_inline_bytes(seq) {
+        match self.sq.inline_bytes(seq) {
             None => {
-                let (sges, mem) = self.sq_sges(seq);
+                let (sges, mem) = self.sq.sges(seq);
                 let mut i = 0;
                 while seg < max && sent + (seg as u64) < len && i < MAX_SGE {
                     match sge_piece(sges, mem, sent + seg as u64, max - seg) {
@@ -1741,7 +1751,7 @@ impl Qp {
                 solicited,
                 invalidate,
             } => {
-                let msn = self.tx_msn[0];
+                let msn = self.tx.msn[0];
                 match invalidate {
                     None => {
                         let t = self.tx.send_template(last, solicited);
@@ -1752,16 +1762,16 @@ impl Qp {
                     }
                 }
                 if last {
-                    self.tx_msn[0] = msn.wrapping_add(1);
+                    self.tx.msn[0] = msn.wrapping_add(1);
                 }
             }
             SendOp::SendWithImm { .. } => {
                 // The Solicited Event, if asked for, rides on the Immediate Data message,
                 // which is what completes the operation at the peer.
-                let msn = self.tx_msn[0];
+                let msn = self.tx.msn[0];
                 codec::put_send(hdr, self.tx.send_template(last, false), msn, sent as u32);
                 if last {
-                    self.tx_msn[0] = msn.wrapping_add(1);
+                    self.tx.msn[0] = msn.wrapping_add(1);
                 }
             }
             SendOp::Write { remote_addr, rkey }
@@ -1773,14 +1783,14 @@ impl Qp {
             }
             SendOp::Read { .. } | SendOp::FetchAdd { .. } | SendOp::CmpSwap { .. } => {}
         }
-        if let Some(e) = self.sq_entry_mut(seq) {
+        if let Some(e) = self.sq.entry_mut(seq) {
             e.status = SqStatus::Sending { sent: new_sent };
         }
         let imm_follows = last && op.imm().is_some();
         if imm_follows {
             self.tx.msg = TxMsg::Imm(seq);
         } else if last {
-            self.sq_tx_seq = seq + 1;
+            self.sq.tx_seq = seq + 1;
             self.tx.msg = TxMsg::None;
         } else {
             self.tx.msg = TxMsg::Sq(seq);
@@ -1790,7 +1800,7 @@ impl Qp {
 
     /// The Immediate Data message that ends a Write/Send with Immediate.
     fn build_immediate(&mut self, seq: u64) {
-        let (imm, solicited) = match self.sq_entry(seq).map(|e| e.op) {
+        let (imm, solicited) = match self.sq.entry(seq).map(|e| e.op) {
             Some(SendOp::WriteWithImm { imm, .. }) => (imm, false),
             Some(SendOp::SendWithImm { imm, solicited }) => (imm, solicited),
             _ => {
@@ -1805,11 +1815,11 @@ impl Qp {
         // (paraphrase) Immediate Data travels in an Immediate Data (or Immediate Data with
         // Solicited Event) message of its own, an untagged message on queue 0 with the next
         // MSN, sent right after the RDMA Write or Send it belongs to.
-        let msn = self.tx_msn[0];
-        self.tx_msn[0] = msn.wrapping_add(1);
+        let msn = self.tx.msn[0];
+        self.tx.msn[0] = msn.wrapping_add(1);
         let hdr_len =
             codec::emit_immediate(b.hdr.get_mut(2..).unwrap_or(&mut []), msn, solicited, imm);
-        self.sq_tx_seq = seq + 1;
+        self.sq.tx_seq = seq + 1;
         self.tx.msg = TxMsg::None;
         self.frame_fpdu(
             b,
@@ -1854,8 +1864,8 @@ impl Qp {
         // The Request Identifier only has to tell outstanding requests apart: the SQ
         // sequence number's low half does (ORD is far below 2^32).
         let request_id = seq as u32;
-        let msn = self.tx_msn[1];
-        self.tx_msn[1] = msn.wrapping_add(1);
+        let msn = self.tx.msn[1];
+        self.tx.msn[1] = msn.wrapping_add(1);
         //= https://www.rfc-editor.org/rfc/rfc7306#section-6
         // (paraphrase) Atomic Requests are untagged messages on queue 1, the queue of RDMA
         // Read Requests, and count against the same ORD/IRD limits.
@@ -1881,10 +1891,10 @@ impl Qp {
             len: 8,
             received: 0,
         });
-        if let Some(e) = self.sq_entry_mut(seq) {
+        if let Some(e) = self.sq.entry_mut(seq) {
             e.status = SqStatus::AwaitingResponse;
         }
-        self.sq_tx_seq = seq + 1;
+        self.sq.tx_seq = seq + 1;
         self.tx.msg = TxMsg::None;
         self.frame_fpdu(b, hdr_len, TxDone::AtomicRequest);
     }
