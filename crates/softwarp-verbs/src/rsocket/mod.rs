@@ -36,6 +36,22 @@ pub const RDMA_ROUTE: c_int = 4;
 /// How long `rclose` waits for the connection's graceful close (FIN out, the peer's in).
 const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// Debian's `librspreload.so` (rdma-core 44) looks up the C library's calls it wraps on
+/// the first `socket`, `read`, `write`, `poll`, `close`, `fcntl`, `getsockname` or `dup2`,
+/// but not on the others (`recv`, `send`, `bind`, `connect`, `accept`, `setsockopt`, ...):
+/// a program whose first socket call is one of those jumps to NULL (socat reading a file
+/// calls `recv` first), over rdma-core's own librdmacm as over this one. Loaded under it
+/// (librspreload needs librdmacm), the library makes it look them up at load with a `poll`
+/// of no descriptors, which any interposer passes on and the kernel answers at once.
+#[used]
+#[link_section = ".init_array"]
+static INIT_INTERPOSER: extern "C" fn() = init_interposer;
+
+extern "C" fn init_interposer() {
+    // SAFETY: no descriptors (a null array is valid with a count of 0), no waiting.
+    unsafe { libc::poll(std::ptr::null_mut(), 0, 0) };
+}
+
 struct Entry {
     sock: Arc<Rsocket>,
     /// The socket's number, closed with the entry; a datagram socket's is its UDP socket,
@@ -158,33 +174,59 @@ unsafe fn copy_addr(
     }
 }
 
+/// The stream rsocket `socket` and the address `addr` of an `rbind` or `rconnect`; or,
+/// as `Err`, what the call returns: `dgram_call`'s answer for a datagram socket, -1 with
+/// `EBADF` or `EINVAL`.
+///
+/// # Safety
+/// `addr` is the caller's address of `addrlen` bytes.
+unsafe fn stream_to(
+    socket: c_int,
+    addr: *const libc::sockaddr,
+    addrlen: libc::socklen_t,
+    dgram_call: unsafe fn(&Rsocket, *const libc::sockaddr, libc::socklen_t) -> c_int,
+) -> Result<(Arc<Rsocket>, std::net::SocketAddr), c_int> {
+    let Some(rs) = lookup(socket) else {
+        return Err(err(libc::EBADF));
+    };
+    if rs.udp.is_some() {
+        // SAFETY: the caller's address of `addrlen` bytes.
+        return Err(unsafe { dgram_call(&rs, addr, addrlen) });
+    }
+    // SAFETY: the caller's address of its family's size.
+    match unsafe { from_sockaddr(addr) } {
+        Some(a) => Ok((rs, a)),
+        None => Err(err(libc::EINVAL)),
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn swv_rbind(
     socket: c_int,
     addr: *const libc::sockaddr,
-    _addrlen: libc::socklen_t,
+    addrlen: libc::socklen_t,
 ) -> c_int {
-    let Some(rs) = lookup(socket) else {
-        return err(libc::EBADF);
-    };
-    if rs.udp.is_some() {
-        // SAFETY: the caller's address of `_addrlen` bytes.
-        return unsafe { dgram::bind(&rs, addr, _addrlen) };
-    }
-    // SAFETY: the caller's address of its family's size.
-    let Some(a) = (unsafe { from_sockaddr(addr) }) else {
-        return err(libc::EINVAL);
+    // SAFETY: the caller's address.
+    let (rs, a) = match unsafe { stream_to(socket, addr, addrlen, dgram::bind) } {
+        Ok(x) => x,
+        Err(r) => return r,
     };
     let mut g = rs.lock();
     if g.state != state::INIT {
         return err(libc::EINVAL);
     }
-    // rdma_bind_addr's checks: the address is this host's and the port free.
-    if let Err(e) = std::net::TcpListener::bind(a) {
-        return err(e.raw_os_error().unwrap_or(libc::EADDRNOTAVAIL));
-    }
-    g.bound = Some(a);
-    g.local = Some(a);
+    // rdma_bind_addr's hold on the port: the address is this host's and the port free,
+    // port 0 is chosen now, and IPV6_V6ONLY (rdma-core passes it on as
+    // RDMA_OPTION_ID_AFONLY) lets `[::]` and `0.0.0.0` take one port side by side.
+    let v6_only = (g.ipv6_opts & (1 << libc::IPV6_V6ONLY) != 0).then_some(true);
+    let port = match softwarp::cm::PortReservation::bind(a, v6_only) {
+        Ok(p) => p,
+        Err(e) => return err(crate::errno::fail("rbind", &e)),
+    };
+    let local = port.local_addr();
+    g.bound = Some(local);
+    g.local = Some(local);
+    g.reserved = Some(port);
     g.state = state::BOUND;
     0
 }
@@ -228,20 +270,13 @@ pub unsafe extern "C" fn swv_raccept(
 pub unsafe extern "C" fn swv_rconnect(
     socket: c_int,
     addr: *const libc::sockaddr,
-    _addrlen: libc::socklen_t,
+    addrlen: libc::socklen_t,
 ) -> c_int {
-    let Some(rs) = lookup(socket) else {
-        return err(libc::EBADF);
-    };
-    if rs.udp.is_some() {
-        // SAFETY: the caller's address of `_addrlen` bytes.
-        return unsafe { dgram::connect(&rs, addr, _addrlen) };
+    // SAFETY: the caller's address.
+    match unsafe { stream_to(socket, addr, addrlen, dgram::connect) } {
+        Ok((rs, a)) => ret_unit(rs.connect(a)),
+        Err(r) => r,
     }
-    // SAFETY: the caller's address of its family's size.
-    let Some(a) = (unsafe { from_sockaddr(addr) }) else {
-        return err(libc::EINVAL);
-    };
-    ret_unit(rs.connect(a))
 }
 
 #[no_mangle]
@@ -541,9 +576,13 @@ pub unsafe extern "C" fn swv_rsendmsg(
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn swv_rgetpeername(
+/// `rgetpeername` (`peer`) and `rgetsockname`.
+///
+/// # Safety
+/// `addr` and `addrlen` as for `getsockname(2)`.
+unsafe fn name_of(
     socket: c_int,
+    peer: bool,
     addr: *mut libc::sockaddr,
     addrlen: *mut libc::socklen_t,
 ) -> c_int {
@@ -552,12 +591,29 @@ pub unsafe extern "C" fn swv_rgetpeername(
     };
     if rs.udp.is_some() {
         // SAFETY: the caller's buffer and length.
-        return unsafe { dgram::name(&rs, true, addr, addrlen) };
+        return unsafe { dgram::name(&rs, peer, addr, addrlen) };
     }
-    let peer = rs.lock().peer;
+    let a = {
+        let g = rs.lock();
+        if peer {
+            g.peer
+        } else {
+            g.local
+        }
+    };
     // SAFETY: the caller's buffer and length.
-    unsafe { copy_addr(addr, addrlen, peer) };
+    unsafe { copy_addr(addr, addrlen, a) };
     0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn swv_rgetpeername(
+    socket: c_int,
+    addr: *mut libc::sockaddr,
+    addrlen: *mut libc::socklen_t,
+) -> c_int {
+    // SAFETY: the caller's buffer and length.
+    unsafe { name_of(socket, true, addr, addrlen) }
 }
 
 #[no_mangle]
@@ -566,17 +622,8 @@ pub unsafe extern "C" fn swv_rgetsockname(
     addr: *mut libc::sockaddr,
     addrlen: *mut libc::socklen_t,
 ) -> c_int {
-    let Some(rs) = lookup(socket) else {
-        return err(libc::EBADF);
-    };
-    if rs.udp.is_some() {
-        // SAFETY: the caller's buffer and length.
-        return unsafe { dgram::name(&rs, false, addr, addrlen) };
-    }
-    let local = rs.lock().local;
     // SAFETY: the caller's buffer and length.
-    unsafe { copy_addr(addr, addrlen, local) };
-    0
+    unsafe { name_of(socket, false, addr, addrlen) }
 }
 
 /// rdma-core's `rfcntl(socket, cmd, ...)`: the one variadic argument of `F_SETFL` is an

@@ -23,6 +23,8 @@ use softwarp::{
     EMPTY_COMPLETION, MAX_INLINE,
 };
 
+use softwarp::cm::PortReservation;
+
 use super::iomap::{self, IomapMr, Iomaps};
 use super::wire::{self, ConnData, Op, RsSge};
 use crate::errno;
@@ -165,6 +167,9 @@ pub struct Inner {
     pub ipv6_opts: u64,
     pub route: Option<Vec<u8>>,
     pub bound: Option<SocketAddr>,
+    /// The port `rbind` holds until `rlisten` listens on it (rdma_bind_addr's hold: port 0
+    /// is chosen at the bind, `IPV6_V6ONLY` applies).
+    pub reserved: Option<PortReservation>,
     pub local: Option<SocketAddr>,
     pub peer: Option<SocketAddr>,
     pub cm: Option<Arc<CmEventChannel>>,
@@ -199,6 +204,20 @@ fn fail(call: &'static str, e: &softwarp::Error) -> c_int {
     errno::fail(call, e)
 }
 
+/// The size of a send's next transfer with `left` bytes to go: `olen`, which doubles up to
+/// `RS_MAX_TRANSFER` for the one after, or what is left.
+fn next_transfer(olen: &mut u32, left: usize) -> u32 {
+    if (*olen as usize) < left {
+        let x = *olen;
+        if *olen < MAX_TRANSFER {
+            *olen <<= 1;
+        }
+        x
+    } else {
+        left as u32
+    }
+}
+
 /// The device the connection manager uses (the library's, opened once).
 fn device() -> Result<&'static Device, c_int> {
     let ctx = crate::cm::cm_context()?;
@@ -221,6 +240,7 @@ impl Rsocket {
                 ipv6_opts: 0,
                 route: None,
                 bound: None,
+                reserved: None,
                 local: None,
                 peer: None,
                 cm: None,
@@ -425,9 +445,14 @@ impl Stream {
 
     /// `rs_post_msg`: a message alone, an inline Send.
     fn post_msg(&self, m: u32) -> Result<(), c_int> {
+        self.post_msg_as(u64::from(m), m)
+    }
+
+    /// [`Self::post_msg`] with the work request id `wr_id`.
+    fn post_msg_as(&self, wr_id: u64, m: u32) -> Result<(), c_int> {
         let bytes = wire::msg_bytes(m);
         self.post(&SendWr {
-            wr_id: u64::from(m),
+            wr_id,
             op: SendOp::Send {
                 solicited: false,
                 invalidate: None,
@@ -456,17 +481,7 @@ impl Stream {
             signaled: true,
             fence: false,
         })?;
-        let bytes = wire::msg_bytes(m);
-        self.post(&SendWr {
-            wr_id: u64::from(wire::msg(wire::msg_op(m), 0)) | WR_MSG_SEND,
-            op: SendOp::Send {
-                solicited: false,
-                invalidate: None,
-            },
-            payload: Payload::Inline(&bytes),
-            signaled: true,
-            fence: false,
-        })
+        self.post_msg_as(u64::from(wire::msg(wire::msg_op(m), 0)) | WR_MSG_SEND, m)
     }
 
     fn ctrl_avail(&self) -> bool {
@@ -879,7 +894,11 @@ impl Rsocket {
         let opts = ListenOptions::default()
             .backlog(backlog.max(1) as u32)
             .options(crate::env::options());
-        let l = cm.listen(addr, &opts).map_err(|e| fail("rlisten", &e))?;
+        let l = match g.reserved.take() {
+            Some(port) => cm.listen_reserved(port, &opts),
+            None => cm.listen(addr, &opts),
+        }
+        .map_err(|e| fail("rlisten", &e))?;
         g.local = Some(l.local_addr());
         g.listener = Some(l);
         g.cm = Some(Arc::new(cm));
@@ -983,8 +1002,10 @@ impl Rsocket {
         }
     }
 
-    /// `rrecv` (stream semantics; also `rread`, `rrecvfrom`, the first vector of `rreadv`).
-    pub fn recv(&self, buf: &mut [u8], flags: c_int) -> Result<usize, c_int> {
+    /// The start of `rrecv` and `rsend`: a connection in progress is carried on (`EAGAIN`
+    /// while a non-blocking one still is), a socket without one is `ENOTCONN`. Returns
+    /// the lock and whether the transfer may not block (`O_NONBLOCK`, `MSG_DONTWAIT`).
+    fn transfer_start(&self, flags: c_int) -> Result<(MutexGuard<'_, Inner>, bool), c_int> {
         let mut g = self.lock();
         if g.state & OPENING != 0 {
             let nonblock = g.fd_flags & libc::O_NONBLOCK != 0;
@@ -1002,6 +1023,29 @@ impl Rsocket {
             return Err(libc::ENOTCONN);
         }
         let nonblock = g.fd_flags & libc::O_NONBLOCK != 0 || flags & libc::MSG_DONTWAIT != 0;
+        Ok((g, nonblock))
+    }
+
+    /// Waits for room to send (`rs_can_send`); `ECONNRESET` once the socket is no longer
+    /// writable.
+    fn wait_writable<'a>(
+        &'a self,
+        g: MutexGuard<'a, Inner>,
+        nonblock: bool,
+    ) -> (MutexGuard<'a, Inner>, Result<(), c_int>) {
+        if g.s.as_ref().is_some_and(Stream::can_send) {
+            return (g, Ok(()));
+        }
+        let (g, r) = self.process(g, nonblock, Until::Writable);
+        if r.is_ok() && g.state & WRITABLE == 0 {
+            return (g, Err(libc::ECONNRESET));
+        }
+        (g, r)
+    }
+
+    /// `rrecv` (stream semantics; also `rread`, `rrecvfrom`, the first vector of `rreadv`).
+    pub fn recv(&self, buf: &mut [u8], flags: c_int) -> Result<usize, c_int> {
+        let (mut g, nonblock) = self.transfer_start(flags)?;
         let len = buf.len();
         let mut left = len;
         let mut ret = Ok(());
@@ -1050,23 +1094,7 @@ impl Rsocket {
     /// entry; inline from the caller's buffer when it fits, else copied into the send
     /// buffer (two SGEs where it wraps).
     pub fn send(&self, iov: &[&[u8]], flags: c_int) -> Result<usize, c_int> {
-        let mut g = self.lock();
-        if g.state & OPENING != 0 {
-            let nonblock = g.fd_flags & libc::O_NONBLOCK != 0;
-            let (ng, r) = self.do_connect(g, nonblock);
-            g = ng;
-            if let Err(e) = r {
-                return Err(if e == libc::EINPROGRESS {
-                    libc::EAGAIN
-                } else {
-                    e
-                });
-            }
-        }
-        if g.s.is_none() {
-            return Err(libc::ENOTCONN);
-        }
-        let nonblock = g.fd_flags & libc::O_NONBLOCK != 0 || flags & libc::MSG_DONTWAIT != 0;
+        let (mut g, nonblock) = self.transfer_start(flags)?;
         if g.s.as_ref().is_some_and(|s| !s.iomaps.queue.is_empty()) {
             let (ng, r) = self.send_iomaps(g, nonblock);
             g = ng;
@@ -1082,31 +1110,17 @@ impl Rsocket {
         };
         let mut ret = Ok(());
         while left > 0 {
-            if !g.s.as_ref().is_some_and(Stream::can_send) {
-                let (ng, r) = self.process(g, nonblock, Until::Writable);
-                g = ng;
-                if let Err(e) = r {
-                    ret = Err(e);
-                    break;
-                }
-                if g.state & WRITABLE == 0 {
-                    ret = Err(libc::ECONNRESET);
-                    break;
-                }
+            let (ng, r) = self.wait_writable(g, nonblock);
+            g = ng;
+            if let Err(e) = r {
+                ret = Err(e);
+                break;
             }
             let Some(s) = g.s.as_mut() else {
                 ret = Err(libc::ENOTCONN);
                 break;
             };
-            let mut xfer = if (olen as usize) < left {
-                let x = olen;
-                if olen < MAX_TRANSFER {
-                    olen <<= 1;
-                }
-                x
-            } else {
-                left as u32
-            };
+            let mut xfer = next_transfer(&mut olen, left);
             xfer = xfer
                 .min(s.sbuf_bytes_avail)
                 .min(s.target(s.target_sge).length);
@@ -1272,30 +1286,16 @@ impl Rsocket {
                     break;
                 }
             }
-            if !g.s.as_ref().is_some_and(Stream::can_send) {
-                let (ng, r) = self.process(g, nonblock, Until::Writable);
-                g = ng;
-                if let Err(e) = r {
-                    ret = Err(e);
-                    break;
-                }
-                if g.state & WRITABLE == 0 {
-                    ret = Err(libc::ECONNRESET);
-                    break;
-                }
+            let (ng, r) = self.wait_writable(g, nonblock);
+            g = ng;
+            if let Err(e) = r {
+                ret = Err(e);
+                break;
             }
             let (Some(s), Some((o, sge))) = (g.s.as_mut(), iom) else {
                 break;
             };
-            let mut xfer = if (olen as usize) < left {
-                let x = olen;
-                if olen < MAX_TRANSFER {
-                    olen <<= 1;
-                }
-                x
-            } else {
-                left as u32
-            };
+            let mut xfer = next_transfer(&mut olen, left);
             xfer = xfer.min(s.sbuf_bytes_avail);
             let room = (o + u64::from(sge.length)).saturating_sub(offset);
             xfer = xfer.min(u32::try_from(room).unwrap_or(u32::MAX));

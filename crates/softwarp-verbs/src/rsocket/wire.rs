@@ -155,17 +155,15 @@ impl RsSge {
         out[12..16].copy_from_slice(&self.length.to_be_bytes());
     }
 
+    /// An entry in network order (`b` holds at least [`SGE_LEN`] bytes).
     fn get_be(b: &[u8]) -> Self {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(&b[0..8]);
-        let mut k = [0u8; 4];
-        k.copy_from_slice(&b[8..12]);
-        let mut l = [0u8; 4];
-        l.copy_from_slice(&b[12..16]);
+        let mut raw = [0u8; SGE_LEN];
+        raw.copy_from_slice(&b[..SGE_LEN]);
+        let n = Self::from_bytes(&raw);
         Self {
-            addr: u64::from_be_bytes(a),
-            key: u32::from_be_bytes(k),
-            length: u32::from_be_bytes(l),
+            addr: u64::from_be(n.addr),
+            key: u32::from_be(n.key),
+            length: u32::from_be(n.length),
         }
     }
 }
