@@ -2,7 +2,8 @@
 //! STag table, completion queues, shared receive queues, and queue pairs that run RDMAP
 //! (RFC 5040) over DDP (RFC 5041) over MPA (RFC 5044, RFC 6581).
 //!
-//! This crate never does I/O: no sockets, no threads, no sleeping, no clocks. The runtime
+//! This crate never does I/O: no sockets, no threads, no sleeping, and it never reads a
+//! clock (time comes in as the instants the runtime passes to a QP's clock). The runtime
 //! (crate `softwarp`) owns the TCP connection and moves bytes; the engine makes every
 //! protocol decision. All wire formats come from `softwarp-wire`. Memory is allocated when a
 //! resource is created (queues are fixed-capacity rings); the data path does not allocate.
@@ -44,6 +45,8 @@
 //! transmit:   qp.send_to(&mut writer, Some(&mut batch), &mut budget)
 //! outputs:    while let Some((cq, wc)) = qp.poll_completion() { push to the send or recv CQ }
 //!             while let Some(ev) = qp.poll_event() { report }
+//! timers:     qp.set_timers(timers, now) once established; sleep until qp.poll_timeout(),
+//!             then qp.handle_timeout(now) (true: the polling order again)
 //! ```
 //!
 //! The data path has these two entry points, one per direction ([`qp::Qp::recv_from`],
@@ -66,7 +69,9 @@
 //! holds as many receives as it may (`recv_from` ends with [`qp::RecvEnd::Blocked`]).
 //! `handle_rx`/`handle_tx` are copying conveniences over the same two entry points, for
 //! tests and simple runtimes. TCP closing or failing is reported with
-//! [`qp::Qp::handle_llp_closed`].
+//! [`qp::Qp::handle_llp_closed`]. The time-based rules (the receive stall, the first-FPDU
+//! hold) are the QP's own decisions from the instants it is given: see the `qp` module's
+//! "Sub-state machines and the clock".
 //!
 //! # Receive path
 //!

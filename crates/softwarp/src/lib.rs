@@ -50,7 +50,7 @@
 //! | # | lock | taken by | held while taking |
 //! | --- | --- | --- | --- |
 //! | 1 | a CQ's QP list (`CqShared::qps`) | busy polls ([`CompletionQueue::set_busy_poll`]), QP creation | QP locks, only with `try_lock` (a busy QP is skipped) |
-//! | 2 | a QP (`QpShared::inner`) | every verb on the QP, progress passes, busy polls, stall looks and busy-poll receive looks (`try_lock`) | 3, 4, 5, 6, 7 and the leaves |
+//! | 2 | a QP (`QpShared::inner`) | every verb on the QP, progress passes, busy polls, timer looks and busy-poll receive looks (`try_lock`) | 3, 4, 5, 6, 7 and the leaves |
 //! | 3 | an SRQ (`SrqShared::srq`) | `post_srq_recv`, the receive commits of its QPs | 4 |
 //! | 4 | the STag table (`DeviceShared::mrs`, a read-write lock) | `post_send` (read), receive commits that place, validate or invalidate (write, taken lazily by the first that needs it), `reg_mr` and deregistration (write) | nothing: a leaf |
 //! | 5 | a CQ's queue (`CqShared::state`) | completions pushed, `poll`, `req_notify` | nothing (the channel is signalled after it is released) |

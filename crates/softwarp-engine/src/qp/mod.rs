@@ -8,10 +8,10 @@
 //! application ([`Qp::poll_completion`], [`Qp::poll_event`]).
 //!
 //! Methods are grouped quinn-style: getters; `handle_*` inputs; application commands
-//! (`post_*`, `modify`, `establish`, `destroy`); `poll_*` outputs. No I/O, no clocks, and no
-//! allocation after [`Qp::new`].
+//! (`post_*`, `modify`, `establish`, `destroy`); `poll_*` outputs. No I/O, no clock reads
+//! (time is passed in), and no allocation after [`Qp::new`].
 //!
-//! # Sub-state machines
+//! # Sub-state machines and the clock
 //!
 //! A `Qp` holds three state machines, each a type with its own `impl` (as quinn-proto's
 //! `Connection` holds its stream and packet-space states, and siw splits `siw_rx_stream`
@@ -33,7 +33,13 @@
 //! their send WRs), the IRQ (requests received: the receive side adds, the transmit side
 //! answers), the Terminate to send, the state, events and statistics, and the transitions
 //! that touch all of them (`fail`, `flush`, `reset`).
+//!
+//! Time-based rules are engine decisions too, quinn-style (`clock.rs`): [`Qp::set_timers`]
+//! turns them on, [`Qp::poll_timeout`] says when to call back, [`Qp::handle_timeout`]
+//! acts on the instant given (the receive stall, the first-FPDU hold); the runtime only
+//! sleeps, and tests pass made-up instants.
 
+mod clock;
 mod codec;
 mod pump;
 mod rx;
@@ -57,6 +63,7 @@ use crate::wr::{
 };
 use sq::SendQueue;
 
+pub use clock::{Timers, STALL_LOOK_MIN};
 pub use pump::{
     copy_around, copy_to_dest, ReadDest, ReadUntil, RecvEnd, RxEnv, RxResources, SendEnd,
     VectoredRead, VectoredWrite, BATCH_CAP, BIG_PAYLOAD, COALESCE_MAX, LONE_COPY_MAX, STAGE_LEN,
@@ -338,6 +345,8 @@ pub struct Qp {
     irq: Ring<IrqEntry>,
 
     terminate: terminate::TerminateState,
+    /// The time-based rules and what they last saw (see the `clock` module).
+    clock: clock::Clock,
     events: Ring<AsyncEvent>,
     stats: QpStats,
 }
@@ -360,6 +369,7 @@ impl Qp {
             orq: Ring::new(cfg.max_ord),
             irq: Ring::new(cfg.max_ird),
             terminate: terminate::TerminateState::default(),
+            clock: clock::Clock::default(),
             events: Ring::new(EVENT_RING),
             stats: QpStats::default(),
         }
@@ -732,13 +742,13 @@ impl Qp {
     }
 
     /// True while the peer is in the middle of an FPDU: some of its bytes arrived, the rest
-    /// did not. A runtime that sees this for too long without a byte arriving calls
-    /// [`Qp::handle_rx_stall`].
+    /// did not (what the receive stall rule of [`Qp::set_timers`] watches).
     pub fn rx_in_fpdu(&self) -> bool {
         matches!(self.state, QpState::Rts | QpState::Closing) && self.rx.in_fpdu()
     }
 
-    /// The runtime's receive stall timer expired while [`Qp::rx_in_fpdu`]: the stream is
+    /// The peer stalled inside an FPDU ([`Qp::handle_timeout`] decides this with the rule
+    /// of [`Qp::set_timers`]; a test may say so directly): the stream is
     /// terminated ([`Fault::RxStall`]: RDMAP "Catastrophic error, localized to RDMAP
     /// Stream"), outstanding work is flushed, and the memory and receive the partial FPDU
     /// held are let go. Does nothing when the QP is not in the middle of an FPDU.
@@ -839,6 +849,7 @@ impl Qp {
         self.tx = tx::TxState::new();
         self.rx.reset(&self.cfg);
         self.terminate = terminate::TerminateState::default();
+        self.clock = clock::Clock::default();
         self.set_state(QpState::Idle);
     }
 }

@@ -36,7 +36,7 @@
 //! with markers: then every FPDU starts its own segment, as MPA asks senders with markers
 //! and as the marker-aware dissectors expect.
 //!
-//! What the engine does not do: wait, time out, or know what a descriptor is. The caller
+//! What the engine does not do: wait, read a clock, or know what a descriptor is. The caller
 //! chooses the staging and batch buffers (and their sizes), the byte budget of a pass, and
 //! whether a short read ends it ([`ReadUntil`]); the outcome ([`RecvEnd`], [`SendEnd`])
 //! tells it what to do next.

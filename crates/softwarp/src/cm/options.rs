@@ -118,17 +118,18 @@ pub struct ConnectOptions {
     /// [`crate::QueuePair::connect`] waits that long before it returns; on the connection
     /// manager's path ([`crate::CmEventChannel::connect`]) the QP is established at once and
     /// holds its FPDUs back until the delay has passed: work posted meanwhile is queued and
-    /// leaves when it expires (nobody sleeps: the progress thread retries on its timer).
+    /// leaves when it expires (a rule of the engine's clock; the progress thread looks when
+    /// it asks, nobody sleeps).
     pub first_fpdu_delay: Duration,
     /// How long the peer may stop in the middle of an FPDU (some of its bytes arrived, the
     /// rest did not) before the stream is terminated (default 30 s; `Duration::MAX`: no
     /// limit). A partial FPDU holds the memory it is placed into and the receive it fills:
     /// without a bound, a peer could pin a registration that the application deregistered
     /// ([`crate::MrRelease::wait`]) forever. The Terminate is RDMAP's "Catastrophic error,
-    /// localized to RDMAP Stream"; the QP reports [`crate::Fault::RxStall`]. Checked by the
-    /// progress thread every quarter of the timeout (5 ms at the least) while the peer is
-    /// inside an FPDU, and not at all otherwise: a stall is found about 1.25 times the timeout
-    /// after the last byte.
+    /// localized to RDMAP Stream"; the QP reports [`crate::Fault::RxStall`]. A rule of the
+    /// engine's clock (`softwarp_engine::qp::Timers`): checked every quarter of the timeout
+    /// (5 ms at the least) while the peer is inside an FPDU, and not at all otherwise: a
+    /// stall is found between 1 and 1.25 times the timeout after the last byte.
     pub rx_stall_timeout: Duration,
     /// Use the RFC 7306 extensions on the connection (default true): Immediate Data,
     /// Atomic Requests and Responses, DDP queue 3. MPA negotiates nothing for them, so both

@@ -7,9 +7,11 @@
 //! connection, kick a QP whose state changed, move the QPs of an overflowed CQ to Error.
 //! It never blocks on anything but `epoll_wait`.
 //!
-//! Its timers cost nothing for a QP that needs none: a QP's receive stall looks
-//! ([`crate::ConnectOptions::rx_stall_timeout`]) are armed in a heap of deadlines only
-//! while its peer is inside an FPDU (a service pass ended there), and the busy-poll look
+//! Its timers cost nothing for a QP that needs none: a QP's timer look (the engine's clock,
+//! `softwarp_engine::qp::Qp::poll_timeout`: the receive stall of
+//! [`crate::ConnectOptions::rx_stall_timeout`] while the peer is inside an FPDU, the
+//! first-FPDU hold) is armed in a heap of deadlines only when the engine asks for one at
+//! the end of a pass or look; the thread only sleeps until then. The busy-poll look
 //! ([`crate::verbs::qp::RX_LOOK_PERIOD`]) walks only the busy-polled QPs. Registering a QP, closing
 //! one and a wake-up touch no other QP, so the work per connection is the same at ten
 //! connections and at ten thousand ([`ProgressStats`] counts it).
@@ -27,7 +29,7 @@ use mio::{Events, Poll, Token, Waker};
 use crate::error::{Error, Result};
 use crate::sync::lock;
 use crate::verbs::cq::CqShared;
-use crate::verbs::qp::{QpShared, StallLook};
+use crate::verbs::qp::{QpShared, TimerLook};
 
 const WAKE: Token = Token(0);
 /// The device's rtnetlink socket (`crate::availability::netwatch`), when it watches the network.
@@ -37,8 +39,6 @@ const RETRY: Duration = Duration::from_millis(5);
 /// Size of the progress thread's staging buffer (it also swallows bytes arriving after a
 /// QP stopped receiving): the engine's advice.
 pub(crate) const SCRATCH_LEN: usize = softwarp_engine::qp::STAGE_LEN;
-/// Shortest interval between two receive stall looks at a QP.
-const STALL_LOOK_MIN: Duration = Duration::from_millis(5);
 
 /// What the progress thread did, counted for [`crate::Device::progress_stats`]: the work
 /// that could grow with the number of connections, so that a test can see it does not.
@@ -82,7 +82,7 @@ pub struct ProgressStats {
     pub served: u64,
     /// Times `epoll_wait` returned.
     pub wakeups: u64,
-    /// QPs the progress thread looked at on a timer (a receive stall look, a busy-poll
+    /// QPs the progress thread looked at on a timer (a timer look of the engine's clock, a busy-poll
     /// receive look). An idle QP in the default mode is never looked at.
     pub timer_looks: u64,
     /// QP entries of the device's collections inserted, looked at or walked past: the
@@ -94,32 +94,46 @@ pub struct ProgressStats {
 /// A connected QP the progress thread serves, with its timers.
 struct Served {
     qp: Arc<QpShared>,
-    /// Period of its receive stall looks (a quarter of its stall timeout, at least
-    /// [`STALL_LOOK_MIN`]); `None` without a timeout.
-    stall_period: Option<Duration>,
-    /// When its next stall look is due, while one is armed (its entry in [`Timers`]).
-    stall_at: Option<Instant>,
+    /// A busy-polled QP's timer looks go on at this period while it is connected, whatever
+    /// its clock asks (its polls read, not the progress thread, which cannot tell when a
+    /// read ended inside an FPDU); `None` without a receive stall timeout.
+    look_period: Option<Duration>,
+    /// When its next timer look is due, while one is armed (its entry in [`Timers`]).
+    timer_at: Option<Instant>,
     /// Busy-polled (its receive CQ was when it connected): looked at every
-    /// [`crate::verbs::qp::RX_LOOK_PERIOD`], and its stall looks go on while it is connected (its
-    /// polls read, not the progress thread, which cannot tell when a read ended inside an
-    /// FPDU).
+    /// [`crate::verbs::qp::RX_LOOK_PERIOD`], and its timer looks go on while it is
+    /// connected.
     busy: bool,
 }
 
-/// The deadlines of the QPs' stall looks, earliest first. An entry is checked against the
-/// QP's own [`Served::stall_at`] when it comes due: a QP that closed leaves a stale entry
-/// behind, dropped then (tokens are never reused).
+/// The deadlines of the QPs' timer looks, earliest first. An entry is checked against the
+/// QP's own [`Served::timer_at`] when it comes due: a QP that closed, or whose look was
+/// moved earlier, leaves a stale entry behind, dropped then (tokens are never reused).
 #[derive(Default)]
 struct Timers {
     heap: BinaryHeap<Reverse<(Instant, Token)>>,
 }
 
 impl Timers {
-    fn arm(&mut self, s: &mut Served, token: Token, now: Instant) {
-        let Some(at) = s.stall_period.and_then(|p| now.checked_add(p)) else {
-            return;
+    /// Arms `s`'s look at `next` (the QP's clock asks for it then) or, for a busy-polled QP,
+    /// at the latest one look period from `now`; an earlier look already armed stays.
+    fn arm(&mut self, s: &mut Served, token: Token, next: Option<Instant>, now: Instant) {
+        let periodic = if s.busy {
+            s.look_period.and_then(|p| now.checked_add(p))
+        } else {
+            None
         };
-        s.stall_at = Some(at);
+        let at = match (next, periodic) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => match a.or(b) {
+                Some(t) => t,
+                None => return,
+            },
+        };
+        if s.timer_at.is_some_and(|t| t <= at) {
+            return;
+        }
+        s.timer_at = Some(at);
         self.heap.push(Reverse((at, token)));
     }
 
@@ -322,18 +336,16 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>, counters: &Counters) {
                     let token = Token(next_token);
                     next_token += 1;
                     if qp.register(poll.registry(), token) {
-                        let mut s = Served {
-                            stall_period: qp
-                                .rx_stall_timeout()
-                                .map(|t| (t / 4).max(STALL_LOOK_MIN)),
-                            stall_at: None,
+                        // Its first pass (below) arms its timer look.
+                        let s = Served {
+                            look_period: qp.look_period(),
+                            timer_at: None,
                             busy: qp.busy_polled(),
                             qp,
                         };
                         if s.busy {
                             busy.insert(token);
                             busy_look.set(true, Instant::now());
-                            timers.arm(&mut s, token, Instant::now());
                         }
                         tokens.insert(key(&s.qp), token);
                         qps.insert(token, s);
@@ -385,27 +397,25 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>, counters: &Counters) {
                 w.readable();
             }
         }
-        // The stall looks that are due, and only those.
+        // The timer looks that are due, and only those.
         let now = Instant::now();
         while let Some((at, token)) = timers.pop_due(now) {
             let Some(s) = qps.get_mut(&token) else {
                 continue;
             };
-            if s.stall_at != Some(at) {
+            if s.timer_at != Some(at) {
                 continue;
             }
-            s.stall_at = None;
+            s.timer_at = None;
             Counters::add(&counters.timer_looks);
             counters.visit(1);
-            match s.qp.check_rx_stall(now) {
-                StallLook::Stalled => {
+            match s.qp.on_timer(now) {
+                // The pass re-arms from what the clock asks then.
+                TimerLook::Acted => {
                     todo.insert(token);
                 }
-                StallLook::Watching => timers.arm(s, token, now),
-                // Inside no FPDU: no more looks until a pass ends inside one (a busy-polled
-                // QP's polls read: its looks go on).
-                StallLook::Quiet if s.busy => timers.arm(s, token, now),
-                StallLook::Quiet => {}
+                TimerLook::Next(next) => timers.arm(s, token, next, now),
+                TimerLook::Busy => timers.arm(s, token, now.checked_add(RETRY), now),
             }
         }
         if busy_look.due(Instant::now()) {
@@ -433,9 +443,10 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>, counters: &Counters) {
                 counters.served.fetch_sub(1, Ordering::Relaxed);
                 continue;
             }
-            if pass.in_fpdu && s.stall_at.is_none() {
-                // The peer stopped inside an FPDU for now: look whether it goes on.
-                timers.arm(s, token, Instant::now());
+            // The engine's clock asks for a look (the peer stopped inside an FPDU for now,
+            // the first-FPDU hold runs), or a busy-polled QP's looks go on.
+            if pass.timeout.is_some() || (s.busy && s.timer_at.is_none()) {
+                timers.arm(s, token, pass.timeout, Instant::now());
             }
             if pass.more {
                 again.insert(token);

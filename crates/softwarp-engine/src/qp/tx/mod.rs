@@ -475,6 +475,9 @@ pub(crate) struct TxState {
     /// but a Terminate may be sent before the peer's first FPDU arrived. The one copy of
     /// this rule; cleared when an FPDU's CRC checked.
     pub(crate) gate_until_rx: bool,
+    /// The first-FPDU hold ([`super::clock::Timers::first_fpdu_hold`]): the same gate
+    /// until the QP's clock ends it.
+    pub(super) held: bool,
     max_fpdu: usize,
     crc: bool,
     /// Insert markers (RFC 5044 section 4.3).
@@ -524,6 +527,7 @@ impl TxState {
             turn_bytes: 0,
             rtr_pending: false,
             gate_until_rx: false,
+            held: false,
             max_fpdu: MIN_FPDU_LEN,
             crc: false,
             markers: false,
@@ -889,6 +893,7 @@ impl Qp {
             || tx.msg != TxMsg::None
             || tx.rtr_pending
             || tx.gate_until_rx
+            || tx.held
             || tx.markers
             || self.terminate.wants_tx()
             || !self.irq.is_empty()
@@ -1022,6 +1027,7 @@ impl Qp {
             || !tx.ahead.is_empty()
             || tx.rtr_pending
             || tx.gate_until_rx
+            || tx.held
             || tx.markers
             || self.terminate.wants_tx()
             || !matches!(self.state, QpState::Rts | QpState::Closing)
@@ -1355,7 +1361,10 @@ impl Qp {
             self.build_terminate();
             return;
         }
-        if !matches!(self.state, QpState::Rts | QpState::Closing) || self.tx.gate_until_rx {
+        if !matches!(self.state, QpState::Rts | QpState::Closing)
+            || self.tx.gate_until_rx
+            || self.tx.held
+        {
             return;
         }
         if self.tx.rtr_pending {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use mio::{Registry, Token};
 use softwarp_engine::mpa::{Negotiated, QpLimits, Role};
-use softwarp_engine::qp::{QpState, StreamConfig};
+use softwarp_engine::qp::{QpState, StreamConfig, Timers};
 use softwarp_ras::deadline::Deadline;
 
 use super::pump::{TxEnd, PASS_BUDGET};
@@ -68,15 +68,6 @@ pub(crate) struct Conn {
     /// room again.
     pub(super) tx_full: bool,
     pub(super) linger_until: Option<Instant>,
-    /// Initiator: no FPDU goes out before this deadline ([`ConnectOptions::first_fpdu_delay`];
-    /// a delay the clock cannot represent holds until the QP fails). Posted work waits in the
-    /// QP meanwhile; the progress thread retries on its timer (nobody sleeps).
-    pub(super) hold_until: Option<Deadline>,
-    /// [`ConnectOptions::rx_stall_timeout`] (`None`: no limit).
-    pub(super) rx_stall: Option<Duration>,
-    /// The progress thread's last stall look that found the peer in the middle of an FPDU:
-    /// the stream bytes received by then, and when.
-    pub(super) stall_mark: Option<(u64, Instant)>,
 }
 
 impl Conn {
@@ -406,6 +397,14 @@ impl QpShared {
         }
         g.qp.establish(cfg)?;
         g.qp.set_tx_alias_lead(opts.tx_alias_lead);
+        // The engine's clock: the receive stall, and on the initiator the first-FPDU hold
+        // (posted work waits in the QP meanwhile; the progress thread looks when the
+        // engine asks, nobody sleeps).
+        let timers = Timers {
+            rx_stall: (opts.rx_stall_timeout != Duration::MAX).then_some(opts.rx_stall_timeout),
+            first_fpdu_hold: (neg.role == Role::Initiator && !hold.is_zero()).then_some(hold),
+        };
+        g.qp.set_timers(timers, Instant::now());
         g.conn = Some(Conn {
             stream,
             token: None,
@@ -419,10 +418,6 @@ impl QpShared {
             write_failed: false,
             shut_wr: false,
             linger_until: None,
-            hold_until: (neg.role == Role::Initiator && !hold.is_zero())
-                .then(|| Deadline::after(hold)),
-            rx_stall: (opts.rx_stall_timeout != Duration::MAX).then_some(opts.rx_stall_timeout),
-            stall_mark: None,
             tx_full: false,
         });
         g.info = Some(info.clone());

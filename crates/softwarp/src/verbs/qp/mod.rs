@@ -12,7 +12,7 @@
 //!   (FIN, linger), abortive close, telling the connection manager;
 //! - `pump`: the passes that move bytes through [`Qp::recv_from`] and [`Qp::send_to`] (the
 //!   progress thread's `service`, a busy-polling thread's `busy_pass`, the posting thread's
-//!   transmit) and the receive stall look;
+//!   transmit) and the timer look (the engine's clock);
 //! - `poller`: epoll registration of busy-polled QPs, the write watchdog and the receive
 //!   take-over (the progress thread serves a busy-polled QP whose polls stopped).
 //!
@@ -68,7 +68,7 @@ mod pump;
 use conn::Conn;
 pub(crate) use conn::{ConnObserver, LinkDown};
 pub(crate) use poller::RX_LOOK_PERIOD;
-pub(crate) use pump::StallLook;
+pub(crate) use pump::TimerLook;
 use pump::TxEnd;
 
 use std::net::ToSocketAddrs;
@@ -665,8 +665,7 @@ impl QueuePair {
             s.tx_pass(inner, &mut budget)
         };
         s.drain(inner);
-        // A held connection (first-FPDU hold-off) is retried by the progress thread.
-        let kick = (tx == TxEnd::Dead && inner.conn.is_some()) || tx == TxEnd::Held;
+        let kick = tx == TxEnd::Dead && inner.conn.is_some();
         drop(g);
         if kick {
             s.device.progress.kick(Arc::clone(s));

@@ -2,7 +2,7 @@
 //! ([`Qp::recv_from`], [`Qp::send_to`]) and turn how it ended into what the connection does.
 //! Three kinds of pass, one name each: `service` (the progress thread, on readiness or a
 //! timer), `busy_pass` (a thread polling a busy-poll CQ) and `tx_pass` (the posting thread,
-//! and the end of the others); plus the progress thread's receive stall look.
+//! and the end of the others); plus the progress thread's timer look (the engine's clock).
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, MutexGuard};
@@ -62,22 +62,21 @@ pub(crate) struct Pass {
     pub(crate) lingering: bool,
     /// The connection is closed and deregistered: forget the QP.
     pub(crate) closed: bool,
-    /// The pass ended with the peer inside an FPDU: the receive stall looks start (see
-    /// [`QpShared::check_rx_stall`]).
-    pub(crate) in_fpdu: bool,
+    /// When the engine's clock wants the QP looked at next ([`Qp::poll_timeout`], see
+    /// [`QpShared::on_timer`]).
+    pub(crate) timeout: Option<Instant>,
 }
 
-/// What a receive stall look ([`QpShared::check_rx_stall`]) found.
+/// What a timer look ([`QpShared::on_timer`]) found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StallLook {
-    /// The peer stopped inside an FPDU for the timeout: the stream is terminated and the
-    /// QP needs a pass to close.
-    Stalled,
-    /// Inside an FPDU, or held by another thread: look again a period later.
-    Watching,
-    /// Inside no FPDU (or no stall timeout, no connection): nothing to look at until a
-    /// pass ends inside one.
-    Quiet,
+pub(crate) enum TimerLook {
+    /// The engine acted (a receive stall ended the stream, the first-FPDU hold ended): the
+    /// QP needs a pass.
+    Acted,
+    /// Nothing to do now; when the engine's clock wants the next look.
+    Next(Option<Instant>),
+    /// Another thread holds the QP (it is moving its bytes): look again a little later.
+    Busy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,8 +101,6 @@ pub(super) enum TxEnd {
     More,
     /// The connection cannot send (closed, failed, not connected).
     Dead,
-    /// Work is queued but the first-FPDU hold-off has not expired: retry on a timer.
-    Held,
 }
 
 /// The SRQ and the device's STag table, locked when a receive commit first needs them and
@@ -356,20 +353,6 @@ impl QpShared {
         if conn.write_failed || conn.shut_wr {
             return TxEnd::Dead;
         }
-        if let Some(t) = conn.hold_until {
-            // Linux siw as responder installs its FPDU receive path only after sending
-            // its Reply: see `ConnectOptions::first_fpdu_delay`. Once the QP failed,
-            // the Terminate is let through.
-            if t.expired() || !matches!(qp.state(), QpState::Rts | QpState::Closing) {
-                conn.hold_until = None;
-            } else if qp.is_drained() && !qp.wants_tx() {
-                // Nothing in flight and nothing to send (not even an RFC 6581 RTR, which
-                // the peer may be waiting for before it sends first): no retry needed.
-                return TxEnd::Idle;
-            } else {
-                return TxEnd::Held;
-            }
-        }
         let mut sock = SockIo::new(conn.stream.as_fd(), self.qp_num);
         let end = qp.send_to(&mut sock, batch, budget);
         conn.tx_full = matches!(end, SendEnd::Full);
@@ -458,10 +441,14 @@ impl QpShared {
         }
         Pass {
             more: !closed && (rx == RxEnd::More || tx == TxEnd::More),
-            retry: !closed && (rx == RxEnd::Blocked || tx == TxEnd::Held),
+            retry: !closed && rx == RxEnd::Blocked,
             lingering,
             closed,
-            in_fpdu: !closed && inner.qp.rx_in_fpdu(),
+            timeout: if closed {
+                None
+            } else {
+                inner.qp.poll_timeout()
+            },
         }
     }
 
@@ -525,51 +512,40 @@ impl QpShared {
         }
     }
 
-    /// The receive stall timeout of the connection, if it has one.
-    pub(crate) fn rx_stall_timeout(&self) -> Option<Duration> {
-        self.lock().conn.as_ref().and_then(|c| c.rx_stall)
+    /// How often the progress thread looks at this busy-polled QP's clock whatever the
+    /// engine asks for ([`softwarp_engine::qp::Timers::look_period`]): it cannot see when
+    /// the polls' receives end.
+    pub(crate) fn look_period(&self) -> Option<Duration> {
+        self.lock().qp.timers().look_period()
     }
 
-    /// The progress thread's receive stall look ([`ConnectOptions::rx_stall_timeout`]): a
-    /// peer found in the middle of an FPDU, with no byte received since a look at least the
-    /// timeout ago, gets its stream terminated ([`StallLook::Stalled`]: the QP needs a pass
-    /// to close). Skips a QP another thread holds: that thread is moving its bytes.
-    pub(crate) fn check_rx_stall(&self, now: Instant) -> StallLook {
+    /// The progress thread's timer look: the engine's clock is told the time
+    /// ([`Qp::handle_timeout`]: the receive stall of [`ConnectOptions::rx_stall_timeout`],
+    /// the first-FPDU hold of [`ConnectOptions::first_fpdu_delay`]); when it acted, what it
+    /// queued goes out and its completions and events are delivered. Skips a QP another
+    /// thread holds: that thread is moving its bytes.
+    pub(crate) fn on_timer(&self, now: Instant) -> TimerLook {
         let Some(mut g) = sync::try_lock(&self.inner) else {
-            return StallLook::Watching;
+            return TimerLook::Busy;
         };
         let inner = &mut *g;
-        let Some(conn) = inner.conn.as_mut() else {
-            return StallLook::Quiet;
-        };
-        let Some(limit) = conn.rx_stall else {
-            return StallLook::Quiet;
-        };
-        if !inner.qp.rx_in_fpdu() {
-            conn.stall_mark = None;
-            return StallLook::Quiet;
+        if inner.conn.is_none() {
+            return TimerLook::Next(None);
         }
-        let bytes = inner.qp.stats().rx_stream_bytes;
-        match conn.stall_mark {
-            Some((seen, since)) if seen == bytes => {
-                if now.saturating_duration_since(since) < limit {
-                    return StallLook::Watching;
-                }
-            }
-            _ => {
-                conn.stall_mark = Some((bytes, now));
-                return StallLook::Watching;
-            }
+        let before = inner.qp.state();
+        if !inner.qp.handle_timeout(now) {
+            return TimerLook::Next(inner.qp.poll_timeout());
         }
-        tracing::warn!(
-            qp = self.qp_num,
-            timeout = ?limit,
-            "the peer stopped in the middle of an FPDU: stream terminated"
-        );
-        inner.qp.handle_rx_stall();
+        if inner.qp.state() != before && !matches!(inner.qp.state(), QpState::Rts) {
+            tracing::warn!(
+                qp = self.qp_num,
+                timeout = ?inner.qp.timers().rx_stall,
+                "the peer stopped in the middle of an FPDU: stream terminated"
+            );
+        }
         let mut budget = PASS_BUDGET;
         let _ = self.tx_pass(inner, &mut budget);
         self.drain(inner);
-        StallLook::Stalled
+        TimerLook::Acted
     }
 }

@@ -1,0 +1,138 @@
+//! The QP's clock: the time-based rules of a connection are engine decisions, made from
+//! the instants the runtime passes in (the engine never reads a clock and never sleeps).
+//!
+//! - **Receive stall** ([`Timers::rx_stall`]): a peer that stops inside an FPDU holds the
+//!   memory the FPDU is placed into and the receive it fills. While the peer is inside an
+//!   FPDU the QP asks to be looked at every [`Timers::look_period`]; a look that finds no
+//!   byte received since a look at least the timeout ago terminates the stream
+//!   ([`Qp::handle_rx_stall`]). A stall is found between the timeout and the timeout plus one
+//!   period after the last byte.
+//! - **First-FPDU hold** ([`Timers::first_fpdu_hold`]): the MPA initiator sends no FPDU
+//!   (a Terminate excepted) until the hold has passed; work posted meanwhile is queued.
+//!   Linux siw as responder installs its FPDU receive path only after sending its Reply,
+//!   so an FPDU right behind the Reply can be lost.
+//!
+//! The runtime's part: [`Qp::set_timers`] once the stream is established (with the time
+//! then), and after any input [`Qp::poll_timeout`]: when that instant has come, call
+//! [`Qp::handle_timeout`] with the time (earlier calls are harmless) and, when it acted, go
+//! through the polling order (`send_to`, completions, events). Tests pass made-up instants.
+//! No I/O here.
+
+use std::time::{Duration, Instant};
+
+use super::{Qp, QpState};
+
+/// Shortest interval between two receive stall looks.
+pub const STALL_LOOK_MIN: Duration = Duration::from_millis(5);
+
+/// The time-based rules the runtime turns on for a QP ([`Qp::set_timers`]); none by
+/// default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Timers {
+    /// Terminate the stream when the peer stops inside an FPDU for this long.
+    pub rx_stall: Option<Duration>,
+    /// Send no FPDU (a Terminate excepted) for this long after [`Qp::set_timers`] (one the
+    /// clock cannot represent holds until the QP fails).
+    pub first_fpdu_hold: Option<Duration>,
+}
+
+impl Timers {
+    /// How often the receive stall rule looks while the peer is inside an FPDU: a quarter
+    /// of the timeout, at least [`STALL_LOOK_MIN`]. A runtime that cannot see when a
+    /// receive ended (a busy-polled QP, read by the application's threads) looks this often
+    /// whatever [`Qp::poll_timeout`] says.
+    pub fn look_period(&self) -> Option<Duration> {
+        self.rx_stall.map(|t| (t / 4).max(STALL_LOOK_MIN))
+    }
+}
+
+/// The clock's state in a QP.
+#[derive(Debug, Default)]
+pub(super) struct Clock {
+    timers: Timers,
+    /// The latest instant the runtime passed in.
+    now: Option<Instant>,
+    /// Stream bytes received at the last look that found new ones, and that look's time.
+    stall_mark: Option<(u64, Instant)>,
+    /// End of the first-FPDU hold, while it holds.
+    hold_until: Option<Instant>,
+}
+
+impl Qp {
+    /// Turns on the time-based rules `timers` (see the `clock` module), from `now`. The
+    /// first-FPDU hold starts here.
+    pub fn set_timers(&mut self, timers: Timers, now: Instant) {
+        let hold = timers.first_fpdu_hold.filter(|d| !d.is_zero());
+        self.clock = Clock {
+            timers,
+            now: Some(now),
+            stall_mark: None,
+            hold_until: hold.and_then(|d| now.checked_add(d)),
+        };
+        // A hold the clock cannot represent holds until the QP fails.
+        self.tx.held = hold.is_some();
+    }
+
+    /// The rules in force.
+    pub fn timers(&self) -> Timers {
+        self.clock.timers
+    }
+
+    /// When [`Qp::handle_timeout`] must be called next (`None`: no timer runs). An instant
+    /// already past means at once.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let hold = self.clock.hold_until;
+        let look = match (self.clock.timers.look_period(), self.clock.now) {
+            (Some(period), Some(now)) if self.rx_in_fpdu() => match self.clock.stall_mark {
+                // The peer is inside an FPDU and the clock has not looked yet.
+                None => Some(now),
+                Some(_) => now.checked_add(period),
+            },
+            _ => None,
+        };
+        match (hold, look) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Time has come to `now`: ends the first-FPDU hold once it has passed, and looks for
+    /// a receive stall (terminating the stream when it finds one). True when it acted: the
+    /// runtime then goes through the polling order (`send_to`, completions, events).
+    pub fn handle_timeout(&mut self, now: Instant) -> bool {
+        let clock = &mut self.clock;
+        if clock.now.is_none_or(|t| now > t) {
+            clock.now = Some(now);
+        }
+        let mut acted = false;
+        if clock.hold_until.is_some_and(|t| now >= t) {
+            clock.hold_until = None;
+            self.tx.held = false;
+            acted = true;
+        }
+        let Some(limit) = self.clock.timers.rx_stall else {
+            return acted;
+        };
+        if !self.rx_in_fpdu() {
+            self.clock.stall_mark = None;
+            return acted;
+        }
+        let bytes = self.stats.rx_stream_bytes;
+        match self.clock.stall_mark {
+            Some((seen, since)) if seen == bytes => {
+                if now.saturating_duration_since(since) >= limit {
+                    self.clock.stall_mark = None;
+                    self.handle_rx_stall();
+                    return true;
+                }
+            }
+            _ => self.clock.stall_mark = Some((bytes, now)),
+        }
+        acted
+    }
+
+    /// True while the first-FPDU hold keeps this side's FPDUs back.
+    pub fn is_held(&self) -> bool {
+        self.tx.held && matches!(self.state, QpState::Rts | QpState::Closing)
+    }
+}
