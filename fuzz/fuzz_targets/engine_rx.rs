@@ -2,12 +2,12 @@
 //! and RFC 7306, byte 1 staging and how many read sizes follow, then the read sizes, then
 //! the stream, fed to a connected QP with guarded registrations. Fails on a panic, an
 //! engine bug report, or a byte changed outside what the peer may write. The harness is
-//! the one the proptest `crates/softwarp-engine/tests/rx_fuzz.rs` runs.
+//! the one the proptest `crates/softwarp-engine/tests/it/rx_fuzz.rs` runs.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-#[path = "../../crates/softwarp-engine/tests/rx_fuzz/harness.rs"]
+#[path = "../../crates/softwarp-engine/tests/it/rx_fuzz/harness.rs"]
 mod harness;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,8 +3,6 @@
 //! rule runs in full without sleeping.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod util;
-
 use std::time::{Duration, Instant};
 
 use softwarp_engine::event::AsyncEvent;
@@ -12,7 +10,8 @@ use softwarp_engine::fault::{Cause, Fault};
 use softwarp_engine::mr::Access;
 use softwarp_engine::qp::{QpState, StreamConfig, Timers};
 use softwarp_engine::wr::{SendOp, SgList, WcStatus};
-use util::{contents, sge, signaled_wr, Side};
+
+use crate::util::{contents, sge, signaled_wr, Side};
 
 const MS: Duration = Duration::from_millis(1);
 const STALL: Duration = Duration::from_secs(1);

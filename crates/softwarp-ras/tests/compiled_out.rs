@@ -2,6 +2,9 @@
 //! with the feature, every record is compiled out, whatever the run-time levels say; without
 //! it, the very same code produces its records (so this file checks both builds, and CI runs
 //! it in both: `cargo test -p softwarp-ras --features max_level_off --test compiled_out`).
+//!
+//! A test binary of its own (not a module of `it`): CI builds it alone with the feature, and
+//! it sets every process-wide level to the most verbose, which the tests of `it` must not see.
 
 #![allow(clippy::unwrap_used)]
 

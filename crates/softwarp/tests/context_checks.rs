@@ -4,6 +4,9 @@
 //! thread. The callbacks are the application's own `tracing` layer (this test installs it
 //! as the process's subscriber): Softwarp emits records on its progress thread, and the
 //! layer makes every blocking call of the API when it sees the first one there.
+//!
+//! A binary of its own (not a module of `it`): a process has one global subscriber, and the
+//! tests of `it` install Softwarp's own (`util::opt_in_ras`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::fmt::Write as _;

@@ -22,11 +22,15 @@
 //!
 //! The fault reaches the child through its control socket (`fault-inject`, what `softwarp
 //! fault inject --pid P` sends). This binary uses a runtime directory of its own, so other
-//! test processes' devices are never counted as holders. (One binary for all of it: one
-//! link less in CI.)
+//! test processes' devices are never counted as holders; it is not a module of `it`, whose
+//! tests open devices on `lo` all the time, and whose runtime directory is set before this
+//! file's could be.
+
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "it/netns/mod.rs"]
 mod netns;
+#[path = "it/util/mod.rs"]
 mod util;
 
 use std::io::{BufRead, BufReader};
@@ -39,6 +43,7 @@ use netns::{in_ns, unavailable, Ns};
 use softwarp::*;
 use softwarp_ras::control::{self, FaultStatusResult, Request};
 use softwarp_ras::tracker::ResourceKind;
+use softwarp_testkit::require;
 use util::{connect, wait_event, wait_wcs, End, WAIT};
 
 const CHILD_ENV: &str = "SOFTWARP_TEST_RECOVERY_CHILD";
@@ -426,10 +431,10 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 fn case(name: &str, removal: Removal) {
-    if let Some(why) = unavailable(&["ip"]) {
-        println!("skipped {name}: {why}");
+    if !require(unavailable(&["ip"]).map(|why| format!("{name}: {why}"))) {
         return;
     }
+
     private_runtime_dir();
     let na = Ns::new("ra");
     let nb = Ns::new("rb");

@@ -3,9 +3,14 @@
 //! over a connected pair, the device then fails (QP snapshots, an automatic dump), and
 //! neither the on-demand dump over the control socket, nor the automatic dumps, nor the
 //! QP snapshots contain the pattern: not as raw bytes, not as hex, not as decimal bytes.
+//!
+//! A binary of its own (not a module of `it`): the trace levels it raises to 9 are the
+//! process's, and every other test would then record and print its data at level 9 (and
+//! fill the flight recorder that `ras_wiring` reads).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "it/util/mod.rs"]
 mod util;
 
 use std::time::Duration;

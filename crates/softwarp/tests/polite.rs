@@ -3,7 +3,8 @@
 //! install no global `tracing` subscriber; `Device::builder().ras(..)` starts the services
 //! with the application's configuration, once.
 //!
-//! One test: it depends on the process-wide state before and after the services start.
+//! One test, in a binary of its own (not a module of `it`): it depends on the process-wide
+//! state before and after the services start, which no other test may have touched.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

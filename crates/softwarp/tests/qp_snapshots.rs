@@ -6,10 +6,12 @@
 //!
 //! The tests of this binary share the process-wide snapshot history, so they run one at a
 //! time (a lock) with `SOFTWARP_SNAPSHOTS=4` and a runtime directory of their own, set
-//! before the first device opens.
+//! before the first device opens. A binary of its own (not a module of `it`): the history,
+//! its bound and the environment are the process's.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "it/util/mod.rs"]
 mod util;
 
 use std::path::PathBuf;

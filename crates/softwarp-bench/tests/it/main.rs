@@ -1,0 +1,3 @@
+//! The integration tests of softwarp-bench, one binary.
+
+mod qp_mem;

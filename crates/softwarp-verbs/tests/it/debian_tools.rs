@@ -1,0 +1,2120 @@
+//! Debian's unmodified rdma-core programs (`ibverbs-utils`, `rdmacm-utils`) run over this
+//! crate's `libibverbs.so.1`/`librdmacm.so.1` on loopback, their output checked. A test
+//! whose program is not installed says so and passes, or fails under `CI=true` (CI installs
+//! them: `.ci/run`).
+//!
+//! Every child process runs under a deadline and is killed past it. The tests run one at a
+//! time (`serial`, with `mixed_rping`'s): perftest and ucmatose spin on the CPU, and the
+//! machine has two cores.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use softwarp_testkit::{free_port, serial, skip, Reaped};
+
+/// The directory holding `libibverbs.so.1` and `librdmacm.so.1`: links to the library cargo
+/// built next to this test's binary (`target/<profile>/libsoftwarp_verbs.so`).
+fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        // Cargo builds the library for this test into `target/<profile>/deps`, beside the
+        // test executable (it copies it up to `target/<profile>` only for `cargo build`).
+        let exe = std::env::current_exe().expect("test executable path");
+        let deps = exe.parent().expect("target/<profile>/deps");
+        let profile_dir = deps.parent().expect("target/<profile>");
+        let lib = deps.join("libsoftwarp_verbs.so");
+        assert!(lib.exists(), "{} not built", lib.display());
+        let dir = profile_dir.join("softwarp-verbs-lib");
+        std::fs::create_dir_all(&dir).expect("create the library directory");
+        for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+            // A new link renamed over the old one: atomic for concurrent test runs.
+            let tmp = dir.join(format!("{name}.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&lib, &tmp).expect("link the library");
+            std::fs::rename(&tmp, dir.join(name)).expect("place the link");
+        }
+        dir
+    })
+}
+
+/// The program `name` on the `PATH`.
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// The installed program `name`, or `None` after [`skip`] (which fails under `CI=true`:
+/// CI installs every program these tests run).
+fn tool(name: &str, package: &str) -> Option<PathBuf> {
+    let found = on_path(name);
+    if found.is_none() {
+        skip(format!(
+            "{name} is not installed (apt-get install {package})"
+        ));
+    }
+    found
+}
+
+fn command(program: &Path) -> Command {
+    let mut c = Command::new(program);
+    c.env("LD_LIBRARY_PATH", lib_dir())
+        .env_remove("SOFTWARP_RAS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+struct Output {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Waits for `child` at most `limit`, killing it past that; collects its output.
+fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
+    finish_in(&mut child, limit, what)
+}
+
+/// [`finish`] of a child someone else owns (a [`Reaped`]).
+fn finish_in(child: &mut Child, limit: Duration, what: &str) -> Output {
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for the child") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let (o, e) = (o.join().unwrap_or_default(), e.join().unwrap_or_default());
+            panic!("{what} did not finish within {limit:?}\nstdout:\n{o}\nstderr:\n{e}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: o.join().unwrap_or_default(),
+        stderr: e.join().unwrap_or_default(),
+    }
+}
+
+/// True once something listens on 127.0.0.1:`port` (from `/proc/net/tcp`, without
+/// connecting: a bare TCP connection would be a malformed MPA peer to the listener).
+fn listening(port: u16) -> bool {
+    let wanted = [
+        format!("0100007F:{port:04X}"),
+        format!("00000000:{port:04X}"),
+        format!("00000000000000000000000000000000:{port:04X}"),
+    ];
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && wanted.iter().any(|w| w == f[1]) && f[3] == "0A"
+            })
+        })
+    })
+}
+
+fn wait_listening(port: u16, server: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listening(port) {
+        if let Ok(Some(st)) = server.try_wait() {
+            panic!("the server exited before listening: {st}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no listener on port {port} after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn ibv_devinfo_shows_softwarp0_active_on_ethernet() {
+    let _serial = serial();
+    let Some(devinfo) = tool("ibv_devinfo", "ibverbs-utils") else {
+        return;
+    };
+    let list = finish(
+        command(&devinfo)
+            .arg("-l")
+            .spawn()
+            .expect("run ibv_devinfo -l"),
+        Duration::from_secs(20),
+        "ibv_devinfo -l",
+    );
+    assert!(list.status.success(), "{}", list.stderr);
+    assert!(list.stdout.contains("1 HCA found:"), "{}", list.stdout);
+    assert!(list.stdout.contains("\tsoftwarp0"), "{}", list.stdout);
+
+    let out = finish(
+        command(&devinfo)
+            .arg("-v")
+            .spawn()
+            .expect("run ibv_devinfo -v"),
+        Duration::from_secs(20),
+        "ibv_devinfo -v",
+    );
+    assert!(out.status.success(), "exit {}: {}", out.status, out.stderr);
+    let s = &out.stdout;
+    for expected in [
+        "hca_id:\tsoftwarp0",
+        "transport:\t\t\tiWARP (1)",
+        "fw_ver:\t\t\t\t0.1.0",
+        "max_qp_wr:\t\t\t4096",
+        "max_sge:\t\t\t8",
+        "max_qp_rd_atom:\t\t\t128",
+        "phys_port_cnt:\t\t\t1",
+        "state:\t\t\tPORT_ACTIVE (4)",
+        "link_layer:\t\tEthernet",
+        "gid_tbl_len:\t\t1",
+    ] {
+        assert!(s.contains(expected), "missing {expected:?} in:\n{s}");
+    }
+    // The GID is the link-local address of the first interface that is up, when there is
+    // one (a network namespace with only `lo` has none).
+    let has_interface = std::fs::read_dir("/sys/class/net")
+        .map(|d| {
+            d.filter_map(|e| e.ok()).any(|e| {
+                let n = e.file_name();
+                n != "lo"
+                    && std::fs::read_to_string(e.path().join("operstate"))
+                        .is_ok_and(|s| s.trim() == "up")
+            })
+        })
+        .unwrap_or(false);
+    if has_interface {
+        assert!(s.contains("GID[  0]:\t\tfe80:0000:0000:0000:"), "{s}");
+    }
+}
+
+/// What rping's client prints with `-v` for ping `n` of `size` bytes: the message it sent,
+/// read back by the server and written into the client's buffer.
+fn rping_line(n: usize, size: usize) -> String {
+    let mut buf = format!("rdma-ping-{n}: ").into_bytes();
+    buf.truncate(size);
+    let mut c = 65 + (n % 58) as u8;
+    while buf.len() < size {
+        buf.push(c);
+        c = if c >= 122 { 65 } else { c + 1 };
+    }
+    buf.truncate(size - 1); // the last byte is the terminating NUL
+    format!("ping data: {}", String::from_utf8(buf).expect("ASCII"))
+}
+
+fn rping_pair(rping: &Path, size: usize, count: usize) {
+    let port = free_port().to_string();
+    let size_s = size.to_string();
+    let count_s = count.to_string();
+    let mut server = command(rping)
+        .args([
+            "-s",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-C",
+            &count_s,
+            "-S",
+            &size_s,
+        ])
+        .spawn()
+        .expect("start rping -s");
+    wait_listening(port.parse().expect("port"), &mut server);
+    let client = command(rping)
+        .args([
+            "-c",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-C",
+            &count_s,
+            "-S",
+            &size_s,
+            "-v",
+            "-V",
+        ])
+        .spawn()
+        .expect("start rping -c");
+    let c = finish(client, Duration::from_secs(30), "rping -c");
+    let s = finish(server, Duration::from_secs(10), "rping -s");
+    assert!(
+        c.status.success(),
+        "client exit {}:\n{}\n{}",
+        c.status,
+        c.stdout,
+        c.stderr
+    );
+    assert!(
+        s.status.success(),
+        "server exit {}:\n{}\n{}",
+        s.status,
+        s.stdout,
+        s.stderr
+    );
+    let lines: Vec<&str> = c.stdout.lines().collect();
+    assert_eq!(lines.len(), count, "size {size}: {}", c.stdout);
+    for (n, line) in lines.iter().enumerate() {
+        assert_eq!(*line, rping_line(n, size), "size {size}, ping {n}");
+    }
+    assert!(!c.stderr.contains("data mismatch"), "{}", c.stderr);
+}
+
+#[test]
+fn rping_100_pings_validated_from_26_bytes_to_64k_minus_1() {
+    let _serial = serial();
+    let Some(rping) = tool("rping", "rdmacm-utils") else {
+        return;
+    };
+    let started = Instant::now();
+    for size in [26, 1000, 4096, 65535] {
+        rping_pair(&rping, size, 100);
+    }
+    println!("rping: 4 sizes x 100 pings in {:?}", started.elapsed());
+}
+
+#[test]
+fn rping_client_without_server_is_rejected_with_econnrefused() {
+    let _serial = serial();
+    let Some(rping) = tool("rping", "rdmacm-utils") else {
+        return;
+    };
+    let port = free_port().to_string();
+    let c = finish(
+        command(&rping)
+            .args(["-c", "-a", "127.0.0.1", "-p", &port, "-C", "1"])
+            .spawn()
+            .expect("start rping -c"),
+        Duration::from_secs(20),
+        "rping -c without a server",
+    );
+    assert!(!c.status.success(), "{}", c.stdout);
+    assert!(
+        c.stderr.contains("RDMA_CM_EVENT_REJECTED, error -111"),
+        "stderr: {}",
+        c.stderr
+    );
+}
+
+/// perftest's client over Softwarp connects its data QP before perftest's server over Linux
+/// siw listens for it. With `SOFTWARP_CONNECT_RETRIES` the refused connect is tried again
+/// inside `rdma_connect`'s event: rping's client, started 400 ms before its server, connects
+/// and validates its pings (without retries it is rejected, as the test above shows).
+#[test]
+fn rping_client_started_before_its_server_connects_with_connect_retries() {
+    let _serial = serial();
+    let Some(rping) = tool("rping", "rdmacm-utils") else {
+        return;
+    };
+    let port = free_port().to_string();
+    let started = Instant::now();
+    let client = command(&rping)
+        .args(["-c", "-a", "127.0.0.1", "-p", &port, "-C", "3", "-v", "-V"])
+        .env("SOFTWARP_CONNECT_RETRIES", "40")
+        .env("SOFTWARP_CONNECT_RETRY_MS", "50")
+        .spawn()
+        .expect("start rping -c");
+    std::thread::sleep(Duration::from_millis(400));
+    let server = command(&rping)
+        .args(["-s", "-a", "127.0.0.1", "-p", &port, "-C", "3"])
+        .spawn()
+        .expect("start rping -s");
+    let c = finish(client, Duration::from_secs(20), "rping -c with retries");
+    let s = finish(server, Duration::from_secs(10), "rping -s");
+    assert!(c.status.success(), "client: {}\n{}", c.stdout, c.stderr);
+    assert!(s.status.success(), "server: {}\n{}", s.stdout, s.stderr);
+    let lines: Vec<&str> = c.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [rping_line(0, 64), rping_line(1, 64), rping_line(2, 64)]
+    );
+    println!(
+        "rping: connected after retries, done in {:?}",
+        started.elapsed()
+    );
+}
+
+/// Runs a server and a client of the same program on loopback (`server_args`, then the
+/// client with `client_args`), both within `limit`; returns (server, client) output after
+/// checking both succeeded.
+fn pair(
+    program: &Path,
+    port: u16,
+    server_args: &[&str],
+    client_args: &[&str],
+    limit: Duration,
+) -> (Output, Output) {
+    pair_env(program, port, server_args, client_args, limit, &[])
+}
+
+/// [`pair`] with `env` set in both processes.
+fn pair_env(
+    program: &Path,
+    port: u16,
+    server_args: &[&str],
+    client_args: &[&str],
+    limit: Duration,
+    env: &[(&str, &str)],
+) -> (Output, Output) {
+    let name = program
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut server = command(program)
+        .args(server_args)
+        .envs(env.iter().copied())
+        .spawn()
+        .expect("start the server");
+    wait_listening(port, &mut server);
+    let client = command(program)
+        .args(client_args)
+        .envs(env.iter().copied())
+        .spawn()
+        .expect("start the client");
+    let c = finish(client, limit, &format!("{name} client {client_args:?}"));
+    let s = finish(server, limit, &format!("{name} server {server_args:?}"));
+    assert!(
+        c.status.success() && s.status.success(),
+        "{name}: client exit {} server exit {}\nclient:\n{}{}\nserver:\n{}{}",
+        c.status,
+        s.status,
+        c.stdout,
+        c.stderr,
+        s.stdout,
+        s.stderr
+    );
+    (s, c)
+}
+
+/// perftest's result rows: (size, iterations) of each line under the `#bytes` header.
+fn perftest_rows(out: &str) -> Vec<(u64, u64)> {
+    out.lines()
+        .skip_while(|l| !l.trim_start().starts_with("#bytes"))
+        .skip(1)
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn perftest_six_tools_with_rdma_cm_and_the_default_post_mode() {
+    let _serial = serial();
+    let Some(first) = tool("ib_send_bw", "perftest") else {
+        return;
+    };
+    let dir = first.parent().expect("bin directory").to_path_buf();
+    let started = Instant::now();
+    // (tool, size, iterations): bandwidth at 64 KiB, latency at perftest's 2 B default.
+    let cases: [(&str, &str, &str, &[&str]); 7] = [
+        ("ib_send_bw", "65536", "200", &[]),
+        ("ib_send_bw", "65536", "200", &["--use-srq"]),
+        ("ib_write_bw", "65536", "200", &[]),
+        ("ib_read_bw", "65536", "200", &[]),
+        ("ib_send_lat", "2", "200", &[]),
+        ("ib_write_lat", "2", "200", &[]),
+        ("ib_read_lat", "2", "200", &[]),
+    ];
+    for (name, size, iters, extra) in cases {
+        let program = dir.join(name);
+        let port = free_port();
+        let p = port.to_string();
+        let mut common = vec!["-R", "-d", "softwarp0", "-p", &p, "-s", size, "-n", iters];
+        common.extend_from_slice(extra);
+        let mut client_args = common.clone();
+        client_args.push("127.0.0.1");
+        let (_, c) = pair(
+            &program,
+            port,
+            &common,
+            &client_args,
+            Duration::from_secs(60),
+        );
+        let rows = perftest_rows(&c.stdout);
+        assert_eq!(
+            rows,
+            vec![(size.parse().expect("size"), iters.parse().expect("iters"))],
+            "{name}:\n{}",
+            c.stdout
+        );
+        assert!(
+            c.stdout.contains("rdma_cm QPs\t : ON"),
+            "{name}:\n{}",
+            c.stdout
+        );
+        assert!(
+            c.stdout.contains("Link type       : Ethernet"),
+            "{name}:\n{}",
+            c.stdout
+        );
+    }
+    println!(
+        "perftest: 6 tools (send_bw also with an SRQ) in {:?}",
+        started.elapsed()
+    );
+}
+
+/// Under `SOFTWARP_BUSY_POLL=1` (`softwarp exec --busy-poll`) a CQ poll moves a QP's bytes;
+/// the passive side of `ib_write_bw`/`ib_read_bw` never polls and `ib_write_lat` spins on
+/// its buffer, so they used to stall: the progress thread now takes such a QP over.
+#[test]
+fn perftest_tools_that_do_not_poll_finish_under_busy_polling() {
+    let _serial = serial();
+    let Some(first) = tool("ib_write_bw", "perftest") else {
+        return;
+    };
+    let dir = first.parent().expect("bin directory").to_path_buf();
+    let started = Instant::now();
+    for (name, size) in [
+        ("ib_write_bw", "65536"),
+        ("ib_read_bw", "65536"),
+        ("ib_write_lat", "2"),
+    ] {
+        let program = dir.join(name);
+        let port = free_port();
+        let p = port.to_string();
+        let common = vec!["-R", "-d", "softwarp0", "-p", &p, "-s", size, "-n", "200"];
+        let mut client_args = common.clone();
+        client_args.push("127.0.0.1");
+        let (_, c) = pair_env(
+            &program,
+            port,
+            &common,
+            &client_args,
+            Duration::from_secs(60),
+            &[("SOFTWARP_BUSY_POLL", "1")],
+        );
+        assert_eq!(
+            perftest_rows(&c.stdout),
+            vec![(size.parse().expect("size"), 200)],
+            "{name}:\n{}",
+            c.stdout
+        );
+    }
+    println!(
+        "perftest under busy polling: 3 tools in {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn perftest_write_bw_all_sizes_from_2_bytes_to_8_mib() {
+    let _serial = serial();
+    let Some(program) = tool("ib_write_bw", "perftest") else {
+        return;
+    };
+    let started = Instant::now();
+    let port = free_port();
+    let p = port.to_string();
+    let common = ["-R", "-d", "softwarp0", "-p", &p, "-a", "-n", "5"];
+    let mut client_args = common.to_vec();
+    client_args.push("127.0.0.1");
+    let (_, c) = pair(
+        &program,
+        port,
+        &common,
+        &client_args,
+        Duration::from_secs(60),
+    );
+    let rows = perftest_rows(&c.stdout);
+    let sizes: Vec<u64> = rows.iter().map(|r| r.0).collect();
+    let expected: Vec<u64> = (1..=23).map(|i| 1u64 << i).collect();
+    assert_eq!(sizes, expected, "{}", c.stdout);
+    assert!(rows.iter().all(|r| r.1 == 5), "{}", c.stdout);
+    println!(
+        "ib_write_bw -a: {} sizes in {:?}",
+        rows.len(),
+        started.elapsed()
+    );
+}
+
+#[test]
+fn ucmatose_four_connections_ten_messages_each() {
+    let _serial = serial();
+    let Some(program) = tool("ucmatose", "rdmacm-utils") else {
+        return;
+    };
+    let port = free_port();
+    let p = port.to_string();
+    let (s, c) = pair(
+        &program,
+        port,
+        &["-p", &p, "-c", "4", "-C", "10"],
+        &["-s", "127.0.0.1", "-p", &p, "-c", "4", "-C", "10"],
+        Duration::from_secs(30),
+    );
+    for o in [&s, &c] {
+        assert!(
+            o.stdout.contains("data transfers complete"),
+            "{}{}",
+            o.stdout,
+            o.stderr
+        );
+        assert!(
+            o.stdout.contains("return status 0"),
+            "{}{}",
+            o.stdout,
+            o.stderr
+        );
+    }
+    assert!(s.stdout.contains("disconnected"), "{}", s.stdout);
+}
+
+#[test]
+fn rdma_server_and_rdma_client_with_synchronous_ids() {
+    let _serial = serial();
+    let Some(server) = tool("rdma_server", "rdmacm-utils") else {
+        return;
+    };
+    let Some(client) = tool("rdma_client", "rdmacm-utils") else {
+        return;
+    };
+    let port = free_port();
+    let p = port.to_string();
+    let mut srv = command(&server)
+        .args(["-p", &p])
+        .spawn()
+        .expect("start rdma_server");
+    wait_listening(port, &mut srv);
+    let c = finish(
+        command(&client)
+            .args(["-s", "127.0.0.1", "-p", &p])
+            .spawn()
+            .expect("start rdma_client"),
+        Duration::from_secs(20),
+        "rdma_client",
+    );
+    let s = finish(srv, Duration::from_secs(20), "rdma_server");
+    assert!(c.status.success(), "{}{}", c.stdout, c.stderr);
+    assert!(s.status.success(), "{}{}", s.stdout, s.stderr);
+    assert_eq!(c.stdout, "rdma_client: start\nrdma_client: end 0\n");
+    assert_eq!(s.stdout, "rdma_server: start\nrdma_server: end 0\n");
+}
+
+/// Builds `tests/c/NAME.c` with `cc` against Debian's headers and libraries; `None` after
+/// saying why when the compiler, a header or a library is missing.
+fn build_c(name: &str, libs: &[&str]) -> Option<PathBuf> {
+    let cc = tool("cc", "gcc")?;
+    for header in [
+        "/usr/include/infiniband/verbs.h",
+        "/usr/include/rdma/rdma_cma.h",
+    ] {
+        if !Path::new(header).exists() {
+            skip(format!(
+                "{header} missing (apt-get install libibverbs-dev librdmacm-dev)"
+            ));
+            return None;
+        }
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = lib_dir().join(format!("{name}-{}", std::process::id()));
+    let built = Command::new(&cc)
+        .arg("-Wall")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .args(libs)
+        .output()
+        .expect("run cc");
+    if !built.status.success() {
+        let err = String::from_utf8_lossy(&built.stderr);
+        if err.contains("cannot find -l") {
+            skip(format!("a library to link with is missing: {err}"));
+            return None;
+        }
+        panic!("cc failed: {err}");
+    }
+    Some(exe)
+}
+
+#[test]
+fn c_program_built_with_debian_headers_gets_rdma_core_errors_and_state_rules() {
+    let _serial = serial();
+    let Some(exe) = build_c("verbs_errors", &["-libverbs"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(20),
+        "verbs_errors",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, "ok: 59 checks\n");
+}
+
+#[test]
+fn c_program_uses_iova_rereg_mr_rdma_create_srq_and_sees_no_memory_windows() {
+    let _serial = serial();
+    let Some(exe) = build_c("more_verbs", &["-libverbs", "-lrdmacm"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(20),
+        "more_verbs",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, "ok: 52 checks\n");
+}
+
+/// `name@VERSION` of every function and object `lib` defines (`objdump -T`), and
+/// `@VERSION` for each version node it defines (`objdump -p`).
+fn exported(objdump: &Path, lib: &Path) -> std::collections::BTreeSet<String> {
+    let run = |flag: &str| {
+        let out = Command::new(objdump)
+            .arg(flag)
+            .arg(lib)
+            .output()
+            .expect("run objdump");
+        assert!(out.status.success(), "objdump {flag} {}", lib.display());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut set = std::collections::BTreeSet::new();
+    for line in run("-T").lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // `ADDR g DF .text SIZE VERSION NAME`; `(VERSION)` for a non-default one.
+        if f.len() >= 6 && (line.contains(" DF ") || line.contains(" DO ")) {
+            if line.contains("*UND*") || line.contains("*ABS*") {
+                continue;
+            }
+            let version = f[f.len() - 2].trim_matches(|c| c == '(' || c == ')');
+            set.insert(format!("{}@{version}", f[f.len() - 1]));
+        }
+    }
+    let p = run("-p");
+    let defs = p
+        .split("Version definitions:")
+        .nth(1)
+        .and_then(|rest| rest.split("Version References:").next())
+        .unwrap_or("");
+    // `N FLAGS HASH NAME`; flags 0x01 marks the file's own name (its soname).
+    for line in defs.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() == 4 && f[1] != "0x01" {
+            set.insert(format!("@{}", f[3]));
+        }
+    }
+    set
+}
+
+/// `what`, or `None` after [`skip`] with `why`.
+fn required<T>(what: Option<T>, why: &str) -> Option<T> {
+    if what.is_none() {
+        skip(why);
+    }
+    what
+}
+
+#[test]
+fn the_library_exports_every_symbol_of_the_installed_rdma_core_but_the_listed_gaps() {
+    let Some(objdump) = required(
+        tool("objdump", "binutils"),
+        "objdump is not installed (apt-get install binutils)",
+    ) else {
+        return;
+    };
+    let installed: Vec<PathBuf> = ["libibverbs.so.1", "librdmacm.so.1"]
+        .iter()
+        .filter_map(|name| {
+            ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+                .iter()
+                .map(|arch| Path::new("/usr/lib").join(arch).join(name))
+                .find(|p| p.exists())
+        })
+        .collect();
+    let Some(installed) = required(
+        (installed.len() == 2).then_some(installed),
+        "Debian's libibverbs1/librdmacm1 are not installed (apt-get install ibverbs-utils rdmacm-utils)",
+    ) else {
+        return;
+    };
+    let theirs: std::collections::BTreeSet<String> = installed
+        .iter()
+        .flat_map(|lib| exported(&objdump, lib))
+        .collect();
+    let ours = exported(&objdump, &lib_dir().join("libibverbs.so.1"));
+    let listed =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/abi-gaps.txt"))
+            .expect("tests/abi-gaps.txt");
+    let listed: std::collections::BTreeSet<&str> = listed
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let gaps: Vec<&String> = theirs.difference(&ours).collect();
+    let unlisted: Vec<&&String> = gaps
+        .iter()
+        .filter(|g| !listed.contains(g.as_str()))
+        .collect();
+    let stale: Vec<&&str> = listed
+        .iter()
+        .filter(|l| !gaps.iter().any(|g| g == *l))
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "{} symbols of rdma-core missing from the library: {unlisted:?}",
+        unlisted.len()
+    );
+    assert!(
+        stale.is_empty(),
+        "listed in tests/abi-gaps.txt but exported (or not in rdma-core): {stale:?}"
+    );
+    assert!(
+        theirs.len() > 200,
+        "read {} rdma-core symbols",
+        theirs.len()
+    );
+}
+
+#[test]
+fn c_program_calls_the_abi_of_imports_ece_dmabuf_multicast_and_kernel_marshalling() {
+    let _serial = serial();
+    let Some(exe) = build_c("abi_calls", &["-libverbs", "-lrdmacm"]) else {
+        return;
+    };
+    let run = |mut cmd: Command, what: &str| {
+        let out = finish(
+            cmd.spawn().expect("run the program"),
+            Duration::from_secs(20),
+            what,
+        );
+        assert!(out.status.success(), "{what}: {}{}", out.stdout, out.stderr);
+        out.stdout
+    };
+    // The calls that touch no device, over Debian's own libibverbs (the program's link) and
+    // over Softwarp's: the same answers, so the layouts are rdma-core's.
+    let mut debian = Command::new(&exe);
+    debian
+        .arg("pure")
+        .env_remove("LD_LIBRARY_PATH")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let theirs = run(debian, "abi_calls pure over rdma-core");
+    let mut softwarp = command(&exe);
+    softwarp.arg("pure");
+    let ours = run(softwarp, "abi_calls pure over softwarp");
+    let all = run(command(&exe), "abi_calls");
+    let _ = std::fs::remove_file(&exe);
+    assert_eq!(theirs, "ok: 16 checks\n");
+    assert_eq!(ours, theirs);
+    assert_eq!(all, "ok: 49 checks\n");
+}
+
+#[test]
+fn c_program_waiting_in_the_library_gets_eintr_from_its_signal_on_its_own_thread() {
+    let _serial = serial();
+    let Some(exe) = build_c("signals", &["-libverbs", "-lrdmacm", "-lpthread"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(20),
+        "signals",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, "ok: 24 checks\n");
+}
+
+#[test]
+fn c_program_gets_the_port_at_bind_afonly_migrate_and_hints_only_getaddrinfo() {
+    let _serial = serial();
+    let Some(exe) = build_c("cm_behaviour", &["-lrdmacm"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(30),
+        "cm_behaviour",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.ends_with("ok: 59 checks\n"), "{}", out.stdout);
+}
+
+/// libfabric's `fi_pingpong` (libfabric-bin) over this library: the verbs provider's
+/// message endpoints (rdma_cm ids made without a channel and migrated to the provider's
+/// event queue) and the RDM endpoints of `verbs;ofi_rxm` (hints-only `rdma_getaddrinfo`,
+/// CQs of (tx + rx) x 256 entries), with data checks, at every size `-S all` runs.
+#[test]
+fn libfabric_fi_pingpong_msg_and_rdm_over_the_verbs_provider() {
+    let _serial = serial();
+    let Some(pingpong) = tool("fi_pingpong", "libfabric-bin") else {
+        return;
+    };
+    for (ep, provider) in [("msg", "verbs"), ("rdm", "verbs;ofi_rxm")] {
+        let port = free_port();
+        let p = port.to_string();
+        let args = ["-e", ep, "-p", provider, "-I", "20", "-c", "-B", &p];
+        let mut server = Reaped::new(
+            command(&pingpong)
+                .args(args)
+                .spawn()
+                .expect("start the server"),
+        );
+        wait_listening(port, &mut server);
+        let client = command(&pingpong)
+            .args([
+                "-e",
+                ep,
+                "-p",
+                provider,
+                "-I",
+                "20",
+                "-c",
+                "-P",
+                &p,
+                "127.0.0.1",
+            ])
+            .spawn()
+            .expect("start the client");
+        let c = finish(client, Duration::from_secs(60), "fi_pingpong client");
+        drop(server);
+        assert!(c.status.success(), "{ep}: {}{}", c.stdout, c.stderr);
+        // One row per size, each with every ping answered.
+        let rows: Vec<&str> = c.stdout.lines().filter(|l| l.contains("=20")).collect();
+        assert_eq!(rows.len(), 6, "{ep}: {}", c.stdout);
+    }
+}
+
+/// qperf's RC tests (Debian's qperf 0.4.11, `-cm1`: connections through rdma_cm), in
+/// wait mode and poll mode, against one qperf server: each test binds a port and sends it to
+/// the client before it listens, so `SOFTWARP_CONNECT_RETRIES` lets a refused connect try
+/// again, and qperf ends each test with SIGALRM in `ibv_get_cq_event`/`rdma_get_cm_event`.
+/// The bandwidth tests are left out: they end now and then with "WR flush failure" (rc_bw
+/// and rc_bi_bw about one run in six: their Sends outrun the receiver's posted receives and
+/// iWARP has no RNR retry; rc_rdma_write_bw once in a CI run, at a test's end); issue 34's
+/// bounded wait for a receive is not built and the RDMA case is not understood yet.
+#[test]
+fn qperf_rc_tests_in_wait_and_poll_mode() {
+    let _serial = serial();
+    let Some(qperf) = tool("qperf", "qperf") else {
+        return;
+    };
+    let tests = ["rc_lat", "rc_rdma_write_lat", "rc_rdma_read_lat"];
+    for poll in ["0", "1"] {
+        let port = free_port();
+        let p = port.to_string();
+        let mut server = Reaped::new(
+            command(&qperf)
+                .args(["--listen_port", &p])
+                .spawn()
+                .expect("start the server"),
+        );
+        wait_listening(port, &mut server);
+        let client = command(&qperf)
+            .env("SOFTWARP_CONNECT_RETRIES", "20")
+            .args(["-lp", &p, "-cm1", "-cp", poll, "-t", "1", "127.0.0.1"])
+            .args(tests)
+            .spawn()
+            .expect("start the client");
+        let c = finish(client, Duration::from_secs(90), "qperf client");
+        drop(server);
+        assert!(c.status.success(), "poll {poll}: {}{}", c.stdout, c.stderr);
+        let results = c
+            .stdout
+            .lines()
+            .filter(|l| l.contains("latency  =") || l.contains("bw  ="))
+            .count();
+        assert_eq!(
+            results,
+            tests.len(),
+            "poll {poll}: {}{}",
+            c.stdout,
+            c.stderr
+        );
+    }
+}
+
+/// uDAPL (dapl2-utils), the consumer API of OpenRDMA, over this library: Debian's `dtest`
+/// with the ofa-v2 rdma_cm provider (`libdaplofa.so.2`) on `lo`, from a `dat.conf` of the
+/// test's own (`DAT_OVERRIDE`): connect, RMR exchange, bursts of RDMA Writes with Sends,
+/// RDMA Reads, ping-pong, both directions.
+#[test]
+fn udapl_dtest_over_the_ofa_v2_rdma_cm_provider() {
+    let _serial = serial();
+    let Some(dtest) = tool("dtest", "dapl2-utils") else {
+        return;
+    };
+    let conf = lib_dir().join(format!("dat-{}.conf", std::process::id()));
+    std::fs::write(
+        &conf,
+        "ofa-v2-lo u2.0 nonthreadsafe default libdaplofa.so.2 dapl.2.0 \"lo 0\" \"\"\n",
+    )
+    .expect("write dat.conf");
+    // dtest's server takes its client on a TCP socket of fixed port 15828 first.
+    let mut server = Reaped::new(
+        command(&dtest)
+            .env("DAT_OVERRIDE", &conf)
+            .args(["-P", "ofa-v2-lo", "-s", "-b", "65536", "-B", "20"])
+            .spawn()
+            .expect("start the server"),
+    );
+    wait_listening(15828, &mut server);
+    let client = command(&dtest)
+        .env("DAT_OVERRIDE", &conf)
+        .args([
+            "-P",
+            "ofa-v2-lo",
+            "-h",
+            "127.0.0.1",
+            "-b",
+            "65536",
+            "-B",
+            "20",
+        ])
+        .spawn()
+        .expect("start the client");
+    let c = finish(client, Duration::from_secs(120), "dtest client");
+    let s = finish(server.take(), Duration::from_secs(30), "dtest server");
+    let _ = std::fs::remove_file(&conf);
+    assert!(c.status.success(), "{}{}", c.stdout, c.stderr);
+    assert!(
+        c.stdout.contains("DAPL Test Complete. PASSED"),
+        "{}",
+        c.stdout
+    );
+    assert!(
+        s.stdout.contains("DAPL Test Complete. PASSED"),
+        "{}{}",
+        s.stdout,
+        s.stderr
+    );
+}
+
+#[test]
+fn c_program_tearing_down_from_two_threads_gets_rdma_cores_order() {
+    let _serial = serial();
+    let Some(exe) = build_c("cm_teardown", &["-lrdmacm", "-lpthread"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(20),
+        "cm_teardown",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, "ok: 12 checks\n");
+}
+
+/// Whether rdma-core's test suite and Debian's Python with pyverbs are installed (skips,
+/// or fails under CI, when not).
+fn rdma_core_suite_installed() -> bool {
+    let python = Path::new("/usr/bin/python3");
+    let installed = Path::new("/usr/share/doc/rdma-core/tests").is_dir()
+        && python.exists()
+        && Command::new(python)
+            .args(["-c", "import pyverbs"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+    required(
+        installed.then_some(()),
+        "rdma-core's test suite is not installed (apt-get install python3-pyverbs)",
+    )
+    .is_some()
+}
+
+/// rdma-core's rdma_cm tests look for the device's network interface in sysfs and skip
+/// without it: `softwarp exec --sysfs` shows one, and softwarp-cli's `exec_sysfs.rs` runs
+/// them that way; here they are left out.
+#[test]
+fn rdma_core_own_test_suite_gives_the_expected_outcome_of_every_test() {
+    let _serial = serial();
+    if !rdma_core_suite_installed() {
+        return;
+    }
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rdma-core");
+    let mut cmd = command(Path::new("/usr/bin/python3"));
+    cmd.arg(here.join("run_suite.py"))
+        .arg(here.join("expected.txt"))
+        .arg("except=test_rdmacm");
+    let out = finish(
+        cmd.spawn().expect("run the suite"),
+        Duration::from_secs(240),
+        "rdma-core tests",
+    );
+    let summary: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("SUMMARY") || l.starts_with("DIFFER"))
+        .collect();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        summary.join("\n"),
+        out.stderr
+    );
+    println!("{}", summary.join("\n"));
+}
+
+/// Builds and runs `tests/c/NAME.c`, a program that forks a server and a client on
+/// 127.0.0.1:PORT, within `limit`; returns its stdout lines sorted (both print concurrently)
+/// after checking it succeeded, or `None` when it cannot be built here.
+fn run_forked_c(name: &str, limit: Duration, env_remove: &[&str]) -> Option<Vec<String>> {
+    let exe = build_c(name, &["-libverbs", "-lrdmacm"])?;
+    let port = free_port().to_string();
+    let mut cmd = command(&exe);
+    cmd.arg(&port);
+    for var in env_remove {
+        cmd.env_remove(var);
+    }
+    let out = finish(cmd.spawn().expect("run the program"), limit, name);
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    let mut lines: Vec<String> = out.stdout.lines().map(str::to_string).collect();
+    lines.sort_unstable();
+    Some(lines)
+}
+
+#[test]
+fn c_program_sees_immediate_data_send_with_invalidate_and_async_events_live() {
+    let _serial = serial();
+    let Some(lines) = run_forked_c("live_ops", Duration::from_secs(40), &[]) else {
+        return;
+    };
+    assert_eq!(
+        lines,
+        [
+            "client: 29 checks",
+            "client: RDMA Write to the invalidated rkey completed locally (success), then the peer's Terminate: async event local access violation work queue error, QP in IBV_QPS_ERR",
+            "client: Write with Immediate, Send with Immediate, Send with Invalidate completed",
+            "ok: 45 server checks",
+            "server: QP in IBV_QPS_ERR, the invalidated MR's bytes unchanged",
+            "server: RDMA Write to the invalidated rkey: async event local access violation work queue error on its QP",
+            "server: RDMA Write with Immediate: IBV_WC_RECV_RDMA_WITH_IMM, imm_data 0x11223344 (network order), 17 bytes written",
+            "server: Send with Immediate: IBV_WC_RECV of 5 bytes, then IBV_WC_RECV with IBV_WC_WITH_IMM, imm_data 0x55667788, 0 bytes",
+            "server: Send with Invalidate: IBV_WC_RECV, IBV_WC_WITH_INV, invalidated_rkey is the MR's rkey",
+        ]
+    );
+}
+
+/// A C responder that posts Sends while its 64 MiB Read Response is going out: the reader,
+/// whose one CQ orders its send and receive completions as its QP finished them, gets them
+/// before the Read completes (interleaving on transmit; before it, 0 of 8 every time).
+#[test]
+fn c_program_gets_the_responders_sends_before_its_long_read_completes() {
+    let _serial = serial();
+    let Some(lines) = run_forked_c("read_while_send", Duration::from_secs(60), &[]) else {
+        return;
+    };
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines[1], "ok: 61 server checks");
+    assert_eq!(
+        lines[2],
+        "server: 8 Sends posted during the Read Response completed"
+    );
+    let before: usize = lines[0]
+        .strip_prefix("client: Read of 67108864 bytes verified; ")
+        .and_then(|l| l.strip_suffix(" of 8 Sends arrived before it completed"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{lines:?}"));
+    println!("{}", lines[0]);
+    assert!(before >= 1, "{lines:?}");
+}
+
+/// perftest's server answers the client's last message and closes at once; a client that is
+/// slow to finish its last Send (Linux siw under emulation) then saw it fail. The server's
+/// `rdma_disconnect` and `ibv_destroy_qp` now wait for the initiator to close first
+/// (`cm::teardown`): the client's Send 300 ms after the server's last message completes, and
+/// the server's close returns once the client closed, well before the 2 s bound. With
+/// `SOFTWARP_CLOSE_WAIT_MS=0` both checks fail (the Send is flushed; the close returns at once).
+/// Round 3 is the mirror: the client closes as soon as it has the server's last message and
+/// waits (`SOFTWARP_INITIATOR_CLOSE_WAIT_MS`, 400 ms in the program) for the server, whose
+/// Send 100 ms later completes; with the variable at 0 it fails.
+#[test]
+fn each_end_lets_the_other_close_first_so_a_late_send_completes() {
+    let _serial = serial();
+    let Some(lines) = run_forked_c(
+        "close_order",
+        Duration::from_secs(30),
+        &[
+            "SOFTWARP_CLOSE_WAIT_MS",
+            "SOFTWARP_INITIATOR_CLOSE_WAIT_MS",
+            "SOFTWARP_BUSY_POLL",
+        ],
+    ) else {
+        return;
+    };
+    assert_eq!(
+        lines,
+        [
+            "client: round 1: the Send 300 ms after the server's last message completed",
+            "client: round 2: the Send 300 ms after the server's last message completed",
+            "client: round 3: rdma_disconnect waited for the server; its late Send arrived",
+            "ok: 46 server checks",
+            "server: round 1: rdma_disconnect returned once the client closed; its late Send arrived",
+            "server: round 2: ibv_destroy_qp returned once the client closed",
+            "server: round 3: the Send 100 ms after the client's last receive completed",
+        ]
+    );
+}
+
+#[test]
+fn c_msgrate_twin_of_the_rust_example_moves_its_messages_busy_polled() {
+    let _serial = serial();
+    let Some(exe) = build_c("msgrate", &["-O2", "-libverbs", "-lrdmacm"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe)
+            .args(["3000", "--list", "16"])
+            .env("SOFTWARP_BUSY_POLL", "1")
+            .spawn()
+            .expect("run the program"),
+        Duration::from_secs(30),
+        "msgrate",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout
+            .starts_with("msgrate: 3000 messages of 64 B in lists of 16: "),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn c_program_closes_its_device_with_a_thread_polling_and_objects_alive() {
+    let _serial = serial();
+    let Some(exe) = build_c("close_device", &["-libverbs", "-lrdmacm", "-lpthread"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(20),
+        "close_device",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.stdout,
+        "closed with a thread polling: 3 flushed receives polled after the close\n\
+         after the close: posts refused with EIO, objects destroyed\n\
+         the rdma_cm's context stays open\n\
+         ok: 26 checks\n"
+    );
+}
+
+#[test]
+fn c_chained_lists_post_in_order_and_stop_at_the_bad_work_request() {
+    let _serial = serial();
+    let Some(exe) = build_c("post_lists", &["-libverbs", "-lrdmacm"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(20),
+        "post_lists",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(
+        out.stdout,
+        "received in order: alpha bravo charlie delta echo foxtrot golf\n\
+         send completions: 3 12\n\
+         ok: 51 checks\n"
+    );
+}
+
+#[test]
+fn rping_capture_decodes_as_clean_iwarp_in_wireshark() {
+    let _serial = serial();
+    let Some(rping) = tool("rping", "rdmacm-utils") else {
+        return;
+    };
+    let (Some(tcpdump), Some(tshark)) = (tool("tcpdump", "tcpdump"), tool("tshark", "tshark"))
+    else {
+        return;
+    };
+    let port = free_port();
+    let p = port.to_string();
+    // In the temporary directory: tcpdump started as root writes as user `tcpdump`.
+    let pcap =
+        std::env::temp_dir().join(format!("softwarp-verbs-rping-{}.pcap", std::process::id()));
+    let mut dump = Command::new(&tcpdump)
+        .args(["-i", "lo", "--immediate-mode", "-U", "-w"])
+        .arg(&pcap)
+        .args(["tcp", "port", &p])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tcpdump");
+    // tcpdump says "listening on lo" once it captures.
+    let mut stderr = std::io::BufReader::new(dump.stderr.take().expect("piped"));
+    let mut banner = String::new();
+    while !banner.contains("listening on") {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut stderr, &mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        banner.push_str(&line);
+    }
+    if !banner.contains("listening on") {
+        drop(dump);
+        skip(format!("tcpdump cannot capture on lo here: {banner}"));
+        return;
+    }
+    // The banner comes a moment before packets are captured.
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, c) = pair(
+        &rping,
+        port,
+        &["-s", "-a", "127.0.0.1", "-p", &p, "-C", "5", "-S", "1000"],
+        &[
+            "-c",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &p,
+            "-C",
+            "5",
+            "-S",
+            "1000",
+            "-V",
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(!c.stderr.contains("data mismatch"));
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = Command::new("kill")
+        .arg("-INT")
+        .arg(dump.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dump.try_wait().expect("wait for tcpdump").is_none() {
+        if Instant::now() > deadline {
+            let _ = dump.kill();
+            let _ = dump.wait();
+            panic!("tcpdump did not stop within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = Command::new(&tshark)
+        .args(["-n", "-r"])
+        .arg(&pcap)
+        .args([
+            "--disable-protocol",
+            "rpcordma",
+            "--disable-protocol",
+            "smb_direct",
+            "-V",
+        ])
+        .output()
+        .expect("run tshark");
+    let mut rest = String::new();
+    let _ = stderr.read_to_string(&mut rest);
+    banner.push_str(&rest);
+    let size = std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0);
+    let _ = std::fs::remove_file(&pcap);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        size > 24,
+        "empty capture ({size} bytes); tcpdump: {banner}; tshark: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every MPA unit Wireshark found: the Request, the Reply, and the FPDUs, each of which
+    // must carry a good CRC (CRC is on by default): 5 pings are at least 30 FPDUs (the RTR,
+    // per ping 4 Sends, a Read Request and its Response, a Write).
+    let mpa = text
+        .matches("iWARP Marker Protocol data unit Aligned framing")
+        .count();
+    let good = text.matches("(Good CRC32)").count();
+    assert!(good >= 30, "{good} FPDUs with a good CRC:\n{text}");
+    assert_eq!(
+        mpa,
+        good + 2,
+        "MPA units that are not the Request, the Reply or a good FPDU:\n{text}"
+    );
+    assert!(!text.contains("Bad CRC"), "{text}");
+    assert!(!text.to_lowercase().contains("malformed"), "{text}");
+}
+
+/// Builds `tests/c/NAME.c` and runs it (with `args`) under valgrind's memcheck: any invalid
+/// read, write or free in the program or the library (use after free included) makes it exit
+/// 97. Without valgrind (a failure under `CI=true`) it runs as it is. Returns the output after
+/// checking it succeeded, or `None` when it cannot be built here.
+fn run_c_memchecked(name: &str, args: &[&str], limit: Duration) -> Option<Output> {
+    let valgrind = on_path("valgrind");
+    let exe = build_c(name, &["-libverbs", "-lrdmacm"])?;
+    let mut cmd = match &valgrind {
+        Some(v) => {
+            let mut c = command(v);
+            c.args([
+                "--tool=memcheck",
+                "--error-exitcode=97",
+                "--leak-check=no",
+                "--show-error-list=yes",
+                "-q",
+            ])
+            .arg(&exe);
+            c
+        }
+        None => {
+            skip("valgrind is not installed (apt-get install valgrind): running without it");
+            command(&exe)
+        }
+    };
+    cmd.args(args);
+    let out = finish(cmd.spawn().expect("run the program"), limit, name);
+    let _ = std::fs::remove_file(&exe);
+    assert!(
+        out.status.success(),
+        "{name}: {}\n{}{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    Some(out)
+}
+
+/// Every destroy of an object still in use answers as rdma-core does (EBUSY, the object
+/// intact and working), under valgrind: no access to freed memory anywhere.
+#[test]
+fn c_destroy_of_objects_in_use_is_refused_with_ebusy_and_they_keep_working() {
+    let _serial = serial();
+    let Some(out) = run_c_memchecked("in_use", &[], Duration::from_secs(120)) else {
+        return;
+    };
+    assert_eq!(out.stdout, "ok: 108 checks\n", "{}", out.stderr);
+}
+
+/// rdma_cm calls after REJECTED (nothing listening, a listener that rejects), repeated
+/// resolve/connect/disconnect/ack, and calls on ids and channels destroyed then made again as
+/// Debian's perftest makes them: each answers the errno of the kernel's state machine (or
+/// EINVAL for a destroyed object), never a crash, under valgrind.
+#[test]
+fn c_cm_calls_after_rejected_and_on_destroyed_ids_answer_errnos() {
+    let _serial = serial();
+    let port = free_port().to_string();
+    let Some(out) = run_c_memchecked("cm_sequences", &[&port], Duration::from_secs(120)) else {
+        return;
+    };
+    assert_eq!(out.stdout, "ok: 727 checks\n", "{}", out.stderr);
+}
+
+/// Debian's `ib_write_bw -R` client refused by a server that listens late (as Linux siw's
+/// perftest server does: here its rdma_cm `listen()` is delayed 1 s by strace's fault
+/// injection): the client gets REJECTED, and perftest 4.5's retry then destroys its ids,
+/// channel and the array holding them and resolves what it read from freed memory. Over
+/// this library that was a SIGSEGV in `rdma_resolve_addr` (each run of 1 tried on
+/// 2026-12-02); now every such call fails with EINVAL and the client exits with its own
+/// error, 20 runs in a row.
+#[test]
+fn perftest_client_refused_by_a_late_listener_exits_without_crashing_20_times() {
+    use std::os::unix::process::ExitStatusExt;
+    let _serial = serial();
+    let (Some(perftest), Some(strace)) =
+        (tool("ib_write_bw", "perftest"), tool("strace", "strace"))
+    else {
+        return;
+    };
+    let mut rejected = 0;
+    for run in 0..20 {
+        let port = free_port();
+        let p = port.to_string();
+        let mut server = Reaped::new(
+            command(&strace)
+                // A process group of its own, which the guard kills whole: killing strace
+                // alone left the traced server running (20 runs, 20+ servers behind).
+                .process_group(0)
+                .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=listen"])
+                // The first listen() is perftest's control socket, the second the rdma_cm's.
+                .args(["-e", "inject=listen:delay_enter=1000000:when=2+"])
+                .arg(&perftest)
+                .args(["-R", "-d", "softwarp0", "-n", "200", "-p", &p])
+                .spawn()
+                .expect("start the server"),
+        );
+        wait_listening(port, &mut server);
+        let client = command(&perftest)
+            .args(["-R", "-d", "softwarp0", "-n", "200", "-p", &p, "127.0.0.1"])
+            .spawn()
+            .expect("start the client");
+        let c = finish(client, Duration::from_secs(30), "ib_write_bw client");
+        drop(server);
+        let text = format!("{}{}", c.stdout, c.stderr);
+        assert!(
+            c.status.signal().is_none(),
+            "run {run}: the client died of signal {:?}\n{text}",
+            c.status.signal()
+        );
+        if text.contains("RDMA_CM_EVENT_REJECTED") {
+            rejected += 1;
+            assert!(
+                text.contains("Invalid argument"),
+                "run {run}: {}\n{text}",
+                c.status
+            );
+        }
+    }
+    // Each run reproduced the refusal (the client connects within 1 s of the handshake).
+    assert_eq!(rejected, 20, "runs refused");
+}
+
+/// Debian's `rstream` as server and client over this library on 127.0.0.1 with the same
+/// `args` on both ends; returns (server, client) output after checking both succeeded.
+fn rstream_pair(rstream: &Path, args: &[&str]) -> (Output, Output) {
+    rstream_pair_on(rstream, free_port(), args)
+}
+
+/// [`rstream_pair`] on `port`.
+fn rstream_pair_on(rstream: &Path, port: u16, args: &[&str]) -> (Output, Output) {
+    let p = port.to_string();
+    let mut server = Reaped::new(
+        command(rstream)
+            .args(["-b", "127.0.0.1", "-p", &p])
+            .args(args)
+            .spawn()
+            .expect("start the rstream server"),
+    );
+    wait_listening(port, &mut server);
+    let mut client = Reaped::new(
+        command(rstream)
+            .args(["-s", "127.0.0.1", "-p", &p])
+            .args(args)
+            .spawn()
+            .expect("start the rstream client"),
+    );
+    let c = finish_in(
+        &mut client,
+        Duration::from_secs(60),
+        &format!("rstream client {args:?}"),
+    );
+    let s = finish_in(
+        &mut server,
+        Duration::from_secs(20),
+        &format!("rstream server {args:?}"),
+    );
+    assert!(
+        c.status.success() && s.status.success(),
+        "rstream {args:?}: client exit {} server exit {}\nclient:\n{}{}\nserver:\n{}{}",
+        c.status,
+        s.status,
+        c.stdout,
+        c.stderr,
+        s.stdout,
+        s.stderr
+    );
+    (s, c)
+}
+
+/// The result line of an `rstream -S SIZE -C COUNT` run: (bytes, xfers) as printed.
+fn rstream_row(out: &str) -> Option<(String, String)> {
+    let line = out.lines().find(|l| l.starts_with("custom"))?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    Some((f.get(1)?.to_string(), f.get(2)?.to_string()))
+}
+
+/// rstream's transfers at `sizes` ((-S, -C, the size as rstream prints it)) with `mode`'s
+/// -T options and `-T v` (every byte verified by the receiver), both ends over Softwarp.
+fn rstream_sizes(mode: &[&str], sizes: &[(&str, &str, &str)]) {
+    stream_tool_sizes("rstream", mode, sizes);
+}
+
+/// [`rstream_sizes`] with `program` (`rstream` or `riostream`, which take the same options).
+fn stream_tool_sizes(program: &str, mode: &[&str], sizes: &[(&str, &str, &str)]) {
+    let _serial = serial();
+    let Some(rstream) = tool(program, "rdmacm-utils") else {
+        return skip(format!("{program} is not installed"));
+    };
+    for (size, count, printed) in sizes {
+        let mut args: Vec<&str> = mode.to_vec();
+        args.extend(["-T", "v", "-S", size, "-C", count]);
+        let (s, c) = rstream_pair(&rstream, &args);
+        for (who, out) in [("server", &s), ("client", &c)] {
+            let row = rstream_row(&out.stdout);
+            assert_eq!(
+                row.as_ref().map(|(b, _)| b.as_str()),
+                Some(*printed),
+                "{who} {args:?}:\n{}{}",
+                out.stdout,
+                out.stderr
+            );
+            assert!(!out.stderr.contains("data mismatch"), "{}", out.stderr);
+        }
+    }
+}
+
+#[test]
+fn rstream_blocking_moves_verified_data_at_64_bytes_to_1_mib() {
+    rstream_sizes(
+        &["-T", "b"],
+        &[
+            ("64", "2000", "64"),
+            ("4096", "1000", "4k"),
+            ("65536", "300", "64k"),
+            ("1048576", "30", "1m"),
+        ],
+    );
+}
+
+#[test]
+fn rstream_nonblocking_moves_verified_data() {
+    rstream_sizes(
+        &["-T", "n"],
+        &[("100", "1000", "100"), ("65536", "200", "64k")],
+    );
+}
+
+#[test]
+fn rstream_async_with_rpoll_moves_verified_data() {
+    rstream_sizes(
+        &["-T", "a"],
+        &[("4096", "1000", "4k"), ("1000000", "20", "976k")],
+    );
+}
+
+#[test]
+fn rstream_async_and_blocking_moves_verified_data() {
+    rstream_sizes(&["-T", "a", "-T", "b"], &[("8192", "500", "8k")]);
+}
+
+/// The rsocket calls of `tests/c/rsocket_api.c` and the kernel's TCP calls of the same
+/// program print the same transcript (errno of calls on a closed socket, EAGAIN of an empty
+/// non-blocking receive, poll and select over a socket and a pipe, half-close, shutdown
+/// then receive, ...), and rsocket's own answers (rclose of a closed rsocket, an unknown
+/// domain) are rdma-core's.
+#[test]
+fn rsocket_c_api_gives_the_transcript_of_kernel_tcp() {
+    let _serial = serial();
+    let Some(exe) = build_c("rsocket_api", &["-lrdmacm"]) else {
+        return skip("the C test cannot be built here");
+    };
+    let run = |mode: &str| {
+        let port = free_port().to_string();
+        let mut child = Reaped::new(
+            command(&exe)
+                .args([port.as_str(), mode])
+                .spawn()
+                .expect("run rsocket_api"),
+        );
+        let out = finish_in(
+            &mut child,
+            Duration::from_secs(40),
+            &format!("rsocket_api {mode}"),
+        );
+        assert!(
+            out.status.success(),
+            "rsocket_api {mode}: {}\n{}{}",
+            out.status,
+            out.stdout,
+            out.stderr
+        );
+        let mut lines: Vec<String> = out.stdout.lines().map(str::to_string).collect();
+        lines.sort_unstable();
+        lines
+    };
+    let tcp = run("tcp");
+    let rs = run("rs");
+    let _ = std::fs::remove_file(&exe);
+    let shared = |l: &Vec<String>| -> Vec<String> {
+        l.iter()
+            .filter(|l| !l.starts_with("rs: ") && !l.starts_with("ok: "))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        shared(&rs),
+        shared(&tcp),
+        "rsocket:\n{rs:#?}\nTCP:\n{tcp:#?}"
+    );
+    assert_eq!(shared(&tcp).len(), 21, "{tcp:#?}");
+    for expected in [
+        "rs: rclose of a closed rsocket returns EBADF",
+        "rs: rsocket(AF_UNIX): -1 ENOTSUP",
+        "rs: riomap on an unconnected rsocket: -1 EINVAL",
+        "rs: riounmap of nothing mapped: -1 EINVAL",
+        "rs: rsocket(SOCK_DGRAM): a socket",
+        "rs: datagram rrecv before rbind: -1 EINVAL",
+        "rs: datagram rbind: 0, a port yes",
+        "rs: datagram rrecvfrom, non-blocking: -1 EAGAIN",
+        "rs: datagram rpoll: 1, POLLOUT set, POLLIN clear",
+        "rs: datagram rsendto: -1 ENOTSUP",
+        "rs: datagram rsend without a destination: -1 EDESTADDRREQ",
+        "rs: datagram rconnect: -1 ENOTSUP",
+        "rs: datagram rlisten: -1 ENOTSUP",
+        "ok: 29 server checks",
+        "client: non-blocking recv with nothing received: -1 EAGAIN",
+        "server: recv after its own SHUT_RDWR: 0",
+        "server: poll over the drained pipe and the socket: 1, pipe clear, socket POLLIN set",
+    ] {
+        assert!(
+            rs.iter().any(|l| l == expected),
+            "missing {expected:?}: {rs:#?}"
+        );
+    }
+}
+
+/// `struct rs_conn_data` as rdma-core's rsocket.c lays it out (written here from rsocket.c,
+/// independently of the library's `rsocket/wire.rs`): version, flags, big-endian credits,
+/// 3 reserved bytes, the scaled iomap size, then two big-endian `struct rs_sge` (address,
+/// key, length): the target SGL and the first half of the receive buffer.
+#[derive(Debug)]
+struct RsConnData {
+    version: u8,
+    flags: u8,
+    credits: u16,
+    reserved: [u8; 3],
+    iomap: u8,
+    sgl: (u64, u32, u32),
+    data: (u64, u32, u32),
+}
+
+fn rs_conn_data(b: &[u8]) -> RsConnData {
+    assert!(b.len() >= 40, "private data of {} bytes", b.len());
+    let u64be = |o: usize| u64::from_be_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+    let u32be = |o: usize| u32::from_be_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+    RsConnData {
+        version: b[0],
+        flags: b[1],
+        credits: u16::from_be_bytes([b[2], b[3]]),
+        reserved: [b[4], b[5], b[6]],
+        iomap: b[7],
+        sgl: (u64be(8), u32be(16), u32be(20)),
+        data: (u64be(24), u32be(32), u32be(36)),
+    }
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// One RDMAP message: (sender's port, opcode, sink STag, sink TO, payload).
+type Fpdu = (u16, u8, u32, u64, Vec<u8>);
+
+/// The TCP byte stream of each direction (by source port) of what `run` exchanged on
+/// 127.0.0.1:`port`, captured by tcpdump and split into frames by tshark; `None` after
+/// [`skip`] when capturing is not possible here.
+fn capture_streams(
+    port: u16,
+    run: impl FnOnce(),
+) -> Option<std::collections::BTreeMap<u16, Vec<u8>>> {
+    let (Some(tcpdump), Some(tshark)) = (tool("tcpdump", "tcpdump"), tool("tshark", "tshark"))
+    else {
+        skip("tcpdump or tshark is not installed");
+        return None;
+    };
+    let p = port.to_string();
+    let pcap = std::env::temp_dir().join(format!(
+        "softwarp-verbs-rstream-{}.pcap",
+        std::process::id()
+    ));
+    let mut dump = Reaped::new(
+        Command::new(&tcpdump)
+            .args(["-i", "lo", "--immediate-mode", "-U", "-w"])
+            .arg(&pcap)
+            .args(["tcp", "port", &p])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tcpdump"),
+    );
+    let mut stderr = std::io::BufReader::new(dump.stderr.take().expect("piped"));
+    let mut banner = String::new();
+    for _ in 0..20 {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut stderr, &mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        banner.push_str(&line);
+        if banner.contains("listening on") {
+            break;
+        }
+    }
+    if !banner.contains("listening on") {
+        skip(format!("tcpdump cannot capture on lo here: {banner}"));
+        return None;
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    run();
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = Command::new("kill")
+        .arg("-INT")
+        .arg(dump.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dump.try_wait().expect("wait for tcpdump").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "tcpdump did not stop within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Each direction's TCP byte stream (tshark only splits the frames: the MPA, DDP and
+    // RDMAP parsing below is written from the RFCs and rsocket.c).
+    let out = Command::new(&tshark)
+        .args(["-n", "-r"])
+        .arg(&pcap)
+        .args(["-T", "fields", "-E", "separator=|"])
+        .args([
+            "-e",
+            "tcp.srcport",
+            "-e",
+            "tcp.seq_raw",
+            "-e",
+            "tcp.payload",
+        ])
+        .output()
+        .expect("run tshark");
+    let _ = std::fs::remove_file(&pcap);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut streams: std::collections::BTreeMap<u16, (u64, Vec<u8>)> = Default::default();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split('|').collect();
+        if f.len() != 3 || f[2].is_empty() {
+            continue;
+        }
+        let (src, seq): (u16, u64) = (f[0].parse().expect("port"), f[1].parse().expect("seq"));
+        let st = streams.entry(src).or_insert((seq, Vec::new()));
+        // In order on loopback; a retransmission (a sequence number already had) is skipped.
+        if seq == st.0 + st.1.len() as u64 {
+            st.1.extend(hex(f[2]));
+        }
+    }
+    assert_eq!(streams.len(), 2, "{text}");
+    Some(streams.into_iter().map(|(k, (_, v))| (k, v)).collect())
+}
+
+/// The rsocket connection data of the MPA Request and Reply, and the RDMAP messages of
+/// both directions, from `streams` ([`capture_streams`]).
+fn rsocket_messages(
+    streams: &std::collections::BTreeMap<u16, Vec<u8>>,
+) -> (RsConnData, RsConnData, Vec<Fpdu>) {
+    let (mut request, mut reply) = (None, None);
+    let mut fpdus: Vec<Fpdu> = Vec::new();
+    for (src, bytes) in streams {
+        // MPA Request/Reply: 16-byte key, flags, revision, private data length, data.
+        assert!(bytes.len() >= 20, "{src}: {bytes:02x?}");
+        let key = &bytes[..16];
+        let rev = bytes[17];
+        let pd_len = usize::from(u16::from_be_bytes([bytes[18], bytes[19]]));
+        let pd = &bytes[20..20 + pd_len];
+        // MPA revision 2: RFC 6581's IRD/ORD come first.
+        let pd = if rev == 2 { &pd[4..] } else { pd };
+        match key {
+            b"MPA ID Req Frame" => request = Some(rs_conn_data(pd)),
+            b"MPA ID Rep Frame" => reply = Some(rs_conn_data(pd)),
+            other => panic!("not an MPA frame: {other:02x?}"),
+        }
+        // FPDUs: ULPDU length, ULPDU, pad to 4 bytes, CRC (no markers).
+        let mut at = 20 + pd_len;
+        let mut pending: Option<Fpdu> = None;
+        while at + 2 <= bytes.len() {
+            let len = usize::from(u16::from_be_bytes([bytes[at], bytes[at + 1]]));
+            let u = &bytes[at + 2..at + 2 + len];
+            at += (2 + len).div_ceil(4) * 4 + 4;
+            let (tagged, last, op) = (u[0] & 0x80 != 0, u[0] & 0x40 != 0, u[1] & 0x0f);
+            let (stag, to, payload) = if tagged {
+                let stag = u32::from_be_bytes(u[2..6].try_into().expect("4"));
+                let to = u64::from_be_bytes(u[6..14].try_into().expect("8"));
+                (stag, to, &u[14..])
+            } else {
+                (0, 0, &u[18..])
+            };
+            // A message of several DDP segments is gathered until its Last flag.
+            match pending.as_mut() {
+                Some(m) => m.4.extend_from_slice(payload),
+                None => pending = Some((*src, op, stag, to, payload.to_vec())),
+            }
+            if last {
+                fpdus.extend(pending.take());
+            }
+        }
+    }
+    (
+        request.expect("an MPA Request"),
+        reply.expect("an MPA Reply"),
+        fpdus,
+    )
+}
+
+/// A capture of Debian's rstream between two ends over this library, decoded (MPA, DDP,
+/// RDMAP) and checked against rdma-core's rsocket protocol on iWARP as rsocket.c writes it: the MPA
+/// Request and Reply carry `struct rs_conn_data` after MPA v2's IRD/ORD; every RDMA Write
+/// lands in the peer's announced receive buffer (data) or target SGL (16-byte entries naming
+/// the writer's other buffer half), and is followed by a 4-byte Send of the message (native,
+/// little-endian here: `RS_OP_DATA` with the Write's length, `RS_OP_SGL` with credits); the
+/// first data goes to the start of the announced buffer; a disconnect message ends it.
+#[test]
+fn rstream_capture_decodes_as_rdma_cores_rsocket_protocol() {
+    let _serial = serial();
+    let Some(rstream) = tool("rstream", "rdmacm-utils") else {
+        return skip("rstream is not installed");
+    };
+    let port = free_port();
+    let Some(streams) = capture_streams(port, || {
+        rstream_pair_on(&rstream, port, &["-T", "b", "-S", "100", "-C", "3"]);
+    }) else {
+        return;
+    };
+    let (request, reply, fpdus) = rsocket_messages(&streams);
+    for c in [&request, &reply] {
+        assert_eq!(c.version, 1, "{c:?}");
+        // RS_CONN_FLAG_IOMAP, not RS_CONN_FLAG_NET (a little-endian host).
+        assert_eq!(c.flags, 0x02, "{c:?}");
+        assert_eq!(c.credits, 384, "{c:?}: rdma-core's default receive queue");
+        assert_eq!((c.reserved, c.iomap), ([0; 3], 0), "{c:?}");
+        assert_eq!(c.sgl.2, 2, "{c:?}: RS_SGL_SIZE entries");
+        // rstream asks SO_RCVBUF 512 KiB: a 1 MiB buffer, half of it offered.
+        assert_eq!(c.data.2, 512 << 10, "{c:?}");
+    }
+    let mut disconnects = 0;
+    let mut data_bytes = 0;
+    for (side, peer, own) in [(true, &reply, &request), (false, &request, &reply)] {
+        let sent: Vec<&Fpdu> = fpdus
+            .iter()
+            .filter(|f| (f.0 != port) == side && !(f.1 == 0 && f.4.is_empty()))
+            .collect();
+        let mut first_data = true;
+        let mut i = 0;
+        while i < sent.len() {
+            let (_, op, stag, to, payload) = sent[i];
+            if *op == 0 {
+                let send = sent
+                    .get(i + 1)
+                    .unwrap_or_else(|| panic!("a Write without its Send"));
+                assert_eq!(
+                    (send.1, send.4.len()),
+                    (3, 4),
+                    "the Send after a Write: {send:?}"
+                );
+                let msg = u32::from_le_bytes(send.4[..4].try_into().expect("4 bytes"));
+                if *stag == peer.sgl.1 {
+                    assert!(
+                        *to >= peer.sgl.0 && *to + 16 <= peer.sgl.0 + 32 && payload.len() == 16,
+                        "SGL write at {to:#x}"
+                    );
+                    let addr = u64::from_le_bytes(payload[..8].try_into().expect("8"));
+                    let key = u32::from_le_bytes(payload[8..12].try_into().expect("4"));
+                    let len = u32::from_le_bytes(payload[12..16].try_into().expect("4"));
+                    assert_eq!(key, own.data.1, "the entry names the writer's buffer");
+                    assert!(addr >= own.data.0 && addr < own.data.0 + 2 * u64::from(own.data.2));
+                    assert_eq!(len, own.data.2);
+                    assert_eq!(msg >> 29, 4, "RS_OP_SGL after an SGL write: {msg:#x}");
+                } else {
+                    assert_eq!(*stag, peer.data.1, "a Write outside the announced buffers");
+                    let end = peer.data.0 + 2 * u64::from(peer.data.2);
+                    assert!(*to >= peer.data.0 && *to + payload.len() as u64 <= end);
+                    if first_data {
+                        assert_eq!(*to, peer.data.0, "the first data starts the buffer");
+                        first_data = false;
+                    }
+                    assert_eq!(msg, payload.len() as u32, "RS_OP_DATA with the length");
+                    data_bytes += payload.len();
+                }
+                i += 2;
+            } else {
+                assert_eq!(
+                    (*op, payload.len()),
+                    (3, 4),
+                    "a message Send: {:?}",
+                    sent[i]
+                );
+                let msg = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes"));
+                match msg >> 29 {
+                    4 => {}
+                    7 => {
+                        assert_eq!(msg & 0x1FFF_FFFF, 0, "RS_CTRL_DISCONNECT");
+                        disconnects += 1;
+                    }
+                    other => panic!("message {msg:#x} (op {other}) alone"),
+                }
+                i += 1;
+            }
+        }
+    }
+    // rstream's 16-byte sync each way, then 3 transfers of 100 bytes each way.
+    assert_eq!(data_bytes, 2 * (16 + 300), "{fpdus:02x?}");
+    assert!(disconnects >= 1, "no disconnect message: {fpdus:02x?}");
+}
+
+/// rsocket's keepalive as rdma-core's `tcp_svc` sends it: a client with `SO_KEEPALIVE` and
+/// `TCP_KEEPIDLE` 1 s, idle 2.5 s, sends `RS_CTRL_KEEPALIVE` as zero-length RDMA Writes to
+/// STag 0 at offset 0 about every second, which the server's end takes silently (the data
+/// after them arrives).
+#[test]
+fn rsocket_keepalive_sends_zero_length_writes_to_stag_0_every_idle_period() {
+    let _serial = serial();
+    let Some(exe) = build_c("rsocket_api", &["-lrdmacm"]) else {
+        return skip("the C test cannot be built here");
+    };
+    let port = free_port();
+    let mut out = None;
+    let streams = capture_streams(port, || {
+        let mut child = Reaped::new(
+            command(&exe)
+                .args([port.to_string().as_str(), "keepalive"])
+                .spawn()
+                .expect("run rsocket_api keepalive"),
+        );
+        out = Some(finish_in(
+            &mut child,
+            Duration::from_secs(30),
+            "rsocket_api keepalive",
+        ));
+    });
+    let _ = std::fs::remove_file(&exe);
+    let Some(streams) = streams else {
+        return;
+    };
+    let out = out.expect("the program ran");
+    assert!(
+        out.status.success(),
+        "{}\n{}{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stdout
+            .contains("server: received done after the client's idle time"),
+        "{}",
+        out.stdout
+    );
+    let (_, _, fpdus) = rsocket_messages(&streams);
+    let keepalives = fpdus
+        .iter()
+        .filter(|f| f.0 != port && f.1 == 0 && f.2 == 0 && f.3 == 0 && f.4.is_empty())
+        .count();
+    assert!(
+        (2..=3).contains(&keepalives),
+        "{keepalives} keepalives in 2.5 s: {fpdus:02x?}"
+    );
+}
+
+/// Debian's riostream (`riomap` of each end's buffer, the peer's `riowrite` into it, the
+/// last byte polled in memory) with both ends over Softwarp, every byte verified.
+#[test]
+fn riostream_blocking_writes_into_the_peers_iomap_verified() {
+    stream_tool_sizes(
+        "riostream",
+        &["-T", "b"],
+        &[
+            ("100", "500", "100"),
+            ("4096", "500", "4k"),
+            ("65536", "100", "64k"),
+            ("1048576", "10", "1m"),
+        ],
+    );
+}
+
+#[test]
+fn riostream_nonblocking_and_async_write_into_the_peers_iomap_verified() {
+    stream_tool_sizes("riostream", &["-T", "n"], &[("4096", "300", "4k")]);
+    stream_tool_sizes("riostream", &["-T", "a"], &[("65536", "50", "64k")]);
+}
+
+/// Debian's rcopy (rsocket's file copy: the file's name and size, then its bytes, with rsend
+/// and rrecv) copies 3 MB with both ends over Softwarp, the copy byte for byte the original.
+#[test]
+fn rcopy_copies_a_file_byte_for_byte() {
+    let _serial = serial();
+    let Some(rcopy) = tool("rcopy", "rdmacm-utils") else {
+        return skip("rcopy is not installed");
+    };
+    let dir = std::env::temp_dir().join(format!("softwarp-verbs-rcopy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let src = dir.join("source");
+    let dst = dir.join("copy");
+    // Bytes that differ from offset to offset (a shifted copy would not compare equal).
+    let data: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&src, &data).expect("write the source");
+    let port = free_port();
+    let p = port.to_string();
+    // The server serves until killed (the guard kills and reaps it).
+    let mut server = Reaped::new(
+        command(&rcopy)
+            .args(["-p", &p])
+            .current_dir(&dir)
+            .spawn()
+            .expect("start the rcopy server"),
+    );
+    wait_listening(port, &mut server);
+    let mut client = Reaped::new(
+        command(&rcopy)
+            .arg(&src)
+            .arg(format!("127.0.0.1:{}", dst.display()))
+            .args(["-p", &p])
+            .spawn()
+            .expect("start the rcopy client"),
+    );
+    let c = finish_in(&mut client, Duration::from_secs(30), "rcopy client");
+    drop(server);
+    let copy = std::fs::read(&dst).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(c.status.success(), "{}\n{}{}", c.status, c.stdout, c.stderr);
+    assert!(c.stdout.contains("3000000 bytes in"), "{}", c.stdout);
+    assert!(
+        copy == data,
+        "the copy has {} bytes and differs",
+        copy.len()
+    );
+}
+
+/// Debian's udpong (datagram rsockets) answers as rdma-core's does on an iWARP device, which
+/// has no UD QPs: the server binds and waits for datagrams that cannot come, the client's
+/// `rconnect` fails with `EOPNOTSUPP`.
+#[test]
+fn udpong_client_gets_eopnotsupp_and_the_server_waits_as_on_iwarp() {
+    let _serial = serial();
+    let Some(udpong) = tool("udpong", "rdmacm-utils") else {
+        return skip("udpong is not installed");
+    };
+    let port = free_port().to_string();
+    let mut server = Reaped::new(
+        command(&udpong)
+            .args(["-b", "127.0.0.1", "-p", &port])
+            .spawn()
+            .expect("start the udpong server"),
+    );
+    let mut client = Reaped::new(
+        command(&udpong)
+            .args(["-s", "127.0.0.1", "-p", &port])
+            .spawn()
+            .expect("start the udpong client"),
+    );
+    let c = finish_in(&mut client, Duration::from_secs(20), "udpong client");
+    assert!(!c.status.success(), "{}{}", c.stdout, c.stderr);
+    assert!(
+        c.stderr.contains("rconnect: Operation not supported"),
+        "{}{}",
+        c.stdout,
+        c.stderr
+    );
+    // The server is still waiting (bound, nothing can arrive); the guard kills it.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        server.try_wait().expect("wait for the server").is_none(),
+        "the udpong server exited"
+    );
+}
