@@ -366,16 +366,25 @@ fn writing_comes_back() -> bool {
 /// Runs `f` while another thread makes empty posts to `qp` (application activity, so the
 /// progress thread does not take its reading over).
 fn keep_at_work<R>(qp: &QueuePair, f: impl FnOnce() -> R) -> R {
-    let done = std::sync::atomic::AtomicBool::new(false);
+    use std::sync::atomic::{AtomicBool, Ordering};
+    /// Stops the posting thread on the way out, also when `f` panics (a deadline assertion):
+    /// otherwise the scope would wait for that thread forever and the test would hang
+    /// instead of failing.
+    struct Done<'a>(&'a AtomicBool);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            while !done.load(Ordering::Relaxed) {
                 qp.post_send_list(&[]).unwrap();
             }
         });
-        let r = f();
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
-        r
+        let _done = Done(&done);
+        f()
     })
 }
 
