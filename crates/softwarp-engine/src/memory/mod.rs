@@ -880,8 +880,9 @@ mod tests {
     #[test]
     fn raw_region_writes_into_caller_memory() {
         let mut backing = vec![0u8; 8];
-        // SAFETY (test): `backing` outlives `r` and is not otherwise accessed meanwhile.
         #[allow(unsafe_code)]
+        // SAFETY: `backing` (8 bytes, the length given) outlives `r`, dropped before the
+        // assertion reads it, and nothing else touches it meanwhile.
         let r = unsafe { Region::from_raw(backing.as_mut_ptr(), backing.len()) }.unwrap();
         assert!(r.is_raw());
         r.write_at(2, &[9, 9]).unwrap();
@@ -914,8 +915,9 @@ mod tests {
     pub(crate) fn raw_at(backing: &mut [u64], misalign: usize, len: usize) -> Region {
         assert!(misalign < 8 && misalign + len <= backing.len() * 8);
         let ptr = backing.as_mut_ptr().cast::<u8>().wrapping_add(misalign);
-        // SAFETY (test): `ptr..ptr + len` lies inside `backing`, which outlives the region
-        // (every caller drops the region first) and is not otherwise accessed meanwhile.
+        // SAFETY: `ptr..ptr + len` lies inside `backing` (asserted above), which outlives the
+        // region (every caller drops the region first) and is not otherwise accessed
+        // meanwhile.
         unsafe { Region::from_raw(ptr, len) }.unwrap()
     }
 

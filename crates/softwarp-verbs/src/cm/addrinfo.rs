@@ -81,6 +81,9 @@ pub unsafe extern "C" fn swv_rdma_getaddrinfo(
         // `ai_src_len` bytes.
         while let Some(a) = unsafe { cur.as_mut() } {
             if a.ai_src_len == 0 && h.ai_src_len != 0 {
+                // SAFETY: `ai_src_addr` of the caller's hints is a socket address of
+                // `ai_src_len` (non-zero) bytes, rdma_getaddrinfo's contract; `dup_addr`
+                // reads its family and then only that family's length.
                 if let Some((addr, len)) = unsafe { dup_addr(h.ai_src_addr.cast()) } {
                     a.ai_src_addr = addr;
                     a.ai_src_len = len;

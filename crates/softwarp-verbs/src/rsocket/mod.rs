@@ -469,7 +469,10 @@ pub unsafe extern "C" fn swv_rreadv(
 ) -> isize {
     // SAFETY: the caller's vectors.
     match unsafe { iovecs(iov, iovcnt) } {
+        // SAFETY: `first` is the caller's first vector, writable for `iov_len` bytes at
+        // `iov_base` (readv(2)'s contract, which rreadv has).
         Some([first, ..]) => unsafe { recv_into(socket, first.iov_base, first.iov_len, 0) },
+        // SAFETY: no vector: a 0-byte receive, which `recv_into` never writes to.
         Some([]) => unsafe { recv_into(socket, std::ptr::null_mut(), 0, 0) },
         None => ret_len(Err(libc::EINVAL)),
     }
@@ -492,9 +495,12 @@ pub unsafe extern "C" fn swv_rrecvmsg(
     // rdma-core passes `msg->msg_flags` as the flags (not `flags`); so does this.
     // SAFETY: the caller's vectors.
     match unsafe { iovecs(m.msg_iov, m.msg_iovlen as c_int) } {
+        // SAFETY: `first` is the first vector of the caller's message, writable for
+        // `iov_len` bytes at `iov_base` (recvmsg(2)'s contract, which rrecvmsg has).
         Some([first, ..]) => unsafe {
             recv_into(socket, first.iov_base, first.iov_len, m.msg_flags)
         },
+        // SAFETY: no vector: a 0-byte receive, which `recv_into` never writes to.
         Some([]) => unsafe { recv_into(socket, std::ptr::null_mut(), 0, m.msg_flags) },
         None => ret_len(Err(libc::EINVAL)),
     }
@@ -551,6 +557,8 @@ pub unsafe extern "C" fn swv_rwritev(
 ) -> isize {
     // SAFETY: the caller's vectors.
     match unsafe { iovecs(iov, iovcnt) } {
+        // SAFETY: each of the caller's vectors is readable for its `iov_len` bytes
+        // (writev(2)'s contract, which rwritev has).
         Some(v) => unsafe { send_from(socket, v, 0) },
         None => ret_len(Err(libc::EINVAL)),
     }
@@ -571,6 +579,8 @@ pub unsafe extern "C" fn swv_rsendmsg(
     }
     // SAFETY: the caller's vectors.
     match unsafe { iovecs(m.msg_iov, m.msg_iovlen as c_int) } {
+        // SAFETY: each vector of the caller's message is readable for its `iov_len` bytes
+        // (sendmsg(2)'s contract, which rsendmsg has).
         Some(v) => unsafe { send_from(socket, v, flags) },
         None => ret_len(Err(libc::EINVAL)),
     }

@@ -250,19 +250,25 @@ pub unsafe extern "C" fn swv_rselect(
     }
     let mut cnt = 0;
     for f in &fds {
-        // SAFETY (each FD_SET): the caller's sets, `f.fd` below `nfds`.
+        // Each `f.fd` came from the loop over `0..nfds` above, and `nfds` was checked to be at
+        // most FD_SETSIZE: the bit each FD_SET sets lies inside an `fd_set`.
         if !readfds.is_null() && f.revents & (libc::POLLIN | libc::POLLHUP) != 0 {
+            // SAFETY: `readfds` is the caller's fd_set (not NULL, checked); `f.fd` is in range.
             unsafe { libc::FD_SET(f.fd, readfds) };
             cnt += 1;
         }
         if !writefds.is_null() && f.revents & libc::POLLOUT != 0 {
+            // SAFETY: `writefds` is the caller's fd_set (not NULL, checked); `f.fd` is in range.
             unsafe { libc::FD_SET(f.fd, writefds) };
             cnt += 1;
         }
         if !exceptfds.is_null() && f.revents & !(libc::POLLIN | libc::POLLOUT) != 0 {
+            // SAFETY: `exceptfds` is the caller's fd_set (not NULL, checked); `f.fd` is in
+            // range.
             unsafe { libc::FD_SET(f.fd, exceptfds) };
             cnt += 1;
         }
     }
+
     cnt
 }

@@ -480,11 +480,12 @@ mod tests {
             ..base
         });
         assert_eq!(imm.wc_flags, IBV_WC_WITH_IMM);
-        // SAFETY: plain integers.
-        assert_eq!(
-            unsafe { imm.__bindgen_anon_1.imm_data },
-            0x0102_0304u32.to_be()
-        );
+        // SAFETY: both fields of the union (`imm_data`, `invalidated_rkey`) are `u32`s over
+        // the same four bytes, which `to_ibv_wc` wrote: reading either reads an initialized
+        // integer.
+        let imm_data = unsafe { imm.__bindgen_anon_1.imm_data };
+        assert_eq!(imm_data, 0x0102_0304u32.to_be());
+
         let inv = to_ibv_wc(&WorkCompletion {
             invalidated_stag: Some(Stag(0x4242)),
             ..base
