@@ -63,7 +63,7 @@
 //!
 //! The STag table being a leaf is what lets deregistration run from any thread, even one
 //! that holds a QP (a drop inside a completion handler): [`MemoryRegion`]'s drop takes the
-//! table alone, once. `tests/raw_peer.rs` stresses the order (two threads registering and
+//! table alone, once. `tests/it/raw_peer.rs` stresses the order (two threads registering and
 //! dropping regions while a peer's half-placed Write holds a deregistered one and a
 //! connected pair moves data on the same device).
 //!

@@ -841,7 +841,7 @@ impl Device {
     /// What the device's progress thread and its QP bookkeeping did so far: QPs served,
     /// wake-ups, timer looks, QP entries visited. The work a connection costs besides its
     /// bytes, counted, so that its growth with the number of connections can be checked
-    /// without a clock (`tests/cm_scale.rs`).
+    /// without a clock (`tests/it/cm_scale.rs`).
     pub fn progress_stats(&self) -> ProgressStats {
         self.shared.progress.counters.stats()
     }

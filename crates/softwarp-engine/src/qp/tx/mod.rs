@@ -883,7 +883,7 @@ impl Qp {
     /// them are written one after the other straight from their SQ entries into `out` (MPA
     /// length, DDP/RDMAP header from the codec's own prefix, payload, pad, CRC over the copy)
     /// and committed, without the build, its payload references and the gather list of the
-    /// general path; the bytes are the same (`tests/engine_props.rs` compares the two paths'
+    /// general path; the bytes are the same (`tests/it/engine_props.rs` compares the two paths'
     /// streams). Returns the bytes written; it stops, with that entry untouched, at the first
     /// one the general path has to decide.
     fn tx_copy_small(&mut self, out: &mut [u8], max_each: usize, max_fpdus: usize) -> usize {
@@ -1018,7 +1018,7 @@ impl Qp {
     /// payload, pad, CRC over the copy) and committed, without the build, its payload
     /// references and the per-FPDU commit of the general path. A message in MSS-sized FPDUs
     /// (to siw, or any peer behind a 1500-byte MTU) is nearly all such FPDUs. The bytes are
-    /// the general path's (`tests/engine_props.rs` compares the streams). Returns the bytes
+    /// the general path's (`tests/it/engine_props.rs` compares the streams). Returns the bytes
     /// written: 0 when the next FPDU is not such a one, or does not fit.
     #[inline(never)]
     fn tx_copy_run(&mut self, out: &mut [u8], max_each: usize) -> usize {

@@ -2,7 +2,7 @@
 //! whether new entries are let in. One atomic word; no lock.
 //!
 //! This file depends on nothing but `super::sync` (atomics), so that the model checker's
-//! test (`tests/inflight_loom.rs`) includes it by path over loom's atomics, and the
+//! test (`tests/it/inflight_loom.rs`) includes it by path over loom's atomics, and the
 //! library over the standard ones.
 //!
 //! The word holds a count of threads inside (bits 0-61) and two flags: [`CLOSED`] (the
@@ -92,7 +92,7 @@ impl Gate {
     }
 
     /// The flags set now.
-    #[allow(dead_code)] // the library's unit tests and tests/inflight_loom.rs
+    #[allow(dead_code)] // the library's unit tests and tests/it/inflight_loom.rs
     pub fn flags(&self) -> u64 {
         self.word.load(Ordering::Relaxed) & (CLOSED | QUIESCED)
     }

@@ -7,7 +7,7 @@
 //!   guard, [`Inflight`], so early returns and unwinding leave too). No lock on this path.
 //!   The same word carries the "closed" and "quiesced" flags, so an entry after a shut is
 //!   refused and one before it is counted (`gate.rs`; model-checked with loom in
-//!   `tests/inflight_loom.rs`).
+//!   `tests/it/inflight_loom.rs`).
 //! - Who is inside: each thread that enters has a slot (taken once per thread from a
 //!   process-wide pool, given back when the thread exits) where the entry writes the
 //!   device's gate number and the entry point with one relaxed store, and restores what
