@@ -8,7 +8,9 @@ modules are left out (unit tests may reach anywhere). A name imported through a 
 (`crate::Error`, re-exported by lib.rs from `error`) counts as an import of the module that
 defines it.
 
-Prints, per crate, the strongly connected components with more than one member of two graphs:
+Prints, per crate, the strongly connected components with more than one member of two graphs (the crate root,
+lib.rs, is the top: it re-exports and wires, so its own imports are not edges; an import of
+the root from a module is):
   - top:  one node per top-level module of src/ (a folder and everything in it is one node);
           a circle here spans two folders or files of src/;
   - file: one node per file (`cm::attempt`, `verbs::qp::pump`).
@@ -187,6 +189,10 @@ class Crate:
     def edges(self):
         edges = set()
         for mod, code in self.files.items():
+            if mod == ():
+                # The crate root re-exports the API and wires the layers (softwarp installs
+                # its RAS hooks there): it is the top of the graph, its imports no edges.
+                continue
             paths = []
             for m in re.finditer(r"\buse\s+([^;]+);", code):
                 paths += expand_use_tree(re.sub(r"\s+as\s+" + IDENT, "", m.group(1)))

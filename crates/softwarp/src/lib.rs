@@ -102,6 +102,7 @@ mod availability;
 pub mod cm;
 mod error;
 pub mod identity;
+mod instrument;
 mod ras;
 mod runtime;
 mod sync;
@@ -109,6 +110,10 @@ mod verbs;
 
 pub use availability::recovery;
 pub use verbs::owned;
+
+/// The RAS wiring every device gets at open: the crate root wires the layers, so that the
+/// verbs objects reach `ras` only through these hooks.
+pub(crate) static RAS_HOOKS: &dyn verbs::hooks::RasHooks = &ras::Wiring;
 
 #[cfg(feature = "tokio")]
 pub use aio::{AsyncCompletionChannel, AsyncCq, AsyncEvents, CmEvents};
@@ -168,7 +173,7 @@ pub use softwarp_ras::trace::recorder_layer as flight_recorder_layer;
 /// subscriber, and reach the flight recorder when that subscriber has
 /// [`flight_recorder_layer`].
 pub fn enable_ras(config: &RasConfig) -> Option<&'static RasService> {
-    ras::enable(Some(config))
+    instrument::enable(Some(config))
 }
 
 /// Installs Softwarp's own process-wide `tracing` subscriber: records within the trace

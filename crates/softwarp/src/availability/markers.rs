@@ -29,8 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use softwarp_engine::RingGuard;
 use softwarp_ras::markers::{MarkerDamage, MarkerWord};
 
+use crate::availability::recovery::Contained;
 use crate::error::{Error, Result};
-use crate::verbs::device::DeviceShared;
 
 /// Kinds of objects with markers, with their begin and end words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,8 +184,8 @@ pub(crate) fn ring_guard_name(which: &str) -> Option<(&str, bool)> {
 /// device fault takes QP locks).
 #[cold]
 #[inline(never)]
-pub(crate) fn damaged(
-    dev: &DeviceShared,
+pub(crate) fn damaged<D: Contained>(
+    dev: &D,
     object: &'static str,
     id: u64,
     found: &[MarkerWord],
@@ -199,7 +199,7 @@ pub(crate) fn damaged(
     let time_unix_ms = softwarp_ras::clock::unix_ms(std::time::SystemTime::now());
     for w in found.iter().filter(|w| !w.is_intact()) {
         softwarp_ras::markers::record(MarkerDamage {
-            device: dev.ras.instance().to_string(),
+            device: dev.instance().to_string(),
             object: object.to_string(),
             id,
             marker: w.clone(),
@@ -208,7 +208,7 @@ pub(crate) fn damaged(
         });
     }
     let text = format!("structure marker damaged: {object} {id} {first} ({check})");
-    softwarp_ras::sw_event!(Ras, 1, device = dev.ras.instance(), "{}", text);
+    softwarp_ras::sw_event!(Ras, 1, device = dev.instance(), "{}", text);
     // Fails the device once: a device that failed already records nothing more.
     crate::availability::recovery::contain_in(
         dev,

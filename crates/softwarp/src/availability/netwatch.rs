@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
@@ -36,7 +36,6 @@ use softwarp_ras::sw_event;
 
 use crate::availability::recovery::FaultKind;
 use crate::error::{Error, Result};
-use crate::verbs::device::DeviceShared;
 
 /// Link changes and IPv4/IPv6 address changes (`RTMGRP_LINK | RTMGRP_IPV4_IFADDR |
 /// RTMGRP_IPV6_IFADDR`).
@@ -78,10 +77,21 @@ enum Change {
     },
 }
 
+/// The device as the network watch sees it (the device's shared state implements it).
+pub(crate) trait Watched: Send + Sync {
+    /// The open instance it is reported under (`softwarp0/1`).
+    fn instance(&self) -> &str;
+    /// Terminates at once every QP whose local address went: for each `(addresses,
+    /// detail)` of `lost`, those on one of the addresses, with `detail` as the reason.
+    fn network_gone(&self, lost: &[(Vec<IpAddr>, String)]);
+    /// Contains the device fault `kind` ([`crate::availability::recovery::contain`]).
+    fn contain(self: Arc<Self>, kind: FaultKind);
+}
+
 /// The device's rtnetlink watcher (see the module docs).
 pub(crate) struct NetWatch {
     sock: Socket,
-    dev: Weak<DeviceShared>,
+    dev: Option<Weak<dyn Watched>>,
     bound: Option<String>,
     tables: Tables,
     buf: Vec<u8>,
@@ -243,7 +253,7 @@ impl NetWatch {
         }
         Ok(Self {
             sock,
-            dev: Weak::new(),
+            dev: None,
             bound: bound.map(String::from),
             tables,
             buf: Vec::with_capacity(BUF_LEN),
@@ -251,8 +261,8 @@ impl NetWatch {
     }
 
     /// The watcher of `dev`.
-    pub(crate) fn attach(mut self, dev: Weak<DeviceShared>) -> Self {
-        self.dev = dev;
+    pub(crate) fn attach(mut self, dev: Weak<dyn Watched>) -> Self {
+        self.dev = Some(dev);
         self
     }
 
@@ -412,23 +422,19 @@ impl NetWatch {
     /// Terminates the QPs the changes took the network from, then fails the device if its
     /// interface went.
     fn act(&self, changes: &[Change]) {
-        let Some(dev) = self.dev.upgrade() else {
+        let Some(dev) = self.dev.as_ref().and_then(Weak::upgrade) else {
             return;
         };
         sw_event!(
             Runtime,
             2,
-            device = dev.ras.instance(),
+            device = dev.instance(),
             ?changes,
             "rtnetlink: network changes"
         );
-        let qps: Vec<_> = dev
-            .live_qps()
-            .into_iter()
-            .filter_map(|qp| qp.local_addr().map(|a| (qp, a.ip().to_canonical())))
-            .collect();
-        for c in changes {
-            let (gone, detail): (Vec<IpAddr>, String) = match c {
+        let lost: Vec<(Vec<IpAddr>, String)> = changes
+            .iter()
+            .map(|c| match c {
                 Change::AddressRemoved { interface, addr } => (
                     vec![*addr],
                     format!("local address {addr} was removed from {interface}"),
@@ -439,17 +445,12 @@ impl NetWatch {
                 Change::LinkRemoved { interface, addrs } => {
                     (addrs.clone(), format!("interface {interface} disappeared"))
                 }
-            };
-            for (qp, ip) in &qps {
-                if gone.iter().any(|g| g.to_canonical() == *ip) && qp.network_gone(&detail) {
-                    sw_event!(Runtime, 1, qpn = qp.qp_num(), "QP terminated: {detail}");
-                }
-            }
-        }
+            })
+            .collect();
+        dev.network_gone(&lost);
         if let Some(kind) = self.device_fault(changes) {
-            crate::availability::recovery::contain(&dev, kind);
+            dev.contain(kind);
         }
-        drop(dev);
     }
 
     /// The device fault the changes mean for a device bound to an interface: removed before
@@ -507,7 +508,7 @@ mod tests {
     fn watch(bound: &str, tables: Tables) -> NetWatch {
         NetWatch {
             sock: Socket::new(NETLINK_ROUTE).unwrap(),
-            dev: Weak::new(),
+            dev: None,
             bound: Some(bound.into()),
             tables,
             buf: Vec::new(),

@@ -39,14 +39,51 @@ pub use softwarp_ras::health::{DeviceState, RecoveryConfig, RecoveryOutcome, Rec
 
 pub use crate::error::{CqErrorReason, DeviceFault, FaultKind, QpErrorReason};
 
+use crate::availability::inflight::DeviceGate;
 use crate::error::{Error, Result};
 use crate::sync::{self, lock};
-use crate::verbs::device::DeviceShared;
 
-/// The fault of `dev` while it is failed or recovering.
-pub(crate) fn device_failure(dev: &DeviceShared) -> Option<DeviceFault> {
-    match dev.health.state() {
-        DeviceState::Failed | DeviceState::Recovering => dev.health.fault(),
+/// The device as containment and recovery see it. The device's shared state (`verbs`)
+/// implements it: nothing here knows the verbs objects.
+pub(crate) trait Contained: std::fmt::Debug + Send + Sync + 'static {
+    /// A QP of the device.
+    type Qp: ContainedQp;
+    /// Its health.
+    fn health(&self) -> &Health;
+    /// The in-flight gate of its entry points.
+    fn gate(&self) -> &DeviceGate;
+    /// The open instance it is reported under (`softwarp0/1`).
+    fn instance(&self) -> &str;
+    /// The device's name (`softwarp0`).
+    fn name(&self) -> &str;
+    /// Its live QPs.
+    fn live_qps(&self) -> Vec<Arc<Self::Qp>>;
+    /// Its live resources, as its RAS tracker lists them.
+    fn resources(&self) -> Vec<ResourceInfo>;
+    /// Reports `event` on the device's event queue.
+    fn push_event(&self, event: AsyncEvent);
+    /// RAS: a fault was contained (`qps` QPs moved to Error, `snapshots` taken of them).
+    fn fault_contained(&self, fault: &str, qps: usize, snapshots: &[u64]);
+    /// RAS: the automatic dump of a fault.
+    fn fault_dump(&self, fault: &str);
+    /// RAS: a recovery ended.
+    fn recovery_ended(&self, report: &RecoveryReport);
+}
+
+/// A QP as containment sees it.
+pub(crate) trait ContainedQp {
+    /// The QP number.
+    fn qp_num(&self) -> u32;
+    /// Gives the QP the device's fault as its error reason and moves it to Error.
+    fn fail_device(qp: &Arc<Self>, fault: &DeviceFault);
+    /// Takes the QP's failure snapshot unless its connection has one; the snapshot's id.
+    fn take_snapshot(&self, kind: CriticalKind, reason: String) -> Option<u64>;
+}
+
+/// The fault of a device whose health is `health` while it is failed or recovering.
+pub(crate) fn device_failure(health: &Health) -> Option<DeviceFault> {
+    match health.state() {
+        DeviceState::Failed | DeviceState::Recovering => health.fault(),
         DeviceState::Operational | DeviceState::Closed => None,
     }
 }
@@ -108,7 +145,19 @@ pub(crate) struct Health {
     /// Automatic recovery after every fault.
     auto: Option<RecoveryConfig>,
     /// What the control socket's fault requests reach (holds the device weakly).
-    target: Mutex<Option<Arc<Target>>>,
+    target: Mutex<Option<Registered>>,
+}
+
+/// The registration with the control socket's fault requests (kept alive here: the
+/// registry holds it weakly).
+struct Registered {
+    _target: Arc<dyn FaultTarget>,
+}
+
+impl std::fmt::Debug for Registered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Registered")
+    }
 }
 
 #[derive(Debug, Default)]
@@ -228,22 +277,21 @@ impl Health {
     }
 
     /// Registers the device with the control socket's fault requests.
-    pub(crate) fn register_target(dev: &Arc<DeviceShared>) {
-        let target = Arc::new(Target(Arc::downgrade(dev)));
-        let as_dyn: Arc<dyn FaultTarget> = Arc::clone(&target) as Arc<dyn FaultTarget>;
-        health::register_target(Arc::downgrade(&as_dyn));
-        *lock(&dev.health.target) = Some(target);
+    pub(crate) fn register_target<D: Contained>(dev: &Arc<D>) {
+        let target: Arc<dyn FaultTarget> = Arc::new(Target(Arc::downgrade(dev)));
+        health::register_target(Arc::downgrade(&target));
+        *lock(&dev.health().target) = Some(Registered { _target: target });
     }
 }
 
 /// The device as the control socket's fault requests see it.
 #[derive(Debug)]
-struct Target(Weak<DeviceShared>);
+struct Target<D>(Weak<D>);
 
-impl FaultTarget for Target {
+impl<D: Contained> FaultTarget for Target<D> {
     fn health(&self) -> DeviceHealthReport {
         match self.0.upgrade() {
-            Some(dev) => report(&dev),
+            Some(dev) => report(&*dev),
             None => DeviceHealthReport {
                 device: String::new(),
                 name: String::new(),
@@ -259,7 +307,7 @@ impl FaultTarget for Target {
     fn inject(&self, kind: Option<&str>) -> std::result::Result<DeviceHealthReport, String> {
         let dev = self.0.upgrade().ok_or("the device is closed")?;
         let interface = dev
-            .health
+            .health()
             .interface
             .clone()
             .unwrap_or_else(|| "(none)".to_string());
@@ -274,21 +322,21 @@ impl FaultTarget for Target {
             }
         };
         contain(&dev, kind);
-        Ok(report(&dev))
+        Ok(report(&*dev))
     }
 }
 
 /// The device's health report (`fault-status`).
-pub(crate) fn report(dev: &DeviceShared) -> DeviceHealthReport {
+pub(crate) fn report<D: Contained>(dev: &D) -> DeviceHealthReport {
     let (fault, recovery) = {
-        let g = dev.health.lock();
+        let g = dev.health().lock();
         (g.fault.clone(), g.recovery.clone())
     };
-    let state = dev.health.state();
+    let state = dev.health().state();
     DeviceHealthReport {
-        device: dev.ras.instance().to_string(),
-        name: dev.attr.name.clone(),
-        interface: dev.health.interface.clone(),
+        device: dev.instance().to_string(),
+        name: dev.name().to_string(),
+        interface: dev.health().interface.clone(),
         state,
         fault: fault.map(|f| FaultInfo {
             kind: f.kind.as_str().to_string(),
@@ -307,35 +355,35 @@ pub(crate) fn report(dev: &DeviceShared) -> DeviceHealthReport {
 
 /// This instance's resources other than the device itself (created before the fault:
 /// nothing can be created after it).
-fn local_holders(dev: &DeviceShared) -> Vec<ResourceInfo> {
-    let mut held = dev.ras.tracker.resources();
+fn local_holders<D: Contained>(dev: &D) -> Vec<ResourceInfo> {
+    let mut held = dev.resources();
     held.retain(|r| r.kind != ResourceKind::Device);
     held
 }
 
 /// Contains a fault of `dev` (see the module docs). Returns false when the device had
 /// failed already (nothing is done again).
-pub(crate) fn contain(dev: &Arc<DeviceShared>, kind: FaultKind) -> bool {
-    contain_in(dev, kind, Some(dev))
+pub(crate) fn contain<D: Contained>(dev: &Arc<D>, kind: FaultKind) -> bool {
+    contain_in(&**dev, kind, Some(dev))
 }
 
 /// [`contain`] where the caller has no `Arc` of the device (a marker check inside the
 /// device's own entry point): `recover_with` is the device to hand to an automatic
 /// recovery, if one may start.
-pub(crate) fn contain_in(
-    dev: &DeviceShared,
+pub(crate) fn contain_in<D: Contained>(
+    dev: &D,
     kind: FaultKind,
-    recover_with: Option<&Arc<DeviceShared>>,
+    recover_with: Option<&Arc<D>>,
 ) -> bool {
     let fault = {
-        let mut g = dev.health.lock();
-        if dev.health.state() != DeviceState::Operational {
+        let mut g = dev.health().lock();
+        if dev.health().state() != DeviceState::Operational {
             g.repeated = g.repeated.saturating_add(1);
             drop(g);
             sw_event!(
                 Runtime,
                 2,
-                device = dev.ras.instance(),
+                device = dev.instance(),
                 "{kind} while the device has failed already: nothing more to contain"
             );
             return false;
@@ -343,65 +391,59 @@ pub(crate) fn contain_in(
         g.generation = g.generation.saturating_add(1);
         g.faults = g.faults.saturating_add(1);
         let fault = DeviceFault {
-            device: dev.ras.instance().to_string(),
+            device: dev.instance().to_string(),
             kind,
             time: SystemTime::now(),
             generation: g.generation,
         };
         g.fault = Some(fault.clone());
         g.recovery = None;
-        dev.health.set_state(DeviceState::Failed);
+        dev.health().set_state(DeviceState::Failed);
         fault
     };
-    sw_event!(
-        Runtime,
-        1,
-        device = dev.ras.instance(),
-        "{fault}: containing"
-    );
+    sw_event!(Runtime, 1, device = dev.instance(), "{fault}: containing");
     let qps = dev.live_qps();
     let mut snapshots = Vec::new();
     for qp in &qps {
-        qp.fail_device(&fault);
+        D::Qp::fail_device(qp, &fault);
         snapshots.extend(qp.take_snapshot(
             CriticalKind::DeviceFatal,
             format!("{fault}: QP {} moved to Error", qp.qp_num()),
         ));
     }
-    dev.events.push(AsyncEvent::DeviceFatal);
+    dev.push_event(AsyncEvent::DeviceFatal);
     let text = fault.to_string();
-    crate::ras::device_failed(dev, &text, qps.len(), &snapshots);
+    dev.fault_contained(&text, qps.len(), &snapshots);
     // The recovery starts before the dump is written (tens of milliseconds): its time
     // counts from the fault.
     let auto = match (&fault.kind, recover_with) {
         (FaultKind::MarkerDamaged { .. }, _) | (_, None) => None,
-        (_, Some(d)) => dev.health.auto.clone().map(|c| (c, Arc::clone(d))),
+        (_, Some(d)) => dev.health().auto.clone().map(|c| (c, Arc::clone(d))),
     };
     if let Some((config, d)) = auto {
-        let spawned =
-            softwarp_ras::thread::spawn(format!("{}-recovery", dev.attr.name), move || {
-                let _ = recover(&d, &config);
-            });
+        let spawned = softwarp_ras::thread::spawn(format!("{}-recovery", dev.name()), move || {
+            let _ = recover(&d, &config);
+        });
         if let Err(e) = spawned {
             sw_event!(Runtime, 1, error = %e, "cannot start the recovery thread; Device::recover recovers");
         }
     }
-    crate::ras::device_fault_dump(&text);
+    dev.fault_dump(&text);
     true
 }
 
 /// The device seen by `softwarp_ras::health::recover`.
-struct Subject<'a>(&'a DeviceShared);
+struct Subject<'a, D>(&'a D);
 
-impl RecoverySubject for Subject<'_> {
+impl<D: Contained> RecoverySubject for Subject<'_, D> {
     fn local_holders(&self) -> Vec<ResourceInfo> {
         local_holders(self.0)
     }
     fn scope(&self) -> (String, Option<String>) {
-        (self.0.attr.name.clone(), self.0.health.interface.clone())
+        (self.0.name().to_string(), self.0.health().interface.clone())
     }
     fn progress(&self, report: &RecoveryReport) {
-        self.0.health.lock().recovery = Some(report.clone());
+        self.0.health().lock().recovery = Some(report.clone());
     }
 }
 
@@ -411,18 +453,18 @@ impl RecoverySubject for Subject<'_> {
 /// entries in again (they see the device's state). False, with the threads still inside
 /// in the error log, when the bound ran out. A closed device has nothing to wait for; a
 /// device another caller holds quiesced is waited for without taking it over.
-fn threads_left_verbs(dev: &DeviceShared, within: Duration) -> bool {
+fn threads_left_verbs<D: Contained>(dev: &D, within: Duration) -> bool {
     use crate::availability::inflight::{CLOSED, QUIESCED};
-    let before = dev.inflight.shut(QUIESCED);
+    let before = dev.gate().shut(QUIESCED);
     if before & CLOSED != 0 {
         if before & QUIESCED == 0 {
-            dev.inflight.open(QUIESCED);
+            dev.gate().open(QUIESCED);
         }
         return true;
     }
-    let waited = dev.inflight.wait_empty(within, dev.ras.instance());
+    let waited = dev.gate().wait_empty(within, dev.instance());
     if before & QUIESCED == 0 {
-        dev.inflight.open(QUIESCED);
+        dev.gate().open(QUIESCED);
     }
     match waited {
         Ok(()) => true,
@@ -430,7 +472,7 @@ fn threads_left_verbs(dev: &DeviceShared, within: Duration) -> bool {
             sw_event!(
                 Runtime,
                 1,
-                device = dev.ras.instance(),
+                device = dev.instance(),
                 "recovery: threads still inside verbs calls after the bound: {report}"
             );
             false
@@ -440,10 +482,13 @@ fn threads_left_verbs(dev: &DeviceShared, within: Duration) -> bool {
 
 /// Recovers `dev` (see the module docs); waits for a recovery already running instead of
 /// starting a second one. An error when the device is operational or closed.
-pub(crate) fn recover(dev: &Arc<DeviceShared>, config: &RecoveryConfig) -> Result<RecoveryReport> {
+pub(crate) fn recover<D: Contained>(
+    dev: &Arc<D>,
+    config: &RecoveryConfig,
+) -> Result<RecoveryReport> {
     {
-        let mut g = dev.health.lock();
-        match dev.health.state() {
+        let mut g = dev.health().lock();
+        match dev.health().state() {
             DeviceState::Operational => {
                 return Err(Error::InvalidArgument(
                     "the device has not failed: nothing to recover",
@@ -459,22 +504,22 @@ pub(crate) fn recover(dev: &Arc<DeviceShared>, config: &RecoveryConfig) -> Resul
                 if left.is_zero() {
                     return Err(Error::Timeout(config.bound));
                 }
-                g = sync::wait_timeout(&dev.health.ended, g, left);
+                g = sync::wait_timeout(&dev.health().ended, g, left);
             }
             return g.recovery.clone().ok_or(Error::DeviceStopped);
         }
         g.recovering = true;
-        dev.health.set_state(DeviceState::Recovering);
+        dev.health().set_state(DeviceState::Recovering);
     }
-    sw_event!(Runtime, 2, device = dev.ras.instance(), bound = ?config.bound, "recovery starts");
+    sw_event!(Runtime, 2, device = dev.instance(), bound = ?config.bound, "recovery starts");
     let registry = softwarp_ras::service::global().and_then(|s| s.registry());
-    let mut report = health::recover(&Subject(dev), config, registry);
+    let mut report = health::recover(&Subject(&**dev), config, registry);
     let left = Duration::from_millis(report.bound_ms.saturating_sub(report.elapsed_ms));
-    if report.outcome == RecoveryOutcome::Recovered && !threads_left_verbs(dev, left) {
+    if report.outcome == RecoveryOutcome::Recovered && !threads_left_verbs(&**dev, left) {
         report.outcome = RecoveryOutcome::TimedOut;
     }
     {
-        let mut g = dev.health.lock();
+        let mut g = dev.health().lock();
         g.recovering = false;
         g.recovery = Some(report.clone());
         let next = match report.outcome {
@@ -488,12 +533,12 @@ pub(crate) fn recover(dev: &Arc<DeviceShared>, config: &RecoveryConfig) -> Resul
             }
         };
         // The last handle may have been dropped meanwhile: closed stays closed.
-        if dev.health.state() != DeviceState::Closed {
-            dev.health.set_state(next);
+        if dev.health().state() != DeviceState::Closed {
+            dev.health().set_state(next);
         }
     }
-    dev.health.ended.notify_all();
-    crate::ras::device_recovery(dev, &report);
+    dev.health().ended.notify_all();
+    dev.recovery_ended(&report);
     Ok(report)
 }
 

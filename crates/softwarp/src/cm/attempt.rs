@@ -27,8 +27,8 @@ use softwarp_engine::mpa::{self, FrameOut, Negotiated, PeerRequest, QpLimits, Sc
 use softwarp_ras::deadline::Deadline;
 
 use super::frame_io::{self, FrameReader, Progress, ReadError};
-use super::options::{ConnectOptions, ConnectionInfo};
 use crate::error::{Error, MpaError, Result};
+use crate::verbs::qp::options::{ConnectOptions, ConnectionInfo};
 use crate::verbs::qp::{ConnObserver, QpShared};
 
 /// The error of a failed socket operation during negotiation: a timeout, the peer gone, or

@@ -21,11 +21,11 @@ use super::attempt::{Failed, Initiator};
 use super::event::{CmEvent, ConnId, EventQueue, ListenerId};
 use super::id::{CmId, IdShared};
 use super::listener::{CmListener, ListenOptions};
-use super::options::{ConnectOptions, ConnectionInfo, Role};
 use super::reserve::PortReservation;
 use super::worker::{Active, Cmd, Worker, WAKE};
 use crate::error::{Error, Result};
 use crate::sync::lock;
+use crate::verbs::qp::options::{ConnectOptions, ConnectionInfo, Role};
 use crate::verbs::qp::QueuePair;
 
 /// State shared by a channel handle, its thread, and the connections it made.

@@ -27,11 +27,11 @@ use mio::net::TcpStream as MioStream;
 use softwarp_ras::deadline::Deadline;
 
 use crate::cm::attempt::{self, Responder};
-use crate::cm::options::{ConnectOptions, ConnectionInfo};
 use crate::cm::EVICT_AGE;
 use crate::error::{Error, Result};
 use crate::runtime::sys;
 use crate::sync::lock;
+use crate::verbs::qp::options::{ConnectOptions, ConnectionInfo};
 use crate::verbs::qp::QueuePair;
 
 /// Connections a [`Listener`] holds while it reads their MPA Requests, by default
@@ -49,7 +49,7 @@ pub struct Listener {
     /// Connections taken whose MPA Request is still being read, oldest first.
     held: Mutex<VecDeque<Held>>,
     backlog: usize,
-    _ras: crate::ras::Tracked,
+    _ras: crate::instrument::Tracked,
 }
 
 /// A connection a [`Listener`] took, its MPA Request still being read (screened with the
@@ -88,7 +88,7 @@ impl Listener {
         inner
             .set_nonblocking(true)
             .map_err(|e| Error::io("set O_NONBLOCK", e))?;
-        let _ras = crate::ras::listener(inner.local_addr().ok());
+        let _ras = crate::instrument::listener(inner.local_addr().ok());
         Ok(Self {
             inner,
             held: Mutex::new(VecDeque::new()),
@@ -253,5 +253,58 @@ impl Listener {
             return Some(done.map(|req| (h.r.stream.into(), req)));
         }
         None
+    }
+}
+
+/// The blocking connection of a QP: the connection manager's path on the calling thread.
+impl QueuePair {
+    /// Connects to a listening peer (`addr`) and performs the MPA Request/Reply exchange
+    /// (RFC 5044 section 7.1, RFC 6581) on this thread, then moves the QP to RTS. The QP
+    /// must be Idle; post receives first if the peer may send at once. This is the
+    /// connection manager's path ([`crate::CmEventChannel::connect_blocking`]) run on the
+    /// calling thread, without a channel or events: the same steps, deadline
+    /// ([`ConnectOptions::timeout`]) and errors, and the same first-FPDU hold-off
+    /// ([`ConnectOptions::first_fpdu_delay`]: work posted meanwhile waits in the QP).
+    pub fn connect<A: ToSocketAddrs>(
+        &self,
+        addr: A,
+        opts: &ConnectOptions,
+    ) -> Result<ConnectionInfo> {
+        crate::availability::context::check_blocking("QueuePair::connect")?;
+        let addrs = crate::cm::resolve(addr)?;
+        let a = attempt::Initiator::new(self.shared(), addrs, opts)?;
+        attempt::initiate_blocking(a)
+    }
+
+    /// Like [`QueuePair::connect`], over a TCP connection the caller already established
+    /// (the stream handover of the OpenRDMA design: a connection that spoke plain TCP moves
+    /// to iWARP). Sends the MPA Request on `stream` and checks the Reply (bounded by
+    /// [`ConnectOptions::timeout`]); the peer must run the responder side on its end
+    /// ([`QueuePair::accept_stream`]) and nothing else may be in flight on the connection.
+    /// The QP owns the stream from then on; on failure the stream is closed and the QP
+    /// stays Idle.
+    pub fn connect_stream(
+        &self,
+        stream: std::net::TcpStream,
+        opts: &ConnectOptions,
+    ) -> Result<ConnectionInfo> {
+        crate::availability::context::check_blocking("QueuePair::connect_stream")?;
+        let a = attempt::Initiator::on_stream(self.shared(), stream, opts)?;
+        attempt::initiate_blocking(a)
+    }
+
+    /// The responder side of [`QueuePair::connect_stream`] (and of a [`QueuePair::connect`]
+    /// whose TCP connection the caller accepted itself): reads and checks the MPA Request on
+    /// `stream`, sends the Reply (or a reject) and moves the QP to RTS, as
+    /// [`crate::Listener::accept`] does (the same gate on the first FPDU). Bounded by
+    /// [`ConnectOptions::timeout`]; on failure the stream is closed and the QP stays Idle.
+    pub fn accept_stream(
+        &self,
+        stream: std::net::TcpStream,
+        opts: &ConnectOptions,
+    ) -> Result<ConnectionInfo> {
+        crate::availability::context::check_blocking("QueuePair::accept_stream")?;
+        attempt::claim_responder(self.shared(), opts)?;
+        attempt::respond_blocking(self.shared(), stream, opts)
     }
 }

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use softwarp_ras::deadline::Deadline;
 use softwarp_ras::errlog::{self, CriticalEvent, CriticalKind};
 
-use super::options::ConnectionInfo;
 use super::request::ConnectRequest;
 use crate::error::Error;
 use crate::runtime::sys::EventFd;
 use crate::sync::{self, lock};
+use crate::verbs::qp::options::ConnectionInfo;
 
 /// Identifies one connection (active or passive) in events: [`crate::CmId::conn_id`],
 /// [`ConnectRequest::conn_id`].

@@ -25,8 +25,8 @@ use softwarp_engine::mpa::PeerRequest;
 use softwarp_ras::deadline::Deadline;
 
 use crate::cm::attempt::{self, Initiator, Responder, Step};
-use crate::cm::options::{ConnectOptions, ConnectionInfo};
 use crate::error::{Error, Result};
+use crate::verbs::qp::options::{ConnectOptions, ConnectionInfo};
 use crate::verbs::qp::{QpShared, QueuePair};
 
 /// An MPA exchange in progress on a TCP connection (see the module docs): call

@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex, Weak};
 
 use super::channel::ChannelShared;
 use super::event::{CmEvent, ConnId, DisconnectReason};
-use super::options::{ConnectionInfo, Role};
 use crate::error::{Error, Result};
 use crate::sync::lock;
+use crate::verbs::qp::options::{ConnectionInfo, Role};
 use crate::verbs::qp::{ConnObserver, LinkDown, QpShared};
 
 /// Where a connection is in its life.

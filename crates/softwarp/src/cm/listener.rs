@@ -8,9 +8,9 @@ use super::admission::{ListenerState, ListenerStats};
 use super::channel::ChannelShared;
 use super::event::{CmEvent, ListenerId};
 use super::id::CmId;
-use super::options::{ConnectOptions, ConnectionInfo};
 use super::request::ConnectRequest;
 use crate::error::{Error, Result};
+use crate::verbs::qp::options::{ConnectOptions, ConnectionInfo};
 use crate::verbs::qp::QueuePair;
 
 /// Settings of a listener.
@@ -61,7 +61,7 @@ pub struct CmListener {
     pub(crate) channel: Arc<ChannelShared>,
     /// Its entry in the resource tracker (`softwarp resources`), made where the application
     /// called [`crate::CmEventChannel::listen`].
-    _ras: crate::ras::Tracked,
+    _ras: crate::instrument::Tracked,
 }
 
 impl CmListener {
@@ -70,7 +70,7 @@ impl CmListener {
         Self {
             id: state.id,
             local_addr: state.local_addr,
-            _ras: crate::ras::listener(Some(state.local_addr)),
+            _ras: crate::instrument::listener(Some(state.local_addr)),
             state,
             channel,
         }

@@ -59,11 +59,13 @@ pub(crate) mod frame_io;
 pub(crate) mod handshake;
 mod id;
 mod listener;
-pub(crate) mod options;
 mod request;
 mod reserve;
 mod worker;
 
+pub use crate::verbs::qp::options::{
+    ConnectOptions, ConnectionInfo, CrcMode, Keepalive, MarkerMode, Role, RtrTypes,
+};
 pub use admission::ListenerStats;
 pub(crate) use admission::EVICT_AGE;
 #[cfg(feature = "tokio")]
@@ -72,6 +74,5 @@ pub use channel::{resolve, CmEventChannel};
 pub use event::{CmEvent, ConnId, DisconnectReason, ListenerId, MAX_QUEUED_REQUEST_ERRORS};
 pub use id::{CmId, CmState};
 pub use listener::{CmListener, ListenOptions};
-pub use options::{ConnectOptions, ConnectionInfo, CrcMode, Keepalive, MarkerMode, Role, RtrTypes};
 pub use request::ConnectRequest;
 pub use reserve::PortReservation;

@@ -12,9 +12,9 @@ use super::attempt;
 use super::channel::ChannelShared;
 use super::event::{ConnId, ListenerId};
 use super::id::{CmId, IdShared};
-use super::options::{ConnectOptions, ConnectionInfo, Role};
 use crate::error::{Error, Result};
 use crate::sync::lock;
+use crate::verbs::qp::options::{ConnectOptions, ConnectionInfo, Role};
 use crate::verbs::qp::QueuePair;
 
 /// A peer's MPA Request, delivered as [`super::CmEvent::ConnectRequest`] (after

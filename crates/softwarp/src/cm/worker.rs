@@ -22,10 +22,10 @@ use super::attempt::{Failed, Initiator, Responder, Step};
 use super::channel::ChannelShared;
 use super::event::{CmEvent, ConnId, ListenerId};
 use super::id::IdShared;
-use super::options::ConnectOptions;
 use super::request::ConnectRequest;
 use crate::error::{Error, MpaError};
 use crate::runtime::sys;
+use crate::verbs::qp::options::ConnectOptions;
 
 /// The waker's token.
 pub(super) const WAKE: Token = Token(0);

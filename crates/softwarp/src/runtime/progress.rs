@@ -12,7 +12,7 @@
 //! [`crate::ConnectOptions::rx_stall_timeout`] while the peer is inside an FPDU, the
 //! first-FPDU hold) is armed in a heap of deadlines only when the engine asks for one at
 //! the end of a pass or look; the thread only sleeps until then. The busy-poll look
-//! ([`crate::verbs::qp::RX_LOOK_PERIOD`]) walks only the busy-polled QPs. Registering a QP, closing
+//! ([`RX_LOOK_PERIOD`]) walks only the busy-polled QPs. Registering a QP, closing
 //! one and a wake-up touch no other QP, so the work per connection is the same at ten
 //! connections and at ten thousand ([`ProgressStats`] counts it).
 
@@ -24,12 +24,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
-use mio::{Events, Poll, Token, Waker};
+use mio::{Events, Poll, Registry, Token, Waker};
 
 use crate::error::{Error, Result};
 use crate::sync::lock;
-use crate::verbs::cq::CqShared;
-use crate::verbs::qp::{QpShared, TimerLook};
 
 const WAKE: Token = Token(0);
 /// The device's rtnetlink socket (`crate::availability::netwatch`), when it watches the network.
@@ -91,9 +89,64 @@ pub struct ProgressStats {
     pub qp_visits: u64,
 }
 
+/// How often the progress thread looks whether the application still polls the CQs of its
+/// busy-polled QPs ([`ServedQp::rx_look`]): a QP whose socket had bytes to read at two looks
+/// in a row, with no application activity on it in between, is taken over (10 to 20 ms
+/// after the application's last activity, or after the bytes came).
+pub(crate) const RX_LOOK_PERIOD: Duration = Duration::from_millis(10);
+
+/// What a progress pass left to do.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Pass {
+    /// The budget ran out with more to read or write: service again soon.
+    pub(crate) more: bool,
+    /// Receive is blocked until completions are taken: retry after a short delay.
+    pub(crate) retry: bool,
+    /// Waiting for the peer's FIN (linger deadline): service again after a delay.
+    pub(crate) lingering: bool,
+    /// The connection is closed and deregistered: forget the QP.
+    pub(crate) closed: bool,
+    /// When the engine's clock wants the QP looked at next ([`softwarp_engine::qp::Qp::poll_timeout`], see
+    /// [`ServedQp::on_timer`]).
+    pub(crate) timeout: Option<Instant>,
+}
+
+/// What a timer look ([`ServedQp::on_timer`]) found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TimerLook {
+    /// The engine acted (a receive stall ended the stream, the first-FPDU hold ended): the
+    /// QP needs a pass.
+    Acted,
+    /// Nothing to do now; when the engine's clock wants the next look.
+    Next(Option<Instant>),
+    /// Another thread holds the QP (it is moving its bytes): look again a little later.
+    Busy,
+}
+
+/// A connected QP as the progress thread serves it (implemented by the verbs layer's QP
+/// state): the progress thread owns its epoll registration and calls its passes and looks.
+pub(crate) trait ServedQp: Send + Sync + 'static {
+    /// The QP number (for records).
+    fn qp_num(&self) -> u32;
+    /// Registers the QP's socket as `token`; false if it has no connection any more.
+    fn register(&self, registry: &Registry, token: Token) -> bool;
+    /// The period of a busy-polled QP's timer looks while it is connected, if any.
+    fn look_period(&self) -> Option<Duration>;
+    /// Busy-polled (its receive CQ was when it connected).
+    fn busy_polled(&self) -> bool;
+    /// A progress pass on readiness or a timer.
+    fn service(&self, registry: &Registry, scratch: &mut [u8]) -> Pass;
+    /// A timer look: the engine's clock acts if its time has come.
+    fn on_timer(&self, now: Instant) -> TimerLook;
+    /// A busy-polled QP's receive look: true if the progress thread takes it over now.
+    fn rx_look(&self, registry: &Registry) -> bool;
+    /// Moves the QP to Error (its CQ overflowed).
+    fn set_error(&self);
+}
+
 /// A connected QP the progress thread serves, with its timers.
-struct Served {
-    qp: Arc<QpShared>,
+struct Served<Q> {
+    qp: Arc<Q>,
     /// A busy-polled QP's timer looks go on at this period while it is connected, whatever
     /// its clock asks (its polls read, not the progress thread, which cannot tell when a
     /// read ended inside an FPDU); `None` without a receive stall timeout.
@@ -101,7 +154,7 @@ struct Served {
     /// When its next timer look is due, while one is armed (its entry in [`Timers`]).
     timer_at: Option<Instant>,
     /// Busy-polled (its receive CQ was when it connected): looked at every
-    /// [`crate::verbs::qp::RX_LOOK_PERIOD`], and its timer looks go on while it is
+    /// [`RX_LOOK_PERIOD`], and its timer looks go on while it is
     /// connected.
     busy: bool,
 }
@@ -117,7 +170,7 @@ struct Timers {
 impl Timers {
     /// Arms `s`'s look at `next` (the QP's clock asks for it then) or, for a busy-polled QP,
     /// at the latest one look period from `now`; an earlier look already armed stays.
-    fn arm(&mut self, s: &mut Served, token: Token, next: Option<Instant>, now: Instant) {
+    fn arm<Q>(&mut self, s: &mut Served<Q>, token: Token, next: Option<Instant>, now: Instant) {
         let periodic = if s.busy {
             s.look_period.and_then(|p| now.checked_add(p))
         } else {
@@ -164,7 +217,7 @@ impl Periodic {
         if !on {
             self.next = None;
         } else if self.next.is_none() {
-            self.next = now.checked_add(crate::verbs::qp::RX_LOOK_PERIOD);
+            self.next = now.checked_add(RX_LOOK_PERIOD);
         }
     }
 
@@ -176,7 +229,7 @@ impl Periodic {
     fn due(&mut self, now: Instant) -> bool {
         match self.next {
             Some(t) if now >= t => {
-                self.next = now.checked_add(crate::verbs::qp::RX_LOOK_PERIOD);
+                self.next = now.checked_add(RX_LOOK_PERIOD);
                 true
             }
             _ => false,
@@ -184,12 +237,14 @@ impl Periodic {
     }
 }
 
-pub(crate) enum Cmd {
-    Register(Arc<QpShared>),
-    Kick(Arc<QpShared>),
+pub(crate) enum Cmd<Q> {
+    Register(Arc<Q>),
+    Kick(Arc<Q>),
     /// Look at a busy-polled QP's write watchdog after a delay (by its token).
     Watch(Token),
-    CqOverflow(Arc<CqShared>),
+    /// Move these QPs to Error: their CQ overflowed (listed on the progress thread, which
+    /// may take a CQ's QP list).
+    CqOverflow(Box<dyn FnOnce() -> Vec<Arc<Q>> + Send>),
     /// Watch the network with this rtnetlink socket (registered for readability).
     NetWatch(Box<crate::availability::netwatch::NetWatch>),
     Shutdown,
@@ -197,8 +252,8 @@ pub(crate) enum Cmd {
 
 /// Handle to a device's progress thread.
 #[derive(Debug)]
-pub(crate) struct Progress {
-    tx: Mutex<Sender<Cmd>>,
+pub(crate) struct Progress<Q> {
+    tx: Mutex<Sender<Cmd<Q>>>,
     waker: Waker,
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: ThreadId,
@@ -206,7 +261,7 @@ pub(crate) struct Progress {
     pub(crate) counters: Arc<Counters>,
 }
 
-impl Progress {
+impl<Q: ServedQp> Progress<Q> {
     pub(crate) fn start(device_name: &str) -> Result<Self> {
         let poll = Poll::new().map_err(|e| Error::io("epoll_create", e))?;
         let waker = Waker::new(poll.registry(), WAKE).map_err(|e| Error::io("eventfd", e))?;
@@ -226,20 +281,13 @@ impl Progress {
         })
     }
 
-    fn send(&self, cmd: Cmd) -> Result<()> {
-        lock(&self.tx).send(cmd).map_err(|_| Error::DeviceStopped)?;
-        self.waker
-            .wake()
-            .map_err(|e| Error::io("wake the progress thread", e))
-    }
-
     /// Hands a connected QP to the progress thread.
-    pub(crate) fn register(&self, qp: Arc<QpShared>) -> Result<()> {
+    pub(crate) fn register(&self, qp: Arc<Q>) -> Result<()> {
         self.send(Cmd::Register(qp))
     }
 
     /// Asks for a progress pass of `qp` (its state changed outside the data path).
-    pub(crate) fn kick(&self, qp: Arc<QpShared>) {
+    pub(crate) fn kick(&self, qp: Arc<Q>) {
         if let Err(e) = self.send(Cmd::Kick(qp)) {
             tracing::error!(error = %e, "cannot reach the progress thread");
         }
@@ -259,15 +307,24 @@ impl Progress {
         self.send(Cmd::NetWatch(Box::new(w)))
     }
 
-    /// Moves every QP of `cq` to Error (the CQ overflowed).
-    pub(crate) fn cq_overflow(&self, cq: Arc<CqShared>) {
-        if let Err(e) = self.send(Cmd::CqOverflow(cq)) {
+    /// Moves every QP `qps` lists (those of a CQ that overflowed) to Error.
+    pub(crate) fn cq_overflow(&self, qps: impl FnOnce() -> Vec<Arc<Q>> + Send + 'static) {
+        if let Err(e) = self.send(Cmd::CqOverflow(Box::new(qps))) {
             tracing::error!(error = %e, "cannot reach the progress thread");
         }
     }
 }
 
-impl Drop for Progress {
+impl<Q> Progress<Q> {
+    fn send(&self, cmd: Cmd<Q>) -> Result<()> {
+        lock(&self.tx).send(cmd).map_err(|_| Error::DeviceStopped)?;
+        self.waker
+            .wake()
+            .map_err(|e| Error::io("wake the progress thread", e))
+    }
+}
+
+impl<Q> Drop for Progress<Q> {
     fn drop(&mut self) {
         // Fails only when the thread is already gone.
         let _ = self.send(Cmd::Shutdown);
@@ -282,13 +339,13 @@ impl Drop for Progress {
     }
 }
 
-fn run(mut poll: Poll, rx: Receiver<Cmd>, counters: &Counters) {
+fn run<Q: ServedQp>(mut poll: Poll, rx: Receiver<Cmd<Q>>, counters: &Counters) {
     crate::availability::context::mark_progress_thread();
     let mut events = Events::with_capacity(1024);
-    let mut qps: HashMap<Token, Served> = HashMap::new();
+    let mut qps: HashMap<Token, Served<Q>> = HashMap::new();
     // Token of each registered QP, by the address of its shared state (for kicks).
     let mut tokens: HashMap<usize, Token> = HashMap::new();
-    let key = |qp: &Arc<QpShared>| Arc::as_ptr(qp) as usize;
+    let key = |qp: &Arc<Q>| Arc::as_ptr(qp) as usize;
     let mut next_token = 1usize;
     // QPs to service without waiting for readiness: budget left over (`again`) or waiting
     // on a timer (`delayed`).
@@ -364,8 +421,8 @@ fn run(mut poll: Poll, rx: Receiver<Cmd>, counters: &Counters) {
                         delayed.insert(token);
                     }
                 }
-                Ok(Cmd::CqOverflow(cq)) => {
-                    for qp in cq.qps() {
+                Ok(Cmd::CqOverflow(qps_of)) => {
+                    for qp in qps_of() {
                         tracing::error!(qp = qp.qp_num(), "QP to Error: its CQ overflowed");
                         qp.set_error();
                         if let Some(t) = tokens.get(&key(&qp)) {

@@ -25,7 +25,7 @@ use softwarp_ras::tracker::{DescribeResource, ResourceKind};
 use crate::availability::inflight::Entry;
 use crate::availability::markers;
 use crate::error::{Error, Result};
-use crate::ras::{CqView, Tracked};
+use crate::instrument::Tracked;
 use crate::runtime::sys;
 use crate::sync::lock;
 use crate::verbs::device::{CountGuard, Counts, DeviceShared};
@@ -101,7 +101,7 @@ pub(crate) struct CqShared {
 
 impl Drop for CqShared {
     fn drop(&mut self) {
-        self.device.ras.cqs.died();
+        self.device.cqs.died();
         lock(&self.count).release(&self.device.counts.cq);
     }
 }
@@ -156,7 +156,8 @@ impl CqShared {
             if let Some(ev) = ev {
                 self.device.events.push(ev);
             }
-            self.device.progress.cq_overflow(Arc::clone(self));
+            let cq = Arc::clone(self);
+            self.device.progress.cq_overflow(move || cq.qps());
         }
     }
 
@@ -218,7 +219,7 @@ impl CqShared {
         let words = self.marker_words();
         let id = lock(&self.state).cq.id().0;
         markers::damaged(
-            &self.device,
+            &*self.device,
             markers::Kind::Cq.name(),
             u64::from(id),
             &words,
@@ -268,6 +269,22 @@ impl CqShared {
             channel: self.channel.is_some(),
         }
     }
+}
+
+/// What RAS reports about a CQ, copied under its lock.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CqView {
+    pub(crate) id: u32,
+    pub(crate) capacity: usize,
+    pub(crate) len: usize,
+    pub(crate) in_error: bool,
+    pub(crate) refused: u64,
+    pub(crate) completions: u64,
+    pub(crate) error_completions: u64,
+    pub(crate) polled: u64,
+    pub(crate) notifications: u64,
+    pub(crate) idle_sleeps: u64,
+    pub(crate) channel: bool,
 }
 
 /// A completion queue. Cloning gives another handle to the same CQ.
@@ -327,7 +344,7 @@ impl CompletionQueue {
             end: markers::End::new(markers::Kind::Cq),
         });
         ras.describe_with(Arc::downgrade(&shared) as Weak<dyn DescribeResource>);
-        device.ras.add_cq(&shared, &device.progress.counters);
+        device.cqs.insert(&shared, &device.progress.counters);
         sw_event!(Cq, 4, cq = id.0, cqe, "CQ created");
         Ok(Self {
             shared,
@@ -481,7 +498,7 @@ impl CompletionQueue {
                 });
             }
         }
-        crate::availability::recovery::device_failure(&self.shared.device)
+        crate::availability::recovery::device_failure(&self.shared.device.health)
             .map(crate::availability::recovery::CqErrorReason::DeviceFault)
     }
 

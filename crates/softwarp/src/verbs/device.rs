@@ -6,6 +6,7 @@
 //! thread), as each `ibv_open_device` gives an own context.
 
 use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
@@ -14,18 +15,22 @@ use std::time::Duration;
 use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::mr::{MrTable, Stag};
 use softwarp_engine::wr::{MAX_INLINE, MAX_SGE};
+use softwarp_ras::stats::StatsSource;
+use softwarp_ras::tracker::{DescribeResource, ResourceKind};
 
 use crate::availability::inflight::{DeviceGate, Entry, Inflight};
 use crate::availability::markers;
+use crate::availability::netwatch::Watched;
 use crate::availability::recovery::{
-    DeviceFault, DeviceState, FaultKind, Health, RecoveryConfig, RecoveryReport,
+    Contained, DeviceFault, DeviceState, FaultKind, Health, RecoveryConfig, RecoveryReport,
 };
 use crate::error::{Error, Result};
-use crate::ras::{DeviceRas, Tracked};
+use crate::instrument::{DeviceRas, Tracked};
 use crate::runtime::progress::{Progress, ProgressStats};
 use crate::runtime::sys;
 use crate::sync::{self, lock};
-use crate::verbs::cq::{CompletionChannel, CompletionQueue};
+use crate::verbs::cq::{CompletionChannel, CompletionQueue, CqShared};
+use crate::verbs::hooks::RasHooks;
 use crate::verbs::pd::ProtectionDomain;
 use crate::verbs::qp::QpShared;
 use crate::RasConfig;
@@ -237,7 +242,7 @@ pub(crate) struct DeviceShared {
     /// The STag table. Locked only to register, look up or validate (never across I/O).
     mrs: RwLock<MrTable>,
     pub(crate) events: EventQueue,
-    pub(crate) progress: Progress,
+    pub(crate) progress: Progress<QpShared>,
     /// Every QP, for device-wide errors (not on the data path).
     pub(crate) qps: WeakList<QpShared>,
     /// QP numbers.
@@ -245,11 +250,79 @@ pub(crate) struct DeviceShared {
     /// Numbers of PDs, CQs and SRQs.
     ids: Arc<IdSpace>,
     pub(crate) counts: Counts,
-    /// Resource tracker, statistics export, leak report (see `crate::ras`).
+    /// Resource tracker (see `crate::instrument`).
     pub(crate) ras: DeviceRas,
+    /// The CQs whose statistics are exported with the device's.
+    pub(crate) cqs: WeakList<CqShared>,
+    /// What the device and its objects tell RAS (installed at open: `crate::RAS_HOOKS`).
+    pub(crate) hooks: &'static dyn RasHooks,
     /// State, fault, recovery (see `crate::availability::recovery`).
     pub(crate) health: Health,
     end: markers::End,
+}
+
+/// The device as containment and recovery see it.
+impl Contained for DeviceShared {
+    type Qp = QpShared;
+    fn health(&self) -> &Health {
+        &self.health
+    }
+    fn gate(&self) -> &DeviceGate {
+        &self.inflight
+    }
+    fn instance(&self) -> &str {
+        self.ras.instance()
+    }
+    fn name(&self) -> &str {
+        &self.attr.name
+    }
+    fn live_qps(&self) -> Vec<Arc<QpShared>> {
+        DeviceShared::live_qps(self)
+    }
+    fn resources(&self) -> Vec<softwarp_ras::tracker::ResourceInfo> {
+        self.ras.tracker.resources()
+    }
+    fn push_event(&self, event: AsyncEvent) {
+        self.events.push(event);
+    }
+    fn fault_contained(&self, fault: &str, qps: usize, snapshots: &[u64]) {
+        self.hooks.device_failed(self, fault, qps, snapshots);
+    }
+    fn fault_dump(&self, fault: &str) {
+        self.hooks.device_fault_dump(fault);
+    }
+    fn recovery_ended(&self, report: &RecoveryReport) {
+        self.hooks.device_recovery(self, report);
+    }
+}
+
+/// The device as the network watch sees it.
+impl Watched for DeviceShared {
+    fn instance(&self) -> &str {
+        self.ras.instance()
+    }
+    fn network_gone(&self, lost: &[(Vec<IpAddr>, String)]) {
+        let qps: Vec<_> = self
+            .live_qps()
+            .into_iter()
+            .filter_map(|qp| qp.local_addr().map(|a| (qp, a.ip().to_canonical())))
+            .collect();
+        for (gone, detail) in lost {
+            for (qp, ip) in &qps {
+                if gone.iter().any(|g| g.to_canonical() == *ip) && qp.network_gone(detail) {
+                    softwarp_ras::sw_event!(
+                        Runtime,
+                        1,
+                        qpn = qp.qp_num(),
+                        "QP terminated: {detail}"
+                    );
+                }
+            }
+        }
+    }
+    fn contain(self: Arc<Self>, kind: FaultKind) {
+        crate::availability::recovery::contain(&self, kind);
+    }
 }
 
 /// Live object counts, for the limits in [`DeviceAttr`].
@@ -366,7 +439,7 @@ impl DeviceShared {
         for qp in self.live_qps() {
             qp.check_markers(check)?;
         }
-        for cq in self.ras.live_cqs() {
+        for cq in self.cqs.live() {
             cq.check_markers(check)?;
         }
         Ok(())
@@ -536,7 +609,7 @@ struct DeviceOwner {
 
 impl Drop for DeviceOwner {
     fn drop(&mut self) {
-        crate::ras::device_closed(&self.shared, &self.ras);
+        self.shared.hooks.device_closed(&self.shared, &self.ras);
         self.shared.health.closed();
     }
 }
@@ -663,7 +736,7 @@ impl Device {
         if name != DEVICE_NAME {
             return Err(Error::DeviceNotFound(name.to_string()));
         }
-        crate::ras::init(b.ras.as_ref());
+        crate::instrument::init(b.ras.as_ref());
         let ras_on = softwarp_ras::service::global().is_some();
         let auto = b
             .recovery
@@ -702,17 +775,27 @@ impl Device {
             ids: Arc::new(IdSpace::new(u32::MAX)),
             counts: Counts::default(),
             ras,
+            cqs: WeakList::default(),
+            hooks: crate::RAS_HOOKS,
             health: Health::new(b.interface.clone(), auto),
             end: markers::End::new(markers::Kind::Device),
         });
         // The shared state and the progress thread's staging buffer (approximate).
         let bytes = std::mem::size_of::<DeviceShared>() + crate::runtime::progress::SCRATCH_LEN;
-        let ras = crate::ras::device_opened(&shared, bytes as u64);
+        let ras = Tracked::new(&shared.ras.tracker, ResourceKind::Device, 0, bytes as u64);
+        ras.describe_with(Arc::downgrade(&shared) as Weak<dyn DescribeResource>);
+        softwarp_ras::stats::register_source(Arc::downgrade(&shared) as Weak<dyn StatsSource>);
+        softwarp_ras::sw_event!(
+            Runtime,
+            4,
+            device = shared.ras.tracker.name(),
+            "device opened"
+        );
         Health::register_target(&shared);
         if let Some(w) = netwatch {
             shared
                 .progress
-                .net_watch(w.attach(Arc::downgrade(&shared)))?;
+                .net_watch(w.attach(Arc::downgrade(&shared) as Weak<dyn Watched>))?;
         }
         Ok(Self {
             _owner: Arc::new(DeviceOwner {

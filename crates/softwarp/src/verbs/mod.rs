@@ -4,6 +4,7 @@
 
 pub(crate) mod cq;
 pub(crate) mod device;
+pub(crate) mod hooks;
 pub mod owned;
 pub(crate) mod pd;
 pub(crate) mod qp;

@@ -18,7 +18,7 @@ use softwarp_ras::tracker::{ResourceDetails, ResourceKind};
 use crate::availability::inflight::Entry;
 use crate::availability::markers;
 use crate::error::{Error, Result};
-use crate::ras::{attrs, Tracked};
+use crate::instrument::{attrs, Tracked};
 use crate::verbs::cq::CompletionQueue;
 use crate::verbs::device::{CountGuard, Counts, DeviceShared, IdLease};
 use crate::verbs::qp::{QpInitAttr, QueuePair};
@@ -187,7 +187,7 @@ impl ProtectionDomain {
                     ("stag", format!("{:#010x}", stag.0)),
                     ("len", len.to_string()),
                     ("iova", format!("{iova:#x}")),
-                    ("access", crate::ras::access_text(access)),
+                    ("access", crate::instrument::access_text(access)),
                     ("pd", self.inner.id.0.to_string()),
                 ]),
                 ..ResourceDetails::default()
@@ -269,7 +269,7 @@ impl MemoryRegion {
             return Ok(());
         }
         Err(markers::damaged(
-            &self.device,
+            &*self.device,
             markers::Kind::Mr.name(),
             u64::from(self.stag.0),
             &markers::words(markers::Kind::Mr, &self.begin, &self.end),

@@ -10,7 +10,7 @@ use softwarp_ras::tracker::{DescribeResource, ResourceDetails, ResourceKind};
 
 use crate::availability::inflight::Entry;
 use crate::error::{Error, Result};
-use crate::ras::{attrs, Tracked};
+use crate::instrument::{attrs, Tracked};
 use crate::sync::lock;
 use crate::verbs::device::{CountGuard, Counts, DeviceShared};
 use crate::verbs::pd::ProtectionDomain;
@@ -176,7 +176,7 @@ impl SharedReceiveQueue {
             let (id, guard) = (srq.id(), srq.ring_guard());
             drop(srq);
             return Err(crate::availability::markers::damaged(
-                &s.device,
+                &*s.device,
                 "srq",
                 u64::from(id.0),
                 &crate::availability::markers::ring_words(&[guard]),

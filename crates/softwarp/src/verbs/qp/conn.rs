@@ -15,9 +15,9 @@ use softwarp_ras::deadline::Deadline;
 
 use super::pump::{TxEnd, PASS_BUDGET};
 use super::{state_name, QpInner, QpShared};
-use crate::cm::options::{ConnectOptions, ConnectionInfo};
 use crate::error::{Error, Result};
 use crate::runtime::sys;
+use crate::verbs::qp::options::{ConnectOptions, ConnectionInfo};
 
 /// How long a closing connection waits for the peer's FIN after sending its own.
 const LINGER: Duration = Duration::from_secs(2);
@@ -427,7 +427,7 @@ impl QpShared {
         let _ = s.tx_pass(&mut g, &mut budget);
         s.drain(&mut g);
         drop(g);
-        s.ras.connected(&info);
+        s.device.hooks.qp_connected(&s.ras, &info);
         if let Err(e) = s.device.progress.register(Arc::clone(s)) {
             // Nobody would ever move this QP's bytes: fail the connection now.
             let mut g = s.lock();
@@ -498,7 +498,7 @@ impl QpShared {
             softwarp_ras::errlog::CriticalKind::PeerViolation,
             text.clone(),
         );
-        self.ras.peer_violation(text, snapshot);
+        self.device.hooks.peer_violation(&self.ras, text, snapshot);
     }
 
     /// The local address of the QP's connection, while it has one.
@@ -549,7 +549,9 @@ impl QpShared {
             softwarp_ras::errlog::CriticalKind::NetworkGone,
             format!("QP {} terminated: {detail}", self.qp_num),
         );
-        crate::ras::network_gone(&self.device, self.qp_num, detail, snapshot);
+        self.device
+            .hooks
+            .network_gone(&self.device, self.qp_num, detail, snapshot);
         true
     }
 }

@@ -62,33 +62,37 @@
 //! of all of them is the table in the crate docs ("Locks").
 
 mod conn;
+pub(crate) mod options;
 mod poller;
 mod pump;
+pub(crate) mod view;
 
 use conn::Conn;
 pub(crate) use conn::{ConnObserver, LinkDown};
-pub(crate) use poller::RX_LOOK_PERIOD;
-pub(crate) use pump::TimerLook;
+use options::ConnectionInfo;
 use pump::TxEnd;
+use view::QpView;
 
-use std::net::ToSocketAddrs;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use mio::{Registry, Token};
 use softwarp_engine::event::AsyncEvent;
 use softwarp_engine::fault::Cause;
 use softwarp_engine::qp::{Qp, QpConfig, QpState};
 use softwarp_engine::stats::QpStats;
 use softwarp_engine::wr::{PayloadRef, RecvWr, RecvWrRef, SendWr, SendWrRef};
 use softwarp_ras::deadline::Deadline;
+use softwarp_ras::errlog::CriticalKind;
 use softwarp_ras::markers::MarkerWord;
 
 use crate::availability::inflight::{Entry, Inflight};
 use crate::availability::markers;
-use crate::cm::attempt;
-use crate::cm::options::{ConnectOptions, ConnectionInfo};
+use crate::availability::recovery::{ContainedQp, DeviceFault};
 use crate::error::{Error, Result};
+use crate::instrument::{QpRas, Tracked};
+use crate::runtime::progress::{Pass, ServedQp, TimerLook};
 use crate::sync::lock;
 use crate::verbs::cq::{CompletionQueue, CqShared};
 use crate::verbs::device::{CountGuard, DeviceShared};
@@ -211,7 +215,7 @@ pub(crate) struct QpShared {
     /// The QP's number, reserved while it lives.
     _number: crate::verbs::device::IdLease,
     /// Resource registration, state-change tracing, critical events, TCP_INFO.
-    ras: crate::ras::QpRas,
+    ras: QpRas,
     /// Why the QP failed (`QueuePair::error_reason`).
     failure: crate::availability::recovery::ErrorBlock,
     end: markers::End,
@@ -243,7 +247,9 @@ impl QpShared {
                     .set(crate::availability::recovery::QpErrorReason::Cause(cause));
             }
             let fd = inner.conn.as_ref().map(|c| c.stream.as_fd());
-            self.ras.on_event(&ev, &inner.qp, inner.info.as_ref(), fd);
+            self.device
+                .hooks
+                .qp_event(&self.ras, &ev, &inner.qp, inner.info.as_ref(), fd);
             let link_closed = matches!(
                 ev,
                 AsyncEvent::QpFatal {
@@ -279,14 +285,16 @@ impl QpShared {
     ) -> Option<u64> {
         let g = self.lock();
         let fd = g.conn.as_ref().map(|c| c.stream.as_fd());
-        self.ras.snapshot(kind, reason, &g.qp, g.info.as_ref(), fd)
+        self.device
+            .hooks
+            .qp_snapshot(&self.ras, kind, reason, &g.qp, g.info.as_ref(), fd)
     }
 
     /// What RAS reports about the QP (resources, statistics); samples TCP_INFO when due.
-    pub(crate) fn ras_view(&self) -> crate::ras::QpView {
+    pub(crate) fn ras_view(&self) -> QpView {
         let g = self.lock();
         let fd = g.conn.as_ref().map(|c| c.stream.as_fd());
-        let view = crate::ras::QpView::take(&self.ras, &g.qp, g.info.as_ref(), fd);
+        let view = QpView::take(&self.ras, &g.qp, g.info.as_ref(), fd);
         let view = match &g.conn {
             Some(c) => view
                 .with_attr("tx_by", c.tx_by())
@@ -350,7 +358,7 @@ impl QpShared {
     fn markers_damaged(&self, check: &'static str) -> Error {
         let words = self.marker_words();
         markers::damaged(
-            &self.device,
+            &*self.device,
             markers::Kind::Qp.name(),
             u64::from(self.qp_num),
             &words,
@@ -388,6 +396,55 @@ impl QpShared {
     }
 }
 
+/// A QP as device containment sees it.
+impl ContainedQp for QpShared {
+    fn qp_num(&self) -> u32 {
+        QpShared::qp_num(self)
+    }
+    fn fail_device(qp: &Arc<Self>, fault: &DeviceFault) {
+        QpShared::fail_device(qp, fault);
+    }
+    fn take_snapshot(&self, kind: CriticalKind, reason: String) -> Option<u64> {
+        QpShared::take_snapshot(self, kind, reason)
+    }
+}
+
+/// The progress thread's view of a QP (the passes and looks are in `pump` and `poller`).
+impl ServedQp for QpShared {
+    #[inline]
+    fn qp_num(&self) -> u32 {
+        QpShared::qp_num(self)
+    }
+    #[inline]
+    fn register(&self, registry: &Registry, token: Token) -> bool {
+        QpShared::register(self, registry, token)
+    }
+    #[inline]
+    fn look_period(&self) -> Option<Duration> {
+        QpShared::look_period(self)
+    }
+    #[inline]
+    fn busy_polled(&self) -> bool {
+        QpShared::busy_polled(self)
+    }
+    #[inline]
+    fn service(&self, registry: &Registry, scratch: &mut [u8]) -> Pass {
+        QpShared::service(self, registry, scratch)
+    }
+    #[inline]
+    fn on_timer(&self, now: Instant) -> TimerLook {
+        QpShared::on_timer(self, now)
+    }
+    #[inline]
+    fn rx_look(&self, registry: &Registry) -> bool {
+        QpShared::rx_look(self, registry)
+    }
+    #[inline]
+    fn set_error(&self) {
+        QpShared::set_error(self)
+    }
+}
+
 /// A reliable-connected queue pair.
 ///
 /// Created Idle by [`ProtectionDomain::create_qp`]; post receives, then connect it
@@ -400,7 +457,7 @@ pub struct QueuePair {
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
     /// Registered with the device's tracker while the application holds the QP.
-    _ras: crate::ras::Tracked,
+    _ras: Tracked,
 }
 
 impl QueuePair {
@@ -459,7 +516,7 @@ impl QueuePair {
             max_ird: attr.max_dest_rd_atomic,
             max_ord: attr.max_rd_atomic,
         };
-        let ras = crate::ras::QpRas::new(device, qp_num, qp_attrs(pd, attr));
+        let ras = QpRas::new(device.ras.instance(), qp_num, qp_attrs(pd, attr));
         let shared = Arc::new(QpShared {
             begin: markers::Begin::new(markers::Kind::Qp),
             qp_num,
@@ -492,7 +549,7 @@ impl QueuePair {
             failure: crate::availability::recovery::ErrorBlock::default(),
             end: markers::End::new(markers::Kind::Qp),
         });
-        let tracked = crate::ras::QpRas::track(&shared, qp_bytes(&attr.cap));
+        let tracked = track(&shared, qp_bytes(&attr.cap));
         device.add_qp(&shared);
         shared.send_cq.add_qp(&shared);
         shared.recv_cq.add_qp(&shared);
@@ -833,56 +890,6 @@ impl QueuePair {
         }
     }
 
-    /// Connects to a listening peer (`addr`) and performs the MPA Request/Reply exchange
-    /// (RFC 5044 section 7.1, RFC 6581) on this thread, then moves the QP to RTS. The QP
-    /// must be Idle; post receives first if the peer may send at once. This is the
-    /// connection manager's path ([`crate::CmEventChannel::connect_blocking`]) run on the
-    /// calling thread, without a channel or events: the same steps, deadline
-    /// ([`ConnectOptions::timeout`]) and errors, and the same first-FPDU hold-off
-    /// ([`ConnectOptions::first_fpdu_delay`]: work posted meanwhile waits in the QP).
-    pub fn connect<A: ToSocketAddrs>(
-        &self,
-        addr: A,
-        opts: &ConnectOptions,
-    ) -> Result<ConnectionInfo> {
-        crate::availability::context::check_blocking("QueuePair::connect")?;
-        let addrs = crate::cm::resolve(addr)?;
-        let a = attempt::Initiator::new(&self.shared, addrs, opts)?;
-        attempt::initiate_blocking(a)
-    }
-
-    /// Like [`QueuePair::connect`], over a TCP connection the caller already established
-    /// (the stream handover of the OpenRDMA design: a connection that spoke plain TCP moves
-    /// to iWARP). Sends the MPA Request on `stream` and checks the Reply (bounded by
-    /// [`ConnectOptions::timeout`]); the peer must run the responder side on its end
-    /// ([`QueuePair::accept_stream`]) and nothing else may be in flight on the connection.
-    /// The QP owns the stream from then on; on failure the stream is closed and the QP
-    /// stays Idle.
-    pub fn connect_stream(
-        &self,
-        stream: std::net::TcpStream,
-        opts: &ConnectOptions,
-    ) -> Result<ConnectionInfo> {
-        crate::availability::context::check_blocking("QueuePair::connect_stream")?;
-        let a = attempt::Initiator::on_stream(&self.shared, stream, opts)?;
-        attempt::initiate_blocking(a)
-    }
-
-    /// The responder side of [`QueuePair::connect_stream`] (and of a [`QueuePair::connect`]
-    /// whose TCP connection the caller accepted itself): reads and checks the MPA Request on
-    /// `stream`, sends the Reply (or a reject) and moves the QP to RTS, as
-    /// [`crate::Listener::accept`] does (the same gate on the first FPDU). Bounded by
-    /// [`ConnectOptions::timeout`]; on failure the stream is closed and the QP stays Idle.
-    pub fn accept_stream(
-        &self,
-        stream: std::net::TcpStream,
-        opts: &ConnectOptions,
-    ) -> Result<ConnectionInfo> {
-        crate::availability::context::check_blocking("QueuePair::accept_stream")?;
-        attempt::claim_responder(&self.shared, opts)?;
-        attempt::respond_blocking(&self.shared, stream, opts)
-    }
-
     pub(crate) fn shared(&self) -> &Arc<QpShared> {
         &self.shared
     }
@@ -917,7 +924,7 @@ fn qp_attrs(
     pd: &ProtectionDomain,
     attr: &QpInitAttr<'_>,
 ) -> std::collections::BTreeMap<String, String> {
-    crate::ras::attrs([
+    crate::instrument::attrs([
         ("pd", pd.id().0.to_string()),
         ("send_cq", attr.send_cq.id().0.to_string()),
         ("recv_cq", attr.recv_cq.id().0.to_string()),
@@ -1043,4 +1050,20 @@ impl RecvItem for RecvWrRef<'_> {
     fn post_to(&self, qp: &mut Qp) -> std::result::Result<(), softwarp_engine::qp::QpError> {
         qp.post_recv_borrowed(*self)
     }
+}
+
+/// Registers the QP (`#[track_caller]`: the application's `create_qp` line); it
+/// describes its live state. The registration goes into the `QueuePair` handle.
+#[track_caller]
+fn track(qp: &Arc<QpShared>, bytes: u64) -> Tracked {
+    let tracked = Tracked::new(
+        &qp.device.ras.tracker,
+        softwarp_ras::tracker::ResourceKind::Qp,
+        u64::from(qp.qp_num()),
+        bytes,
+    );
+    tracked.describe_with(
+        Arc::downgrade(qp) as std::sync::Weak<dyn softwarp_ras::tracker::DescribeResource>
+    );
+    tracked
 }

@@ -18,12 +18,6 @@ use crate::sync;
 /// How often an armed write watchdog looks whether the application still busy-polls.
 const WATCH_PERIOD: Duration = Duration::from_millis(5);
 
-/// How often the progress thread looks whether the application still polls the CQs of its
-/// busy-polled QPs ([`QpShared::rx_look`]): a QP whose socket had bytes to read at two looks
-/// in a row, with no application activity on it in between, is taken over (10 to 20 ms
-/// after the application's last activity, or after the bytes came).
-pub(crate) const RX_LOOK_PERIOD: Duration = Duration::from_millis(10);
-
 /// Service passes in a row that find nothing to read while the application polls, after
 /// which the progress thread hands a taken-over QP back to the polls
 /// ([`QpShared::rx_hand_back`]).
@@ -207,7 +201,7 @@ impl QpShared {
     }
 
     /// Whether the QP is busy-polled (its receive CQ is): the progress thread then looks at
-    /// it every [`RX_LOOK_PERIOD`].
+    /// it every [`RX_LOOK_PERIOD`](crate::runtime::progress::RX_LOOK_PERIOD).
     pub(crate) fn busy_polled(&self) -> bool {
         self.recv_cq
             .busy_poll

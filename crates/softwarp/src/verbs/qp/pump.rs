@@ -19,6 +19,7 @@ use softwarp_engine::srq::Srq;
 use super::conn::{link_down, LinkDown};
 use super::poller::WatchLook;
 use super::{QpInner, QpShared};
+use crate::runtime::progress::{Pass, TimerLook};
 use crate::runtime::sys;
 use crate::sync;
 use crate::verbs::device::DeviceShared;
@@ -49,34 +50,6 @@ thread_local! {
             batch: Vec::new(),
         })
     };
-}
-
-/// What a progress pass left to do.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Pass {
-    /// The budget ran out with more to read or write: service again soon.
-    pub(crate) more: bool,
-    /// Receive is blocked until completions are taken: retry after a short delay.
-    pub(crate) retry: bool,
-    /// Waiting for the peer's FIN (linger deadline): service again after a delay.
-    pub(crate) lingering: bool,
-    /// The connection is closed and deregistered: forget the QP.
-    pub(crate) closed: bool,
-    /// When the engine's clock wants the QP looked at next ([`Qp::poll_timeout`], see
-    /// [`QpShared::on_timer`]).
-    pub(crate) timeout: Option<Instant>,
-}
-
-/// What a timer look ([`QpShared::on_timer`]) found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TimerLook {
-    /// The engine acted (a receive stall ended the stream, the first-FPDU hold ended): the
-    /// QP needs a pass.
-    Acted,
-    /// Nothing to do now; when the engine's clock wants the next look.
-    Next(Option<Instant>),
-    /// Another thread holds the QP (it is moving its bytes): look again a little later.
-    Busy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,7 +266,7 @@ impl QpShared {
             "{e}: the peer stopped answering (TCP keepalive, TCP_USER_TIMEOUT or \
              retransmissions expired)"
         );
-        self.ras.peer_unreachable(&detail);
+        self.device.hooks.peer_unreachable(&self.ras, &detail);
         self.failure
             .set(crate::availability::recovery::QpErrorReason::PeerUnreachable { detail });
         link_down(inner, LinkDown::PeerUnreachable);
