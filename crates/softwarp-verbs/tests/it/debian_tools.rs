@@ -72,10 +72,10 @@ fn command(program: &Path) -> Command {
     c
 }
 
-struct Output {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
+pub(super) struct Output {
+    pub(super) status: ExitStatus,
+    pub(super) stdout: String,
+    pub(super) stderr: String,
 }
 
 /// Waits for `child` at most `limit`, killing it past that; collects its output.
@@ -84,7 +84,7 @@ fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
 }
 
 /// [`finish`] of a child someone else owns (a [`Reaped`]).
-fn finish_in(child: &mut Child, limit: Duration, what: &str) -> Output {
+pub(super) fn finish_in(child: &mut Child, limit: Duration, what: &str) -> Output {
     let mut out = child.stdout.take().expect("piped stdout");
     let mut err = child.stderr.take().expect("piped stderr");
     let o = std::thread::spawn(move || {

@@ -8,13 +8,14 @@
 //! The tests run one at a time (`serial`, with the other modules of this binary): the machine
 //! has two cores.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use softwarp_testkit::{free_port, serial, skip, Reaped};
+
+use super::debian_tools::finish_in;
 
 const RSPRELOAD: &str = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
 
@@ -74,47 +75,6 @@ fn preloaded(program: &Path) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
-}
-
-struct Output {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-/// Waits for `r`'s child at most `limit` (killed past it, with a panic), its output.
-fn finish(r: &mut Reaped, limit: Duration, what: &str) -> Output {
-    let child: &mut Child = r;
-    let mut out = child.stdout.take().expect("piped stdout");
-    let mut err = child.stderr.take().expect("piped stderr");
-    let o = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let e = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait for the child") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let (o, e) = (o.join().unwrap_or_default(), e.join().unwrap_or_default());
-            panic!("{what} did not finish within {limit:?}\nstdout:\n{o}\nstderr:\n{e}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Output {
-        status,
-        stdout: o.join().unwrap_or_default(),
-        stderr: e.join().unwrap_or_default(),
-    }
 }
 
 /// Waits until something listens on `port` (from `/proc/net/tcp*`, without connecting:
@@ -212,8 +172,8 @@ fn echo(socat: &Path, dir: &Path, sent: &[u8], to: &str, server: &mut Reaped) ->
         ]),
         "the socat client",
     );
-    let c = finish(&mut client, Duration::from_secs(60), "socat client");
-    let s = finish(server, Duration::from_secs(20), "socat server");
+    let c = finish_in(&mut client, Duration::from_secs(60), "socat client");
+    let s = finish_in(server, Duration::from_secs(20), "socat server");
     assert!(
         c.status.success() && s.status.success(),
         "{to}: client {} server {}\nclient:\n{}\nserver:\n{}",
@@ -301,8 +261,8 @@ fn iperf3_through_librspreload_on_both_ends_receives_what_was_sent() {
         preloaded(&iperf3).args(["-c", "127.0.0.1", "-t", "2", "-J", "-p", &port.to_string()]),
         "the iperf3 client",
     );
-    let c = finish(&mut client, Duration::from_secs(60), "iperf3 client");
-    let s = finish(&mut server, Duration::from_secs(20), "iperf3 server");
+    let c = finish_in(&mut client, Duration::from_secs(60), "iperf3 client");
+    let s = finish_in(&mut server, Duration::from_secs(20), "iperf3 server");
     assert!(
         c.status.success() && s.status.success(),
         "client {} server {}\nclient:\n{}{}\nserver:\n{}{}",
