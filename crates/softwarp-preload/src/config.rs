@@ -6,6 +6,7 @@
 //! | `SOFTWARP_SOCKETS_PORTS` | in `all` mode, only these ports (destination port for `connect`, local port for `listen`): `5201,6379,8000-8100`; unset: every port |
 //! | `SOFTWARP_SOCKETS_DENY_PORTS` | in `all` mode, never these ports |
 //! | `SOFTWARP_SOCKETS_STATS` | `1`: print one line per iWARP stream on stderr when it closes (its QP's counters) |
+//! | `SOFTWARP_SOCKETS_PROTOCOL` | `softwarp` (default): a switched socket speaks Softwarp's extended-sockets protocol (`softwarp-sockets`); `rsocket`: rdma-core's rsocket protocol (`softwarp-verbs`' `rsocket` module), so the program reaches one running under rdma-core's `librspreload.so` |
 //! | `SOFTWARP_SOCKETS_FALLBACK` | `tcp`: when the peer of a connecting socket does not answer the MPA exchange, connect again over plain TCP (a new connection to the same address; a line on stderr says so), and serve an accepted connection whose client sends no MPA Request over plain TCP; unset or `none`: the connect fails with `ECONNREFUSED`, the accepted connection reads as a reset |
 
 use std::sync::OnceLock;
@@ -21,8 +22,19 @@ pub enum Mode {
     Off,
 }
 
+/// The protocol a switched socket speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Softwarp's extended sockets (`softwarp-sockets`: Sends with its own credits).
+    Softwarp,
+    /// rdma-core's rsocket (RDMA Writes and 4-byte messages), wire-compatible with
+    /// `librspreload.so` over rdma-core's librdmacm.
+    Rsocket,
+}
+
 #[derive(Debug)]
 pub struct Config {
+    pub protocol: Protocol,
     pub mode: Mode,
     pub stats: bool,
     /// `SOFTWARP_SOCKETS_FALLBACK=tcp`.
@@ -53,7 +65,12 @@ impl Config {
             Ok("off") => Mode::Off,
             _ => Mode::Option,
         };
+        let protocol = match std::env::var("SOFTWARP_SOCKETS_PROTOCOL").as_deref() {
+            Ok("rsocket") => Protocol::Rsocket,
+            _ => Protocol::Softwarp,
+        };
         Self {
+            protocol,
             mode,
             stats: std::env::var("SOFTWARP_SOCKETS_STATS").is_ok_and(|v| v == "1"),
             fallback_tcp: std::env::var("SOFTWARP_SOCKETS_FALLBACK").is_ok_and(|v| v == "tcp"),

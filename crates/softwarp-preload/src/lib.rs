@@ -101,8 +101,9 @@ use softwarp_sockets::{
     SO_IWARP_ACTIVE, SO_IWARP_MODE,
 };
 
-use config::Mode;
-use table::{Entry, StreamEntry};
+use config::{Mode, Protocol};
+use softwarp_verbs::rsocket as rsock;
+use table::{Entry, RsocketEntry, StreamEntry};
 
 /// Longest wait on an iWARP descriptor's eventfd before looking at the stream again.
 const SLICE: Duration = Duration::from_millis(50);
@@ -364,10 +365,31 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
     let tcp = (domain == libc::AF_INET || domain == libc::AF_INET6)
         && (ty & 0xf) == libc::SOCK_STREAM
         && (protocol == 0 || protocol == libc::IPPROTO_TCP);
-    if fd >= 0 && tcp && config::get().mode == Mode::All {
+    if fd >= 0 && tcp && config::get().mode == Mode::All && !in_stack() {
         table::insert(fd, Entry::Pending);
     }
     fd
+}
+
+thread_local! {
+    /// Set while this thread runs a call of the rsocket module (which makes TCP sockets of
+    /// its own through `socket`: a port's reservation, a listener).
+    static IN_STACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// True when `socket` is called by Softwarp's stack, not by the program: on one of the
+/// stack's threads (the connection manager's connects), or inside an rsocket call
+/// ([`in_rsocket`]). Such a socket is never switched.
+fn in_stack() -> bool {
+    IN_STACK.with(std::cell::Cell::get) || softwarp_ras::thread::is_softwarp_thread()
+}
+
+/// Runs `f`, a call into the rsocket module, with [`in_stack`] true on this thread.
+fn in_rsocket<T>(f: impl FnOnce() -> T) -> T {
+    let was = IN_STACK.with(|s| s.replace(true));
+    let r = f();
+    IN_STACK.with(|s| s.set(was));
+    r
 }
 
 #[no_mangle]
@@ -402,6 +424,10 @@ pub unsafe extern "C" fn setsockopt(
             (Some(_), _) => return fail(libc::EISCONN),
         }
         return 0;
+    }
+    if let Some(Entry::Rsocket(r)) = table::get(fd) {
+        // SAFETY: the caller's option value of `len` bytes.
+        return unsafe { rsock::swv_rsetsockopt(r.rs, level, name, val, len) };
     }
     let target = match table::stream(fd) {
         Some(s) => {
@@ -477,7 +503,10 @@ pub unsafe extern "C" fn getsockopt(
     if level == SOL_SOFTWARP {
         let v: c_int = match name {
             SO_IWARP_MODE => c_int::from(entry.is_some()),
-            SO_IWARP_ACTIVE => c_int::from(matches!(entry, Some(Entry::Stream(_)))),
+            SO_IWARP_ACTIVE => c_int::from(matches!(
+                entry,
+                Some(Entry::Stream(_) | Entry::Rsocket(_))
+            )),
             _ => return fail(libc::ENOPROTOOPT),
         };
         // SAFETY: the caller passes a valid `len` and `*len` writable bytes at `val`.
@@ -521,6 +550,8 @@ pub unsafe extern "C" fn getsockopt(
             // SAFETY: the caller's buffers.
             unsafe { put_option(tv, val, len) }
         }
+        // SAFETY: the caller's buffers, as rsocket's `rgetsockopt` takes them.
+        Some(Entry::Rsocket(r)) => unsafe { rsock::swv_rgetsockopt(r.rs, level, name, val, len) },
         Some(Entry::Stream(s)) => {
             let tcp = std::os::fd::AsRawFd::as_raw_fd(&s.tcp);
             // SAFETY: libc's getsockopt on the stream's TCP socket with the caller's buffers.
@@ -533,6 +564,10 @@ pub unsafe extern "C" fn getsockopt(
 
 #[no_mangle]
 pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(Entry::Rsocket(r)) = table::get(fd) {
+        // SAFETY: the caller's buffers.
+        return unsafe { rsock::swv_rgetsockname(r.rs, addr, len) };
+    }
     let target = table::stream(fd).map_or(fd, |s| std::os::fd::AsRawFd::as_raw_fd(&s.tcp));
     // SAFETY: libc's getsockname with the caller's buffers.
     unsafe { real_getsockname()(target, addr, len) }
@@ -540,6 +575,10 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
 
 #[no_mangle]
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(Entry::Rsocket(r)) = table::get(fd) {
+        // SAFETY: the caller's buffers.
+        return unsafe { rsock::swv_rgetpeername(r.rs, addr, len) };
+    }
     let target = table::stream(fd).map_or(fd, |s| std::os::fd::AsRawFd::as_raw_fd(&s.tcp));
     // SAFETY: libc's getpeername with the caller's buffers.
     unsafe { real_getpeername()(target, addr, len) }
@@ -589,9 +628,19 @@ static AT_EXIT: std::sync::Once = std::sync::Once::new();
 /// socket. Registered when the first iWARP stream is set up. In the child of a `fork`, the
 /// parent's streams are only forgotten ([`release`]).
 extern "C" fn close_all_at_exit() {
-    for (_, s) in table::drain_streams() {
-        release(Some(Entry::Stream(s)));
+    for e in table::drain_streams() {
+        release(Some(e));
     }
+}
+
+/// Registers [`close_all_at_exit`] (once, with the first stream or rsocket).
+fn close_at_exit() {
+    AT_EXIT.call_once(|| {
+        // SAFETY: registers a plain `extern "C" fn()` with libc; it stays loaded until exit.
+        if unsafe { libc::atexit(close_all_at_exit) } != 0 {
+            eprintln!("softwarp preload: atexit failed: streams are not flushed at exit");
+        }
+    });
 }
 
 fn is_nonblocking(fd: c_int) -> bool {
@@ -701,12 +750,7 @@ fn place(fd: c_int, stream: IwarpStream, nonblocking: bool) -> c_int {
         })),
     );
     epoll_attach(fd, &regs, true);
-    AT_EXIT.call_once(|| {
-        // SAFETY: registers a plain `extern "C" fn()` with libc; it stays loaded until exit.
-        if unsafe { libc::atexit(close_all_at_exit) } != 0 {
-            eprintln!("softwarp preload: atexit failed: streams are not flushed at exit");
-        }
-    });
+    close_at_exit();
     0
 }
 
@@ -1107,7 +1151,16 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             }
         }
         Some(Entry::Stream(_)) => return fail(libc::EISCONN),
-        Some(Entry::Pending) if still_iwarp(fd, port_of(addr)) => {}
+        // SAFETY: the caller's address of `len` bytes.
+        Some(Entry::Rsocket(r)) => {
+            return in_rsocket(|| unsafe { rsock::swv_rconnect(r.rs, addr, len) })
+        }
+        Some(Entry::Pending) if still_iwarp(fd, port_of(addr)) => {
+            if config::get().protocol == Protocol::Rsocket {
+                // SAFETY: the caller's address of `len` bytes.
+                return in_rsocket(|| unsafe { rsocket_connect(fd, addr, len) });
+            }
+        }
         _ => {
             // SAFETY: libc's connect with the caller's arguments.
             return unsafe { real_connect()(fd, addr, len) };
@@ -1153,8 +1206,15 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
 
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    if matches!(table::get(fd), Some(Entry::Pending)) && still_iwarp(fd, local_port(fd)) {
-        table::insert(fd, Entry::Listener);
+    match table::get(fd) {
+        Some(Entry::Rsocket(r)) => return in_rsocket(|| rsock::swv_rlisten(r.rs, backlog)),
+        Some(Entry::Pending) if still_iwarp(fd, local_port(fd)) => {
+            if config::get().protocol == Protocol::Rsocket {
+                return in_rsocket(|| rsocket_listen(fd, backlog));
+            }
+            table::insert(fd, Entry::Listener);
+        }
+        _ => {}
     }
     // SAFETY: libc's listen.
     unsafe { real_listen()(fd, backlog) }
@@ -1173,6 +1233,10 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    if let Some(Entry::Rsocket(r)) = table::get(fd) {
+        // SAFETY: the caller's address buffer and length.
+        return unsafe { rsocket_accept(&r, addr, len, flags) };
+    }
     // SAFETY: libc's accept4 with the caller's arguments.
     let k = unsafe { real_accept4()(fd, addr, len, flags) };
     if k < 0 || !matches!(table::get(fd), Some(Entry::Listener)) {
@@ -1239,7 +1303,19 @@ fn inherited_eio() -> ssize_t {
     fail(libc::EIO)
 }
 
-fn stream_read(s: &StreamEntry, buf: &mut [u8], flags: c_int) -> ssize_t {
+/// What an I/O call on a descriptor of ours goes to: a stream of Softwarp's extended
+/// sockets, or an rsocket.
+#[derive(Clone)]
+enum Conn {
+    Iwarp(Arc<StreamEntry>),
+    Rsocket(Arc<RsocketEntry>),
+}
+
+fn stream_read(c: &Conn, buf: &mut [u8], flags: c_int) -> ssize_t {
+    let s = match c {
+        Conn::Iwarp(s) => s,
+        Conn::Rsocket(r) => return rsocket_read(r, buf, flags),
+    };
     if inherited(s) {
         return inherited_eio();
     }
@@ -1276,7 +1352,11 @@ fn stream_read(s: &StreamEntry, buf: &mut [u8], flags: c_int) -> ssize_t {
     }
 }
 
-fn stream_write(s: &StreamEntry, buf: &[u8], flags: c_int) -> ssize_t {
+fn stream_write(c: &Conn, buf: &[u8], flags: c_int) -> ssize_t {
+    let s = match c {
+        Conn::Iwarp(s) => s,
+        Conn::Rsocket(r) => return rsocket_write(r, buf, flags),
+    };
     if inherited(s) {
         return inherited_eio();
     }
@@ -1291,12 +1371,7 @@ fn stream_write(s: &StreamEntry, buf: &[u8], flags: c_int) -> ssize_t {
             Err(e) if e.kind() == io::ErrorKind::Interrupted && restart_after_signal() => {}
             Err(e) => {
                 let code = errno_of(&e);
-                if code == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
-                    // As the kernel: EPIPE comes with SIGPIPE to the calling thread.
-                    // SAFETY: raise sends a signal to this thread; its disposition is the
-                    // program's (the default ends the process, as it would over TCP).
-                    unsafe { libc::raise(libc::SIGPIPE) };
-                }
+                sigpipe(code, flags);
                 return fail(code);
             }
         }
@@ -1339,7 +1414,7 @@ unsafe fn iovecs<'a>(iov: *const iovec, cnt: c_int) -> &'a [iovec] {
     }
 }
 
-fn readv_stream(s: &StreamEntry, iov: &[iovec], flags: c_int) -> ssize_t {
+fn readv_stream(s: &Conn, iov: &[iovec], flags: c_int) -> ssize_t {
     let total: usize = iov.iter().map(|v| v.iov_len).fold(0, usize::saturating_add);
     let mut tmp = vec![0u8; total.min(1 << 20)];
     let n = stream_read(s, &mut tmp, flags);
@@ -1359,7 +1434,7 @@ fn readv_stream(s: &StreamEntry, iov: &[iovec], flags: c_int) -> ssize_t {
     n
 }
 
-fn writev_stream(s: &StreamEntry, iov: &[iovec], flags: c_int) -> ssize_t {
+fn writev_stream(s: &Conn, iov: &[iovec], flags: c_int) -> ssize_t {
     let mut tmp = Vec::new();
     for v in iov {
         // SAFETY: the caller's iovec is valid for iov_len readable bytes.
@@ -1370,7 +1445,7 @@ fn writev_stream(s: &StreamEntry, iov: &[iovec], flags: c_int) -> ssize_t {
 
 /// Where an I/O call on `fd` goes.
 enum Route {
-    Stream(Arc<StreamEntry>),
+    Stream(Conn),
     /// The real call (not ours, or plain TCP).
     Real,
     /// Fails with this errno (a connect still under way, or its pending error).
@@ -1409,7 +1484,8 @@ impl Io {
 fn route(fd: c_int, io: Io) -> Route {
     match table::get(fd) {
         None | Some(Entry::Pending | Entry::Listener) => Route::Real,
-        Some(Entry::Stream(s)) => Route::Stream(s),
+        Some(Entry::Stream(s)) => Route::Stream(Conn::Iwarp(s)),
+        Some(Entry::Rsocket(r)) => Route::Stream(Conn::Rsocket(r)),
         Some(Entry::Deferred(d)) => {
             let block = if io.dontwait || d.nonblocking.load(Ordering::Relaxed) {
                 Block::No
@@ -1423,7 +1499,8 @@ fn route(fd: c_int, io: Io) -> Route {
             };
             match finish(fd, block) {
                 Progress::Pending => Route::Errno(libc::EAGAIN),
-                Progress::Connected => table::stream(fd).map_or(Route::Real, Route::Stream),
+                Progress::Connected => table::stream(fd)
+                    .map_or(Route::Real, |s| Route::Stream(Conn::Iwarp(s))),
                 Progress::Failed(_) => route(fd, io),
             }
         }
@@ -1448,7 +1525,7 @@ fn dispatch<F, R: From<i8>>(
     io: Io,
     (cached, resolved): Libc<F>,
     call: impl FnOnce(F) -> R,
-    stream: impl FnOnce(Arc<StreamEntry>) -> R,
+    stream: impl FnOnce(Conn) -> R,
 ) -> R {
     if table::surely_not_ours(fd) {
         if let Some(f) = cached() {
@@ -1467,7 +1544,7 @@ fn dispatch_ours<R: From<i8>>(
     fd: c_int,
     io: Io,
     real: impl FnOnce() -> R,
-    stream: impl FnOnce(Arc<StreamEntry>) -> R,
+    stream: impl FnOnce(Conn) -> R,
 ) -> R {
     match route(fd, io) {
         Route::Stream(s) => stream(s),
@@ -1701,7 +1778,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 /// # Safety
 /// `offset` is null or the caller's `off_t`.
 unsafe fn sendfile_stream(
-    s: &StreamEntry,
+    s: &Conn,
     in_fd: c_int,
     offset: *mut i64,
     count: size_t,
@@ -1807,7 +1884,7 @@ pub unsafe extern "C" fn sendmmsg(
 /// # Safety
 /// `msgs` points to `vlen` valid `mmsghdr`s (or `vlen` is 0).
 unsafe fn sendmmsg_stream(
-    s: &StreamEntry,
+    s: &Conn,
     msgs: *mut libc::mmsghdr,
     vlen: libc::c_uint,
     flags: c_int,
@@ -1852,7 +1929,7 @@ pub unsafe extern "C" fn recvmmsg(
 /// # Safety
 /// `msgs` points to `vlen` valid `mmsghdr`s (or `vlen` is 0), `timeout` is null or valid.
 unsafe fn recvmmsg_stream(
-    s: &StreamEntry,
+    s: &Conn,
     msgs: *mut libc::mmsghdr,
     vlen: libc::c_uint,
     flags: c_int,
@@ -1912,6 +1989,249 @@ unsafe fn recvmmsg_stream(
     done
 }
 
+// ---- rsocket's protocol (`SOFTWARP_SOCKETS_PROTOCOL=rsocket`) -------------------------------
+
+/// An rsocket made in the process before a `fork`, used in the child: unusable there, as
+/// an iWARP stream is (its QP and threads stayed in the parent).
+fn rsocket_inherited(r: &RsocketEntry) -> bool {
+    table::FORKED.load(Ordering::Relaxed) && r.pid != std::process::id()
+}
+
+/// `EPIPE` comes with `SIGPIPE` to the calling thread, as from the kernel, unless
+/// `MSG_NOSIGNAL`.
+fn sigpipe(code: c_int, flags: c_int) {
+    if code == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+        // SAFETY: raise sends a signal to this thread; its disposition is the program's
+        // (the default ends the process, as it would over TCP).
+        unsafe { libc::raise(libc::SIGPIPE) };
+    }
+}
+
+/// A read from an rsocket: `rrecv` (which knows `MSG_PEEK`, `MSG_DONTWAIT`, `MSG_WAITALL`).
+fn rsocket_read(r: &RsocketEntry, buf: &mut [u8], flags: c_int) -> ssize_t {
+    if rsocket_inherited(r) {
+        return inherited_eio();
+    }
+    let flags = flags & (libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_WAITALL);
+    // SAFETY: our slice's buffer and length.
+    unsafe { rsock::swv_rrecv(r.rs, buf.as_mut_ptr().cast(), buf.len(), flags) }
+}
+
+/// A write to an rsocket: `rsend` (a blocking socket's takes every byte).
+fn rsocket_write(r: &RsocketEntry, buf: &[u8], flags: c_int) -> ssize_t {
+    if rsocket_inherited(r) {
+        return inherited_eio();
+    }
+    // SAFETY: our slice's buffer and length.
+    let n = unsafe {
+        rsock::swv_rsend(
+            r.rs,
+            buf.as_ptr().cast(),
+            buf.len(),
+            flags & libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        sigpipe(errno(), flags);
+    }
+    n
+}
+
+/// A new rsocket of `family`, non-blocking when the program's socket `fd` is.
+fn new_rsocket(fd: c_int, family: c_int) -> Result<Arc<RsocketEntry>, c_int> {
+    let rs = rsock::swv_rsocket(family, libc::SOCK_STREAM, 0);
+    if rs < 0 {
+        return Err(errno());
+    }
+    let r = Arc::new(RsocketEntry {
+        rs,
+        pid: std::process::id(),
+    });
+    if is_nonblocking(fd) {
+        rsock::swv_rfcntl(rs, libc::F_SETFL, libc::O_NONBLOCK);
+    }
+    Ok(r)
+}
+
+/// Puts the rsocket `r` behind the program's descriptor `fd`: `fd` becomes a duplicate of
+/// the rsocket's number (closing the program's TCP socket, and with it a port it was bound
+/// to), and the epoll sets holding `fd` keep it (registered for no event: `epoll_wait`
+/// answers for it from the rsocket and sleeps on its wake-up descriptor).
+fn adopt_rsocket(fd: c_int, r: Arc<RsocketEntry>) -> Result<(), c_int> {
+    // SAFETY: F_GETFD on the program's descriptor.
+    let cloexec = unsafe { real_fcntl()(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
+    let regs = epoll_detach(fd);
+    // SAFETY: dup3 of the rsocket's number (an eventfd it owns) over the program's
+    // descriptor number.
+    if unsafe { real_dup3()(r.rs, fd, if cloexec { libc::O_CLOEXEC } else { 0 }) } < 0 {
+        let e = errno();
+        epoll_attach(fd, &regs, false);
+        return Err(e);
+    }
+    table::insert(fd, Entry::Rsocket(r));
+    epoll_attach_rsocket(fd, &regs);
+    close_at_exit();
+    Ok(())
+}
+
+/// The address the program's socket `fd` is bound to, when it is (a port or an address
+/// other than the wildcard).
+fn bound_address(fd: c_int) -> Option<(libc::sockaddr_storage, socklen_t)> {
+    // SAFETY: a zeroed sockaddr_storage is a valid out buffer for getsockname.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    // SAFETY: getsockname into our buffer of `len` bytes.
+    if unsafe { real_getsockname()(fd, (&raw mut ss).cast(), &mut len) } != 0 {
+        return None;
+    }
+    let addr = (&raw const ss).cast::<sockaddr>();
+    // SAFETY: the kernel wrote an address of the socket's family.
+    let wildcard = unsafe {
+        match c_int::from(ss.ss_family) {
+            libc::AF_INET => (*addr.cast::<libc::sockaddr_in>()).sin_addr.s_addr == 0,
+            libc::AF_INET6 => (*addr.cast::<libc::sockaddr_in6>()).sin6_addr.s6_addr == [0; 16],
+            _ => return None,
+        }
+    };
+    (port_of(addr).is_some_and(|p| p != 0) || !wildcard).then_some((ss, len))
+}
+
+/// The family of the program's socket `fd`.
+fn family_of(fd: c_int) -> c_int {
+    raw_option(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)
+        .map_or(libc::AF_INET, |(b, _)| c_int::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// `connect` of a switched socket with the rsocket protocol: an rsocket takes the socket's
+/// place (and its address, when the program bound it), then `rconnect` (`EINPROGRESS` on
+/// a non-blocking socket; the connection then completes in `poll`, `epoll_wait`, I/O or
+/// `getsockopt(SO_ERROR)`, as rsocket's).
+///
+/// # Safety
+/// `addr` is the caller's address of `len` bytes.
+unsafe fn rsocket_connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    let bound = bound_address(fd);
+    let r = match new_rsocket(fd, family_of(fd)) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let rs = r.rs;
+    if let Err(e) = adopt_rsocket(fd, r) {
+        return fail(e);
+    }
+    if let Some((ss, slen)) = bound {
+        // SAFETY: the address getsockname wrote, of `slen` bytes.
+        if unsafe { rsock::swv_rbind(rs, (&raw const ss).cast(), slen) } != 0 {
+            return -1;
+        }
+    }
+    // SAFETY: the caller's address of `len` bytes.
+    unsafe { rsock::swv_rconnect(rs, addr, len) }
+}
+
+/// `listen` of a switched socket with the rsocket protocol: an rsocket takes the socket's
+/// place, bound to its address (the options `SO_REUSEADDR` and `IPV6_V6ONLY` copied), and
+/// listens.
+fn rsocket_listen(fd: c_int, backlog: c_int) -> c_int {
+    let bound = bound_address(fd);
+    let r = match new_rsocket(fd, family_of(fd)) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let rs = r.rs;
+    for (level, name) in [
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR),
+        (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY),
+    ] {
+        if let Some((b, l)) = raw_option(fd, level, name) {
+            // SAFETY: the option value the kernel wrote, `l` bytes.
+            unsafe { rsock::swv_rsetsockopt(rs, level, name, b.as_ptr().cast(), l) };
+        }
+    }
+    if let Err(e) = adopt_rsocket(fd, r) {
+        return fail(e);
+    }
+    if let Some((ss, slen)) = bound {
+        // SAFETY: the address getsockname wrote, of `slen` bytes.
+        if unsafe { rsock::swv_rbind(rs, (&raw const ss).cast(), slen) } != 0 {
+            return -1;
+        }
+    }
+    rsock::swv_rlisten(rs, backlog)
+}
+
+/// `accept4` on a listening rsocket: `raccept`, and a new descriptor of the program that
+/// is a duplicate of the accepted rsocket's number (`SOCK_NONBLOCK`, `SOCK_CLOEXEC` as
+/// asked).
+///
+/// # Safety
+/// `addr` and `len` are the caller's (null or valid).
+unsafe fn rsocket_accept(
+    l: &RsocketEntry,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    if rsocket_inherited(l) {
+        return fail(libc::EIO);
+    }
+    // SAFETY: the caller's buffer and length.
+    let n = unsafe { rsock::swv_raccept(l.rs, addr, len) };
+    if n < 0 {
+        return -1;
+    }
+    let r = Arc::new(RsocketEntry {
+        rs: n,
+        pid: std::process::id(),
+    });
+    let nb = if flags & libc::SOCK_NONBLOCK != 0 {
+        libc::O_NONBLOCK
+    } else {
+        0
+    };
+    rsock::swv_rfcntl(n, libc::F_SETFL, nb);
+    let cmd = if flags & libc::SOCK_CLOEXEC != 0 {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    // SAFETY: fcntl(F_DUPFD) of the rsocket's number: the program's descriptor.
+    let k = unsafe { real_fcntl()(n, cmd, 0) };
+    if k < 0 {
+        return -1;
+    }
+    table::insert(k, Entry::Rsocket(r));
+    k
+}
+
+/// An rsocket's readiness for poll's `events` (`POLLNVAL` once it is gone), arming its
+/// wake-up descriptor first, which it returns (-1: none, a socket not connecting,
+/// connected or listening).
+fn rsocket_readiness(r: &RsocketEntry, events: i16) -> (i16, c_int) {
+    if rsocket_inherited(r) {
+        return (libc::POLLERR, -1);
+    }
+    // rpoll's order: arm, then look (a completion between the two still wakes the sleep).
+    let wake = rsock::poll::watch(r.rs).unwrap_or(-1);
+    let mut want = events;
+    if events & libc::POLLRDNORM != 0 {
+        want |= libc::POLLIN;
+    }
+    if events & libc::POLLWRNORM != 0 {
+        want |= libc::POLLOUT;
+    }
+    let mut rev = rsock::poll::events(r.rs, want).unwrap_or(libc::POLLNVAL);
+    if rev & libc::POLLIN != 0 {
+        rev |= events & libc::POLLRDNORM;
+        rev &= !(libc::POLLIN & !events);
+    }
+    if rev & libc::POLLOUT != 0 {
+        rev |= events & libc::POLLWRNORM;
+        rev &= !(libc::POLLOUT & !events);
+    }
+    (rev, wake)
+}
+
 // ---- closing, duplicating, flags ---------------------------------------------------------
 
 /// Lets go of an entry: a stream whose last descriptor this was is closed (EOF sent, QP
@@ -1969,6 +2289,9 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if let Some(Entry::Rsocket(r)) = table::get(fd) {
+        return rsock::swv_rshutdown(r.rs, how);
+    }
     let Some(s) = table::stream(fd) else {
         // SAFETY: libc's shutdown.
         return unsafe { real_shutdown()(fd, how) };
@@ -2036,6 +2359,15 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
         return unsafe { real_fcntl()(fd, cmd, arg) };
     };
     match (cmd, &e) {
+        // rsocket keeps the program's flags (`O_NONBLOCK`); the eventfd behind the
+        // descriptor is not the socket.
+        (libc::F_GETFL, Entry::Rsocket(r)) => match rsock::swv_rfcntl(r.rs, cmd, 0) {
+            fl if fl < 0 => fl,
+            fl => libc::O_RDWR | fl,
+        },
+        (libc::F_SETFL, Entry::Rsocket(r)) => {
+            rsock::swv_rfcntl(r.rs, cmd, arg as c_int & libc::O_NONBLOCK)
+        }
         (libc::F_GETFL, Entry::Stream(s)) => {
             let nb = if s.nonblocking.load(Ordering::Relaxed) {
                 libc::O_NONBLOCK
@@ -2089,6 +2421,20 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {
+    if let Some(Entry::Rsocket(r)) = table::get(fd) {
+        let p = arg as *const c_int;
+        if req != libc::FIONBIO {
+            // rsocket answers no ioctl (librspreload passes them to the descriptor, an
+            // rsocket's CM channel, which answers none either).
+            return fail(libc::ENOTTY);
+        }
+        if p.is_null() {
+            return fail(libc::EFAULT);
+        }
+        // SAFETY: FIONBIO's argument is the caller's int.
+        let on = unsafe { *p } != 0;
+        return rsock::swv_rfcntl(r.rs, libc::F_SETFL, if on { libc::O_NONBLOCK } else { 0 });
+    }
     if let (Some(Entry::Deferred(d)), libc::FIONBIO) = (table::get(fd), req) {
         let p = arg as *const c_int;
         if p.is_null() {
@@ -2277,6 +2623,7 @@ enum Polled {
         write: bool,
     },
     Failed(Arc<AtomicI32>),
+    Rsocket(Arc<RsocketEntry>),
     Other,
 }
 
@@ -2287,6 +2634,7 @@ fn polled(fd: c_int) -> Polled {
             write: d.wants_write.load(Ordering::Relaxed),
         },
         Some(Entry::Failed(e)) => Polled::Failed(e),
+        Some(Entry::Rsocket(r)) => Polled::Rsocket(r),
         _ => Polled::Other,
     }
 }
@@ -2334,6 +2682,19 @@ fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c
                     p.revents = failed_revents(e, p.events);
                     ours_ready += 1;
                 }
+                // rpoll's per-socket step: the wake-up descriptor armed, then the state.
+                Polled::Rsocket(r) => {
+                    let (rev, wake) = rsocket_readiness(r, p.events);
+                    p.revents = rev;
+                    if rev != 0 {
+                        ours_ready += 1;
+                    }
+                    tmp[i] = pollfd {
+                        fd: wake,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                }
                 Polled::Other => {}
             }
         }
@@ -2367,6 +2728,12 @@ fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c
                 // again.
                 Polled::Deferred { .. } if tmp[i].revents != 0 => {
                     changed |= !matches!(finish(p.fd, Block::No), Progress::Pending);
+                }
+                // Its completion channel (or CM channel) fired: take the event and look
+                // again.
+                Polled::Rsocket(r) if tmp[i].revents != 0 => {
+                    rsock::poll::woken(r.rs);
+                    changed |= ours_ready == 0;
                 }
                 _ => {}
             }
@@ -2733,6 +3100,20 @@ fn epoll_attach(fd: c_int, regs: &[Reg], stream: bool) {
     }
 }
 
+/// After `fd` became an rsocket: registers it again in the sets that held it, for no event
+/// (the descriptor is the rsocket's eventfd, which nothing signals): `epoll_wait` answers
+/// for it from the rsocket and sleeps on its wake-up descriptor.
+fn epoll_attach_rsocket(fd: c_int, regs: &[Reg]) {
+    for r in regs {
+        let mut ev = epoll_event {
+            events: 0,
+            u64: r.data,
+        };
+        // SAFETY: libc's epoll_ctl on the program's epoll set with our event.
+        unsafe { real_epoll_ctl()(r.epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn epoll_ctl(
     epfd: c_int,
@@ -2761,6 +3142,9 @@ pub unsafe extern "C" fn epoll_ctl(
     let wake_events = match kind {
         Polled::Stream(_) => libc::EPOLLIN as u32,
         Polled::Deferred { .. } => (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET) as u32,
+        // An rsocket's descriptor is its eventfd, which nothing signals: `epoll_wait`
+        // sleeps on the rsocket's wake-up descriptor instead.
+        Polled::Rsocket(_) => 0,
         _ => (libc::EPOLLOUT | libc::EPOLLET) as u32,
     };
     let mut wake = epoll_event {
@@ -2822,6 +3206,13 @@ fn reg_events(reg: &mut Reg, waiter: Option<&StreamWaiter<'_>>) -> u32 {
             };
         }
         Polled::Failed(e) => (failed_revents(&e, want), (1, 1)),
+        Polled::Rsocket(r) => {
+            let (rev, _) = rsocket_readiness(&r, want);
+            let (rx, tx) = rsock::poll::edges(r.rs).unwrap_or((0, 0));
+            let rx = if reg.events & IN_BITS != 0 { rx } else { 0 };
+            let tx = if reg.events & OUT_BITS != 0 { tx } else { 0 };
+            (rev, (rx, tx))
+        }
         Polled::Other => return 0,
     };
     let mut rev = u32::from(rev as u16);
@@ -2868,6 +3259,17 @@ fn epoll_mixed(
             epoll_reg::with(|r| r.iter().filter(|e| e.epfd == epfd).copied().collect());
         let kinds: Vec<Polled> = regs.iter().map(|r| polled(r.fd)).collect();
         let waiting = waiters(&kinds);
+        // The rsockets' wake-up descriptors, armed before their state is looked at.
+        let rwake: Vec<(c_int, c_int)> = kinds
+            .iter()
+            .filter_map(|k| match k {
+                Polled::Rsocket(r) if !rsocket_inherited(r) => {
+                    rsock::poll::watch(r.rs).map(|w| (r.rs, w))
+                }
+                _ => None,
+            })
+            .filter(|&(_, w)| w >= 0)
+            .collect();
         let mut n = 0usize;
         for (i, reg) in regs.iter_mut().enumerate() {
             if n >= cap {
@@ -2909,13 +3311,20 @@ fn epoll_mixed(
         if room > 0 {
             // The kicks cannot join the program's epoll set: wait on the set itself (an
             // epoll descriptor is readable while it has events) beside them, then collect.
-            let wait = if wait != 0 && waiting.iter().any(Option::is_some) {
+            let wait = if wait != 0 && (waiting.iter().any(Option::is_some) || !rwake.is_empty())
+            {
                 let mut set = vec![pollfd {
                     fd: epfd,
                     events: libc::POLLIN,
                     revents: 0,
                 }];
                 let what = push_kicks(&mut set, &waiting, &quiet);
+                let rfrom = set.len();
+                set.extend(rwake.iter().map(|&(_, w)| pollfd {
+                    fd: w,
+                    events: libc::POLLIN,
+                    revents: 0,
+                }));
                 let ts = (wait >= 0).then(|| timespec {
                     tv_sec: libc::time_t::from(wait / 1000),
                     tv_nsec: libc::c_long::from(wait % 1000) * 1_000_000,
@@ -2928,8 +3337,16 @@ fn epoll_mixed(
                 if r < 0 && n == 0 {
                     return -1;
                 }
-                if take_kicks(&set, 1, &what, &waiting, &mut quiet) {
-                    // A stream's bytes were moved here: ask the streams again.
+                let mut woke = false;
+                for (p, &(rs, _)) in set.iter().skip(rfrom).zip(&rwake) {
+                    if p.revents != 0 {
+                        rsock::poll::woken(rs);
+                        woke = true;
+                    }
+                }
+                if take_kicks(&set, 1, &what, &waiting, &mut quiet) || woke {
+                    // A stream's bytes were moved here, or an rsocket's channel fired: ask
+                    // them again.
                     continue;
                 }
                 0

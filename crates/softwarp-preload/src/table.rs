@@ -27,6 +27,30 @@ pub struct StreamEntry {
     pub pid: u32,
 }
 
+/// An rsocket of `softwarp-verbs`' `rsocket` module behind a descriptor of the program
+/// (`SOFTWARP_SOCKETS_PROTOCOL=rsocket`; shared by the descriptor's `dup`s): the program's
+/// number is a duplicate of the rsocket's own number (an eventfd nothing signals), and
+/// every call on it goes to the rsocket's entry point.
+#[derive(Debug)]
+pub struct RsocketEntry {
+    /// The rsocket's number.
+    pub rs: i32,
+    /// The process that made it (a `fork`ed child's copies are unusable, as streams').
+    pub pid: u32,
+}
+
+impl Drop for RsocketEntry {
+    /// The last descriptor of the rsocket went: `rclose` (shutdown, disconnect, the
+    /// connection's graceful close awaited), except in a forked child, which only forgets
+    /// its parent's rsocket.
+    fn drop(&mut self) {
+        if FORKED.load(Ordering::Relaxed) && self.pid != std::process::id() {
+            return;
+        }
+        softwarp_verbs::rsocket::swv_rclose(self.rs);
+    }
+}
+
 /// A socket whose MPA exchange is under way, advanced as its bytes arrive by whatever the
 /// program calls on it (`poll`, `select`, `epoll_wait`, `getsockopt`, I/O), never waiting
 /// in a call the program made non-blocking:
@@ -97,6 +121,8 @@ pub enum Entry {
     Listener,
     /// An iWARP stream: the descriptor is a duplicate of its completion channel.
     Stream(Arc<StreamEntry>),
+    /// An rsocket (connecting, connected or listening).
+    Rsocket(Arc<RsocketEntry>),
 }
 
 const FAST: usize = 1 << 16;
@@ -203,22 +229,22 @@ fn forget(fd: i32) -> Option<Entry> {
     old
 }
 
-/// Takes every stream entry out of the map (process exit).
-pub fn drain_streams() -> Vec<(i32, Arc<StreamEntry>)> {
+/// Takes every stream and rsocket entry out of the map (process exit).
+pub fn drain_streams() -> Vec<Entry> {
     let mut g = map();
     let Some(m) = g.as_mut() else {
         return Vec::new();
     };
     let fds: Vec<i32> = m
         .iter()
-        .filter(|(_, e)| matches!(e, Entry::Stream(_)))
+        .filter(|(_, e)| matches!(e, Entry::Stream(_) | Entry::Rsocket(_)))
         .map(|(fd, _)| *fd)
         .collect();
     let mut out = Vec::new();
     for fd in fds {
-        if let Some(Entry::Stream(s)) = m.remove(&fd) {
+        if let Some(e) = m.remove(&fd) {
             mark(fd, false);
-            out.push((fd, s));
+            out.push(e);
         }
     }
     OURS.store(m.len(), Ordering::Relaxed);

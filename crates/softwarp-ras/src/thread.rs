@@ -18,6 +18,17 @@
 use std::io;
 use std::thread::JoinHandle;
 
+thread_local! {
+    static OURS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// True on a thread [`spawn`] started: an interposer of the C library's socket calls
+/// (the preload library, which carries Softwarp's stack inside it) tells the stack's own
+/// sockets from the program's by it.
+pub fn is_softwarp_thread() -> bool {
+    OURS.with(std::cell::Cell::get)
+}
+
 /// Starts a thread named `name` running `f`, with every signal blocked.
 pub fn spawn<F, T>(name: String, f: F) -> io::Result<JoinHandle<T>>
 where
@@ -34,7 +45,10 @@ where
         libc::sigfillset(&mut all) == 0
             && libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) == 0
     };
-    let spawned = std::thread::Builder::new().name(name).spawn(f);
+    let spawned = std::thread::Builder::new().name(name).spawn(move || {
+        OURS.with(|o| o.set(true));
+        f()
+    });
     if blocked {
         // SAFETY: restores the mask read above, on this thread.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };

@@ -102,6 +102,51 @@ fn consume(rs: &Rsocket) {
     }
 }
 
+/// For a library that emulates `poll`, `select` and `epoll` over rsockets itself (the
+/// preload library of `softwarp-sockets` with `SOFTWARP_SOCKETS_PROTOCOL=rsocket`), the
+/// steps of one `rpoll` round for the rsocket numbered `fd`, in this order: [`watch`] (the
+/// descriptor to sleep on, the CQ armed first), [`events`] (what holds now), the sleep,
+/// and [`woken`] for a socket whose descriptor fired. `None`: `fd` is not an rsocket.
+pub fn watch(fd: c_int) -> Option<c_int> {
+    lookup(fd).map(|rs| {
+        if rs.udp.is_some() {
+            -1
+        } else {
+            arm(&rs, -1)
+        }
+    })
+}
+
+/// The events of `events` that hold for the rsocket `fd` now (completions processed and
+/// connection progress taken, without waiting): `rpoll`'s answer for it. See [`watch`].
+pub fn events(fd: c_int, events: i16) -> Option<i16> {
+    lookup(fd).map(|rs| revents(&rs, events))
+}
+
+/// After a sleep in which the descriptor [`watch`] gave for `fd` fired: its completion
+/// event is taken (the CQ is armed again by the next [`watch`]).
+pub fn woken(fd: c_int) {
+    if let Some(rs) = lookup(fd) {
+        consume(&rs);
+    }
+}
+
+/// Counts that change whenever the rsocket `fd` may have become readable (a message
+/// consumed or arrived, a state change) and writable (a send completed, a credit came):
+/// what an edge-triggered epoll registration compares with its last report.
+pub fn edges(fd: c_int) -> Option<(u64, u64)> {
+    let rs = lookup(fd)?;
+    let g = rs.lock();
+    let state = u64::from(g.state);
+    Some(match g.s.as_ref() {
+        Some(s) => {
+            let (rx, tx) = s.edge_counts();
+            (rx ^ (state << 48), tx ^ (state << 48))
+        }
+        None => (state << 48 | g.pending.len() as u64, state << 48),
+    })
+}
+
 /// One pass over every descriptor without sleeping (`rs_poll_check`).
 fn check(fds: &mut [libc::pollfd]) -> c_int {
     let mut n = 0;

@@ -545,6 +545,16 @@ impl Stream {
     }
 
     /// `rs_can_send` (message-send mode).
+    /// Receive-side and send-side counts for an edge-triggered readiness (see
+    /// `poll::edges`): messages arrived or consumed; sends completed and buffer returned.
+    pub fn edge_counts(&self) -> (u64, u64) {
+        let rx = u64::from(self.rseq_no) | (self.rmsg.len() as u64) << 16;
+        let tx = u64::from(self.sseq_comp)
+            | u64::from(self.sbuf_bytes_avail) << 16
+            | (self.sqe_avail as u64 & 0xffff) << 40;
+        (rx, tx)
+    }
+
     pub fn can_send(&self) -> bool {
         self.sqe_avail >= 2
             && self.sbuf_bytes_avail >= SNDLOWAT
