@@ -14,6 +14,13 @@
 //! connects again over plain TCP; `ECONNRESET` at the first use of an accepted one, unless
 //! the fallback, seeing no MPA Request, leaves it plain TCP).
 //!
+//! With `SOFTWARP_SOCKETS_PROTOCOL=rsocket` a switched socket speaks rdma-core's rsocket
+//! protocol instead, through `softwarp-verbs`' `rsocket` module (the one copy of that
+//! protocol): the program's descriptor becomes a duplicate of the rsocket's number, every
+//! entry point calls the rsocket's (see "rsocket's protocol" in the source), and `poll`,
+//! `select` and `epoll` answer from `rpoll`'s per-socket readiness and sleep on each
+//! rsocket's wake-up descriptor. It reaches programs under rdma-core's `librspreload.so`.
+//!
 //! # How an iWARP socket's descriptor becomes readable
 //!
 //! After the MPA exchange the QP owns the TCP socket (a duplicate of the program's
@@ -503,10 +510,9 @@ pub unsafe extern "C" fn getsockopt(
     if level == SOL_SOFTWARP {
         let v: c_int = match name {
             SO_IWARP_MODE => c_int::from(entry.is_some()),
-            SO_IWARP_ACTIVE => c_int::from(matches!(
-                entry,
-                Some(Entry::Stream(_) | Entry::Rsocket(_))
-            )),
+            SO_IWARP_ACTIVE => {
+                c_int::from(matches!(entry, Some(Entry::Stream(_) | Entry::Rsocket(_))))
+            }
             _ => return fail(libc::ENOPROTOOPT),
         };
         // SAFETY: the caller passes a valid `len` and `*len` writable bytes at `val`.
@@ -1151,9 +1157,9 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             }
         }
         Some(Entry::Stream(_)) => return fail(libc::EISCONN),
-        // SAFETY: the caller's address of `len` bytes.
         Some(Entry::Rsocket(r)) => {
-            return in_rsocket(|| unsafe { rsock::swv_rconnect(r.rs, addr, len) })
+            // SAFETY: the caller's address of `len` bytes.
+            return in_rsocket(|| unsafe { rsock::swv_rconnect(r.rs, addr, len) });
         }
         Some(Entry::Pending) if still_iwarp(fd, port_of(addr)) => {
             if config::get().protocol == Protocol::Rsocket {
@@ -1499,8 +1505,9 @@ fn route(fd: c_int, io: Io) -> Route {
             };
             match finish(fd, block) {
                 Progress::Pending => Route::Errno(libc::EAGAIN),
-                Progress::Connected => table::stream(fd)
-                    .map_or(Route::Real, |s| Route::Stream(Conn::Iwarp(s))),
+                Progress::Connected => {
+                    table::stream(fd).map_or(Route::Real, |s| Route::Stream(Conn::Iwarp(s)))
+                }
                 Progress::Failed(_) => route(fd, io),
             }
         }
@@ -1777,12 +1784,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 ///
 /// # Safety
 /// `offset` is null or the caller's `off_t`.
-unsafe fn sendfile_stream(
-    s: &Conn,
-    in_fd: c_int,
-    offset: *mut i64,
-    count: size_t,
-) -> ssize_t {
+unsafe fn sendfile_stream(s: &Conn, in_fd: c_int, offset: *mut i64, count: size_t) -> ssize_t {
     let mut buf = vec![0u8; count.min(1 << 20)];
     if buf.is_empty() {
         return 0;
@@ -2098,8 +2100,9 @@ fn bound_address(fd: c_int) -> Option<(libc::sockaddr_storage, socklen_t)> {
 
 /// The family of the program's socket `fd`.
 fn family_of(fd: c_int) -> c_int {
-    raw_option(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)
-        .map_or(libc::AF_INET, |(b, _)| c_int::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    raw_option(fd, libc::SOL_SOCKET, libc::SO_DOMAIN).map_or(libc::AF_INET, |(b, _)| {
+        c_int::from_ne_bytes([b[0], b[1], b[2], b[3]])
+    })
 }
 
 /// `connect` of a switched socket with the rsocket protocol: an rsocket takes the socket's
@@ -3311,8 +3314,7 @@ fn epoll_mixed(
         if room > 0 {
             // The kicks cannot join the program's epoll set: wait on the set itself (an
             // epoll descriptor is readable while it has events) beside them, then collect.
-            let wait = if wait != 0 && (waiting.iter().any(Option::is_some) || !rwake.is_empty())
-            {
+            let wait = if wait != 0 && (waiting.iter().any(Option::is_some) || !rwake.is_empty()) {
                 let mut set = vec![pollfd {
                     fd: epfd,
                     events: libc::POLLIN,

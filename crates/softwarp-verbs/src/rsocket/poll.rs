@@ -108,13 +108,7 @@ fn consume(rs: &Rsocket) {
 /// descriptor to sleep on, the CQ armed first), [`events`] (what holds now), the sleep,
 /// and [`woken`] for a socket whose descriptor fired. `None`: `fd` is not an rsocket.
 pub fn watch(fd: c_int) -> Option<c_int> {
-    lookup(fd).map(|rs| {
-        if rs.udp.is_some() {
-            -1
-        } else {
-            arm(&rs, -1)
-        }
-    })
+    lookup(fd).map(|rs| if rs.udp.is_some() { -1 } else { arm(&rs, -1) })
 }
 
 /// The events of `events` that hold for the rsocket `fd` now (completions processed and
