@@ -160,6 +160,15 @@ impl Cq {
         self.ring.pop()
     }
 
+    /// Removes the completions of QP `qp_num` that wait to be polled (the others keep their
+    /// order); returns how many went. For a destroyed QP, as rdma-core's providers do (see
+    /// `softwarp::CompletionQueue::discard_qp`).
+    pub fn discard_qp(&mut self, qp_num: u32) -> usize {
+        let before = self.ring.len();
+        self.ring.retain(|wc| wc.qp_num != qp_num);
+        before - self.ring.len()
+    }
+
     /// Takes the pending asynchronous event (the overflow report), once.
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
         self.event.take()
@@ -182,6 +191,22 @@ mod tests {
             solicited: false,
             imm: None,
         }
+    }
+
+    #[test]
+    fn discard_qp_removes_that_qps_completions_and_keeps_the_order_of_the_rest() {
+        let mut cq = Cq::new(CqId(1), 8);
+        for (id, qpn) in [(1, 1), (2, 2), (3, 1), (4, 3), (5, 2)] {
+            cq.push(WorkCompletion {
+                qp_num: qpn,
+                ..wc(id)
+            })
+            .unwrap();
+        }
+        assert_eq!(cq.discard_qp(2), 2);
+        assert_eq!(cq.discard_qp(9), 0);
+        let left: Vec<u64> = std::iter::from_fn(|| cq.poll()).map(|w| w.wr_id).collect();
+        assert_eq!(left, [1, 3, 4]);
     }
 
     #[test]

@@ -125,6 +125,10 @@ impl<T> Ring<T> {
     pub(crate) fn clear(&mut self) {
         self.items.clear();
     }
+    /// Keeps only the items `keep` accepts, in order.
+    pub(crate) fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
+        self.items.retain(keep);
+    }
 }
 
 #[cfg(test)]

@@ -425,6 +425,18 @@ pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     unsafe { crate::cm::id::forget_qp(q.cm_id.load(Ordering::Acquire) as *mut rdma_cm_id, qp) };
     // SAFETY: QPs are allocated with Box in `create`; the application gives it up.
     drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
+    // Its completions not polled yet (the flushed ones the destroy just queued too) leave
+    // its CQs, as rdma-core's providers clean them out (mlx5, mlx4, irdma): the application
+    // counts what it posted and did not see complete as gone with the QP (libfabric's verbs
+    // provider reports those as flushed itself, and frees the endpoint the completions
+    // name).
+    let (_, send_cq, recv_cq, _) = uses;
+    for cq in [send_cq, recv_cq] {
+        // SAFETY: the QP's CQs, alive until `for_each_use` below releases them.
+        if let Some(c) = unsafe { Cq::from_ibv(cq) } {
+            c.cq.discard_qp(qpn);
+        }
+    }
     // Its PD, CQs and SRQ may go once the QP is gone.
     // SAFETY: the QP's objects, alive until now (their counts kept them).
     unsafe { for_each_use(uses, Users::remove) };

@@ -1113,6 +1113,27 @@ fn c_program_sees_immediate_data_send_with_invalidate_and_async_events_live() {
     );
 }
 
+/// `ibv_destroy_qp` takes the QP's completions not polled yet out of the CQ it shares with
+/// another QP, as rdma-core's providers do; the other QP's stay and its CQ works on (before:
+/// 6 completions of the destroyed QP polled after its destroy, which crashed Open MPI in
+/// `MPI_Finalize`: libfabric's verbs provider reposted a receive on the freed endpoint).
+#[test]
+fn c_destroyed_qps_completions_leave_the_cq_shared_with_another_qp() {
+    let _serial = serial();
+    let Some(lines) = run_forked_c("destroy_cleans_cq", Duration::from_secs(40), &[]) else {
+        return;
+    };
+    assert_eq!(
+        lines,
+        [
+            "client: sent keep, m1, m2 and after",
+            "ok: 44 server checks",
+            "server: B's next message arrived in the same CQ",
+            "server: after ibv_destroy_qp of A, the CQ holds only B's completion",
+        ]
+    );
+}
+
 /// A C responder that posts Sends while its 64 MiB Read Response is going out: the reader,
 /// whose one CQ orders its send and receive completions as its QP finished them, gets them
 /// before the Read completes (interleaving on transmit; before it, 0 of 8 every time).
@@ -2117,4 +2138,234 @@ fn udpong_client_gets_eopnotsupp_and_the_server_waits_as_on_iwarp() {
         server.try_wait().expect("wait for the server").is_none(),
         "the udpong server exited"
     );
+}
+
+/// `tests/c/NAME.c` built with Open MPI's `mpicc`; `None` after saying why when Open MPI is
+/// not installed.
+fn build_mpi(name: &str) -> Option<PathBuf> {
+    let mpicc = tool("mpicc", "libopenmpi-dev")?;
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = lib_dir().join(format!("{name}-{}", std::process::id()));
+    let built = Command::new(&mpicc)
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("run mpicc");
+    assert!(
+        built.status.success(),
+        "mpicc failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Some(exe)
+}
+
+/// Open MPI's settings for its transport over libfabric's verbs provider: the `cm` PML with
+/// the OFI MTL, limited to `verbs;ofi_rxm` (RDM endpoints over verbs message endpoints).
+const MPI_OVER_VERBS: [&str; 9] = [
+    "--mca",
+    "pml",
+    "cm",
+    "--mca",
+    "mtl",
+    "ofi",
+    "--mca",
+    "mtl_ofi_provider_include",
+    "verbs;ofi_rxm",
+];
+
+/// `mpirun` (run through `prefix`, e.g. `ip netns exec NS`) of `mpi_pingpong --hold` in two
+/// ranks over Softwarp with the RAS services on; once both ranks exchanged their first
+/// message, the QPs `softwarp resources` lists are checked: two connected ones, one per
+/// rank, each the other's peer (addresses from `peer_net`), made by libfabric. Then the
+/// ping-pong runs every size up to 1 MiB with its data checked.
+fn mpi_ping_pong_over_softwarp(prefix: &[&str], extra: &[&str], peer_net: &str) {
+    let Some(mpirun) = tool("mpirun", "openmpi-bin") else {
+        return;
+    };
+    let Some(exe) = build_mpi("mpi_pingpong") else {
+        return;
+    };
+    let runtime = lib_dir().join(format!("mpi-ras-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&runtime);
+    std::fs::create_dir_all(&runtime).expect("create the runtime directory");
+    let mut cmd = match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = command(Path::new(first));
+            c.args(rest).arg(&mpirun);
+            c
+        }
+        None => command(&mpirun),
+    };
+    cmd.env("SOFTWARP_RAS", "on")
+        .env("SOFTWARP_RUNTIME_DIR", &runtime)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env_remove("SOFTWARP_CONTROL")
+        .args(["-np", "2"])
+        .args(extra)
+        .args(MPI_OVER_VERBS)
+        .arg(&exe)
+        .args(["--hold", "20", "1048576"])
+        .stdin(Stdio::piped())
+        // The ranks and, across namespaces, the remote daemon are in its process group:
+        // killed with it if the test fails.
+        .process_group(0);
+    let mut run = Reaped::new(cmd.spawn().expect("start mpirun"));
+    let (lines, stdout, stderr) = read_lines(&mut run);
+    let ready = lines.recv_timeout(Duration::from_secs(90));
+    if ready.as_deref() != Ok("ready") {
+        drop(run);
+        panic!(
+            "no \"ready\" from rank 0 ({ready:?})\n{}{}",
+            stdout.join().unwrap_or_default(),
+            stderr.join().unwrap_or_default()
+        );
+    }
+    let qps = connected_qps(&runtime, 2, Duration::from_secs(20));
+    // Rank 0 goes on once it reads a line (mpirun gives it its standard input).
+    {
+        use std::io::Write;
+        let mut stdin = run.stdin.take().expect("piped stdin");
+        stdin.write_all(b"go\n").expect("tell rank 0 to go on");
+    }
+    let status = wait_within(&mut run, Duration::from_secs(180), "mpirun");
+    let (stdout, stderr) = (
+        stdout.join().unwrap_or_default(),
+        stderr.join().unwrap_or_default(),
+    );
+    let _ = std::fs::remove_file(&exe);
+    let _ = std::fs::remove_dir_all(&runtime);
+    assert!(status.success(), "{status}\n{stdout}{stderr}");
+
+    assert_eq!(qps.len(), 2, "{qps:#?}");
+    let (a, b) = (&qps[0], &qps[1]);
+    assert_ne!(a.pid, b.pid, "one QP per rank: {qps:#?}");
+    let addr = |q: &softwarp_ras::tracker::ResourceInfo| {
+        let d = q.details.as_ref().expect("a QP's details");
+        (
+            d.local_addr.expect("local address"),
+            d.peer_addr.expect("peer address"),
+        )
+    };
+    let ((a_local, a_peer), (b_local, b_peer)) = (addr(a), addr(b));
+    assert_eq!((a_local, a_peer), (b_peer, b_local), "{qps:#?}");
+    for q in &qps {
+        assert!(q.process.starts_with("mpi_pingpong"), "{q:#?}");
+        assert!(
+            q.caller.as_deref().is_some_and(|c| c.contains("libfabric")),
+            "made by libfabric: {q:#?}"
+        );
+        let (local, _) = addr(q);
+        assert!(local.ip().to_string().starts_with(peer_net), "{q:#?}");
+    }
+
+    // One row per size (1 B to 1 MiB, x4), every message checked by the program.
+    let rows: Vec<(u64, u64)> = stdout
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+        })
+        .collect();
+    let sizes: Vec<u64> = rows.iter().map(|r| r.0).collect();
+    assert_eq!(
+        sizes,
+        (0..11).map(|i| 1u64 << (2 * i)).collect::<Vec<_>>(),
+        "{stdout}"
+    );
+    assert!(stdout.ends_with("ok\n"), "{stdout}{stderr}");
+}
+
+/// The standard output of `child` line by line as it comes, and threads that return all of
+/// its standard output and error once it closes them.
+#[allow(clippy::type_complexity)]
+fn read_lines(
+    child: &mut Child,
+) -> (
+    std::sync::mpsc::Receiver<String>,
+    std::thread::JoinHandle<String>,
+    std::thread::JoinHandle<String>,
+) {
+    let out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for line in std::io::BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line.clone());
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    (rx, stdout, stderr)
+}
+
+/// Waits for `child` at most `limit` (panics naming `what` past it; the caller's guard kills
+/// it).
+fn wait_within(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(st) = child.try_wait().expect("wait for the child") {
+            return st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not finish within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The connected QPs (state RTS) the Softwarp processes registered in `runtime` list, once
+/// there are `want` of them (at most `limit`).
+fn connected_qps(
+    runtime: &Path,
+    want: usize,
+    limit: Duration,
+) -> Vec<softwarp_ras::tracker::ResourceInfo> {
+    use softwarp_ras::control::{request_entry, Request, ResourcesResult};
+    use softwarp_ras::tracker::ResourceKind;
+    let registry =
+        softwarp_ras::registry::HostRegistry::open(runtime).expect("open the host registry");
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut qps = Vec::new();
+        for entry in registry.live().expect("read the registry") {
+            let Ok(reply) = request_entry(&entry, &Request::Resources, Duration::from_secs(3))
+            else {
+                continue;
+            };
+            let Ok(listed) = reply.into_result::<ResourcesResult>() else {
+                continue;
+            };
+            qps.extend(listed.resources.into_iter().filter(|r| {
+                r.kind == ResourceKind::Qp
+                    && r.details
+                        .as_ref()
+                        .is_some_and(|d| d.state.as_deref() == Some("RTS"))
+            }));
+        }
+        if qps.len() >= want || Instant::now() > deadline {
+            return qps;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Open MPI 4.1 (Debian's openmpi-bin) runs an MPI program of two ranks on one host over
+/// Softwarp: the OFI MTL over libfabric's `verbs;ofi_rxm`, every message of 1 B to 1 MiB
+/// checked, and `softwarp resources` lists the two connected QPs while it runs.
+#[test]
+fn open_mpi_ping_pong_over_verbs_ofi_rxm_on_one_host() {
+    let _serial = serial();
+    mpi_ping_pong_over_softwarp(&[], &[], "");
 }

@@ -415,6 +415,30 @@ impl CompletionQueue {
         self.len() == 0
     }
 
+    /// Removes the completions of the QP numbered `qp_num` that wait in this CQ, those of
+    /// other QPs keeping their order; returns how many went. For the C ABI's
+    /// `ibv_destroy_qp`: rdma-core's providers (mlx5, mlx4, irdma) clean a destroyed QP's
+    /// completions out of its CQs, and middleware relies on it (libfabric's verbs provider
+    /// reports every work request still outstanding at a destroy as flushed and frees the
+    /// endpoint, so a completion of that QP polled afterwards names freed memory). A
+    /// [`QueuePair`](crate::QueuePair) dropped in Rust leaves its completions (the flushed
+    /// ones too) for the application to poll.
+    pub fn discard_qp(&self, qp_num: u32) -> usize {
+        let mut st = lock(&self.shared.state);
+        let gone = st.cq.discard_qp(qp_num);
+        if gone > 0 {
+            sw_event!(
+                Cq,
+                5,
+                qpn = qp_num,
+                cq = st.cq.id().0,
+                gone,
+                "completions of a destroyed QP discarded"
+            );
+        }
+        gone
+    }
+
     /// Moves up to `wcs.len()` completions, oldest first, into `wcs`; returns how many.
     ///
     /// Completions queued before an overflow are still returned; once they are gone, a CQ
