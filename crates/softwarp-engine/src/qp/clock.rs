@@ -11,6 +11,12 @@
 //!   (a Terminate excepted) until the hold has passed; work posted meanwhile is queued.
 //!   Linux siw as responder installs its FPDU receive path only after sending its Reply,
 //!   so an FPDU right behind the Reply can be lost.
+//! - **Close hold** ([`Qp::hold_close`]): the runtime closes the transport connection (its
+//!   FIN) only once the peer closed its side or the hold's instant passed. Linux siw fails
+//!   a Send whose system call is still running when the peer's FIN is processed, although
+//!   the peer received it; the end that closes first waits a while for the other to close.
+//!   The hold delays the FIN only: the QP's state (Closing, Error after a destroy) and its
+//!   work requests are what they would be without it.
 //!
 //! The runtime's part: [`Qp::set_timers`] once the stream is established (with the time
 //! then), and after any input [`Qp::poll_timeout`]: when that instant has come, call
@@ -56,6 +62,8 @@ pub(super) struct Clock {
     stall_mark: Option<(u64, Instant)>,
     /// End of the first-FPDU hold, while it holds.
     hold_until: Option<Instant>,
+    /// End of the close hold, while it holds ([`Qp::hold_close`]).
+    close_until: Option<Instant>,
 }
 
 impl Qp {
@@ -68,6 +76,7 @@ impl Qp {
             now: Some(now),
             stall_mark: None,
             hold_until: hold.and_then(|d| now.checked_add(d)),
+            close_until: None,
         };
         // A hold the clock cannot represent holds until the QP fails.
         self.tx.held = hold.is_some();
@@ -90,10 +99,24 @@ impl Qp {
             },
             _ => None,
         };
-        match (hold, look) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [hold, look, self.clock.close_until]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Holds the close of the transport connection until `until` (see the `clock` module):
+    /// [`Qp::close_held`] is true until then, unless the hold is lifted earlier by
+    /// [`Qp::hold_close`] with an earlier instant. A later call keeps the earlier instant
+    /// (a hold never grows). The runtime closes at once when the peer closed its side.
+    pub fn hold_close(&mut self, until: Instant) {
+        self.clock.close_until = Some(self.clock.close_until.map_or(until, |t| t.min(until)));
+    }
+
+    /// True while the close hold keeps the runtime from closing the connection (its instant
+    /// not yet passed by the latest [`Qp::handle_timeout`]).
+    pub fn close_held(&self) -> bool {
+        self.clock.close_until.is_some()
     }
 
     /// Time has come to `now`: ends the first-FPDU hold once it has passed, and looks for
@@ -105,6 +128,10 @@ impl Qp {
             clock.now = Some(now);
         }
         let mut acted = false;
+        if clock.close_until.is_some_and(|t| now >= t) {
+            clock.close_until = None;
+            acted = true;
+        }
         if clock.hold_until.is_some_and(|t| now >= t) {
             clock.hold_until = None;
             self.tx.held = false;

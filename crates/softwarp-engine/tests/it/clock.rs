@@ -202,3 +202,36 @@ fn without_timers_no_timer_runs() {
         .handle_timeout(Instant::now() + Duration::from_secs(3600)));
     assert_eq!(b.qp.state(), QpState::Rts);
 }
+
+#[test]
+fn the_close_hold_runs_until_its_instant_and_never_grows() {
+    let s = StreamConfig::for_mss(1448);
+    let mut a = Side::new(1, s);
+    let t0 = Instant::now();
+    a.qp.set_timers(Timers::default(), t0);
+    assert!(!a.qp.close_held());
+    assert_eq!(a.qp.poll_timeout(), None);
+    a.qp.hold_close(t0 + 50 * MS);
+    assert!(a.qp.close_held());
+    assert_eq!(a.qp.poll_timeout(), Some(t0 + 50 * MS));
+    // A later hold keeps the earlier instant.
+    a.qp.hold_close(t0 + 2000 * MS);
+    assert_eq!(a.qp.poll_timeout(), Some(t0 + 50 * MS));
+    assert!(!a.qp.handle_timeout(t0 + 49 * MS));
+    assert!(a.qp.close_held());
+    assert!(
+        a.qp.handle_timeout(t0 + 50 * MS),
+        "the hold ends: the runtime closes"
+    );
+    assert!(!a.qp.close_held());
+    assert_eq!(a.qp.poll_timeout(), None);
+    // An earlier one shortens it.
+    a.qp.hold_close(t0 + 900 * MS);
+    a.qp.hold_close(t0 + 100 * MS);
+    assert_eq!(a.qp.poll_timeout(), Some(t0 + 100 * MS));
+    assert_eq!(
+        a.qp.state(),
+        QpState::Rts,
+        "the hold leaves the QP's state alone"
+    );
+}

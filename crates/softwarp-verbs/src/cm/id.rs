@@ -1193,15 +1193,9 @@ pub unsafe extern "C" fn swv_rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
         i.sync_qp_state();
         return 0;
     }
-    if let Some(q) = i.qp() {
-        crate::cm::teardown::let_peer_close_first(
-            &q.qp,
-            crate::env::close_wait(),
-            crate::env::initiator_close_wait(),
-            "rdma_disconnect",
-        );
-    }
-    let rc = match conn.disconnect() {
+    // Returns at once, as rdma-core's does; this side's FIN waits for the peer's (within the
+    // close order's bound) on the progress thread.
+    let rc = match conn.disconnect_after_peer(&crate::cm::close_order()) {
         Ok(()) => 0,
         Err(softwarp::Error::NotConnected) => 0,
         Err(e) => err(errno::fail("rdma_disconnect", &e)),

@@ -7,7 +7,6 @@ pub mod channel;
 pub mod ib_only;
 pub mod id;
 pub mod live;
-pub mod teardown;
 
 use std::ffi::c_int;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -40,6 +39,32 @@ pub fn cm_context() -> Result<*mut ibv_context, c_int> {
         unsafe { context::discard(made) };
     }
     Ok(c.0 as *mut ibv_context)
+}
+
+/// The close order of this process (`softwarp::cm::CloseOrder`), with the exit handler that
+/// lets the closes held for their peers finish before the process goes: a program that
+/// exits right after `rdma_disconnect` or `ibv_destroy_qp` (perftest's server) would
+/// otherwise send its FIN at exit, before the peer closed. Registered once, at the first
+/// close, only when the order holds closes at all; it waits at most the order's longest
+/// bound, and not at all when no close is held.
+pub fn close_order() -> softwarp::cm::CloseOrder {
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    let order = softwarp::cm::CloseOrder::from_env();
+    if !order.longest().is_zero() {
+        AT_EXIT.call_once(|| {
+            // SAFETY: registers a plain `extern "C" fn()`; the library stays loaded until
+            // exit (rdma-core's libraries are never unloaded by their programs).
+            if unsafe { libc::atexit(finish_held_closes) } != 0 {
+                tracing::warn!(target: "softwarp::verbs", "atexit failed: closes held at exit are cut short");
+            }
+        });
+    }
+    order
+}
+
+extern "C" fn finish_held_closes() {
+    let order = softwarp::cm::CloseOrder::from_env();
+    softwarp::cm::config::wait_for_held_closes(order.longest());
 }
 
 /// Sets `errno` and returns -1, the librdmacm convention.

@@ -411,13 +411,9 @@ pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
     };
-    // The peer closes first, within a bound by role (see `cm::teardown`).
-    crate::cm::teardown::let_peer_close_first(
-        &q.qp,
-        crate::env::close_wait(),
-        crate::env::initiator_close_wait(),
-        "ibv_destroy_qp",
-    );
+    // A connected QP's FIN waits for the peer's, within a bound by role, on the progress
+    // thread, after the QP is gone (`softwarp::cm::CloseOrder`): the destroy returns at once.
+    crate::cm::close_order().hold(&q.qp);
     let qpn = q.qp.qp_num();
     let ctx = q.base(|b| b.context);
     let uses = q.base(|b| (b.pd, b.send_cq, b.recv_cq, b.srq));

@@ -1,24 +1,27 @@
 /* The end of a connection, perftest's way: the server receives the client's last message,
  * answers it, and closes at once; the client is slow to finish (Linux siw under emulation
- * completes its last Send only after the server's answer arrived). The server's close must
+ * completes its last Send only after the server's answer arrived). The server's FIN must
  * wait for the client to close first (SOFTWARP_CLOSE_WAIT_MS, 2 s by default), or the
- * client's last Send fails (siw: "Bad wc status 2"; here: flushed, its QP in error).
+ * client's last Send fails (siw: "Bad wc status 2"; here: flushed, its QP in error). The
+ * wait is the library's, in the background: rdma_disconnect and ibv_destroy_qp return at
+ * once, as rdma-core's do.
  *
  * One process forks: the parent is the server, the child the client; synchronous librdmacm
  * calls on 127.0.0.1:PORT. Two connections, one per way the server closes:
  *
  *   client: Send "last"; server: receives it, Sends "bye", and as soon as "bye" completed
- *   closes: rdma_disconnect (round 1) or rdma_destroy_qp, i.e. ibv_destroy_qp (round 2)
+ *   closes: rdma_disconnect (round 1) or rdma_destroy_qp, i.e. ibv_destroy_qp (round 2),
+ *   which return at once (under IMMEDIATE_MS)
  *   client: receives "bye", waits 300 ms, Sends "late", which must complete successfully,
- *   then disconnects; the server's close returns after that (not after its 2 s bound), and
- *   in round 1 the server's receive of "late" completed successfully.
+ *   then disconnects; in round 1 the server's receive of "late" completed successfully.
  *
  * Round 3 is the mirror case (siw's ib_send_lat server under emulation was still in the call
  * that posted its last Send when our client, having received it, closed): the client
- * receives "bye" and closes at once; the server Sends "late" 100 ms after "bye". The
- * client's rdma_disconnect waits for the server's close (SOFTWARP_INITIATOR_CLOSE_WAIT_MS,
- * set to 400 here unless the environment sets it), so the server's late Send completes
- * successfully and the client receives it. With the wait at 0, the Send fails.
+ * receives "bye" and closes at once (rdma_disconnect returns at once); the server Sends
+ * "late" 100 ms after "bye". The client's FIN waits for the server's close
+ * (SOFTWARP_INITIATOR_CLOSE_WAIT_MS, set to 400 here unless the environment sets it), so the
+ * server's late Send completes successfully and the client receives it. With the wait at 0,
+ * the Send fails.
  *
  * Prints one line per round and side, and "ok: N server checks" at the end. Every wait is
  * bounded (alarm).
@@ -41,6 +44,8 @@
 
 #define SLOW_CLIENT_MS 300
 #define SLOW_SERVER_MS 100
+/* rdma_disconnect and ibv_destroy_qp return within this (rdma-core's return at once). */
+#define IMMEDIATE_MS 60
 
 static long now_ms(void)
 {
@@ -89,18 +94,16 @@ static void server_round(struct rdma_cm_id *listen_id, int round)
 		rdma_destroy_qp(id);
 	}
 	long waited = now_ms() - start;
-	CHECK(waited >= SLOW_CLIENT_MS / 2, "%s returned after %ld ms, before the client closed",
-	      how, waited);
-	CHECK(waited < 1900, "%s returned after %ld ms: the bound, not the client's close", how,
+	CHECK(waited < IMMEDIATE_MS, "%s returned after %ld ms: it waited in the caller", how,
 	      waited);
 	if (round == 1) {
 		CHECK(rdma_get_recv_comp(id, &wc) > 0, "late");
 		CHECK(wc.status == IBV_WC_SUCCESS, "late: %s", ibv_wc_status_str(wc.status));
 		CHECK(wc.byte_len == 4 && memcmp(msgs[1], "late", 4) == 0, "payload %.4s", msgs[1]);
-		printf("server: round 1: %s returned once the client closed; its late Send arrived\n",
+		printf("server: round 1: %s returned at once; the client's late Send arrived\n",
 		       how);
 	} else {
-		printf("server: round 2: %s returned once the client closed\n", how);
+		printf("server: round 2: %s returned at once\n", how);
 	}
 	rdma_dereg_mr(mr);
 	rdma_destroy_ep(id);
@@ -161,12 +164,12 @@ static void client_round_late(const char *port)
 	long start = now_ms();
 	CHECK(rdma_disconnect(id) == 0, "rdma_disconnect");
 	long waited = now_ms() - start;
-	CHECK(waited >= SLOW_SERVER_MS,
-	      "rdma_disconnect returned after %ld ms, before the server's late Send", waited);
+	CHECK(waited < IMMEDIATE_MS, "rdma_disconnect returned after %ld ms: it waited in the caller",
+	      waited);
 	CHECK(rdma_get_recv_comp(id, &wc) > 0, "late");
 	CHECK(wc.status == IBV_WC_SUCCESS, "late: %s", ibv_wc_status_str(wc.status));
 	CHECK(wc.byte_len == 4 && memcmp(msgs[1], "late", 4) == 0, "payload %.4s", msgs[1]);
-	printf("client: round 3: rdma_disconnect waited for the server; its late Send arrived\n");
+	printf("client: round 3: rdma_disconnect returned at once; the server's late Send arrived\n");
 	rdma_dereg_mr(mr);
 	rdma_destroy_ep(id);
 }

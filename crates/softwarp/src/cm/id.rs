@@ -224,6 +224,31 @@ impl CmId {
         qp.disconnect()
     }
 
+    /// [`CmId::disconnect`], with this side's close (its FIN) held until the peer closed
+    /// its side or `order`'s bound for this end's role passed ([`CloseOrder`]): returns at
+    /// once, as rdma-core's `rdma_disconnect` does; the QP leaves RTS now (no new sends,
+    /// queued work goes out, receives go on) and the progress thread closes the connection
+    /// when the peer's FIN arrives or the hold ends. [`CmEvent::Disconnected`] comes
+    /// at once when the close is held (as rdma-core over Linux siw reports it: siw drops
+    /// its connection inside the call), else when the connection is closed, as after
+    /// [`CmId::disconnect`]; [`CmEvent::TimewaitExit`] when it is closed.
+    ///
+    /// [`CloseOrder`]: crate::cm::CloseOrder
+    pub fn disconnect_after_peer(&self, order: &crate::cm::CloseOrder) -> Result<()> {
+        let held = match self.qp() {
+            Ok(qp) if self.state() == CmState::Established => {
+                qp.hold_close(order.bound(self.shared.role))
+            }
+            _ => false,
+        };
+        self.disconnect()?;
+        if held {
+            let mut st = lock(&self.shared.st);
+            self.shared.disconnected(&mut st);
+        }
+        Ok(())
+    }
+
     /// Abortive disconnect: the TCP connection is reset at once (RST, no Terminate), the QP
     /// goes to Error and every outstanding work request completes with a flush status;
     /// [`CmEvent::Disconnected`] (reason [`DisconnectReason::Aborted`]) and

@@ -12,7 +12,7 @@
 //! | `rdma_accept` / `rdma_reject` | [`ConnectRequest::accept`] / [`ConnectRequest::reject`] |
 //! | `rdma_connect` (private data, `responder_resources`, `initiator_depth`) | [`CmEventChannel::connect`] with [`ConnectOptions`] (`private_data`, `ird`, `ord`) |
 //! | `ESTABLISHED`, `REJECTED`, `UNREACHABLE`, `CONNECT_ERROR`, `DISCONNECTED`, `TIMEWAIT_EXIT` | the [`CmEvent`] variants of the same names |
-//! | `rdma_disconnect` | [`CmId::disconnect`] (graceful) and [`CmId::abort`] (reset) |
+//! | `rdma_disconnect` | [`CmId::disconnect`] (graceful), [`CmId::disconnect_after_peer`] (graceful, this side's FIN held for the peer's: [`CloseOrder`]) and [`CmId::abort`] (reset) |
 //!
 //! Blocking conveniences are built on the channel: [`CmEventChannel::connect_blocking`],
 //! [`CmListener::get_request`], [`CmListener::accept`].
@@ -31,6 +31,10 @@
 //!
 //! The channel's thread does the socket work of connections still negotiating; established
 //! connections belong to the device's progress thread, whose QP hook reports their end.
+//!
+//! The settings an operator gives through the environment (`SOFTWARP_CRC`, the close order,
+//! connect retries, ...) are read in one place, [`config`], by the C libraries, the preload
+//! library and any Rust program that wants them.
 //!
 //! # Settings, defaults, and Linux siw
 //!
@@ -53,6 +57,7 @@
 mod admission;
 pub(crate) mod attempt;
 mod channel;
+pub mod config;
 pub(crate) mod connect;
 mod event;
 pub(crate) mod frame_io;
@@ -71,6 +76,7 @@ pub(crate) use admission::EVICT_AGE;
 #[cfg(feature = "tokio")]
 pub(crate) use channel::attempt_outcome;
 pub use channel::{resolve, CmEventChannel};
+pub use config::CloseOrder;
 pub use event::{CmEvent, ConnId, DisconnectReason, ListenerId, MAX_QUEUED_REQUEST_ERRORS};
 pub use id::{CmId, CmState};
 pub use listener::{CmListener, ListenOptions};

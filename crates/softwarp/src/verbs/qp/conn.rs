@@ -68,6 +68,54 @@ pub(crate) struct Conn {
     /// room again.
     pub(super) tx_full: bool,
     pub(super) linger_until: Option<Instant>,
+    /// This side's close is held for the peer's ([`QpShared::hold_close`]): counted among
+    /// the process's held closes until our FIN is sent or the connection goes.
+    pub(super) held: Option<HeldClose>,
+}
+
+/// The closes held for the peer's in this process ([`QpShared::hold_close`]), and the
+/// condition [`wait_for_held_closes`] waits on.
+static HELD: (std::sync::Mutex<usize>, std::sync::Condvar) =
+    (std::sync::Mutex::new(0), std::sync::Condvar::new());
+
+/// One held close, counted in [`HELD`] while it lives.
+#[derive(Debug)]
+pub(crate) struct HeldClose(());
+
+impl HeldClose {
+    fn new() -> Self {
+        *crate::sync::lock(&HELD.0) += 1;
+        Self(())
+    }
+}
+
+impl Drop for HeldClose {
+    fn drop(&mut self) {
+        let mut n = crate::sync::lock(&HELD.0);
+        *n = n.saturating_sub(1);
+        HELD.1.notify_all();
+    }
+}
+
+/// Waits, at most `limit`, until no connection of this process holds its close for its
+/// peer's any more (each one's FIN sent, or its connection gone). True when none is left.
+/// A program that exits right after `rdma_disconnect` (perftest's server) would otherwise
+/// send its FIN at exit, before the peer closed: the C library calls this from an `atexit`
+/// handler it registers at its first held close.
+pub fn wait_for_held_closes(limit: Duration) -> bool {
+    let deadline = Deadline::after(limit);
+    let mut n = crate::sync::lock(&HELD.0);
+    while *n > 0 {
+        let Some(left) = deadline.remaining().filter(|d| !d.is_zero()) else {
+            return false;
+        };
+        n = HELD
+            .1
+            .wait_timeout(n, left)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|e| e.into_inner().0);
+    }
+    true
 }
 
 impl Conn {
@@ -250,10 +298,16 @@ impl QpShared {
         if !finished {
             return (false, false);
         }
+        // The close hold ([`QpShared::hold_close`]): no FIN of ours before the peer's, until
+        // the engine's clock lifts it (the progress thread's timer look is armed for it).
+        if !conn.shut_wr && !conn.read_closed && inner.qp.close_held() {
+            return (false, false);
+        }
         let now = Instant::now();
         if !conn.shut_wr && (tx == TxEnd::Idle || conn.write_failed || tx == TxEnd::Dead) {
             let _ = conn.stream.shutdown(Shutdown::Write);
             conn.shut_wr = true;
+            conn.held = None;
             conn.linger_until = Deadline::after_from(now, LINGER).instant();
             tracing::debug!(qp = self.qp_num, ?state, "connection: FIN sent");
         }
@@ -331,6 +385,36 @@ impl QpShared {
         }
         self.device.progress.kick(Arc::clone(self));
         Ok(())
+    }
+
+    /// Holds this side's close of the connection (its FIN) until the peer closed its side
+    /// or `bound` passed, whatever closes it meanwhile (a graceful disconnect, a destroy):
+    /// the engine's close hold, which the progress thread's timer lifts; nobody waits. True
+    /// when a hold was set (a connected QP and a bound above zero).
+    pub(crate) fn hold_close(self: &Arc<Self>, bound: Duration) -> bool {
+        if bound.is_zero() {
+            return false;
+        }
+        {
+            let mut g = self.lock();
+            let inner = &mut *g;
+            let Some(conn) = inner.conn.as_mut() else {
+                return false;
+            };
+            if conn.shut_wr || conn.read_closed {
+                return false;
+            }
+            let Some(until) = Instant::now().checked_add(bound) else {
+                return false;
+            };
+            inner.qp.hold_close(until);
+            if conn.held.is_none() {
+                conn.held = Some(HeldClose::new());
+            }
+        }
+        // Its next pass arms the timer look for the hold's end.
+        self.device.progress.kick(Arc::clone(self));
+        true
     }
 
     /// Claims an Idle QP for a connection attempt. A QP of a failed device, or one in Error
@@ -419,6 +503,7 @@ impl QpShared {
             shut_wr: false,
             linger_until: None,
             tx_full: false,
+            held: None,
         });
         g.info = Some(info.clone());
         g.observer = observer;

@@ -67,6 +67,7 @@ mod poller;
 mod pump;
 pub(crate) mod view;
 
+pub use conn::wait_for_held_closes;
 use conn::Conn;
 pub(crate) use conn::{ConnObserver, LinkDown};
 use options::ConnectionInfo;
@@ -849,6 +850,17 @@ impl QueuePair {
     pub fn disconnect(&self) -> Result<()> {
         let _inside = self.shared.enter(Entry::Disconnect)?;
         self.shared.disconnect()
+    }
+
+    /// Holds this side's close of the connection (its FIN) until the peer closed its side
+    /// or `bound` passed, whatever closes it meanwhile: [`QueuePair::disconnect`], or
+    /// dropping the QP (the connection outlives the handle until then). Returns at once; the
+    /// device's progress thread ends the hold (the engine's clock), nobody sleeps. A later
+    /// hold never lengthens an earlier one. True when a hold was set (the QP is connected
+    /// and has not closed yet, and `bound` is above zero). Why:
+    /// [`crate::cm::CloseOrder`].
+    pub fn hold_close(&self, bound: Duration) -> bool {
+        self.shared.hold_close(bound)
     }
 
     /// Resets a QP in the Error state whose connection is closed back to Idle (queues
