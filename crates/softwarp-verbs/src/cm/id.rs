@@ -36,7 +36,6 @@ use crate::verbs::cq::{
     swv_ibv_create_comp_channel, swv_ibv_create_cq, swv_ibv_destroy_comp_channel,
     swv_ibv_destroy_cq,
 };
-use crate::verbs::mr::{swv_ibv_alloc_pd, swv_ibv_dealloc_pd};
 use crate::verbs::qp::{
     create_qp_ex, swv_ibv_create_srq, swv_ibv_destroy_qp, swv_ibv_destroy_srq, Qp,
 };
@@ -94,8 +93,10 @@ struct IdState {
     /// `RDMA_OPTION_ID_AFONLY`: an IPv6 bind takes the port for IPv6 only (`Some(true)`) or
     /// for IPv4 too (`Some(false)`); unset, the host's default.
     afonly: Option<bool>,
-    /// Objects `rdma_create_qp` made because the application passed none.
-    own_pd: bool,
+    /// The id holds the device (bound, resolved, or a connection request), and with it a
+    /// count on the device's PD, `id->pd` since then (rdma-core's `ucma_get_device`).
+    holds_device: bool,
+    /// CQs `rdma_create_qp` made because the application passed none.
     own_cqs: bool,
     /// QP attributes and PD kept by `rdma_create_ep` for the ids `rdma_get_request`
     /// returns.
@@ -284,9 +285,20 @@ impl Id {
         unsafe { write_addr(p.cast(), addr) };
     }
 
-    /// The id has its device (bound, resolved): `verbs` and `port_num`, as rdma-core sets
-    /// both then (uDAPL queries the port `port_num` names right after its bind).
-    fn set_verbs(&self, ctx: *mut ibv_context) {
+    /// The id has its device (bound, resolved, requested): `verbs`, `port_num` and `pd`, as
+    /// rdma-core sets them then (`ucma_get_device`; uDAPL queries the port `port_num` names
+    /// right after its bind). `pd` is the device's PD, shared by every id that holds the
+    /// device ([`crate::cm::device_pd`]); the first call takes the id's count on it.
+    fn set_verbs(&self, ctx: *mut ibv_context) -> Result<(), c_int> {
+        {
+            let mut st = self.state();
+            if !st.holds_device {
+                let pd = crate::cm::device_pd(ctx)?;
+                st.holds_device = true;
+                // SAFETY: the id's C struct (a place expression), written as rdma-core does.
+                unsafe { std::ptr::addr_of_mut!((*self.ptr()).pd).write(pd) };
+            }
+        }
         // SAFETY: as in `set_src`.
         let (p, port) = unsafe {
             (
@@ -300,6 +312,7 @@ impl Id {
             p.write(ctx);
             port.write(1);
         }
+        Ok(())
     }
 
     fn qp(&self) -> Option<&Qp> {
@@ -356,6 +369,8 @@ impl Id {
         );
         id.set_src(local);
         id.set_dst(remote);
+        // A request's id has the listener's device and its PD (rdma-core queries it).
+        id.set_verbs(verbs).ok()?;
         let p = Id::publish(id);
         l.channel().state().conns.insert(conn, p as usize);
         // The peer's (IRD, ORD): what it may read from us is our responder resources.
@@ -576,10 +591,11 @@ pub unsafe extern "C" fn swv_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     let i = unsafe { &*id.cast::<Id>() };
     wait_for_acks(i, id);
     let channel = i.get(|c| c.channel);
-    // The PD `rdma_create_qp` made for it, unless its QP (left to the application, as in
-    // rdma-core) or something else still uses it.
-    // SAFETY: the id, ours until freed below.
-    unsafe { release_own_pd(i) };
+    // Its count on the device's PD (`ucma_put_device`): the last id's destroy deallocates
+    // it, unless something still uses it.
+    if std::mem::take(&mut i.state().holds_device) {
+        crate::cm::put_device_pd();
+    }
     {
         let mut st = i.state();
         let mut ch = i.channel().state();
@@ -631,7 +647,9 @@ pub unsafe extern "C" fn swv_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sock
     st.reserved = Some(res);
     drop(st);
     i.set_src(local);
-    i.set_verbs(ctx);
+    if let Err(e) = i.set_verbs(ctx) {
+        return err(e);
+    }
     0
 }
 
@@ -670,14 +688,12 @@ pub unsafe extern "C" fn swv_rdma_resolve_addr(
             i.state().dst = Some(d);
             i.set_dst(d);
             i.set_src(SocketAddr::new(ip, bound.map_or(0, |b| b.port())));
-            i.set_verbs(ctx);
-            Event::new(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0)
+            resolved(i, id, ctx)
         }
         Ok(_) => {
             i.state().dst = Some(d);
             i.set_dst(d);
-            i.set_verbs(ctx);
-            Event::new(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0)
+            resolved(i, id, ctx)
         }
         Err(e) => Event::new(
             id,
@@ -687,6 +703,15 @@ pub unsafe extern "C" fn swv_rdma_resolve_addr(
     };
     i.channel().push(ev);
     i.complete()
+}
+
+/// ADDR_RESOLVED for `id`, which now has its device; ADDR_ERROR when the device's PD cannot
+/// be had (rdma-core's query fails then).
+fn resolved(i: &Id, id: *mut rdma_cm_id, ctx: *mut ibv_context) -> Box<Event> {
+    match i.set_verbs(ctx) {
+        Ok(()) => Event::new(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0),
+        Err(e) => Event::new(id, RDMA_CM_EVENT_ADDR_ERROR, -e),
+    }
 }
 
 #[no_mangle]
@@ -750,7 +775,9 @@ pub unsafe extern "C" fn swv_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) ->
     0
 }
 
-/// Creates the PD and CQs an id needs when the application passes none.
+/// The PD and CQs an id's QP gets when the application passes none: `id->pd`, the device's
+/// PD (rdma-core's `rdma_create_qp_ex`; an id that has no device yet takes it now, where
+/// rdma-core would pass a NULL PD and fail), and CQs made for it.
 unsafe fn default_objects(i: &Id, attr: &mut ibv_qp_init_attr_ex) -> Result<(), c_int> {
     let verbs = i.get(|c| c.verbs);
     let ctx = if verbs.is_null() {
@@ -760,15 +787,10 @@ unsafe fn default_objects(i: &Id, attr: &mut ibv_qp_init_attr_ex) -> Result<(), 
     };
     let idp = i.ptr();
     if attr.pd.is_null() {
-        // SAFETY: our context.
-        let pd = unsafe { swv_ibv_alloc_pd(ctx) };
-        if pd.is_null() {
-            return Err(libc::ENOMEM);
+        if i.get(|c| c.pd).is_null() {
+            i.set_verbs(ctx)?;
         }
-        attr.pd = pd;
-        // SAFETY: the id is the caller's; its C fields are ours to fill here.
-        unsafe { (*idp).pd = pd };
-        i.state().own_pd = true;
+        attr.pd = i.get(|c| c.pd);
     }
     if attr.send_cq.is_null() || attr.recv_cq.is_null() {
         // SAFETY: as above: rdma-core's ucma_create_cqs fills these fields.
@@ -978,28 +1000,6 @@ pub unsafe extern "C" fn swv_rdma_create_srq(
     rc
 }
 
-/// Deallocates the PD `rdma_create_qp` made for the id (none given) once the id's QP is
-/// gone and nothing else uses it; while something does (an SRQ `rdma_create_srq` made in it,
-/// MRs of the application), `ibv_dealloc_pd` refuses and the PD stays the id's, to be tried
-/// again by `rdma_destroy_srq` and `rdma_destroy_id`.
-///
-/// # Safety
-/// `i` is a live id (or one its destroy holds).
-unsafe fn release_own_pd(i: &Id) {
-    let idp = i.ptr();
-    let mut st = i.state();
-    // SAFETY: the id's C fields, which this library fills.
-    unsafe {
-        if !st.own_pd || !(*idp).qp.is_null() {
-            return;
-        }
-        if swv_ibv_dealloc_pd((*idp).pd) == 0 {
-            (*idp).pd = std::ptr::null_mut();
-            st.own_pd = false;
-        }
-    }
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_destroy_srq(id: *mut rdma_cm_id) {
     // SAFETY: the caller's id.
@@ -1014,8 +1014,6 @@ pub unsafe extern "C" fn swv_rdma_destroy_srq(id: *mut rdma_cm_id) {
         if !srq.is_null() {
             let _ = swv_ibv_destroy_srq(srq);
         }
-        // The id's own PD, if the SRQ was what kept it.
-        release_own_pd(i);
     }
 }
 
@@ -1047,7 +1045,6 @@ pub unsafe extern "C" fn swv_rdma_destroy_qp(id: *mut rdma_cm_id) {
             (*id).send_cq_channel = std::ptr::null_mut();
             (*id).recv_cq_channel = std::ptr::null_mut();
         }
-        release_own_pd(i);
     }
 }
 

@@ -67,6 +67,49 @@ extern "C" fn finish_held_closes() {
     softwarp::cm::config::wait_for_held_closes(order.longest());
 }
 
+/// The device's PD, `id->pd` of every id that holds the device, and how many ids do
+/// (rdma-core's `cma_dev->pd` and `refcnt`).
+struct DevicePd {
+    pd: usize,
+    ids: usize,
+}
+
+static DEVICE_PD: std::sync::Mutex<DevicePd> = std::sync::Mutex::new(DevicePd { pd: 0, ids: 0 });
+
+/// The PD rdma-core gives an id with its device (`ucma_get_device`: one per device, made
+/// when the first id gets the device), counted for one more id: `ctx` is the CM's context.
+pub fn device_pd(ctx: *mut ibv_context) -> Result<*mut crate::ffi::ibv_pd, c_int> {
+    let mut d = DEVICE_PD.lock().unwrap_or_else(|e| e.into_inner());
+    if d.pd == 0 {
+        // SAFETY: the CM's context, open for the process.
+        let pd = unsafe { crate::verbs::mr::swv_ibv_alloc_pd(ctx) };
+        if pd.is_null() {
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .filter(|&e| e != 0)
+                .unwrap_or(libc::ENOMEM));
+        }
+        d.pd = pd as usize;
+    }
+    d.ids += 1;
+    Ok(d.pd as *mut crate::ffi::ibv_pd)
+}
+
+/// An id gave up its device (`ucma_put_device`): the last one deallocates the device's PD,
+/// as rdma-core does. When something of the application still uses it (an MR, a QP), the
+/// dealloc is refused and the PD stays the device's, for the next id (rdma-core forgets it
+/// then, and the PD leaks).
+pub fn put_device_pd() {
+    let mut d = DEVICE_PD.lock().unwrap_or_else(|e| e.into_inner());
+    d.ids = d.ids.saturating_sub(1);
+    if d.ids == 0 && d.pd != 0 {
+        // SAFETY: the device's PD, made by `device_pd` and not deallocated since.
+        if unsafe { crate::verbs::mr::swv_ibv_dealloc_pd(d.pd as *mut crate::ffi::ibv_pd) } == 0 {
+            d.pd = 0;
+        }
+    }
+}
+
 /// Sets `errno` and returns -1, the librdmacm convention.
 pub fn err(e: c_int) -> c_int {
     errno::set(e);

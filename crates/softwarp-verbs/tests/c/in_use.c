@@ -143,7 +143,8 @@ static void verbs_pairs(struct ibv_context *ctx)
 }
 
 /* The rdma_cm's objects: the application's PD and CQs given to rdma_create_qp, and the ones
- * rdma_create_qp makes itself when given none. */
+ * it uses when given none: id->pd (the device's PD from the bind, then the PD of the id's
+ * last QP, as rdma-core sets it) and CQs it makes. */
 static void cm_pairs(void)
 {
 	struct rdma_event_channel *ech = rdma_create_event_channel();
@@ -152,6 +153,8 @@ static void cm_pairs(void)
 	CHECK(rdma_create_id(ech, &id, NULL, RDMA_PS_TCP) == 0);
 	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	CHECK(rdma_bind_addr(id, (struct sockaddr *)&sin) == 0 && id->verbs);
+	struct ibv_pd *devpd = id->pd;
+	CHECK(devpd && devpd->context == id->verbs);
 	struct ibv_pd *pd = ibv_alloc_pd(id->verbs);
 	struct ibv_cq *cq = ibv_create_cq(id->verbs, 8, NULL, NULL, 0);
 	CHECK(pd && cq);
@@ -166,22 +169,24 @@ static void cm_pairs(void)
 	CHECK(id->qp == NULL);
 	CHECK(ibv_destroy_cq(cq) == 0);
 
-	/* Without PD or CQs: rdma_create_qp makes them; they are in use until rdma_destroy_qp. */
+	/* Without PD or CQs: rdma_create_qp makes the CQs and uses id->pd (now the PD of the
+	 * id's last QP); they are in use until rdma_destroy_qp, which keeps id->pd. */
 	struct ibv_qp_init_attr ia2 = {
 		.qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
 	};
 	CHECK(rdma_create_qp(id, NULL, &ia2) == 0 && id->qp && id->send_cq && id->recv_cq);
+	CHECK(id->qp->pd == pd && id->pd == pd);
 	BUSY(ibv_destroy_cq(id->send_cq));
 	BUSY(ibv_destroy_cq(id->recv_cq));
 	BUSY(ibv_dealloc_pd(id->pd));
 	errno = 0;
 	CHECK(ibv_destroy_comp_channel(id->send_cq_channel) == EBUSY && errno == 0);
 	rdma_destroy_qp(id);
-	CHECK(id->qp == NULL && id->send_cq == NULL && id->pd == NULL);
+	CHECK(id->qp == NULL && id->send_cq == NULL && id->pd == pd);
 
-	/* An SRQ rdma_create_srq made in the PD rdma_create_qp made: the PD goes with the last
-	 * of the QP and the SRQ, whichever order. */
+	/* An SRQ rdma_create_srq made in id->pd: the PD is in use until the last of the QP and
+	 * the SRQ goes, whichever order. */
 	struct ibv_qp_init_attr ia3 = {
 		.qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
@@ -195,7 +200,7 @@ static void cm_pairs(void)
 	CHECK(id->qp == NULL && id->pd == own);
 	BUSY(ibv_dealloc_pd(own));
 	rdma_destroy_srq(id);
-	CHECK(id->srq == NULL && id->pd == NULL);
+	CHECK(id->srq == NULL && id->pd == own);
 
 	/* rdma_destroy_id of an id with a QP: allowed (rdma-core does not look); the QP stays
 	 * the application's, and its PD and CQ stay in use until it goes. */
@@ -229,6 +234,7 @@ static void cm_pairs(void)
 	struct rdma_cm_id *id3;
 	CHECK(rdma_create_id(ech, &id3, NULL, RDMA_PS_TCP) == 0);
 	CHECK(rdma_bind_addr(id3, (struct sockaddr *)&sin) == 0);
+	CHECK(id3->pd == devpd);
 	struct ibv_qp_init_attr ia4 = {
 		.qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
@@ -238,7 +244,7 @@ static void cm_pairs(void)
 	CHECK(ibv_destroy_qp(id3->qp) == 0);
 	CHECK(id3->qp == NULL && id3->send_cq && id3->pd);
 	rdma_destroy_qp(id3);
-	CHECK(id3->send_cq == NULL && id3->recv_cq == NULL && id3->pd == NULL);
+	CHECK(id3->send_cq == NULL && id3->recv_cq == NULL && id3->pd == devpd);
 	CHECK(rdma_destroy_id(id3) == 0);
 
 	CHECK(rdma_destroy_id(id) == 0);

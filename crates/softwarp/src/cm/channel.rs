@@ -5,6 +5,7 @@
 //! Established connections belong to their device's progress thread; they report back
 //! through the QP's hook ([`crate::verbs::qp::ConnObserver`]).
 
+use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,14 +35,101 @@ pub(crate) struct ChannelShared {
     pub(crate) events: EventQueue,
     cmd: Mutex<Sender<Cmd>>,
     waker: Waker,
-    next_id: AtomicU64,
     /// The channel's listeners, for statistics.
     pub(super) listeners: Mutex<Vec<Weak<ListenerState>>>,
+    /// Listeners and connections of this channel whose events go to another channel's
+    /// queue ([`CmListener::route_events_to`], [`CmId::route_events_to`]): this channel's
+    /// thread still drives them.
+    routes: Mutex<HashMap<Route, Weak<ChannelShared>>>,
 }
 
+/// What a route is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Route {
+    Listener(ListenerId),
+    Conn(ConnId),
+}
+
+impl Route {
+    fn matches(self, ev: &CmEvent) -> bool {
+        match self {
+            Route::Conn(c) => ev.conn_id() == Some(c),
+            Route::Listener(l) => ev.listener_id() == Some(l),
+        }
+    }
+}
+
+/// Listener and connection numbers, unique in the process so that events routed to
+/// another channel never meet a number of its own.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
 impl ChannelShared {
+    /// Queues `ev` on this channel, or on the channel its listener or connection is routed
+    /// to. A connection request of a routed listener routes its connection there too (its
+    /// id lives there); a connection's last event ends its route.
     pub(crate) fn push(&self, ev: CmEvent) {
-        self.events.push(ev);
+        let mut routes = lock(&self.routes);
+        if routes.is_empty() {
+            drop(routes);
+            self.events.push(ev);
+            return;
+        }
+        let listener_dest = ev
+            .listener_id()
+            .and_then(|l| routes.get(&Route::Listener(l)).cloned());
+        if let (Some(dest), CmEvent::ConnectRequest(r)) = (&listener_dest, &ev) {
+            routes.insert(Route::Conn(r.conn_id()), dest.clone());
+        }
+        let conn_dest = ev
+            .conn_id()
+            .and_then(|c| routes.get(&Route::Conn(c)).cloned());
+        let last = matches!(
+            ev,
+            CmEvent::TimewaitExit { .. }
+                | CmEvent::Rejected { .. }
+                | CmEvent::Unreachable { .. }
+                | CmEvent::ConnectError { .. }
+        );
+        if let (true, Some(c)) = (last, ev.conn_id()) {
+            routes.remove(&Route::Conn(c));
+        }
+        match conn_dest.or(listener_dest).and_then(|w| w.upgrade()) {
+            Some(dest) => dest.events.push(ev),
+            None => self.events.push(ev),
+        }
+    }
+
+    /// Routes the events of `what` (a listener or connection this channel drives) to
+    /// `dest` from now on (back to this channel when `dest` is it), and moves those already
+    /// queued here or at the previous destination there, in order; a listener's queued
+    /// connection requests take their connections along.
+    pub(crate) fn route(self: &Arc<Self>, what: Route, dest: &Arc<ChannelShared>) {
+        let mut routes = lock(&self.routes);
+        let previous = routes.get(&what).and_then(Weak::upgrade);
+        if Arc::ptr_eq(dest, self) {
+            routes.remove(&what);
+        } else {
+            routes.insert(what, Arc::downgrade(dest));
+        }
+        let sources = [Some(Arc::clone(self)), previous];
+        for src in sources.iter().flatten() {
+            if Arc::ptr_eq(src, dest) {
+                continue;
+            }
+            while let Some(ev) = src.events.take(Some(Duration::ZERO), |e| {
+                what.matches(e)
+                    || matches!(e, CmEvent::ConnectRequest(r) if what == Route::Listener(r.listener_id()))
+            }) {
+                if let CmEvent::ConnectRequest(r) = &ev {
+                    if Arc::ptr_eq(dest, self) {
+                        routes.remove(&Route::Conn(r.conn_id()));
+                    } else {
+                        routes.insert(Route::Conn(r.conn_id()), Arc::downgrade(dest));
+                    }
+                }
+                dest.events.push(ev);
+            }
+        }
     }
 
     pub(super) fn send(&self, cmd: Cmd) -> Result<()> {
@@ -54,7 +142,7 @@ impl ChannelShared {
     }
 
     pub(super) fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+        NEXT_ID.fetch_add(1, Ordering::Relaxed)
     }
 
     pub(crate) fn cancel(&self, id: ConnId) -> Result<()> {
@@ -176,8 +264,8 @@ impl CmEventChannel {
             events: EventQueue::new().map_err(|e| Error::io("eventfd", e))?,
             cmd: Mutex::new(tx),
             waker,
-            next_id: AtomicU64::new(1),
             listeners: Mutex::new(Vec::new()),
+            routes: Mutex::new(HashMap::new()),
         });
         softwarp_ras::stats::register_source(Arc::downgrade(&shared) as Weak<dyn StatsSource>);
         let worker = Worker::new(poll, rx, Arc::clone(&shared));

@@ -249,6 +249,18 @@ impl CmId {
         Ok(())
     }
 
+    /// Sends this connection's events to `to` from now on, with those already queued (after
+    /// `rdma_migrate_id`). The channel that made the connection still drives it until it is
+    /// established and must stay open; routed back to it, its events come home.
+    pub fn route_events_to(&self, to: &super::CmEventChannel) -> Result<()> {
+        let ch = self.shared.channel.upgrade().ok_or(Error::ChannelClosed)?;
+        ch.route(
+            super::channel::Route::Conn(self.shared.conn_id),
+            to.shared(),
+        );
+        Ok(())
+    }
+
     /// Abortive disconnect: the TCP connection is reset at once (RST, no Terminate), the QP
     /// goes to Error and every outstanding work request completes with a flush status;
     /// [`CmEvent::Disconnected`] (reason [`DisconnectReason::Aborted`]) and

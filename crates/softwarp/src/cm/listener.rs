@@ -76,6 +76,19 @@ impl CmListener {
         }
     }
 
+    /// Sends this listener's events ([`CmEvent::ConnectRequest`]s, request errors) to `to`
+    /// from now on, with those already queued, and the events of the connections its
+    /// requests become (after `rdma_migrate_id`). The channel that made the listener still
+    /// drives it and must stay open; routed back to it, its events come home. The blocking
+    /// [`CmListener::accept`] and [`CmListener::get_request`] read the channel that made
+    /// it: read `to` instead.
+    ///
+    /// [`CmEvent::ConnectRequest`]: super::CmEvent::ConnectRequest
+    pub fn route_events_to(&self, to: &super::CmEventChannel) {
+        self.channel
+            .route(super::channel::Route::Listener(self.id), to.shared());
+    }
+
     /// Connections held (negotiating, unanswered) and what was accepted, delivered and
     /// shed; also exported as the `softwarp_cm_listener_*` statistics.
     pub fn stats(&self) -> ListenerStats {

@@ -70,6 +70,14 @@ impl ConnectRequest {
         self.conn_id
     }
 
+    /// Sends the events of the connection this request becomes to `to` (after
+    /// `rdma_migrate_id` of a request's id); see [`crate::CmId::route_events_to`].
+    pub fn route_events_to(&self, to: &super::CmEventChannel) -> Result<()> {
+        let ch = self.channel.upgrade().ok_or(Error::ChannelClosed)?;
+        ch.route(super::channel::Route::Conn(self.conn_id), to.shared());
+        Ok(())
+    }
+
     /// The listener the request arrived at.
     pub fn listener_id(&self) -> ListenerId {
         self.listener

@@ -697,3 +697,98 @@ fn markers_both_ways_carry_large_messages_in_the_largest_fpdus() {
         DisconnectReason::PeerClosed
     );
 }
+
+/// `rdma_migrate_id` of a listening id, and of a connected one: a listener routed to another
+/// channel delivers its queued and its later requests there, and the connections they become
+/// report there too; a connection routed on its own follows, and back home its events return.
+/// The channel that made them still drives them.
+#[test]
+fn routed_listeners_and_connections_report_on_the_channel_they_were_moved_to() {
+    let server = End::new(None, None);
+    let server2 = End::new(None, None);
+    let client = End::new(None, None);
+    let client2 = End::new(None, None);
+    let home = CmEventChannel::new().unwrap();
+    let away = CmEventChannel::new().unwrap();
+    let cch = CmEventChannel::new().unwrap();
+    let l = listener(&home, ConnectOptions::default());
+    // A request queued before the move goes with it.
+    let c1 = cch
+        .connect(&client.qp, l.local_addr(), &ConnectOptions::default())
+        .unwrap();
+    wait_until("the request queued at home", || home.pending_events() == 1);
+    l.route_events_to(&away);
+    assert_eq!(home.pending_events(), 0);
+    let r1 = request(&away);
+    let s1 = r1.accept(&server.qp, &ConnectOptions::default()).unwrap();
+    established(&away, s1.conn_id());
+    established(&cch, c1.conn_id());
+    // A later request arrives there too.
+    let c2 = cch
+        .connect(&client2.qp, l.local_addr(), &ConnectOptions::default())
+        .unwrap();
+    let r2 = request(&away);
+    let s2 = r2.accept(&server2.qp, &ConnectOptions::default()).unwrap();
+    established(&away, s2.conn_id());
+    established(&cch, c2.conn_id());
+    // The first connection goes home; the second stays away.
+    s1.route_events_to(&home).unwrap();
+    c1.disconnect().unwrap();
+    c2.disconnect().unwrap();
+    assert_eq!(
+        disconnected(&home, s1.conn_id()),
+        DisconnectReason::PeerClosed
+    );
+    assert_eq!(
+        disconnected(&away, s2.conn_id()),
+        DisconnectReason::PeerClosed
+    );
+    disconnected(&cch, c1.conn_id());
+    disconnected(&cch, c2.conn_id());
+    no_event(&home, Duration::from_millis(50));
+    no_event(&away, Duration::from_millis(50));
+}
+
+/// A held disconnect (`rdma_disconnect`): it returns at once, DISCONNECTED comes at once,
+/// and the FIN waits for the peer's until the bound: the peer's Send after it still lands.
+#[test]
+fn a_disconnect_after_the_peer_returns_at_once_and_holds_its_fin_until_the_bound() {
+    let p = cm_pair(&ConnectOptions::default(), &ConnectOptions::default(), 3);
+    let order = softwarp::cm::CloseOrder {
+        responder: Duration::from_millis(1500),
+        initiator: Duration::from_millis(1500),
+    };
+    let t = Instant::now();
+    p.sid.disconnect_after_peer(&order).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
+    match ev_of(&p.sch, p.sid.conn_id()) {
+        CmEvent::Disconnected { reason, .. } => assert_eq!(reason, DisconnectReason::Local),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    // The client has not seen a FIN: its Send still reaches the server's posted receive.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(p.client.qp.state(), QpState::Rts);
+    let (cbuf, _) = p.client.mr(64, LW, 7);
+    post_send(&p.client.qp, &cbuf, 0, 64, 9);
+    let wc = wait_wcs(&p.server.rcq, 1);
+    assert_eq!((wc[0].status, wc[0].byte_len), (WcStatus::Success, 64));
+    // Nobody closes from the client: the server's FIN goes when the bound passes.
+    assert_eq!(
+        disconnected(&p.cch, p.cid.conn_id()),
+        DisconnectReason::PeerClosed
+    );
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1400) && waited < Duration::from_millis(4000),
+        "{waited:?}"
+    );
+}
