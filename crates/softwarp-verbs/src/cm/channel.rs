@@ -17,7 +17,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use softwarp::{CmEvent, CmEventChannel, ConnId, ListenerId};
 
@@ -32,7 +32,9 @@ use crate::watch::Watch;
 #[repr(C)]
 pub struct EvChannel {
     pub c: rdma_event_channel,
-    pub inner: CmEventChannel,
+    /// Softwarp's channel; ids that listen or connect on it keep it too (`IdState::origin`):
+    /// after `rdma_migrate_id` its thread still drives them.
+    pub inner: Arc<CmEventChannel>,
     watch: Watch,
     notify: OwnedFd,
     st: Mutex<ChanState>,
@@ -123,7 +125,7 @@ impl EvChannel {
         let watch = Watch::new(&[inner.as_raw_fd(), notify.as_raw_fd()])?;
         Ok(Box::new(EvChannel {
             c: rdma_event_channel { fd: watch.fd() },
-            inner,
+            inner: Arc::new(inner),
             watch,
             notify,
             st: Mutex::new(ChanState {

@@ -24,7 +24,8 @@ use softwarp_ras::tracker::{
 
 use softwarp::cm::PortReservation;
 use softwarp::{
-    CmId, CmListener, ConnId, ConnectOptions, ConnectRequest, ConnectionInfo, ListenOptions, Role,
+    CmEventChannel, CmId, CmListener, ConnId, ConnectOptions, ConnectRequest, ConnectionInfo,
+    ListenOptions, Role,
 };
 
 use crate::cm::channel::{write_addr, EvChannel, Event};
@@ -110,6 +111,10 @@ struct IdState {
     route_resolved: bool,
     /// The number of the QP made on the id (`rdma_create_qp`, `rdma_create_ep`).
     qpn: Option<u32>,
+    /// The Softwarp channel whose thread drives the id's listener or connection (the
+    /// channel it listened or connected on, its listener's for a request): kept while the
+    /// id lives, since `rdma_migrate_id` may leave it with no C channel of its own.
+    origin: Option<Arc<CmEventChannel>>,
 }
 
 /// The tracker of this library's connection manager ids, named `rdma_cm` (rdma-core's ids
@@ -293,7 +298,7 @@ impl Id {
         {
             let mut st = self.state();
             if !st.holds_device {
-                let pd = crate::cm::device_pd(ctx)?;
+                let pd = crate::cm::device_pd()?;
                 st.holds_device = true;
                 // SAFETY: the id's C struct (a place expression), written as rdma-core does.
                 unsafe { std::ptr::addr_of_mut!((*self.ptr()).pd).write(pd) };
@@ -350,9 +355,9 @@ impl Id {
         let (private, peer) = (req.private_data().to_vec(), req.peer_ird_ord());
         let conn = req.conn_id();
         let (local, remote) = (req.local_addr(), req.peer_addr());
-        let (ep_qp_attr, ep_pd) = {
+        let (ep_qp_attr, ep_pd, origin) = {
             let st = l.state();
-            (st.ep_qp_attr, st.ep_pd)
+            (st.ep_qp_attr, st.ep_pd, st.origin.clone())
         };
         let id = Id::boxed(
             c,
@@ -363,6 +368,7 @@ impl Id {
                 passive: true,
                 ep_qp_attr,
                 ep_pd,
+                origin,
                 ..IdState::default()
             },
             l.is_sync(),
@@ -420,6 +426,7 @@ impl Id {
                 chs.conns.remove(&conn);
                 chs.conns.insert(cm.conn_id(), self.ptr() as usize);
                 st.conn = Some(cm);
+                st.origin = Some(Arc::clone(&ch.inner));
                 true
             }
             Err(e) => {
@@ -564,7 +571,10 @@ const ACK_WAIT: Duration = Duration::from_secs(2);
 /// are not waited for (rdma-core counts them on the listener, and programs reject and
 /// destroy a request's id in the handler). Bounded, where rdma-core waits for ever: a
 /// program that destroys an id on the thread holding its event goes on after `ACK_WAIT`.
-fn wait_for_acks(i: &Id, id: *mut rdma_cm_id) {
+///
+/// `requests`: the connection requests of a listening id count too (`rdma_migrate_id`, as
+/// rdma-core counts them on the listener).
+fn wait_for_acks(i: &Id, id: *mut rdma_cm_id, requests: bool) {
     let kept = i.get(|c| c.event) as usize;
     let deadline = softwarp_ras::deadline::Deadline::after(ACK_WAIT);
     let unacked = || {
@@ -572,7 +582,9 @@ fn wait_for_acks(i: &Id, id: *mut rdma_cm_id) {
             // SAFETY: a live event (the set's lock keeps it so): a boxed `Event`, whose C
             // struct comes first.
             let c = unsafe { &(*p.cast::<Event>()).c };
-            p as usize != kept && c.id == id && c.event != RDMA_CM_EVENT_CONNECT_REQUEST
+            let request = c.event == RDMA_CM_EVENT_CONNECT_REQUEST;
+            p as usize != kept
+                && ((c.id == id && !request) || (requests && request && c.listen_id == id))
         })
     };
     while unacked() && !deadline.expired() {
@@ -589,7 +601,7 @@ pub unsafe extern "C" fn swv_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     // SAFETY: a live id until the line above, which took it from the application: ours to
     // free.
     let i = unsafe { &*id.cast::<Id>() };
-    wait_for_acks(i, id);
+    wait_for_acks(i, id, false);
     let channel = i.get(|c| c.channel);
     // Its count on the device's PD (`ucma_put_device`): the last id's destroy deallocates
     // it, unless something still uses it.
@@ -770,6 +782,7 @@ pub unsafe extern "C" fn swv_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) ->
     ch.state().listeners.insert(l.id(), id as usize);
     let local = l.local_addr();
     st.listener = Some(l);
+    st.origin = Some(Arc::clone(&ch.inner));
     drop(st);
     i.set_src(local);
     0
@@ -1087,6 +1100,7 @@ pub unsafe extern "C" fn swv_rdma_connect(
         Ok(cm) => {
             chs.conns.insert(cm.conn_id(), id as usize);
             st.conn = Some(cm);
+            st.origin = Some(Arc::clone(&ch.inner));
             st.initiator = true;
             st.retries_left = crate::env::connect_retry().0;
             st.connect_opts = Some(opts);
@@ -1378,12 +1392,11 @@ pub unsafe extern "C" fn swv_rdma_migrate_id(
     if old == channel {
         return 0;
     }
-    if st.listener.is_some() || st.conn.is_some() || st.request.is_some() {
-        // Softwarp reports a connection's events on the channel it began on.
-        tracing::warn!(target: "softwarp::verbs", "rdma_migrate_id: not supported by softwarp once the id listens or connects (to another channel)");
-        return err(libc::ENOSYS);
-    }
     drop(st);
+    // rdma-core returns once the application acknowledged every event it was given about
+    // the id (a listener's connection requests included); bounded here, as in
+    // `rdma_destroy_id`.
+    wait_for_acks(i, id, true);
     // NULL: the id becomes synchronous, on a private channel of its own (rdma-core makes
     // one too); else the application's channel.
     let (new_ptr, to_sync) = if channel.is_null() {
@@ -1397,7 +1410,59 @@ pub unsafe extern "C" fn swv_rdma_migrate_id(
     // SAFETY: a live channel (checked above, or just made).
     let new = unsafe { &*new_ptr.cast::<EvChannel>() };
     new.attach();
-    // Its queued events move with it.
+    // Its listener's and connection's events go to the new channel from now on, those
+    // Softwarp queued already included (the channel they began on still drives them:
+    // `IdState::origin` keeps it). The new channel learns their numbers first and the old
+    // one forgets them last, so that an event read meanwhile on either finds its id. One
+    // channel's lock at a time (another migrate may go the other way).
+    let mine = id as usize;
+    let (conns, listeners) = {
+        let from = i.channel().state();
+        let conns: Vec<ConnId> = from
+            .conns
+            .iter()
+            .filter(|(_, p)| **p == mine)
+            .map(|(c, _)| *c)
+            .collect();
+        let listeners: Vec<softwarp::ListenerId> = from
+            .listeners
+            .iter()
+            .filter(|(_, p)| **p == mine)
+            .map(|(l, _)| *l)
+            .collect();
+        (conns, listeners)
+    };
+    {
+        let mut to = new.state();
+        to.conns.extend(conns.iter().map(|c| (*c, mine)));
+        to.listeners.extend(listeners.iter().map(|l| (*l, mine)));
+    }
+    {
+        let st = i.state();
+        if let Some(l) = &st.listener {
+            l.route_events_to(&new.inner);
+        }
+        if let Some(c) = &st.conn {
+            if let Err(e) = c.route_events_to(&new.inner) {
+                tracing::debug!(target: "softwarp::verbs", error = %e, "rdma_migrate_id: the connection's channel is gone");
+            }
+        }
+        if let Some(r) = &st.request {
+            if let Err(e) = r.route_events_to(&new.inner) {
+                tracing::debug!(target: "softwarp::verbs", error = %e, "rdma_migrate_id: the request's channel is gone");
+            }
+        }
+    }
+    {
+        let mut from = i.channel().state();
+        for c in &conns {
+            from.conns.remove(c);
+        }
+        for l in &listeners {
+            from.listeners.remove(l);
+        }
+    }
+    // The events made here and not read yet move with it.
     for ev in i.channel().take_events(id) {
         new.push(ev);
     }

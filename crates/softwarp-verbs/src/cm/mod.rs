@@ -77,8 +77,10 @@ struct DevicePd {
 static DEVICE_PD: std::sync::Mutex<DevicePd> = std::sync::Mutex::new(DevicePd { pd: 0, ids: 0 });
 
 /// The PD rdma-core gives an id with its device (`ucma_get_device`: one per device, made
-/// when the first id gets the device), counted for one more id: `ctx` is the CM's context.
-pub fn device_pd(ctx: *mut ibv_context) -> Result<*mut crate::ffi::ibv_pd, c_int> {
+/// when the first id gets the device), counted for one more id; it belongs to the CM's
+/// context ([`cm_context`]).
+pub fn device_pd() -> Result<*mut crate::ffi::ibv_pd, c_int> {
+    let ctx = cm_context()?;
     let mut d = DEVICE_PD.lock().unwrap_or_else(|e| e.into_inner());
     if d.pd == 0 {
         // SAFETY: the CM's context, open for the process.

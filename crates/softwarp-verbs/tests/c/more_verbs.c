@@ -120,8 +120,10 @@ int main(void)
 	struct ibv_pd *idpd = ibv_alloc_pd(id->verbs);
 	CHECK(idpd);
 	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 16, .max_sge = 1 } };
+	struct ibv_pd *devpd = id->pd; /* the device's, from the bind (rdma-core's) */
+	CHECK(devpd && devpd != idpd);
 	CHECK(rdma_create_srq(id, idpd, &sa) == 0 && id->srq && id->srq->pd == idpd);
-	CHECK(id->pd == idpd);
+	CHECK(id->pd == devpd); /* rdma_create_srq sets id->pd only when it is NULL */
 	struct ibv_qp_init_attr qa = {
 		.qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
@@ -142,6 +144,7 @@ int main(void)
 	errno = 0;
 	CHECK(rdma_create_srq_ex(id, &sx) == -1 && errno == EOPNOTSUPP);
 	sx.srq_type = IBV_SRQT_BASIC;
+	/* id->pd is the PD of the id's last QP now (rdma_create_qp sets it, as rdma-core's). */
 	CHECK(rdma_create_srq_ex(id, &sx) == 0 && id->srq && id->srq->pd == idpd);
 	rdma_destroy_srq(id);
 	CHECK(rdma_destroy_id(id) == 0);

@@ -736,7 +736,7 @@ fn c_program_uses_iova_rereg_mr_rdma_create_srq_and_sees_no_memory_windows() {
     );
     let _ = std::fs::remove_file(&exe);
     assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
-    assert_eq!(out.stdout, "ok: 52 checks\n");
+    assert_eq!(out.stdout, "ok: 53 checks\n");
 }
 
 /// `name@VERSION` of every function and object `lib` defines (`objdump -T`), and
@@ -912,6 +912,28 @@ fn c_program_gets_the_port_at_bind_afonly_migrate_and_hints_only_getaddrinfo() {
     let _ = std::fs::remove_file(&exe);
     assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
     assert!(out.stdout.ends_with("ok: 59 checks\n"), "{}", out.stdout);
+}
+
+/// `tests/c/cm_ids.c`: `id->pd` is the device's PD from the moment an id has its device (as
+/// librdmacm's `ucma_get_device` sets it), shared by every id; `rdma_migrate_id` of a
+/// listening id (a request queued on the old channel included) and of a connected one (its
+/// old channel destroyed) delivers their later events on the new channel. Before
+/// 2026-12-02: `id->pd` stayed NULL until `rdma_create_qp`, and the migrations failed with
+/// `ENOSYS`.
+#[test]
+fn c_program_gets_the_devices_pd_on_its_ids_and_migrates_listening_and_connected_ids() {
+    let _serial = serial();
+    let Some(exe) = build_c("cm_ids", &["-lrdmacm", "-libverbs"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe).spawn().expect("run the program"),
+        Duration::from_secs(30),
+        "cm_ids",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout, "ok: 109 checks\n", "{}", out.stderr);
 }
 
 /// libfabric's `fi_pingpong` (libfabric-bin) over this library: the verbs provider's
@@ -1481,7 +1503,7 @@ fn c_destroy_of_objects_in_use_is_refused_with_ebusy_and_they_keep_working() {
     let Some(out) = run_c_memchecked("in_use", &[], Duration::from_secs(120)) else {
         return;
     };
-    assert_eq!(out.stdout, "ok: 108 checks\n", "{}", out.stderr);
+    assert_eq!(out.stdout, "ok: 111 checks\n", "{}", out.stderr);
 }
 
 /// rdma_cm calls after REJECTED (nothing listening, a listener that rejects), repeated
