@@ -142,6 +142,57 @@ macro_rules! exports {
     };
 }
 
+/// libibverbs 1.0's entries (`verbs/compat.rs`): `NAME@IBVERBS_1.0`, a non-default version
+/// beside the current `NAME@@IBVERBS_1.1`, as rdma-core's `compat-1_0.c` defines them. The
+/// trampoline is a local label bound to the versioned name and removed under its own
+/// (`.symver ..., remove`), so only `NAME@IBVERBS_1.0` is exported.
+macro_rules! compat_exports {
+    ($ver:literal : [ $($name:ident),* $(,)? ]) => {
+        #[cfg(target_arch = "x86_64")]
+        std::arch::global_asm!(
+            ".pushsection .text",
+            $( concat!(
+                ".globl swv_compat_", stringify!($name), "\n",
+                ".type swv_compat_", stringify!($name), ",@function\n",
+                ".p2align 4\n",
+                "swv_compat_", stringify!($name), ":\n",
+                "jmp swv_", stringify!($name), "_1_0\n",
+                ".size swv_compat_", stringify!($name), ", .-swv_compat_", stringify!($name), "\n",
+                ".hidden swv_", stringify!($name), "_1_0\n",
+                ".symver swv_compat_", stringify!($name), ",", stringify!($name), "@", $ver, ", remove\n",
+            ), )*
+            ".popsection",
+        );
+        #[cfg(target_arch = "aarch64")]
+        std::arch::global_asm!(
+            ".pushsection .text",
+            $( concat!(
+                ".globl swv_compat_", stringify!($name), "\n",
+                ".type swv_compat_", stringify!($name), ",%function\n",
+                ".p2align 4\n",
+                "swv_compat_", stringify!($name), ":\n",
+                "b swv_", stringify!($name), "_1_0\n",
+                ".size swv_compat_", stringify!($name), ", .-swv_compat_", stringify!($name), "\n",
+                ".hidden swv_", stringify!($name), "_1_0\n",
+                ".symver swv_compat_", stringify!($name), ",", stringify!($name), "@", $ver, ", remove\n",
+            ), )*
+            ".popsection",
+        );
+    };
+}
+
+compat_exports! {
+    "IBVERBS_1.0": [
+        ibv_get_device_list, ibv_free_device_list, ibv_get_device_name, ibv_get_device_guid,
+        ibv_open_device, ibv_close_device, ibv_get_async_event, ibv_ack_async_event,
+        ibv_query_device, ibv_query_port, ibv_query_gid, ibv_query_pkey, ibv_alloc_pd,
+        ibv_dealloc_pd, ibv_reg_mr, ibv_dereg_mr, ibv_create_cq, ibv_resize_cq, ibv_destroy_cq,
+        ibv_get_cq_event, ibv_ack_cq_events, ibv_create_srq, ibv_modify_srq, ibv_query_srq,
+        ibv_destroy_srq, ibv_create_qp, ibv_query_qp, ibv_modify_qp, ibv_destroy_qp,
+        ibv_create_ah, ibv_destroy_ah, ibv_attach_mcast, ibv_detach_mcast,
+    ]
+}
+
 exports! {
     "IBVERBS_1.0": [
         ibv_copy_qp_attr_from_kern, ibv_copy_path_rec_from_kern, ibv_copy_path_rec_to_kern,

@@ -1,5 +1,6 @@
 //! libibverbs: devices, contexts, PDs, MRs, CQs, SRQs, QPs and the fast-path operations.
 
+pub mod compat;
 pub mod context;
 pub mod cq;
 pub mod cq_ex;
