@@ -386,7 +386,22 @@ unsafe fn recv_into(socket: c_int, buf: *mut c_void, len: usize, flags: c_int) -
         // SAFETY: the caller's buffer of `len` bytes.
         unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
     };
-    ret_len(rs.recv(out, flags))
+    keep_errno(|| rs.recv(out, flags))
+}
+
+/// Runs a transfer and returns its `ret_len` answer, with `errno` as the caller had it
+/// when the transfer succeeds: rdma-core's `rrecv`/`rsend` leave it alone then, and
+/// programs look at it after a return of 0 (rstream's blocking receive loop retries a 0
+/// while `errno` says `EAGAIN`: a value left by this library's own non-blocking reads of
+/// its event descriptors made it spin forever at the end of a connection).
+fn keep_errno(f: impl FnOnce() -> Result<usize, c_int>) -> isize {
+    // SAFETY: the calling thread's errno slot.
+    let saved = unsafe { *libc::__errno_location() };
+    let r = f();
+    if r.is_ok() {
+        crate::errno::set(saved);
+    }
+    ret_len(r)
 }
 
 /// # Safety
@@ -409,7 +424,7 @@ unsafe fn send_from(socket: c_int, iov: &[libc::iovec], flags: c_int) -> isize {
         // SAFETY: the caller's vector.
         parts.push(unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) });
     }
-    ret_len(rs.send(&parts, flags))
+    keep_errno(|| rs.send(&parts, flags))
 }
 
 /// # Safety

@@ -673,7 +673,12 @@ impl Inner {
             }
         }
         if flushed && self.state & CONNECTED != 0 {
+            // The connection ended without rsocket's disconnect message (an rsocket peer
+            // always sends one before it closes): the peer died or the connection was
+            // reset. Reported once as `ECONNRESET` by the next receive that finds no data
+            // (and by `SO_ERROR`), then as the end of the stream.
             self.state = DISCONNECTED;
+            self.err = libc::ECONNRESET;
         }
         if self.state & CONNECTED != 0 {
             for _ in 0..rcnt {
@@ -1091,6 +1096,18 @@ impl Rsocket {
             if !(left > 0 && flags & libc::MSG_WAITALL != 0 && g.state & READABLE != 0) {
                 break;
             }
+        }
+        // A connection lost without a disconnect message: the receive that finds nothing
+        // more says so once, as TCP's read after a reset.
+        if ret.is_ok()
+            && left == len
+            && len > 0
+            && g.err == libc::ECONNRESET
+            && g.state & READABLE == 0
+            && !g.s.as_ref().is_some_and(Stream::have_rdata)
+        {
+            g.err = 0;
+            ret = Err(libc::ECONNRESET);
         }
         drop(g);
         match ret {

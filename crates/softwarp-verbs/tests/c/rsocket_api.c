@@ -23,6 +23,10 @@
  *   - shutdown(SHUT_RDWR), then recv on the same socket: 0
  *   - connect to a port nobody listens on: ECONNREFUSED
  *
+ * `rsocket_api PORT died` (rsocket only): the client connects, sends "x", reads the server's
+ * "y" and kills itself (SIGKILL: no disconnect message); the server, in a blocking rrecv,
+ * gets ECONNRESET once (the connection ended without rsocket's disconnect message), then 0.
+ *
  * `rsocket_api PORT keepalive`: the client turns SO_KEEPALIVE on with TCP_KEEPIDLE 1 s (and
  * reads both back; TCP_KEEPIDLE 0 is refused with EINVAL), stays idle 2.5 s, then sends
  * "done", which the server reads (the test captures the keepalives on the wire).
@@ -34,6 +38,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/select.h>
 #include <sys/socket.h>
@@ -75,6 +80,7 @@ static const char *err_name(int e)
 	case EAFNOSUPPORT: return "EAFNOSUPPORT";
 	case EINVAL: return "EINVAL";
 	case EDESTADDRREQ: return "EDESTADDRREQ";
+	case ECONNRESET: return "ECONNRESET";
 	default: return "other";
 	}
 }
@@ -343,10 +349,53 @@ static int ka_server(const char *port_str)
 	return 0;
 }
 
+/* `died`: see the top. Its own fork: the client's end is a SIGKILL, which forked_main would
+ * count as a failure. */
+static int died(void)
+{
+	char buf[8];
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	alarm(30);
+	who = "server";
+	int l = rsocket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = addr_of(port);
+	int one = 1;
+	CHECK(rsetsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0, "SO_REUSEADDR");
+	CHECK(rbind(l, (struct sockaddr *) &a, sizeof a) == 0, "rbind");
+	CHECK(rlisten(l, 1) == 0, "rlisten");
+	pid_t child = fork();
+	CHECK(child >= 0, "fork");
+	if (child == 0) {
+		who = "client";
+		int s = rsocket(AF_INET, SOCK_STREAM, 0);
+		CHECK(rconnect(s, (struct sockaddr *) &a, sizeof a) == 0, "rconnect");
+		CHECK(rsend(s, "x", 1, 0) == 1, "rsend");
+		CHECK(rrecv(s, buf, 1, 0) == 1 && buf[0] == 'y', "rrecv the answer");
+		raise(SIGKILL);
+		return 1;
+	}
+	int s = raccept(l, NULL, NULL);
+	CHECK(s >= 0, "raccept");
+	CHECK(rrecv(s, buf, 1, 0) == 1 && buf[0] == 'x', "rrecv x");
+	CHECK(rsend(s, "y", 1, 0) == 1, "rsend y");
+	errno = 0;
+	ssize_t n = rrecv(s, buf, sizeof buf, 0);
+	printf("died: recv after the peer died: %zd %s\n", n, n < 0 ? err_name(errno) : "");
+	errno = 0;
+	n = rrecv(s, buf, sizeof buf, 0);
+	printf("died: then: %zd %s\n", n, n < 0 ? err_name(errno) : "");
+	int status;
+	CHECK(waitpid(child, &status, 0) == child, "waitpid");
+	CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "client status %#x", status);
+	rclose(s);
+	rclose(l);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
-		fprintf(stderr, "usage: %s PORT rs|tcp|keepalive\n", argv[0]);
+		fprintf(stderr, "usage: %s PORT rs|tcp|keepalive|died\n", argv[0]);
 		return 2;
 	}
 	use_rs = strcmp(argv[2], "tcp") != 0;
@@ -354,5 +403,7 @@ int main(int argc, char **argv)
 	char *fargv[] = { argv[0], argv[1], NULL };
 	if (strcmp(argv[2], "keepalive") == 0)
 		return forked_main(2, fargv, ka_client, ka_server);
+	if (strcmp(argv[2], "died") == 0)
+		return died();
 	return forked_main(2, fargv, client, server);
 }

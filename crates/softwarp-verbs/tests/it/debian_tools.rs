@@ -2060,6 +2060,44 @@ fn rstream_capture_decodes_as_rdma_cores_rsocket_protocol() {
     assert!(disconnects >= 1, "no disconnect message: {fpdus:02x?}");
 }
 
+/// A peer that dies (SIGKILL: its connection closes without rsocket's disconnect message)
+/// while the other end waits in a blocking `rrecv`: that receive fails with `ECONNRESET`
+/// once, the next returns 0 (the end of the stream). Before, it returned 0 at once with
+/// `errno` left at `EAGAIN` by the library's own non-blocking reads, and rstream's blocking
+/// receive loop, which retries a 0 while `errno` says `EAGAIN`, spun until its timeout
+/// (`run-siw-rsocket.sh`, `rstream-b-65536-ours-client`, after siw reset the connection).
+#[test]
+fn rsocket_receive_after_the_peer_died_says_econnreset_once() {
+    let _serial = serial();
+    let Some(exe) = build_c("rsocket_api", &["-lrdmacm"]) else {
+        return skip("the C test cannot be built here");
+    };
+    let port = free_port();
+    let mut child = Reaped::new(
+        command(&exe)
+            .args([port.to_string().as_str(), "died"])
+            .spawn()
+            .expect("run rsocket_api died"),
+    );
+    let out = finish_in(&mut child, Duration::from_secs(40), "rsocket_api died");
+    let _ = std::fs::remove_file(&exe);
+    assert!(
+        out.status.success(),
+        "{}\n{}{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stdout
+            .contains("died: recv after the peer died: -1 ECONNRESET")
+            && out.stdout.contains("died: then: 0"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
+}
+
 /// rsocket's keepalive as rdma-core's `tcp_svc` sends it: a client with `SO_KEEPALIVE` and
 /// `TCP_KEEPIDLE` 1 s, idle 2.5 s, sends `RS_CTRL_KEEPALIVE` as zero-length RDMA Writes to
 /// STag 0 at offset 0 about every second, which the server's end takes silently (the data
