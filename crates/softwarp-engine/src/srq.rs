@@ -6,7 +6,7 @@ use thiserror::Error;
 
 use crate::event::AsyncEvent;
 use crate::mr::PdId;
-use crate::ring::{Ring, RingGuard};
+use crate::ring::{CopyRing, Ring, RingGuard};
 use crate::wr::RecvWr;
 
 /// Identifies an SRQ in the runtime's tables.
@@ -32,7 +32,7 @@ pub enum SrqError {
 pub struct Srq {
     id: SrqId,
     pd: PdId,
-    ring: Ring<RecvWr>,
+    ring: CopyRing<RecvWr>,
     limit: Option<usize>,
     event: Option<AsyncEvent>,
 }

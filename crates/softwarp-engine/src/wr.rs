@@ -26,11 +26,21 @@ pub struct Sge {
 }
 
 /// A scatter/gather list of at most [`MAX_SGE`] elements, stored inline (no allocation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Two lists are equal when their elements are (what lies past `len` is not compared:
+/// a list written in a reused queue slot may hold stale elements there).
+#[derive(Debug, Clone, Copy, Default)]
 pub struct SgList {
     sges: [Sge; MAX_SGE],
     len: usize,
 }
+
+impl PartialEq for SgList {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for SgList {}
 
 impl SgList {
     /// An empty list (a zero-length operation).
@@ -281,7 +291,7 @@ pub struct SendWrRef<'a> {
 }
 
 /// A receive queue work request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RecvWr {
     /// Opaque id returned in the completion.
     pub wr_id: u64,

@@ -604,13 +604,10 @@ impl Qp {
 
     /// As [`Qp::post_recv`], copying the WR from `wr` straight into the receive queue.
     pub fn post_recv_ref(&mut self, wr: &RecvWr) -> Result<(), QpError> {
-        if self.admit_recv(wr.wr_id, wr.sgl.total_len())? {
-            self.rx
-                .rq
-                .push(*wr)
-                .map_err(|_| QpError::QueueFull("receive"))?;
-        }
-        Ok(())
+        self.post_recv_borrowed(RecvWrRef {
+            wr_id: wr.wr_id,
+            sges: wr.sgl.as_slice(),
+        })
     }
 
     /// As [`Qp::post_recv`], for a work request whose SGL is borrowed: its elements are
@@ -621,34 +618,29 @@ impl Qp {
         if wr.sges.len() > MAX_SGE {
             return Err(QpError::TooManySges(wr.sges.len()));
         }
-        if let [one] = wr.sges {
-            // The common case: the entry is built in the ring's slot.
-            if self.admit_recv(wr.wr_id, u64::from(one.length))? {
-                self.rx
-                    .rq
-                    .push(RecvWr {
-                        wr_id: wr.wr_id,
-                        sgl: SgList::single(*one),
-                    })
-                    .map_err(|_| QpError::QueueFull("receive"))?;
-            }
-            return Ok(());
-        }
-        let total = wr.sges.iter().map(|s| u64::from(s.length)).sum();
+        let total = match wr.sges {
+            // The common case, summed without a loop.
+            [one] => u64::from(one.length),
+            sges => sges.iter().map(|s| u64::from(s.length)).sum(),
+        };
         if self.admit_recv(wr.wr_id, total)? {
-            // An empty list goes in and the elements are copied into it there: no
-            // intermediate `RecvWr` (whose eight inline SGEs the compiler moved one field
-            // at a time).
-            self.rx
-                .rq
-                .push(RecvWr {
-                    wr_id: wr.wr_id,
-                    sgl: SgList::new(),
-                })
-                .map_err(|_| QpError::QueueFull("receive"))?;
-            if let Some(last) = self.rx.rq.back_mut() {
-                // At most `MAX_SGE` elements (checked above).
-                last.sgl.assign(wr.sges);
+            // The entry is written in its slot: no `RecvWr` (whose eight inline elements
+            // make it 144 bytes) is built on the stack and copied in.
+            let filled = match wr.sges {
+                // Apart, so that the one element is two stores, not a `memcpy` call
+                // (LLVM merges it into the general case's copy otherwise).
+                [one] => self.rx.rq.push_with(|slot| {
+                    slot.wr_id = wr.wr_id;
+                    slot.sgl = SgList::single(*one);
+                }),
+                sges => self.rx.rq.push_with(|slot| {
+                    slot.wr_id = wr.wr_id;
+                    // At most `MAX_SGE` elements (checked above).
+                    slot.sgl.assign(sges);
+                }),
+            };
+            if !filled {
+                return Err(QpError::QueueFull("receive"));
             }
         }
         Ok(())
@@ -788,16 +780,7 @@ impl Qp {
     }
 
     fn recv_wc(&self, wr_id: u64, status: WcStatus, byte_len: u32) -> WorkCompletion {
-        WorkCompletion {
-            wr_id,
-            status,
-            opcode: WcOpcode::Recv,
-            byte_len,
-            qp_num: self.cfg.qp_num,
-            invalidated_stag: None,
-            solicited: false,
-            imm: None,
-        }
+        recv_completion(self.cfg.qp_num, wr_id, status, byte_len)
     }
 
     /// Reports a fault detected on the stream: queues the Terminate, raises the event, moves
@@ -874,4 +857,19 @@ fn sge_piece(
         base += l;
     }
     None
+}
+
+/// A receive completion of QP `qp_num` (no invalidation, not solicited, no immediate).
+#[inline(always)]
+fn recv_completion(qp_num: u32, wr_id: u64, status: WcStatus, byte_len: u32) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status,
+        opcode: WcOpcode::Recv,
+        byte_len,
+        qp_num,
+        invalidated_stag: None,
+        solicited: false,
+        imm: None,
+    }
 }

@@ -37,7 +37,7 @@ use crate::qp::codec;
 use crate::qp::pump::{RxResources, BIG_PAYLOAD, SMALL_STAGE};
 use crate::qp::terminate::OffendingHeader;
 use crate::qp::{IrqEntry, Qp, QpConfig, QpError, RtrKind, RxMsg, StreamConfig};
-use crate::ring::Ring;
+use crate::ring::{CopyRing, Ring};
 use crate::srq::Srq;
 use crate::wr::{RecvWr, Sge, WcStatus, WorkCompletion};
 
@@ -147,9 +147,9 @@ pub(crate) struct RxState {
     pd: PdId,
     use_srq: bool,
     /// Receive WRs posted to the own RQ (capacity 0 on an SRQ).
-    pub(super) rq: Ring<RecvWr>,
+    pub(super) rq: CopyRing<RecvWr>,
     /// Receive completions waiting to be polled.
-    pub(super) done: Ring<WorkCompletion>,
+    pub(super) done: CopyRing<WorkCompletion>,
     /// The receive WR in use by the Send message being received.
     pub(super) msg: Option<RxMsg>,
     /// Bytes the last `rx_target` offered, until the `rx_commit` that answers it.
@@ -361,7 +361,7 @@ impl RxState {
         *self = Self::with_queues(cfg, rq, done);
     }
 
-    fn with_queues(cfg: &QpConfig, rq: Ring<RecvWr>, done: Ring<WorkCompletion>) -> Self {
+    fn with_queues(cfg: &QpConfig, rq: CopyRing<RecvWr>, done: CopyRing<WorkCompletion>) -> Self {
         Self {
             pd: cfg.pd,
             use_srq: cfg.use_srq,
@@ -1378,7 +1378,8 @@ impl Qp {
             return None;
         }
         // Placed: what the general path's header, trailer and delivery steps record.
-        let wr_id = self.rx.rq.pop()?.wr_id;
+        let wr_id = wr.wr_id;
+        self.rx.rq.skip_front();
         let total = fpdu.len();
         let len = payload.len() as u64;
         self.stats.rx_stream_bytes += total as u64;
@@ -1395,9 +1396,11 @@ impl Qp {
             self.rx.note_fpdu(payload.len(), true);
         }
         self.rx.prev_last = true;
-        let mut wc = self.recv_wc(wr_id, WcStatus::Success, len as u32);
-        wc.solicited = solicited;
-        let _ = self.rx.done.push(wc);
+        let qp_num = self.cfg.qp_num;
+        let _ = self.rx.done.push_make(|| WorkCompletion {
+            solicited,
+            ..super::recv_completion(qp_num, wr_id, WcStatus::Success, len as u32)
+        });
         Some(total)
     }
 
