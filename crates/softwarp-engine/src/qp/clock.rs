@@ -11,6 +11,13 @@
 //!   (a Terminate excepted) until the hold has passed; work posted meanwhile is queued.
 //!   Linux siw as responder installs its FPDU receive path only after sending its Reply,
 //!   so an FPDU right behind the Reply can be lost.
+//! - **Responder's gate bound** ([`Timers::responder_gate`]): the MPA responder sends no
+//!   FPDU before the initiator's first one (RFC 5044, the gate of
+//!   `StreamConfig::responder_waits`), at most this long; then it sends. An initiator that
+//!   waits for the responder to speak first (perftest's `ib_write_lat` over a peer without
+//!   RFC 6581's RTR, such as stock Linux siw) would otherwise wait for ever, and so would we.
+//!   The rule protects an initiator that is not yet ready for FPDUs right after the Reply
+//!   (a connection handed from the host's stack to an RNIC); the bound is room for that.
 //! - **Close hold** ([`Qp::hold_close`]): the runtime closes the transport connection (its
 //!   FIN) only once the peer closed its side or the hold's instant passed. Linux siw fails
 //!   a Send whose system call is still running when the peer's FIN is processed, although
@@ -40,6 +47,9 @@ pub struct Timers {
     /// Send no FPDU (a Terminate excepted) for this long after [`Qp::set_timers`] (one the
     /// clock cannot represent holds until the QP fails).
     pub first_fpdu_hold: Option<Duration>,
+    /// A responder whose gate waits for the initiator's first FPDU (RFC 5044) opens it after
+    /// this long without one (`None`: waits for ever).
+    pub responder_gate: Option<Duration>,
 }
 
 impl Timers {
@@ -64,6 +74,9 @@ pub(super) struct Clock {
     hold_until: Option<Instant>,
     /// End of the close hold, while it holds ([`Qp::hold_close`]).
     close_until: Option<Instant>,
+    /// When the responder's gate opens without the initiator's first FPDU
+    /// ([`Timers::responder_gate`]), while it is closed.
+    gate_until: Option<Instant>,
 }
 
 impl Qp {
@@ -77,6 +90,10 @@ impl Qp {
             stall_mark: None,
             hold_until: hold.and_then(|d| now.checked_add(d)),
             close_until: None,
+            gate_until: timers
+                .responder_gate
+                .filter(|_| self.tx.gate_until_rx)
+                .and_then(|d| now.checked_add(d)),
         };
         // A hold the clock cannot represent holds until the QP fails.
         self.tx.held = hold.is_some();
@@ -99,7 +116,8 @@ impl Qp {
             },
             _ => None,
         };
-        [hold, look, self.clock.close_until]
+        let gate = self.clock.gate_until.filter(|_| self.tx.gate_until_rx);
+        [hold, look, self.clock.close_until, gate]
             .into_iter()
             .flatten()
             .min()
@@ -131,6 +149,17 @@ impl Qp {
         if clock.close_until.is_some_and(|t| now >= t) {
             clock.close_until = None;
             acted = true;
+        }
+        if clock.gate_until.is_some_and(|t| now >= t) {
+            clock.gate_until = None;
+            if self.tx.gate_until_rx {
+                //= https://www.rfc-editor.org/rfc/rfc5044#section-7.1
+                // (paraphrase) The responder sends no FPDU before the initiator's first; the
+                // bound departs from it so that an initiator waiting for the responder does
+                // not wait for ever.
+                self.tx.gate_until_rx = false;
+                acted = true;
+            }
         }
         if clock.hold_until.is_some_and(|t| now >= t) {
             clock.hold_until = None;

@@ -59,6 +59,7 @@ fn a_peer_stopped_inside_an_fpdu_is_terminated_once_a_look_finds_no_byte_for_the
         let timers = Timers {
             rx_stall: Some(STALL),
             first_fpdu_hold: None,
+            responder_gate: None,
         };
         assert_eq!(timers.look_period(), Some(PERIOD));
         b.qp.set_timers(timers, t0);
@@ -118,6 +119,7 @@ fn bytes_arriving_between_looks_keep_a_slow_peer_alive_for_any_total_time() {
         Timers {
             rx_stall: Some(STALL),
             first_fpdu_hold: None,
+            responder_gate: None,
         },
         t0,
     );
@@ -149,6 +151,7 @@ fn the_first_fpdu_hold_queues_posted_work_until_the_clock_ends_it() {
         Timers {
             rx_stall: None,
             first_fpdu_hold: Some(hold),
+            responder_gate: None,
         },
         t0,
     );
@@ -178,6 +181,7 @@ fn a_terminate_is_not_held() {
         Timers {
             rx_stall: None,
             first_fpdu_hold: Some(Duration::from_secs(60)),
+            responder_gate: None,
         },
         t0,
     );
@@ -234,4 +238,46 @@ fn the_close_hold_runs_until_its_instant_and_never_grows() {
         QpState::Rts,
         "the hold leaves the QP's state alone"
     );
+}
+
+/// RFC 5044's responder gate, bounded: the responder's Write waits for the initiator's first
+/// FPDU until the bound, then leaves; a gate without a bound waits for ever.
+#[test]
+fn the_responders_gate_opens_at_its_bound_without_the_initiators_first_fpdu() {
+    for bound in [Some(200 * MS), None] {
+        let mut s = StreamConfig::for_mss(1448);
+        s.responder_waits = true;
+        let (mut a, mut b) = (Side::new(1, s), Side::new(2, StreamConfig::for_mss(1448)));
+        let (_src, s_stag, s_iova, data) = a.filled_region(LEN, Access::NONE, 3);
+        let (dst, d_stag, d_iova) = b.region(LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        let op = SendOp::Write {
+            remote_addr: d_iova,
+            rkey: d_stag,
+        };
+        let sgl = SgList::single(sge(s_stag, s_iova, 0, LEN as u32));
+        a.qp.post_send(&signaled_wr(1, op, sgl), &a.mrs).unwrap();
+        let t0 = Instant::now();
+        a.qp.set_timers(
+            Timers {
+                rx_stall: None,
+                first_fpdu_hold: None,
+                responder_gate: bound,
+            },
+            t0,
+        );
+        assert!(wire_of(&mut a).is_empty(), "the gate holds the Write");
+        assert_eq!(a.qp.poll_timeout(), bound.map(|d| t0 + d));
+        let Some(bound) = bound else {
+            assert!(!a.qp.handle_timeout(t0 + 3600 * 1000 * MS));
+            assert!(wire_of(&mut a).is_empty(), "no bound: the gate waits");
+            continue;
+        };
+        assert!(!a.qp.handle_timeout(t0 + bound - MS));
+        assert!(wire_of(&mut a).is_empty());
+        assert!(a.qp.handle_timeout(t0 + bound), "the bound opens the gate");
+        assert_eq!(a.qp.poll_timeout(), None);
+        let wire = wire_of(&mut a);
+        assert_eq!(b.receive(&wire, || usize::MAX), wire.len());
+        assert_eq!(contents(&dst), data);
+    }
 }

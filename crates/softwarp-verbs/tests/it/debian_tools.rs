@@ -479,6 +479,35 @@ fn perftest_six_tools_with_rdma_cm_and_the_default_post_mode() {
 /// Under `SOFTWARP_BUSY_POLL=1` (`softwarp exec --busy-poll`) a CQ poll moves a QP's bytes;
 /// the passive side of `ib_write_bw`/`ib_read_bw` never polls and `ib_write_lat` spins on
 /// its buffer, so they used to stall: the progress thread now takes such a QP over.
+/// perftest's `ib_write_lat` server writes first. A client that offers no RFC 6581 RTR
+/// (stock Linux siw's; here this library with `SOFTWARP_P2P=0`) sends no FPDU before the
+/// server's Write, and RFC 5044 has the responder wait for the initiator's first FPDU: both
+/// waited for ever (the run hit this test's 60 s bound). The responder's gate now opens after
+/// `SOFTWARP_RESPONDER_WAIT_MS` (200 ms by default) and the run completes.
+#[test]
+fn perftest_write_lat_server_speaks_first_to_a_client_without_rtr() {
+    let _serial = serial();
+    let Some(program) = tool("ib_write_lat", "perftest") else {
+        return;
+    };
+    let port = free_port();
+    let p = port.to_string();
+    let common = ["-R", "-d", "softwarp0", "-p", &p, "-s", "64", "-n", "200"];
+    let mut client_args = common.to_vec();
+    client_args.push("127.0.0.1");
+    let started = Instant::now();
+    let (_, c) = pair_env(
+        &program,
+        port,
+        &common,
+        &client_args,
+        Duration::from_secs(60),
+        &[("SOFTWARP_P2P", "0")],
+    );
+    assert_eq!(perftest_rows(&c.stdout), vec![(64, 200)], "{}", c.stdout);
+    println!("ib_write_lat without RTR: {:?}", started.elapsed());
+}
+
 #[test]
 fn perftest_tools_that_do_not_poll_finish_under_busy_polling() {
     let _serial = serial();

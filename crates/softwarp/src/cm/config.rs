@@ -16,6 +16,7 @@
 //! | `SOFTWARP_P2P` | `0`: no RFC 6581 peer-to-peer mode (RTR) as initiator | on: rdma_cm programs may send first from either end once both saw ESTABLISHED (perftest's `ib_write_lat` server does), and an MPA responder may not send before the initiator's first FPDU (RFC 5044), so the initiator sends a zero-length RTR |
 //! | `SOFTWARP_RFC7306` | `on`, `off`: Immediate Data and atomics | on |
 //! | `SOFTWARP_TX_ALIAS_LEAD` | `off`: no short FPDUs leading a large message whose payload would hit 4 KiB aliasing in the kernel's copy (`ConnectOptions::tx_alias_lead`) | on |
+//! | `SOFTWARP_RESPONDER_WAIT_MS` | how long a responder holds its FPDUs for the initiator's first (RFC 5044) before it sends anyway ([`DEFAULT_RESPONDER_WAIT`]); `0`: at once | 200 |
 //! | `SOFTWARP_MPA_TIMEOUT_MS` | TCP connect and MPA exchange bound | 5000 |
 //! | `SOFTWARP_TCP_KEEPALIVE` | `off`, or `IDLE,INTERVAL,COUNT` in seconds (`ConnectOptions::tcp_keepalive`: a peer silent for IDLE is probed every INTERVAL; COUNT unanswered probes drop the connection, the QP goes to Error and the error log says `peer_unreachable`) | `60,10,6` |
 //! | `SOFTWARP_TCP_USER_TIMEOUT_MS` | how long sent data may stay unacknowledged before the connection is dropped (`ConnectOptions::tcp_user_timeout`); `0`: the kernel's own bound | the kernel's |
@@ -135,6 +136,15 @@ pub const DEFAULT_CLOSE_WAIT: Duration = Duration::from_millis(2000);
 /// server that is still in the call that posted its last Send (siw under emulation).
 pub const DEFAULT_INITIATOR_CLOSE_WAIT: Duration = Duration::from_millis(50);
 
+/// The default of `SOFTWARP_RESPONDER_WAIT_MS` ([`ConnectOptions::responder_wait_limit`] of
+/// the C libraries): how long a responder holds its FPDUs for the initiator's first (RFC
+/// 5044) before it sends anyway. rdma_cm programs may speak first from the passive side
+/// (perftest's `ib_write_lat` server); an initiator of this library opens the gate at once
+/// with its RTR (RFC 6581), but stock Linux siw offers none, and without a bound both ends
+/// wait for ever. 200 ms is room for an initiator that moves its connection into an RNIC
+/// after the Reply, which is what the rule protects.
+pub const DEFAULT_RESPONDER_WAIT: Duration = Duration::from_millis(200);
+
 /// Retries of a refused connect: how many, and the pause before each
 /// (`SOFTWARP_CONNECT_RETRIES`, `SOFTWARP_CONNECT_RETRY_MS`).
 pub fn connect_retry() -> (u32, Duration) {
@@ -201,6 +211,7 @@ pub fn from(get: impl Fn(&str) -> Option<String>) -> Result<ConnectOptions, Bad>
         ConnectOptions::default()
     };
     o.peer_to_peer = true;
+    o.responder_wait_limit = DEFAULT_RESPONDER_WAIT;
     if let Some(v) = get("SOFTWARP_CRC").filter(|v| !v.is_empty()) {
         o.crc = match v.as_str() {
             "off" | "0" => CrcMode::Off,
@@ -236,6 +247,9 @@ pub fn from(get: impl Fn(&str) -> Option<String>) -> Result<ConnectOptions, Bad>
     }
     if let Some(d) = millis(&get, "SOFTWARP_MPA_TIMEOUT_MS")? {
         o.timeout = d;
+    }
+    if let Some(d) = millis(&get, "SOFTWARP_RESPONDER_WAIT_MS")? {
+        o.responder_wait_limit = d;
     }
     if let Some(on) = flag("SOFTWARP_P2P", "1, 0")? {
         o.peer_to_peer = on;
@@ -310,6 +324,7 @@ mod tests {
             ("SOFTWARP_TERMINATE", "siw"),
             ("SOFTWARP_FIRST_FPDU_DELAY_MS", "0"),
             ("SOFTWARP_MPA_TIMEOUT_MS", "1500"),
+            ("SOFTWARP_RESPONDER_WAIT_MS", "0"),
             ("SOFTWARP_P2P", "0"),
             ("SOFTWARP_RFC7306", "off"),
             ("SOFTWARP_TX_ALIAS_LEAD", "off"),
@@ -321,6 +336,11 @@ mod tests {
         assert_eq!(o.terminate_layout, TerminateLayout::LinuxSiw);
         assert_eq!(o.first_fpdu_delay, Duration::ZERO);
         assert_eq!(o.timeout, Duration::from_millis(1500));
+        assert_eq!(o.responder_wait_limit, Duration::ZERO);
+        assert_eq!(
+            from(env(&[])).expect("defaults").responder_wait_limit,
+            DEFAULT_RESPONDER_WAIT
+        );
         assert!(!o.peer_to_peer);
         assert!(!o.rfc7306);
         assert!(!o.tx_alias_lead && ConnectOptions::default().tx_alias_lead);

@@ -487,6 +487,9 @@ impl QpShared {
         let timers = Timers {
             rx_stall: (opts.rx_stall_timeout != Duration::MAX).then_some(opts.rx_stall_timeout),
             first_fpdu_hold: (neg.role == Role::Initiator && !hold.is_zero()).then_some(hold),
+            responder_gate: (neg.role == Role::Responder
+                && opts.responder_wait_limit != Duration::MAX)
+                .then_some(opts.responder_wait_limit),
         };
         g.qp.set_timers(timers, Instant::now());
         g.conn = Some(Conn {

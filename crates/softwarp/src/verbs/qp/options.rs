@@ -107,6 +107,16 @@ pub struct ConnectOptions {
     /// Every connection path honours it: the connection manager and the blocking
     /// [`crate::Listener::accept`] / [`crate::QueuePair::accept_stream`].
     pub responder_waits_for_initiator: bool,
+    /// How long [`ConnectOptions::responder_waits_for_initiator`]'s gate waits for the
+    /// initiator's first FPDU before it opens anyway (`Duration::MAX`, the default: for
+    /// ever, as RFC 5044 has it). An initiator that waits for the responder to speak first
+    /// without offering RFC 6581's RTR (perftest's `ib_write_lat` client over stock Linux
+    /// siw) then gets the responder's FPDUs after this bound instead of never. The rule
+    /// protects an initiator not yet ready for FPDUs right after the MPA Reply (a connection
+    /// handed from the host's stack to an RNIC): a bound of a few hundred milliseconds is
+    /// room for that. The C libraries use 200 ms (`SOFTWARP_RESPONDER_WAIT_MS`,
+    /// [`crate::cm::config`]).
+    pub responder_wait_limit: Duration,
     /// Initiator: how long to wait after the MPA Reply before the QP may send its first FPDU
     /// (default 20 ms; zero: no wait).
     ///
@@ -188,6 +198,7 @@ impl ConnectOptions {
             max_fpdu_len: None,
             terminate_layout: o.terminate_layout,
             responder_waits_for_initiator: o.responder_waits,
+            responder_wait_limit: Duration::MAX,
             first_fpdu_delay: Duration::from_millis(20),
             rx_stall_timeout: Duration::from_secs(30),
             rfc7306: o.rfc7306,
@@ -318,6 +329,12 @@ impl ConnectOptions {
         self.terminate_layout = layout;
         self
     }
+    /// Sets [`ConnectOptions::responder_wait_limit`].
+    pub fn responder_wait_limit(mut self, bound: Duration) -> Self {
+        self.responder_wait_limit = bound;
+        self
+    }
+
     /// Sets [`ConnectOptions::responder_waits_for_initiator`].
     pub fn responder_waits_for_initiator(mut self, on: bool) -> Self {
         self.responder_waits_for_initiator = on;
