@@ -4,8 +4,8 @@
 # guest of the interop harness: rping (rdmacm-utils) and the six perftest tools with -R, in
 # both roles, at several sizes, with CRC on (we ask and siw follows; siw asks with
 # mpa_crc_required=1) and off, with and without RFC 6581 peer-to-peer (RTR), and with
-# `exec --siw` (ib_write_lat's server, which writes first, needs it against siw's stock
-# client). Our perftest clients run with SOFTWARP_CONNECT_RETRIES (default 30, 100 ms apart;
+# `exec --siw` (ib_write_lat's server, which writes first, runs against siw's stock client
+# with the defaults too: our responder's RFC 5044 gate opens after 200 ms). Our perftest clients run with SOFTWARP_CONNECT_RETRIES (default 30, 100 ms apart;
 # $CONNECT_RETRIES overrides): siw's perftest server listens for the data connection only
 # after the control exchange; and with a first-FPDU hold of 100 ms ($FIRST_FPDU_DELAY_MS),
 # as `softwarp bench -R` uses: siw as responder does not read an RTR that arrives before it
@@ -238,8 +238,11 @@ for tool in ib_send_lat ib_write_lat ib_read_lat; do
   for role in client server; do
     rtr=no; [ $role = client ] && rtr=yes
     if [ $tool = ib_write_lat ] && [ $role = server ]; then
-      # Our server writes first; siw's stock client offers no P2P and sends nothing first, so
-      # our responder must not wait for its first FPDU: --siw (CRC off, as siw).
+      # Our server writes first; siw's stock client offers no P2P and sends nothing first.
+      # With the default settings our responder's RFC 5044 gate opens after
+      # SOFTWARP_RESPONDER_WAIT_MS (200 ms); with --siw it does not wait at all.
+      run_perftest $tool $role 8 "" "" on no
+      run_perftest $tool $role 4096 "" "" on no
       run_perftest $tool $role 8 "" "--siw" off no siw
       run_perftest $tool $role 4096 "" "--siw" off no siw
       continue
