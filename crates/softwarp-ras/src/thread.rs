@@ -12,6 +12,13 @@
 //! The mask is set on the spawning thread around `spawn` (a new thread inherits it), so no
 //! signal can land on the new thread before it is blocked; the caller's mask is restored
 //! right after. `pthread_sigmask` is a raw `libc` call, the only `unsafe` here.
+//!
+//! `spawn` returns once the new thread runs: the start of a Rust thread registers
+//! thread-local destructors (`__cxa_thread_atexit_impl`), which takes the dynamic loader's
+//! lock. A C library that is unloaded (`dlclose`) or finalised at `exit` runs its destructor
+//! under that lock, and a destructor that closes what it opened (uDAPL's provider destroys
+//! its rdma_cm event channel) joins the thread: a thread still starting then waited for the
+//! lock its joiner held, for ever (dapltest's limit test hung about one run in five).
 
 #![allow(unsafe_code)]
 
@@ -45,13 +52,21 @@ where
         libc::sigfillset(&mut all) == 0
             && libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) == 0
     };
+    let (started, running) = std::sync::mpsc::sync_channel::<()>(1);
     let spawned = std::thread::Builder::new().name(name).spawn(move || {
         OURS.with(|o| o.set(true));
+        // Past the thread's start-up (see the module docs): it can be joined from a
+        // destructor that holds the loader's lock.
+        let _ = started.send(());
         f()
     });
     if blocked {
         // SAFETY: restores the mask read above, on this thread.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    }
+    if spawned.is_ok() {
+        // Err only if the thread died before sending (it cannot: nothing before can panic).
+        let _ = running.recv();
     }
     spawned
 }
