@@ -57,6 +57,8 @@ pub(crate) trait Store<T>: Default {
     }
     fn get_mut(&mut self, i: usize) -> Option<&mut T>;
     fn clear(&mut self);
+    /// Keeps only the items `keep` accepts, in order.
+    fn retain(&mut self, keep: impl FnMut(&T) -> bool);
     fn iter<'a>(&'a self) -> impl Iterator<Item = &'a T>
     where
         T: 'a;
@@ -88,6 +90,9 @@ impl<T> Store<T> for VecDeque<T> {
     }
     fn clear(&mut self) {
         VecDeque::clear(self);
+    }
+    fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
+        VecDeque::retain(self, keep);
     }
     fn iter<'a>(&'a self) -> impl Iterator<Item = &'a T>
     where
@@ -245,6 +250,20 @@ impl<T: Copy> Store<T> for Slots<T> {
     fn clear(&mut self) {
         self.head = 0;
         self.len = 0;
+    }
+    fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        // Made contiguous from slot 0, then the kept items moved down in order.
+        self.buf.rotate_left(self.head);
+        self.head = 0;
+        let mut kept = 0;
+        for i in 0..self.len {
+            let item = self.buf[i];
+            if keep(&item) {
+                self.buf[kept] = item;
+                kept += 1;
+            }
+        }
+        self.len = kept;
     }
     fn iter<'a>(&'a self) -> impl Iterator<Item = &'a T>
     where
@@ -476,6 +495,10 @@ mod tests {
         assert!(r.skip_front());
         model.pop_front();
         assert!(r.iter().eq(model.iter()));
+        r.retain(|v| v % 3 != 0);
+        model.retain(|v| v % 3 != 0);
+        assert!(r.iter().eq(model.iter()));
+        assert_eq!(r.len(), model.len());
         r.clear();
         assert!(!r.skip_front());
         assert!(r.is_empty() && r.iter().next().is_none() && r.pop().is_none());
