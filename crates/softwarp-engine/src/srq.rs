@@ -35,6 +35,9 @@ pub struct Srq {
     ring: CopyRing<RecvWr>,
     limit: Option<usize>,
     event: Option<AsyncEvent>,
+    /// A QP found the SRQ empty and holds a Send for a receive to be posted (the RNR
+    /// wait), since [`Srq::take_rnr_waiting`] last asked.
+    rnr_waiting: bool,
 }
 
 impl Srq {
@@ -46,6 +49,7 @@ impl Srq {
             ring: Ring::new(capacity),
             limit: None,
             event: None,
+            rnr_waiting: false,
         }
     }
     /// This SRQ's id.
@@ -100,6 +104,15 @@ impl Srq {
             }
         }
         Some(wr)
+    }
+    /// A QP holds a Send because the SRQ was empty (engine use).
+    pub(crate) fn note_rnr_wait(&mut self) {
+        self.rnr_waiting = true;
+    }
+    /// True (once) when a QP on this SRQ found it empty and holds a Send for a receive
+    /// since the last call: the runtime, having posted, has those QPs resume reading.
+    pub fn take_rnr_waiting(&mut self) -> bool {
+        std::mem::take(&mut self.rnr_waiting)
     }
     /// Takes the pending limit event, once.
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {

@@ -81,4 +81,9 @@ pub struct QpStats {
     pub flushed: u64,
     /// Asynchronous events that did not fit the QP's event ring.
     pub events_lost: u64,
+    /// Sends (or Immediate Data) that found no receive posted and waited for one (the
+    /// RNR wait, [`crate::qp::Timers::rnr_wait`]).
+    pub rx_rnr_waits: u64,
+    /// RNR waits that ran out (the stream was then terminated: no receive buffer).
+    pub rx_rnr_expired: u64,
 }

@@ -25,6 +25,16 @@
 //!   The hold delays the FIN only: the QP's state (Closing, Error after a destroy) and its
 //!   work requests are what they would be without it.
 //!
+//! - **RNR wait** ([`Timers::rnr_wait`]): a Send (or RFC 7306 Immediate Data) whose header
+//!   finds no receive posted (RQ or SRQ) is held, header complete, and the QP reads nothing
+//!   more from the stream (TCP's flow control then stops the peer, as InfiniBand's RNR
+//!   NAK and retry would). A receive posted and the next [`Qp::recv_from`] resume it. The
+//!   wait's clock starts at the first [`Qp::handle_timeout`] after the header was held
+//!   ([`Qp::poll_timeout`] asks for one at once); once the bound has passed, the held
+//!   Send fails as it did without the wait: the Terminate for no receive buffer (DDP,
+//!   untagged buffer error), after the FPDU's CRC check, and the flush. Off (`None`),
+//!   such a Send fails at once.
+//!
 //! The runtime's part: [`Qp::set_timers`] once the stream is established (with the time
 //! then), and after any input [`Qp::poll_timeout`]: when that instant has come, call
 //! [`Qp::handle_timeout`] with the time (earlier calls are harmless) and, when it acted, go
@@ -50,6 +60,10 @@ pub struct Timers {
     /// A responder whose gate waits for the initiator's first FPDU (RFC 5044) opens it after
     /// this long without one (`None`: waits for ever).
     pub responder_gate: Option<Duration>,
+    /// Hold a Send that finds no receive posted for at most this long before failing the
+    /// stream (the RNR wait, see the module docs; one the clock cannot represent waits
+    /// until a receive comes). `None`: fail at once.
+    pub rnr_wait: Option<Duration>,
 }
 
 impl Timers {
@@ -77,6 +91,9 @@ pub(super) struct Clock {
     /// When the responder's gate opens without the initiator's first FPDU
     /// ([`Timers::responder_gate`]), while it is closed.
     gate_until: Option<Instant>,
+    /// The RNR wait being timed (`RxState::rnr_waits` when it began) and when the clock
+    /// first saw it.
+    rnr_since: Option<(u64, Instant)>,
 }
 
 impl Qp {
@@ -94,7 +111,13 @@ impl Qp {
                 .responder_gate
                 .filter(|_| self.tx.gate_until_rx)
                 .and_then(|d| now.checked_add(d)),
+            rnr_since: None,
         };
+        self.rx.rnr_hold = timers.rnr_wait.is_some();
+        if !self.rx.rnr_hold {
+            // A Send held now fails as it would have without the wait.
+            self.rnr_give_up();
+        }
         // A hold the clock cannot represent holds until the QP fails.
         self.tx.held = hold.is_some();
     }
@@ -117,10 +140,28 @@ impl Qp {
             _ => None,
         };
         let gate = self.clock.gate_until.filter(|_| self.tx.gate_until_rx);
-        [hold, look, self.clock.close_until, gate]
+        let rnr = match (self.clock.timers.rnr_wait, self.clock.now) {
+            (Some(limit), Some(now)) if self.rx.rnr_waiting() => match self.clock.rnr_since {
+                Some((wait, since)) if wait == self.rx.rnr_waits => since.checked_add(limit),
+                // A wait the clock has not seen yet: look at once to start it.
+                _ => Some(now),
+            },
+            _ => None,
+        };
+        [hold, look, self.clock.close_until, gate, rnr]
             .into_iter()
             .flatten()
             .min()
+    }
+
+    /// Sets the RNR wait's bound from now on (`None`: a Send that finds no receive posted
+    /// fails at once, and one held now fails so). The other timers stay.
+    pub fn set_rnr_wait(&mut self, wait: Option<Duration>) {
+        self.clock.timers.rnr_wait = wait;
+        self.rx.rnr_hold = wait.is_some();
+        if wait.is_none() {
+            self.rnr_give_up();
+        }
     }
 
     /// Holds the close of the transport connection until `until` (see the `clock` module):
@@ -137,8 +178,10 @@ impl Qp {
         self.clock.close_until.is_some()
     }
 
-    /// Time has come to `now`: ends the first-FPDU hold once it has passed, and looks for
-    /// a receive stall (terminating the stream when it finds one). True when it acted: the
+    /// Time has come to `now`: ends the first-FPDU hold once it has passed, starts or
+    /// ends an RNR wait (ended: the held Send fails, and the next [`Qp::recv_from`] reads
+    /// the rest of its FPDU and sends the Terminate), and looks for a receive stall
+    /// (terminating the stream when it finds one). True when it acted: the
     /// runtime then goes through the polling order (`send_to`, completions, events).
     pub fn handle_timeout(&mut self, now: Instant) -> bool {
         let clock = &mut self.clock;
@@ -165,6 +208,19 @@ impl Qp {
             clock.hold_until = None;
             self.tx.held = false;
             acted = true;
+        }
+        if let (Some(limit), true) = (self.clock.timers.rnr_wait, self.rx.rnr_waiting()) {
+            let wait = self.rx.rnr_waits;
+            match self.clock.rnr_since {
+                Some((w, since)) if w == wait => {
+                    if now.saturating_duration_since(since) >= limit {
+                        self.clock.rnr_since = None;
+                        self.rnr_give_up();
+                        acted = true;
+                    }
+                }
+                _ => self.clock.rnr_since = Some((wait, now)),
+            }
         }
         let Some(limit) = self.clock.timers.rx_stall else {
             return acted;

@@ -9,7 +9,9 @@
 //!
 //! Methods are grouped quinn-style: getters; `handle_*` inputs; application commands
 //! (`post_*`, `modify`, `establish`, `destroy`); `poll_*` outputs. No I/O, no clock reads
-//! (time is passed in), and no allocation after [`Qp::new`].
+//! (time is passed in), and no allocation after [`Qp::new`] on the data path (the one
+//! exception is off it: bytes read ahead past a Send held by the RNR wait are kept in a
+//! buffer of the QP's own, see [`Qp::recv_from`]).
 //!
 //! # Sub-state machines and the clock
 //!
@@ -36,8 +38,8 @@
 //!
 //! Time-based rules are engine decisions too, quinn-style (`clock.rs`): [`Qp::set_timers`]
 //! turns them on, [`Qp::poll_timeout`] says when to call back, [`Qp::handle_timeout`]
-//! acts on the instant given (the receive stall, the first-FPDU hold); the runtime only
-//! sleeps, and tests pass made-up instants.
+//! acts on the instant given (the receive stall, the first-FPDU hold, the RNR wait's
+//! bound); the runtime only sleeps, and tests pass made-up instants.
 
 mod clock;
 mod codec;
@@ -408,6 +410,14 @@ impl Qp {
     /// Receive WRs posted to the own RQ and not yet used.
     pub fn rq_len(&self) -> usize {
         self.rx.rq.len()
+    }
+    /// True while a Send (or Immediate Data) that found no receive posted is held for one
+    /// (the RNR wait, [`Timers::rnr_wait`]): the QP reads nothing more until a receive is
+    /// posted (to its RQ or its SRQ) and [`Qp::recv_from`] is called again, or the wait's
+    /// bound passes ([`Qp::handle_timeout`]).
+    #[inline]
+    pub fn rnr_waiting(&self) -> bool {
+        self.rx.rnr_waiting()
     }
     /// Whether the guard words of the send queue ring are intact (checked by the runtime
     /// at every post; two loads).

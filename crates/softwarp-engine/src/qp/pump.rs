@@ -24,7 +24,11 @@
 //! into the posted receive, with its leading FPDUs and header in front of it in the
 //! staging buffer ([`RxState::early_read`](super::rx::RxState::early_read); confirmed by the header or copied out again).
 //! QPs on an SRQ never stage: their receiver may hold
-//! a header back until completions are polled, with staged bytes it could not take. Once
+//! a header back until completions are polled, with staged bytes it could not take. A QP
+//! with its own RQ holds a header only for the RNR wait (a Send that finds no receive
+//! posted, [`crate::qp::Timers::rnr_wait`]): the staged bytes behind it are then kept in
+//! the QP (`RxState::parked`, allocated then, and given back once it is past) and handed
+//! out first by the call that resumes, before anything more is read. Once
 //! the QP no longer receives, reads go to the staging buffer and are dropped, so the end
 //! of the stream is still seen.
 //!
@@ -221,6 +225,11 @@ pub enum RecvEnd {
     /// Nothing can be received until completions are polled (the QP holds as many SRQ
     /// receives as it may): poll them, then call again.
     Blocked,
+    /// A Send (or Immediate Data) found no receive posted and is held for one (the RNR
+    /// wait, [`crate::qp::Timers::rnr_wait`]): nothing more is read until a receive is
+    /// posted (then call again) or the wait's bound passes ([`Qp::poll_timeout`], then
+    /// [`Qp::handle_timeout`] and call again). Sending goes on meanwhile.
+    NoReceive,
     /// The source reached its end (the peer closed the stream).
     Eof,
     /// A read failed: the stream is lost.
@@ -297,6 +306,18 @@ impl Qp {
             if fed < staged {
                 if let Some(end) = self.feed(stage, &mut fed, staged, res) {
                     return end;
+                }
+                continue;
+            }
+            if !self.rx.parked.is_empty() {
+                // Bytes read past a held header in an earlier call come before any read.
+                if let Some(end) = self.resume_held(res) {
+                    return end;
+                }
+                fed = 0;
+                staged = self.rx.unpark(stage);
+                if staged == 0 {
+                    return RecvEnd::Bug("parked bytes and no staging buffer");
                 }
                 continue;
             }
@@ -382,10 +403,8 @@ impl Qp {
                         (Some(src.read_to(dest, extra)), len, asked)
                     }
                     RxTarget::Blocked => {
-                        // Completions polled since: the held header may go on now.
-                        let _ = self.rx_commit(0, res);
-                        if matches!(self.rx_target(), RxTarget::Blocked) {
-                            return RecvEnd::Blocked;
+                        if let Some(end) = self.resume_held(res) {
+                            return end;
                         }
                         continue;
                     }
@@ -519,6 +538,22 @@ impl Qp {
         Ok(Ok(n))
     }
 
+    /// Plans a held header again (completions polled, or a receive posted since):
+    /// `None` when it went on, else how the receive ends for now.
+    fn resume_held(&mut self, res: &mut impl RxResources) -> Option<RecvEnd> {
+        if !matches!(self.rx_target(), RxTarget::Blocked) {
+            return None;
+        }
+        let _ = self.rx_commit(0, res);
+        if !matches!(self.rx_target(), RxTarget::Blocked) {
+            None
+        } else if self.rx.rnr_waiting() {
+            Some(RecvEnd::NoReceive)
+        } else {
+            Some(RecvEnd::Blocked)
+        }
+    }
+
     /// Hands staged bytes `stage[*fed..staged]` to the receiver: the whole FPDUs at their
     /// start in one step each, then the next target's worth of the rest (a copy). Returns
     /// how the receive ends when it cannot go on.
@@ -549,6 +584,7 @@ impl Qp {
         }
         let bytes = stage.get(*fed..staged).unwrap_or_default();
         let mut staged_payload = false;
+        let rnr_waiting = self.rx.rnr_waiting();
         let n = match self.rx_target() {
             RxTarget::Buffer(b) => {
                 let n = b.len().min(bytes.len());
@@ -572,7 +608,14 @@ impl Qp {
                 staged_payload = true;
                 n
             }
-            // Only QPs on an SRQ block, and they do not stage.
+            // A Send held for a receive (the RNR wait): the bytes behind its header wait
+            // in the QP. (A QP on an SRQ, which may also hold for completions, does not
+            // stage.)
+            RxTarget::Blocked if rnr_waiting => {
+                self.rx.park(bytes);
+                *fed = staged;
+                return Some(RecvEnd::NoReceive);
+            }
             RxTarget::Blocked => return Some(RecvEnd::Bug("receiver blocked with staged bytes")),
             RxTarget::Closed => {
                 // The QP no longer receives: the rest is dropped.

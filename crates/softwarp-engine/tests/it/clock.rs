@@ -60,6 +60,7 @@ fn a_peer_stopped_inside_an_fpdu_is_terminated_once_a_look_finds_no_byte_for_the
             rx_stall: Some(STALL),
             first_fpdu_hold: None,
             responder_gate: None,
+            rnr_wait: None,
         };
         assert_eq!(timers.look_period(), Some(PERIOD));
         b.qp.set_timers(timers, t0);
@@ -120,6 +121,7 @@ fn bytes_arriving_between_looks_keep_a_slow_peer_alive_for_any_total_time() {
             rx_stall: Some(STALL),
             first_fpdu_hold: None,
             responder_gate: None,
+            rnr_wait: None,
         },
         t0,
     );
@@ -152,6 +154,7 @@ fn the_first_fpdu_hold_queues_posted_work_until_the_clock_ends_it() {
             rx_stall: None,
             first_fpdu_hold: Some(hold),
             responder_gate: None,
+            rnr_wait: None,
         },
         t0,
     );
@@ -182,6 +185,7 @@ fn a_terminate_is_not_held() {
             rx_stall: None,
             first_fpdu_hold: Some(Duration::from_secs(60)),
             responder_gate: None,
+            rnr_wait: None,
         },
         t0,
     );

@@ -16,6 +16,7 @@ mod negative;
 mod operations;
 mod read_counts;
 mod rfc7306;
+mod rnr;
 mod rx_fuzz;
 mod rx_runs;
 mod stag_keys;

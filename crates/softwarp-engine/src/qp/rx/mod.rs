@@ -48,6 +48,8 @@ const HDR_CAP: usize = 2 + 128;
 const SCRATCH: usize = 256;
 /// Bytes read before the header length is known: MPA length and the two control bytes.
 const FIRST_READ: usize = 4;
+/// Memory of parked bytes ([`RxState::parked`]) a QP keeps once it resumed.
+const PARKED_KEEP: usize = 4096;
 
 /// Where the next received bytes must go.
 #[derive(Debug)]
@@ -75,7 +77,8 @@ enum Phase {
     /// Not established, or closed after an error.
     Closed,
     Header,
-    /// Header complete, waiting for an SRQ WR slot.
+    /// Header complete, held: waiting for an SRQ WR slot (completions to be polled) or,
+    /// with [`RxState::rnr_hold`], for a receive to be posted ([`RxState::rnr_held`]).
     HeaderReady,
     Payload,
     Trailer,
@@ -215,6 +218,22 @@ pub(crate) struct RxState {
     /// The message in progress after an FPDU of it that did not end it (see [`RxRun`]);
     /// `None` once any other header is processed.
     run: Option<RxRun>,
+    /// A Send (or Immediate Data) that finds no receive posted is held, header complete,
+    /// until one is posted ([`Timers::rnr_wait`](crate::qp::Timers::rnr_wait) set): the
+    /// RNR wait. Off: it fails at once (the Terminate for no receive buffer).
+    pub(crate) rnr_hold: bool,
+    /// The header held ([`Phase::HeaderReady`]) waits for a receive to be posted (not for
+    /// completions to be polled).
+    pub(crate) rnr_held: bool,
+    /// RNR waits started so far: tells the clock one wait from the next.
+    pub(crate) rnr_waits: u64,
+    /// Whether the held header's FPDU starts a message (what `process_header` decided
+    /// when it held it; the retry plans it again).
+    hold_starts: bool,
+    /// Bytes read ahead past a held header, kept for the call that resumes (the staging
+    /// buffer is the caller's and is reused by other QPs meanwhile). Empty except while
+    /// an RNR wait holds a header of a QP that stages its reads.
+    pub(crate) parked: Vec<u8>,
 }
 
 /// Where a Send message's first large payload was: `lead` stream bytes after the message's
@@ -400,6 +419,11 @@ impl RxState {
             early: None,
             early_run: 0,
             run: None,
+            rnr_hold: false,
+            rnr_held: false,
+            rnr_waits: 0,
+            hold_starts: false,
+            parked: Vec::new(),
         }
     }
 
@@ -451,6 +475,33 @@ impl RxState {
         self.plan = Plan::Discard;
         self.deferred = None;
         self.run = None;
+        self.rnr_held = false;
+        self.parked = Vec::new();
+    }
+
+    /// True while a header is held for a receive to be posted (the RNR wait).
+    #[inline]
+    pub(crate) fn rnr_waiting(&self) -> bool {
+        self.rnr_held && self.phase == Phase::HeaderReady
+    }
+
+    /// Keeps `bytes` (read ahead past a held header) for the call that resumes, before
+    /// any kept already (those came after them in an earlier call).
+    pub(crate) fn park(&mut self, bytes: &[u8]) {
+        self.parked.splice(0..0, bytes.iter().copied());
+    }
+
+    /// Moves the first parked bytes into `stage` (as many as fit); returns how many.
+    pub(crate) fn unpark(&mut self, stage: &mut [u8]) -> usize {
+        let n = stage.len().min(self.parked.len());
+        if let (Some(d), Some(s)) = (stage.get_mut(..n), self.parked.get(..n)) {
+            d.copy_from_slice(s);
+        }
+        self.parked.drain(..n);
+        if self.parked.is_empty() && self.parked.capacity() > PARKED_KEEP {
+            self.parked = Vec::new();
+        }
+        n
     }
 
     #[inline]
@@ -1115,6 +1166,16 @@ impl Qp {
             return Some(hdr_len);
         };
         self.process_header(res.get().0, None);
+        if self.rx.phase == Phase::HeaderReady {
+            // Held for a receive to be posted (the RNR wait): the header alone is taken,
+            // as on the step-by-step path; the rest stays with the caller's bytes.
+            self.stats.rx_stream_bytes -= (total - hdr_len) as u64;
+            self.rx.mk.wire_pos = hdr_len;
+            if self.rx.crc_on {
+                self.rx.crc = crate::memory::crc32c_append(0, hdr);
+            }
+            return Some(hdr_len);
+        }
         // Payload: straight to where the plan says.
         let placed = match &self.rx.plan {
             Plan::Write {
@@ -1480,6 +1541,9 @@ impl Qp {
 
     /// Validates the complete header and decides where the payload goes.
     fn process_header(&mut self, mrs: &mut MrTable, srq: Option<&mut Srq>) {
+        // A held header planned again (completions polled, a receive posted): its FPDU
+        // was counted when it arrived.
+        let retry = self.rx.phase == Phase::HeaderReady;
         self.rx.phase = Phase::Payload;
         self.rx.run = None;
         let last = self
@@ -1487,8 +1551,13 @@ impl Qp {
             .hdr
             .get(2)
             .is_some_and(|c| c & softwarp_wire::ddp::FLAG_LAST != 0);
-        let starts_message = self.rx.prev_last;
-        self.rx.note_fpdu(self.rx.payload_len, last);
+        let starts_message = if retry {
+            self.rx.hold_starts
+        } else {
+            let s = self.rx.prev_last;
+            self.rx.note_fpdu(self.rx.payload_len, last);
+            s
+        };
         if self.rx.deferred.is_some() {
             // Nothing more is read from a header whose FPDU already failed.
         } else if let Some(plan) = self.rx.send_segment_plan() {
@@ -1509,9 +1578,30 @@ impl Qp {
             }
         }
         if self.rx.phase == Phase::HeaderReady {
+            self.rx.hold_starts = starts_message;
+            if self.rx.rnr_held && !retry {
+                self.stats.rx_rnr_waits += 1;
+            }
             return;
         }
         self.rx.note_early_layout(starts_message);
+        if self.rx.payload_len == 0 {
+            self.rx.enter_trailer();
+        }
+    }
+
+    /// The RNR wait ran out ([`Timers::rnr_wait`](crate::qp::Timers::rnr_wait)): the held
+    /// header fails as it would have without the wait (no receive buffer: the fault is
+    /// reported after the FPDU's CRC check, its payload discarded), and the QP reads on.
+    pub(crate) fn rnr_give_up(&mut self) {
+        if !self.rx.rnr_waiting() {
+            return;
+        }
+        self.rx.rnr_held = false;
+        self.rx.phase = Phase::Payload;
+        self.rx.defer(Fault::NoReceiveBuffer, FaultTarget::None);
+        self.stats.rx_rnr_expired += 1;
+        self.rx.note_early_layout(self.rx.hold_starts);
         if self.rx.payload_len == 0 {
             self.rx.enter_trailer();
         }

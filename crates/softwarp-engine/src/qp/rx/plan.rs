@@ -349,6 +349,17 @@ impl RxState {
         Ok(())
     }
 
+    /// No receive is posted for the message whose header is in: holds the header until
+    /// one is (the RNR wait; `Qp::recv_from` then reads nothing more, so TCP's flow
+    /// control stops the peer).
+    fn hold_for_receive(&mut self) {
+        if !self.rnr_held {
+            self.rnr_waits = self.rnr_waits.wrapping_add(1);
+        }
+        self.phase = Phase::HeaderReady;
+        self.rnr_held = true;
+    }
+
     /// Takes the receive WR for a new Send message (RQ or SRQ) and validates its SGEs.
     fn start_recv(&mut self, msn: u32, mrs: &MrTable, srq: Option<&mut Srq>) -> Planned {
         let (wr, pd) = if self.use_srq {
@@ -358,19 +369,26 @@ impl RxState {
             if self.done.len() + 1 > self.done.capacity() {
                 // Hold the header until completions are polled.
                 self.phase = Phase::HeaderReady;
+                self.rnr_held = false;
                 return Ok(());
             }
             let pd = srq.pd();
             match srq.take() {
                 Some(wr) => (wr, pd),
+                None if self.rnr_hold => {
+                    srq.note_rnr_wait();
+                    return Ok(self.hold_for_receive());
+                }
                 None => return Err((Fault::NoReceiveBuffer, FaultTarget::None)),
             }
         } else {
             match self.rq.pop() {
                 Some(wr) => (wr, self.pd),
+                None if self.rnr_hold => return Ok(self.hold_for_receive()),
                 None => return Err((Fault::NoReceiveBuffer, FaultTarget::None)),
             }
         };
+        self.rnr_held = false;
         // Built in place: the receive state is a few hundred bytes.
         let msg = self.msg.insert(RxMsg {
             capacity: 0,

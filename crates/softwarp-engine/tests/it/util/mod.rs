@@ -320,7 +320,7 @@ impl Side {
                     retried = true;
                     self.pump();
                 }
-                RecvEnd::Drained | RecvEnd::Blocked => break,
+                RecvEnd::Drained | RecvEnd::Blocked | RecvEnd::NoReceive => break,
                 RecvEnd::Budget | RecvEnd::Eof => unreachable!("no budget, no end of stream"),
                 RecvEnd::Failed(e) => panic!("the test reader failed: {e}"),
                 RecvEnd::Bug(why) => panic!("engine bug: {why}"),
