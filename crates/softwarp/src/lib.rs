@@ -122,7 +122,7 @@ pub use cm::handshake::StreamHandshake;
 pub use cm::{
     CmEvent, CmEventChannel, CmId, CmListener, CmState, ConnId, ConnectOptions, ConnectRequest,
     ConnectionInfo, CrcMode, DisconnectReason, Keepalive, ListenOptions, ListenerId, ListenerStats,
-    MarkerMode, Role, RtrTypes, MAX_QUEUED_REQUEST_ERRORS,
+    MarkerMode, Role, RtrTypes, DEFAULT_RNR_WAIT, MAX_QUEUED_REQUEST_ERRORS,
 };
 pub use error::{BlockingContext, Error, InflightReport, InsideThread, MpaError, Result};
 pub use owned::{EditGuard, OwnedBuf, OwnedMr, OwnedRelease};

@@ -70,6 +70,7 @@ mod worker;
 
 pub use crate::verbs::qp::options::{
     ConnectOptions, ConnectionInfo, CrcMode, Keepalive, MarkerMode, Role, RtrTypes,
+    DEFAULT_RNR_WAIT,
 };
 pub use admission::ListenerStats;
 pub(crate) use admission::EVICT_AGE;

@@ -14,6 +14,7 @@ use crate::instrument::{attrs, Tracked};
 use crate::sync::lock;
 use crate::verbs::device::{CountGuard, Counts, DeviceShared};
 use crate::verbs::pd::ProtectionDomain;
+use crate::verbs::qp::QpShared;
 
 /// Creation parameters of a shared receive queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,9 @@ pub(crate) struct SrqShared {
     count: Mutex<CountGuard>,
     /// The SRQ's number, reserved while it lives.
     _number: crate::verbs::device::IdLease,
+    /// The QPs that receive from it (held weakly): a post after one of them found the SRQ
+    /// empty and holds a Send for a receive (the RNR wait) has them read again.
+    qps: Mutex<Vec<Weak<QpShared>>>,
 }
 
 impl Drop for SrqShared {
@@ -63,6 +67,23 @@ impl SrqShared {
             ]),
             markers: crate::availability::markers::ring_words(&[srq.ring_guard()]),
             ..ResourceDetails::default()
+        }
+    }
+
+    /// Adds `qp`, which receives from this SRQ, to those a post resumes (dropping those
+    /// gone).
+    pub(crate) fn add_qp(&self, qp: &Arc<QpShared>) {
+        let mut qps = lock(&self.qps);
+        qps.retain(|q| q.strong_count() > 0);
+        qps.push(Arc::downgrade(qp));
+    }
+
+    /// A receive was posted after a QP found the SRQ empty (the RNR wait): each QP on
+    /// the SRQ gets a progress pass, which goes on with a Send it holds.
+    fn resume_waiting(&self) {
+        let qps: Vec<Arc<QpShared>> = lock(&self.qps).iter().filter_map(Weak::upgrade).collect();
+        for qp in qps {
+            self.device.progress.kick(qp);
         }
     }
 
@@ -135,6 +156,7 @@ impl SharedReceiveQueue {
             max_sge: attr.max_sge,
             count: Mutex::new(count),
             _number: number,
+            qps: Mutex::new(Vec::new()),
         });
         ras.describe_with(Arc::downgrade(&shared) as Weak<dyn DescribeResource>);
         Ok(Self {
@@ -184,6 +206,11 @@ impl SharedReceiveQueue {
             ));
         }
         srq.post_recv(*wr)?;
+        let resume = srq.take_rnr_waiting();
+        drop(srq);
+        if resume {
+            s.resume_waiting();
+        }
         Ok(())
     }
 

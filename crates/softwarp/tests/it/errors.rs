@@ -204,7 +204,10 @@ fn read_of_a_region_without_remote_read_is_refused() {
 
 #[test]
 fn send_without_a_posted_receive_terminates_with_a_request_error() {
-    let (a, b) = pair(&ConnectOptions::default());
+    // Once the RNR wait (ConnectOptions::rnr_wait) has passed.
+    let wait = Duration::from_millis(200);
+    let (a, b) = pair(&ConnectOptions::default().rnr_wait(Some(wait)));
+    let t0 = std::time::Instant::now();
     a.qp.post_send(&send_wr(
         1,
         send_op(false, None),
@@ -219,6 +222,8 @@ fn send_without_a_posted_receive_terminates_with_a_request_error() {
             cause: Cause::Detected(Fault::NoReceiveBuffer)
         }
     );
+    assert!(t0.elapsed() >= wait, "failed after {:?}", t0.elapsed());
+    assert_eq!(b.qp.stats().rx_rnr_expired, 1);
     wait_event(&a.dev, |e| qp_event_of(e, a.qp.qp_num()).is_some());
     wait_state(&a.qp, QpState::Error);
 }

@@ -40,6 +40,7 @@ mod peer_faults;
 mod peer_vanishes;
 mod ras_wiring;
 mod raw_peer;
+mod rnr;
 mod two_process;
 mod tx_batching;
 mod tx_interleave;

@@ -883,14 +883,19 @@ fn send_in_two_segments_longer_than_the_receive_places_only_what_fits() {
 // Buffer Error, "Invalid MSN - no buffer available" (code 2).
 #[test]
 fn send_with_no_receive_posted_gets_no_buffer_available() {
+    // After the RNR wait (ConnectOptions::rnr_wait), the Terminate sent without one.
+    let wait = std::time::Duration::from_millis(300);
     let stack = Stack::new(0);
-    let mut peer = stack.connect(Role::Initiator);
+    let opts = ConnectOptions::default().rnr_wait(Some(wait));
+    let (mut peer, _) = stack.connect_with(Role::Initiator, &opts, Offer::default());
+    let t0 = std::time::Instant::now();
     let sent = peer.send(&send(1, 0, true, Message::Send, b"nobody listens"));
     expect_rfc5040_terminate_and_close(
         &mut peer,
         ddp_untagged(UntaggedBufferError::InvalidMsnNoBuffer),
         Copied::Ddp(&sent),
     );
+    assert!(t0.elapsed() >= wait, "terminated after {:?}", t0.elapsed());
     stack.assert_failed(Kind::Request, Fault::NoReceiveBuffer, &[]);
     stack.rbuf.assert_unchanged();
     stack.close(peer);
@@ -973,7 +978,8 @@ fn the_stacks_terminate_reads_in_rfc_5040_layout_and_in_siw_layout_when_configur
         // An untagged error (Layer 1, EType 2, code 2): Layer and EType differ, so the
         // nibble order shows.
         let stack = Stack::new(0);
-        let (mut peer, _) = stack.connect_with(roles[1], &opts, Offer::default());
+        let no_wait = opts.clone().rnr_wait(None);
+        let (mut peer, _) = stack.connect_with(roles[1], &no_wait, Offer::default());
         let sent = peer.send(&send(1, 0, true, Message::Send, b"no buffer"));
         let t = peer.expect_terminate();
         assert_eq!(

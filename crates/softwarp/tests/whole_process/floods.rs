@@ -392,10 +392,11 @@ fn a_burst_of_unsolicited_sends_gets_one_terminate_and_nothing_grows() {
     const SENDS: u32 = 10_000;
     let _serial = serial();
     let stack = End::new(None, None);
+    // No RNR wait: the first Send fails the stream at once.
     let (mut peer, _) = RawPeer::connect(
         Role::Initiator,
         &stack.qp,
-        &ConnectOptions::default(),
+        &ConnectOptions::default().rnr_wait(None),
         Offer::default(),
     );
     let payload = [0x5au8; 1024];

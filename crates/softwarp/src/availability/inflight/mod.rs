@@ -68,9 +68,10 @@ pub(crate) enum Entry {
     DeregMr,
     CreateSrq,
     Service,
+    SetRnrWait,
 }
 
-const ENTRY_NAMES: [&str; 17] = [
+const ENTRY_NAMES: [&str; 18] = [
     "QueuePair::post_send",
     "QueuePair::post_recv",
     "SharedReceiveQueue::post_recv",
@@ -88,6 +89,7 @@ const ENTRY_NAMES: [&str; 17] = [
     "MemoryRegion::drop (deregister)",
     "ProtectionDomain::create_srq",
     "QueuePair::service",
+    "QueuePair::set_rnr_wait",
 ];
 
 impl Entry {

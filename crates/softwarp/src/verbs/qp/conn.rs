@@ -490,6 +490,8 @@ impl QpShared {
             responder_gate: (neg.role == Role::Responder
                 && opts.responder_wait_limit != Duration::MAX)
                 .then_some(opts.responder_wait_limit),
+            // The QP's own setting (`QueuePair::set_rnr_wait`) before the connection's.
+            rnr_wait: g.rnr_wait.unwrap_or(opts.rnr_wait),
         };
         g.qp.set_timers(timers, Instant::now());
         g.conn = Some(Conn {

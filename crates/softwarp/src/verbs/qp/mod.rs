@@ -196,6 +196,9 @@ pub(crate) struct QpInner {
     /// Posts that only queued their work behind a full socket (statistics: the
     /// `tx_deferred` detail of `softwarp resources`).
     tx_deferred: u64,
+    /// The QP's own RNR wait ([`QueuePair::set_rnr_wait`]), before the connection's
+    /// ([`ConnectOptions::rnr_wait`](crate::ConnectOptions::rnr_wait)).
+    rnr_wait: Option<Option<Duration>>,
 }
 
 /// State shared between a [`QueuePair`] handle and the progress thread. `repr(C)`: the
@@ -543,6 +546,7 @@ impl QueuePair {
                 rx_handbacks: 0,
                 recv_posts: 0,
                 tx_deferred: 0,
+                rnr_wait: None,
             }),
             count: Mutex::new(count),
             _number: number,
@@ -551,6 +555,9 @@ impl QueuePair {
             end: markers::End::new(markers::Kind::Qp),
         });
         let tracked = track(&shared, qp_bytes(&attr.cap));
+        if let Some(srq) = &shared.srq {
+            srq.add_qp(&shared);
+        }
         device.add_qp(&shared);
         shared.send_cq.add_qp(&shared);
         shared.recv_cq.add_qp(&shared);
@@ -819,7 +826,48 @@ impl QueuePair {
         }
         g.recv_posts = g.recv_posts.wrapping_add(1);
         s.drain(&mut g);
+        // A Send held for a receive (the RNR wait) goes on: the progress thread reads the
+        // socket again (a busy-polled QP's next poll does it anyway).
+        let resume = g.qp.rnr_waiting() && g.conn.is_some();
+        drop(g);
+        if resume {
+            s.device.progress.kick(Arc::clone(s));
+        }
         failed.map_or(Ok(()), Err)
+    }
+
+    /// Sets how long a Send that finds no receive posted waits for one on this QP (the
+    /// RNR wait; `None`: the stream fails at once), instead of the connection's
+    /// [`ConnectOptions::rnr_wait`](crate::ConnectOptions::rnr_wait): for a connection to
+    /// come, and at once for the one in place (a Send held now that may no longer wait
+    /// fails). `ibv_modify_qp`'s `min_rnr_timer` and `rnr_retry` map to it in the C
+    /// library.
+    pub fn set_rnr_wait(&self, wait: Option<Duration>) -> Result<()> {
+        let s = &self.shared;
+        let _inside = s.enter(Entry::SetRnrWait)?;
+        let mut g = s.lock();
+        g.rnr_wait = Some(wait);
+        let kick = g.conn.is_some() && {
+            let held = g.qp.rnr_waiting();
+            g.qp.set_rnr_wait(wait);
+            held && !g.qp.rnr_waiting()
+        };
+        drop(g);
+        if kick {
+            s.device.progress.kick(Arc::clone(s));
+        }
+        Ok(())
+    }
+
+    /// The RNR wait of this QP's connection (or of the next one): its own
+    /// ([`QueuePair::set_rnr_wait`]), else the connection's options'; `None` before a
+    /// connection when the QP has none of its own.
+    pub fn rnr_wait(&self) -> Option<Option<Duration>> {
+        let g = self.shared.lock();
+        if g.conn.is_some() {
+            return Some(g.qp.timers().rnr_wait);
+        }
+        g.rnr_wait
     }
 
     /// Moves the QP to the Error state: outstanding work requests complete with

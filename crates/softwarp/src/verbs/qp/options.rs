@@ -173,7 +173,28 @@ pub struct ConnectOptions {
     /// move the payload out of it. The peer sees a few more FPDUs (any segmentation is valid
     /// DDP). False: every FPDU of a message but the last carries the largest payload.
     pub tx_alias_lead: bool,
+    /// How long a Send (with Solicited Event, with Invalidate, or RFC 7306 Immediate Data)
+    /// that arrives when no receive is posted waits for one before the stream fails
+    /// (default [`DEFAULT_RNR_WAIT`]; `None`: fail at once, as an RNIC without the wait
+    /// does). iWARP has no RNR NAK and retry; instead the QP holds the Send's header and
+    /// reads nothing more from the socket, so TCP's flow control stops the peer's sender
+    /// (its Sends, Writes and Read Requests behind the held one wait in the peer's socket),
+    /// while this side still sends (its own work and Read Responses). A receive posted to
+    /// the QP's RQ or SRQ resumes it at once. Past the bound the Send fails as without the
+    /// wait: the Terminate for no receive buffer (DDP, untagged buffer error, "Invalid MSN
+    /// - no buffer available"), the QP goes to Error and flushes its work. A rule of the
+    /// engine's clock (`softwarp_engine::qp::Timers::rnr_wait`); per QP,
+    /// [`crate::QueuePair::set_rnr_wait`] overrides it. `Some(Duration::MAX)` waits until
+    /// a receive comes.
+    pub rnr_wait: Option<Duration>,
 }
+
+/// The default of [`ConnectOptions::rnr_wait`]: 10 s. Long enough that a receiver
+/// descheduled on a loaded machine, or paused by its runtime, never kills its connection
+/// (InfiniBand applications set `rnr_retry` 7, which retries for ever, and count on it);
+/// short enough that a peer whose receives never come is still failed, well before the
+/// receive stall's 30 s ([`ConnectOptions::rx_stall_timeout`]).
+pub const DEFAULT_RNR_WAIT: Duration = Duration::from_secs(10);
 
 impl Default for ConnectOptions {
     fn default() -> Self {
@@ -205,6 +226,7 @@ impl ConnectOptions {
             tcp_user_timeout: None,
             tcp_keepalive: Some(Keepalive::DEFAULT),
             tx_alias_lead: true,
+            rnr_wait: Some(DEFAULT_RNR_WAIT),
         }
     }
 
@@ -253,6 +275,12 @@ impl ConnectOptions {
     /// Sets [`ConnectOptions::tcp_keepalive`].
     pub fn tcp_keepalive(mut self, keepalive: Option<Keepalive>) -> Self {
         self.tcp_keepalive = keepalive;
+        self
+    }
+
+    /// Sets [`ConnectOptions::rnr_wait`].
+    pub fn rnr_wait(mut self, wait: Option<Duration>) -> Self {
+        self.rnr_wait = wait;
         self
     }
 

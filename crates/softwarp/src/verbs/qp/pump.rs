@@ -60,6 +60,9 @@ pub(super) enum RxEnd {
     More,
     /// The engine waits for completions to be taken.
     Blocked,
+    /// The engine holds a Send for a receive to be posted (the RNR wait): a post, or its
+    /// clock, resumes it.
+    NoReceive,
     /// End of stream or error.
     Closed,
 }
@@ -226,6 +229,19 @@ impl QpShared {
                     drained = true;
                 }
                 RecvEnd::Blocked => return RxEnd::Blocked,
+                // A Send waits for a receive: the clock starts the wait now (or, for a
+                // busy-polled QP whose polls come here, ends it once it ran out; the
+                // held Send then fails and the rest of its FPDU is read on).
+                RecvEnd::NoReceive => {
+                    if !inner.qp.handle_timeout(Instant::now()) {
+                        return RxEnd::NoReceive;
+                    }
+                    tracing::warn!(
+                        qp = self.qp_num,
+                        wait = ?inner.qp.timers().rnr_wait,
+                        "no receive was posted for a Send within the RNR wait: stream terminated"
+                    );
+                }
                 RecvEnd::Eof => {
                     // Completions of what arrived before the close go out first.
                     self.drain(inner);
@@ -506,8 +522,18 @@ impl QpShared {
             return TimerLook::Next(None);
         }
         let before = inner.qp.state();
+        let waited = inner.qp.rnr_waiting();
         if !inner.qp.handle_timeout(now) {
             return TimerLook::Next(inner.qp.poll_timeout());
+        }
+        if waited && !inner.qp.rnr_waiting() {
+            tracing::warn!(
+                qp = self.qp_num,
+                wait = ?inner.qp.timers().rnr_wait,
+                "no receive was posted for a Send within the RNR wait: stream terminated"
+            );
+            // The pass reads the rest of the held FPDU and sends the Terminate.
+            return TimerLook::Acted;
         }
         if inner.qp.state() != before && !matches!(inner.qp.state(), QpState::Rts) {
             tracing::warn!(
