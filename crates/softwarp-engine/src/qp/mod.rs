@@ -532,6 +532,7 @@ impl Qp {
         match (from, to) {
             (QpState::Rts, QpState::Closing) => {
                 self.set_state(QpState::Closing);
+                self.rnr_abandon();
                 Ok(())
             }
             (_, QpState::Error) => {

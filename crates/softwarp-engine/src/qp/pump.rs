@@ -51,7 +51,7 @@ use crate::memory::Region;
 use crate::mr::MrTable;
 use crate::qp::rx::EarlyRead;
 use crate::qp::tx::MAX_GATHER_FPDUS;
-use crate::qp::{Qp, RxTarget, TxGather, TxPiece};
+use crate::qp::{Qp, QpState, RxTarget, TxGather, TxPiece};
 use crate::srq::Srq;
 
 /// A payload at least this long is read straight into its destination, with only a
@@ -545,6 +545,9 @@ impl Qp {
             return None;
         }
         let _ = self.rx_commit(0, res);
+        if self.state == QpState::Closing {
+            self.rnr_abandon();
+        }
         if !matches!(self.rx_target(), RxTarget::Blocked) {
             None
         } else if self.rx.rnr_waiting() {
@@ -585,6 +588,7 @@ impl Qp {
         let bytes = stage.get(*fed..staged).unwrap_or_default();
         let mut staged_payload = false;
         let rnr_waiting = self.rx.rnr_waiting();
+        let closing = self.state == QpState::Closing;
         let n = match self.rx_target() {
             RxTarget::Buffer(b) => {
                 let n = b.len().min(bytes.len());
@@ -611,6 +615,12 @@ impl Qp {
             // A Send held for a receive (the RNR wait): the bytes behind its header wait
             // in the QP. (A QP on an SRQ, which may also hold for completions, does not
             // stage.)
+            RxTarget::Blocked if rnr_waiting && closing => {
+                // Closing: nothing more is received (`Qp::rnr_abandon`).
+                self.rnr_abandon();
+                *fed = staged;
+                return None;
+            }
             RxTarget::Blocked if rnr_waiting => {
                 self.rx.park(bytes);
                 *fed = staged;

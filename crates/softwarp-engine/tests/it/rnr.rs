@@ -37,9 +37,8 @@ fn recv(b: &mut Side, src: &mut impl VectoredRead, stage: &mut [u8]) -> RecvEnd 
         mrs: &mut b.mrs,
         srq: b.srq.as_mut(),
     };
-    let end = b
-        .qp
-        .recv_from(src, stage, &mut budget, ReadUntil::WouldBlock, &mut res);
+    let end =
+        b.qp.recv_from(src, stage, &mut budget, ReadUntil::WouldBlock, &mut res);
     b.pump();
     end
 }
@@ -247,7 +246,10 @@ fn terminate_of(wire: &[u8], wait: Option<Duration>, staged: bool) -> (Vec<u8>, 
         let t1 = t0 + 3 * MS;
         assert!(!b.qp.handle_timeout(t1), "the first look starts the wait");
         assert_eq!(b.qp.poll_timeout(), Some(t1 + WAIT));
-        assert!(!b.qp.handle_timeout(t1 + WAIT - MS), "just short of the bound");
+        assert!(
+            !b.qp.handle_timeout(t1 + WAIT - MS),
+            "just short of the bound"
+        );
         assert!(b.qp.rnr_waiting());
         assert_eq!(b.qp.state(), QpState::Rts);
         assert!(b.qp.handle_timeout(t1 + WAIT), "the bound passed");
@@ -343,4 +345,60 @@ fn turning_the_wait_off_fails_a_held_send_and_a_reset_qp_forgets_it() {
             ..
         }
     )));
+}
+
+#[test]
+fn a_qp_that_closes_drops_a_held_send_and_what_follows_without_a_terminate() {
+    for (close_first, staged) in [(true, true), (true, false), (false, true), (false, false)] {
+        let s = StreamConfig::for_mss(1448);
+        let mut a = Side::new(1, s);
+        let (_src, s_stag, s_iova, _) = a.filled_region(3000, Access::NONE, 1);
+        for id in 1..=3 {
+            let sgl = SgList::single(sge(s_stag, s_iova, 0, 3000));
+            let op = SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            };
+            a.qp.post_send(&signaled_wr(id, op, sgl), &a.mrs).unwrap();
+        }
+        let mut wire = Vec::new();
+        a.transmit(&mut wire, || usize::MAX);
+        let mut b = Side::new(2, s);
+        b.qp.set_timers(timers(Some(WAIT)), Instant::now());
+        let mut stage = if staged {
+            vec![0u8; STAGE_LEN]
+        } else {
+            Vec::new()
+        };
+        let mut src = CutReader {
+            data: &wire,
+            at: 0,
+            piece: || 1000,
+        };
+        if close_first {
+            // Closing before the Sends come: the first one finds no receive.
+            b.qp.modify(QpState::Closing).unwrap();
+        } else {
+            assert!(matches!(
+                recv(&mut b, &mut src, &mut stage),
+                RecvEnd::NoReceive
+            ));
+            b.qp.modify(QpState::Closing).unwrap();
+        }
+        assert!(!b.qp.rnr_waiting());
+        assert!(matches!(
+            recv(&mut b, &mut src, &mut stage),
+            RecvEnd::Drained
+        ));
+        if staged {
+            // (A reader without a staging buffer has nowhere to drop bytes into.)
+            assert_eq!(src.at, wire.len(), "the rest is read (and dropped)");
+        }
+        let mut out = Vec::new();
+        b.transmit(&mut out, || usize::MAX);
+        assert!(out.is_empty(), "no Terminate");
+        assert!(!b.qp.terminate_sent());
+        assert!(b.events.is_empty(), "{:?}", b.events);
+        assert_eq!(b.qp.stats().rx.send.messages, 0);
+    }
 }

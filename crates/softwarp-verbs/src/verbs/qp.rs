@@ -9,8 +9,9 @@
 use std::cell::UnsafeCell;
 use std::ffi::c_int;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use softwarp::{
     Payload, PayloadRef, QpCap, QpInitAttr, QpState, QueuePair, RecvWr, RecvWrRef, SendOp, SendWr,
@@ -45,6 +46,53 @@ pub struct Qp {
     /// `ibv_destroy_qp` clears that field, so later rdma_cm calls on the id see no QP
     /// (`EINVAL`) instead of reading the freed one.
     pub cm_id: AtomicUsize,
+    /// The `min_rnr_timer` and `rnr_retry` `ibv_modify_qp` set ([`RNR_UNSET`]: never),
+    /// from which the QP's RNR wait is made ([`rnr_wait_of`]).
+    pub rnr_timer: AtomicU8,
+    pub rnr_retry: AtomicU8,
+}
+
+/// [`Qp::rnr_timer`] and [`Qp::rnr_retry`] before `ibv_modify_qp` set them.
+pub const RNR_UNSET: u8 = u8::MAX;
+
+/// InfiniBand's RNR NAK timer field (`min_rnr_timer`, 5 bits) in microseconds, by code
+/// (IBTA spec table 45; code 0 is the longest, 655.36 ms).
+const RNR_TIMER_US: [u32; 32] = [
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
+    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+    245_760, 327_680, 491_520,
+];
+
+/// The RNR wait (`QueuePair::set_rnr_wait`) for the `min_rnr_timer` (`timer`) and
+/// `rnr_retry` (`retry`) an application gave `ibv_modify_qp`, `None` for one it never
+/// set; `default` is the process's (`SOFTWARP_RNR_WAIT_MS`). On InfiniBand a Send that
+/// finds no receive is NAKed and retried `rnr_retry` times, each after the responder's
+/// `min_rnr_timer`; 7 retries for ever. iWARP has no NAK: the receiver itself holds the
+/// Send, so this QP's own two values stand for the whole exchange (programs set both
+/// ends alike):
+///
+/// - `rnr_retry` 0: no wait, the Send fails at once (as InfiniBand reports the RNR error
+///   at the first NAK);
+/// - `rnr_retry` 1 to 6: `rnr_retry` times the `min_rnr_timer` delay (code 0, 655.36 ms,
+///   when it was never set, as on InfiniBand): at most 3.93 s;
+/// - `rnr_retry` 7 ("infinite") or never set: the process's default, which is bounded
+///   (10 s unless `SOFTWARP_RNR_WAIT_MS` says otherwise): never for ever.
+///
+/// `min_rnr_timer` alone changes nothing: it only scales finite retries.
+pub fn rnr_wait_of(
+    timer: Option<u8>,
+    retry: Option<u8>,
+    default: Option<Duration>,
+) -> Option<Duration> {
+    match retry {
+        Some(0) => None,
+        Some(r @ 1..=6) => {
+            let code = usize::from(timer.unwrap_or(0) & 0x1f);
+            let us = RNR_TIMER_US.get(code).copied().unwrap_or(655_360);
+            Some(Duration::from_micros(u64::from(us) * u64::from(r)))
+        }
+        _ => default,
+    }
 }
 
 impl Qp {
@@ -248,6 +296,8 @@ fn create(ctx: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Result<*mut ibv
         sq_sig_all: init.sq_sig_all,
         builder: Mutex::new(WrBuilder::default()),
         cm_id: AtomicUsize::new(0),
+        rnr_timer: AtomicU8::new(RNR_UNSET),
+        rnr_retry: AtomicU8::new(RNR_UNSET),
     }));
     // SAFETY: the objects the QP was just made with, checked above.
     unsafe { for_each_use((a.pd, a.send_cq, a.recv_cq, a.srq), Users::add) };
@@ -303,6 +353,23 @@ pub unsafe extern "C" fn swv_ibv_modify_qp(
         return libc::EINVAL;
     };
     let mask = mask as u32;
+    if mask & (IBV_QP_MIN_RNR_TIMER | IBV_QP_RNR_RETRY) != 0 {
+        if mask & IBV_QP_MIN_RNR_TIMER != 0 {
+            q.rnr_timer.store(a.min_rnr_timer & 0x1f, Ordering::Relaxed);
+        }
+        if mask & IBV_QP_RNR_RETRY != 0 {
+            q.rnr_retry.store(a.rnr_retry.min(7), Ordering::Relaxed);
+        }
+        let set = |v: &AtomicU8| Some(v.load(Ordering::Relaxed)).filter(|&v| v != RNR_UNSET);
+        let wait = rnr_wait_of(
+            set(&q.rnr_timer),
+            set(&q.rnr_retry),
+            crate::env::options().rnr_wait,
+        );
+        if let Err(e) = q.qp.set_rnr_wait(wait) {
+            return errno::fail(CALL, &e);
+        }
+    }
     if mask & IBV_QP_STATE == 0 {
         return 0;
     }
@@ -383,6 +450,13 @@ pub unsafe extern "C" fn swv_ibv_query_qp(
         a.max_dest_rd_atomic = conn.as_ref().map_or(16, |c| c.ird.min(255) as u8);
         a.port_num = 1;
         a.sq_draining = 0;
+        // As set (InfiniBand's defaults otherwise: timer code 0, 7 retries).
+        a.min_rnr_timer = Some(q.rnr_timer.load(Ordering::Relaxed))
+            .filter(|&v| v != RNR_UNSET)
+            .unwrap_or(0);
+        a.rnr_retry = Some(q.rnr_retry.load(Ordering::Relaxed))
+            .filter(|&v| v != RNR_UNSET)
+            .unwrap_or(7);
         attr.write(a);
         let mut i: ibv_qp_init_attr = std::mem::zeroed();
         (i.qp_context, i.send_cq, i.recv_cq, i.srq) =
@@ -1010,6 +1084,24 @@ pub unsafe extern "C" fn swv_ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex 
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn min_rnr_timer_and_rnr_retry_map_to_a_bounded_rnr_wait() {
+        let default = Some(Duration::from_secs(10));
+        let ms = |n: u64| Some(Duration::from_micros(n));
+        // Never set, or 7 ("infinite"): the process's bounded default.
+        assert_eq!(rnr_wait_of(None, None, default), default);
+        assert_eq!(rnr_wait_of(Some(12), Some(7), default), default);
+        assert_eq!(rnr_wait_of(Some(12), None, default), default);
+        assert_eq!(rnr_wait_of(None, Some(7), None), None);
+        // 0 retries: fail at once.
+        assert_eq!(rnr_wait_of(Some(31), Some(0), default), None);
+        // Finite: retries times the timer (code 12 = 0.64 ms, code 0 = 655.36 ms).
+        assert_eq!(rnr_wait_of(Some(12), Some(3), default), ms(3 * 640));
+        assert_eq!(rnr_wait_of(Some(31), Some(1), default), ms(491_520));
+        assert_eq!(rnr_wait_of(None, Some(6), default), ms(6 * 655_360));
+        assert_eq!(rnr_wait_of(Some(0), Some(6), default), ms(6 * 655_360));
+    }
     use std::mem::{align_of, offset_of, size_of};
 
     /// `sges` reads a C `ibv_sge` array in place as `&[Sge]`: the layouts must agree (the

@@ -24,6 +24,7 @@
 //! | `SOFTWARP_INITIATOR_CLOSE_WAIT_MS` | how long an initiator's `rdma_disconnect`/`ibv_destroy_qp` waits for the responder to close first ([`CloseOrder`]); `0`: close at once | 50 |
 //! | `SOFTWARP_CONNECT_RETRIES` | how many times `rdma_connect` tries again when the TCP connection is refused (nothing listens yet) | 0 |
 //! | `SOFTWARP_CONNECT_RETRY_MS` | the pause before each of those tries | 100 |
+//! | `SOFTWARP_RNR_WAIT_MS` | how long a Send (or Immediate Data) that finds no receive posted waits for one, unread in the socket so that TCP holds the sender back, before the stream fails with the Terminate for no receive buffer (`ConnectOptions::rnr_wait`; per QP in the C library, `ibv_modify_qp`'s `min_rnr_timer` and `rnr_retry`); `0`: fail at once | 10000 |
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -266,6 +267,9 @@ pub fn from(get: impl Fn(&str) -> Option<String>) -> Result<ConnectOptions, Bad>
     if let Some(d) = millis(&get, "SOFTWARP_TCP_USER_TIMEOUT_MS")? {
         o.tcp_user_timeout = (!d.is_zero()).then_some(d);
     }
+    if let Some(d) = millis(&get, "SOFTWARP_RNR_WAIT_MS")? {
+        o.rnr_wait = (!d.is_zero()).then_some(d);
+    }
     Ok(o)
 }
 
@@ -313,6 +317,20 @@ mod tests {
             (d.crc, d.revision, d.markers)
         );
         assert_eq!(o.first_fpdu_delay, d.first_fpdu_delay);
+    }
+
+    #[test]
+    fn the_rnr_wait_comes_from_the_environment_and_0_turns_it_off() {
+        assert_eq!(
+            from(env(&[])).expect("defaults").rnr_wait,
+            Some(crate::DEFAULT_RNR_WAIT)
+        );
+        let o = from(env(&[("SOFTWARP_RNR_WAIT_MS", "250")])).expect("valid");
+        assert_eq!(o.rnr_wait, Some(Duration::from_millis(250)));
+        let o = from(env(&[("SOFTWARP_RNR_WAIT_MS", "0")])).expect("valid");
+        assert_eq!(o.rnr_wait, None);
+        let e = from(env(&[("SOFTWARP_RNR_WAIT_MS", "long")])).expect_err("refused");
+        assert_eq!(e.0, "SOFTWARP_RNR_WAIT_MS");
     }
 
     #[test]

@@ -325,6 +325,24 @@ pub(crate) fn accept_queue_len(fd: BorrowedFd<'_>) -> io::Result<u32> {
     }
 }
 
+/// Bytes of the TCP connection `fd` that the peer has not acknowledged yet, sent or not
+/// (`TCP_INFO`'s `tcpi_unacked` segments and `tcpi_notsent_bytes`): nonzero while the
+/// peer's receive window holds our last bytes back. An error reads as zero.
+pub(crate) fn unacknowledged(fd: BorrowedFd<'_>) -> u64 {
+    // struct tcp_info: `tcpi_unacked` (segments) at 24, `tcpi_notsent_bytes` at 144.
+    const UNACKED: usize = 24;
+    const NOTSENT: usize = 144;
+    let mut buf = [0u8; 160];
+    let Ok(n) = softwarp_ras::sys::tcp_info_raw(fd, &mut buf) else {
+        return 0;
+    };
+    let word = |at: usize| match buf.get(at..at + 4) {
+        Some(b) if n >= at + 4 => u64::from(u32::from_ne_bytes([b[0], b[1], b[2], b[3]])),
+        _ => 0,
+    };
+    word(UNACKED) + word(NOTSENT)
+}
+
 /// Waits until `fd` is readable or `timeout` passes (`None`: no limit). Returns true when
 /// readable (or in error/hang-up: a read will then not block).
 pub(crate) fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<bool> {
@@ -375,6 +393,18 @@ pub(crate) fn writable_now(fd: BorrowedFd<'_>) -> bool {
         rustix::event::poll(&mut fds, Some(&Timespec::default())),
         Ok(0)
     )
+}
+
+/// True when the peer of the TCP connection `fd` has closed its side (its FIN arrived:
+/// `POLLRDHUP`, set even while bytes before the FIN are still unread) or reset it
+/// (`POLLHUP`, `POLLERR`), asked without waiting.
+pub(crate) fn peer_hung_up(fd: BorrowedFd<'_>) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(&fd, PollFlags::RDHUP)];
+    matches!(rustix::event::poll(&mut fds, Some(&Timespec::default())), Ok(n) if n > 0)
+        && fds[0]
+            .revents()
+            .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
 }
 
 /// A Linux eventfd in non-blocking mode: a counter that is readable while non-zero.

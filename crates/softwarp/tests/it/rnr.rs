@@ -71,8 +71,12 @@ fn outrun(a: &End, b: &End, srq: Option<&SharedReceiveQueue>) {
                 } else {
                     SgList::single(src.sge(0, len as u32).unwrap())
                 };
-                a.qp.post_send(&send_wr(i as u64, send_op(i % 5 == 0, None), Payload::Sgl(sgl)))
-                    .unwrap();
+                a.qp.post_send(&send_wr(
+                    i as u64,
+                    send_op(i % 5 == 0, None),
+                    Payload::Sgl(sgl),
+                ))
+                .unwrap();
                 // The source is rewritten for the next message only once this one left.
                 let wcs = wait_wcs(&a.scq, 1);
                 assert_eq!(wcs[0].status, WcStatus::Success, "{wcs:?}");

@@ -1590,6 +1590,21 @@ impl Qp {
         }
     }
 
+    /// The QP is closing (graceful disconnect) while a Send waits for a receive, or a Send
+    /// that finds none arrives then: the application closes with it unreceived, as a TCP
+    /// application closes with bytes unread. Nothing more is received: the rest of the
+    /// stream is read and dropped until the peer's close (whose work behind the held Send
+    /// is flushed when the connection ends); no Terminate. A Terminate here would fail the
+    /// peer's side in the middle of its own orderly close.
+    ///
+    /// Also for the runtime when the peer closed or reset the connection behind a held
+    /// Send (the Send will not be received; nothing more is).
+    pub fn rnr_abandon(&mut self) {
+        if self.rx.rnr_waiting() {
+            self.rx.close();
+        }
+    }
+
     /// The RNR wait ran out ([`Timers::rnr_wait`](crate::qp::Timers::rnr_wait)): the held
     /// header fails as it would have without the wait (no receive buffer: the fault is
     /// reported after the FPDU's CRC check, its payload discarded), and the QP reads on.

@@ -311,7 +311,39 @@ impl QpShared {
             conn.linger_until = Deadline::after_from(now, LINGER).instant();
             tracing::debug!(qp = self.qp_num, ?state, "connection: FIN sent");
         }
+        if !conn.shut_wr && tx == TxEnd::Full {
+            // The peer does not read (a Send of ours waits there for a receive, say): our
+            // last bytes, and a FIN behind them, may never reach it. Bounded like the
+            // wait for its FIN; past it the connection is reset.
+            if conn.linger_until.is_none() {
+                conn.linger_until = Deadline::after_from(now, LINGER).instant();
+            }
+            if conn.linger_until.is_some_and(|t| now >= t) {
+                tracing::debug!(qp = self.qp_num, ?state, "the peer does not read: reset");
+                if let Err(e) = sys::set_linger_zero(conn.stream.as_fd()) {
+                    tracing::debug!(qp = self.qp_num, error = %e, "SO_LINGER 0 failed");
+                }
+                let _ = registry.deregister(&mut conn.stream);
+                inner.conn = None;
+                self.connection_gone(inner);
+                return (true, false);
+            }
+            return (false, true);
+        }
         let expired = conn.linger_until.is_some_and(|t| now >= t);
+        if conn.shut_wr && !conn.read_closed && expired {
+            let left = sys::unacknowledged(conn.stream.as_fd());
+            if left > 0 {
+                // The peer has not taken our last bytes (nor the FIN behind them) for the
+                // linger time: it does not read (a Send of ours waits there for a
+                // receive, say), and a plain close would leave it waiting for bytes it
+                // cannot see the end of. Reset, as `SO_LINGER` does past its time.
+                tracing::debug!(qp = self.qp_num, left, "the peer does not read: reset");
+                if let Err(e) = sys::set_linger_zero(conn.stream.as_fd()) {
+                    tracing::debug!(qp = self.qp_num, error = %e, "SO_LINGER 0 failed");
+                }
+            }
+        }
         if conn.shut_wr && (conn.read_closed || expired) {
             let _ = registry.deregister(&mut conn.stream);
             inner.conn = None;

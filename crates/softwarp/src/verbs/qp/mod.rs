@@ -859,6 +859,13 @@ impl QueuePair {
         Ok(())
     }
 
+    /// True while the QP holds a Send that found no receive posted (the RNR wait): it
+    /// reads nothing from its connection until a receive is posted or the wait ends, so
+    /// its peer's later messages, and its close, are not seen meanwhile.
+    pub fn rnr_waiting(&self) -> bool {
+        self.shared.lock().qp.rnr_waiting()
+    }
+
     /// The RNR wait of this QP's connection (or of the next one): its own
     /// ([`QueuePair::set_rnr_wait`]), else the connection's options'; `None` before a
     /// connection when the QP has none of its own.

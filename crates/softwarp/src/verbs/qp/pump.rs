@@ -233,6 +233,18 @@ impl QpShared {
                 // busy-polled QP whose polls come here, ends it once it ran out; the
                 // held Send then fails and the rest of its FPDU is read on).
                 RecvEnd::NoReceive => {
+                    // The peer closed or reset the connection behind the held Send: it
+                    // will not be received (the peer's work behind it ends with the
+                    // connection); read on to the end of the stream.
+                    let gone = inner
+                        .conn
+                        .as_ref()
+                        .is_some_and(|c| sys::peer_hung_up(c.stream.as_fd()));
+                    if gone {
+                        tracing::debug!(qp = self.qp_num, "peer closed behind a held Send");
+                        inner.qp.rnr_abandon();
+                        continue;
+                    }
                     if !inner.qp.handle_timeout(Instant::now()) {
                         return RxEnd::NoReceive;
                     }
