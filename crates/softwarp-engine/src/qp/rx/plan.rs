@@ -377,14 +377,18 @@ impl RxState {
                 Some(wr) => (wr, pd),
                 None if self.rnr_hold => {
                     srq.note_rnr_wait();
-                    return Ok(self.hold_for_receive());
+                    self.hold_for_receive();
+                    return Ok(());
                 }
                 None => return Err((Fault::NoReceiveBuffer, FaultTarget::None)),
             }
         } else {
             match self.rq.pop() {
                 Some(wr) => (wr, self.pd),
-                None if self.rnr_hold => return Ok(self.hold_for_receive()),
+                None if self.rnr_hold => {
+                    self.hold_for_receive();
+                    return Ok(());
+                }
                 None => return Err((Fault::NoReceiveBuffer, FaultTarget::None)),
             }
         };

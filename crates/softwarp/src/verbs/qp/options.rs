@@ -181,8 +181,10 @@ pub struct ConnectOptions {
     /// (its Sends, Writes and Read Requests behind the held one wait in the peer's socket),
     /// while this side still sends (its own work and Read Responses). A receive posted to
     /// the QP's RQ or SRQ resumes it at once. Past the bound the Send fails as without the
-    /// wait: the Terminate for no receive buffer (DDP, untagged buffer error, "Invalid MSN
-    /// - no buffer available"), the QP goes to Error and flushes its work. A rule of the
+    /// wait: the Terminate for no receive buffer (DDP, untagged buffer error, "Invalid
+    /// MSN, no buffer available"), the QP goes to Error and flushes its work. A QP that
+    /// closes (or whose peer closes) while it holds a Send drops it and the rest of the
+    /// stream, with no Terminate. A rule of the
     /// engine's clock (`softwarp_engine::qp::Timers::rnr_wait`); per QP,
     /// [`crate::QueuePair::set_rnr_wait`] overrides it. `Some(Duration::MAX)` waits until
     /// a receive comes.
