@@ -91,6 +91,13 @@
 //! Send with Invalidate, queueing a Read Request, acting on a Terminate); a header error is
 //! reported after the CRC check, so a corrupted FPDU is a CRC error.
 //!
+//! A Send (or Immediate Data) whose header finds no receive posted is held when the QP's
+//! clock has an RNR wait ([`qp::Timers::rnr_wait`]): nothing more is read (TCP's flow
+//! control then holds the peer back, iWARP's stand-in for InfiniBand's RNR retry), bytes
+//! already read ahead past the header are kept in the QP, and [`qp::Qp::recv_from`] ends
+//! with [`qp::RecvEnd::NoReceive`] until a receive is posted; past the bound the Send
+//! fails as it does without the wait (the no-buffer Terminate, after the CRC check).
+//!
 //! With MPA markers negotiated for the received direction, every target stops at the next
 //! marker position; the marker goes into a 4-byte buffer in the QP, is checked (FPDUPTR),
 //! fed to the CRC and dropped, so the payload still goes straight to its destination. A bad

@@ -311,13 +311,9 @@ impl Qp {
             }
             if !self.rx.parked.is_empty() {
                 // Bytes read past a held header in an earlier call come before any read.
-                if let Some(end) = self.resume_held(res) {
-                    return end;
-                }
-                fed = 0;
-                staged = self.rx.unpark(stage);
-                if staged == 0 {
-                    return RecvEnd::Bug("parked bytes and no staging buffer");
+                match self.unpark(stage, res) {
+                    Ok(n) => (fed, staged) = (0, n),
+                    Err(end) => return end,
                 }
                 continue;
             }
@@ -538,8 +534,25 @@ impl Qp {
         Ok(Ok(n))
     }
 
+    /// Bytes read past a held header in an earlier call (the RNR wait) are waiting in the
+    /// QP: once the header goes on, as many as fit go into `stage` to be fed (returns how
+    /// many), else how the receive ends for now. Out of line: `recv_from` is inlined into
+    /// the runtime's passes, which this rare case should not make larger.
+    #[cold]
+    #[inline(never)]
+    fn unpark(&mut self, stage: &mut [u8], res: &mut impl RxResources) -> Result<usize, RecvEnd> {
+        if let Some(end) = self.resume_held(res) {
+            return Err(end);
+        }
+        match self.rx.unpark(stage) {
+            0 => Err(RecvEnd::Bug("parked bytes and no staging buffer")),
+            n => Ok(n),
+        }
+    }
+
     /// Plans a held header again (completions polled, or a receive posted since):
     /// `None` when it went on, else how the receive ends for now.
+    #[inline(never)]
     fn resume_held(&mut self, res: &mut impl RxResources) -> Option<RecvEnd> {
         if !matches!(self.rx_target(), RxTarget::Blocked) {
             return None;

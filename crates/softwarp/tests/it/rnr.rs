@@ -158,4 +158,41 @@ fn a_sender_that_outruns_a_slow_receiver_on_an_srq_loses_nothing() {
     };
     connect(&mut a, &mut b, &ConnectOptions::default());
     outrun(&a, &b, Some(&srq));
+    // The SRQ goes before its device does (a device closed with it still there reports a
+    // leak).
+    let End {
+        qp,
+        scq,
+        rcq,
+        pd,
+        dev,
+        ..
+    } = b;
+    drop(qp);
+    drop(srq);
+    drop((scq, rcq, pd, dev));
+}
+
+#[test]
+fn a_qps_own_rnr_wait_overrides_the_connections_and_ends_in_the_no_buffer_terminate() {
+    let (a, b) = pair(&ConnectOptions::default());
+    assert_eq!(b.qp.rnr_wait(), Some(Some(DEFAULT_RNR_WAIT)));
+    let wait = Duration::from_millis(150);
+    b.qp.set_rnr_wait(Some(wait)).unwrap();
+    assert_eq!(b.qp.rnr_wait(), Some(Some(wait)));
+    let t0 = Instant::now();
+    a.qp.post_send(&send_wr(1, send_op(false, None), Payload::Inline(b"late")))
+        .unwrap();
+    let (ev, _) = wait_event(&b.dev, |e| matches!(e, AsyncEvent::QpRequestError { .. }));
+    assert!(t0.elapsed() >= wait, "failed after {:?}", t0.elapsed());
+    assert_eq!(
+        ev,
+        AsyncEvent::QpRequestError {
+            qp_num: b.qp.qp_num(),
+            cause: Cause::Detected(Fault::NoReceiveBuffer)
+        }
+    );
+    assert_eq!(b.qp.stats().rx_rnr_waits, 1);
+    assert_eq!(b.qp.stats().rx_rnr_expired, 1);
+    wait_state(&a.qp, QpState::Error);
 }

@@ -280,6 +280,16 @@ impl QpShared {
         self.ras.state_seen(inner.qp.state());
     }
 
+    /// Has the progress thread pass over the QP, which holds a Send that a receive just
+    /// posted may take (the RNR wait), when it is connected.
+    #[cold]
+    #[inline(never)]
+    fn resume_held(self: &Arc<Self>) {
+        if self.lock().conn.is_some() {
+            self.device.progress.kick(Arc::clone(self));
+        }
+    }
+
     /// Takes the QP's failure snapshot (`kind`, `reason`) unless one was taken for its
     /// connection already; returns its id. Takes the QP lock: call with no lock held.
     pub(crate) fn take_snapshot(
@@ -828,10 +838,9 @@ impl QueuePair {
         s.drain(&mut g);
         // A Send held for a receive (the RNR wait) goes on: the progress thread reads the
         // socket again (a busy-polled QP's next poll does it anyway).
-        let resume = g.qp.rnr_waiting() && g.conn.is_some();
-        drop(g);
-        if resume {
-            s.device.progress.kick(Arc::clone(s));
+        if g.qp.rnr_waiting() {
+            drop(g);
+            s.resume_held();
         }
         failed.map_or(Ok(()), Err)
     }

@@ -233,26 +233,9 @@ impl QpShared {
                 // busy-polled QP whose polls come here, ends it once it ran out; the
                 // held Send then fails and the rest of its FPDU is read on).
                 RecvEnd::NoReceive => {
-                    // The peer closed or reset the connection behind the held Send: it
-                    // will not be received (the peer's work behind it ends with the
-                    // connection); read on to the end of the stream.
-                    let gone = inner
-                        .conn
-                        .as_ref()
-                        .is_some_and(|c| sys::peer_hung_up(c.stream.as_fd()));
-                    if gone {
-                        tracing::debug!(qp = self.qp_num, "peer closed behind a held Send");
-                        inner.qp.rnr_abandon();
-                        continue;
-                    }
-                    if !inner.qp.handle_timeout(Instant::now()) {
+                    if self.rnr_held(inner) {
                         return RxEnd::NoReceive;
                     }
-                    tracing::warn!(
-                        qp = self.qp_num,
-                        wait = ?inner.qp.timers().rnr_wait,
-                        "no receive was posted for a Send within the RNR wait: stream terminated"
-                    );
                 }
                 RecvEnd::Eof => {
                     // Completions of what arrived before the close go out first.
@@ -271,6 +254,36 @@ impl QpShared {
                 }
             }
         }
+    }
+
+    /// A receive pass found a Send held for a receive (the RNR wait): true while it still
+    /// waits. False when the peer closed or reset the connection behind it (the Send will
+    /// not be received and the peer's work behind it ends with the connection: it is
+    /// dropped, and the stream is read on to its end) or when the wait's clock, started
+    /// here, found it ran out (for a busy-polled QP, whose polls come here; the held Send
+    /// then fails and the rest of its FPDU is read). Out of line: the receive pass stays as
+    /// small as it was for the data path.
+    #[cold]
+    #[inline(never)]
+    fn rnr_held(&self, inner: &mut QpInner) -> bool {
+        let gone = inner
+            .conn
+            .as_ref()
+            .is_some_and(|c| sys::peer_hung_up(c.stream.as_fd()));
+        if gone {
+            tracing::debug!(qp = self.qp_num, "peer closed behind a held Send");
+            inner.qp.rnr_abandon();
+            return false;
+        }
+        if !inner.qp.handle_timeout(Instant::now()) {
+            return true;
+        }
+        tracing::warn!(
+            qp = self.qp_num,
+            wait = ?inner.qp.timers().rnr_wait,
+            "no receive was posted for a Send within the RNR wait: stream terminated"
+        );
+        false
     }
 
     /// [`QpShared::rx_pass`] with a small buffer of its own, for a thread whose staging
