@@ -266,6 +266,7 @@ fn the_responders_gate_opens_at_its_bound_without_the_initiators_first_fpdu() {
                 rx_stall: None,
                 first_fpdu_hold: None,
                 responder_gate: bound,
+                rnr_wait: None,
             },
             t0,
         );
