@@ -196,3 +196,89 @@ fn a_qps_own_rnr_wait_overrides_the_connections_and_ends_in_the_no_buffer_termin
     assert_eq!(b.qp.stats().rx_rnr_expired, 1);
     wait_state(&a.qp, QpState::Error);
 }
+
+/// Waits until `qp` leaves RTS; how long that took.
+fn leaves_rts(qp: &QueuePair, bound: Duration) -> Duration {
+    let t0 = Instant::now();
+    while qp.state() == QpState::Rts {
+        assert!(t0.elapsed() < bound, "still in RTS after {bound:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    t0.elapsed()
+}
+
+#[test]
+fn a_receiver_that_disconnects_while_it_holds_a_send_drops_it_without_a_terminate() {
+    let (a, b) = pair(&ConnectOptions::default());
+    a.qp.post_send(&send_wr(
+        1,
+        send_op(false, None),
+        Payload::Inline(b"unread"),
+    ))
+    .unwrap();
+    let t0 = Instant::now();
+    while !b.qp.rnr_waiting() {
+        assert!(t0.elapsed() < WAIT, "the Send never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(a.qp.state(), QpState::Rts);
+    b.qp.disconnect().unwrap();
+    // Both ends close long before the wait's bound, and nobody is terminated.
+    let took = leaves_rts(&a.qp, DEFAULT_RNR_WAIT / 2);
+    // The receiver reads on past the dropped Send and sees the sender's FIN: well within
+    // the 2 s it would linger for it otherwise.
+    let t1 = Instant::now();
+    while b.qp.state() != QpState::Error {
+        assert!(
+            t1.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            b.qp.state()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let closed = t1.elapsed();
+    eprintln!("the sender saw the close after {took:?}, the receiver was closed after {closed:?}");
+    let (sa, sb) = (a.qp.stats(), b.qp.stats());
+    assert_eq!(
+        (sa.terminates_sent, sa.terminates_received),
+        (0, 0),
+        "{sa:?}"
+    );
+    assert_eq!(
+        (sb.terminates_sent, sb.terminates_received),
+        (0, 0),
+        "{sb:?}"
+    );
+    assert_eq!((sb.rx_rnr_waits, sb.rx_rnr_expired), (1, 0));
+    assert_eq!(sb.rx.send.messages, 0);
+}
+
+#[test]
+fn a_sender_whose_sends_are_held_resets_its_close_so_the_holder_sees_it() {
+    let (a, b) = pair(&ConnectOptions::default());
+    // More than the two sockets hold: the last Sends stay in a's QP and socket.
+    let src = a.pd.reg_mr(SLOT, AccessFlags::NONE).unwrap();
+    let sends = 128;
+    for i in 0..sends {
+        let sgl = SgList::single(src.sge(0, SLOT as u32).unwrap());
+        a.qp.post_send(&send_wr(i, send_op(false, None), Payload::Sgl(sgl)))
+            .unwrap();
+    }
+    let t0 = Instant::now();
+    while !b.qp.rnr_waiting() {
+        assert!(t0.elapsed() < WAIT, "the Send never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The sender closes; its FIN cannot pass the bytes b does not read. Past its linger
+    // time it resets, and b, which holds a Send, sees that instead of waiting the bound.
+    let closed = Instant::now();
+    a.qp.disconnect().unwrap();
+    drop(a);
+    let took = leaves_rts(&b.qp, DEFAULT_RNR_WAIT / 2);
+    eprintln!("the holder saw the sender's close after {took:?}");
+    assert!(closed.elapsed() < DEFAULT_RNR_WAIT / 2);
+    let sb = b.qp.stats();
+    assert_eq!(sb.terminates_sent, 0, "{sb:?}");
+    assert_eq!(sb.rx_rnr_expired, 0);
+    assert_eq!(sb.rx.send.messages, 0);
+}
