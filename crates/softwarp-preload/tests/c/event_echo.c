@@ -92,7 +92,10 @@ static int client(const char *host, int port, size_t total) {
 			for (size_t j = 0; j < k; j++) buf[j] = pattern(sent + j);
 			ssize_t r = send(fd, buf, k, MSG_NOSIGNAL);
 			if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-			if (r < 0) fail("send");
+			if (r < 0) {
+				fprintf(stderr, "event_echo: client sent %zu, got %zu of %zu\n", sent, got, total);
+				fail("send");
+			}
 			sent += (size_t)r;
 		}
 		if (sent == total && !shut) {
@@ -102,7 +105,11 @@ static int client(const char *host, int port, size_t total) {
 		for (;;) {
 			ssize_t r = recv(fd, buf, sizeof buf, 0);
 			if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-			if (r < 0) fail("recv");
+			if (r < 0) {
+				fprintf(stderr, "event_echo: client sent %zu, got %zu of %zu%s\n", sent, got, total,
+					shut ? " (after its shutdown)" : "");
+				fail("recv");
+			}
 			if (r == 0) { eof = 1; break; }
 			for (ssize_t j = 0; j < r; j++) {
 				if (buf[j] != pattern(got + (size_t)j)) {
