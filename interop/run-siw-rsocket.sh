@@ -285,7 +285,10 @@ socat_case() {
   ok=1
   if [ "$ours_rc" = 0 ] && [ "$siw_rc" = 0 ] && [ $same = 0 ] && [ "$errors" = 0 ] && [ $crc_ok = 0 ]; then ok=0; fi
   detail="ours rc=$ours_rc, siw rc=$siw_rc, $(stat -c %s "$OUT/$name.out.bin" 2>/dev/null || echo 0) of 1048576 bytes back $([ $same = 0 ] && echo same || echo DIFFERENT), $(grep -c . "$OUT/$name.decode") decoded lines, $errors errors, CRC $CRC${crc_bad:+ ($crc_bad)}"
-  if [ $ok = 1 ] && [ "$role" = ours-client ] && [ "$ours_rc" = 124 ] && [ "$siw_rc" = 124 ] && [ "$errors" = 0 ]; then
+  # Nothing came back and the guest's server ran into its timeout: ours waited (124), or saw
+  # the reset when the guest's timeout ended the server (socat's write fails: 1).
+  if [ $ok = 1 ] && [ "$role" = ours-client ] && [[ $ours_rc =~ ^(1|124)$ ]] && [ "$siw_rc" = 124 ] \
+    && [ ! -s "$OUT/$name.out.bin" ] && [ "$errors" = 0 ]; then
     socat_control
     if [ "$SOCAT_CONTROL" = silent ]; then
       known "$name" "$detail (the guest's socat server never echoed, also to the guest's own client: see the top)" "$o" "$s"
