@@ -324,6 +324,6 @@ for var in "" crcoff siwcrc; do
 done
 
 line="$PASS passed, $FAIL failed"
-[ "$KNOWN" -gt 0 ] && line+=", $KNOWN known (rstream -T a's own POLLHUP exit)"
+[ "$KNOWN" -gt 0 ] && line+=", $KNOWN known (not ours: see the KNOWN lines and the top of this script)"
 echo "$line"
 [ "$FAIL" = 0 ]
