@@ -144,13 +144,13 @@ impl<T: Copy> Slots<T> {
         }
     }
     /// A push into full storage: the items are made contiguous from slot 0 and the
-    /// storage doubles, never past `cap`.
+    /// storage doubles (one slot first), never past `cap`.
     #[cold]
     #[inline(never)]
     fn grow_push(&mut self, item: T, cap: usize) {
         self.buf.rotate_left(self.head);
         self.head = 0;
-        let more = self.len.max(4).min(cap.saturating_sub(self.len).max(1));
+        let more = self.len.max(1).min(cap.saturating_sub(self.len).max(1));
         self.buf.reserve_exact(more);
         self.buf.push(item);
         self.len += 1;
@@ -418,6 +418,18 @@ impl<T, S: Store<T>> Ring<T, S> {
     /// Keeps only the items `keep` accepts, in order.
     pub(crate) fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
         self.items.retain(keep);
+    }
+}
+
+impl<T> Ring<T> {
+    /// Storage for one item if the ring has none: `VecDeque`'s first growth takes four, so
+    /// a QP that has one WR at a time would otherwise hold four entries. Called once, at
+    /// the QP's establishment, not in `push`: a capacity check there cost the C library's
+    /// post path 24 instructions per message and the CQ's push 7 (issue 39).
+    pub(crate) fn reserve_one(&mut self) {
+        if self.items.capacity() == 0 {
+            self.items.reserve_exact(1);
+        }
     }
 }
 

@@ -193,6 +193,14 @@ pub struct ForeignCaller {
     pub resolve: fn(usize) -> String,
 }
 
+/// This thread's name, once per thread.
+fn thread_name() -> Arc<str> {
+    thread_local! {
+        static NAME: Arc<str> = Arc::from(sys::thread_name());
+    }
+    NAME.with(Arc::clone)
+}
+
 thread_local! {
     /// The foreign caller [`with_caller`] set on this thread.
     static FOREIGN_CALLER: Cell<Option<ForeignCaller>> = const { Cell::new(None) };
@@ -242,7 +250,9 @@ pub struct MemoryUsage {
 struct Entry {
     kind: ResourceKind,
     id: u64,
-    thread: String,
+    /// Shared by the thread's records (`thread_name`): a record of the many a thread
+    /// creates holds no string of its own.
+    thread: Arc<str>,
     tid: u32,
     location: &'static Location<'static>,
     caller: Option<Arc<str>>,
@@ -323,7 +333,7 @@ impl Tracker {
         let entry = Entry {
             kind,
             id,
-            thread: sys::thread_name(),
+            thread: thread_name(),
             tid: sys::tid(),
             location,
             caller: foreign_caller(),
@@ -388,7 +398,7 @@ impl Tracker {
             id: e.id,
             pid: sys::pid(),
             process: sys::process_name().to_string(),
-            thread: e.thread.clone(),
+            thread: e.thread.to_string(),
             tid: e.tid,
             file: Cow::Borrowed(e.location.file()),
             line: e.location.line(),

@@ -55,6 +55,9 @@ struct Args {
     /// A server of the host-wide mode: no client of its own; closes on `CLOSE` on stdin.
     serve: bool,
     timeout: Option<u64>,
+    /// Host-wide: seconds to keep every connection up before closing (to ask the
+    /// processes with `softwarp resources` or `softwarp stat` meanwhile).
+    hold: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -66,6 +69,7 @@ fn parse_args() -> Result<Args, String> {
         processes: None,
         serve: false,
         timeout: None,
+        hold: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -87,9 +91,10 @@ fn parse_args() -> Result<Args, String> {
                 a.timeout = Some(value("--timeout")?.parse().map_err(|e| format!("{e}"))?)
             }
             "--serve" => a.serve = true,
+            "--hold" => a.hold = value("--hold")?.parse().map_err(|e| format!("{e}"))?,
             "-h" | "--help" => {
                 return Err("usage: cm_scale [--count N] [--window W] [--depth WRS] \
-                            [--processes P|auto] [--timeout SECS]"
+                            [--processes P|auto] [--timeout SECS] [--hold SECS]"
                     .into())
             }
             other => return Err(format!("unknown argument {other}")),
@@ -187,7 +192,7 @@ fn client(addr: &str, args: &Args) -> Res {
                         invalidate: None,
                     },
                     payload: Payload::Sgl(SgList::single(mr.sge(0, MSG.len() as u32)?)),
-                    signaled: false,
+                    signaled: true,
                     fence: false,
                 })?;
             }
@@ -199,12 +204,17 @@ fn client(addr: &str, args: &Args) -> Res {
         }
     }
     let setup = t0.elapsed();
+    // The memory of idle connected QPs: every message sent (its completion taken).
+    wait_completions(&cq, args.count)?;
     report("client", args.count, setup, rss0, rss());
     println!("CLIENT-UP");
     // The server disconnects every connection; then we are done.
     let mut down = 0;
     while down < args.count {
-        if let CmEvent::Disconnected { .. } = ch.get_event(Some(WAIT))? {
+        // The coordinator of the host-wide mode may hold the connections up first.
+        if let CmEvent::Disconnected { .. } =
+            ch.get_event(Some(WAIT + Duration::from_secs(args.hold)))?
+        {
             down += 1;
         }
     }
@@ -307,21 +317,32 @@ fn accept_all(
         qps.push((qp, id));
     }
     let setup = t0.map(|t| t.elapsed()).unwrap_or_default();
+    // Every connection carries its message; the memory is that of idle connected QPs.
+    wait_completions(cq, args.count)?;
     report("server", args.count, setup, rss0, rss());
-    // Every connection carries its message.
+    println!(
+        "server: a message arrived on each of the {} connections",
+        args.count
+    );
+    println!("MESSAGES {}", args.count);
+    Ok(qps)
+}
+
+/// Takes `n` successful completions from `cq`.
+fn wait_completions(cq: &CompletionQueue, n: usize) -> Res {
     let mut got = 0;
     let deadline = Instant::now() + WAIT;
-    while got < args.count {
+    while got < n {
         match cq.poll_one() {
             Some(wc) if wc.status == WcStatus::Success => got += 1,
             Some(wc) => return Err(format!("{wc:?}").into()),
-            None if Instant::now() > deadline => return Err("messages missing".into()),
+            None if Instant::now() > deadline => {
+                return Err(format!("{got} of {n} completions").into())
+            }
             None => std::thread::sleep(Duration::from_micros(100)),
         }
     }
-    println!("server: a message arrived on each of the {got} connections");
-    println!("MESSAGES {got}");
-    Ok(qps)
+    Ok(())
 }
 
 /// Children killed and reaped when dropped (a failure or a timeout), unless they exited.
@@ -467,7 +488,8 @@ fn coordinate(args: &Args, nofile: u64) -> Res {
         )
         .into());
     }
-    let timeout = Duration::from_secs(args.timeout.unwrap_or(120 + 4 * args.count as u64 / 1000));
+    let timeout =
+        Duration::from_secs(args.timeout.unwrap_or(120 + 4 * args.count as u64 / 1000) + args.hold);
     println!(
         "host-wide: {} connections between {pairs} pairs of processes ({} to {} each), \
          open files limit {nofile} per process, timeout {} s",
@@ -495,6 +517,7 @@ fn coordinate(args: &Args, nofile: u64) -> Res {
         .map(String::from)
         .collect::<Vec<_>>();
         a.extend(["--depth".to_string(), args.depth.to_string()]);
+        a.extend(["--hold".to_string(), args.hold.to_string()]);
         a
     };
     for i in 0..pairs {
@@ -554,6 +577,10 @@ fn coordinate(args: &Args, nofile: u64) -> Res {
         kmem1 as f64 / 1048576.0,
         kmem1.saturating_sub(kmem0) as f64 / socks1.saturating_sub(socks0).max(1) as f64 / 1024.0,
     );
+    if args.hold > 0 {
+        println!("HOLD {} s: every connection stays up", args.hold);
+        std::thread::sleep(Duration::from_secs(args.hold));
+    }
     let t1 = Instant::now();
     for s in &mut host.servers.0 {
         writeln!(s.stdin.as_mut().ok_or("no stdin")?, "CLOSE")?;

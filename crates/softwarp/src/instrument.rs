@@ -157,6 +157,8 @@ pub(crate) fn access_text(a: softwarp_engine::mr::Access) -> String {
 #[derive(Debug)]
 pub(crate) struct DeviceRas {
     pub(crate) tracker: Tracker,
+    /// The tracker's name, shared by the device's QPs ([`QpRas::device`]).
+    name: Arc<str>,
 }
 
 impl DeviceRas {
@@ -165,9 +167,16 @@ impl DeviceRas {
     pub(crate) fn new(name: &str) -> Self {
         static OPENED: AtomicU32 = AtomicU32::new(0);
         let n = OPENED.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        let name = format!("{name}/{n}");
         Self {
-            tracker: Tracker::new(format!("{name}/{n}")),
+            name: Arc::from(name.as_str()),
+            tracker: Tracker::new(name),
         }
+    }
+
+    /// [`DeviceRas::instance`], shared.
+    pub(crate) fn instance_shared(&self) -> Arc<str> {
+        Arc::clone(&self.name)
     }
 
     /// The name the device's resources, statistics and events are reported under.
@@ -210,28 +219,59 @@ pub(crate) fn code_name(code: u8) -> &'static str {
     }
 }
 
+/// A QP's fixed attributes as `softwarp resources` shows them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QpAttrs {
+    pub(crate) pd: u32,
+    pub(crate) send_cq: u32,
+    pub(crate) recv_cq: u32,
+    pub(crate) srq: Option<u32>,
+    pub(crate) sq_depth: usize,
+    pub(crate) rq_depth: usize,
+}
+
+impl QpAttrs {
+    /// The attributes by name (`srq` is `-` without one).
+    pub(crate) fn to_map(self) -> BTreeMap<String, String> {
+        attrs([
+            ("pd", self.pd.to_string()),
+            ("send_cq", self.send_cq.to_string()),
+            ("recv_cq", self.recv_cq.to_string()),
+            (
+                "srq",
+                self.srq.map_or_else(|| "-".to_string(), |s| s.to_string()),
+            ),
+            ("sq_depth", self.sq_depth.to_string()),
+            ("rq_depth", self.rq_depth.to_string()),
+        ])
+    }
+}
+
 /// A QP's RAS state, outside the QP lock's data (its own small locks, never held while
 /// taking the QP lock).
 #[derive(Debug)]
 pub(crate) struct QpRas {
-    pub(crate) device: String,
+    /// The device instance's name (shared: no string per QP).
+    pub(crate) device: Arc<str>,
     pub(crate) qpn: u32,
     /// The last state seen by [`QpRas::state_seen`] (a [`state_code`]).
     state: AtomicU8,
     /// Local and peer address of the current or last connection.
     pub(crate) addrs: Mutex<Option<(SocketAddr, SocketAddr)>>,
     pub(crate) tcp: Mutex<TcpInfoSampler>,
-    pub(crate) attrs: BTreeMap<String, String>,
+    /// Fixed attributes, kept as numbers (a map of strings per QP cost about 600 bytes)
+    /// and written out by [`QpAttrs::to_map`] when `softwarp resources` asks.
+    pub(crate) attrs: QpAttrs,
     /// The id of the snapshot taken for the current connection's failure (0: none yet).
     pub(crate) snapshot: AtomicU64,
 }
 
 impl QpRas {
     /// The RAS state of QP `qpn` with fixed attributes (`pd`, CQs, queue depths ...).
-    pub(crate) fn new(device: &str, qpn: u32, attrs: BTreeMap<String, String>) -> Self {
+    pub(crate) fn new(device: Arc<str>, qpn: u32, attrs: QpAttrs) -> Self {
         sw_event!(Qp, 4, qpn = qpn, "QP created");
         Self {
-            device: device.to_string(),
+            device,
             qpn,
             state: AtomicU8::new(STATE_UNSEEN),
             addrs: Mutex::new(None),
@@ -264,7 +304,7 @@ impl QpRas {
             Qp,
             2,
             qpn = self.qpn,
-            device = self.device.as_str(),
+            device = &*self.device,
             from = code_name(prev),
             to = state_name(state),
             "QP state change"

@@ -514,6 +514,8 @@ impl Qp {
             ));
         }
         self.stream = stream;
+        // One send entry, not the four of `VecDeque`'s first growth (issue 39: an idle QP).
+        self.sq.ring.reserve_one();
         self.tx.on_establish(&stream);
         self.rx.on_establish(&stream);
         self.state = QpState::Rts;

@@ -85,9 +85,12 @@ impl SqEntry {
 #[derive(Debug)]
 pub(super) struct SendQueue {
     pub(super) ring: Ring<SqEntry>,
-    /// Side tables, one slot per entry (`seq % depth`), allocated the first time a WR needs
-    /// them: SGE lists longer than one, inline bytes.
+    /// Side table of SGE lists longer than one, a slot per entry (`seq % depth`), allocated
+    /// the first time a WR needs it.
     sgls: Vec<SqSgl>,
+    /// Side table of inline bytes, a slot per entry (`seq % inline.len()`), grown with the
+    /// WRs in flight when one is inline (an idle QP that sent one inline WR holds one slot
+    /// of 256 bytes, not `depth` of them), never past `depth`.
     inline: Vec<[u8; MAX_INLINE]>,
     /// The queue's depth (at least 1: the side tables' modulus).
     depth: usize,
@@ -131,6 +134,36 @@ impl SendQueue {
         usize::try_from(seq % self.depth as u64).unwrap_or(0)
     }
 
+    /// The inline side-table slot of the entry `seq` (the table is not empty once an inline
+    /// WR was posted): distinct for every entry in the ring while the table has more slots
+    /// than the ring has entries.
+    #[inline]
+    fn inline_slot(&self, seq: u64) -> usize {
+        usize::try_from(seq % self.inline.len().max(1) as u64).unwrap_or(0)
+    }
+
+    /// Gives the inline table room for one more WR than are in flight (doubling, at most
+    /// `depth` slots), moving the bytes of the inline WRs in flight to their new slots.
+    #[cold]
+    #[inline(never)]
+    fn grow_inline(&mut self) {
+        let slots = (2 * self.inline.len())
+            .max(self.ring.len() + 1)
+            .min(self.depth);
+        let mut table = vec![[0u8; MAX_INLINE]; slots];
+        for seq in self.front_seq..self.next_seq {
+            if let Some(SqData::Inline { .. }) = self.entry(seq).map(|e| &e.data) {
+                let new = usize::try_from(seq % slots as u64).unwrap_or(0);
+                if let (Some(dst), Some(src)) =
+                    (table.get_mut(new), self.inline.get(self.inline_slot(seq)))
+                {
+                    *dst = *src;
+                }
+            }
+        }
+        self.inline = table;
+    }
+
     /// The SGEs of the entry `seq` and their validated memory (empty for inline data).
     #[inline]
     pub(super) fn sges(&self, seq: u64) -> (&[Sge], &[Option<Validated>]) {
@@ -148,7 +181,7 @@ impl SendQueue {
     #[inline]
     pub(super) fn inline_bytes(&self, seq: u64) -> Option<&[u8]> {
         match self.entry(seq).map(|e| &e.data) {
-            Some(SqData::Inline { len }) => self.inline.get(self.slot(seq))?.get(..*len),
+            Some(SqData::Inline { len }) => self.inline.get(self.inline_slot(seq))?.get(..*len),
             _ => None,
         }
     }
@@ -188,10 +221,10 @@ impl SendQueue {
                 if bytes.len() > MAX_INLINE || is_read {
                     return Err(QpError::Inline(bytes.len()));
                 }
-                if self.inline.is_empty() {
-                    self.inline = vec![[0u8; MAX_INLINE]; self.depth];
+                if self.ring.len() >= self.inline.len() {
+                    self.grow_inline();
                 }
-                let slot = self.slot(self.next_seq);
+                let slot = self.inline_slot(self.next_seq);
                 if let Some(dst) = self
                     .inline
                     .get_mut(slot)

@@ -275,7 +275,8 @@ pub(crate) fn classify_peer_terminate(layer: u8, etype: u8) -> (EventKind, WcSta
 #[derive(Debug, Default)]
 pub(crate) struct TerminateState {
     /// Queued for transmission: the fault (`None` for a local error) and the header.
-    pending: Option<(Option<Fault>, OffendingHeader)>,
+    /// Boxed: a QP that never terminates holds a pointer, not 80 bytes.
+    pending: Option<Box<(Option<Fault>, OffendingHeader)>>,
     /// Queued once already (a second error is not reported again).
     queued: bool,
     /// Handed to the runtime completely.
@@ -299,7 +300,7 @@ impl TerminateState {
             return;
         }
         self.queued = true;
-        self.pending = Some((fault, hdr));
+        self.pending = Some(Box::new((fault, hdr)));
         tx.abandon_unstarted();
     }
 
@@ -320,7 +321,7 @@ impl TerminateState {
         msn: u32,
         layout: TerminateLayout,
     ) -> Option<usize> {
-        let (fault, hdr) = self.pending.take()?;
+        let (fault, hdr) = *self.pending.take()?;
         let repr = terminate_for(fault, hdr, layout);
         codec::emit_terminate(buf, msn, repr)
     }

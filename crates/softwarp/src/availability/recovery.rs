@@ -99,20 +99,21 @@ pub(crate) fn event_cause(ev: &AsyncEvent) -> Option<Cause> {
 }
 
 /// A QP's error reason: set once, by the first failure (a later one does not replace it).
+/// Boxed: a QP that never fails holds a pointer, not the reason's 100 bytes.
 #[derive(Debug, Default)]
-pub(crate) struct ErrorBlock(Mutex<Option<QpErrorReason>>);
+pub(crate) struct ErrorBlock(Mutex<Option<Box<QpErrorReason>>>);
 
 impl ErrorBlock {
     /// Records `reason` unless one is recorded.
     pub(crate) fn set(&self, reason: QpErrorReason) {
         let mut r = lock(&self.0);
         if r.is_none() {
-            *r = Some(reason);
+            *r = Some(Box::new(reason));
         }
     }
 
     pub(crate) fn get(&self) -> Option<QpErrorReason> {
-        lock(&self.0).clone()
+        lock(&self.0).as_deref().cloned()
     }
 
     /// Forgets the reason (the QP was reset to Idle).

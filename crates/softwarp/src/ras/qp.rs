@@ -32,7 +32,7 @@ impl QpRas {
 
     fn event(&self, kind: CriticalKind, detail: String) -> CriticalEvent {
         let ev = CriticalEvent::new(kind, detail)
-            .with_device(self.device.as_str())
+            .with_device(&*self.device)
             .with_qpn(self.qpn);
         match self.peer() {
             Some(p) => ev.with_peer(p.to_string()),
@@ -63,7 +63,7 @@ impl QpRas {
                     Qp,
                     2,
                     qpn = self.qpn,
-                    device = self.device.as_str(),
+                    device = &*self.device,
                     layer,
                     etype,
                     code,
@@ -92,7 +92,7 @@ impl QpRas {
                     Qp,
                     2,
                     qpn = self.qpn,
-                    device = self.device.as_str(),
+                    device = &*self.device,
                     "Terminate sent: {:?} detected in the incoming stream",
                     fault
                 );
@@ -237,7 +237,7 @@ impl QpRas {
             Ras,
             2,
             qpn = self.qpn,
-            device = self.device.as_str(),
+            device = &*self.device,
             snapshot = id,
             "QP snapshot taken"
         );
@@ -255,7 +255,7 @@ impl QpRas {
             Cm,
             2,
             qpn = self.qpn,
-            device = self.device.as_str(),
+            device = &*self.device,
             local = %info.local_addr,
             peer = %info.peer_addr,
             revision = info.revision,

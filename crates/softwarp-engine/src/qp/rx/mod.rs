@@ -153,8 +153,10 @@ pub(crate) struct RxState {
     pub(super) rq: CopyRing<RecvWr>,
     /// Receive completions waiting to be polled.
     pub(super) done: CopyRing<WorkCompletion>,
-    /// The receive WR in use by the Send message being received.
-    pub(super) msg: Option<RxMsg>,
+    /// The receive WR in use by the Send message being received. Boxed: only a message
+    /// that is not delivered whole from one FPDU (`rx_small_send`) takes one (a malloc and
+    /// a free per such message), and an idle QP holds a pointer instead of 296 bytes.
+    pub(super) msg: Option<Box<RxMsg>>,
     /// Bytes the last `rx_target` offered, until the `rx_commit` that answers it.
     pub(super) offered: usize,
     /// Expected MSN per untagged queue (0 Send and Immediate Data, 1 Read and Atomic
@@ -167,7 +169,9 @@ pub(crate) struct RxState {
     trailer: [u8; 8],
     tr_have: usize,
     tr_need: usize,
-    scratch: [u8; SCRATCH],
+    /// Where a payload with nowhere to go is read (to check its CRC and move on): allocated
+    /// the first time one comes (an idle QP holds none).
+    scratch: Option<Box<[u8; SCRATCH]>>,
     crc_on: bool,
     crc: u32,
     max_ulpdu: usize,
@@ -396,7 +400,7 @@ impl RxState {
             trailer: [0; 8],
             tr_have: 0,
             tr_need: 0,
-            scratch: [0; SCRATCH],
+            scratch: None,
             crc_on: false,
             crc: 0,
             max_ulpdu: 65535,
@@ -595,7 +599,9 @@ impl RxState {
                         }
                         _ => {
                             let n = remaining.min(SCRATCH);
-                            match self.scratch.get_mut(..n) {
+                            let scratch =
+                                self.scratch.get_or_insert_with(|| Box::new([0; SCRATCH]));
+                            match scratch.get_mut(..n) {
                                 Some(b) => cut(b, room),
                                 None => RxTarget::Closed,
                             }
@@ -660,7 +666,13 @@ impl RxState {
                     .unwrap_or(self.crc),
                 None => self.crc,
             },
-            _ => softwarp_wire::crc::crc32c_append(self.crc, self.scratch.get(..n).unwrap_or(&[])),
+            _ => softwarp_wire::crc::crc32c_append(
+                self.crc,
+                self.scratch
+                    .as_deref()
+                    .and_then(|s| s.get(..n))
+                    .unwrap_or(&[]),
+            ),
         };
         self.crc = crc;
     }

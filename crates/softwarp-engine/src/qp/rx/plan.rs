@@ -393,14 +393,13 @@ impl RxState {
             }
         };
         self.rnr_held = false;
-        // Built in place: the receive state is a few hundred bytes.
-        let msg = self.msg.insert(RxMsg {
+        let msg = self.msg.insert(Box::new(RxMsg {
             capacity: 0,
             wr,
             mem: no_validated(),
             received: 0,
             msn,
-        });
+        }));
         // Summed where the list now lives: reading the WR before the move had it taken
         // apart field by field on the stack and copied twice.
         msg.capacity = msg.wr.sgl.total_len();

@@ -208,8 +208,9 @@ struct FpduBuild {
     trailer_len: usize,
     /// Where the markers go, when this FPDU carries markers.
     layout: Option<MarkerLayout>,
-    /// The bytes of each marker, in order (`layout.marker_count()` of them).
-    markers: [[u8; MARKER_LEN]; MAX_MARKERS],
+    /// The bytes of each marker, in order (`layout.marker_count()` of them); allocated by
+    /// the first FPDU with markers (a build without markers holds none).
+    markers: Vec<[u8; MARKER_LEN]>,
     /// Length on the wire (markers included).
     total: usize,
     sent: usize,
@@ -234,7 +235,7 @@ impl FpduBuild {
             trailer: [0; 8],
             trailer_len: 0,
             layout: None,
-            markers: [[0; MARKER_LEN]; MAX_MARKERS],
+            markers: Vec::new(),
             total: 0,
             sent: 0,
             offered_end: 0,
@@ -456,6 +457,8 @@ pub(crate) struct TxState {
     /// 2 Terminate, 3 Atomic Response).
     pub(super) msn: [u32; 4],
     build: Option<Box<FpduBuild>>,
+    /// The build the next FPDU is made in: none until the QP first transmits (an idle QP
+    /// holds no build: about 1.2 KiB each), then reused for every FPDU.
     spare: Option<Box<FpduBuild>>,
     /// FPDUs built behind `build` for [`Qp::poll_tx_gather`] (none has started).
     ahead: VecDeque<Box<FpduBuild>>,
@@ -517,8 +520,8 @@ impl TxState {
         Self {
             msn: [1; 4],
             build: None,
-            // Allocated once here so building an FPDU never allocates.
-            spare: Some(FpduBuild::boxed()),
+            // Allocated by the first FPDU (take_spare), reused after that.
+            spare: None,
             ahead: VecDeque::new(),
             pool: Vec::new(),
             gather_offered: 0,
@@ -1290,7 +1293,13 @@ impl Qp {
     }
 
     fn take_spare(&mut self) -> Option<Box<FpduBuild>> {
-        let mut b = self.tx.spare.take()?;
+        let mut b = match self.tx.spare.take() {
+            Some(b) => b,
+            // No build is busy: the QP's first FPDU (or one after its builds went to
+            // `ahead` and back). Allocated once; `put_spare` keeps it.
+            None if self.tx.build.is_none() => FpduBuild::boxed(),
+            None => return None,
+        };
         b.hdr_len = 0;
         b.trailer_len = 0;
         b.layout = None;
@@ -1335,6 +1344,10 @@ impl Qp {
                 self.fail_local();
                 return;
             };
+            if b.markers.is_empty() {
+                // The first FPDU with markers of this build (none without markers).
+                b.markers = vec![[0; MARKER_LEN]; MAX_MARKERS];
+            }
             for (slot, marker) in b.markers.iter_mut().zip(layout.markers()) {
                 *slot = marker.to_bytes();
             }

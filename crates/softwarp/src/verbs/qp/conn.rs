@@ -53,7 +53,8 @@ pub(crate) struct Conn {
     /// Set while the progress thread reads a busy-polled QP whose polls stopped (receive
     /// take-over, [`QpShared::rx_look`]), until the polls are back
     /// ([`QpShared::rx_hand_back`]).
-    pub(super) rx_takeover: Option<RxTakeover>,
+    /// Boxed: rare, and a connection that never needs it holds a pointer (issue 39).
+    pub(super) rx_takeover: Option<Box<RxTakeover>>,
     /// End of stream or error seen on the read side.
     pub(super) read_closed: bool,
     /// A write failed (reset, broken pipe): nothing more can be sent.

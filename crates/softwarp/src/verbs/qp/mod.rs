@@ -530,7 +530,7 @@ impl QueuePair {
             max_ird: attr.max_dest_rd_atomic,
             max_ord: attr.max_rd_atomic,
         };
-        let ras = QpRas::new(device.ras.instance(), qp_num, qp_attrs(pd, attr));
+        let ras = QpRas::new(device.ras.instance_shared(), qp_num, qp_attrs(pd, attr));
         let shared = Arc::new(QpShared {
             begin: markers::Begin::new(markers::Kind::Qp),
             qp_num,
@@ -996,22 +996,15 @@ fn qp_bytes(cap: &QpCap) -> u64 {
 }
 
 /// Fixed attributes `softwarp resources` shows for a QP.
-fn qp_attrs(
-    pd: &ProtectionDomain,
-    attr: &QpInitAttr<'_>,
-) -> std::collections::BTreeMap<String, String> {
-    crate::instrument::attrs([
-        ("pd", pd.id().0.to_string()),
-        ("send_cq", attr.send_cq.id().0.to_string()),
-        ("recv_cq", attr.recv_cq.id().0.to_string()),
-        (
-            "srq",
-            attr.srq
-                .map_or_else(|| "-".to_string(), |s| s.id().0.to_string()),
-        ),
-        ("sq_depth", attr.cap.max_send_wr.to_string()),
-        ("rq_depth", attr.cap.max_recv_wr.to_string()),
-    ])
+fn qp_attrs(pd: &ProtectionDomain, attr: &QpInitAttr<'_>) -> crate::instrument::QpAttrs {
+    crate::instrument::QpAttrs {
+        pd: pd.id().0,
+        send_cq: attr.send_cq.id().0,
+        recv_cq: attr.recv_cq.id().0,
+        srq: attr.srq.map(|s| s.id().0),
+        sq_depth: attr.cap.max_send_wr,
+        rq_depth: attr.cap.max_recv_wr,
+    }
 }
 
 fn state_name(s: QpState) -> &'static str {

@@ -264,11 +264,11 @@ impl QpShared {
         // Registered for write readiness too: the write watchdog has nothing left to do.
         conn.watch = None;
         conn.tx_takeover = None;
-        conn.rx_takeover = Some(RxTakeover {
+        conn.rx_takeover = Some(Box::new(RxTakeover {
             seen: passes,
             recv_posts: inner.recv_posts,
             idle: 0,
-        });
+        }));
         inner.rx_takeovers += 1;
         tracing::debug!(
             qp = self.qp_num,

@@ -66,7 +66,7 @@ impl QpView {
                 max_fpdu_len: i.max_fpdu_len,
             }),
             tcp: ras.last_tcp(),
-            attrs: ras.attrs.clone(),
+            attrs: ras.attrs.to_map(),
             addrs: *lock(&ras.addrs),
         }
     }
