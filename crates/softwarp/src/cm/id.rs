@@ -228,25 +228,20 @@ impl CmId {
     /// its side or `order`'s bound for this end's role passed ([`CloseOrder`]): returns at
     /// once, as rdma-core's `rdma_disconnect` does; the QP leaves RTS now (no new sends,
     /// queued work goes out, receives go on) and the progress thread closes the connection
-    /// when the peer's FIN arrives or the hold ends. [`CmEvent::Disconnected`] comes
-    /// at once when the close is held (as rdma-core over Linux siw reports it: siw drops
-    /// its connection inside the call), else when the connection is closed, as after
-    /// [`CmId::disconnect`]; [`CmEvent::TimewaitExit`] when it is closed.
+    /// when the peer's FIN arrives or the hold ends. [`CmEvent::Disconnected`] comes when
+    /// the connection is closed, as after [`CmId::disconnect`]: a program that reuses the QP
+    /// once it saw the event (uDAPL's endpoints) finds it free. (Reported at once, as
+    /// rdma-core over Linux siw does, it made dapltest's server reuse a QP whose connection
+    /// was still held, and the run hung.)
     ///
     /// [`CloseOrder`]: crate::cm::CloseOrder
     pub fn disconnect_after_peer(&self, order: &crate::cm::CloseOrder) -> Result<()> {
-        let held = match self.qp() {
-            Ok(qp) if self.state() == CmState::Established => {
-                qp.hold_close(order.bound(self.shared.role))
+        if let Ok(qp) = self.qp() {
+            if self.state() == CmState::Established {
+                qp.hold_close(order.bound(self.shared.role));
             }
-            _ => false,
-        };
-        self.disconnect()?;
-        if held {
-            let mut st = lock(&self.shared.st);
-            self.shared.disconnected(&mut st);
         }
-        Ok(())
+        self.disconnect()
     }
 
     /// Sends this connection's events to `to` from now on, with those already queued (after
