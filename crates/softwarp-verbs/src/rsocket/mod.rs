@@ -8,6 +8,7 @@
 //! Each entry point keeps rdma-core's conventions: -1 with `errno`, `EBADF` for a number
 //! that is not an rsocket, and `rclose` returning `EBADF` itself (not -1) for one.
 
+pub mod closing;
 pub mod dgram;
 pub mod iomap;
 pub mod keepalive;

@@ -1425,7 +1425,11 @@ impl Rsocket {
             if let Some(s) = g.s.as_ref() {
                 // Receives flush, waking whoever waits on the socket.
                 let _ = s.ep.cq.req_notify(false);
-                let _ = s.ep.qp.disconnect();
+                if s.ep.qp.disconnect().is_ok() {
+                    // A program may exit now without `rclose`: the exit waits for the
+                    // graceful close (`closing.rs`).
+                    super::closing::register(&s.ep);
+                }
             }
         }
         ret

@@ -27,6 +27,13 @@
  * "y" and kills itself (SIGKILL: no disconnect message); the server, in a blocking rrecv,
  * gets ECONNRESET once (the connection ended without rsocket's disconnect message), then 0.
  *
+ * `rsocket_api PORT exits` (rsocket only): the client stops the server (SIGSTOP, its
+ * engine too), sends 20000 bytes, shuts the socket down (SHUT_RDWR) and returns from main
+ * without rclose, as socat does; a child of the client resumes the server 500 ms later and
+ * says whether the client was still there: its exit must wait until the connection closed
+ * gracefully (the server's engine has taken the tail and answered the FIN). The server then
+ * reads every byte and the end of stream, and the client exited with 0.
+ *
  * `rsocket_api PORT keepalive`: the client turns SO_KEEPALIVE on with TCP_KEEPIDLE 1 s (and
  * reads both back; TCP_KEEPIDLE 0 is refused with EINVAL), stays idle 2.5 s, then sends
  * "done", which the server reads (the test captures the keepalives on the wire).
@@ -392,10 +399,70 @@ static int died(void)
 	return 0;
 }
 
+#define EXITS_LEN 20000
+
+static int exits(void)
+{
+	static char out[EXITS_LEN], in[EXITS_LEN];
+	char b;
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	alarm(30);
+	who = "server";
+	for (size_t i = 0; i < EXITS_LEN; i++)
+		out[i] = (char) (i * 7 + i / 251);
+	int l = rsocket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = addr_of(port);
+	int one = 1;
+	CHECK(rsetsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0, "SO_REUSEADDR");
+	CHECK(rbind(l, (struct sockaddr *) &a, sizeof a) == 0, "rbind");
+	CHECK(rlisten(l, 1) == 0, "rlisten");
+	pid_t server = getpid();
+	pid_t child = fork();
+	CHECK(child >= 0, "fork");
+	if (child == 0) {
+		who = "client";
+		int s = rsocket(AF_INET, SOCK_STREAM, 0);
+		CHECK(rconnect(s, (struct sockaddr *) &a, sizeof a) == 0, "rconnect");
+		CHECK(kill(server, SIGSTOP) == 0, "stop the server");
+		pid_t me = getpid();
+		pid_t resumer = fork();
+		CHECK(resumer >= 0, "fork");
+		if (resumer == 0) {
+			/* Not a user of the client's rsocket: only waits, looks, resumes. */
+			usleep(500000);
+			printf("exits: the client when the server resumed: %s\n",
+			       getppid() == me ? "still there" : "gone");
+			kill(server, SIGCONT);
+			_exit(0);
+		}
+		size_t sent = 0;
+		while (sent < EXITS_LEN) {
+			ssize_t n = rsend(s, out + sent, EXITS_LEN - sent, 0);
+			CHECK(n > 0, "rsend after %zu", sent);
+			sent += n;
+		}
+		CHECK(rshutdown(s, SHUT_RDWR) == 0, "rshutdown");
+		/* No rclose: the exit must not cut the connection short. */
+		exit(0);
+	}
+	int s = raccept(l, NULL, NULL);
+	CHECK(s >= 0, "raccept");
+	read_all(s, in, EXITS_LEN);
+	CHECK(memcmp(in, out, EXITS_LEN) == 0, "the bytes received differ from those sent");
+	CHECK(rrecv(s, &b, 1, 0) == 0, "end of stream");
+	printf("exits: %d bytes, then the end of stream\n", EXITS_LEN);
+	int status;
+	CHECK(waitpid(child, &status, 0) == child, "waitpid");
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "client status %#x", status);
+	rclose(s);
+	rclose(l);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
-		fprintf(stderr, "usage: %s PORT rs|tcp|keepalive|died\n", argv[0]);
+		fprintf(stderr, "usage: %s PORT rs|tcp|keepalive|died|exits\n", argv[0]);
 		return 2;
 	}
 	use_rs = strcmp(argv[2], "tcp") != 0;
@@ -405,5 +472,7 @@ int main(int argc, char **argv)
 		return forked_main(2, fargv, ka_client, ka_server);
 	if (strcmp(argv[2], "died") == 0)
 		return died();
+	if (strcmp(argv[2], "exits") == 0)
+		return exits();
 	return forked_main(2, fargv, client, server);
 }

@@ -2409,6 +2409,47 @@ fn rsocket_receive_after_the_peer_died_says_econnreset_once() {
     );
 }
 
+/// A program that shuts an rsocket down and exits without `rclose` (socat does) keeps its
+/// connection until it closed gracefully: `rsocket_api exits`' client, whose peer is
+/// stopped (SIGSTOP) while it sends, shuts down and exits, is still there when the peer
+/// resumes 500 ms later (it was gone at once before), and the peer reads every byte and the
+/// end of stream. Its exit used to close the TCP socket with the tail of the stream possibly
+/// still queued, and a reset (the peer's credits arriving) dropped that tail: the echo
+/// tests' lost last 12 KB (DESIGN.md, "Decisions: rsocket").
+#[test]
+fn rsocket_exit_without_rclose_waits_for_the_graceful_close() {
+    let _serial = serial();
+    let Some(exe) = build_c("rsocket_api", &["-lrdmacm"]) else {
+        return skip("the C test cannot be built here");
+    };
+    let port = free_port();
+    let mut child = Reaped::new(
+        command(&exe)
+            .args([port.to_string().as_str(), "exits"])
+            .spawn()
+            .expect("run rsocket_api exits"),
+    );
+    let out = finish_in(&mut child, Duration::from_secs(40), "rsocket_api exits");
+    let _ = std::fs::remove_file(&exe);
+    assert!(
+        out.status.success(),
+        "{}\n{}{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stdout
+            .contains("exits: 20000 bytes, then the end of stream")
+            && out
+                .stdout
+                .contains("exits: the client when the server resumed: still there"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
+}
+
 /// rsocket's keepalive as rdma-core's `tcp_svc` sends it: a client with `SO_KEEPALIVE` and
 /// `TCP_KEEPIDLE` 1 s, idle 2.5 s, sends `RS_CTRL_KEEPALIVE` as zero-length RDMA Writes to
 /// STag 0 at offset 0 about every second, which the server's end takes silently (the data
