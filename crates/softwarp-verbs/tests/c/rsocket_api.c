@@ -27,8 +27,8 @@
  * "y" and kills itself (SIGKILL: no disconnect message); the server, in a blocking rrecv,
  * gets ECONNRESET once (the connection ended without rsocket's disconnect message), then 0.
  *
- * `rsocket_api PORT exits` (rsocket only): the client stops the server (SIGSTOP, its
- * engine too), sends 20000 bytes, shuts the socket down (SHUT_RDWR) and returns from main
+ * `rsocket_api PORT exits` (rsocket only): the client reads the server's "g", stops the
+ * server (SIGSTOP, its engine too), sends 20000 bytes, shuts the socket down (SHUT_RDWR) and returns from main
  * without rclose, as socat does; a child of the client resumes the server 500 ms later and
  * says whether the client was still there: its exit must wait until the connection closed
  * gracefully (the server's engine has taken the tail and answered the FIN). The server then
@@ -41,6 +41,7 @@
  *   cc -o rsocket_api rsocket_api.c -lrdmacm && ./rsocket_api 7471 rs
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -401,6 +402,36 @@ static int died(void)
 
 #define EXITS_LEN 20000
 
+/* Whether every thread of `pid` is stopped (state T in /proc/PID/task/TID/stat): a stop
+ * signal takes effect in each thread on its own. */
+static int all_stopped(pid_t pid)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/task", (int) pid);
+	DIR *d = opendir(path);
+	if (!d)
+		return 0;
+	int all = 1;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		if (e->d_name[0] == '.')
+			continue;
+		char stat[512], line[256];
+		snprintf(stat, sizeof stat, "%s/%s/stat", path, e->d_name);
+		FILE *f = fopen(stat, "r");
+		if (!f)
+			continue;
+		char *close_paren = NULL;
+		if (fgets(line, sizeof line, f))
+			close_paren = strrchr(line, ')');
+		fclose(f);
+		if (!close_paren || close_paren[1] != ' ' || close_paren[2] != 'T')
+			all = 0;
+	}
+	closedir(d);
+	return all;
+}
+
 static int exits(void)
 {
 	static char out[EXITS_LEN], in[EXITS_LEN];
@@ -423,7 +454,14 @@ static int exits(void)
 		who = "client";
 		int s = rsocket(AF_INET, SOCK_STREAM, 0);
 		CHECK(rconnect(s, (struct sockaddr *) &a, sizeof a) == 0, "rconnect");
+		/* The connection carries data both ways (no first-FPDU hold left) before the
+		 * server, waiting in rrecv, is stopped. */
+		CHECK(rrecv(s, &b, 1, 0) == 1 && b == 'g', "rrecv g");
 		CHECK(kill(server, SIGSTOP) == 0, "stop the server");
+		int tries = 0;
+		while (!all_stopped(server) && tries++ < 2000)
+			usleep(1000);
+		CHECK(all_stopped(server), "the server's threads stopped");
 		pid_t me = getpid();
 		pid_t resumer = fork();
 		CHECK(resumer >= 0, "fork");
@@ -447,6 +485,7 @@ static int exits(void)
 	}
 	int s = raccept(l, NULL, NULL);
 	CHECK(s >= 0, "raccept");
+	CHECK(rsend(s, "g", 1, 0) == 1, "rsend g");
 	read_all(s, in, EXITS_LEN);
 	CHECK(memcmp(in, out, EXITS_LEN) == 0, "the bytes received differ from those sent");
 	CHECK(rrecv(s, &b, 1, 0) == 0, "end of stream");
