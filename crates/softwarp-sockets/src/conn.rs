@@ -12,11 +12,12 @@
 //! (1 MiB with the defaults of [`crate::IwarpOptions`]) plus the windows the application
 //! exposes.
 
+use softwarp::sync::lock;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
@@ -47,10 +48,6 @@ const WR_KIND_MASK: u64 = 0xff << 56;
 
 /// Most windows one end may expose.
 pub const MAX_WINDOWS: usize = 16;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 pub(crate) fn io_err(e: softwarp::Error) -> io::Error {
     match e {

@@ -80,7 +80,7 @@ static DEFAULT_DEVICE: Mutex<Option<Device>> = Mutex::new(None);
 /// The device iWARP streams use when [`IwarpOptions::device`] is `None`: opened at first use
 /// and kept for the life of the process (its progress thread moves every stream's bytes).
 pub fn default_device() -> io::Result<Device> {
-    let mut g = DEFAULT_DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut g = softwarp::sync::lock(&DEFAULT_DEVICE);
     if let Some(d) = g.as_ref() {
         return Ok(d.clone());
     }

@@ -1,12 +1,13 @@
 //! `std::net`-shaped types: [`Socket`] (options before connect/listen), [`IwarpStream`],
 //! [`IwarpListener`], and the one-sided [`Window`].
 
+use softwarp::sync::lock;
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockAddr, Type};
@@ -198,10 +199,6 @@ fn request_in(tcp: &TcpStream) -> bool {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
         Err(_) => true,
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The token of the listener's socket and of the timer in the epoll set (held sockets use
@@ -726,11 +723,7 @@ impl IwarpStream {
         if let Inner::Tcp(s) = &self.inner {
             s.set_read_timeout(t)?;
         }
-        *self
-            .modes
-            .read_timeout
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = t;
+        *lock(&self.modes.read_timeout) = t;
         Ok(())
     }
 
@@ -742,30 +735,18 @@ impl IwarpStream {
         if let Inner::Tcp(s) = &self.inner {
             s.set_write_timeout(t)?;
         }
-        *self
-            .modes
-            .write_timeout
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = t;
+        *lock(&self.modes.write_timeout) = t;
         Ok(())
     }
 
     /// The read timeout.
     pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(*self
-            .modes
-            .read_timeout
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()))
+        Ok(*lock(&self.modes.read_timeout))
     }
 
     /// The write timeout.
     pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
-        Ok(*self
-            .modes
-            .write_timeout
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()))
+        Ok(*lock(&self.modes.write_timeout))
     }
 
     /// `TCP_NODELAY` (iWARP mode: always on, a no-op).

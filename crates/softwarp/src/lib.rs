@@ -105,7 +105,7 @@ pub mod identity;
 mod instrument;
 mod ras;
 mod runtime;
-mod sync;
+pub mod sync;
 mod verbs;
 
 pub use availability::recovery;

@@ -14,6 +14,7 @@
 //! (`rdma_destroy_id` writes to `id->channel->fd`). The private channel of a synchronous id
 //! is made already given up, so its last id (the listener or one of its requests) frees it.
 
+use softwarp::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -101,10 +102,6 @@ impl Event {
         self.c.param.conn = p;
         self
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl EvChannel {

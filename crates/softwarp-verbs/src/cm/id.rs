@@ -11,6 +11,7 @@
 //! id that connected or tried to (any number of times), and on a connection request;
 //! `EINVAL` on any other.
 
+use softwarp::sync::lock;
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
@@ -181,10 +182,6 @@ impl DescribeResource for Shared {
             ..ResourceDetails::default()
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl IdState {

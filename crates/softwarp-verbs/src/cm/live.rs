@@ -24,7 +24,7 @@ impl Live {
     }
 
     fn set(&self) -> MutexGuard<'_, BTreeSet<usize>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        softwarp::sync::lock(&self.0)
     }
 
     /// `p` was just handed to the application.
@@ -79,7 +79,7 @@ impl Gone {
     }
 
     fn list(&self) -> MutexGuard<'_, VecDeque<usize>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        softwarp::sync::lock(&self.0)
     }
 
     /// `p` was destroyed.

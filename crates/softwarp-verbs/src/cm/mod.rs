@@ -81,7 +81,7 @@ static DEVICE_PD: std::sync::Mutex<DevicePd> = std::sync::Mutex::new(DevicePd { 
 /// context ([`cm_context`]).
 pub fn device_pd() -> Result<*mut crate::ffi::ibv_pd, c_int> {
     let ctx = cm_context()?;
-    let mut d = DEVICE_PD.lock().unwrap_or_else(|e| e.into_inner());
+    let mut d = softwarp::sync::lock(&DEVICE_PD);
     if d.pd == 0 {
         // SAFETY: the CM's context, open for the process.
         let pd = unsafe { crate::verbs::mr::swv_ibv_alloc_pd(ctx) };
@@ -102,7 +102,7 @@ pub fn device_pd() -> Result<*mut crate::ffi::ibv_pd, c_int> {
 /// dealloc is refused and the PD stays the device's, for the next id (rdma-core forgets it
 /// then, and the PD leaks).
 pub fn put_device_pd() {
-    let mut d = DEVICE_PD.lock().unwrap_or_else(|e| e.into_inner());
+    let mut d = softwarp::sync::lock(&DEVICE_PD);
     d.ids = d.ids.saturating_sub(1);
     if d.ids == 0 && d.pd != 0 {
         // SAFETY: the device's PD, made by `device_pd` and not deallocated since.

@@ -103,7 +103,7 @@ impl Context {
     }
 
     pub fn objects(&self) -> std::sync::MutexGuard<'_, Objects> {
-        self.objects.lock().unwrap_or_else(|e| e.into_inner())
+        softwarp::sync::lock(&self.objects)
     }
 }
 

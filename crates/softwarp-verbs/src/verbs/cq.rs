@@ -2,6 +2,7 @@
 //! Softwarp's eventfd, readable while events wait, so it works in `poll`/`epoll`), and the
 //! `ibv_context_ops` fast path `poll_cq`/`req_notify_cq`.
 
+use softwarp::sync::lock;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::AsRawFd;
@@ -205,10 +206,6 @@ pub unsafe fn create(
     }
     c.objects().cqs.insert(id, ptr as usize);
     Ok(ptr)
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `ibv_resize_cq`: the CQ holds `cqe` completions from now on (`cq->cqe` says so), those

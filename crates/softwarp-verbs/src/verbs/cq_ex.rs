@@ -15,7 +15,8 @@ use softwarp::EMPTY_COMPLETION;
 
 use crate::errno;
 use crate::ffi::*;
-use crate::verbs::cq::{self, lock, to_ibv_wc, Cq};
+use crate::verbs::cq::{self, to_ibv_wc, Cq};
+use softwarp::sync::lock;
 
 /// The `wc_flags` of `ibv_cq_init_attr_ex` this CQ can answer.
 const SUPPORTED_WC: u64 = (IBV_WC_EX_WITH_BYTE_LEN

@@ -74,7 +74,7 @@ unsafe fn with(qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut WrBuilder, u64, u32)
     // SAFETY: `wr_id` and `wr_flags` are set by the application before each `ibv_wr_*`
     // call, from the thread that builds the batch.
     let (wr_id, flags) = unsafe { ((*qp).wr_id, (*qp).wr_flags) };
-    let mut b = q.builder.lock().unwrap_or_else(|e| e.into_inner());
+    let mut b = softwarp::sync::lock(&q.builder);
     f(q, &mut b, wr_id, flags);
 }
 
