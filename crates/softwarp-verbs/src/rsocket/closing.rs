@@ -34,7 +34,7 @@ pub fn register(ep: &Arc<Endpoint>) {
             tracing::warn!(target: "softwarp::verbs", "atexit failed: rsocket closes at exit are cut short");
         }
     });
-    let mut l = CLOSING.lock().unwrap_or_else(|e| e.into_inner());
+    let mut l = softwarp::sync::lock(&CLOSING);
     l.retain(|(_, w)| w.strong_count() > 0);
     l.push((std::process::id(), Arc::downgrade(ep)));
 }
@@ -44,7 +44,7 @@ pub fn register(ep: &Arc<Endpoint>) {
 pub fn wait_all(limit: Duration) -> bool {
     let me = std::process::id();
     let eps: Vec<Arc<Endpoint>> = {
-        let mut l = CLOSING.lock().unwrap_or_else(|e| e.into_inner());
+        let mut l = softwarp::sync::lock(&CLOSING);
         std::mem::take(&mut *l)
             .into_iter()
             .filter(|(pid, _)| *pid == me)
