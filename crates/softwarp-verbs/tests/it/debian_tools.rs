@@ -2010,6 +2010,26 @@ fn rstream_async_and_blocking_moves_verified_data() {
     rstream_sizes(&["-T", "a", "-T", "b"], &[("8192", "500", "8k")]);
 }
 
+/// Runs `exe` (`tests/c/rsocket_api.c`) in `mode` with `port`, within `limit`, and gives its
+/// output after checking that it exited 0.
+fn rsocket_api(exe: &Path, mode: &str, port: u16, limit: Duration) -> Output {
+    let mut child = Reaped::new(
+        command(exe)
+            .args([port.to_string().as_str(), mode])
+            .spawn()
+            .expect("run rsocket_api"),
+    );
+    let out = finish_in(&mut child, limit, &format!("rsocket_api {mode}"));
+    assert!(
+        out.status.success(),
+        "rsocket_api {mode}: {}\n{}{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    out
+}
+
 /// The rsocket calls of `tests/c/rsocket_api.c` and the kernel's TCP calls of the same
 /// program print the same transcript (errno of calls on a closed socket, EAGAIN of an empty
 /// non-blocking receive, poll and select over a socket and a pipe, half-close, shutdown
@@ -2022,25 +2042,7 @@ fn rsocket_c_api_gives_the_transcript_of_kernel_tcp() {
         return skip("the C test cannot be built here");
     };
     let run = |mode: &str| {
-        let port = free_port().to_string();
-        let mut child = Reaped::new(
-            command(&exe)
-                .args([port.as_str(), mode])
-                .spawn()
-                .expect("run rsocket_api"),
-        );
-        let out = finish_in(
-            &mut child,
-            Duration::from_secs(40),
-            &format!("rsocket_api {mode}"),
-        );
-        assert!(
-            out.status.success(),
-            "rsocket_api {mode}: {}\n{}{}",
-            out.status,
-            out.stdout,
-            out.stderr
-        );
+        let out = rsocket_api(&exe, mode, free_port(), Duration::from_secs(40));
         let mut lines: Vec<String> = out.stdout.lines().map(str::to_string).collect();
         lines.sort_unstable();
         lines
@@ -2383,22 +2385,8 @@ fn rsocket_receive_after_the_peer_died_says_econnreset_once() {
     let Some(exe) = build_c("rsocket_api", &["-lrdmacm"]) else {
         return skip("the C test cannot be built here");
     };
-    let port = free_port();
-    let mut child = Reaped::new(
-        command(&exe)
-            .args([port.to_string().as_str(), "died"])
-            .spawn()
-            .expect("run rsocket_api died"),
-    );
-    let out = finish_in(&mut child, Duration::from_secs(40), "rsocket_api died");
+    let out = rsocket_api(&exe, "died", free_port(), Duration::from_secs(40));
     let _ = std::fs::remove_file(&exe);
-    assert!(
-        out.status.success(),
-        "{}\n{}{}",
-        out.status,
-        out.stdout,
-        out.stderr
-    );
     assert!(
         out.stdout
             .contains("died: recv after the peer died: -1 ECONNRESET")
@@ -2422,22 +2410,8 @@ fn rsocket_exit_without_rclose_waits_for_the_graceful_close() {
     let Some(exe) = build_c("rsocket_api", &["-lrdmacm"]) else {
         return skip("the C test cannot be built here");
     };
-    let port = free_port();
-    let mut child = Reaped::new(
-        command(&exe)
-            .args([port.to_string().as_str(), "exits"])
-            .spawn()
-            .expect("run rsocket_api exits"),
-    );
-    let out = finish_in(&mut child, Duration::from_secs(40), "rsocket_api exits");
+    let out = rsocket_api(&exe, "exits", free_port(), Duration::from_secs(40));
     let _ = std::fs::remove_file(&exe);
-    assert!(
-        out.status.success(),
-        "{}\n{}{}",
-        out.status,
-        out.stdout,
-        out.stderr
-    );
     assert!(
         out.stdout
             .contains("exits: 20000 bytes, then the end of stream")
@@ -2463,16 +2437,11 @@ fn rsocket_keepalive_sends_zero_length_writes_to_stag_0_every_idle_period() {
     let port = free_port();
     let mut out = None;
     let streams = capture_streams(port, || {
-        let mut child = Reaped::new(
-            command(&exe)
-                .args([port.to_string().as_str(), "keepalive"])
-                .spawn()
-                .expect("run rsocket_api keepalive"),
-        );
-        out = Some(finish_in(
-            &mut child,
+        out = Some(rsocket_api(
+            &exe,
+            "keepalive",
+            port,
             Duration::from_secs(30),
-            "rsocket_api keepalive",
         ));
     });
     let _ = std::fs::remove_file(&exe);
@@ -2480,13 +2449,6 @@ fn rsocket_keepalive_sends_zero_length_writes_to_stag_0_every_idle_period() {
         return;
     };
     let out = out.expect("the program ran");
-    assert!(
-        out.status.success(),
-        "{}\n{}{}",
-        out.status,
-        out.stdout,
-        out.stderr
-    );
     assert!(
         out.stdout
             .contains("server: received done after the client's idle time"),
