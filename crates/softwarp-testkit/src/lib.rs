@@ -10,6 +10,7 @@
 mod artifacts;
 #[cfg(feature = "softwarp")]
 mod connect;
+mod listen;
 mod process;
 mod require;
 #[cfg(feature = "engine")]
@@ -18,6 +19,7 @@ mod writer;
 pub use artifacts::{example, library, profile_dir};
 #[cfg(feature = "softwarp")]
 pub use connect::quick;
+pub use listen::{listening, listening_in, wait_listening, wait_listening_in, TCP_TABLES};
 pub use process::{Reaped, SpawnReaped};
 pub use require::{file, have, in_ci, is_root, require, root, skip, tool, File, Need, Root, Tool};
 #[cfg(feature = "engine")]

@@ -12,7 +12,9 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use softwarp_testkit::{file, free_port, require, serial, tool, Reaped, SpawnReaped};
+use softwarp_testkit::{
+    file, free_port, require, serial, tool, wait_listening, Reaped, SpawnReaped,
+};
 
 const RSPRELOAD: &str = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
 
@@ -92,38 +94,6 @@ fn program(name: &str, package: &str) -> Option<PathBuf> {
     std::env::split_paths(&paths)
         .map(|p| p.join(name))
         .find(|p| p.is_file())
-}
-
-/// Waits until something listens on 127.0.0.1 (or a wildcard) at `port`, from
-/// `/proc/net/tcp` and `tcp6` without connecting (a plain TCP connection would be a malformed peer to
-/// an rsocket listener).
-fn wait_listening(port: u16, server: &mut Reaped) {
-    let wanted = [
-        format!("0100007F:{port:04X}"),
-        format!("00000000:{port:04X}"),
-        format!("00000000000000000000000000000000:{port:04X}"),
-    ];
-    let listening = || {
-        ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
-            std::fs::read_to_string(table).is_ok_and(|t| {
-                t.lines().skip(1).any(|l| {
-                    let f: Vec<&str> = l.split_whitespace().collect();
-                    f.len() > 3 && wanted.iter().any(|w| w == f[1]) && f[3] == "0A"
-                })
-            })
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !listening() {
-        if let Ok(Some(st)) = server.try_wait() {
-            panic!("the server exited before listening: {st}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no listener on port {port} after 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Waits at most `limit` for `child` and collects its output; kills it past that.

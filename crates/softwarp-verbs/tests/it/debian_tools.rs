@@ -14,7 +14,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use softwarp_testkit::{free_port, serial, skip, Reaped};
+use softwarp_testkit::{free_port, serial, skip, wait_listening, Reaped};
 
 /// The directory holding `libibverbs.so.1` and `librdmacm.so.1`: links to the library cargo
 /// built next to this test's binary (`target/<profile>/libsoftwarp_verbs.so`).
@@ -114,38 +114,6 @@ pub(super) fn finish_in(child: &mut Child, limit: Duration, what: &str) -> Outpu
         status,
         stdout: o.join().unwrap_or_default(),
         stderr: e.join().unwrap_or_default(),
-    }
-}
-
-/// True once something listens on 127.0.0.1:`port` (from `/proc/net/tcp`, without
-/// connecting: a bare TCP connection would be a malformed MPA peer to the listener).
-fn listening(port: u16) -> bool {
-    let wanted = [
-        format!("0100007F:{port:04X}"),
-        format!("00000000:{port:04X}"),
-        format!("00000000000000000000000000000000:{port:04X}"),
-    ];
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
-        std::fs::read_to_string(table).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() > 3 && wanted.iter().any(|w| w == f[1]) && f[3] == "0A"
-            })
-        })
-    })
-}
-
-fn wait_listening(port: u16, server: &mut Child) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listening(port) {
-        if let Ok(Some(st)) = server.try_wait() {
-            panic!("the server exited before listening: {st}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no listener on port {port} after 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use softwarp_testkit::{free_port, require, serial, tool, Reaped, SpawnReaped};
+use softwarp_testkit::{free_port, listening, require, serial, tool, Reaped, SpawnReaped};
 
 #[allow(dead_code, clippy::all)]
 #[path = "../../../softwarp/examples/rping.rs"]
@@ -93,16 +93,6 @@ fn run_rust(args: &[&str]) -> Result<(), String> {
     } else {
         cb.run_client()
     }
-}
-
-fn listening(port: u16) -> bool {
-    let want = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|t| {
-        std::fs::read_to_string(t).is_ok_and(|s| {
-            s.lines()
-                .any(|l| l.contains(&want) && l.split_whitespace().nth(3) == Some("0A"))
-        })
-    })
 }
 
 #[test]

@@ -11,9 +11,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use softwarp_testkit::{free_port, serial, skip, Reaped};
+use softwarp_testkit::{free_port, serial, skip, wait_listening, wait_listening_in, Reaped};
 
 use super::debian_tools::finish_in;
 
@@ -75,42 +75,6 @@ fn preloaded(program: &Path) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
-}
-
-/// Waits until something listens on `port` (from `/proc/net/tcp*`, without connecting:
-/// a plain TCP connection would be a malformed MPA peer to an rsocket listener).
-fn wait_listening(port: u16, server: &mut Reaped) {
-    wait_listening_in(&["/proc/net/tcp", "/proc/net/tcp6"], port, server);
-}
-
-/// [`wait_listening`] in the tables `tables` only.
-fn wait_listening_in(tables: &[&str], port: u16, server: &mut Reaped) {
-    let wanted = [
-        format!("0100007F:{port:04X}"),
-        format!("00000000:{port:04X}"),
-        format!("00000000000000000000000000000000:{port:04X}"),
-    ];
-    let listening = || {
-        tables.iter().any(|table| {
-            std::fs::read_to_string(table).is_ok_and(|t| {
-                t.lines().skip(1).any(|l| {
-                    let f: Vec<&str> = l.split_whitespace().collect();
-                    f.len() > 3 && wanted.iter().any(|w| w == f[1]) && f[3] == "0A"
-                })
-            })
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listening() {
-        if let Ok(Some(st)) = server.try_wait() {
-            panic!("the server exited before listening: {st}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no listener on port {port} after 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Bytes that show a misplaced or lost block (a counter and its position, not a pattern
