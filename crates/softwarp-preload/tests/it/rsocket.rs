@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use softwarp_testkit::{
-    file, free_port, require, serial, tool, wait_listening, Reaped, SpawnReaped,
+    file, free_port, payload, require, serial, tool, wait_listening, Reaped, SpawnReaped,
 };
 
 const RSPRELOAD: &str = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
@@ -114,18 +114,6 @@ fn finish(child: Reaped, limit: Duration, what: &str) -> Output {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-fn payload(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn text(b: &[u8]) -> String {

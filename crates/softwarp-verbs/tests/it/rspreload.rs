@@ -13,7 +13,9 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use softwarp_testkit::{free_port, serial, skip, wait_listening, wait_listening_in, Reaped};
+use softwarp_testkit::{
+    free_port, payload, serial, skip, wait_listening, wait_listening_in, Reaped,
+};
 
 use super::debian_tools::finish_in;
 
@@ -75,20 +77,6 @@ fn preloaded(program: &Path) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
-}
-
-/// Bytes that show a misplaced or lost block (a counter and its position, not a pattern
-/// that repeats every few bytes).
-fn payload(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// socat's echo server (`EXEC:cat`) and a client that sends a file through it and writes
