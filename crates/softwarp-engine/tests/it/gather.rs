@@ -147,3 +147,59 @@ fn a_writer_that_claims_more_than_it_was_offered_stops_the_transmit_path() {
     assert!(matches!(end, SendEnd::Bug("tx_commit refused")), "{end:?}");
     assert!(w.max_offered() > 0);
 }
+
+/// A Read Response's source is memory the responder's application may write at any time.
+/// The responder builds the first Response FPDUs (CRC computed) and the socket fills after
+/// 100 bytes; then the application rewrites the whole source; then the rest goes out. The
+/// requester must see an intact stream (every CRC right, the Read complete), whichever
+/// version of each byte it got: before FPDUs built with their CRC were sent from a
+/// snapshot, the bytes written after the store no longer matched their CRC and the
+/// requester sent a Terminate (uDAPL's dtest, both of whose sides rewrite the buffer the
+/// other one reads).
+#[test]
+fn a_read_response_stays_intact_when_its_source_changes_before_it_is_written() {
+    for crc in [true, false] {
+        let len = 200_000usize;
+        let mut a = Side::new(1, stream_for(65535, crc));
+        let mut b = Side::new(2, stream_for(65535, crc));
+        let (sink, kstag, kiova) = a.region(len, Access::LOCAL_WRITE);
+        let (src, sstag, siova, old) = b.filled_region(len, Access::REMOTE_READ, 11);
+        a.qp.post_send(
+            &signaled_wr(
+                7,
+                SendOp::Read {
+                    remote_addr: siova,
+                    rkey: sstag,
+                },
+                SgList::single(sge(kstag, kiova, 0, len as u32)),
+            ),
+            &a.mrs,
+        )
+        .unwrap();
+        let mut request = Vec::new();
+        a.transmit(&mut request, || usize::MAX);
+        assert_eq!(b.receive(&request, || usize::MAX), request.len());
+
+        let mut wire = Vec::new();
+        assert_eq!(b.transmit_limited(&mut wire, 100), 100);
+        let new = vec![0x5a_u8; len];
+        src.write_at(0, &new).unwrap();
+        b.transmit(&mut wire, || usize::MAX);
+
+        assert_eq!(a.receive(&wire, || usize::MAX), wire.len());
+        assert!(a.events.is_empty(), "crc {crc}: {:?}", a.events);
+        assert_eq!(a.qp.stats().crc_errors, 0, "crc {crc}");
+        let wcs = a.send_wcs();
+        assert_eq!(wcs.len(), 1, "crc {crc}");
+        assert_eq!(wcs[0].status, WcStatus::Success, "crc {crc}");
+        assert_eq!(wcs[0].byte_len, len as u32, "crc {crc}");
+        // Each byte is one version of the source.
+        let got = contents(&sink);
+        assert!(
+            got.iter()
+                .zip(old.iter())
+                .all(|(g, o)| *g == *o || *g == 0x5a),
+            "crc {crc}: a byte that was never in the source"
+        );
+    }
+}

@@ -224,6 +224,12 @@ struct FpduBuild {
     /// so that it goes out in the same write as the large FPDU after it (copied into a
     /// batch, it would take a write call of its own).
     lead: bool,
+    /// The payload as it was when the CRC was computed, for an FPDU whose memory may change
+    /// before the runtime writes it ([`FpduBuild::fill_crc`]: a Read Response with CRC); its
+    /// first `snap_len` bytes replace the payload slices on the wire. The storage is kept
+    /// while the build is the spare and dropped when it goes to the pool.
+    snapshot: Vec<u8>,
+    snap_len: usize,
 }
 
 impl FpduBuild {
@@ -242,6 +248,8 @@ impl FpduBuild {
             done: TxDone::Rtr,
             crc_pending: false,
             lead: false,
+            snapshot: Vec::new(),
+            snap_len: 0,
         })
     }
 
@@ -255,6 +263,9 @@ impl FpduBuild {
         //= https://www.rfc-editor.org/rfc/rfc5044#section-4.4
         // (paraphrase) The CRC covers the FPDU as sent, from its first octet up to the
         // CRC field: ULPDU_Length, ULPDU, pad, and the markers when in use.
+        if matches!(self.done, TxDone::ReadResponse { .. }) {
+            self.take_snapshot();
+        }
         let crc_len = self.total.saturating_sub(4);
         let mut crc = 0u32;
         let mut at = 0usize;
@@ -271,19 +282,58 @@ impl FpduBuild {
         self.crc_pending = false;
     }
 
-    /// The marker-free FPDU as pieces: MPA length and header, payload slices, pad and CRC.
+    /// Copies the payload slices into `snapshot`, so that the bytes the CRC covers are the
+    /// bytes that go out. A Read Response's source is memory the responder's application
+    /// may write at any time (a remote Read and a local store to the same bytes are not
+    /// ordered: the Read returns either, RDMA's rule, but the stream must stay intact),
+    /// and the runtime writes a gathered FPDU after the CRC was computed, possibly much
+    /// later behind a full socket: a store in between made the peer see a CRC error and
+    /// Terminate (uDAPL's dtest, whose both sides rewrite the buffers the other one reads).
+    /// The copies of small FPDUs ([`Qp::tx_copy_fpdus`]) compute the CRC over the copy
+    /// already; this is the gather path's equivalent, one copy per Read Response byte when
+    /// the CRC is on (none without CRC: the bytes then only need to be some version of
+    /// the memory, which the gather gives).
+    fn take_snapshot(&mut self) {
+        let len: usize = self.payload_slices().map(|p| p.2).sum();
+        if len == 0 {
+            self.snap_len = 0;
+            return;
+        }
+        if self.snapshot.len() < len {
+            self.snapshot.resize(len, 0);
+        }
+        let mut at = 0;
+        for (mem, off, n) in self.payload.iter().map_while(Option::as_ref) {
+            let Some(dst) = self.snapshot.get_mut(at..at + n) else {
+                break;
+            };
+            // A slice that cannot be read (never: it was validated at build time) leaves
+            // zeros, covered by the CRC like any other byte.
+            let _ = mem.region().read_at(*off, dst);
+            at += n;
+        }
+        self.snap_len = at;
+    }
+
+    /// The marker-free FPDU as pieces: MPA length and header, payload slices (or their
+    /// snapshot), pad and CRC.
     fn plain_pieces(&self) -> impl Iterator<Item = TxPiece<'_>> {
         let hdr = TxPiece::Bytes(self.hdr.get(..self.hdr_len).unwrap_or(&[]));
+        let snapped = self.snap_len > 0;
         let payload = self
             .payload_slices()
+            .filter(move |_| !snapped)
             .map(|(mem, off, len)| TxPiece::Region {
                 region: mem.region(),
                 offset: *off,
                 len: *len,
             });
+        let snapshot = snapped
+            .then(|| TxPiece::Bytes(self.snapshot.get(..self.snap_len).unwrap_or(&[])));
         let trailer = TxPiece::Bytes(self.trailer.get(..self.trailer_len).unwrap_or(&[]));
         std::iter::once(hdr)
             .chain(payload)
+            .chain(snapshot)
             .chain(std::iter::once(trailer))
     }
 
@@ -606,9 +656,13 @@ impl TxState {
             }
         }
         b.lead = false;
+        b.snap_len = 0;
         if self.spare.is_none() {
             self.spare = Some(b);
         } else {
+            // Builds in the pool wait for the next burst of FPDUs built ahead: they keep
+            // no snapshot storage (up to a maximal FPDU each).
+            b.snapshot = Vec::new();
             self.pool.push(b);
         }
     }
@@ -1306,6 +1360,7 @@ impl Qp {
         b.total = 0;
         b.sent = 0;
         b.offered_end = 0;
+        b.snap_len = 0;
         Some(b)
     }
 
@@ -1355,6 +1410,7 @@ impl Qp {
             b.total = layout.wire_len();
         }
         b.crc_pending = false;
+        b.done = done;
         if self.tx.crc {
             if self.tx.defer_crc && b.layout.is_none() {
                 // `tx_copy_fpdus` computes it over the copy, in one pass.
@@ -1365,7 +1421,6 @@ impl Qp {
         }
         b.sent = 0;
         b.offered_end = 0;
-        b.done = done;
         self.tx.build = Some(b);
     }
 
