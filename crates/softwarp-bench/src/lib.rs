@@ -1038,6 +1038,7 @@ impl Output {
             warmup_ms: args.warmup_ms,
             cpus: cpus(),
             load_1m: loadavg(),
+            build: if cfg!(debug_assertions) { "debug" } else { "release" }.into(),
         };
         Self {
             json: args.json,
@@ -1058,7 +1059,7 @@ impl Output {
     fn header(&self) -> String {
         let c = &self.config;
         format!(
-            "softwarp bench: {} {}, device {}, mode {}{}, CRC {}, depth {}, post list {}, {}{}{} run(s) per number (median){}, FPDU {}, threads {}, load {}",
+            "softwarp bench: {} {}, device {}, mode {}{}, CRC {}, depth {}, post list {}, {}{}{} run(s) per number (median){}, FPDU {}, threads {}, load {}, {} build",
             c.role,
             c.peer,
             c.device,
@@ -1087,6 +1088,7 @@ impl Output {
                 "not pinned"
             },
             c.load_1m.map_or("?".into(), |l| format!("{l:.2}")),
+            c.build,
         )
     }
 

@@ -355,6 +355,14 @@ pub struct Config {
     pub cpus: usize,
     /// The 1-minute load average at the start (`None` when unknown).
     pub load_1m: Option<f64>,
+    /// `release` or `debug`: whether the benchmark was built with debug assertions (a
+    /// debug build's figures mean nothing; `unknown` in documents from before this field).
+    #[serde(default = "unknown")]
+    pub build: String,
+}
+
+fn unknown() -> String {
+    "unknown".into()
 }
 
 fn one() -> usize {
