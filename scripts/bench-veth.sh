@@ -18,7 +18,10 @@
 # 1 MiB; the bench takes one count for all sizes, so each size runs on its own), RUNS (1:
 # `--runs` of each invocation, the median of its alternated runs), MODE (busy),
 # GSO=off (no segmentation offload on the veth: one MTU-sized packet per skb, as the tests'
-# veth pairs), EXTRA (more `softwarp bench` arguments for the client, e.g. "--fpdu 1460").
+# veth pairs), EXTRA (more `softwarp bench` arguments for the client, e.g. "--fpdu 1460" or
+# "--no-tcp"), SERVER_PREFIX / CLIENT_PREFIX (a command put in front of each end, `{name}`
+# replaced by the run's name: "perf record -g -o /tmp/{name}.srv.data", "strace -c -f -o
+# /tmp/{name}.cli.strace"). LAT_SHAPES= or BW_SHAPES= (empty) skips those runs.
 # Root only (namespaces). Every run is bounded by `timeout`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,7 +89,10 @@ echo "# $(date -u +%FT%TZ) mtu $mtu gso ${GSO:-on} $("$bin" --version) $(git rev
 run() { # name, client args...
   local name=$1 i; shift
   : > "$out/$name.server"
-  ip netns exec "$ns_a" timeout 600 "$bin" bench --bind "$addr_a" -p "$port" \
+  local sp=${SERVER_PREFIX:-} cp=${CLIENT_PREFIX:-}
+  sp=${sp//\{name\}/$name} cp=${cp//\{name\}/$name}
+  # shellcheck disable=SC2086
+  ip netns exec "$ns_a" timeout 600 $sp "$bin" bench --bind "$addr_a" -p "$port" \
     2> "$out/$name.server" > /dev/null &
   server_pid=$!
   for i in $(seq 1 200); do
@@ -97,11 +103,16 @@ run() { # name, client args...
   grep -q "waiting for a client" "$out/$name.server" \
     || { echo "bench-veth: the server did not start: $(cat "$out/$name.server")" >&2; exit 1; }
   # shellcheck disable=SC2086
-  if ! ip netns exec "$ns_b" timeout 600 "$bin" bench "$@" "$addr_a" -p "$port" --json \
+  if ! ip netns exec "$ns_b" timeout 600 $cp "$bin" bench "$@" "$addr_a" -p "$port" --json \
       --mode "${MODE:-busy}" --runs "${RUNS:-1}" ${EXTRA:-} > "$out/$name.json" 2> "$out/$name.err"; then
     echo "run $name failed: see $out/$name.err" >&2
     rm -f "$out/$name.json"
   fi
+  # The server exits after its session (a profiler in front of it then writes its data).
+  for i in $(seq 1 600); do
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.05
+  done
   kill "$server_pid" 2>/dev/null || true
   wait "$server_pid" 2>/dev/null || true
   server_pid=
@@ -109,8 +120,11 @@ run() { # name, client args...
 bw_iters=${BW_ITERS:-2000}
 for r in $(seq 1 "$rounds"); do
   for crc in ${CRCS:-off on}; do
-    run "r$r-lat-crc$crc" "${LAT_SHAPES:-write_lat,send_lat}" -s "${LAT_SIZES:-8,4K,16K,64K,256K,1M}" \
-      -n "${LAT_ITERS:-1000}" --crc "$crc"
+    if [ -n "${LAT_SHAPES-write_lat,send_lat}" ]; then
+      run "r$r-lat-crc$crc" "${LAT_SHAPES-write_lat,send_lat}" -s "${LAT_SIZES:-8,4K,16K,64K,256K,1M}" \
+        -n "${LAT_ITERS:-1000}" --crc "$crc"
+    fi
+    [ -n "${BW_SHAPES-x}" ] || continue
     for size in ${BW_SIZES:-64K 1M}; do
       n=$bw_iters
       [ "$size" = 1M ] && n=$(( bw_iters / 16 > 0 ? bw_iters / 16 : 1 ))
