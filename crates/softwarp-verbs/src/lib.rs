@@ -27,6 +27,12 @@
 //! `poll_cq`, `req_notify_cq`, `post_srq_recv`), `verbs_context` (`query_port`,
 //! `query_device_ex`, `create_qp_ex`) and `ibv_qp_ex` (`ibv_wr_*`): all are filled.
 //!
+//! # Host devices
+//!
+//! [`host`] loads the host's own rdma-core beside Softwarp (`dlmopen`, a namespace of its
+//! own) and lists its devices after `softwarp0`; the calls on a host device's objects go to
+//! the host's library, and their data path to its provider, untouched.
+//!
 //! # Errors
 //!
 //! Each call fails as its rdma-core original does ([`errno`]): NULL or -1 with `errno`, or the
@@ -45,6 +51,7 @@ pub mod env;
 pub mod errno;
 pub mod exports;
 pub mod ffi;
+pub mod host;
 mod private;
 pub mod rsocket;
 pub mod verbs;

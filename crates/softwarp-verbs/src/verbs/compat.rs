@@ -240,14 +240,21 @@ pub unsafe extern "C" fn swv_ibv_get_device_list_1_0(num: *mut c_int) -> *mut *m
     let mut l: Vec<*mut Device10> = Vec::with_capacity(n + 2);
     l.push(real.cast());
     for i in 0..n {
+        // SAFETY: `real` holds `n` devices.
+        let real_device = unsafe { *real.add(i) };
+        // The 1.0 entries serve softwarp0 only: a host device's 1.0 calls would need the
+        // host's 1.0 objects (crate::host).
+        if !crate::verbs::context::is_own_device(real_device) {
+            continue;
+        }
         l.push(Box::into_raw(Box::new(Device10 {
             obsolete_sysfs_dev: std::ptr::null_mut(),
             obsolete_sysfs_ibdev: std::ptr::null_mut(),
-            // SAFETY: `real` holds `n` devices.
-            real_device: unsafe { *real.add(i) },
+            real_device,
             ops: [0; 2],
         })));
     }
+    let n = l.len() - 1;
     l.push(std::ptr::null_mut());
     // SAFETY: NULL or the caller's count.
     if let Some(num) = unsafe { num.as_mut() } {

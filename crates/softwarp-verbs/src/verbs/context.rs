@@ -13,6 +13,7 @@ use softwarp::{AsyncEvent, CqId, Device, SrqId};
 
 use crate::errno;
 use crate::ffi::*;
+use crate::host::{self, forward};
 use crate::verbs::{cq, qp, qp_ex};
 use crate::watch::Watch;
 
@@ -116,6 +117,11 @@ unsafe impl Send for DeviceEntry {}
 // SAFETY: as above: read-only after initialisation.
 unsafe impl Sync for DeviceEntry {}
 
+/// True for `softwarp0`'s device (not one of the host's, [`crate::host`]).
+pub fn is_own_device(dev: *mut ibv_device) -> bool {
+    dev == device()
+}
+
 /// The one device of the process (`softwarp0`), leaked: `ibv_device` pointers stay valid for
 /// the life of the process, as rdma-core's do while a context is open.
 fn device() -> *mut ibv_device {
@@ -156,17 +162,23 @@ fn node_guid() -> u64 {
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device {
-    // SAFETY: calloc of two pointers; NULL is handled.
-    let list = unsafe { libc::calloc(2, size_of::<*mut ibv_device>()) }.cast::<*mut ibv_device>();
+    // softwarp0 and the host's devices ([`host::device_list`]): all of them live for the
+    // process, so the list holds no reference to free.
+    let devices = host::device_list(device());
+    // SAFETY: calloc of the devices and the NULL terminator; NULL is handled.
+    let list = unsafe { libc::calloc(devices.len() + 1, size_of::<*mut ibv_device>()) }
+        .cast::<*mut ibv_device>();
     if list.is_null() {
         errno::set(libc::ENOMEM);
         return std::ptr::null_mut();
     }
-    // SAFETY: `list` has room for two pointers (the second stays NULL: the terminator).
-    unsafe { *list = device() };
+    for (i, &d) in devices.iter().enumerate() {
+        // SAFETY: `list` has room for every device and the terminator (left NULL by calloc).
+        unsafe { *list.add(i) = d };
+    }
     if !num.is_null() {
         // SAFETY: the caller passes a valid `int *` or NULL.
-        unsafe { *num = 1 };
+        unsafe { *num = c_int::try_from(devices.len()).unwrap_or(c_int::MAX) };
     }
     list
 }
@@ -189,7 +201,10 @@ pub unsafe extern "C" fn swv_ibv_get_device_name(dev: *mut ibv_device) -> *const
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
-    let _ = dev;
+    if let Some(h) = host::of_device(dev) {
+        // SAFETY: the host's device, to the host's call.
+        return unsafe { (h.calls.ibv_get_device_guid)(dev) };
+    }
     node_guid()
 }
 
@@ -198,12 +213,20 @@ pub unsafe extern "C" fn swv_ibv_get_device_index(dev: *mut ibv_device) -> c_int
     if dev.is_null() {
         return -1;
     }
+    if let Some(h) = host::of_device(dev) {
+        // SAFETY: the host's device, to the host's call.
+        return unsafe { (h.calls.ibv_get_device_index)(dev) };
+    }
     0
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
     if dev != device() {
+        if let Some(h) = host::of_device(dev) {
+            // SAFETY: one of the host's devices.
+            return unsafe { h.open(dev) };
+        }
         errno::set(libc::ENODEV);
         return std::ptr::null_mut();
     }
@@ -288,6 +311,10 @@ pub const CLOSE_BOUND: Duration = Duration::from_secs(2);
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_close_device(ctx: *mut ibv_context) -> c_int {
     const CALL: &str = "ibv_close_device";
+    if let Some(h) = host::of_ctx(ctx) {
+        // SAFETY: one of the host's contexts.
+        return unsafe { h.close(ctx) };
+    }
     // SAFETY: contexts come from `ibv_open_device`.
     let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
         return libc::EINVAL;
@@ -370,6 +397,7 @@ pub unsafe extern "C" fn swv_ibv_query_device(
     ctx: *mut ibv_context,
     attr: *mut ibv_device_attr,
 ) -> c_int {
+    forward!(ctx ctx, ibv_query_device(ctx, attr));
     // SAFETY: contexts come from `ibv_open_device`.
     let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
         return libc::EINVAL;
@@ -465,6 +493,7 @@ pub unsafe extern "C" fn swv_ibv_query_port(
     port: u8,
     attr: *mut ibv_port_attr,
 ) -> c_int {
+    forward!(ctx ctx, ibv_query_port(ctx, port, attr));
     // The compat structure is `ibv_port_attr` without `flags` and `port_cap_flags2`.
     let len = offset_of!(ibv_port_attr, flags);
     // SAFETY: forwarded; the compat structure has at least `len` bytes.
@@ -485,6 +514,7 @@ pub unsafe extern "C" fn swv_ibv_query_gid(
     index: c_int,
     out: *mut ibv_gid,
 ) -> c_int {
+    forward!(ctx ctx, ibv_query_gid(ctx, port, index, out));
     // SAFETY: contexts come from `ibv_open_device`.
     if unsafe { Context::from_ibv(ctx) }.is_none() || out.is_null() || port != 1 {
         return -1;
@@ -523,6 +553,7 @@ pub unsafe extern "C" fn swv__ibv_query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
+    forward!(ctx ctx, _ibv_query_gid_ex(ctx, port, index, entry, flags, entry_size));
     // SAFETY: contexts come from `ibv_open_device`.
     if unsafe { Context::from_ibv(ctx) }.is_none() || entry.is_null() || flags != 0 {
         return libc::EINVAL;
@@ -557,6 +588,7 @@ pub unsafe extern "C" fn swv__ibv_query_gid_table(
     flags: u32,
     entry_size: usize,
 ) -> isize {
+    forward!(ctx ctx, _ibv_query_gid_table(ctx, entries, max, flags, entry_size));
     if max == 0 {
         return -(libc::EINVAL as isize);
     }
@@ -575,6 +607,7 @@ pub unsafe extern "C" fn swv_ibv_query_pkey(
     index: c_int,
     pkey: *mut u16,
 ) -> c_int {
+    forward!(ctx ctx, ibv_query_pkey(ctx, port, index, pkey));
     // SAFETY: contexts come from `ibv_open_device`.
     if unsafe { Context::from_ibv(ctx) }.is_none() || pkey.is_null() || port != 1 || index != 0 {
         return -1;
@@ -590,6 +623,7 @@ pub unsafe extern "C" fn swv_ibv_get_pkey_index(
     port: u8,
     pkey: u16,
 ) -> c_int {
+    forward!(ctx ctx, ibv_get_pkey_index(ctx, port, pkey));
     // SAFETY: contexts come from `ibv_open_device`.
     if unsafe { Context::from_ibv(ctx) }.is_none() || port != 1 {
         return -libc::EINVAL;
@@ -638,6 +672,7 @@ pub unsafe extern "C" fn swv_ibv_get_async_event(
     ctx: *mut ibv_context,
     event: *mut ibv_async_event,
 ) -> c_int {
+    forward!(ctx ctx, ibv_get_async_event(ctx, event));
     // SAFETY: contexts come from `ibv_open_device`.
     let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
         errno::set(libc::EINVAL);
@@ -671,7 +706,30 @@ pub unsafe extern "C" fn swv_ibv_get_async_event(
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_ack_async_event(event: *mut ibv_async_event) {
-    let _ = event;
+    // SAFETY: NULL or the caller's event, from `ibv_get_async_event`.
+    let Some(e) = (unsafe { event.as_ref() }) else {
+        return;
+    };
+    // The object an event names, by its type (rdma-core's `ibv_ack_async_event`): the
+    // host's objects count their acknowledged events, which their destroy waits for.
+    // SAFETY: the union member the event type selects; each object starts with its context.
+    let obj: *mut c_void = unsafe {
+        match e.event_type {
+            IBV_EVENT_CQ_ERR => e.element.cq.cast(),
+            IBV_EVENT_QP_FATAL
+            | IBV_EVENT_QP_REQ_ERR
+            | IBV_EVENT_QP_ACCESS_ERR
+            | IBV_EVENT_COMM_EST
+            | IBV_EVENT_SQ_DRAINED
+            | IBV_EVENT_PATH_MIG
+            | IBV_EVENT_PATH_MIG_ERR
+            | IBV_EVENT_QP_LAST_WQE_REACHED => e.element.qp.cast(),
+            IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => e.element.srq.cast(),
+            IBV_EVENT_WQ_FATAL => e.element.wq.cast(),
+            _ => std::ptr::null_mut(),
+        }
+    };
+    forward!(obj obj, ibv_ack_async_event(event));
 }
 
 #[no_mangle]
@@ -856,10 +914,8 @@ pub unsafe extern "C" fn swv_mbps_to_ibv_rate(mbps: c_int) -> c_int {
 
 /// Address handles, multicast and the other UD-only verbs: iWARP has no datagram service.
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_create_ah(
-    _pd: *mut ibv_pd,
-    _attr: *mut ibv_ah_attr,
-) -> *mut ibv_ah {
+pub unsafe extern "C" fn swv_ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    forward!(obj pd, ibv_create_ah(pd, attr));
     errno::set(errno::unsupported(
         "ibv_create_ah",
         "address handles (iWARP is connected only)",
@@ -868,17 +924,19 @@ pub unsafe extern "C" fn swv_ibv_create_ah(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_destroy_ah(_ah: *mut ibv_ah) -> c_int {
+pub unsafe extern "C" fn swv_ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    forward!(obj ah, ibv_destroy_ah(ah));
     libc::EINVAL
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_create_ah_from_wc(
-    _pd: *mut ibv_pd,
-    _wc: *mut ibv_wc,
-    _grh: *mut ibv_grh,
-    _port: u8,
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    port: u8,
 ) -> *mut ibv_ah {
+    forward!(obj pd, ibv_create_ah_from_wc(pd, wc, grh, port));
     errno::set(errno::unsupported(
         "ibv_create_ah_from_wc",
         "address handles (iWARP is connected only)",
@@ -888,12 +946,13 @@ pub unsafe extern "C" fn swv_ibv_create_ah_from_wc(
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_init_ah_from_wc(
-    _ctx: *mut ibv_context,
-    _port: u8,
-    _wc: *mut ibv_wc,
-    _grh: *mut ibv_grh,
-    _attr: *mut ibv_ah_attr,
+    ctx: *mut ibv_context,
+    port: u8,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    attr: *mut ibv_ah_attr,
 ) -> c_int {
+    forward!(ctx ctx, ibv_init_ah_from_wc(ctx, port, wc, grh, attr));
     errno::unsupported(
         "ibv_init_ah_from_wc",
         "address handles (iWARP is connected only)",
@@ -902,18 +961,20 @@ pub unsafe extern "C" fn swv_ibv_init_ah_from_wc(
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_attach_mcast(
-    _qp: *mut ibv_qp,
-    _gid: *const ibv_gid,
-    _lid: u16,
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    lid: u16,
 ) -> c_int {
+    forward!(obj qp, ibv_attach_mcast(qp, gid, lid));
     errno::unsupported("ibv_attach_mcast", "multicast (iWARP is connected only)")
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_detach_mcast(
-    _qp: *mut ibv_qp,
-    _gid: *const ibv_gid,
-    _lid: u16,
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    lid: u16,
 ) -> c_int {
+    forward!(obj qp, ibv_detach_mcast(qp, gid, lid));
     errno::unsupported("ibv_detach_mcast", "multicast (iWARP is connected only)")
 }

@@ -14,6 +14,7 @@ use softwarp::{
 
 use crate::errno;
 use crate::ffi::*;
+use crate::host::forward;
 use crate::verbs::context::{self, Context};
 use crate::verbs::users::Users;
 use crate::watch::Watch;
@@ -67,6 +68,7 @@ impl Cq {
 pub unsafe extern "C" fn swv_ibv_create_comp_channel(
     ctx: *mut ibv_context,
 ) -> *mut ibv_comp_channel {
+    forward!(ctx ctx, ibv_create_comp_channel(ctx));
     // SAFETY: contexts come from `ibv_open_device`.
     let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
         errno::set(libc::EINVAL);
@@ -101,6 +103,7 @@ pub unsafe extern "C" fn swv_ibv_create_comp_channel(
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    forward!(obj ch, ibv_destroy_comp_channel(ch));
     if ch.is_null() {
         return libc::EINVAL;
     }
@@ -127,6 +130,7 @@ pub unsafe extern "C" fn swv_ibv_create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ibv_cq {
+    forward!(ctx ctx, ibv_create_cq(ctx, cqe, cq_context, channel, comp_vector));
     // SAFETY: forwarded.
     match unsafe { create("ibv_create_cq", ctx, cqe, cq_context, channel, comp_vector) } {
         Ok(cq) => cq.cast(),
@@ -212,6 +216,7 @@ pub unsafe fn create(
 /// waiting kept in order; `EINVAL` for fewer than are waiting, as rdma-core's providers.
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    forward!(obj cq, ibv_resize_cq(cq, cqe));
     // SAFETY: CQs come from `ibv_create_cq`.
     let Some(q) = (unsafe { Cq::from_ibv(cq) }) else {
         return libc::EINVAL;
@@ -230,6 +235,7 @@ pub unsafe extern "C" fn swv_ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    forward!(obj cq, ibv_destroy_cq(cq));
     // SAFETY: CQs come from `ibv_create_cq`.
     let Some(q) = (unsafe { Cq::from_ibv(cq) }) else {
         return libc::EINVAL;
@@ -268,6 +274,7 @@ pub unsafe extern "C" fn swv_ibv_get_cq_event(
     cq: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
+    forward!(obj channel, ibv_get_cq_event(channel, cq, cq_context));
     if channel.is_null() || cq.is_null() || cq_context.is_null() {
         errno::set(libc::EINVAL);
         return -1;
@@ -301,6 +308,7 @@ pub unsafe extern "C" fn swv_ibv_get_cq_event(
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
+    forward!(obj cq, ibv_ack_cq_events(cq, nevents));
     // SAFETY: CQs come from `ibv_create_cq`; the counter is the application's to read under
     // its mutex, which rdma-core takes here too.
     unsafe {

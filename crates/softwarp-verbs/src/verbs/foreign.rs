@@ -19,11 +19,20 @@ use std::ffi::c_int;
 
 use crate::errno;
 use crate::ffi::*;
+use crate::host::forward;
 
 /// rdma-core: EINVAL unless `fd` is a character device; ENODEV when no device of the list
 /// has it as its command file (no Softwarp device has one).
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
+    // A host device's command file: the host library imports it, and the context is its.
+    if let Some(h) = crate::host::host() {
+        // SAFETY: the host's call; it checks the descriptor itself.
+        let ctx = unsafe { (h.calls.ibv_import_device)(cmd_fd) };
+        if !ctx.is_null() {
+            return h.adopt(ctx);
+        }
+    }
     // SAFETY: `stat` is plain data, all-zero is valid; `fstat` writes it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: any fd value is safe to pass; a bad one fails with EBADF.
@@ -41,6 +50,7 @@ pub unsafe extern "C" fn swv_ibv_import_device(cmd_fd: c_int) -> *mut ibv_contex
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_import_pd(_ctx: *mut ibv_context, _handle: u32) -> *mut ibv_pd {
+    forward!(ctx _ctx, ibv_import_pd(_ctx, _handle));
     errno::set(errno::unsupported(
         "ibv_import_pd",
         "objects of another process (no uverbs handles)",
@@ -50,6 +60,7 @@ pub unsafe extern "C" fn swv_ibv_import_pd(_ctx: *mut ibv_context, _handle: u32)
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_import_mr(_pd: *mut ibv_pd, _handle: u32) -> *mut ibv_mr {
+    forward!(obj _pd, ibv_import_mr(_pd, _handle));
     errno::set(errno::unsupported(
         "ibv_import_mr",
         "objects of another process (no uverbs handles)",
@@ -59,6 +70,7 @@ pub unsafe extern "C" fn swv_ibv_import_mr(_pd: *mut ibv_pd, _handle: u32) -> *m
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_import_dm(_ctx: *mut ibv_context, _handle: u32) -> *mut ibv_dm {
+    forward!(ctx _ctx, ibv_import_dm(_ctx, _handle));
     errno::set(errno::unsupported(
         "ibv_import_dm",
         "device memory (a software device has none)",
@@ -66,17 +78,24 @@ pub unsafe extern "C" fn swv_ibv_import_dm(_ctx: *mut ibv_context, _handle: u32)
     std::ptr::null_mut()
 }
 
-/// Nothing to release: no import ever succeeds (rdma-core's default does nothing too).
+/// Nothing to release on softwarp0: no import there ever succeeds (rdma-core's default does
+/// nothing too); a host device's object goes to the host library.
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_unimport_pd(_pd: *mut ibv_pd) {}
+pub unsafe extern "C" fn swv_ibv_unimport_pd(pd: *mut ibv_pd) {
+    forward!(obj pd, ibv_unimport_pd(pd));
+}
 
 /// As [`swv_ibv_unimport_pd`].
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_unimport_mr(_mr: *mut ibv_mr) {}
+pub unsafe extern "C" fn swv_ibv_unimport_mr(mr: *mut ibv_mr) {
+    forward!(obj mr, ibv_unimport_mr(mr));
+}
 
 /// As [`swv_ibv_unimport_pd`].
 #[no_mangle]
-pub unsafe extern "C" fn swv_ibv_unimport_dm(_dm: *mut ibv_dm) {}
+pub unsafe extern "C" fn swv_ibv_unimport_dm(dm: *mut ibv_dm) {
+    forward!(obj dm, ibv_unimport_dm(dm));
+}
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_reg_dmabuf_mr(
@@ -87,6 +106,7 @@ pub unsafe extern "C" fn swv_ibv_reg_dmabuf_mr(
     _fd: c_int,
     _access: c_int,
 ) -> *mut ibv_mr {
+    forward!(obj _pd, ibv_reg_dmabuf_mr(_pd, _offset, _length, _iova, _fd, _access));
     errno::set(errno::unsupported(
         "ibv_reg_dmabuf_mr",
         "dma-buf memory (as Linux siw)",
@@ -98,6 +118,7 @@ pub unsafe extern "C" fn swv_ibv_reg_dmabuf_mr(
 /// provider's answer is `EOPNOTSUPP` either way.
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_set_ece(_qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int {
+    forward!(obj _qp, ibv_set_ece(_qp, ece));
     let e = errno::unsupported("ibv_set_ece", "ECE (carried by InfiniBand's CM, not MPA)");
     // SAFETY: the caller's structure (rdma-core reads it unchecked); NULL is not read.
     if unsafe { ece.as_ref() }.is_some_and(|ece| ece.vendor_id == 0) {
@@ -108,5 +129,6 @@ pub unsafe extern "C" fn swv_ibv_set_ece(_qp: *mut ibv_qp, ece: *mut ibv_ece) ->
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_query_ece(_qp: *mut ibv_qp, _ece: *mut ibv_ece) -> c_int {
+    forward!(obj _qp, ibv_query_ece(_qp, _ece));
     errno::unsupported("ibv_query_ece", "ECE (carried by InfiniBand's CM, not MPA)")
 }

@@ -10,6 +10,7 @@ use softwarp::{AccessFlags, MemoryRegion, ProtectionDomain};
 
 use crate::errno;
 use crate::ffi::*;
+use crate::host::forward;
 use crate::verbs::context::Context;
 use crate::verbs::users::Users;
 
@@ -46,6 +47,7 @@ const DEREG_WAIT: Duration = Duration::from_secs(5);
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
+    forward!(ctx ctx, ibv_alloc_pd(ctx));
     // SAFETY: contexts come from `ibv_open_device`.
     let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
         errno::set(libc::EINVAL);
@@ -73,6 +75,7 @@ pub unsafe extern "C" fn swv_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd 
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    forward!(obj pd, ibv_dealloc_pd(pd));
     // SAFETY: PDs come from `ibv_alloc_pd`.
     let Some(p) = (unsafe { Pd::from_ibv(pd) }) else {
         return libc::EINVAL;
@@ -199,6 +202,7 @@ pub unsafe extern "C" fn swv_ibv_reg_mr(
     len: usize,
     access: c_int,
 ) -> *mut ibv_mr {
+    forward!(obj pd, ibv_reg_mr(pd, addr, len, access));
     reg("ibv_reg_mr", pd, addr, len, addr as u64, access)
 }
 
@@ -210,6 +214,7 @@ pub unsafe extern "C" fn swv_ibv_reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut ibv_mr {
+    forward!(obj pd, ibv_reg_mr_iova(pd, addr, len, iova, access));
     reg("ibv_reg_mr_iova", pd, addr, len, iova, access)
 }
 
@@ -221,6 +226,7 @@ pub unsafe extern "C" fn swv_ibv_reg_mr_iova2(
     iova: u64,
     access: u32,
 ) -> *mut ibv_mr {
+    forward!(obj pd, ibv_reg_mr_iova2(pd, addr, len, iova, access));
     reg("ibv_reg_mr_iova2", pd, addr, len, iova, access as c_int)
 }
 
@@ -233,6 +239,7 @@ pub unsafe extern "C" fn swv_ibv_rereg_mr(
     len: usize,
     access: c_int,
 ) -> c_int {
+    forward!(obj mr, ibv_rereg_mr(mr, flags, pd, addr, len, access));
     const CALL: &str = "ibv_rereg_mr";
     // rdma-core's own checks (libibverbs/verbs.c), before the provider is asked.
     let input = |e: c_int| {
@@ -311,6 +318,7 @@ pub unsafe extern "C" fn swv_ibv_rereg_mr(
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    forward!(obj mr, ibv_dereg_mr(mr));
     if mr.is_null() {
         return libc::EINVAL;
     }

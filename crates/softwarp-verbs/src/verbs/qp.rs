@@ -20,6 +20,7 @@ use softwarp::{
 
 use crate::errno;
 use crate::ffi::*;
+use crate::host::forward;
 use crate::verbs::context::{self, Context};
 use crate::verbs::cq::Cq;
 use crate::verbs::mr::Pd;
@@ -313,6 +314,7 @@ pub unsafe extern "C" fn swv_ibv_create_qp(
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
+    forward!(obj pd, ibv_create_qp(pd, attr));
     // SAFETY: the caller's PD and attributes.
     let (Some(p), Some(a)) = (unsafe { Pd::from_ibv(pd) }, unsafe { attr.as_mut() }) else {
         errno::set(libc::EINVAL);
@@ -347,6 +349,7 @@ pub unsafe extern "C" fn swv_ibv_modify_qp(
     attr: *mut ibv_qp_attr,
     mask: c_int,
 ) -> c_int {
+    forward!(obj qp, ibv_modify_qp(qp, attr, mask));
     const CALL: &str = "ibv_modify_qp";
     // SAFETY: the caller's QP and attributes.
     let (Some(q), Some(a)) = (unsafe { Qp::from_ibv(qp) }, unsafe { attr.as_ref() }) else {
@@ -428,6 +431,7 @@ pub unsafe extern "C" fn swv_ibv_query_qp(
     _mask: c_int,
     init: *mut ibv_qp_init_attr,
 ) -> c_int {
+    forward!(obj qp, ibv_query_qp(qp, attr, _mask, init));
     // SAFETY: the caller's QP.
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
@@ -475,12 +479,14 @@ pub unsafe extern "C" fn swv_ibv_query_qp_data_in_order(
     _op: c_int,
     _flags: u32,
 ) -> c_int {
+    forward!(obj _qp, ibv_query_qp_data_in_order(_qp, _op, _flags));
     // Placement over TCP happens in order for each connection.
     1
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    forward!(obj qp, ibv_destroy_qp(qp));
     // SAFETY: the caller's QP.
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
@@ -966,6 +972,7 @@ pub unsafe extern "C" fn swv_ibv_create_srq(
     pd: *mut ibv_pd,
     attr: *mut ibv_srq_init_attr,
 ) -> *mut ibv_srq {
+    forward!(obj pd, ibv_create_srq(pd, attr));
     // SAFETY: the caller's PD and attributes.
     let (Some(p), Some(a)) = (unsafe { Pd::from_ibv(pd) }, unsafe { attr.as_mut() }) else {
         errno::set(libc::EINVAL);
@@ -1020,6 +1027,7 @@ pub unsafe extern "C" fn swv_ibv_modify_srq(
     attr: *mut ibv_srq_attr,
     mask: c_int,
 ) -> c_int {
+    forward!(obj srq, ibv_modify_srq(srq, attr, mask));
     // SAFETY: the caller's SRQ and attributes.
     let (Some(s), Some(a)) = (unsafe { Srq::from_ibv(srq) }, unsafe { attr.as_ref() }) else {
         return libc::EINVAL;
@@ -1037,6 +1045,7 @@ pub unsafe extern "C" fn swv_ibv_modify_srq(
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    forward!(obj srq, ibv_query_srq(srq, attr));
     // SAFETY: the caller's SRQ and attributes.
     let (Some(s), Some(a)) = (unsafe { Srq::from_ibv(srq) }, unsafe { attr.as_mut() }) else {
         return libc::EINVAL;
@@ -1049,6 +1058,7 @@ pub unsafe extern "C" fn swv_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    forward!(obj srq, ibv_destroy_srq(srq));
     // SAFETY: the caller's SRQ.
     let Some(s) = (unsafe { Srq::from_ibv(srq) }) else {
         return libc::EINVAL;
@@ -1076,6 +1086,7 @@ pub unsafe extern "C" fn swv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    forward!(obj qp, ibv_qp_to_qp_ex(qp));
     // Every QP of this library is an `ibv_qp_ex` with the `ibv_wr_*` operations filled.
     qp.cast()
 }

@@ -52,7 +52,7 @@ fn on_path(name: &str) -> Option<PathBuf> {
 
 /// The installed program `name`, or `None` after [`skip`] (which fails under `CI=true`:
 /// CI installs every program these tests run).
-fn tool(name: &str, package: &str) -> Option<PathBuf> {
+pub(super) fn tool(name: &str, package: &str) -> Option<PathBuf> {
     let found = on_path(name);
     if found.is_none() {
         skip(format!(
@@ -62,7 +62,7 @@ fn tool(name: &str, package: &str) -> Option<PathBuf> {
     found
 }
 
-fn command(program: &Path) -> Command {
+pub(super) fn command(program: &Path) -> Command {
     let mut c = Command::new(program);
     c.env("LD_LIBRARY_PATH", lib_dir())
         .env_remove("SOFTWARP_RAS")
@@ -79,7 +79,7 @@ pub(super) struct Output {
 }
 
 /// Waits for `child` at most `limit`, killing it past that; collects its output.
-fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
+pub(super) fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
     finish_in(&mut child, limit, what)
 }
 
@@ -671,7 +671,7 @@ fn rdma_server_and_rdma_client_with_synchronous_ids() {
 
 /// Builds `tests/c/NAME.c` with `cc` against Debian's headers and libraries; `None` after
 /// saying why when the compiler, a header or a library is missing.
-fn build_c(name: &str, libs: &[&str]) -> Option<PathBuf> {
+pub(super) fn build_c(name: &str, libs: &[&str]) -> Option<PathBuf> {
     let cc = tool("cc", "gcc")?;
     for header in [
         "/usr/include/infiniband/verbs.h",
