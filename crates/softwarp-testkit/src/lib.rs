@@ -1,7 +1,8 @@
 //! What Softwarp's integration tests share, written once: what a test needs from the
 //! machine ([`require`]: a skip on a user's machine, a failure under `CI=true`), free ports,
 //! one process-wide lock, children reaped on panic, the build's own artifacts, short connect
-//! options and a recording writer for the engine's transmit path.
+//! options, a recording writer for the engine's transmit path, and the stand-in host
+//! rdma-core of the device layer's tests.
 //!
 //! A dev-dependency only (`publish = false`): nothing here is part of Softwarp's API. It
 //! panics freely: a panic in a test helper is a test failure with its message.
@@ -10,6 +11,7 @@
 mod artifacts;
 #[cfg(feature = "softwarp")]
 mod connect;
+mod fake_host;
 mod listen;
 mod process;
 mod require;
@@ -19,6 +21,7 @@ mod writer;
 pub use artifacts::{example, library, profile_dir};
 #[cfg(feature = "softwarp")]
 pub use connect::quick;
+pub use fake_host::fake_host_ibverbs;
 pub use listen::{listening, listening_in, wait_listening, wait_listening_in, TCP_TABLES};
 pub use process::{Reaped, SpawnReaped};
 pub use require::{file, have, in_ci, is_root, require, root, skip, tool, File, Need, Root, Tool};

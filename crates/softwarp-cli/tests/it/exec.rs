@@ -394,6 +394,126 @@ fn resources_of_a_c_program_name_the_c_function_that_created_each() {
     assert!(qp_row.contains("created_at(make_qp+0x"), "{qp_row}");
 }
 
+#[test]
+fn resources_list_host_device_objects_with_their_owner_and_creating_call() {
+    use std::path::Path;
+    use std::process::Stdio;
+    if !require(c_toolchain()) {
+        return;
+    }
+    // Short: the control socket's path must stay under 108 bytes.
+    let dir = std::env::temp_dir().join(format!("swh-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("runtime directory");
+    let host = softwarp_testkit::fake_host_ibverbs(&dir, "IBVERBS_PRIVATE_34");
+    let src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../softwarp-verbs/tests/c/host_devices.c");
+    let exe = dir.join("host_devices");
+    let built = Command::new("cc")
+        .args([
+            "-O1",
+            "-fno-optimize-sibling-calls",
+            "-rdynamic",
+            "-Wall",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("run cc");
+    assert!(
+        built.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let with_env = |c: &mut Command| {
+        c.env("SOFTWARP_RUNTIME_DIR", &dir);
+        for v in [
+            "SOFTWARP_TRACE",
+            "SOFTWARP_METRICS",
+            "SOFTWARP_ERRLOG",
+            "SOFTWARP_CONTROL",
+            "SOFTWARP_TRACE_CONSOLE",
+            "SOFTWARP_FLIGHT_RECORDER",
+        ] {
+            c.env_remove(v);
+        }
+    };
+    // fake0 alone: a program on host devices only starts the RAS services too. The library
+    // this test's build made (`deps/`), not one an older `cargo build` left beside softwarp.
+    let lib = softwarp_testkit::library("libsoftwarp_verbs.so").expect("the C library built");
+    let mut program = softwarp();
+    program
+        .args(["exec", "--ras", "--lib"])
+        .arg(&lib)
+        .arg("--")
+        .arg(&exe)
+        .arg("hold")
+        .env("SOFTWARP_HOST_IBVERBS", &host)
+        .env("SOFTWARP_DEVICES", "fake0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    with_env(&mut program);
+    let mut child = program.spawn().expect("run the C program");
+    let ready = first_line(&mut child);
+    let mut listing = softwarp();
+    listing.args(["resources", "--json"]);
+    with_env(&mut listing);
+    let listed = listing.output().expect("run softwarp resources");
+    let mut table = softwarp();
+    table.args(["resources"]);
+    with_env(&mut table);
+    let table = table.output().expect("run softwarp resources");
+    let pid = child.id();
+    drop(child.stdin.take());
+    let status = child.wait().expect("wait for the C program");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(ready.trim_end(), "ready");
+    assert!(status.success(), "the C program failed: {status}");
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON");
+    let resources = json["resources"].as_array().expect("a resource list");
+    // One of each kind on fake0, the QP destroyed again gone; each with the owner process
+    // and the C function that made it.
+    let want = format!("{}(make_objects+0x", exe.display());
+    let mut kinds: Vec<&str> = resources
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap_or("?"))
+        .collect();
+    kinds.sort_unstable();
+    assert_eq!(kinds, ["cq", "device", "mr", "pd", "qp"], "{json}");
+    for r in resources {
+        assert_eq!(r["tracker"], "fake0", "{r}");
+        assert_eq!(r["pid"].as_u64(), Some(u64::from(pid)), "{r}");
+        assert!(
+            r["caller"].as_str().is_some_and(|c| c.starts_with(&want)),
+            "{r} not created at {want}..."
+        );
+        assert_eq!(
+            r["details"]["attrs"]["library"].as_str(),
+            host.to_str(),
+            "{r}"
+        );
+    }
+    let qp = resources
+        .iter()
+        .find(|r| r["kind"] == "qp")
+        .expect("the QP");
+    assert_eq!(qp["id"].as_u64(), Some(0xfa4e), "{qp}");
+    let table = String::from_utf8_lossy(&table.stdout);
+    let qp_row = table
+        .lines()
+        .find(|l| l.contains(" qp ") && l.contains(" fake0 "))
+        .unwrap_or_else(|| panic!("no fake0 QP row in\n{table}"));
+    assert!(qp_row.contains("host_devices(make_objects+0x"), "{qp_row}");
+}
+
 /// What building a C program over rdma-core's headers needs: `cc` and `rdma_cma.h`.
 fn c_toolchain() -> impl Need {
     (

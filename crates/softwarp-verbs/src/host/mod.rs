@@ -34,11 +34,16 @@
 
 mod elf;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+
+use softwarp::sync::lock;
+use softwarp_ras::tracker::{
+    DescribeResource, ResourceDetails, ResourceHandle, ResourceKind, Tracker,
+};
 
 use crate::ffi::*;
 
@@ -176,6 +181,28 @@ pub struct Host {
     devices: Vec<usize>,
     /// The contexts it opened for the program (`ibv_context` addresses).
     contexts: RwLock<HashSet<usize>>,
+    /// Its objects' registrations for `softwarp resources`.
+    tracking: Mutex<Tracking>,
+}
+
+/// The host objects registered with the RAS trackers (one tracker per host device, named
+/// as the device), by the object's address.
+#[derive(Default)]
+struct Tracking {
+    trackers: HashMap<String, Tracker>,
+    handles: HashMap<usize, ResourceHandle>,
+    /// What every host object's DETAILS say: the library that serves it.
+    details: Option<Arc<Served>>,
+}
+
+/// The details of a host object: `library=PATH` (its state is the host's to tell; asking
+/// the host library from the control thread could race the object's destroy).
+struct Served(ResourceDetails);
+
+impl DescribeResource for Served {
+    fn describe(&self) -> ResourceDetails {
+        self.0.clone()
+    }
 }
 
 /// `None` before the first device list, `Some(None)` when no host library is used.
@@ -236,7 +263,67 @@ impl Host {
     pub unsafe fn open(&self, dev: *mut ibv_device) -> *mut ibv_context {
         // SAFETY: the host's device, to the host's call.
         let ctx = unsafe { (self.calls.ibv_open_device)(dev) };
+        if !ctx.is_null() {
+            // The operator's `SOFTWARP_RAS=on` starts the RAS services for a program that
+            // opens host devices only, as softwarp0's open does.
+            if softwarp_ras::service::env_switch() == Some(true) {
+                let _ = softwarp::enable_ras(&softwarp::RasConfig::from_env());
+            }
+            // SAFETY: the host's device, to the host's call.
+            let index = unsafe { (self.calls.ibv_get_device_index)(dev) };
+            // SAFETY: the context just opened.
+            unsafe {
+                self.track(
+                    ResourceKind::Device,
+                    ctx,
+                    ctx,
+                    u64::try_from(index).unwrap_or(0),
+                )
+            };
+        }
         self.adopt(ctx)
+    }
+
+    /// Registers the host's object `obj`, made on `ctx`, with the tracker of `ctx`'s device
+    /// (for `softwarp resources`: owner process, creating call, time), under `id` (its QP
+    /// number, lkey or handle).
+    ///
+    /// # Safety
+    /// `ctx` is a live context of the host's.
+    pub unsafe fn track<T>(&self, kind: ResourceKind, obj: *mut T, ctx: *mut ibv_context, id: u64) {
+        // SAFETY: the caller's live context, on one of the host's devices.
+        let name = unsafe { name_of((*ctx).device) };
+        let mut t = lock(&self.tracking);
+        let tracker = t
+            .trackers
+            .entry(name)
+            .or_insert_with_key(|name| Tracker::new(name.clone()))
+            .clone();
+        // The C caller recorded by the creating call's trampoline (crate::caller) is taken
+        // from this thread by `register`.
+        let handle = tracker.register(kind, id, 0);
+        let path = &self.path;
+        let served = t.details.get_or_insert_with(|| {
+            let mut d = ResourceDetails::default();
+            d.attrs.insert("library".into(), path.display().to_string());
+            Arc::new(Served(d))
+        });
+        let weak: std::sync::Weak<dyn DescribeResource> = Arc::downgrade(served) as _;
+        handle.set_describer(weak);
+        t.handles.insert(obj as usize, handle);
+    }
+
+    /// Takes the registration of `obj` away (before its destroy; given back with
+    /// [`Host::retrack`] if the destroy fails).
+    pub fn untrack<T>(&self, obj: *mut T) -> Option<ResourceHandle> {
+        lock(&self.tracking).handles.remove(&(obj as usize))
+    }
+
+    /// Gives a registration back after a failed destroy.
+    pub fn retrack<T>(&self, obj: *mut T, handle: Option<ResourceHandle>) {
+        if let Some(h) = handle {
+            lock(&self.tracking).handles.insert(obj as usize, h);
+        }
     }
 
     /// Lists a context the host library opened (NULL passes through).
@@ -263,10 +350,12 @@ impl Host {
             .unwrap_or_else(PoisonError::into_inner);
         set.remove(&(ctx as usize));
         drop(set);
+        let handle = self.untrack(ctx);
         // SAFETY: the host's context, to the host's call.
         let rc = unsafe { (self.calls.ibv_close_device)(ctx) };
         if rc != 0 {
             self.adopt(ctx);
+            self.retrack(ctx, handle);
         }
         rc
     }
@@ -274,8 +363,42 @@ impl Host {
 
 /// Returns from the enclosing function with the host library's answer when the object is
 /// the host's: `forward!(ctx CTX, CALL(ARGS))` for a context, `forward!(obj OBJ, CALL(ARGS))`
-/// for any other verbs object.
+/// for any other verbs object. `forward!(create KIND, ctx|obj X, CALL(ARGS), |o| ID)` also
+/// registers the object made (its id `ID`) for `softwarp resources`, and
+/// `forward!(destroy OBJ, CALL)` takes its registration away unless the destroy fails.
 macro_rules! forward {
+    (create $kind:ident, $which:ident $x:expr, $call:ident ( $($arg:expr),* $(,)? ), |$o:ident| $id:expr) => {
+        if let Some(h) = $crate::host::forward!(@owner $which $x) {
+            // SAFETY: the object is the host library's: its own call takes it.
+            let $o = unsafe { (h.calls.$call)($($arg),*) };
+            if !$o.is_null() {
+                // SAFETY: the object the host just made: it starts with its live context.
+                unsafe {
+                    let ctx = $o.cast::<*mut $crate::ffi::ibv_context>().read();
+                    h.track(softwarp_ras::tracker::ResourceKind::$kind, $o, ctx, $id);
+                }
+            }
+            return $o;
+        }
+    };
+    (destroy $obj:expr, $call:ident) => {
+        if let Some(h) = $crate::host::forward!(@owner obj $obj) {
+            let handle = h.untrack($obj);
+            // SAFETY: the object is the host library's: its own call takes it.
+            let rc = unsafe { (h.calls.$call)($obj) };
+            if rc != 0 {
+                h.retrack($obj, handle);
+            }
+            return rc;
+        }
+    };
+    (@owner ctx $x:expr) => {
+        $crate::host::of_ctx($x)
+    };
+    (@owner obj $x:expr) => {
+        // SAFETY: the program's object, NULL or live (as the call itself requires).
+        unsafe { $crate::host::of_obj($x) }
+    };
     (ctx $ctx:expr, $call:ident ( $($arg:expr),* $(,)? )) => {
         if let Some(h) = $crate::host::of_ctx($ctx) {
             // SAFETY: the context is the host library's: its own call takes it.
@@ -445,6 +568,7 @@ fn load() -> Option<Host> {
         calls,
         devices,
         contexts: RwLock::new(HashSet::new()),
+        tracking: Mutex::new(Tracking::default()),
     })
 }
 

@@ -130,7 +130,7 @@ pub unsafe extern "C" fn swv_ibv_create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ibv_cq {
-    forward!(ctx ctx, ibv_create_cq(ctx, cqe, cq_context, channel, comp_vector));
+    forward!(create Cq, ctx ctx, ibv_create_cq(ctx, cqe, cq_context, channel, comp_vector), |o| u64::from((*o).handle));
     // SAFETY: forwarded.
     match unsafe { create("ibv_create_cq", ctx, cqe, cq_context, channel, comp_vector) } {
         Ok(cq) => cq.cast(),
@@ -235,7 +235,7 @@ pub unsafe extern "C" fn swv_ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    forward!(obj cq, ibv_destroy_cq(cq));
+    forward!(destroy cq, ibv_destroy_cq);
     // SAFETY: CQs come from `ibv_create_cq`.
     let Some(q) = (unsafe { Cq::from_ibv(cq) }) else {
         return libc::EINVAL;

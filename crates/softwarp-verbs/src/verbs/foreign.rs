@@ -106,7 +106,7 @@ pub unsafe extern "C" fn swv_ibv_reg_dmabuf_mr(
     _fd: c_int,
     _access: c_int,
 ) -> *mut ibv_mr {
-    forward!(obj _pd, ibv_reg_dmabuf_mr(_pd, _offset, _length, _iova, _fd, _access));
+    forward!(create Mr, obj _pd, ibv_reg_dmabuf_mr(_pd, _offset, _length, _iova, _fd, _access), |o| u64::from((*o).lkey));
     errno::set(errno::unsupported(
         "ibv_reg_dmabuf_mr",
         "dma-buf memory (as Linux siw)",

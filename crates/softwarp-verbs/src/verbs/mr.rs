@@ -47,7 +47,7 @@ const DEREG_WAIT: Duration = Duration::from_secs(5);
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
-    forward!(ctx ctx, ibv_alloc_pd(ctx));
+    forward!(create Pd, ctx ctx, ibv_alloc_pd(ctx), |o| u64::from((*o).handle));
     // SAFETY: contexts come from `ibv_open_device`.
     let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
         errno::set(libc::EINVAL);
@@ -75,7 +75,7 @@ pub unsafe extern "C" fn swv_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd 
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    forward!(obj pd, ibv_dealloc_pd(pd));
+    forward!(destroy pd, ibv_dealloc_pd);
     // SAFETY: PDs come from `ibv_alloc_pd`.
     let Some(p) = (unsafe { Pd::from_ibv(pd) }) else {
         return libc::EINVAL;
@@ -202,7 +202,7 @@ pub unsafe extern "C" fn swv_ibv_reg_mr(
     len: usize,
     access: c_int,
 ) -> *mut ibv_mr {
-    forward!(obj pd, ibv_reg_mr(pd, addr, len, access));
+    forward!(create Mr, obj pd, ibv_reg_mr(pd, addr, len, access), |o| u64::from((*o).lkey));
     reg("ibv_reg_mr", pd, addr, len, addr as u64, access)
 }
 
@@ -214,7 +214,7 @@ pub unsafe extern "C" fn swv_ibv_reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut ibv_mr {
-    forward!(obj pd, ibv_reg_mr_iova(pd, addr, len, iova, access));
+    forward!(create Mr, obj pd, ibv_reg_mr_iova(pd, addr, len, iova, access), |o| u64::from((*o).lkey));
     reg("ibv_reg_mr_iova", pd, addr, len, iova, access)
 }
 
@@ -226,7 +226,7 @@ pub unsafe extern "C" fn swv_ibv_reg_mr_iova2(
     iova: u64,
     access: u32,
 ) -> *mut ibv_mr {
-    forward!(obj pd, ibv_reg_mr_iova2(pd, addr, len, iova, access));
+    forward!(create Mr, obj pd, ibv_reg_mr_iova2(pd, addr, len, iova, access), |o| u64::from((*o).lkey));
     reg("ibv_reg_mr_iova2", pd, addr, len, iova, access as c_int)
 }
 
@@ -318,7 +318,7 @@ pub unsafe extern "C" fn swv_ibv_rereg_mr(
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
-    forward!(obj mr, ibv_dereg_mr(mr));
+    forward!(destroy mr, ibv_dereg_mr);
     if mr.is_null() {
         return libc::EINVAL;
     }

@@ -314,7 +314,7 @@ pub unsafe extern "C" fn swv_ibv_create_qp(
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
-    forward!(obj pd, ibv_create_qp(pd, attr));
+    forward!(create Qp, obj pd, ibv_create_qp(pd, attr), |o| u64::from((*o).qp_num));
     // SAFETY: the caller's PD and attributes.
     let (Some(p), Some(a)) = (unsafe { Pd::from_ibv(pd) }, unsafe { attr.as_mut() }) else {
         errno::set(libc::EINVAL);
@@ -486,7 +486,7 @@ pub unsafe extern "C" fn swv_ibv_query_qp_data_in_order(
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
-    forward!(obj qp, ibv_destroy_qp(qp));
+    forward!(destroy qp, ibv_destroy_qp);
     // SAFETY: the caller's QP.
     let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
         return libc::EINVAL;
@@ -972,7 +972,7 @@ pub unsafe extern "C" fn swv_ibv_create_srq(
     pd: *mut ibv_pd,
     attr: *mut ibv_srq_init_attr,
 ) -> *mut ibv_srq {
-    forward!(obj pd, ibv_create_srq(pd, attr));
+    forward!(create Srq, obj pd, ibv_create_srq(pd, attr), |o| u64::from((*o).handle));
     // SAFETY: the caller's PD and attributes.
     let (Some(p), Some(a)) = (unsafe { Pd::from_ibv(pd) }, unsafe { attr.as_mut() }) else {
         errno::set(libc::EINVAL);
@@ -1058,7 +1058,7 @@ pub unsafe extern "C" fn swv_ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq
 
 #[no_mangle]
 pub unsafe extern "C" fn swv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
-    forward!(obj srq, ibv_destroy_srq(srq));
+    forward!(destroy srq, ibv_destroy_srq);
     // SAFETY: the caller's SRQ.
     let Some(s) = (unsafe { Srq::from_ibv(srq) }) else {
         return libc::EINVAL;

@@ -6,11 +6,15 @@
  * reaches it; the test compares that log with what this program did on fake0 and nothing
  * of what it did on softwarp0.
  *
- * `host_devices list` only prints the device names, in the list's order. */
+ * `host_devices list` only prints the device names, in the list's order. `host_devices hold`
+ * (for `softwarp resources`, softwarp-cli/tests/it/exec.rs) makes the objects on every
+ * device, and a second QP it destroys again, then prints "ready" and keeps them until its
+ * standard input closes; built with -rdynamic, `make_objects` names their creating call. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <infiniband/verbs.h>
 
 #include "check.h"
@@ -75,11 +79,43 @@ static void on_device(struct ibv_device *dev)
 	CHECK(ibv_close_device(ctx) == 0);
 }
 
+/* Every kind of object on `dev`, kept; a second QP made and destroyed. */
+__attribute__((noinline)) void make_objects(struct ibv_device *dev)
+{
+	static char buf[4096];
+	struct ibv_context *ctx = ibv_open_device(dev);
+	CHECK(ctx);
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	CHECK(pd);
+	CHECK(ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE));
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	CHECK(cq);
+	struct ibv_qp_init_attr init = {
+		.send_cq = cq,
+		.recv_cq = cq,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+		.qp_type = IBV_QPT_RC,
+	};
+	CHECK(ibv_create_qp(pd, &init));
+	struct ibv_qp *gone = ibv_create_qp(pd, &init);
+	CHECK(gone && ibv_destroy_qp(gone) == 0);
+}
+
 int main(int argc, char **argv)
 {
 	int n = -1;
 	struct ibv_device **list = ibv_get_device_list(&n);
 	CHECK(list && n >= 0 && list[n] == NULL);
+	if (argc > 1 && strcmp(argv[1], "hold") == 0) {
+		for (int i = 0; i < n; i++)
+			make_objects(list[i]);
+		printf("ready\n");
+		fflush(stdout);
+		char c;
+		while (read(0, &c, 1) > 0)
+			;
+		return 0;
+	}
 	for (int i = 0; i < n; i++)
 		printf("device %s\n", ibv_get_device_name(list[i]));
 	if (argc > 1 && strcmp(argv[1], "list") == 0) {

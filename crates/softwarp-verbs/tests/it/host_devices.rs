@@ -6,10 +6,9 @@
 //! context's operations) reaches the stand-in's provider while softwarp0's calls never do.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use softwarp_testkit::serial;
+use softwarp_testkit::{fake_host_ibverbs, serial};
 
 use super::debian_tools::{build_c, command, finish, tool};
 
@@ -31,36 +30,11 @@ impl Drop for Scratch {
     }
 }
 
-/// Builds the stand-in `libibverbs.so.1` into `dir` with the private version node
-/// `private` (rdma-core v44's is `IBVERBS_PRIVATE_34`); `None` after a skip without `cc`.
+/// The stand-in `libibverbs.so.1` with the private version node `private`, built into
+/// `dir`; `None` after a skip without `cc`.
 fn fake_ibverbs(dir: &Path, private: &str) -> Option<PathBuf> {
-    let cc = tool("cc", "gcc")?;
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/host");
-    let map = std::fs::read_to_string(src.join("fake_ibverbs.map")).expect("read the map");
-    let map_file = dir.join("fake_ibverbs.map");
-    std::fs::write(&map_file, map.replace("PRIVATE_NODE", private)).expect("write the map");
-    let lib = dir.join("libibverbs.so.1");
-    let built = Command::new(cc)
-        .args([
-            "-Wall",
-            "-Werror",
-            "-shared",
-            "-fPIC",
-            "-fvisibility=hidden",
-        ])
-        .arg("-Wl,-soname,libibverbs.so.1")
-        .arg(format!("-Wl,--version-script={}", map_file.display()))
-        .arg("-o")
-        .arg(&lib)
-        .arg(src.join("fake_ibverbs.c"))
-        .output()
-        .expect("run cc");
-    assert!(
-        built.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    Some(lib)
+    tool("cc", "gcc")?;
+    Some(fake_host_ibverbs(dir, private))
 }
 
 /// The result of one run of `host_devices` (`args`) with the stand-in at `host`.
@@ -132,11 +106,13 @@ fn host_device_is_listed_beside_softwarp0_its_objects_and_data_path_on_the_host_
     // Exactly fake0's calls reached the host library, in the program's order: none of
     // softwarp0's (its own PD, MR, channel, CQ, QP, poll and notify), and the data path
     // (post_recv .. req_notify_cq: inline verbs) straight from the program to the provider.
+    // The layer's own call: the device's index, the id of its `softwarp resources` entry.
     assert_eq!(
         r.log,
         [
             "get_device_list",
             "open_device",
+            "get_device_index",
             "query_device",
             "query_port",
             "get_device_guid",
