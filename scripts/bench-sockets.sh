@@ -6,14 +6,19 @@
 #   iwarp      LD_PRELOAD with SOFTWARP_SOCKETS=all (every TCP socket an iWARP stream)
 #   native     the softwarp-sockets Rust API in iWARP mode (stream, and one-sided Writes)
 # with crates/softwarp-sockets/examples/sockperf.rs (ping-pong 8 B .. 64 KiB, bulk at 64 KiB
-# and 1 MiB writes) and iperf3 (both directions and -P 4; skipped when iperf3 is missing).
-# Prints a markdown table with each figure's ratio to plain TCP, the date and the load.
+# and 1 MiB writes), iperf3 (both directions and -P 4, with the CPU seconds both processes
+# spent per GiB moved, from iperf3's own accounting) and redis-benchmark against redis-server
+# (SET and GET, pipelined -P 16 and not); the last two are skipped when the programs are
+# missing. Prints a markdown table with each figure's ratio to plain TCP, the date and the
+# load.
 #
 #   scripts/bench-sockets.sh                      # builds the release binaries first
 #   ITERS=2000 BULK_MIB=128 IPERF_SECONDS=2 scripts/bench-sockets.sh   # shorter
 #
 # Variables: ITERS (ping-pong round trips per size, default 10000; a fifth at 64 KiB),
-# BULK_MIB (MiB per bulk test, 512), IPERF_SECONDS (3), PORT_BASE (17480), RUN_LIMIT (seconds
+# BULK_MIB (MiB per bulk test, 512), IPERF_SECONDS (3), REDIS_REQUESTS (requests per
+# redis-benchmark test, 100000; 50 clients, redis-benchmark's default), PORT_BASE (17480),
+# ONLY (a space-separated subset of: sockperf iperf3 redis), RUN_LIMIT (seconds
 # any one program may run, 300), NO_BUILD=1 (use the binaries already built), RAW=1 (also
 # print every result line). Every wait is bounded: each program runs under `timeout`.
 set -euo pipefail
@@ -22,6 +27,8 @@ cd "$(dirname "$0")/.."
 ITERS=${ITERS:-10000}
 BULK_MIB=${BULK_MIB:-512}
 IPERF_SECONDS=${IPERF_SECONDS:-3}
+REDIS_REQUESTS=${REDIS_REQUESTS:-100000}
+ONLY=${ONLY:-sockperf iperf3 redis}
 port=${PORT_BASE:-17480}
 LIMIT=${RUN_LIMIT:-300}
 TARGET=${CARGO_TARGET_DIR:-target}
@@ -107,13 +114,21 @@ iperf() {
 import json, sys
 try:
     d = json.load(open(sys.argv[1]))
-    gbit = d["end"]["sum_received"]["bits_per_second"] / 1e9
-except (ValueError, KeyError) as e:
+    end = d["end"]
+    gbit = end["sum_received"]["bits_per_second"] / 1e9
+    # CPU seconds of both processes (iperf3's user + system time over the test, as a
+    # percentage of the wall clock) per GiB received.
+    cpu = end["cpu_utilization_percent"]
+    secs = end["sum_received"]["seconds"]
+    gib = end["sum_received"]["bytes"] / (1 << 30)
+    cpu_per_gib = (cpu["host_total"] + cpu["remote_total"]) / 100 * secs / gib
+except (ValueError, KeyError, ZeroDivisionError) as e:
     err = d.get("error") if isinstance(locals().get("d"), dict) else None
     print(f"bench-sockets: iperf3 {sys.argv[2]} {sys.argv[3]}: no result ({err or e!r})",
           file=sys.stderr)
     sys.exit(1)
 print(f"RESULT label={sys.argv[2]} api=iperf3 test={sys.argv[3]} size=0 gbit_s={gbit:.2f}")
+print(f"RESULT label={sys.argv[2]} api=iperf3 test={sys.argv[3]}-cpu size=0 cpu_s_gib={cpu_per_gib:.3f}")
 EOF
   else
     echo "bench-sockets: iperf3 $mode $name failed:" >&2
@@ -122,12 +137,51 @@ EOF
   reap "$spid"
 }
 
+# redis-server and redis-benchmark (50 clients, SET and GET), both in mode $1, with
+# pipelining $2 (1: none).
+redis() {
+  local mode=$1 pipeline=$2 p=$port
+  port=$((port + 1))
+  local dir=$out/redis-$mode-$pipeline
+  mkdir -p "$dir"
+  in_mode "$mode" redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$dir" >"$dir/server.log" 2>&1 &
+  local spid=$!
+  pids+=("$spid")
+  for _ in $(seq 100); do
+    grep -q 'Ready to accept' "$dir/server.log" && break
+    sleep 0.1
+  done
+  echo "redis-benchmark $mode -P $pipeline (load $(load))" >&2
+  if in_mode "$mode" redis-benchmark -p "$p" -n "$REDIS_REQUESTS" -P "$pipeline" -t set,get \
+    --csv >"$dir/bench.csv" 2>"$dir/bench.err"; then
+    python3 - "$dir/bench.csv" "$mode" "$pipeline" >>"$out/results" <<'EOF' || true
+import csv, sys
+for row in csv.reader(open(sys.argv[1])):
+    if row and row[0] in ("SET", "GET"):
+        krps = float(row[1]) / 1e3
+        print(f"RESULT label={sys.argv[2]} api=redis test=redis-{row[0]}-P{sys.argv[3]} size=0 krps={krps:.1f}")
+EOF
+  else
+    echo "bench-sockets: redis-benchmark $mode -P $pipeline failed:" >&2
+    cat "$dir/bench.err" "$dir/server.log" >&2
+  fi
+  kill -TERM "$spid" 2>/dev/null || true
+  reap "$spid"
+}
+
+wants() { case " $ONLY " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
 started=$(date -u '+%Y-%m-%d %H:%M')
 load_before=$(load)
-for mode in plain pass iwarp native; do
-  sockperf "$mode"
-done
-if command -v iperf3 >/dev/null; then
+if wants sockperf; then
+  for mode in plain pass iwarp native; do
+    sockperf "$mode"
+  done
+fi
+if ! wants iperf3; then
+  :
+elif command -v iperf3 >/dev/null; then
   for mode in plain pass iwarp; do
     iperf "$mode" iperf3
     iperf "$mode" iperf3-R -R
@@ -136,12 +190,22 @@ if command -v iperf3 >/dev/null; then
 else
   echo "bench-sockets: iperf3 is not installed: no iperf3 rows" >&2
 fi
+if ! wants redis; then
+  :
+elif command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
+  for mode in plain pass iwarp; do
+    redis "$mode" 1
+    redis "$mode" 16
+  done
+else
+  echo "bench-sockets: redis-server or redis-benchmark is missing: no redis rows" >&2
+fi
 load_after=$(load)
 
 [ "${RAW:-0}" = 1 ] && cat "$out/results"
 echo
 echo "Sockets benchmark, $started UTC, $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) CPUs, load average (1/5/15 min) $load_before before, $load_after after."
-echo "ITERS=$ITERS BULK_MIB=$BULK_MIB IPERF_SECONDS=$IPERF_SECONDS; loopback, release build, both ends in the same mode."
+echo "ITERS=$ITERS BULK_MIB=$BULK_MIB IPERF_SECONDS=$IPERF_SECONDS REDIS_REQUESTS=$REDIS_REQUESTS; loopback, release build, both ends in the same mode."
 echo
 python3 - "$out/results" <<'EOF'
 import sys
@@ -155,6 +219,10 @@ for line in open(sys.argv[1]):
         order.append(key)
     if "median_us" in kv:
         rows[key][kv["label"]] = (float(kv["median_us"]), f'p99 {kv["p99_us"]}')
+    elif "cpu_s_gib" in kv:
+        rows[key][kv["label"]] = (float(kv["cpu_s_gib"]), "")
+    elif "krps" in kv:
+        rows[key][kv["label"]] = (float(kv["krps"]), "")
     else:
         rows[key][kv["label"]] = (float(kv["gbit_s"]), "")
 
@@ -180,8 +248,15 @@ for test, size in order:
             "remote_pingpong": "one-sided Write+notice ping-pong, half round trip, median us (p99)",
             "bulk": "bulk, Gbit/s", "remote_bulk": "one-sided Writes (zero-copy receive), Gbit/s",
             "iperf3": "iperf3, Gbit/s", "iperf3-R": "iperf3 -R, Gbit/s",
-            "iperf3-P4": "iperf3 -P 4, Gbit/s"}
-    name = what.get(test, test + ", Gbit/s")
+            "iperf3-P4": "iperf3 -P 4, Gbit/s",
+            "iperf3-cpu": "iperf3, CPU s per GiB (both ends)",
+            "iperf3-R-cpu": "iperf3 -R, CPU s per GiB (both ends)",
+            "iperf3-P4-cpu": "iperf3 -P 4, CPU s per GiB (both ends)"}
+    if test.startswith("redis-"):
+        _, op, p = test.split("-")
+        name = f"redis-benchmark {op}, {'not pipelined' if p == 'P1' else 'pipelined -' + p[1:]}, 1000 req/s"
+    else:
+        name = what.get(test, test + ", Gbit/s")
     out = []
     for label, _ in labels:
         if label not in cells:
@@ -194,5 +269,5 @@ for test, size in order:
         out.append(s)
     print(f"| {name} | {size_name(size)} | " + " | ".join(out) + " |")
 print()
-print("Ratios (xN) are to plain TCP of the same run: above 1 is slower for latency, faster for bandwidth.")
+print("Ratios (xN) are to plain TCP of the same run: above 1 is slower for latency and CPU per GiB, faster for bandwidth and requests.")
 EOF
