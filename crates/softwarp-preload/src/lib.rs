@@ -2511,8 +2511,9 @@ fn revents_of(r: &Readiness, events: i16) -> i16 {
     rev
 }
 
-/// Readiness of a stream, arming it when nothing is ready.
-fn stream_readiness(s: &StreamEntry, waiter: Option<&StreamWaiter<'_>>) -> Readiness {
+/// Readiness of a stream, arming it when nothing is ready: for room to send too only when
+/// the caller waits for it (`write`: `POLLOUT`/`EPOLLOUT` asked).
+fn stream_readiness(s: &StreamEntry, waiter: Option<&StreamWaiter<'_>>, write: bool) -> Readiness {
     if inherited(s) {
         return Readiness {
             error: true,
@@ -2520,8 +2521,8 @@ fn stream_readiness(s: &StreamEntry, waiter: Option<&StreamWaiter<'_>>) -> Readi
         };
     }
     match waiter {
-        Some(w) => w.arm_readiness(),
-        None => s.stream.arm_readiness(),
+        Some(w) => w.arm_readiness_for(write),
+        None => s.stream.arm_readiness_for(write),
     }
 }
 
@@ -2673,7 +2674,8 @@ fn poll_mixed(fds: &mut [pollfd], deadline: Option<Instant>, forever: bool) -> c
             match &kinds[i] {
                 Polled::Stream(s) => {
                     let w = waiting.get(i).and_then(Option::as_ref);
-                    p.revents = revents_of(&stream_readiness(s, w), p.events);
+                    let write = p.events & (libc::POLLOUT | libc::POLLWRNORM) != 0;
+                    p.revents = revents_of(&stream_readiness(s, w, write), p.events);
                     if p.revents != 0 {
                         ours_ready += 1;
                     }
@@ -3186,7 +3188,7 @@ fn reg_events(reg: &mut Reg, waiter: Option<&StreamWaiter<'_>>) -> u32 {
     let want = (reg.events & (IN_BITS | OUT_BITS)) as i16;
     let (rev, counts) = match polled(reg.fd) {
         Polled::Stream(s) => {
-            let r = stream_readiness(&s, waiter);
+            let r = stream_readiness(&s, waiter, reg.events & OUT_BITS != 0);
             // Only the events of the registered direction count as a new edge (a send
             // completing does not report EPOLLIN again, as in the kernel).
             let rx = if reg.events & IN_BITS != 0 {

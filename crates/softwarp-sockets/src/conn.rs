@@ -490,7 +490,7 @@ impl Conn {
         }
         self.take_completions(st);
         if fired && st.parked.iter().any(Option::is_some) {
-            self.arm_cqs();
+            self.arm_cqs(st, true);
             self.take_completions(st);
         }
         let others = self.waiting.load(Ordering::SeqCst).saturating_sub(me);
@@ -542,10 +542,28 @@ impl Conn {
         }
     }
 
-    /// Asks both CQs to signal the completion channel at their next completion.
-    fn arm_cqs(&self) {
+    /// Asks the CQs to signal the completion channel at their next completion: the
+    /// receive CQ always (data, the EOF, credits, errors come there), the send CQ when the
+    /// caller waits to write (`write`: a send completion frees a send slot) or a send is in
+    /// flight (its completion may be what a grant or control message waits for). A send
+    /// posted later while a thread waits arms it then ([`Conn::posted`]). Before
+    /// 2026-12-02 both were always armed: every reply a server wrote after its event loop
+    /// had armed the stream for reading signalled the channel (an eventfd write, then a
+    /// read and an early wake-up of the loop), 2 system calls per redis request.
+    fn arm_cqs(&self, st: &State, write: bool) {
         let _ = self.recv_cq.req_notify(false);
-        let _ = self.send_cq.req_notify(false);
+        if write || st.free_tx.len() < self.send_slots as usize {
+            let _ = self.send_cq.req_notify(false);
+        }
+    }
+
+    /// After a post of a send: arms the send CQ if a thread waits (it may have armed only
+    /// the receive CQ before the post took a slot; the post holds the state's lock, under
+    /// which a blocked call counts itself as waiting after arming).
+    fn posted(&self) {
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            let _ = self.send_cq.req_notify(false);
+        }
     }
 
     fn on_recv(&self, st: &mut State, wc: &WorkCompletion) {
@@ -787,6 +805,25 @@ impl Conn {
     }
 
     fn post_message(&self, st: &mut State, slot: u32, kind: Kind, grant: u32, body: &[u8]) {
+        let result = self
+            .fill_slot(slot, kind, grant, body)
+            .and_then(|wr| self.qp.post_send(&wr));
+        self.posted();
+        if let Err(e) = result {
+            st.free_tx.push(slot);
+            fail(st, io::ErrorKind::BrokenPipe, e.to_string());
+        }
+    }
+
+    /// Writes a message (header and `body`) into send slot `slot` and returns the Send
+    /// that carries it.
+    fn fill_slot(
+        &self,
+        slot: u32,
+        kind: Kind,
+        grant: u32,
+        body: &[u8],
+    ) -> softwarp::Result<SendWr<'static>> {
         let base = self.slot_off(slot);
         let header = Header {
             kind,
@@ -794,27 +831,19 @@ impl Conn {
         }
         .encode();
         let len = HEADER_LEN.saturating_add(body.len());
-        let result = self
-            .tx
-            .write_at(base, &header)
-            .and_then(|()| self.tx.write_at(base.saturating_add(HEADER_LEN), body))
-            .and_then(|()| self.tx.sge(base, len as u32))
-            .and_then(|sge| {
-                self.qp.post_send(&SendWr {
-                    wr_id: WR_SLOT | u64::from(slot),
-                    op: SendOp::Send {
-                        solicited: false,
-                        invalidate: None,
-                    },
-                    payload: Payload::Sgl(SgList::single(sge)),
-                    signaled: true,
-                    fence: false,
-                })
-            });
-        if let Err(e) = result {
-            st.free_tx.push(slot);
-            fail(st, io::ErrorKind::BrokenPipe, e.to_string());
-        }
+        self.tx.write_at(base, &header)?;
+        self.tx.write_at(base.saturating_add(HEADER_LEN), body)?;
+        let sge = self.tx.sge(base, len as u32)?;
+        Ok(SendWr {
+            wr_id: WR_SLOT | u64::from(slot),
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            payload: Payload::Sgl(SgList::single(sge)),
+            signaled: true,
+            fence: false,
+        })
     }
 
     // ---- readiness and waiting -------------------------------------------------------
@@ -865,10 +894,10 @@ impl Conn {
 
     /// Arms both CQs, then polls them once more: afterwards, either something is ready or
     /// the next completion makes [`Conn::event_fd`] readable. Returns the readiness.
-    pub(crate) fn arm(&self) -> Readiness {
+    pub(crate) fn arm(&self, write: bool) -> Readiness {
         let mut st = lock(&self.state);
         self.progress(&mut st);
-        self.arm_cqs();
+        self.arm_cqs(&st, write);
         self.take_completions(&mut st);
         self.readiness(&st)
     }
@@ -888,7 +917,7 @@ impl Conn {
             waker: waker.clone(),
             seen,
         });
-        self.arm_cqs();
+        self.arm_cqs(&st, true);
         self.take_completions(&mut st);
     }
 
@@ -910,10 +939,10 @@ impl Conn {
     }
 
     /// [`Conn::arm`] for a thread counted by [`Conn::begin_wait`].
-    pub(crate) fn arm_as_waiter(&self) -> Readiness {
+    pub(crate) fn arm_as_waiter(&self, write: bool) -> Readiness {
         let mut st = lock(&self.state);
         self.progress_as(&mut st, 1);
-        self.arm_cqs();
+        self.arm_cqs(&st, write);
         self.take_completions(&mut st);
         self.readiness(&st)
     }
@@ -951,10 +980,32 @@ impl Conn {
     }
 
     /// Runs `attempt` until it returns `Some`, waiting for completions in between as `wait`
-    /// allows: the one blocking-wait loop of every call on the connection.
+    /// allows: the one blocking-wait loop of every call on the connection that may wait
+    /// for room to send (see [`Conn::run_as`]).
     fn run<T>(
         &self,
         wait: Wait,
+        attempt: impl FnMut(&Conn, &mut State) -> Option<io::Result<T>>,
+    ) -> io::Result<T> {
+        self.run_as(wait, true, attempt)
+    }
+
+    /// [`Conn::run`] for a call that waits only for what the peer sends (data, the EOF,
+    /// a window, a notice): its waits leave the send CQ unarmed when no send is in flight.
+    fn run_reading<T>(
+        &self,
+        wait: Wait,
+        attempt: impl FnMut(&Conn, &mut State) -> Option<io::Result<T>>,
+    ) -> io::Result<T> {
+        self.run_as(wait, false, attempt)
+    }
+
+    /// The one blocking-wait loop: `write` says whether the call may wait for room to send
+    /// (a send completion), so that its waits arm the send CQ.
+    fn run_as<T>(
+        &self,
+        wait: Wait,
+        write: bool,
         mut attempt: impl FnMut(&Conn, &mut State) -> Option<io::Result<T>>,
     ) -> io::Result<T> {
         let Wait {
@@ -983,7 +1034,7 @@ impl Conn {
                 if nonblocking {
                     return Err(io::ErrorKind::WouldBlock.into());
                 }
-                self.arm_cqs();
+                self.arm_cqs(&st, write);
                 self.take_completions(&mut st);
                 if let Some(r) = attempt(self, &mut st) {
                     return r;
@@ -1018,7 +1069,7 @@ impl Conn {
         if buf.is_empty() {
             return Ok(0);
         }
-        self.run(wait, |c, st| c.try_read(st, buf))
+        self.run_reading(wait, |c, st| c.try_read(st, buf))
     }
 
     fn try_read(&self, st: &mut State, buf: &mut [u8]) -> Option<io::Result<usize>> {
@@ -1072,7 +1123,7 @@ impl Conn {
         if buf.is_empty() {
             return Ok(0);
         }
-        self.run(wait, |c, st| c.try_peek(st, buf, all))
+        self.run_reading(wait, |c, st| c.try_peek(st, buf, all))
     }
 
     fn try_peek(&self, st: &mut State, buf: &mut [u8], all: bool) -> Option<io::Result<usize>> {
@@ -1121,20 +1172,58 @@ impl Conn {
                 "the stream was shut down for writing",
             )));
         }
-        let mut n = 0;
-        while n < buf.len() && st.credits.can_send_message() && !st.free_tx.is_empty() {
-            let take = buf.len().saturating_sub(n).min(self.max_data);
-            let to = n.saturating_add(take);
-            self.send_message(st, Kind::Data, &buf[n..to]);
-            if st.error.is_some() {
-                break;
-            }
-            n = to;
-        }
+        let n = self.send_data(st, buf);
         if n > 0 {
             return Some(Ok(n));
         }
         st.failure().map(Err)
+    }
+
+    /// Sends the start of `buf` as DATA messages, as many as credits and free send slots
+    /// allow, posted as one list: one lock of the QP and one transmit pass for all of them,
+    /// whose FPDUs leave in as few `sendmsg` calls as the socket allows (one post per
+    /// message made one transmit pass and one `sendmsg` per message: 32 for a 1 MiB write).
+    /// Returns the bytes sent (0 with the error in the state when the post failed).
+    fn send_data(&self, st: &mut State, buf: &[u8]) -> usize {
+        let mut n = 0;
+        let mut wrs: Vec<SendWr<'static>> = Vec::new();
+        while n < buf.len() && st.credits.can_send_message() {
+            let Some(slot) = st.free_tx.pop() else {
+                break;
+            };
+            let Some(grant) = st.credits.take_message() else {
+                st.free_tx.push(slot);
+                break;
+            };
+            let take = buf.len().saturating_sub(n).min(self.max_data);
+            let to = n.saturating_add(take);
+            match self.fill_slot(slot, Kind::Data, grant, &buf[n..to]) {
+                Ok(wr) => wrs.push(wr),
+                Err(e) => {
+                    st.free_tx.push(slot);
+                    fail(st, io::ErrorKind::BrokenPipe, e.to_string());
+                    break;
+                }
+            }
+            n = to;
+        }
+        if wrs.is_empty() {
+            return 0;
+        }
+        let posted = self.qp.post_send_list(&wrs);
+        self.posted();
+        if let Err((i, e)) = posted {
+            // Those before `i` are posted; the rest return their slots.
+            for wr in &wrs[i..] {
+                st.free_tx.push((wr.wr_id & 0xffff_ffff) as u32);
+            }
+            fail(st, io::ErrorKind::BrokenPipe, e.to_string());
+            return 0;
+        }
+        if st.error.is_some() {
+            return 0;
+        }
+        n
     }
 
     /// Ends this side's sending stream: the peer reads EOF after the bytes already written.
@@ -1273,7 +1362,7 @@ impl Conn {
             timeout,
             interruptible: false,
         };
-        self.run(wait, |_, st| {
+        self.run_reading(wait, |_, st| {
             if let Some(w) = st
                 .peer_windows
                 .iter()
@@ -1390,6 +1479,7 @@ impl Conn {
                     fence: false,
                 })
             });
+        self.posted();
         if let Err(e) = posted {
             fail(st, io::ErrorKind::BrokenPipe, e.to_string());
             return None;
@@ -1492,7 +1582,7 @@ impl Conn {
             nonblocking,
             ..Wait::at_most(timeout)
         };
-        self.run(wait, |_, st| {
+        self.run_reading(wait, |_, st| {
             if let Some(n) = st.wrote.pop_front() {
                 return Some(Ok(n));
             }
@@ -1651,6 +1741,48 @@ mod tests {
         assert_eq!(got, b"hello over iWARP\n");
     }
 
+    /// True when the connection's completion channel is readable now.
+    fn channel_readable(conn: &Conn) -> bool {
+        use rustix::event::{PollFd, PollFlags};
+        let fd = conn.event_fd_borrowed();
+        let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        rustix::event::poll(&mut fds, Some(&zero)).unwrap() > 0
+    }
+
+    /// A stream armed for reading (an event loop waiting for `POLLIN`, a blocked read)
+    /// whose own Send then completes stays quiet: the send CQ is armed only for a caller
+    /// that waits to write, or while a send is in flight. Before, a server's every reply
+    /// signalled its channel (an eventfd write, a read, an early return of its event loop).
+    #[test]
+    fn a_send_completing_does_not_signal_a_stream_armed_for_reading() {
+        use std::io::Read;
+        let (c, s) = pair();
+        let conn = Arc::clone(c.conn().unwrap());
+        let mut buf = [0u8; 5];
+        let r = conn.arm(false);
+        assert!(!r.readable && r.writable);
+        (&c).write_all(b"reply").unwrap();
+        // The peer has the bytes: the Send was handed to TCP, its completion made.
+        (&s).read_exact(&mut buf).unwrap();
+        assert!(
+            !channel_readable(&conn),
+            "a send completion signalled a stream armed for reading"
+        );
+        // Armed for writing too, the same completion signals it.
+        conn.arm(true);
+        (&c).write_all(b"again").unwrap();
+        (&s).read_exact(&mut buf).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !channel_readable(&conn) {
+            assert!(Instant::now() < deadline, "the send completion within 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// A thread blocked in a read waits on the completion channel; when another thread's
     /// call consumes the channel's event (its data), the blocked one must be kicked, not
     /// left to sleep out its slice (20 ms per message for a program with a reading and a
@@ -1663,7 +1795,7 @@ mod tests {
         {
             let mut st = lock(&conn.state);
             conn.progress(&mut st);
-            conn.arm_cqs();
+            conn.arm_cqs(&st, true);
             conn.take_completions(&mut st);
         }
         conn.waiting.store(1, Ordering::SeqCst);

@@ -811,9 +811,18 @@ impl IwarpStream {
     /// its descriptor ([`AsRawFd`]) becomes readable at the next completion: the pattern
     /// for an event loop (check, arm, then wait on the descriptor).
     pub fn arm_readiness(&self) -> Readiness {
+        self.arm_readiness_for(true)
+    }
+
+    /// [`IwarpStream::arm_readiness`] for an event loop that waits to read only (`write`
+    /// false: `POLLIN` without `POLLOUT`): room to send does not make the descriptor
+    /// readable then, only what a read may return (and a send completion while a send is
+    /// in flight, which a grant may wait for). A server that arms its streams for reading
+    /// and then writes its replies is not woken by their completions.
+    pub fn arm_readiness_for(&self, write: bool) -> Readiness {
         match &self.inner {
             Inner::Tcp(_) => self.poll_ready(),
-            Inner::Iwarp(c) => c.arm(),
+            Inner::Iwarp(c) => c.arm(write),
         }
     }
 
@@ -1046,7 +1055,12 @@ pub struct StreamWaiter<'a> {
 impl StreamWaiter<'_> {
     /// [`IwarpStream::arm_readiness`] for the waiting thread.
     pub fn arm_readiness(&self) -> Readiness {
-        self.conn.arm_as_waiter()
+        self.conn.arm_as_waiter(true)
+    }
+
+    /// [`IwarpStream::arm_readiness_for`] for the waiting thread.
+    pub fn arm_readiness_for(&self, write: bool) -> Readiness {
+        self.conn.arm_as_waiter(write)
     }
 
     /// Readable while another thread's call took a completion this one may wait for: wait
