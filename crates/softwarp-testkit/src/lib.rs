@@ -1,8 +1,8 @@
 //! What Softwarp's integration tests share, written once: what a test needs from the
 //! machine ([`require`]: a skip on a user's machine, a failure under `CI=true`), free ports,
-//! one process-wide lock, children reaped on panic, the build's own artifacts, short connect
-//! options, a recording writer for the engine's transmit path, and the stand-in host
-//! rdma-core of the device layer's tests.
+//! one process-wide lock, children reaped on panic, the build's own artifacts, network
+//! namespaces ([`netns`]), short connect options, a recording writer for the engine's
+//! transmit path, and the stand-in host rdma-core of the device layer's tests.
 //!
 //! A dev-dependency only (`publish = false`): nothing here is part of Softwarp's API. It
 //! panics freely: a panic in a test helper is a test failure with its message.
@@ -13,6 +13,7 @@ mod artifacts;
 mod connect;
 mod fake_host;
 mod listen;
+pub mod netns;
 mod process;
 mod require;
 #[cfg(feature = "engine")]

@@ -28,8 +28,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "it/netns/mod.rs"]
-mod netns;
 #[path = "it/util/mod.rs"]
 mod util;
 
@@ -39,10 +37,10 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use netns::{in_ns, unavailable, Ns};
 use softwarp::*;
 use softwarp_ras::control::{self, FaultStatusResult, Request};
 use softwarp_ras::tracker::ResourceKind;
+use softwarp_testkit::netns::{in_ns, unavailable, Ns};
 use softwarp_testkit::require;
 use util::{connect, wait_event, wait_wcs, End, WAIT};
 

@@ -1,7 +1,7 @@
 //! The integration tests of `softwarp`, one binary (one link): a module per area, run over
 //! loopback (and network namespaces, as root). Shared: `util` (two connected endpoints, each
 //! on its own device, and bounded waits), `cm_support` (the connection manager's cases and a
-//! raw MPA peer), `netns` (namespaces joined by a veth pair), and `raw_peer`'s `peer` and
+//! raw MPA peer), `netns` (softwarp-testkit's namespaces joined by a veth pair), and `raw_peer`'s `peer` and
 //! `memory` (a raw iWARP peer over TCP, guarded memory).
 //!
 //! Tests that need the process to themselves are binaries of their own, each saying why:
@@ -11,8 +11,8 @@
 //! history, the trace levels, the runtime directory).
 
 mod cm_support;
-mod netns;
 mod util;
+use softwarp_testkit::netns;
 
 mod async_tokio;
 mod busy_poll;

@@ -1,7 +1,7 @@
 //! Network namespaces for tests (root only): create, run `ip` in them, move a thread
 //! into one; deleted on drop; a veth pair between two, and nftables drop rules. Used by
-//! `net_matrix.rs`, `device_recovery.rs` and `peer_vanishes.rs`.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! softwarp's `net_matrix`, `device_recovery` and `peer_vanishes`, and by softwarp-verbs'
+//! Debian programs that need an interface address (uDAPL, libfabric, Open MPI).
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,13 +23,10 @@ pub fn run(cmd: &str, args: &[&str]) -> Result<(), String> {
 /// `softwarp_testkit::require`, which fails under `CI=true`).
 pub fn unavailable(tools: &[&str]) -> Option<String> {
     let needs = (
-        softwarp_testkit::root("network namespaces need CAP_SYS_ADMIN"),
-        tools
-            .iter()
-            .map(|t| softwarp_testkit::tool(t))
-            .collect::<Vec<_>>(),
+        crate::root("network namespaces need CAP_SYS_ADMIN"),
+        tools.iter().map(|t| crate::tool(t)).collect::<Vec<_>>(),
     );
-    softwarp_testkit::Need::missing(&needs)
+    crate::Need::missing(&needs)
 }
 
 /// A network namespace created for one case, deleted on drop.
