@@ -334,9 +334,11 @@ fn resources_of_a_c_program_name_the_c_function_that_created_each() {
     let json: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON");
     let resources = json["resources"].as_array().expect("a resource list");
     // Every object the program made, each with the function that made it: the second
-    // device is the connection manager's, opened by the `rdma_bind_addr` of make_listener
-    // with the PD rdma-core gives an id on its device (`id->pd`), and whose `rdma_listen`
-    // made the listener; the rdma_cm ids, with or without a QP, are listed too.
+    // device is the connection manager's, opened by the `rdma_bind_addr` of make_listener,
+    // whose `rdma_listen` made the listener; the PD rdma-core gives an id on its device
+    // (`id->pd`) comes with the first id that has the device, make_resolved_id's (a
+    // loopback bind leaves the listener's id without, as the kernel's rdma_cm does); the
+    // rdma_cm ids, with or without a QP, are listed too.
     let expected = [
         ("device", None, "make_context"),
         ("pd", None, "make_pd"),
@@ -346,7 +348,7 @@ fn resources_of_a_c_program_name_the_c_function_that_created_each() {
         ("qp", Some(qpns[1]), "make_qp_ex"),
         ("srq", None, "make_srq"),
         ("device", None, "make_listener"),
-        ("pd", None, "make_listener"),
+        ("pd", None, "make_resolved_id"),
         ("listener", None, "make_listener"),
         ("cm_id", None, "make_id"),
         ("cm_id", None, "make_resolved_id"),

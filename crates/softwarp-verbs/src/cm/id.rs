@@ -656,8 +656,17 @@ pub unsafe extern "C" fn swv_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sock
     st.reserved = Some(res);
     drop(st);
     i.set_src(local);
-    if let Err(e) = i.set_verbs(ctx) {
-        return err(e);
+    // The kernel's rdma_cm gives a bound id its device only for an address of an interface:
+    // a wildcard or loopback bind (`cma_any_addr`) leaves `verbs` NULL, and so does
+    // `rdma_listen` on it; `rdma_resolve_addr` (127.0.0.1 included) and a connection
+    // request attach the device. libfabric's verbs provider counts on it: it binds
+    // `localhost` to find the address an RDM endpoint listens on and takes the interface
+    // addresses of the device when `verbs` stays NULL (with a device there, every rank
+    // listened on 127.0.0.1, out of reach of another host or network namespace).
+    if !(local.ip().is_loopback() || local.ip().is_unspecified()) {
+        if let Err(e) = i.set_verbs(ctx) {
+            return err(e);
+        }
     }
     0
 }

@@ -1,8 +1,10 @@
 /* rdma_cm ids as rdma-core makes them (run by tests/debian_tools.rs), in one process over
  * 127.0.0.1 with three event channels:
- * - id->pd: NULL on a fresh id; once the id has its device (bound, resolved, a connection
- *   request) the device's PD, one for every id (librdmacm's ucma_get_device); rdma_create_qp
- *   without a PD uses it, and an MR registered in one id's PD serves another id's QP;
+ * - id->pd: NULL on a fresh id; once the id has its device (bound to an interface's
+ *   address, resolved, a connection request) the device's PD, one for every id (librdmacm's
+ *   ucma_get_device); rdma_create_qp without a PD uses it, and an MR registered in one id's
+ *   PD serves another id's QP. An id bound to 127.0.0.1 has no device, listening too (the
+ *   kernel's rdma_cm counts loopback addresses as wildcards);
  * - rdma_migrate_id of a listening id: its connection requests arrive on the new channel,
  *   one already queued on the old channel included, and the connections they become report
  *   there;
@@ -102,20 +104,25 @@ int main(void)
 	struct rdma_event_channel *c = rdma_create_event_channel();
 	CHECK(a && b && c);
 
-	/* id->pd: the device's PD, the same for every id. */
+	/* A loopback bind: no device, no PD, also once listening. */
 	struct rdma_cm_id *l, *other;
 	CHECK(rdma_create_id(a, &l, NULL, RDMA_PS_TCP) == 0);
 	CHECK(l->pd == NULL && l->verbs == NULL);
-	struct sockaddr_in any = v4("127.0.0.1", 0);
-	CHECK(rdma_bind_addr(l, (struct sockaddr *)&any) == 0);
-	struct ibv_pd *devpd = l->pd;
-	CHECK(devpd && l->verbs && devpd->context == l->verbs);
-	CHECK(rdma_create_id(a, &other, NULL, RDMA_PS_TCP) == 0);
-	CHECK(rdma_bind_addr(other, (struct sockaddr *)&any) == 0);
-	CHECK(other->pd == devpd);
-	CHECK(rdma_destroy_id(other) == 0);
+	struct sockaddr_in lo = v4("127.0.0.1", 0);
+	CHECK(rdma_bind_addr(l, (struct sockaddr *)&lo) == 0);
+	CHECK(l->pd == NULL && l->verbs == NULL);
 	uint16_t port = ntohs(rdma_get_src_port(l));
+	CHECK(port != 0);
 	CHECK(rdma_listen(l, 4) == 0);
+	CHECK(l->pd == NULL && l->verbs == NULL);
+	/* id->pd: the device's PD once an id has the device (resolved, here), the same for
+	 * every id. */
+	CHECK(rdma_create_id(a, &other, NULL, RDMA_PS_TCP) == 0);
+	struct sockaddr_in dst = v4("127.0.0.1", port);
+	CHECK(rdma_resolve_addr(other, NULL, (struct sockaddr *)&dst, 2000) == 0);
+	expect(a, RDMA_CM_EVENT_ADDR_RESOLVED, other);
+	struct ibv_pd *devpd = other->pd;
+	CHECK(devpd && other->verbs && devpd->context == other->verbs);
 
 	/* A listening id moves to b: the request arrives there, not on a. */
 	CHECK(rdma_migrate_id(l, b) == 0 && l->channel == b);
@@ -123,12 +130,12 @@ int main(void)
 	struct rdma_cm_id *r1 = expect(b, RDMA_CM_EVENT_CONNECT_REQUEST, NULL);
 	quiet(a);
 	CHECK(r1->channel == b);
-	/* The request's id has the device's PD; an MR of the listener's PD serves its QP. */
+	/* The request's id has the device's PD; an MR of another id's PD serves its QP. */
 	CHECK(r1->pd == devpd);
 	struct ibv_qp_init_attr qa = qp_attr();
 	CHECK(rdma_create_qp(r1, NULL, &qa) == 0 && r1->qp->pd == devpd);
 	static char buf[64];
-	struct ibv_mr *mr = ibv_reg_mr(l->pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *mr = ibv_reg_mr(other->pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
 	CHECK(mr);
 	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = sizeof buf, .lkey = mr->lkey };
 	struct ibv_recv_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1 }, *bad;
@@ -164,6 +171,7 @@ int main(void)
 	rdma_destroy_qp(r1);
 	CHECK(rdma_destroy_id(r1) == 0);
 	CHECK(ibv_dereg_mr(mr) == 0);
+	CHECK(rdma_destroy_id(other) == 0);
 	CHECK(rdma_destroy_id(l) == 0);
 	rdma_destroy_event_channel(b);
 	rdma_destroy_event_channel(a);

@@ -89,12 +89,19 @@ static int server(const char *port)
 	CHECK(rdma_create_ep(&listen_id, res, NULL, NULL) == 0, "rdma_create_ep");
 	rdma_freeaddrinfo(res);
 	CHECK(rdma_listen(listen_id, 2) == 0, "rdma_listen");
-	CHECK(listen_id->verbs, "the bound listener has a device");
-	struct ibv_pd *pd = ibv_alloc_pd(listen_id->verbs);
+	/* A listener on 127.0.0.1 has no device, as with the kernel's rdma_cm: the device its
+	 * requests get is the connection manager's, which rdma_get_devices lists. */
+	CHECK(listen_id->verbs == NULL, "a loopback listener has no device");
+	int ndev = 0;
+	struct ibv_context **devs = rdma_get_devices(&ndev);
+	CHECK(devs && ndev == 1, "rdma_get_devices");
+	struct ibv_context *ctx = devs[0];
+	rdma_free_devices(devs);
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	CHECK(pd, "ibv_alloc_pd");
-	struct ibv_comp_channel *ch = ibv_create_comp_channel(listen_id->verbs);
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
 	CHECK(ch, "ibv_create_comp_channel");
-	struct ibv_cq *cq = ibv_create_cq(listen_id->verbs, 64, NULL, ch, 0);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, ch, 0);
 	CHECK(cq, "ibv_create_cq");
 	struct ibv_mr *mr = ibv_reg_mr(pd, bufs, sizeof bufs, IBV_ACCESS_LOCAL_WRITE);
 	CHECK(mr, "ibv_reg_mr");

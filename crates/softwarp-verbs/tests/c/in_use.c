@@ -142,17 +142,30 @@ static void verbs_pairs(struct ibv_context *ctx)
 	free(buf2);
 }
 
+/* Resolves `id` (on its channel) to 127.0.0.1: the id has the device then, and its PD (a
+ * loopback bind would leave it without, as the kernel's rdma_cm does). */
+static void resolve_loopback(struct rdma_cm_id *id)
+{
+	struct sockaddr_in dst = { .sin_family = AF_INET, .sin_port = htons(9),
+				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000) == 0);
+	struct rdma_cm_event *ev;
+	CHECK(rdma_get_cm_event(id->channel, &ev) == 0);
+	CHECK(ev->id == id && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED);
+	CHECK(rdma_ack_cm_event(ev) == 0);
+}
+
 /* The rdma_cm's objects: the application's PD and CQs given to rdma_create_qp, and the ones
- * it uses when given none: id->pd (the device's PD from the bind, then the PD of the id's
- * last QP, as rdma-core sets it) and CQs it makes. */
+ * it uses when given none: id->pd (the device's PD from the address resolution, then the PD
+ * of the id's last QP, as rdma-core sets it) and CQs it makes. */
 static void cm_pairs(void)
 {
 	struct rdma_event_channel *ech = rdma_create_event_channel();
 	CHECK(ech);
 	struct rdma_cm_id *id;
 	CHECK(rdma_create_id(ech, &id, NULL, RDMA_PS_TCP) == 0);
-	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	CHECK(rdma_bind_addr(id, (struct sockaddr *)&sin) == 0 && id->verbs);
+	resolve_loopback(id);
+	CHECK(id->verbs);
 	struct ibv_pd *devpd = id->pd;
 	CHECK(devpd && devpd->context == id->verbs);
 	struct ibv_pd *pd = ibv_alloc_pd(id->verbs);
@@ -206,7 +219,7 @@ static void cm_pairs(void)
 	 * the application's, and its PD and CQ stay in use until it goes. */
 	struct rdma_cm_id *id2;
 	CHECK(rdma_create_id(ech, &id2, NULL, RDMA_PS_TCP) == 0);
-	CHECK(rdma_bind_addr(id2, (struct sockaddr *)&sin) == 0);
+	resolve_loopback(id2);
 	cq = ibv_create_cq(id2->verbs, 8, NULL, NULL, 0);
 	CHECK(cq);
 	ia.send_cq = cq;
@@ -233,7 +246,7 @@ static void cm_pairs(void)
 	 * the freed QP), and rdma_destroy_qp then releases only the PD and CQs it made. */
 	struct rdma_cm_id *id3;
 	CHECK(rdma_create_id(ech, &id3, NULL, RDMA_PS_TCP) == 0);
-	CHECK(rdma_bind_addr(id3, (struct sockaddr *)&sin) == 0);
+	resolve_loopback(id3);
 	CHECK(id3->pd == devpd);
 	struct ibv_qp_init_attr ia4 = {
 		.qp_type = IBV_QPT_RC,

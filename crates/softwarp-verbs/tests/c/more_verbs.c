@@ -114,13 +114,15 @@ int main(void)
 	/* rdma_create_srq: the id's next QP uses it. */
 	struct rdma_cm_id *id;
 	CHECK(rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP) == 0);
-	struct sockaddr_in sin = { .sin_family = AF_INET };
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(9) };
 	sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	CHECK(rdma_bind_addr(id, (struct sockaddr *)&sin) == 0 && id->verbs);
+	/* Resolved (a synchronous id: the call returns resolved), the id has the device; a
+	 * loopback bind would leave it without, as the kernel's rdma_cm does. */
+	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&sin, 2000) == 0 && id->verbs);
 	struct ibv_pd *idpd = ibv_alloc_pd(id->verbs);
 	CHECK(idpd);
 	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 16, .max_sge = 1 } };
-	struct ibv_pd *devpd = id->pd; /* the device's, from the bind (rdma-core's) */
+	struct ibv_pd *devpd = id->pd; /* the device's, from the resolution (rdma-core's) */
 	CHECK(devpd && devpd != idpd);
 	CHECK(rdma_create_srq(id, idpd, &sa) == 0 && id->srq && id->srq->pd == idpd);
 	CHECK(id->pd == devpd); /* rdma_create_srq sets id->pd only when it is NULL */

@@ -14,7 +14,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use softwarp_testkit::{free_port, serial, skip, wait_listening, Reaped};
+use softwarp_testkit::netns::{self, Ns};
+use softwarp_testkit::{
+    free_port, require, serial, skip, wait_listening, wait_listening_in, Reaped,
+};
 
 /// The directory holding `libibverbs.so.1` and `librdmacm.so.1`: links to the library cargo
 /// built next to this test's binary (`target/<profile>/libsoftwarp_verbs.so`).
@@ -115,6 +118,31 @@ pub(super) fn finish_in(child: &mut Child, limit: Duration, what: &str) -> Outpu
         stdout: o.join().unwrap_or_default(),
         stderr: e.join().unwrap_or_default(),
     }
+}
+
+/// A veth pair between two new network namespaces, `sw0` with 10.77.0.1 in the first and
+/// `sw1` with 10.77.0.2 in the second ([`netns::veth`]), for programs that need an
+/// interface's address: an id bound to a loopback address has no device, as with the
+/// kernel's rdma_cm (uDAPL's provider wants one at its bind, libfabric's verbs provider
+/// takes the device's interface addresses then). `None` after [`skip`] when this is not
+/// root.
+fn namespaces() -> Option<(Ns, Ns)> {
+    require(netns::unavailable(&["ip"])).then(netns::veth)
+}
+
+/// [`command`] for `program` run in the network namespace `ns` (`ip netns exec`, which
+/// becomes the program: the child is the program itself).
+fn command_in(ns: &Ns, program: &Path) -> Command {
+    let mut c = command(Path::new("ip"));
+    c.args(["netns", "exec", &ns.0]).arg(program);
+    c
+}
+
+/// Waits until `server` listens on `port` in its own network namespace (its
+/// `/proc/PID/net` tables).
+fn wait_listening_there(port: u16, server: &mut Child) {
+    let tables = ["tcp", "tcp6"].map(|t| format!("/proc/{}/net/{t}", server.id()));
+    wait_listening_in(&tables.each_ref().map(String::as_str), port, server);
 }
 
 #[test]
@@ -933,7 +961,73 @@ fn c_program_gets_the_devices_pd_on_its_ids_and_migrates_listening_and_connected
     );
     let _ = std::fs::remove_file(&exe);
     assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
-    assert_eq!(out.stdout, "ok: 109 checks\n", "{}", out.stderr);
+    assert_eq!(out.stdout, "ok: 116 checks\n", "{}", out.stderr);
+}
+
+/// libfabric's `fi_info -p verbs -v` (libfabric-bin) in a network namespace of the test's
+/// own whose interface `sw0` has 10.77.0.1 ([`namespaces`]): the verbs provider lists
+/// Softwarp's device (`softwarp0`, fabric `Ethernet-iWARP`) with message endpoints
+/// (`FI_PROTO_IWARP`) and, through `ofi_rxm`, RDM endpoints, on the interface's address,
+/// and no datagram endpoints (iWARP has no UD). None of them on 127.0.0.1: libfabric binds
+/// `localhost` to find its address and takes the device's interface addresses when the
+/// bound id has no device, as with the kernel's rdma_cm (before, this library gave the
+/// loopback bind its device, and every entry had 127.0.0.1).
+#[test]
+fn libfabric_fi_info_lists_the_devices_endpoints_on_the_interfaces_address() {
+    let _serial = serial();
+    let Some(fi_info) = tool("fi_info", "libfabric-bin") else {
+        return;
+    };
+    let Some((ns, _peer)) = namespaces() else {
+        return;
+    };
+    let out = finish(
+        command_in(&ns, &fi_info)
+            .args(["-p", "verbs", "-v"])
+            .spawn()
+            .expect("run fi_info"),
+        Duration::from_secs(60),
+        "fi_info",
+    );
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    // Entries begin with a line "---"; in each, the fields that say what it is (the
+    // domain's and the fabric's names are both `name:`).
+    let entries: Vec<Vec<(&str, &str)>> = out
+        .stdout
+        .split("---\n")
+        .map(|e| {
+            e.lines()
+                .filter_map(|l| l.trim().split_once(": "))
+                .collect()
+        })
+        .filter(|e: &Vec<(&str, &str)>| !e.is_empty())
+        .collect();
+    let field = |e: &[(&str, &str)], k: &str| {
+        e.iter()
+            .find(|(key, _)| *key == k)
+            .map(|(_, v)| v.to_string())
+            .unwrap_or_default()
+    };
+    let has = |e: &[(&str, &str)], k: &str, v: &str| e.contains(&(k, v));
+    for (provider, ty, protocol) in [
+        ("verbs", "FI_EP_MSG", "FI_PROTO_IWARP"),
+        ("verbs;ofi_rxm", "FI_EP_RDM", "FI_PROTO_RXM"),
+    ] {
+        assert!(
+            entries.iter().any(|e| has(e, "prov_name", provider)
+                && has(e, "type", ty)
+                && has(e, "protocol", protocol)
+                && has(e, "name", "softwarp0")
+                && has(e, "name", "Ethernet-iWARP")
+                && has(e, "src_addr", "fi_sockaddr_in://10.77.0.1:0")),
+            "no {provider} {ty} on 10.77.0.1 in\n{}",
+            out.stdout
+        );
+    }
+    for e in &entries {
+        assert_ne!(field(e, "type"), "FI_EP_DGRAM", "{e:?}");
+        assert!(!field(e, "src_addr").contains("127.0.0.1"), "{e:?}");
+    }
 }
 
 /// libfabric's `fi_pingpong` (libfabric-bin) over this library: the verbs provider's
@@ -1105,38 +1199,45 @@ fn fio_rdma_engine_send_write_and_read() {
     }
 }
 
+/// uDAPL's `dat.conf` line for the ofa-v2 rdma_cm provider (`libdaplofa.so.2`) on the
+/// interface `sw0` of [`namespaces`]: the provider opens its device by binding the
+/// interface's address, which must give the id a device (a loopback address does not, as
+/// with the kernel's rdma_cm, where uDAPL's `lo` entry cannot run either).
+const DAT_CONF_SW0: &str =
+    "ofa-v2-sw0 u2.0 nonthreadsafe default libdaplofa.so.2 dapl.2.0 \"sw0 0\" \"\"\n";
+
 /// uDAPL (dapl2-utils), the consumer API of OpenRDMA, over this library: Debian's `dtest`
-/// with the ofa-v2 rdma_cm provider (`libdaplofa.so.2`) on `lo`, from a `dat.conf` of the
-/// test's own (`DAT_OVERRIDE`): connect, RMR exchange, bursts of RDMA Writes with Sends,
-/// RDMA Reads, ping-pong, both directions.
+/// with the ofa-v2 rdma_cm provider on `sw0` (10.77.0.1) in a network namespace of the
+/// test's own, server and client in it, from a `dat.conf` of the test's own
+/// (`DAT_OVERRIDE`): connect, RMR exchange, bursts of RDMA Writes with Sends, RDMA Reads,
+/// ping-pong, both directions.
 #[test]
 fn udapl_dtest_over_the_ofa_v2_rdma_cm_provider() {
     let _serial = serial();
     let Some(dtest) = tool("dtest", "dapl2-utils") else {
         return;
     };
+    let Some((ns, _peer)) = namespaces() else {
+        return;
+    };
     let conf = lib_dir().join(format!("dat-{}.conf", std::process::id()));
-    std::fs::write(
-        &conf,
-        "ofa-v2-lo u2.0 nonthreadsafe default libdaplofa.so.2 dapl.2.0 \"lo 0\" \"\"\n",
-    )
-    .expect("write dat.conf");
+    std::fs::write(&conf, DAT_CONF_SW0).expect("write dat.conf");
     // dtest's server takes its client on a TCP socket of fixed port 15828 first.
     let mut server = Reaped::new(
-        command(&dtest)
+        command_in(&ns, &dtest)
             .env("DAT_OVERRIDE", &conf)
-            .args(["-P", "ofa-v2-lo", "-s", "-b", "65536", "-B", "20"])
+            .args(["-P", "ofa-v2-sw0", "-s", "-b", "65536", "-B", "20"])
             .spawn()
             .expect("start the server"),
     );
-    wait_listening(15828, &mut server);
-    let client = command(&dtest)
+    wait_listening_there(15828, &mut server);
+    let client = command_in(&ns, &dtest)
         .env("DAT_OVERRIDE", &conf)
         .args([
             "-P",
-            "ofa-v2-lo",
+            "ofa-v2-sw0",
             "-h",
-            "127.0.0.1",
+            "10.77.0.1",
             "-b",
             "65536",
             "-B",
@@ -1162,7 +1263,8 @@ fn udapl_dtest_over_the_ofa_v2_rdma_cm_provider() {
 }
 
 /// uDAPL's own test program, `dapltest` (dapl2-utils), with the ofa-v2 rdma_cm provider on
-/// `lo` (a `dat.conf` of the test's own): a server (`-T S`), then from clients the
+/// `sw0` (10.77.0.1) in a network namespace of the test's own, every process in it (a
+/// `dat.conf` of the test's own, [`DAT_CONF_SW0`]): a server (`-T S`), then from clients the
 /// transaction test (`-T T`: 2 threads x 2 endpoints of Sends of 3 segments, RDMA Reads and
 /// Writes of 2 segments both ways, data validated; again with polled completions and
 /// reserved service points), the performance test (`-T P`, RDMA Write and Read, 16 in
@@ -1177,17 +1279,16 @@ fn udapl_dapltest_transaction_performance_and_limit_tests_over_ofa_v2() {
     let Some(dapltest) = tool("dapltest", "dapl2-utils") else {
         return;
     };
+    let Some((ns, _peer)) = namespaces() else {
+        return;
+    };
     let conf = lib_dir().join(format!("dapltest-{}.conf", std::process::id()));
-    std::fs::write(
-        &conf,
-        "ofa-v2-lo u2.0 nonthreadsafe default libdaplofa.so.2 dapl.2.0 \"lo 0\" \"\"\n",
-    )
-    .expect("write dat.conf");
+    std::fs::write(&conf, DAT_CONF_SW0).expect("write dat.conf");
     let port = free_port();
     let p = port.to_string();
     let run = |args: &[&str], limit: u64| -> Output {
         let out = finish(
-            command(&dapltest)
+            command_in(&ns, &dapltest)
                 .env("DAT_OVERRIDE", &conf)
                 .args(args)
                 .spawn()
@@ -1204,14 +1305,14 @@ fn udapl_dapltest_transaction_performance_and_limit_tests_over_ofa_v2() {
         out
     };
     let mut server = Reaped::new(
-        command(&dapltest)
+        command_in(&ns, &dapltest)
             .env("DAT_OVERRIDE", &conf)
-            .args(["-T", "S", "-D", "ofa-v2-lo", "-n", &p])
+            .args(["-T", "S", "-D", "ofa-v2-sw0", "-n", &p])
             .spawn()
             .expect("start the server"),
     );
-    wait_listening(port, &mut server);
-    let client = ["-s", "127.0.0.1", "-D", "ofa-v2-lo", "-n", &p];
+    wait_listening_there(port, &mut server);
+    let client = ["-s", "10.77.0.1", "-D", "ofa-v2-sw0", "-n", &p];
     // dapltest exits 0 after a failed test too: its report says how it went.
     let clean = |out: &Output| {
         let text = format!("{}{}", out.stdout, out.stderr);
@@ -1285,7 +1386,7 @@ fn udapl_dapltest_transaction_performance_and_limit_tests_over_ofa_v2() {
             "-T",
             "L",
             "-D",
-            "ofa-v2-lo",
+            "ofa-v2-sw0",
             "-n",
             &base,
             "-m",
@@ -1488,7 +1589,7 @@ fn c_destroyed_qps_completions_leave_the_cq_shared_with_another_qp() {
         lines,
         [
             "client: sent keep, m1, m2 and after",
-            "ok: 44 server checks",
+            "ok: 45 server checks",
             "server: B's next message arrived in the same CQ",
             "server: after ibv_destroy_qp of A, the CQ holds only B's completion",
         ]
@@ -1549,7 +1650,7 @@ fn each_end_lets_the_other_close_first_so_a_late_send_completes() {
             "client: round 1: the Send 300 ms after the server's last message completed",
             "client: round 2: the Send 300 ms after the server's last message completed",
             "client: round 3: rdma_disconnect returned at once; the server's late Send arrived",
-            "ok: 44 server checks",
+            "ok: 45 server checks",
             "server: round 1: rdma_disconnect returned at once; the client's late Send arrived",
             "server: round 2: ibv_destroy_qp returned at once",
             "server: round 3: the Send 100 ms after the client's last receive completed",
@@ -1784,7 +1885,7 @@ fn c_destroy_of_objects_in_use_is_refused_with_ebusy_and_they_keep_working() {
     let Some(out) = run_c_memchecked("in_use", &[], Duration::from_secs(120)) else {
         return;
     };
-    assert_eq!(out.stdout, "ok: 111 checks\n", "{}", out.stderr);
+    assert_eq!(out.stdout, "ok: 121 checks\n", "{}", out.stderr);
 }
 
 /// rdma_cm calls after REJECTED (nothing listening, a listener that rejects), repeated
@@ -2580,9 +2681,10 @@ const MPI_OVER_VERBS: [&str; 9] = [
 /// `mpirun` (run through `prefix`, e.g. `ip netns exec NS`) of `mpi_pingpong --hold` in two
 /// ranks over Softwarp with the RAS services on; once both ranks exchanged their first
 /// message, the QPs `softwarp resources` lists are checked: two connected ones, one per
-/// rank, each the other's peer (addresses from `peer_net`), made by libfabric. Then the
-/// ping-pong runs every size up to 1 MiB with its data checked.
-fn mpi_ping_pong_over_softwarp(prefix: &[&str], extra: &[&str], peer_net: &str) {
+/// rank, each the other's peer (rank 0's local address `hosts[0]` and rank 1's `hosts[1]`
+/// when given), made by libfabric. Then the ping-pong runs every size up to 1 MiB with its
+/// data checked.
+fn mpi_ping_pong_over_softwarp(prefix: &[&str], extra: &[&str], hosts: Option<[&str; 2]>) {
     let Some(mpirun) = tool("mpirun", "openmpi-bin") else {
         return;
     };
@@ -2659,8 +2761,11 @@ fn mpi_ping_pong_over_softwarp(prefix: &[&str], extra: &[&str], peer_net: &str) 
             q.caller.as_deref().is_some_and(|c| c.contains("libfabric")),
             "made by libfabric: {q:#?}"
         );
-        let (local, _) = addr(q);
-        assert!(local.ip().to_string().starts_with(peer_net), "{q:#?}");
+    }
+    if let Some(hosts) = hosts {
+        let mut locals = [a_local.ip().to_string(), b_local.ip().to_string()];
+        locals.sort();
+        assert_eq!(locals, hosts, "{qps:#?}");
     }
 
     // One row per size (1 B to 1 MiB, x4), every message checked by the program.
@@ -2770,5 +2875,47 @@ fn connected_qps(
 #[test]
 fn open_mpi_ping_pong_over_verbs_ofi_rxm_on_one_host() {
     let _serial = serial();
-    mpi_ping_pong_over_softwarp(&[], &[], "");
+    mpi_ping_pong_over_softwarp(&[], &[], None);
+}
+
+/// Open MPI 4.1 across two network namespaces joined by a veth pair ([`namespaces`]):
+/// `mpirun` in the first starts rank 0 there (10.77.0.1) and, through an rsh agent that
+/// runs the launch command in the second (`ip netns exec`, where `ssh` would log in to
+/// another host), Open MPI's daemon `orted` and rank 1 there (10.77.0.2). The ranks find
+/// each other's libfabric addresses through mpirun and connect over the veth pair: the two
+/// QPs `softwarp resources` lists join 10.77.0.1 and 10.77.0.2.
+#[test]
+fn open_mpi_ping_pong_across_two_network_namespaces() {
+    let _serial = serial();
+    let Some((a, b)) = namespaces() else {
+        return;
+    };
+    // mpirun runs the agent as `AGENT HOST COMMAND...`, COMMAND being words for a shell.
+    let agent = lib_dir().join(format!("netns-rsh-{}", std::process::id()));
+    std::fs::write(
+        &agent,
+        format!(
+            "#!/bin/sh\nshift\nexec ip netns exec {} sh -c \"$*\"\n",
+            b.0
+        ),
+    )
+    .expect("write the rsh agent");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
+            .expect("make the agent executable");
+    }
+    let agent_s = agent.to_str().expect("a UTF-8 path");
+    mpi_ping_pong_over_softwarp(
+        &["ip", "netns", "exec", &a.0],
+        &[
+            "--host",
+            "10.77.0.1,10.77.0.2",
+            "--mca",
+            "plm_rsh_agent",
+            agent_s,
+        ],
+        Some(["10.77.0.1", "10.77.0.2"]),
+    );
+    let _ = std::fs::remove_file(&agent);
 }
