@@ -7,8 +7,8 @@
 //! | request | reply `result` |
 //! | --- | --- |
 //! | `{"op":"info"}` | [`ProcessInfo`] |
-//! | `{"op":"resources"}` | [`ResourcesResult`]: every tracked resource and memory per table |
-//! | `{"op":"stats"}` | [`StatsSnapshot`] |
+//! | `{"op":"resources"}` (optional `"kind"`, `"id"`, `"max"`) | [`ResourcesResult`]: the tracked resources of that kind and id (all by default), or only their counts when more than `max` match; memory and counts per table |
+//! | `{"op":"stats"}` (optional `"detail"`: `"all"` or `{"qps":[N]}`) | [`StatsSnapshot`]: the per-object series of the [`Detail`] |
 //! | `{"op":"trace-get"}` | [`TraceLevels`] |
 //! | `{"op":"trace-set","spec":"qp=5,qpn:7=9"}` | [`TraceLevels`] after the change |
 //! | `{"op":"flight-recorder","tail":100}` (or `"after":<seq>`) | [`FlightRecorderDump`] |
@@ -18,7 +18,8 @@
 //! | `{"op":"fault-inject"}` (optional `"device"`, `"kind"`) | [`FaultStatusResult`] of the failed devices |
 //!
 //! Every reply is `{"ok":true,"pid":..,"process":..,"result":..}` or
-//! `{"ok":false,"pid":..,"process":..,"error":"..."}`.
+//! `{"ok":false,"pid":..,"process":..,"error":"..."}`, one line. The result is serialized
+//! straight into the line ([`answer`]), with no tree of `serde_json::Value`s in between.
 //!
 //! What each request returns comes from a [`ControlHandler`]; its default methods serve the
 //! process-wide tracker, statistics sources, trace levels and flight recorder, so a handler
@@ -59,9 +60,9 @@ use crate::deadline::Deadline;
 use crate::errlog::{self, CriticalEvent, CriticalKind};
 use crate::registry::{HostRegistry, ProcessEntry};
 use crate::snapshot::{self, SnapshotFilter, SnapshotsResult};
-use crate::stats::{self, StatsSnapshot};
+use crate::stats::{self, Detail, StatsSnapshot};
 use crate::trace::{self, FlightRecorderDump, TraceLevels};
-use crate::tracker::{self, MemoryUsage, ResourceInfo};
+use crate::tracker::{self, MemoryUsage, ResourceFilter, ResourceInfo, ResourceKind};
 use crate::{clock, sys};
 
 /// Longest request line the server reads, in bytes.
@@ -85,10 +86,25 @@ const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 pub enum Request {
     /// Who are you?
     Info,
-    /// Every tracked resource.
-    Resources,
-    /// Every statistic.
-    Stats,
+    /// Tracked resources.
+    Resources {
+        /// Only of this kind.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kind: Option<ResourceKind>,
+        /// Only with this id (QP number, CQ id, STag ...).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<u64>,
+        /// When more than this many match, only the counts per kind (in `memory`) and the
+        /// number left out (`omitted`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max: Option<usize>,
+    },
+    /// The statistics.
+    Stats {
+        /// Which per-object series (default: [`Detail::Auto`]).
+        #[serde(default, skip_serializing_if = "Detail::is_auto")]
+        detail: Detail,
+    },
     /// The trace levels.
     TraceGet,
     /// Change trace levels (a [`TraceSpec`](crate::trace::TraceSpec) text).
@@ -136,6 +152,24 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// `resources` with no filter and no limit: every resource.
+    pub fn all_resources() -> Self {
+        Request::Resources {
+            kind: None,
+            id: None,
+            max: None,
+        }
+    }
+
+    /// `stats` with [`Detail::Auto`].
+    pub fn stats() -> Self {
+        Request::Stats {
+            detail: Detail::Auto,
+        }
+    }
+}
+
 /// The `dump` result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DumpResult {
@@ -161,16 +195,6 @@ pub struct Reply {
 }
 
 impl Reply {
-    fn ok(result: serde_json::Value) -> Self {
-        Self {
-            ok: true,
-            pid: sys::pid(),
-            process: sys::process_name().to_string(),
-            result,
-            error: None,
-        }
-    }
-
     fn err(error: impl Into<String>) -> Self {
         Self {
             ok: false,
@@ -209,10 +233,38 @@ pub struct ProcessInfo {
 /// The `resources` result.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ResourcesResult {
-    /// Every resource.
+    /// The resources asked for.
     pub resources: Vec<ResourceInfo>,
-    /// Memory per table, per tracker (device).
+    /// Memory and count per table, per tracker (device), whatever the filter.
     pub memory: Vec<MemoryUsage>,
+    /// Resources that matched but are not listed (more than the request's `max`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub omitted: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl ResourcesResult {
+    /// The resources of `trackers` that `filter` selects: all listed, or none (only
+    /// `omitted` counted) when more than its `max` match; memory of every tracker.
+    pub fn of(trackers: &[tracker::Tracker], filter: &ResourceFilter) -> Self {
+        let memory = trackers.iter().map(tracker::Tracker::memory).collect();
+        let matching: u64 = trackers.iter().map(|t| t.count(filter)).sum();
+        if filter.max.is_some_and(|max| matching > max as u64) {
+            return Self {
+                resources: Vec::new(),
+                memory,
+                omitted: matching,
+            };
+        }
+        Self {
+            resources: trackers.iter().flat_map(|t| t.select(filter)).collect(),
+            memory,
+            omitted: 0,
+        }
+    }
 }
 
 /// The `fault-status` and `fault-inject` result.
@@ -226,18 +278,16 @@ pub struct FaultStatusResult {
 /// or only [`ControlHandler::stats`]). Methods run on the control thread, one request at a
 /// time per connection; they must not block for long.
 pub trait ControlHandler: Send + Sync + 'static {
-    /// Every resource, and memory per table. Default: every live [`tracker::Tracker`].
-    fn resources(&self) -> ResourcesResult {
-        let trackers = tracker::all_trackers();
-        ResourcesResult {
-            resources: trackers.iter().flat_map(|t| t.resources()).collect(),
-            memory: trackers.iter().map(|t| t.memory()).collect(),
-        }
+    /// The resources `filter` selects, and memory per table. Default: of every live
+    /// [`tracker::Tracker`] ([`ResourcesResult::of`]).
+    fn resources(&self, filter: &ResourceFilter) -> ResourcesResult {
+        ResourcesResult::of(&tracker::all_trackers(), filter)
     }
 
-    /// Every statistic. Default: every source given to [`stats::register_source`].
-    fn stats(&self) -> StatsSnapshot {
-        stats::collect_all()
+    /// The statistics, with the per-object series of `detail`. Default: every source given
+    /// to [`stats::register_source`].
+    fn stats(&self, detail: &Detail) -> StatsSnapshot {
+        stats::collect(detail)
     }
 
     /// The trace levels. Default: the process-wide [`trace::control`].
@@ -300,48 +350,68 @@ pub struct DefaultHandler;
 
 impl ControlHandler for DefaultHandler {}
 
-fn to_value<T: Serialize>(v: &T) -> Reply {
-    match serde_json::to_value(v) {
-        Ok(v) => Reply::ok(v),
-        Err(e) => Reply::err(format!("cannot encode the result: {e}")),
+/// The reply line of a successful request: `result` serialized straight into it.
+fn ok_line<T: Serialize>(result: &T) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4096);
+    out.extend_from_slice(br#"{"ok":true,"pid":"#);
+    out.extend_from_slice(sys::pid().to_string().as_bytes());
+    out.extend_from_slice(br#","process":"#);
+    let encoded = serde_json::to_writer(&mut out, sys::process_name()).and_then(|()| {
+        out.extend_from_slice(br#","result":"#);
+        serde_json::to_writer(&mut out, result)
+    });
+    if let Err(e) = encoded {
+        return encode(&Reply::err(format!("cannot encode the result: {e}")));
     }
+    out.extend_from_slice(b"}\n");
+    out
 }
 
-/// Answers one request line (no I/O: what the server does per line).
+/// Answers one request line (no I/O: what the server does per line), as [`answer`]'s
+/// line read back.
 pub fn dispatch(handler: &dyn ControlHandler, line: &str) -> Reply {
+    let text = answer(handler, line);
+    serde_json::from_slice(&text)
+        .unwrap_or_else(|e| Reply::err(format!("cannot read the reply back: {e}")))
+}
+
+/// Answers one request line with the reply line (newline included).
+pub fn answer(handler: &dyn ControlHandler, line: &str) -> Vec<u8> {
     let req: Request = match serde_json::from_str(line) {
         Ok(r) => r,
-        Err(e) => return Reply::err(format!("bad request: {e}")),
+        Err(e) => return encode(&Reply::err(format!("bad request: {e}"))),
     };
     match req {
-        Request::Info => to_value(&ProcessInfo {
+        Request::Info => ok_line(&ProcessInfo {
             pid: sys::pid(),
             name: sys::process_name().to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             now: clock::rfc3339(std::time::SystemTime::now()),
         }),
-        Request::Resources => to_value(&handler.resources()),
-        Request::Stats => to_value(&handler.stats()),
-        Request::TraceGet => to_value(&handler.trace_get()),
+        Request::Resources { kind, id, max } => {
+            ok_line(&handler.resources(&ResourceFilter { kind, id, max }))
+        }
+        Request::Stats { detail } => ok_line(&handler.stats(&detail)),
+        Request::TraceGet => ok_line(&handler.trace_get()),
         Request::TraceSet { spec } => match handler.trace_set(&spec) {
-            Ok(levels) => to_value(&levels),
-            Err(e) => Reply::err(e),
+            Ok(levels) => ok_line(&levels),
+            Err(e) => encode(&Reply::err(e)),
         },
         Request::FlightRecorder { tail, after } => {
             let tail = Some(
                 tail.unwrap_or(MAX_RECORDS_PER_REPLY)
                     .min(MAX_RECORDS_PER_REPLY),
             );
-            to_value(&handler.flight_recorder(tail, after))
+            ok_line(&handler.flight_recorder(tail, after))
         }
         Request::Snapshots { qpn, device, id } => {
-            to_value(&handler.snapshots(&SnapshotFilter { qpn, device, id }))
+            ok_line(&handler.snapshots(&SnapshotFilter { qpn, device, id }))
         }
-        Request::FaultStatus => to_value(&handler.fault_status()),
+        Request::FaultStatus => ok_line(&handler.fault_status()),
         Request::FaultInject { device, kind } => {
             match handler.fault_inject(device.as_deref(), kind.as_deref()) {
-                Ok(r) => to_value(&r),
-                Err(e) => Reply::err(e),
+                Ok(r) => ok_line(&r),
+                Err(e) => encode(&Reply::err(e)),
             }
         }
         Request::Dump { reason } => {
@@ -350,13 +420,15 @@ pub fn dispatch(handler: &dyn ControlHandler, line: &str) -> Reply {
                 .map_err(|e| e.to_string())
                 .and_then(|b| String::from_utf8(b).map_err(|e| e.to_string()));
             match dump {
-                Ok(dump) if escaped_len(&dump) > MAX_REPLY_LINE - 1024 => Reply::err(format!(
-                    "the dump is {} bytes, more than one reply carries ({MAX_REPLY_LINE}); \
-                     a smaller flight recorder (SOFTWARP_FLIGHT_RECORDER) makes it fit",
-                    dump.len()
-                )),
-                Ok(dump) => to_value(&DumpResult { dump }),
-                Err(e) => Reply::err(format!("cannot make the dump: {e}")),
+                Ok(dump) if escaped_len(&dump) > MAX_REPLY_LINE - 1024 => {
+                    encode(&Reply::err(format!(
+                        "the dump is {} bytes, more than one reply carries ({MAX_REPLY_LINE}); \
+                         a smaller flight recorder (SOFTWARP_FLIGHT_RECORDER) makes it fit",
+                        dump.len()
+                    )))
+                }
+                Ok(dump) => ok_line(&DumpResult { dump }),
+                Err(e) => encode(&Reply::err(format!("cannot make the dump: {e}"))),
             }
         }
     }
@@ -584,11 +656,11 @@ impl Drop for Slot {
     }
 }
 
-/// [`dispatch`], with a panic in the handler turned into an error reply (a bug in one
+/// [`answer`], with a panic in the handler turned into an error reply (a bug in one
 /// object's description must not take the control socket down).
-fn dispatch_guarded(handler: &dyn ControlHandler, line: &str) -> Reply {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dispatch(handler, line)))
-        .unwrap_or_else(|_| Reply::err("internal error: the request handler panicked"))
+fn answer_guarded(handler: &dyn ControlHandler, line: &str) -> Vec<u8> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer(handler, line)))
+        .unwrap_or_else(|_| encode(&Reply::err("internal error: the request handler panicked")))
 }
 
 fn serve_connection(
@@ -611,7 +683,7 @@ fn serve_connection(
             if text.is_empty() {
                 continue;
             }
-            stream.write_all(&encode(&dispatch_guarded(handler, text)))?;
+            stream.write_all(&answer_guarded(handler, text))?;
             idle_since = Instant::now();
         }
         if pending.len() > MAX_REQUEST_LINE {
@@ -1152,8 +1224,34 @@ mod tests {
     fn requests_have_the_documented_json_form() {
         let cases = [
             (Request::Info, r#"{"op":"info"}"#),
-            (Request::Resources, r#"{"op":"resources"}"#),
-            (Request::Stats, r#"{"op":"stats"}"#),
+            (
+                Request::Resources {
+                    kind: None,
+                    id: None,
+                    max: None,
+                },
+                r#"{"op":"resources"}"#,
+            ),
+            (
+                Request::Resources {
+                    kind: Some(ResourceKind::Qp),
+                    id: Some(7),
+                    max: Some(10),
+                },
+                r#"{"op":"resources","kind":"qp","id":7,"max":10}"#,
+            ),
+            (
+                Request::Stats {
+                    detail: Detail::Auto,
+                },
+                r#"{"op":"stats"}"#,
+            ),
+            (
+                Request::Stats {
+                    detail: Detail::Qps(vec![7]),
+                },
+                r#"{"op":"stats","detail":{"qps":[7]}}"#,
+            ),
             (Request::TraceGet, r#"{"op":"trace-get"}"#),
             (
                 Request::TraceSet {

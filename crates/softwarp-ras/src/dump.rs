@@ -195,8 +195,13 @@ pub fn collect(handler: &dyn ControlHandler, reason: &str) -> io::Result<Vec<u8>
         },
     )?;
     w.section("levels", &handler.trace_get())?;
-    w.section("resources", &handler.resources())?;
-    w.section("stats", &handler.stats())?;
+    w.section(
+        "resources",
+        &handler.resources(&crate::tracker::ResourceFilter::default()),
+    )?;
+    // The device-level series and, on a device of few QPs, each QP's (Detail::Auto): the
+    // per-QP series of a device with 100,000 QPs would not fit a reply.
+    w.section("stats", &handler.stats(&crate::stats::Detail::Auto))?;
     w.section("snapshots", &handler.snapshots(&SnapshotFilter::default()))?;
     w.section("flight-recorder", &handler.flight_recorder(None, None))?;
     w.section("markers", &crate::markers::history())?;

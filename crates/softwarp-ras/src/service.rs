@@ -234,7 +234,7 @@ pub fn start(config: &ServiceConfig, handler: Arc<dyn ControlHandler>) -> RasSer
     }
     if let Some(addr) = config.metrics_addr {
         let h = Arc::clone(&handler);
-        match MetricsServer::start(addr, move || h.stats().to_prometheus()) {
+        match MetricsServer::start_detailed(addr, move |d| h.stats(d).to_prometheus()) {
             Ok(m) => service.metrics = Some(m),
             Err(e) => problems.push(format!("metrics endpoint {addr}: {e}")),
         }

@@ -106,6 +106,24 @@ impl FromStr for ResourceKind {
     }
 }
 
+/// Which resources a listing carries (the control socket's `resources` request).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResourceFilter {
+    /// Only of this kind.
+    pub kind: Option<ResourceKind>,
+    /// Only with this id (QP number, CQ id, STag ...).
+    pub id: Option<u64>,
+    /// When more than this many match, only the counts per kind are listed.
+    pub max: Option<usize>,
+}
+
+impl ResourceFilter {
+    /// Whether a resource of `kind` and `id` passes the kind and id filters.
+    pub fn matches(&self, kind: ResourceKind, id: u64) -> bool {
+        self.kind.is_none_or(|k| k == kind) && self.id.is_none_or(|i| i == id)
+    }
+}
+
 /// Live details an owner reports about its resource (state, addresses, anything else).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ResourceDetails {
@@ -369,16 +387,37 @@ impl Tracker {
     /// Every registered resource, oldest first, with live details from owners that attached
     /// a [`DescribeResource`].
     pub fn resources(&self) -> Vec<ResourceInfo> {
-        self.collect(None)
+        self.collect(|_, _| true)
     }
 
-    fn collect(&self, except: Option<u64>) -> Vec<ResourceInfo> {
+    /// The registered resources of `filter`'s kind and id (its `max` is the caller's), oldest
+    /// first; only these are copied and described.
+    pub fn select(&self, filter: &ResourceFilter) -> Vec<ResourceInfo> {
+        self.collect(|_, e| filter.matches(e.kind, e.id))
+    }
+
+    /// How many registered resources are of `filter`'s kind and id (without an id, from the
+    /// counts per kind: no walk).
+    pub fn count(&self, filter: &ResourceFilter) -> u64 {
+        let st = self.inner.state();
+        match (filter.id, filter.kind) {
+            (None, None) => st.entries.len() as u64,
+            (None, Some(kind)) => st.usage.get(&kind).map_or(0, |u| u.count),
+            (Some(_), _) => st
+                .entries
+                .values()
+                .filter(|e| filter.matches(e.kind, e.id))
+                .count() as u64,
+        }
+    }
+
+    fn collect(&self, keep: impl Fn(u64, &Entry) -> bool) -> Vec<ResourceInfo> {
         // Copy under the lock, describe without it.
         let st = self.inner.state();
         let copied: Vec<(ResourceInfo, Option<Weak<dyn DescribeResource>>)> = st
             .entries
             .iter()
-            .filter(|(k, _)| Some(**k) != except)
+            .filter(|(k, e)| keep(**k, e))
             .map(|(_, e)| (self.info(e), e.describer.clone()))
             .collect();
         drop(st);
@@ -440,7 +479,8 @@ impl Tracker {
     /// What is still registered, for the device's close. `except` leaves out the handle of
     /// the device itself (it is being closed, so it is not a leak).
     pub fn leak_report(&self, except: Option<&ResourceHandle>) -> LeakReport {
-        let leaked = self.collect(except.map(|h| h.key));
+        let except = except.map(|h| h.key);
+        let leaked = self.collect(|k, _| Some(k) != except);
         LeakReport {
             tracker: self.inner.name.clone(),
             pid: sys::pid(),
@@ -619,6 +659,47 @@ mod tests {
         assert_eq!(list[0].file, file!());
         drop(h);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_filtered_listing_copies_and_describes_only_what_matches() {
+        struct Counted(AtomicU64);
+        impl DescribeResource for Counted {
+            fn describe(&self) -> ResourceDetails {
+                self.0.fetch_add(1, Ordering::Relaxed);
+                ResourceDetails::default()
+            }
+        }
+        let t = Tracker::new("unit-filter");
+        let described: Arc<Counted> = Arc::new(Counted(AtomicU64::new(0)));
+        let weak: Weak<dyn DescribeResource> = {
+            let d: Arc<dyn DescribeResource> = described.clone();
+            Arc::downgrade(&d)
+        };
+        let mut handles = vec![t.register(ResourceKind::Pd, 1, 0)];
+        for qpn in 0..2_000u64 {
+            let h = t.register(ResourceKind::Qp, qpn, 0);
+            h.set_describer(weak.clone());
+            handles.push(h);
+        }
+        let pds = ResourceFilter {
+            kind: Some(ResourceKind::Pd),
+            ..ResourceFilter::default()
+        };
+        assert_eq!(t.count(&pds), 1);
+        assert_eq!(t.select(&pds).len(), 1);
+        let one = ResourceFilter {
+            kind: Some(ResourceKind::Qp),
+            id: Some(1234),
+            max: None,
+        };
+        assert_eq!(t.count(&one), 1);
+        let got = t.select(&one);
+        assert_eq!((got.len(), got[0].id), (1, 1234));
+        // Only the one QP asked for was described, not the 2,000.
+        assert_eq!(described.0.load(Ordering::Relaxed), 1);
+        assert_eq!(t.count(&ResourceFilter::default()), 2_001);
+        drop(handles);
     }
 
     #[test]

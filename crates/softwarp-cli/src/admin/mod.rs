@@ -4,8 +4,9 @@
 //! All but `doctor` ask running Softwarp processes: every process that opened a device is in
 //! the host registry (one file per process in the runtime directory, `$SOFTWARP_RUNTIME_DIR`
 //! or its default, see `softwarp_ras::registry`) with its control socket; the commands send
-//! one JSON request per process over that socket and print the answers, one process after
-//! the other, each with a time limit ([`TIMEOUT`]). Registry entries of processes that are
+//! one JSON request per process over that socket, to all of them at once (up to
+//! [`control::MAX_IN_FLIGHT`] in flight, see [`ask`]), and print the answers, each with a
+//! time limit ([`TIMEOUT`]). Registry entries of processes that are
 //! gone are cleaned on the way, so a killed process disappears from every listing. `doctor`
 //! only reads the host's configuration.
 //!
@@ -29,7 +30,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use softwarp_ras::control::{self, ClientError, Reply, Request};
+use softwarp_ras::control::{self, ClientError, Concurrently, Reply, Request};
+use softwarp_ras::deadline::Deadline;
 use softwarp_ras::registry::{HostRegistry, ProcessEntry};
 
 /// How long one process may take to answer one request.
@@ -106,13 +108,29 @@ pub struct Answer {
     pub reply: Result<Reply, ClientError>,
 }
 
-/// Sends `req` to each of `entries`, one after the other.
+/// Sends `req` to each of `entries`, all at once ([`control::ask_concurrently`]: up to
+/// [`control::MAX_IN_FLIGHT`] requests in flight, one `poll`): the time is the slowest
+/// process's, not the sum. Each process has [`TIMEOUT`] to answer; answers are in the
+/// entries' order.
 pub fn ask(entries: &[ProcessEntry], req: &Request) -> Vec<Answer> {
+    // Enough for every round of MAX_IN_FLIGHT processes to take its whole TIMEOUT.
+    let rounds = entries.len().div_ceil(control::MAX_IN_FLIGHT).max(1);
+    let how = Concurrently {
+        deadline: Deadline::after(
+            TIMEOUT.saturating_mul(u32::try_from(rounds).unwrap_or(u32::MAX))
+                + Duration::from_secs(1),
+        ),
+        per_request: TIMEOUT,
+        essential: entries.len(),
+        grace: Duration::ZERO,
+        max_reply: control::MAX_REPLY_LINE,
+    };
     entries
         .iter()
-        .map(|entry| Answer {
+        .zip(control::ask_concurrently(entries, req, &how))
+        .map(|(entry, reply)| Answer {
             entry: entry.clone(),
-            reply: control::request_entry(entry, req, TIMEOUT),
+            reply,
         })
         .collect()
 }

@@ -1,6 +1,10 @@
 //! `softwarp resources`: every device, PD, MR, CQ, SRQ, QP and listener of every Softwarp
 //! process on the host, like `rdma resource show`: owner pid and name, state, local and peer
 //! addresses, the source line that created it, and live details; memory per table.
+//!
+//! A process with more than [`ROWS_LIMIT`] resources answers with its counts per kind only
+//! (one line per device), unless `--kind`, `--id` or `--all` asks for rows: the filters are
+//! applied in the process, so only the rows asked for are described, sent and sorted.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -13,12 +17,22 @@ use softwarp_ras::tracker::{KindUsage, ResourceInfo, ResourceKind};
 use super::table::Table;
 use super::{ask, human_bytes, processes, report_failures, Failure, Select};
 
+/// Most resources a process lists by default; above this it gives its counts per kind.
+pub const ROWS_LIMIT: usize = 1000;
+
 /// Options of `softwarp resources`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ResourcesArgs {
     /// Only resources of this kind (device, pd, mr, mw, cq, qp, srq, listener, cm_id).
     #[arg(long)]
     pub kind: Option<ResourceKind>,
+    /// Only the resource with this id (QP number, CQ id, STag ...).
+    #[arg(long)]
+    pub id: Option<u64>,
+    /// A row for every resource, however many (by default a process with more than 1000
+    /// answers with its counts per kind).
+    #[arg(long)]
+    pub all: bool,
     /// Which processes.
     #[command(flatten)]
     pub select: Select,
@@ -54,15 +68,40 @@ pub struct Listing {
     pub resources: Vec<ResourceInfo>,
     /// Memory per process and device.
     pub memory: Vec<ProcessMemory>,
+    /// Processes that listed no rows because they hold more than [`ROWS_LIMIT`] resources.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub summarized: Vec<Summarized>,
     /// Processes that did not answer.
     pub errors: Vec<Failure>,
+}
+
+/// A process that gave counts instead of rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Summarized {
+    /// The process.
+    pub pid: u32,
+    /// Its name.
+    pub process: String,
+    /// Resources it did not list.
+    pub omitted: u64,
+}
+
+/// The request `args` make: rows of their kind and id; without a filter, at most
+/// [`ROWS_LIMIT`] unless `--all`.
+pub fn request(args: &ResourcesArgs) -> Request {
+    let filtered = args.kind.is_some() || args.id.is_some();
+    Request::Resources {
+        kind: args.kind,
+        id: args.id,
+        max: (!filtered && !args.all).then_some(ROWS_LIMIT),
+    }
 }
 
 /// Gathers the answers of the selected processes, keeping resources of `kind` only.
 pub fn gather(args: &ResourcesArgs, err: &mut dyn Write) -> Result<Listing> {
     let entries = processes(&args.select, err)?;
     let mut listing = Listing::default();
-    for a in ask(&entries, &Request::Resources) {
+    for a in ask(&entries, &request(args)) {
         let result: ResourcesResult = match a.reply.and_then(|r| r.into_result()) {
             Ok(r) => r,
             Err(e) => {
@@ -70,12 +109,19 @@ pub fn gather(args: &ResourcesArgs, err: &mut dyn Write) -> Result<Listing> {
                 continue;
             }
         };
-        listing.resources.extend(
-            result
-                .resources
-                .into_iter()
-                .filter(|r| args.kind.is_none_or(|k| r.kind == k)),
-        );
+        if result.omitted > 0 {
+            listing.summarized.push(Summarized {
+                pid: a.entry.pid,
+                process: a.entry.name.clone(),
+                omitted: result.omitted,
+            });
+        }
+        // The process filtered already (one of an older version may not have).
+        listing
+            .resources
+            .extend(result.resources.into_iter().filter(|r| {
+                args.kind.is_none_or(|k| r.kind == k) && args.id.is_none_or(|i| r.id == i)
+            }));
         listing
             .memory
             .extend(result.memory.into_iter().map(|m| ProcessMemory {
@@ -204,7 +250,15 @@ pub fn run(args: &ResourcesArgs, out: &mut dyn Write, err: &mut dyn Write) -> Re
         writeln!(out)?;
     } else {
         table(&listing.resources).render(out)?;
-        if args.kind.is_none() {
+        for p in &listing.summarized {
+            writeln!(
+                out,
+                "pid {} ({}): {} resources, more than {ROWS_LIMIT}: counts per kind below \
+                 (--kind, --id or --all for rows)",
+                p.pid, p.process, p.omitted
+            )?;
+        }
+        if args.kind.is_none() || !listing.summarized.is_empty() {
             let lines = memory_lines(&listing.memory);
             if !lines.is_empty() {
                 writeln!(out)?;

@@ -1,17 +1,24 @@
 //! `softwarp stat`: the statistics of every Softwarp process (per QP, CQ and device, TCP_INFO
 //! included), each sample labelled with the process's `pid` and `process` name; as text,
 //! JSON or the Prometheus text format, and with `--watch` as per-second rates.
+//!
+//! Each QP's and CQ's own series come while its device has at most
+//! [`PER_OBJECT_LIMIT`] of them; above that, the device's series (its sums over its QPs
+//! included) only, unless `--qp N` or `--per-qp` asks (the processes choose: see
+//! [`Detail`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use softwarp_ras::control::{ControlClient, Request};
+use softwarp_ras::control::Request;
 use softwarp_ras::registry::ProcessEntry;
-use softwarp_ras::stats::{MetricFamily, MetricType, Sample, StatsSnapshot, Value};
+use softwarp_ras::stats::{
+    Detail, MetricFamily, MetricType, Sample, StatsSnapshot, Value, PER_OBJECT_LIMIT,
+};
 
-use super::{processes, report_failures, Failure, Select, TIMEOUT};
+use super::{ask, processes, report_failures, Failure, Select};
 
 /// Options of `softwarp stat`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -34,6 +41,26 @@ pub struct StatArgs {
     /// Also print samples that are zero (text output).
     #[arg(long)]
     pub all: bool,
+    /// The series of the QP with this number (repeatable), on a device of any size.
+    #[arg(long, value_name = "QPN")]
+    pub qp: Vec<u32>,
+    /// Every QP's and CQ's series, however many (by default only on devices of at most
+    /// 256 QPs; larger ones give their sums over their QPs).
+    #[arg(long, conflicts_with = "qp")]
+    pub per_qp: bool,
+}
+
+impl StatArgs {
+    /// The per-object series asked for.
+    pub fn detail(&self) -> Detail {
+        if self.per_qp {
+            Detail::All
+        } else if !self.qp.is_empty() {
+            Detail::Qps(self.qp.clone())
+        } else {
+            Detail::Auto
+        }
+    }
 }
 
 /// Adds the `pid` and `process` labels of `entry` to every sample of `snap` and moves its
@@ -118,47 +145,51 @@ pub fn rate_lines(rates: &StatsSnapshot, counters: &BTreeSet<String>, all: bool)
     out
 }
 
-struct Watched {
-    entry: ProcessEntry,
-    client: Option<ControlClient>,
-}
-
-impl Watched {
-    fn stats(&mut self) -> Result<StatsSnapshot, String> {
-        let client = match &mut self.client {
-            Some(c) => c,
-            None => {
-                let c = ControlClient::connect_entry(&self.entry, TIMEOUT)
-                    .map_err(|e| e.to_string())?;
-                self.client.insert(c)
-            }
-        };
-        match client
-            .request(&Request::Stats)
-            .and_then(|r| r.into_result())
-        {
-            Ok(s) => Ok(s),
-            Err(e) => {
-                self.client = None;
-                Err(e.to_string())
-            }
-        }
-    }
-}
-
-fn collect(watched: &mut [Watched], failures: &mut Vec<Failure>) -> StatsSnapshot {
+/// Asks every process in `entries` at once and merges their answers; a process that does
+/// not answer is added to `failures` once.
+fn collect(
+    entries: &[ProcessEntry],
+    detail: &Detail,
+    failures: &mut Vec<Failure>,
+) -> StatsSnapshot {
     let mut families = BTreeMap::new();
-    for w in watched.iter_mut() {
-        match w.stats() {
-            Ok(s) => merge_into(&mut families, &w.entry, s),
+    let req = Request::Stats {
+        detail: detail.clone(),
+    };
+    for a in ask(entries, &req) {
+        match a.reply.and_then(|r| r.into_result::<StatsSnapshot>()) {
+            Ok(s) => merge_into(&mut families, &a.entry, s),
             Err(e) => {
-                if !failures.iter().any(|f| f.pid == w.entry.pid) {
-                    failures.push(Failure::new(&w.entry, e));
+                if !failures.iter().any(|f| f.pid == a.entry.pid) {
+                    failures.push(Failure::new(&a.entry, e));
                 }
             }
         }
     }
     finish(families, softwarp_ras::clock::now_unix_ms())
+}
+
+/// QPs whose own series `snap` leaves out (`softwarp_device_qp_series_omitted`).
+pub fn omitted_qps(snap: &StatsSnapshot) -> u64 {
+    snap.families
+        .iter()
+        .filter(|f| f.name == "softwarp_device_qp_series_omitted")
+        .flat_map(|f| &f.samples)
+        .map(|s| s.value.as_f64() as u64)
+        .sum()
+}
+
+/// Says on `err` that per-QP series were left out, and how to get them.
+fn note_omitted(snap: &StatsSnapshot, err: &mut dyn Write) {
+    let n = omitted_qps(snap);
+    if n > 0 {
+        let _ = writeln!(
+            err,
+            "softwarp: the series of {n} QPs are left out (devices of more than \
+             {PER_OBJECT_LIMIT} QPs give their sums, softwarp_device_qp_*): \
+             --qp N or --per-qp for them"
+        );
+    }
 }
 
 fn print_snapshot(args: &StatArgs, snap: &StatsSnapshot, out: &mut dyn Write) -> Result<()> {
@@ -178,29 +209,25 @@ fn print_snapshot(args: &StatArgs, snap: &StatsSnapshot, out: &mut dyn Write) ->
 /// Runs `softwarp stat`; returns the exit status.
 pub fn run(args: &StatArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<u8> {
     let entries = processes(&args.select, err)?;
-    let mut watched: Vec<Watched> = entries
-        .into_iter()
-        .map(|entry| Watched {
-            entry,
-            client: None,
-        })
-        .collect();
+    let detail = args.detail();
     let mut failures = Vec::new();
     let Some(secs) = args.watch else {
-        let snap = collect(&mut watched, &mut failures);
+        let snap = collect(&entries, &detail, &mut failures);
         print_snapshot(args, &snap, out)?;
+        note_omitted(&snap, err);
         return Ok(report_failures(err, &failures));
     };
     if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
         bail!("--watch needs an interval between 0 and 86400 seconds, not {secs}");
     }
     let interval = Duration::from_secs_f64(secs);
-    let mut before = collect(&mut watched, &mut failures);
+    let mut before = collect(&entries, &detail, &mut failures);
+    note_omitted(&before, err);
     let mut at = Instant::now();
     let mut n = 0u64;
     while args.count.is_none_or(|c| n < c) {
         std::thread::sleep(interval);
-        let now = collect(&mut watched, &mut failures);
+        let now = collect(&entries, &detail, &mut failures);
         let now_at = Instant::now();
         let rates = now.rates(&before, now_at.saturating_duration_since(at));
         let counters: BTreeSet<String> = now

@@ -225,6 +225,7 @@ mod tests {
             &ResourcesResult {
                 resources: vec![res],
                 memory: vec![],
+                omitted: 0,
             },
         )
         .unwrap();

@@ -485,6 +485,116 @@ fn resources_lists_the_qps_of_a_process_until_it_is_killed() {
 }
 
 #[test]
+fn a_process_of_many_qps_gives_counts_and_the_rows_and_series_asked_for() {
+    // More resources than the CLI lists by default (1,000 per process).
+    const QPS: usize = 1_100;
+    let dir = RuntimeDir::new("many");
+    let mut peer = Peer::spawn(&dir.0, &format!("many {QPS}"));
+    let line = peer.line();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(f[0], "many", "{line}");
+    let (device, qpn) = (f[1], f[2]);
+    let pid = peer.pid().to_string();
+
+    // By default: no rows, the counts per kind, and how to get rows.
+    let table = ok(&dir.0, &["resources", "--pid", &pid]);
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.starts_with(&pid) && l.contains(" qp "))
+            .count(),
+        0,
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!("{} resources, more than 1000", QPS + 3)),
+        "{table}"
+    );
+    assert!(table.contains(&format!("qp {QPS} (")), "{table}");
+    // Filtered in the process: the rows of one kind, or one QP.
+    let pds: Json = serde_json::from_str(&ok(
+        &dir.0,
+        &["resources", "--pid", &pid, "--kind", "pd", "--json"],
+    ))
+    .unwrap();
+    assert_eq!(pds["resources"].as_array().unwrap().len(), 1, "{pds}");
+    let one: Json = serde_json::from_str(&ok(
+        &dir.0,
+        &[
+            "resources",
+            "--pid",
+            &pid,
+            "--kind",
+            "qp",
+            "--id",
+            qpn,
+            "--json",
+        ],
+    ))
+    .unwrap();
+    let rows = one["resources"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{one}");
+    assert_eq!(rows[0]["id"].as_u64().unwrap().to_string(), qpn);
+    let all: Json = serde_json::from_str(&ok(
+        &dir.0,
+        &["resources", "--pid", &pid, "--all", "--json"],
+    ))
+    .unwrap();
+    assert_eq!(all["resources"].as_array().unwrap().len(), QPS + 3);
+
+    // stat: the device's sums, no QP's own series, unless asked for by number.
+    let r = softwarp(&dir.0, &["stat", "--pid", &pid, "--json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let stats: Json = serde_json::from_str(&r.stdout).unwrap();
+    let samples = |s: &Json, name: &str| -> Vec<Json> {
+        s["families"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["name"] == name)
+            .flat_map(|f| f["samples"].as_array().unwrap().clone())
+            .collect()
+    };
+    assert!(samples(&stats, "softwarp_qp_tx_messages_total").is_empty());
+    let omitted = samples(&stats, "softwarp_device_qp_series_omitted");
+    assert_eq!(omitted.len(), 1, "{omitted:?}");
+    assert_eq!(omitted[0]["labels"]["device"], device);
+    assert_eq!(omitted[0]["value"], QPS as u64);
+    assert!(r.stderr.contains("--qp N or --per-qp"), "{}", r.stderr);
+    let one: Json =
+        serde_json::from_str(&ok(&dir.0, &["stat", "--pid", &pid, "--qp", qpn, "--json"])).unwrap();
+    let tx = samples(&one, "softwarp_qp_tx_messages_total");
+    assert_eq!(tx.len(), 8, "one QP's series, per operation: {tx:?}");
+    assert!(tx.iter().all(|s| s["labels"]["qpn"] == qpn));
+    peer.finish();
+}
+
+#[test]
+fn the_cli_asks_every_process_at_once() {
+    // Each process answers only once all of them have been asked (or after 10 s): asked
+    // one after the other, the first would not answer within the CLI's 3 s.
+    const N: usize = 3;
+    let dir = RuntimeDir::new("gate");
+    let mut peers: Vec<Peer> = (0..N)
+        .map(|_| Peer::spawn(&dir.0, &format!("gate {N}")))
+        .collect();
+    for p in &peers {
+        assert_eq!(p.line(), "ready");
+    }
+    let r = softwarp(&dir.0, &["resources", "--json"]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let listing: Json = serde_json::from_str(&r.stdout).unwrap();
+    let memory = listing["memory"].as_array().unwrap();
+    assert_eq!(memory.len(), N, "{listing}");
+    for m in memory {
+        assert_eq!(m["tracker"], format!("saw {N} asked"), "{listing}");
+    }
+    for p in &mut peers {
+        p.finish();
+    }
+}
+
+#[test]
 fn fault_inject_fails_a_device_and_the_holders_are_named_with_their_lines() {
     let dir = RuntimeDir::new("fault");
     let mut peer = Peer::spawn(&dir.0, "sends 1 64");
@@ -962,6 +1072,79 @@ mod child {
         }
     }
 
+    /// `many N`: N QPs on one device (not connected), idle until stdin closes.
+    pub fn many(n: usize) {
+        let stop = stop_flag();
+        let dev = Device::open_default().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(16, None).unwrap();
+        let qps: Vec<QueuePair> = (0..n)
+            .map(|_| pd.create_qp(&QpInitAttr::new(&cq, &cq)).unwrap())
+            .collect();
+        say(&format!(
+            "many {} {}",
+            dev.instance_name(),
+            qps[n / 2].qp_num()
+        ));
+        let until = Instant::now() + LIFETIME;
+        while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `gate N`: a control socket whose `resources` answers once N processes of the
+    /// runtime directory were asked (each leaves a file there), or after 10 s; its one
+    /// table is named `saw <count> asked`.
+    pub fn gate(n: usize) {
+        use softwarp_ras::control::{ControlHandler, ResourcesResult};
+        use softwarp_ras::service::{self, ServiceConfig};
+        use softwarp_ras::tracker::{MemoryUsage, ResourceFilter};
+        use std::path::PathBuf;
+
+        struct Gate {
+            dir: PathBuf,
+            n: usize,
+        }
+        impl ControlHandler for Gate {
+            fn resources(&self, _: &ResourceFilter) -> ResourcesResult {
+                let mine = self.dir.join(format!("asked-{}", std::process::id()));
+                std::fs::write(&mine, b"").unwrap();
+                let count = || {
+                    std::fs::read_dir(&self.dir)
+                        .unwrap()
+                        .filter_map(Result::ok)
+                        .filter(|e| e.file_name().to_string_lossy().starts_with("asked-"))
+                        .count()
+                };
+                let until = Instant::now() + Duration::from_secs(10);
+                while count() < self.n && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                ResourcesResult {
+                    memory: vec![MemoryUsage {
+                        tracker: format!("saw {} asked", count()),
+                        ..MemoryUsage::default()
+                    }],
+                    ..ResourcesResult::default()
+                }
+            }
+        }
+        let stop = stop_flag();
+        let dir = PathBuf::from(std::env::var_os("SOFTWARP_RUNTIME_DIR").unwrap());
+        let config = ServiceConfig {
+            runtime_dir: Some(dir.clone()),
+            ..ServiceConfig::default()
+        };
+        let svc = service::start(&config, Arc::new(Gate { dir, n }));
+        assert!(svc.problems().is_empty(), "{:?}", svc.problems());
+        say("ready");
+        let until = Instant::now() + LIFETIME;
+        while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(svc);
+    }
+
     /// `leak`: closes the device while a QP (and its CQ) are still allocated.
     pub fn leak() {
         let stop = stop_flag();
@@ -993,6 +1176,8 @@ fn child_process() {
         ["traffic"] => child::traffic(),
         ["sends", n, len] => child::sends(n.parse().unwrap(), len.parse().unwrap()),
         ["leak"] => child::leak(),
+        ["many", n] => child::many(n.parse().unwrap()),
+        ["gate", n] => child::gate(n.parse().unwrap()),
         ["terminate"] => child::terminate(),
         _ => panic!("unknown child mode {mode:?}"),
     }

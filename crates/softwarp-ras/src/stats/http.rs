@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::Detail;
 use crate::deadline::Deadline;
 use crate::sys;
 
@@ -25,7 +26,7 @@ const MAX_REQUEST_HEAD: usize = 8 * 1024;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
 
-type Render = dyn Fn() -> String + Send + Sync;
+type Render = dyn Fn(&Detail) -> String + Send + Sync;
 
 /// A running metrics endpoint; stops (and joins its thread) when dropped.
 pub struct MetricsServer {
@@ -57,6 +58,16 @@ impl MetricsServer {
     pub fn start(
         addr: SocketAddr,
         render: impl Fn() -> String + Send + Sync + 'static,
+    ) -> io::Result<Self> {
+        Self::start_detailed(addr, move |_: &Detail| render())
+    }
+
+    /// Serves `render(detail)` at `http://<addr>/metrics`, the [`Detail`] from the query
+    /// ([`Detail::from_query`]: `/metrics?qp=7`, `/metrics?per_qp=1`; none is
+    /// [`Detail::Auto`]).
+    pub fn start_detailed(
+        addr: SocketAddr,
+        render: impl Fn(&Detail) -> String + Send + Sync + 'static,
     ) -> io::Result<Self> {
         let listener = TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
@@ -114,7 +125,7 @@ fn serve(listener: &TcpListener, stop: &AtomicBool, render: &Render) {
 /// What a request asks for.
 #[derive(Debug, PartialEq, Eq)]
 enum Route {
-    Metrics { head_only: bool },
+    Metrics { head_only: bool, detail: Detail },
     NotFound,
     MethodNotAllowed,
     BadRequest,
@@ -136,14 +147,17 @@ fn route(head: &[u8]) -> Route {
     if parts.next().is_some() || !version.starts_with("HTTP/1.") {
         return Route::BadRequest;
     }
-    let path = target.split('?').next().unwrap_or(target);
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let head_only = match method {
         "GET" => false,
         "HEAD" => true,
         _ => return Route::MethodNotAllowed,
     };
     if path == "/metrics" {
-        Route::Metrics { head_only }
+        Route::Metrics {
+            head_only,
+            detail: Detail::from_query(query),
+        }
     } else {
         Route::NotFound
     }
@@ -200,9 +214,9 @@ fn handle(mut stream: TcpStream, render: &Render) -> io::Result<()> {
         None => Route::BadRequest,
     };
     let (status, ctype, body, head_only) = match route {
-        Route::Metrics { head_only } => {
+        Route::Metrics { head_only, detail } => {
             // A panicking collector must not take the endpoint down.
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(render)) {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| render(&detail))) {
                 Ok(text) => ("200 OK", PROMETHEUS_CONTENT_TYPE, text, head_only),
                 Err(_) => (
                     "500 Internal Server Error",
@@ -252,17 +266,34 @@ mod tests {
 
     #[test]
     fn request_lines_route_to_metrics_or_errors() {
+        let auto = Detail::Auto;
         assert_eq!(
             route(b"GET /metrics HTTP/1.1\r\nHost: x"),
-            Route::Metrics { head_only: false }
+            Route::Metrics {
+                head_only: false,
+                detail: auto.clone()
+            }
         );
         assert_eq!(
             route(b"GET /metrics?x=1 HTTP/1.0"),
-            Route::Metrics { head_only: false }
+            Route::Metrics {
+                head_only: false,
+                detail: auto.clone()
+            }
+        );
+        assert_eq!(
+            route(b"GET /metrics?qp=12 HTTP/1.0"),
+            Route::Metrics {
+                head_only: false,
+                detail: Detail::Qps(vec![12])
+            }
         );
         assert_eq!(
             route(b"HEAD /metrics HTTP/1.0"),
-            Route::Metrics { head_only: true }
+            Route::Metrics {
+                head_only: true,
+                detail: auto
+            }
         );
         assert_eq!(route(b"GET / HTTP/1.0"), Route::NotFound);
         assert_eq!(route(b"POST /metrics HTTP/1.0"), Route::MethodNotAllowed);

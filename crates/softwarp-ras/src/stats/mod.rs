@@ -123,12 +123,82 @@ pub struct StatsSnapshot {
     pub conflicts: Vec<String>,
 }
 
+/// A device with at most this many QPs (CQs) gives the series of each of them under
+/// [`Detail::Auto`]; above it, only the device's own series and its sums over the QPs.
+pub const PER_OBJECT_LIMIT: usize = 256;
+
+/// Which per-object series (each QP's, each CQ's) a collection carries. The series of a
+/// device itself (its resource counts, progress thread, sums over its QPs) are always
+/// there: at 100,000 QPs the per-QP series are millions of samples, which no answer
+/// carries in a second.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Detail {
+    /// Each QP's and CQ's series while their device has at most [`PER_OBJECT_LIMIT`] of
+    /// them (the QPs and the CQs are counted apart).
+    #[default]
+    Auto,
+    /// Every QP's and CQ's series, however many.
+    All,
+    /// The series of the QPs with these numbers only (on any device), no CQ's.
+    Qps(Vec<u32>),
+}
+
+impl Detail {
+    /// Whether this is [`Detail::Auto`] (what a request leaves out).
+    pub fn is_auto(&self) -> bool {
+        *self == Detail::Auto
+    }
+
+    /// Whether a QP numbered `qpn` on a device of `qps` QPs has its series.
+    pub fn wants_qp(&self, qpn: u32, qps: usize) -> bool {
+        match self {
+            Detail::Auto => qps <= PER_OBJECT_LIMIT,
+            Detail::All => true,
+            Detail::Qps(list) => list.contains(&qpn),
+        }
+    }
+
+    /// Whether each CQ of a device of `cqs` CQs has its series.
+    pub fn wants_cqs(&self, cqs: usize) -> bool {
+        match self {
+            Detail::Auto => cqs <= PER_OBJECT_LIMIT,
+            Detail::All => true,
+            Detail::Qps(_) => false,
+        }
+    }
+
+    /// The detail a metrics endpoint's query asks for: `qp=N` (repeatable) for those QPs,
+    /// `per_qp=1` (or `detail=all`) for every QP, anything else [`Detail::Auto`].
+    pub fn from_query(query: &str) -> Self {
+        let mut qps = Vec::new();
+        for pair in query.split('&') {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match (k, v) {
+                ("per_qp", "1" | "true" | "yes") | ("detail", "all") => return Detail::All,
+                ("qp", n) => {
+                    if let Ok(n) = n.parse() {
+                        qps.push(n);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if qps.is_empty() {
+            Detail::Auto
+        } else {
+            Detail::Qps(qps)
+        }
+    }
+}
+
 /// Collects samples into families (one `# HELP`/`# TYPE` per name), cleaning names so the
-/// output is always valid.
+/// output is always valid; carries the [`Detail`] the sources honour.
 #[derive(Debug, Default)]
 pub struct StatsBuilder {
     families: BTreeMap<String, MetricFamily>,
     conflicts: Vec<String>,
+    detail: Detail,
 }
 
 /// Replaces characters not allowed in a metric name (`[a-zA-Z_:][a-zA-Z0-9_:]*`) or, with
@@ -154,9 +224,22 @@ pub fn sanitize_name(name: &str, colon: bool) -> String {
 }
 
 impl StatsBuilder {
-    /// An empty builder.
+    /// An empty builder (with [`Detail::Auto`]).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty builder whose sources give the per-object series `detail` names.
+    pub fn with_detail(detail: Detail) -> Self {
+        Self {
+            detail,
+            ..Self::default()
+        }
+    }
+
+    /// Which per-object series the sources are to add.
+    pub fn detail(&self) -> &Detail {
+        &self.detail
     }
 
     fn add(
@@ -359,16 +442,22 @@ pub fn register_source(source: Weak<dyn StatsSource>) {
     all.push(source);
 }
 
-/// Collects every live source registered with [`register_source`] (the control socket's
-/// `stats` and the metrics endpoint use this).
+/// Collects every live source registered with [`register_source`], with every per-object
+/// series ([`Detail::All`]).
 pub fn collect_all() -> StatsSnapshot {
+    collect(&Detail::All)
+}
+
+/// Collects every live source registered with [`register_source`], with the per-object
+/// series of `detail` (the control socket's `stats` and the metrics endpoint use this).
+pub fn collect(detail: &Detail) -> StatsSnapshot {
     // Sources are called without the registry lock, so a source may register another.
     let live: Vec<_> = {
         let mut all = sources();
         all.retain(|w| w.strong_count() > 0);
         all.iter().filter_map(Weak::upgrade).collect()
     };
-    let mut b = StatsBuilder::new();
+    let mut b = StatsBuilder::with_detail(detail.clone());
     for s in live {
         s.collect(&mut b);
     }
@@ -425,6 +514,26 @@ mod tests {
         assert_eq!(sanitize_name("a:b", false), "a_b");
         assert_eq!(sanitize_name("", false), "_");
         assert_eq!(sanitize_name("qpé", false), "qp_");
+    }
+
+    #[test]
+    fn detail_picks_per_object_series_by_count_or_number() {
+        let auto = Detail::default();
+        assert!(auto.wants_qp(7, PER_OBJECT_LIMIT));
+        assert!(!auto.wants_qp(7, PER_OBJECT_LIMIT + 1));
+        assert!(auto.wants_cqs(1) && !auto.wants_cqs(PER_OBJECT_LIMIT + 1));
+        assert!(Detail::All.wants_qp(7, 100_000) && Detail::All.wants_cqs(100_000));
+        let some = Detail::Qps(vec![7]);
+        assert!(some.wants_qp(7, 100_000) && !some.wants_qp(8, 1) && !some.wants_cqs(1));
+        assert_eq!(Detail::from_query(""), Detail::Auto);
+        assert_eq!(Detail::from_query("qp=7&qp=9&x=1"), Detail::Qps(vec![7, 9]));
+        assert_eq!(Detail::from_query("per_qp=1"), Detail::All);
+        assert_eq!(Detail::from_query("detail=all&qp=3"), Detail::All);
+        assert_eq!(
+            serde_json::to_string(&Detail::Qps(vec![5])).unwrap(),
+            r#"{"qps":[5]}"#
+        );
+        assert_eq!(serde_json::to_string(&Detail::All).unwrap(), r#""all""#);
     }
 
     #[test]

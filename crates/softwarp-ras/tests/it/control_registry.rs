@@ -15,9 +15,9 @@ use softwarp_ras::control::{
     ProcessInfo, Reply, Request, ResourcesResult, MAX_CONNECTIONS,
 };
 use softwarp_ras::registry::{HostRegistry, Liveness, ProcessEntry};
-use softwarp_ras::stats::{StatsBuilder, StatsSnapshot, Value};
+use softwarp_ras::stats::{Detail, StatsBuilder, StatsSnapshot, Value};
 use softwarp_ras::trace::{FlightRecorderDump, TraceLevels};
-use softwarp_ras::tracker::{ResourceKind, Tracker};
+use softwarp_ras::tracker::{ResourceFilter, ResourceKind, Tracker};
 
 use crate::common;
 
@@ -115,13 +115,14 @@ struct TestHandler {
 }
 
 impl ControlHandler for TestHandler {
-    fn resources(&self) -> ResourcesResult {
+    fn resources(&self, _: &ResourceFilter) -> ResourcesResult {
         ResourcesResult {
             resources: self.tracker.resources(),
             memory: vec![self.tracker.memory()],
+            omitted: 0,
         }
     }
-    fn stats(&self) -> StatsSnapshot {
+    fn stats(&self, _: &Detail) -> StatsSnapshot {
         let mut b = StatsBuilder::new();
         b.counter(
             "softwarp_qp_tx_messages_total",
@@ -148,11 +149,11 @@ fn the_control_socket_answers_a_client_in_another_thread() {
         let mut c = ControlClient::connect(client_path, T).unwrap();
         let info: ProcessInfo = c.request(&Request::Info).unwrap().into_result().unwrap();
         let res: ResourcesResult = c
-            .request(&Request::Resources)
+            .request(&Request::all_resources())
             .unwrap()
             .into_result()
             .unwrap();
-        let stats: StatsSnapshot = c.request(&Request::Stats).unwrap().into_result().unwrap();
+        let stats: StatsSnapshot = c.request(&Request::stats()).unwrap().into_result().unwrap();
         let levels: TraceLevels = c
             .request(&Request::TraceGet)
             .unwrap()
@@ -319,7 +320,7 @@ fn the_cli_path_queries_every_registered_process() {
 struct Panicky;
 
 impl ControlHandler for Panicky {
-    fn stats(&self) -> StatsSnapshot {
+    fn stats(&self, _: &Detail) -> StatsSnapshot {
         panic!("a collector bug");
     }
 }
@@ -330,7 +331,7 @@ fn a_panicking_handler_gets_an_error_reply_and_the_socket_keeps_serving() {
     let path = dir.path().join("ctl.sock");
     let _server = ControlServer::start(&path, Arc::new(Panicky)).unwrap();
     let mut c = ControlClient::connect(&path, T).unwrap();
-    let r = c.request(&Request::Stats).unwrap();
+    let r = c.request(&Request::stats()).unwrap();
     assert!(!r.ok);
     assert!(r.error.unwrap().contains("panicked"));
     assert!(

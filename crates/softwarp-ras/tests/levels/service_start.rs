@@ -93,7 +93,7 @@ fn a_started_service_is_found_and_driven_over_its_control_socket() {
         "the change itself is recorded (level 2)"
     );
 
-    let res: ResourcesResult = query_all(&reg, &Request::Resources, T)
+    let res: ResourcesResult = query_all(&reg, &Request::all_resources(), T)
         .unwrap()
         .remove(0)
         .reply

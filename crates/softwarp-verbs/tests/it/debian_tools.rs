@@ -2848,7 +2848,8 @@ fn connected_qps(
     loop {
         let mut qps = Vec::new();
         for entry in registry.live().expect("read the registry") {
-            let Ok(reply) = request_entry(&entry, &Request::Resources, Duration::from_secs(3))
+            let Ok(reply) =
+                request_entry(&entry, &Request::all_resources(), Duration::from_secs(3))
             else {
                 continue;
             };

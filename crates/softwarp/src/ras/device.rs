@@ -9,6 +9,7 @@ use softwarp_ras::stats::{StatsBuilder, StatsSource};
 use softwarp_ras::sw_event;
 use softwarp_ras::tracker::{DescribeResource, ResourceDetails, ResourceKind};
 
+use super::qp::QpSums;
 use crate::instrument::{attrs, Tracked};
 use crate::verbs::device::DeviceShared;
 
@@ -206,11 +207,27 @@ impl StatsSource for DeviceShared {
         for (name, help, v) in counters {
             out.counter(name, help, &labels, v);
         }
-        for qp in self.live_qps() {
-            qp.ras_view().collect(out, dev);
+        // Each QP's series only as the builder's detail asks (at 100,000 QPs they are
+        // millions of samples); the sums over all of them always.
+        let detail = out.detail().clone();
+        let qps = self.live_qps();
+        let mut sums = QpSums::default();
+        for qp in &qps {
+            if detail.wants_qp(qp.qp_num(), qps.len()) {
+                let view = qp.ras_view();
+                sums.add(&view.counters());
+                view.collect(out, dev);
+            } else {
+                sums.add(&qp.counters_view());
+                sums.omitted += 1;
+            }
         }
-        for cq in self.cqs.live() {
-            cq.ras_view().collect(out, dev);
+        sums.collect(out, dev);
+        let cqs = self.cqs.live();
+        if detail.wants_cqs(cqs.len()) {
+            for cq in cqs {
+                cq.ras_view().collect(out, dev);
+            }
         }
     }
 }

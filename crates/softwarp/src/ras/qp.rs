@@ -22,7 +22,7 @@ use softwarp_wire::rdmap::TerminateError;
 use crate::instrument::{state_name, QpRas};
 use crate::sync::lock;
 use crate::verbs::qp::options::ConnectionInfo;
-use crate::verbs::qp::view::QpView;
+use crate::verbs::qp::view::{QpCountersView, QpView};
 use crate::verbs::qp::QpShared;
 
 impl QpRas {
@@ -334,76 +334,7 @@ impl QpView {
         let s = &self.stats;
         collect_ops(out, "tx", "sent", &s.tx, &labels);
         collect_ops(out, "rx", "received", &s.rx, &labels);
-        let counters: [(&str, &str, u64); 15] = [
-            ("softwarp_qp_tx_fpdus_total", "FPDUs sent.", s.tx_fpdus),
-            ("softwarp_qp_rx_fpdus_total", "FPDUs received.", s.rx_fpdus),
-            (
-                "softwarp_qp_tx_stream_bytes_total",
-                "Bytes handed to TCP, all framing included.",
-                s.tx_stream_bytes,
-            ),
-            (
-                "softwarp_qp_rx_stream_bytes_total",
-                "Bytes consumed from TCP, all framing included.",
-                s.rx_stream_bytes,
-            ),
-            (
-                "softwarp_qp_rx_staged_payload_bytes_total",
-                "Payload bytes read ahead into a staging buffer and copied to their destination (the rest was read straight into it).",
-                s.rx_staged_payload_bytes,
-            ),
-            (
-                "softwarp_qp_rx_early_bytes_total",
-                "Send payload bytes read into the next posted receive before their header was read, then confirmed by it.",
-                s.rx_early_bytes,
-            ),
-            (
-                "softwarp_qp_rx_early_missed_bytes_total",
-                "Bytes read early into a posted receive that their header sent elsewhere (copied out again).",
-                s.rx_early_missed_bytes,
-            ),
-            (
-                "softwarp_qp_rx_run_fpdus_total",
-                "FPDUs in the middle of a message taken by comparing their header with the one before (still validated and CRC-checked).",
-                s.rx_run_fpdus,
-            ),
-            (
-                "softwarp_qp_crc_errors_total",
-                "FPDUs whose CRC did not match.",
-                s.crc_errors,
-            ),
-            (
-                "softwarp_qp_tx_markers_total",
-                "MPA markers sent.",
-                s.tx_markers,
-            ),
-            (
-                "softwarp_qp_rx_markers_total",
-                "MPA markers received and checked.",
-                s.rx_markers,
-            ),
-            (
-                "softwarp_qp_terminates_sent_total",
-                "Terminate messages sent.",
-                s.terminates_sent,
-            ),
-            (
-                "softwarp_qp_terminates_received_total",
-                "Terminate messages received.",
-                s.terminates_received,
-            ),
-            (
-                "softwarp_qp_flushed_total",
-                "Work requests completed with a flush status.",
-                s.flushed,
-            ),
-            (
-                "softwarp_qp_events_lost_total",
-                "Asynchronous events that did not fit the QP's event ring.",
-                s.events_lost,
-            ),
-        ];
-        for (name, help, v) in counters {
+        for (name, help, v) in scalar_counters(s) {
             out.counter(name, help, &labels, v);
         }
         out.gauge_int(
@@ -441,6 +372,180 @@ impl QpView {
         );
         if let Some(t) = &self.tcp {
             t.collect_into(out, &labels);
+        }
+    }
+}
+
+/// The engine's scalar counters of a QP: metric name, help, value.
+fn scalar_counters(s: &QpStats) -> [(&'static str, &'static str, u64); 15] {
+    [
+        ("softwarp_qp_tx_fpdus_total", "FPDUs sent.", s.tx_fpdus),
+        ("softwarp_qp_rx_fpdus_total", "FPDUs received.", s.rx_fpdus),
+        (
+            "softwarp_qp_tx_stream_bytes_total",
+            "Bytes handed to TCP, all framing included.",
+            s.tx_stream_bytes,
+        ),
+        (
+            "softwarp_qp_rx_stream_bytes_total",
+            "Bytes consumed from TCP, all framing included.",
+            s.rx_stream_bytes,
+        ),
+        (
+            "softwarp_qp_rx_staged_payload_bytes_total",
+            "Payload bytes read ahead into a staging buffer and copied to their destination (the rest was read straight into it).",
+            s.rx_staged_payload_bytes,
+        ),
+        (
+            "softwarp_qp_rx_early_bytes_total",
+            "Send payload bytes read into the next posted receive before their header was read, then confirmed by it.",
+            s.rx_early_bytes,
+        ),
+        (
+            "softwarp_qp_rx_early_missed_bytes_total",
+            "Bytes read early into a posted receive that their header sent elsewhere (copied out again).",
+            s.rx_early_missed_bytes,
+        ),
+        (
+            "softwarp_qp_rx_run_fpdus_total",
+            "FPDUs in the middle of a message taken by comparing their header with the one before (still validated and CRC-checked).",
+            s.rx_run_fpdus,
+        ),
+        (
+            "softwarp_qp_crc_errors_total",
+            "FPDUs whose CRC did not match.",
+            s.crc_errors,
+        ),
+        (
+            "softwarp_qp_tx_markers_total",
+            "MPA markers sent.",
+            s.tx_markers,
+        ),
+        (
+            "softwarp_qp_rx_markers_total",
+            "MPA markers received and checked.",
+            s.rx_markers,
+        ),
+        (
+            "softwarp_qp_terminates_sent_total",
+            "Terminate messages sent.",
+            s.terminates_sent,
+        ),
+        (
+            "softwarp_qp_terminates_received_total",
+            "Terminate messages received.",
+            s.terminates_received,
+        ),
+        (
+            "softwarp_qp_flushed_total",
+            "Work requests completed with a flush status.",
+            s.flushed,
+        ),
+        (
+            "softwarp_qp_events_lost_total",
+            "Asynchronous events that did not fit the QP's event ring.",
+            s.events_lost,
+        ),
+    ]
+}
+
+/// Sums over the QPs of a device (`softwarp stat`'s default at any scale: a device's
+/// series, not millions of per-QP ones). Of the live QPs only: a closed QP's counts leave
+/// the sums, so they are gauges.
+#[derive(Debug, Default)]
+pub(crate) struct QpSums {
+    qps: u64,
+    states: BTreeMap<&'static str, u64>,
+    tx: [Counter; 8],
+    rx: [Counter; 8],
+    scalars: [u64; 15],
+    sq: u64,
+    rq: u64,
+    reads: u64,
+    /// QPs whose own series were left out.
+    pub(crate) omitted: u64,
+}
+
+impl QpSums {
+    /// Adds one QP.
+    pub(crate) fn add(&mut self, v: &QpCountersView) {
+        self.qps += 1;
+        *self.states.entry(state_name(v.state)).or_default() += 1;
+        for (sum, c) in [(&mut self.tx, &v.stats.tx), (&mut self.rx, &v.stats.rx)] {
+            for (slot, (_, counter)) in sum.iter_mut().zip(ops(c)) {
+                slot.messages = slot.messages.saturating_add(counter.messages);
+                slot.bytes = slot.bytes.saturating_add(counter.bytes);
+            }
+        }
+        for (slot, (_, _, n)) in self.scalars.iter_mut().zip(scalar_counters(&v.stats)) {
+            *slot = slot.saturating_add(n);
+        }
+        self.sq = self.sq.saturating_add(v.sq as u64);
+        self.rq = self.rq.saturating_add(v.rq as u64);
+        self.reads = self.reads.saturating_add(v.reads as u64);
+    }
+
+    /// The device's `softwarp_device_qp*` series.
+    pub(crate) fn collect(&self, out: &mut StatsBuilder, dev: &str) {
+        let labels = [("device", dev)];
+        for (state, n) in &self.states {
+            out.gauge_int(
+                "softwarp_device_qps",
+                "Live QPs of the device, per state.",
+                &[("device", dev), ("state", state)],
+                *n,
+            );
+        }
+        out.gauge_int(
+            "softwarp_device_qp_series_omitted",
+            "QPs whose own series this answer leaves out (more than the per-QP limit on the \
+             device: ask for them by QP number or for all).",
+            &labels,
+            self.omitted,
+        );
+        let empty = OpCounters::default();
+        for (dir, verb, sums) in [("tx", "sent", &self.tx), ("rx", "received", &self.rx)] {
+            let messages = format!("softwarp_device_qp_{dir}_messages");
+            let bytes = format!("softwarp_device_qp_{dir}_bytes");
+            let messages_help =
+                format!("RDMAP messages {verb} by the device's live QPs, per operation.");
+            let bytes_help =
+                format!("Payload bytes {verb} by the device's live QPs, per RDMAP operation.");
+            for ((op, _), sum) in ops(&empty).into_iter().zip(sums) {
+                let l = [("device", dev), ("op", op)];
+                out.gauge_int(&messages, &messages_help, &l, sum.messages);
+                out.gauge_int(&bytes, &bytes_help, &l, sum.bytes);
+            }
+        }
+        for ((name, help, _), sum) in scalar_counters(&QpStats::default())
+            .into_iter()
+            .zip(self.scalars)
+        {
+            let name = name
+                .replacen("softwarp_qp_", "softwarp_device_qp_", 1)
+                .trim_end_matches("_total")
+                .to_string();
+            let help = format!("Sum over the device's live QPs: {help}");
+            out.gauge_int(&name, &help, &labels, sum);
+        }
+        for (name, help, v) in [
+            (
+                "softwarp_device_qp_rdma_reads_outstanding",
+                "RDMA Reads (and atomics) outstanding, over the device's QPs.",
+                self.reads,
+            ),
+            (
+                "softwarp_device_qp_send_queue_wrs",
+                "Send work requests not yet completed, over the device's QPs.",
+                self.sq,
+            ),
+            (
+                "softwarp_device_qp_recv_queue_wrs",
+                "Receive work requests posted and not yet used, over the device's QPs.",
+                self.rq,
+            ),
+        ] {
+            out.gauge_int(name, help, &labels, v);
         }
     }
 }

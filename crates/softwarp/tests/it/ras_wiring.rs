@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::util::*;
 use softwarp::*;
-use softwarp_ras::stats::{self, StatsSnapshot, Value};
+use softwarp_ras::stats::{self, Detail, StatsSnapshot, Value, PER_OBJECT_LIMIT};
 use softwarp_ras::trace::{self, Record};
 use softwarp_ras::tracker::{self, ResourceInfo, ResourceKind};
 
@@ -105,6 +105,18 @@ fn counters_match_the_traffic_sent_exactly() {
     assert_eq!(
         counter(&snap, "softwarp_qp_rx_bytes_total", &lb),
         (N * S) as u64
+    );
+    // The device's sums over its QPs (the default answer's series at any scale).
+    let sums = stats::collect(&Detail::Auto);
+    let da = [("device", a.dev.instance_name()), ("op", "send")];
+    let db = [("device", b.dev.instance_name()), ("op", "send")];
+    assert_eq!(
+        counter(&sums, "softwarp_device_qp_tx_bytes", &da),
+        (N * S) as u64
+    );
+    assert_eq!(
+        counter(&sums, "softwarp_device_qp_rx_messages", &db),
+        N as u64
     );
     // Nothing was received by the sender, nothing sent by the receiver.
     assert_eq!(counter(&snap, "softwarp_qp_rx_messages_total", &la), 0);
@@ -433,4 +445,77 @@ fn an_injected_device_fault_is_a_device_fatal_record_naming_the_device() {
     }
     wait_state(&a.qp, QpState::Error);
     drop(b);
+}
+
+/// Samples of `name` whose `device` label is `dev`.
+fn samples_of(s: &StatsSnapshot, name: &str, dev: &str) -> usize {
+    s.families
+        .iter()
+        .filter(|f| f.name == name)
+        .flat_map(|f| &f.samples)
+        .filter(|x| x.labels.get("device").map(String::as_str) == Some(dev))
+        .count()
+}
+
+#[test]
+fn a_device_of_many_qps_gives_its_sums_and_the_qps_asked_for() {
+    let dev = Device::open_default().unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16, None).unwrap();
+    let n = PER_OBJECT_LIMIT + 1;
+    let qps: Vec<QueuePair> = (0..n)
+        .map(|_| pd.create_qp(&QpInitAttr::new(&cq, &cq)).unwrap())
+        .collect();
+    let name = dev.instance_name();
+    let per_qp = "softwarp_qp_tx_messages_total";
+
+    // The default: no QP's own series, the device's sums and how many were left out.
+    let auto = stats::collect(&Detail::Auto);
+    assert_eq!(samples_of(&auto, per_qp, name), 0);
+    assert_eq!(samples_of(&auto, "softwarp_qp_info", name), 0);
+    let l = [("device", name)];
+    assert_eq!(
+        counter(&auto, "softwarp_device_qp_series_omitted", &l),
+        n as u64
+    );
+    assert_eq!(
+        counter(
+            &auto,
+            "softwarp_device_qps",
+            &[("device", name), ("state", "IDLE")]
+        ),
+        n as u64
+    );
+    assert_eq!(
+        counter(
+            &auto,
+            "softwarp_device_resources",
+            &[("device", name), ("kind", "qp")]
+        ),
+        n as u64
+    );
+
+    // One QP asked for by number: its series (8 operations), no other QP's.
+    let qpn = qps[7].qp_num();
+    let one = stats::collect(&Detail::Qps(vec![qpn]));
+    assert_eq!(samples_of(&one, per_qp, name), 8);
+    let q = qpn.to_string();
+    assert_eq!(
+        counter(
+            &one,
+            per_qp,
+            &[("device", name), ("qpn", q.as_str()), ("op", "send")]
+        ),
+        0
+    );
+    assert_eq!(
+        counter(&one, "softwarp_device_qp_series_omitted", &l),
+        n as u64 - 1
+    );
+
+    // All of them when asked.
+    let all = stats::collect(&Detail::All);
+    assert_eq!(samples_of(&all, per_qp, name), 8 * n);
+    assert_eq!(counter(&all, "softwarp_device_qp_series_omitted", &l), 0);
+    drop(qps);
 }

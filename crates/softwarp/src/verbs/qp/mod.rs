@@ -72,7 +72,7 @@ use conn::Conn;
 pub(crate) use conn::{ConnObserver, LinkDown};
 use options::ConnectionInfo;
 use pump::TxEnd;
-use view::QpView;
+use view::{QpCountersView, QpView};
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -302,6 +302,19 @@ impl QpShared {
         self.device
             .hooks
             .qp_snapshot(&self.ras, kind, reason, &g.qp, g.info.as_ref(), fd)
+    }
+
+    /// The QP's state, engine counters and queue lengths, copied under its lock: what the
+    /// device's sums over its QPs need (no TCP_INFO sample, no attribute strings).
+    pub(crate) fn counters_view(&self) -> QpCountersView {
+        let g = self.lock();
+        QpCountersView {
+            state: g.qp.state(),
+            stats: *g.qp.stats(),
+            sq: g.qp.sq_len(),
+            rq: g.qp.rq_len(),
+            reads: g.qp.outstanding_reads(),
+        }
     }
 
     /// What RAS reports about the QP (resources, statistics); samples TCP_INFO when due.

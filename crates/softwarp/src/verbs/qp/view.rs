@@ -29,6 +29,29 @@ pub(crate) struct QpView {
     pub(crate) addrs: Option<(SocketAddr, SocketAddr)>,
 }
 
+/// The part of a [`QpView`] the device's sums over its QPs use.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QpCountersView {
+    pub(crate) state: QpState,
+    pub(crate) stats: QpStats,
+    pub(crate) sq: usize,
+    pub(crate) rq: usize,
+    pub(crate) reads: usize,
+}
+
+impl QpView {
+    /// Its counters part.
+    pub(crate) fn counters(&self) -> QpCountersView {
+        QpCountersView {
+            state: self.state,
+            stats: self.stats,
+            sq: self.sq,
+            rq: self.rq,
+            reads: self.reads,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ConnSummary {
     pub(crate) revision: u8,
