@@ -1038,7 +1038,12 @@ impl Output {
             warmup_ms: args.warmup_ms,
             cpus: cpus(),
             load_1m: loadavg(),
-            build: if cfg!(debug_assertions) { "debug" } else { "release" }.into(),
+            build: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            }
+            .into(),
         };
         Self {
             json: args.json,

@@ -777,7 +777,10 @@ mod tests {
             assert!(ch.try_get_cq_event().is_none());
         }
         let reads = reads_of_this_thread() - before;
-        assert!(reads < 10, "{reads} reads for 1000 looks at a quiet channel");
+        assert!(
+            reads < 10,
+            "{reads} reads for 1000 looks at a quiet channel"
+        );
         // An event is still taken, and the eventfd stops being readable with it.
         let dev = crate::Device::builder().open().unwrap();
         let cq = dev.create_cq(4, Some(&ch)).unwrap();

@@ -328,8 +328,8 @@ impl FpduBuild {
                 offset: *off,
                 len: *len,
             });
-        let snapshot = snapped
-            .then(|| TxPiece::Bytes(self.snapshot.get(..self.snap_len).unwrap_or(&[])));
+        let snapshot =
+            snapped.then(|| TxPiece::Bytes(self.snapshot.get(..self.snap_len).unwrap_or(&[])));
         let trailer = TxPiece::Bytes(self.trailer.get(..self.trailer_len).unwrap_or(&[]));
         std::iter::once(hdr)
             .chain(payload)
