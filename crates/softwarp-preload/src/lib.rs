@@ -59,6 +59,9 @@
 //!   every caught signal's handler has `SA_RESTART` (see `restart_after_signal` in the source).
 //!   `poll`, `select` and `epoll_wait` always return `EINTR`, as the kernel's.
 //! - `MSG_PEEK` (with `MSG_DONTWAIT`, `MSG_WAITALL`), `MSG_WAITALL`.
+//! - `MSG_MORE` and `TCP_CORK` hold small writes in the stream (`IwarpStream::set_cork`,
+//!   `write_more_with`); `TCP_CORK` and `TCP_NODELAY` are the stream's, never set on the
+//!   connection's TCP socket.
 //! - A write after the peer closed or after `shutdown(SHUT_WR)`: `EPIPE` and `SIGPIPE`
 //!   (none with `MSG_NOSIGNAL`); after a reset `ECONNRESET`.
 //! - `epoll`: level-triggered, `EPOLLET` (an event is reported once per change: data, the
@@ -438,6 +441,25 @@ pub unsafe extern "C" fn setsockopt(
     }
     let target = match table::stream(fd) {
         Some(s) => {
+            if level == libc::IPPROTO_TCP && (name == libc::TCP_CORK || name == libc::TCP_NODELAY) {
+                // The stream holds or sends its bytes as these say; the connection's own
+                // TCP socket keeps TCP_NODELAY and no cork, or its FPDUs (grants among
+                // them) would wait for Nagle or up to 200 ms.
+                if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
+                    return fail(libc::EINVAL);
+                }
+                // SAFETY: the caller passes `len` >= sizeof(int) readable bytes at `val`.
+                let on = unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) } != 0;
+                let r = if name == libc::TCP_CORK {
+                    s.stream.set_cork(on)
+                } else {
+                    s.stream.set_nodelay(on)
+                };
+                return match r {
+                    Ok(()) => 0,
+                    Err(e) => fail(errno_of(&e)),
+                };
+            }
             if level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO)
             {
                 // The stream applies them (the QP's socket keeps its own settings).
@@ -537,6 +559,21 @@ pub unsafe extern "C" fn getsockopt(
             };
             // SAFETY: the caller's buffers.
             unsafe { put_option::<c_int>(err, val, len) }
+        }
+        Some(Entry::Stream(s))
+            if level == libc::IPPROTO_TCP
+                && (name == libc::TCP_CORK || name == libc::TCP_NODELAY) =>
+        {
+            let on = if name == libc::TCP_CORK {
+                s.stream.cork()
+            } else {
+                s.stream.nodelay()
+            };
+            match on {
+                // SAFETY: the caller's buffers.
+                Ok(on) => unsafe { put_option::<c_int>(c_int::from(on), val, len) },
+                Err(e) => fail(errno_of(&e)),
+            }
         }
         Some(Entry::Stream(s))
             if sol && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO) =>
@@ -734,6 +771,34 @@ fn place(fd: c_int, stream: IwarpStream, nonblocking: bool) -> c_int {
     let _ = stream.set_read_timeout(timeouts.0);
     let _ = stream.set_write_timeout(timeouts.1);
     stream.set_report_interrupts(true);
+    // A cork the program set before the switch moves to the stream (on the connection's
+    // socket it would hold the FPDUs up to 200 ms each).
+    let mut cork: c_int = 0;
+    let mut cork_len = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: getsockopt of an int into `cork` on our duplicate of the socket.
+    let got = unsafe {
+        real_getsockopt()(
+            opt_fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CORK,
+            (&raw mut cork).cast(),
+            &raw mut cork_len,
+        )
+    };
+    if got == 0 && cork != 0 {
+        let off: c_int = 0;
+        // SAFETY: setsockopt of an int on our duplicate of the socket.
+        unsafe {
+            real_setsockopt()(
+                opt_fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_CORK,
+                (&raw const off).cast(),
+                std::mem::size_of::<c_int>() as socklen_t,
+            )
+        };
+        let _ = stream.set_cork(true);
+    }
     // SAFETY: F_GETFD on the program's descriptor.
     let cloexec = unsafe { real_fcntl()(fd, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
     let event_fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
@@ -1367,11 +1432,12 @@ fn stream_write(c: &Conn, buf: &[u8], flags: c_int) -> ssize_t {
         return inherited_eio();
     }
     let nb = s.nonblocking.load(Ordering::Relaxed) || flags & libc::MSG_DONTWAIT != 0;
+    let more = flags & libc::MSG_MORE != 0;
     let mut sent = 0usize;
     // A blocking socket's write takes every byte (as the kernel's does, barring signals,
     // timeouts and errors, which end it with the count so far).
     while sent < buf.len() {
-        match s.stream.write_with(&buf[sent..], nb) {
+        match s.stream.write_more_with(&buf[sent..], more, nb) {
             Ok(n) => sent = sent.saturating_add(n),
             Err(_) if sent > 0 => break,
             Err(e) if e.kind() == io::ErrorKind::Interrupted && restart_after_signal() => {}

@@ -167,6 +167,25 @@ struct State {
     /// Tasks parked on reading and on writing (feature `tokio`), with the event count each
     /// last saw: see [`Conn::park`].
     parked: [Option<Parked>; 2],
+    /// Bytes written and held (`MSG_MORE`, `TCP_CORK`): a send slot being filled, not
+    /// posted yet.
+    tail: Option<Tail>,
+    /// `TCP_CORK`: writes are held until a message is full or the cork is removed.
+    corked: bool,
+    /// `TCP_NODELAY` as the program set it (reported back; a stream never waits on
+    /// Nagle's algorithm, whose acknowledgements it does not have).
+    nodelay: bool,
+}
+
+/// A DATA message being filled in send slot `slot` (`len` payload bytes so far, behind the
+/// header's room), held while the program says more follows.
+#[derive(Debug, Clone, Copy)]
+struct Tail {
+    slot: u32,
+    len: usize,
+    /// The program asked for it to leave (a write without `MSG_MORE` while uncorked, the
+    /// cork removed, `TCP_NODELAY` set, shutdown): it goes with the next credit.
+    released: bool,
 }
 
 /// A task waiting for one direction of the stream.
@@ -409,6 +428,9 @@ impl Prepared {
             rx_events: 0,
             tx_events: 0,
             parked: [None, None],
+            tail: None,
+            corked: false,
+            nodelay: false,
         };
         crate::violation::register();
         let socket_watch =
@@ -777,7 +799,11 @@ impl Conn {
                 self.send_message(st, kind, &body);
             }
         }
+        if st.tail.is_some_and(|t| t.released) {
+            self.post_tail(st);
+        }
         if st.ctrl_out.is_empty()
+            && st.tail.is_none()
             && st.eof_out == EofOut::Pending
             && st.credits.can_send_message()
             && !st.free_tx.is_empty()
@@ -879,6 +905,7 @@ impl Conn {
         st.error.is_some()
             || st.eof_out != EofOut::Open
             || (st.credits.can_send_message() && !st.free_tx.is_empty())
+            || st.tail.is_some_and(|t| t.len < self.max_data)
     }
 
     /// The completion channel's descriptor: readable when a completion arrived since the
@@ -1154,15 +1181,21 @@ impl Conn {
     }
 
     /// Writes stream bytes: as many as credits and free send slots allow at once (at least
-    /// one, waiting for room as `wait` allows).
-    pub(crate) fn write(&self, buf: &[u8], wait: Wait) -> io::Result<usize> {
+    /// one, waiting for room as `wait` allows). `more` (`MSG_MORE`), or the cork, holds a
+    /// last piece smaller than a message in a send slot, filled by the next writes and
+    /// sent when full, or with the next write without `more` while uncorked, or when the
+    /// cork is removed, `TCP_NODELAY` set or the stream shut down (as the kernel holds a
+    /// partial segment). Unlike the kernel's, held bytes do not leave when an
+    /// acknowledgement of earlier bytes arrives, nor after the cork's 200 ms: only with
+    /// one of the program's calls.
+    pub(crate) fn write(&self, buf: &[u8], more: bool, wait: Wait) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
-        self.run(wait, |c, st| c.try_write(st, buf))
+        self.run(wait, |c, st| c.try_write(st, buf, more))
     }
 
-    fn try_write(&self, st: &mut State, buf: &[u8]) -> Option<io::Result<usize>> {
+    fn try_write(&self, st: &mut State, buf: &[u8], more: bool) -> Option<io::Result<usize>> {
         if let Some(e) = st.failure() {
             return Some(Err(e));
         }
@@ -1172,11 +1205,160 @@ impl Conn {
                 "the stream was shut down for writing",
             )));
         }
-        let n = self.send_data(st, buf);
+        let hold = more || st.corked;
+        let mut n = 0;
+        if st.tail.is_some() {
+            // Earlier bytes are held: these follow them into the same message.
+            n = self.append_tail(st, buf);
+            let full = st.tail.is_some_and(|t| t.len >= self.max_data);
+            if !full && hold {
+                return Some(Ok(n));
+            }
+            if let Some(t) = st.tail.as_mut() {
+                t.released = true;
+            }
+            if !self.post_tail(st) {
+                // No credit: the message leaves with the next one (`flush_control`).
+                return if n > 0 {
+                    Some(Ok(n))
+                } else {
+                    st.failure().map(Err)
+                };
+            }
+        }
+        let rest = &buf[n..];
+        if !rest.is_empty() {
+            if hold {
+                // Whole messages leave; a last smaller piece is held.
+                let whole = rest.len().saturating_sub(rest.len() % self.max_data);
+                let sent = self.send_data(st, &rest[..whole]);
+                n = n.saturating_add(sent);
+                if sent == whole && st.error.is_none() {
+                    n = n.saturating_add(self.append_tail(st, &rest[whole..]));
+                }
+            } else {
+                n = n.saturating_add(self.send_data(st, rest));
+            }
+        }
         if n > 0 {
             return Some(Ok(n));
         }
         st.failure().map(Err)
+    }
+
+    /// Copies the start of `data` into the held message (started in a free send slot when
+    /// there is none); returns the bytes taken (0 without a free slot).
+    fn append_tail(&self, st: &mut State, data: &[u8]) -> usize {
+        if data.is_empty() {
+            return 0;
+        }
+        let mut tail = match st.tail {
+            Some(t) => t,
+            None => match st.free_tx.pop() {
+                Some(slot) => Tail {
+                    slot,
+                    len: 0,
+                    released: false,
+                },
+                None => return 0,
+            },
+        };
+        let take = self.max_data.saturating_sub(tail.len).min(data.len());
+        let at = self
+            .slot_off(tail.slot)
+            .saturating_add(HEADER_LEN)
+            .saturating_add(tail.len);
+        if let Err(e) = self.tx.write_at(at, &data[..take]) {
+            st.free_tx.push(tail.slot);
+            st.tail = None;
+            fail(st, io::ErrorKind::BrokenPipe, e.to_string());
+            return 0;
+        }
+        tail.len = tail.len.saturating_add(take);
+        st.tail = Some(tail);
+        take
+    }
+
+    /// Sends the held message if a credit allows (true when nothing is held any more).
+    fn post_tail(&self, st: &mut State) -> bool {
+        let Some(t) = st.tail else {
+            return true;
+        };
+        if st.error.is_some() {
+            return false;
+        }
+        let Some(grant) = st.credits.take_message() else {
+            return false;
+        };
+        st.tail = None;
+        let base = self.slot_off(t.slot);
+        let header = Header {
+            kind: Kind::Data,
+            grant: u16::try_from(grant).unwrap_or(u16::MAX),
+        }
+        .encode();
+        let len = HEADER_LEN.saturating_add(t.len);
+        let result = self
+            .tx
+            .write_at(base, &header)
+            .and_then(|()| self.tx.sge(base, len as u32))
+            .and_then(|sge| {
+                self.qp.post_send(&SendWr {
+                    wr_id: WR_SLOT | u64::from(t.slot),
+                    op: SendOp::Send {
+                        solicited: false,
+                        invalidate: None,
+                    },
+                    payload: Payload::Sgl(SgList::single(sge)),
+                    signaled: true,
+                    fence: false,
+                })
+            });
+        self.posted();
+        if let Err(e) = result {
+            st.free_tx.push(t.slot);
+            fail(st, io::ErrorKind::BrokenPipe, e.to_string());
+            return false;
+        }
+        true
+    }
+
+    /// Lets the held message leave (at once if a credit allows, else with the next).
+    fn release_tail(&self, st: &mut State) {
+        if let Some(t) = st.tail.as_mut() {
+            t.released = true;
+        }
+        self.progress(st);
+    }
+
+    /// `TCP_CORK`: while on, writes are held until a message is full; off sends what is
+    /// held.
+    pub(crate) fn set_cork(&self, on: bool) {
+        let mut st = lock(&self.state);
+        st.corked = on;
+        if !on {
+            self.release_tail(&mut st);
+        }
+    }
+
+    /// `TCP_CORK` as set.
+    pub(crate) fn cork(&self) -> bool {
+        lock(&self.state).corked
+    }
+
+    /// `TCP_NODELAY`: remembered (and reported); setting it sends what is held, as the
+    /// kernel pushes its pending segments then.
+    pub(crate) fn set_nodelay(&self, on: bool) {
+        let mut st = lock(&self.state);
+        st.nodelay = on;
+        if on {
+            self.release_tail(&mut st);
+        }
+    }
+
+    /// `TCP_NODELAY` as set.
+    pub(crate) fn nodelay(&self) -> bool {
+        lock(&self.state).nodelay
     }
 
     /// Sends the start of `buf` as DATA messages, as many as credits and free send slots
@@ -1235,6 +1417,10 @@ impl Conn {
             let mut st = lock(&self.state);
             if st.eof_out == EofOut::Open {
                 st.eof_out = EofOut::Pending;
+            }
+            // What is held leaves first, then the EOF (`flush_control`).
+            if let Some(t) = st.tail.as_mut() {
+                t.released = true;
             }
             self.progress(&mut st);
             if !wait || st.eof_out != EofOut::Pending {

@@ -749,11 +749,47 @@ impl IwarpStream {
         Ok(*lock(&self.modes.write_timeout))
     }
 
-    /// `TCP_NODELAY` (iWARP mode: always on, a no-op).
+    /// `TCP_NODELAY`. iWARP mode: remembered and reported by [`IwarpStream::nodelay`]
+    /// (a stream never waits on Nagle's algorithm); setting it sends bytes held by
+    /// `MSG_MORE` or the cork, as the kernel pushes its pending segments then.
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
         match &self.inner {
             Inner::Tcp(t) => t.set_nodelay(on),
-            Inner::Iwarp(_) => Ok(()),
+            Inner::Iwarp(c) => {
+                c.set_nodelay(on);
+                Ok(())
+            }
+        }
+    }
+
+    /// `TCP_NODELAY` as set.
+    pub fn nodelay(&self) -> io::Result<bool> {
+        match &self.inner {
+            Inner::Tcp(t) => t.nodelay(),
+            Inner::Iwarp(c) => Ok(c.nodelay()),
+        }
+    }
+
+    /// `TCP_CORK`: while on, writes are held until a whole message (a receive slot of the
+    /// peer) is full; turning it off sends what is held. iWARP mode: the stream holds them
+    /// (never the connection's TCP socket, whose FPDUs would wait up to 200 ms); unlike
+    /// the kernel, held bytes do not leave by themselves after 200 ms, only with the
+    /// program's next call that sends or uncorks.
+    pub fn set_cork(&self, on: bool) -> io::Result<()> {
+        match &self.inner {
+            Inner::Tcp(t) => socket2::SockRef::from(&**t).set_tcp_cork(on),
+            Inner::Iwarp(c) => {
+                c.set_cork(on);
+                Ok(())
+            }
+        }
+    }
+
+    /// `TCP_CORK` as set.
+    pub fn cork(&self) -> io::Result<bool> {
+        match &self.inner {
+            Inner::Tcp(t) => socket2::SockRef::from(&**t).tcp_cork(),
+            Inner::Iwarp(c) => Ok(c.cork()),
         }
     }
 
@@ -801,9 +837,25 @@ impl IwarpStream {
     /// Writes with an explicit blocking choice for this call; may write fewer bytes than
     /// given (as `write(2)`).
     pub fn write_with(&self, buf: &[u8], nonblocking: bool) -> io::Result<usize> {
+        self.write_more_with(buf, false, nonblocking)
+    }
+
+    /// [`IwarpStream::write_with`] with `MSG_MORE` (`more`): more bytes follow, so a last
+    /// piece smaller than a message is held (iWARP mode) until the next write without it
+    /// fills or sends it (see [`IwarpStream::set_cork`]). Plain TCP: `send` with
+    /// `MSG_MORE`.
+    pub fn write_more_with(&self, buf: &[u8], more: bool, nonblocking: bool) -> io::Result<usize> {
         match &self.inner {
+            Inner::Tcp(t) if more => {
+                use rustix::net::SendFlags;
+                let mut flags = SendFlags::MORE;
+                if nonblocking {
+                    flags |= SendFlags::DONTWAIT;
+                }
+                Ok(rustix::net::send(&**t, buf, flags)?)
+            }
             Inner::Tcp(t) => (&**t).write(buf),
-            Inner::Iwarp(c) => c.write(buf, self.wait(nonblocking, self.write_timeout()?)),
+            Inner::Iwarp(c) => c.write(buf, more, self.wait(nonblocking, self.write_timeout()?)),
         }
     }
 

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -597,6 +598,44 @@ static const char *fork_inherited(void) {
     return NULL;
 }
 
+/* True when fd becomes readable within ms. */
+static int readable_within(int fd, int ms) {
+    struct pollfd p = { fd, POLLIN, 0 };
+    return poll(&p, 1, ms) == 1;
+}
+
+/* MSG_MORE and TCP_CORK hold small writes (the kernel's for at least 200 ms, an iWARP
+ * stream's until the program's next call that sends them), and the next write without
+ * MSG_MORE, or the uncork, sends them; the options read back as set. Over iWARP the
+ * stream holds them: before, MSG_MORE was ignored (each write one message) and TCP_CORK
+ * went to the connection's TCP socket, corking its FPDUs. */
+static const char *cork_and_more(void) {
+    int fd = dial('E');
+    char buf[16];
+    if (send(fd, "ab", 2, MSG_MORE) != 2) return FAILED("send MSG_MORE: %s", strerror(errno));
+    if (readable_within(fd, 50)) return "MSG_MORE bytes left at once";
+    if (send(fd, "cd", 2, 0) != 2) return "send";
+    if (!readable_within(fd, 5000) || read_exact(fd, buf, 4) || memcmp(buf, "abcd", 4))
+        return "the held bytes with the next write";
+    int on = 1, v = 0;
+    socklen_t len = sizeof v;
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CORK, &on, sizeof on)) return "set TCP_CORK";
+    if (getsockopt(fd, IPPROTO_TCP, TCP_CORK, &v, &len) || v != 1) return "TCP_CORK reads back";
+    if (write_all(fd, "ef", 2) || write_all(fd, "gh", 2)) return "write corked";
+    if (readable_within(fd, 50)) return "corked bytes left at once";
+    on = 0;
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CORK, &on, sizeof on)) return "clear TCP_CORK";
+    if (!readable_within(fd, 5000) || read_exact(fd, buf, 4) || memcmp(buf, "efgh", 4))
+        return "the corked bytes after the uncork";
+    on = 1;
+    len = sizeof v;
+    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on) ||
+        getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &len) || v != 1)
+        return "TCP_NODELAY reads back";
+    close(fd);
+    return NULL;
+}
+
 /* recvmmsg's timeout, as the kernel applies it: looked at after each message, with what is
  * left written back. The 'W' server sends three 1000-byte pieces 50 ms apart. */
 static const char *recvmmsg_timeout(void) {
@@ -662,6 +701,7 @@ int main(int argc, char **argv) {
         { "hangup_bits", hangup_bits, 0 },
         { "sendfile_and_mmsg", sendfile_and_mmsg, 0 },
         { "recvmmsg_timeout", recvmmsg_timeout, 0 },
+        { "cork_and_more", cork_and_more, 0 },
         { "plain_client", plain_client, 0 },
         { "fork_inherited", fork_inherited, 0 },
     };
