@@ -506,6 +506,24 @@ fn ids_options(param: *const rdma_conn_param, call: &'static str) -> Result<Conn
     Ok(o)
 }
 
+/// `rdma_connect`'s or `rdma_accept`'s `rnr_retry_count` set on the id's QP as
+/// `ibv_modify_qp`'s `rnr_retry` would be (with the `min_rnr_timer` the QP has): its RNR
+/// wait. On InfiniBand each end's count goes to the peer, which retries its Sends to this
+/// end that often; here the end that receives holds a Send that finds no receive, so each
+/// end's count is its own wait, the same exchange seen from the receiver. 0 leaves the QP
+/// as it is: a zeroed `rdma_conn_param` (fio's, ucmatose's) asks for nothing, and the
+/// kernel's iWARP connection manager ignores the field (`ibv_modify_qp` or
+/// `SOFTWARP_RNR_WAIT_MS=0` turn the wait off).
+fn conn_rnr_retry(q: &Qp, param: *const rdma_conn_param, call: &'static str) -> Result<(), c_int> {
+    // SAFETY: NULL or the application's parameters.
+    let count = unsafe { param.as_ref() }.map_or(0, |p| p.rnr_retry_count);
+    if count == 0 {
+        return Ok(());
+    }
+    q.set_rnr(None, Some(count))
+        .map_err(|e| errno::fail(call, &e))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn swv_rdma_create_id(
     channel: *mut rdma_event_channel,
@@ -1099,6 +1117,9 @@ pub unsafe extern "C" fn swv_rdma_connect(
             "the route is not resolved, or the id connected already",
         ));
     }
+    if let Err(e) = conn_rnr_retry(q, param, CALL) {
+        return err(e);
+    }
     let ch = i.channel();
     // Registered under the channel's lock, before its events can be read.
     let mut chs = ch.state();
@@ -1139,6 +1160,12 @@ pub unsafe extern "C" fn swv_rdma_accept(
         Err(e) => return err(e),
     };
     let mut st = i.state();
+    if st.request.is_none() {
+        return err(errno::invalid(CALL, "not a connection request"));
+    }
+    if let Err(e) = conn_rnr_retry(q, param, CALL) {
+        return err(e);
+    }
     let Some(req) = st.request.take() else {
         return err(errno::invalid(CALL, "not a connection request"));
     };

@@ -97,6 +97,25 @@ pub fn rnr_wait_of(
 }
 
 impl Qp {
+    /// Sets the QP's `min_rnr_timer` and `rnr_retry` (each when given: `ibv_modify_qp`'s,
+    /// and `rdma_connect`'s and `rdma_accept`'s `rnr_retry_count`) and its RNR wait from
+    /// what it has of them ([`rnr_wait_of`]).
+    pub fn set_rnr(&self, timer: Option<u8>, retry: Option<u8>) -> softwarp::Result<()> {
+        if let Some(t) = timer {
+            self.rnr_timer.store(t & 0x1f, Ordering::Relaxed);
+        }
+        if let Some(r) = retry {
+            self.rnr_retry.store(r.min(7), Ordering::Relaxed);
+        }
+        let set = |v: &AtomicU8| Some(v.load(Ordering::Relaxed)).filter(|&v| v != RNR_UNSET);
+        let wait = rnr_wait_of(
+            set(&self.rnr_timer),
+            set(&self.rnr_retry),
+            crate::env::options().rnr_wait,
+        );
+        self.qp.set_rnr_wait(wait)
+    }
+
     /// # Safety
     /// `qp` must be NULL or a live QP of this library.
     pub unsafe fn from_ibv<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
@@ -357,19 +376,9 @@ pub unsafe extern "C" fn swv_ibv_modify_qp(
     };
     let mask = mask as u32;
     if mask & (IBV_QP_MIN_RNR_TIMER | IBV_QP_RNR_RETRY) != 0 {
-        if mask & IBV_QP_MIN_RNR_TIMER != 0 {
-            q.rnr_timer.store(a.min_rnr_timer & 0x1f, Ordering::Relaxed);
-        }
-        if mask & IBV_QP_RNR_RETRY != 0 {
-            q.rnr_retry.store(a.rnr_retry.min(7), Ordering::Relaxed);
-        }
-        let set = |v: &AtomicU8| Some(v.load(Ordering::Relaxed)).filter(|&v| v != RNR_UNSET);
-        let wait = rnr_wait_of(
-            set(&q.rnr_timer),
-            set(&q.rnr_retry),
-            crate::env::options().rnr_wait,
-        );
-        if let Err(e) = q.qp.set_rnr_wait(wait) {
+        let timer = (mask & IBV_QP_MIN_RNR_TIMER != 0).then_some(a.min_rnr_timer);
+        let retry = (mask & IBV_QP_RNR_RETRY != 0).then_some(a.rnr_retry);
+        if let Err(e) = q.set_rnr(timer, retry) {
             return errno::fail(CALL, &e);
         }
     }

@@ -942,6 +942,30 @@ fn c_program_gets_the_port_at_bind_afonly_migrate_and_hints_only_getaddrinfo() {
     assert!(out.stdout.ends_with("ok: 59 checks\n"), "{}", out.stdout);
 }
 
+/// `tests/c/rnr_conn_param.c`: `rdma_conn_param`'s `rnr_retry_count` of `rdma_connect` and
+/// `rdma_accept` is the QP's RNR wait, as `ibv_modify_qp`'s `rnr_retry`, with the process's
+/// default wait off (`SOFTWARP_RNR_WAIT_MS=0`): a Send held for a receive posted 300 ms
+/// later arrives whole both ways; a count of 0 leaves the QP as it was. Before: the count
+/// was ignored, and the first Send ended the connection.
+#[test]
+fn c_program_gets_the_rnr_wait_from_rdma_conn_params_rnr_retry_count() {
+    let _serial = serial();
+    let Some(exe) = build_c("rnr_conn_param", &["-lrdmacm", "-libverbs"]) else {
+        return;
+    };
+    let out = finish(
+        command(&exe)
+            .env("SOFTWARP_RNR_WAIT_MS", "0")
+            .spawn()
+            .expect("run the program"),
+        Duration::from_secs(60),
+        "rnr_conn_param",
+    );
+    let _ = std::fs::remove_file(&exe);
+    assert!(out.status.success(), "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.starts_with("ok: "), "{}", out.stdout);
+}
+
 /// `tests/c/cm_ids.c`: `id->pd` is the device's PD from the moment an id has its device (as
 /// librdmacm's `ucma_get_device` sets it), shared by every id; `rdma_migrate_id` of a
 /// listening id (a request queued on the old channel included) and of a connected one (its

@@ -24,7 +24,7 @@
 //! | `SOFTWARP_INITIATOR_CLOSE_WAIT_MS` | how long an initiator's `rdma_disconnect`/`ibv_destroy_qp` waits for the responder to close first ([`CloseOrder`]); `0`: close at once | 50 |
 //! | `SOFTWARP_CONNECT_RETRIES` | how many times `rdma_connect` tries again when the TCP connection is refused (nothing listens yet) | 0 |
 //! | `SOFTWARP_CONNECT_RETRY_MS` | the pause before each of those tries | 100 |
-//! | `SOFTWARP_RNR_WAIT_MS` | how long a Send (or Immediate Data) that finds no receive posted waits for one, unread in the socket so that TCP holds the sender back, before the stream fails with the Terminate for no receive buffer (`ConnectOptions::rnr_wait`; per QP in the C library, `ibv_modify_qp`'s `min_rnr_timer` and `rnr_retry`); `0`: fail at once | 10000 |
+//! | `SOFTWARP_RNR_WAIT_MS` | how long a Send (or Immediate Data) that finds no receive posted waits for one, unread in the socket so that TCP holds the sender back, before the stream fails with the Terminate for no receive buffer (`ConnectOptions::rnr_wait`; per QP in the C library, `ibv_modify_qp`'s `min_rnr_timer` and `rnr_retry` and `rdma_conn_param`'s `rnr_retry_count`); `0`: fail at once | 10000 |
 
 use std::sync::OnceLock;
 use std::time::Duration;
