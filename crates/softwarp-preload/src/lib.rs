@@ -1224,7 +1224,15 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         Some(Entry::Stream(_)) => return fail(libc::EISCONN),
         Some(Entry::Rsocket(r)) => {
             // SAFETY: the caller's address of `len` bytes.
-            return in_rsocket(|| unsafe { rsock::swv_rconnect(r.rs, addr, len) });
+            let n = in_rsocket(|| unsafe { rsock::swv_rconnect(r.rs, addr, len) });
+            // rconnect called again answers as rdma-core's: EINPROGRESS while the attempt
+            // runs, where the kernel says EALREADY; 0 once connected, as the kernel's
+            // first answer then.
+            return if n < 0 && errno() == libc::EINPROGRESS {
+                fail(libc::EALREADY)
+            } else {
+                n
+            };
         }
         Some(Entry::Pending) if still_iwarp(fd, port_of(addr)) => {
             if config::get().protocol == Protocol::Rsocket {

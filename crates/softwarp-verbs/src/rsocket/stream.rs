@@ -845,19 +845,19 @@ impl Rsocket {
         (g, Err(e))
     }
 
-    /// `rconnect`: the endpoint, the connection data in the MPA Request, the attempt.
+    /// `rconnect`: the endpoint, the connection data in the MPA Request, the attempt. Called
+    /// again, it answers as rdma-core's `rs_do_connect` (not as the kernel): `EINPROGRESS`
+    /// while a non-blocking attempt runs, 0 once connected. librspreload's `connect` gives
+    /// the program any other error after moving the socket to plain TCP, and hiredis
+    /// (redis-cli) calls `connect` again after `poll` says the socket is writable.
     pub fn connect(&self, addr: SocketAddr) -> Result<(), c_int> {
         let mut g = self.lock();
         match g.state {
             INIT | BOUND => {}
-            st if st & OPENING != 0 => {
+            st if st & (OPENING | CONNECTED) != 0 => {
                 let nonblock = g.fd_flags & libc::O_NONBLOCK != 0;
-                return match self.do_connect(g, nonblock) {
-                    (_, Err(libc::EINPROGRESS)) => Err(libc::EALREADY),
-                    (_, r) => r,
-                };
+                return self.do_connect(g, nonblock).1;
             }
-            st if st & CONNECTED != 0 => return Err(libc::EISCONN),
             LISTENING => return Err(libc::EINVAL),
             _ => return Err(libc::ENOTCONN),
         }

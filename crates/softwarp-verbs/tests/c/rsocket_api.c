@@ -6,7 +6,10 @@
  *   - a call on a socket number that is closed: EBADF (rclose returns EBADF itself, as
  *     rdma-core's does: printed for rs only)
  *   - an unknown domain: refused (rsocket: ENOTSUP)
- *   - a non-blocking connect: EINPROGRESS, then POLLOUT and SO_ERROR 0
+ *   - a non-blocking connect: EINPROGRESS, then POLLOUT and SO_ERROR 0; connect again: 0
+ *     (the kernel's first answer once connected; rdma-core's rs_do_connect's always)
+ *   - a listener made non-blocking after listen: accept EAGAIN, poll POLLIN when a client
+ *     comes, accept, the next accept EAGAIN
  *   - a non-blocking recv with nothing received: EAGAIN
  *   - poll over the socket and a pipe: only the pipe readable, then only the socket
  *   - select: the socket readable
@@ -89,6 +92,8 @@ static const char *err_name(int e)
 	case EINVAL: return "EINVAL";
 	case EDESTADDRREQ: return "EDESTADDRREQ";
 	case ECONNRESET: return "ECONNRESET";
+	case EISCONN: return "EISCONN";
+	case EALREADY: return "EALREADY";
 	default: return "other";
 	}
 }
@@ -129,6 +134,10 @@ static int client(const char *port_str)
 	CHECK(S(getsockopt, s, SOL_SOCKET, SO_ERROR, &e, &el) == 0, "SO_ERROR");
 	printf("client: poll for POLLOUT: %d, POLLOUT %s, SO_ERROR %d\n", rc,
 	       (pf.revents & POLLOUT) ? "set" : "clear", e);
+	/* hiredis (redis-cli) connects again once poll says writable; librspreload's connect
+	 * moves the socket to plain TCP on any rconnect error but EINPROGRESS. */
+	rc = S(connect, s, (struct sockaddr *) &a, sizeof a);
+	printf("client: connect again once connected: %d %s\n", rc, rc ? err_name(errno) : "");
 
 	ssize_t n = S(recv, s, buf, sizeof buf, 0);
 	printf("client: non-blocking recv with nothing received: %zd %s\n", n, err_name(errno));
@@ -250,9 +259,19 @@ static int server(const char *port_str)
 	struct sockaddr_in a = addr_of(port);
 	CHECK(S(bind, l, (struct sockaddr *) &a, sizeof a) == 0, "bind");
 	CHECK(S(listen, l, 4) == 0, "listen");
-	forked_ready();
+	/* A non-blocking listener after listen, accepting until EAGAIN as redis does. */
+	CHECK(xfcntl(l, F_SETFL, O_NONBLOCK) == 0, "F_SETFL listener");
 	int s = S(accept, l, NULL, NULL);
+	printf("server: non-blocking accept with nobody there: %d %s\n", s, err_name(errno));
+	forked_ready();
+	struct pollfd lp = { .fd = l, .events = POLLIN };
+	rc = S(poll, &lp, 1, 10000);
+	printf("server: poll on the listener: %d, POLLIN %s\n", rc, lp.revents & POLLIN ? "set" : "clear");
+	s = S(accept, l, NULL, NULL);
 	CHECK(s >= 0, "accept");
+	int s2 = S(accept, l, NULL, NULL);
+	printf("server: the next non-blocking accept: %d %s\n", s2, err_name(errno));
+	CHECK(xfcntl(s, F_SETFL, 0) == 0, "F_SETFL accepted");
 
 	/* poll over the socket and a pipe. */
 	int p[2];
