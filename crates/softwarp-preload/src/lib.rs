@@ -2495,6 +2495,18 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
     }
 }
 
+/// `fcntl64`: what glibc's `fcntl` is under `_FILE_OFFSET_BITS=64` (Debian builds redis
+/// that way). On a 64-bit host both are one function taking the same arguments; without
+/// this, `F_GETFL`/`F_SETFL` of a switched socket reached the descriptor behind it (an
+/// rsocket's eventfd, always non-blocking), and redis, seeing `O_NONBLOCK` already set,
+/// left its listening rsocket blocking: its accept loop then slept in `raccept`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    // SAFETY: the caller's arguments, as fcntl's.
+    unsafe { fcntl(fd, cmd, arg) }
+}
+
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: usize) -> c_int {

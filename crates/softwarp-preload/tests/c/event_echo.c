@@ -6,9 +6,15 @@
  *   event_echo client HOST PORT BYTES   connects, sends BYTES of a pattern while reading the
  *                                       echo, shuts its sending side down, reads to the EOF,
  *                                       checks every byte; prints "ok client N"
- *   event_echo server PORT              accepts one connection (epoll on the listener,
- *                                       accept4 SOCK_NONBLOCK), echoes it with poll until the
- *                                       EOF; prints "ok server N"
+ *   event_echo server PORT [late]       accepts one connection (epoll on the listener,
+ *                                       accept4 SOCK_NONBLOCK until EAGAIN), echoes it with
+ *                                       poll until the EOF; prints "ok server N". With
+ *                                       "late" the listener is made non-blocking after
+ *                                       listen, as redis does (fcntl F_GETFL, then F_SETFL
+ *                                       only if O_NONBLOCK is clear)
+ *
+ * The test compiles it with -D_FILE_OFFSET_BITS=64, as Debian builds redis: glibc's fcntl
+ * is then fcntl64.
  *
  * Exits 0 when every check held, 1 with a line on stderr saying which did not. Every wait is
  * bounded (10 s without progress).
@@ -16,6 +22,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -130,8 +137,8 @@ static int client(const char *host, int port, size_t total) {
 	return 0;
 }
 
-static int server(int port) {
-	int l = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+static int server(int port, int late) {
+	int l = socket(AF_INET, SOCK_STREAM | (late ? 0 : SOCK_NONBLOCK), 0);
 	if (l < 0) fail("socket");
 	int one = 1;
 	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -139,6 +146,11 @@ static int server(int port) {
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	if (bind(l, (struct sockaddr *)&a, sizeof a) != 0) fail("bind");
 	if (listen(l, 8) != 0) fail("listen");
+	if (late) {
+		int fl = fcntl(l, F_GETFL);
+		if (fl < 0) fail("F_GETFL");
+		if (!(fl & O_NONBLOCK) && fcntl(l, F_SETFL, fl | O_NONBLOCK) != 0) fail("F_SETFL");
+	}
 	/* Nobody yet: a non-blocking accept says EAGAIN. */
 	if (accept4(l, NULL, NULL, SOCK_NONBLOCK) != -1 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
 		fail("accept before a client (expected EAGAIN)");
@@ -160,6 +172,10 @@ static int server(int port) {
 	if (peer.sin_family != AF_INET || peer.sin_addr.s_addr != htonl(INADDR_LOOPBACK)) {
 		fprintf(stderr, "event_echo: the accepted peer is not 127.0.0.1\n");
 		return 1;
+	}
+	/* One client: the next accept says EAGAIN (redis accepts until it does). */
+	if (accept4(l, NULL, NULL, SOCK_NONBLOCK) != -1 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+		fail("the next accept (expected EAGAIN)");
 	}
 	unsigned char buf[65536];
 	size_t have = 0, off = 0, echoed = 0;
@@ -193,7 +209,9 @@ static int server(int port) {
 int main(int argc, char **argv) {
 	if (argc == 5 && strcmp(argv[1], "client") == 0)
 		return client(argv[2], atoi(argv[3]), strtoul(argv[4], NULL, 10));
-	if (argc == 3 && strcmp(argv[1], "server") == 0) return server(atoi(argv[2]));
-	fprintf(stderr, "usage: event_echo client HOST PORT BYTES | server PORT\n");
+	if (argc == 3 && strcmp(argv[1], "server") == 0) return server(atoi(argv[2]), 0);
+	if (argc == 4 && strcmp(argv[1], "server") == 0 && strcmp(argv[3], "late") == 0)
+		return server(atoi(argv[2]), 1);
+	fprintf(stderr, "usage: event_echo client HOST PORT BYTES | server PORT [late]\n");
 	return 2;
 }

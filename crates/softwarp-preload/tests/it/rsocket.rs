@@ -259,9 +259,11 @@ fn iperf3_over_our_rsocket_protocol_reaches_librspreload_in_both_roles() {
 
 /// `tests/c/event_echo.c`: a non-blocking connect completed through `poll` and
 /// `SO_ERROR`, `select`, an edge-triggered epoll loop (client); a non-blocking listener in
-/// epoll, `accept4(SOCK_NONBLOCK)`, a `poll` loop (server). First over plain TCP (its
-/// checks are the kernel's behaviour), then with the rsocket protocol against socat under
-/// librspreload in each role.
+/// epoll, `accept4(SOCK_NONBLOCK)` until `EAGAIN`, a `poll` loop (server). First over plain
+/// TCP (its checks are the kernel's behaviour), then with the rsocket protocol against socat
+/// under librspreload in each role; the server also with its listener made non-blocking
+/// after `listen` through `fcntl64` (`late`, as redis does: that listener stayed blocking
+/// and its second accept waited for the next client).
 #[test]
 fn nonblocking_poll_and_epoll_programs_reach_librspreload() {
     let _g = serial();
@@ -278,7 +280,8 @@ fn nonblocking_poll_and_epoll_programs_reach_librspreload() {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let bin = dir.join("event_echo");
     let cc = Command::new("cc")
-        .args(["-O1", "-Wall", "-o"])
+        // fcntl is fcntl64 then, as in Debian's redis.
+        .args(["-O1", "-Wall", "-D_FILE_OFFSET_BITS=64", "-o"])
         .arg(&bin)
         .arg(manifest.join("tests/c/event_echo.c"))
         .output()
@@ -319,18 +322,26 @@ fn nonblocking_poll_and_epoll_programs_reach_librspreload() {
     let sent = payload(total);
     let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
     std::fs::write(&input, &sent).expect("write the input");
-    for (name, server, client) in [
+    for (name, server, client, late) in [
         (
             "plain TCP",
             &plain as &dyn Fn(&Path, &[&str]) -> Command,
             &plain as &dyn Fn(&Path, &[&str]) -> Command,
+            true,
         ),
-        ("rsocket", &ours, &theirs),
+        ("rsocket", &ours, &theirs, false),
+        ("rsocket, late", &ours, &theirs, true),
     ] {
         // The event-driven server echoing socat's file.
         let _ = std::fs::remove_file(&output);
-        let port = free_port();
-        let mut srv = server(&bin, &["server", &port.to_string()]).spawn_reaped();
+        let port = free_port().to_string();
+        let args: &[&str] = if late {
+            &["server", &port, "late"]
+        } else {
+            &["server", &port]
+        };
+        let mut srv = server(&bin, args).spawn_reaped();
+        let port: u16 = port.parse().expect("port");
         wait_listening(port, &mut srv);
         let cli = client(
             &socat,
@@ -354,4 +365,96 @@ fn nonblocking_poll_and_epoll_programs_reach_librspreload() {
         let back = std::fs::read(&output).unwrap_or_default();
         assert!(back == sent, "{name}: {} bytes back of {total}", back.len());
     }
+}
+
+/// redis-server preloaded with this library in rsocket mode (a non-blocking listener made
+/// so after `listen` through `fcntl64`, accepted until `EAGAIN`, an epoll loop): redis-cli
+/// and redis-benchmark preloaded the same way, then redis-cli under librspreload (hiredis
+/// connects again once `poll` says writable: rsocket's `rconnect` must answer as rdma-core's,
+/// or librspreload moves the socket to plain TCP). Before the `fcntl64` interposer the
+/// server's second `accept4` slept in `raccept` and every client hung.
+#[test]
+fn redis_server_over_our_rsocket_protocol_serves_our_clients_and_librspreloads() {
+    let _g = serial();
+    let (Some(server), Some(cli), Some(bench)) = (
+        program("redis-server", "redis-server"),
+        program("redis-cli", "redis-tools"),
+        program("redis-benchmark", "redis-tools"),
+    ) else {
+        return;
+    };
+    let port = free_port().to_string();
+    let mut srv = ours(
+        &server,
+        &[
+            "--port",
+            &port,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--bind",
+            "127.0.0.1",
+        ],
+    )
+    .spawn_reaped();
+    wait_listening(port.parse().expect("port"), &mut srv);
+    let run = |mut c: Command, what: &str| {
+        let out = finish(c.spawn_reaped(), Duration::from_secs(60), what);
+        assert!(
+            out.status.success(),
+            "{what}: {}\n{}{}",
+            out.status,
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    };
+    let value = "over-rsocket-".repeat(100);
+    let set = run(
+        ours(&cli, &["-p", &port, "set", "k", &value]),
+        "redis-cli set",
+    );
+    assert_eq!(set.trim(), "OK");
+    let get = run(ours(&cli, &["-p", &port, "get", "k"]), "redis-cli get");
+    assert_eq!(get.trim(), value);
+    let out = run(
+        ours(
+            &bench,
+            &[
+                "-p", &port, "-n", "2000", "-c", "4", "-P", "16", "-t", "set,get", "-q",
+            ],
+        ),
+        "redis-benchmark",
+    );
+    let finals: Vec<&str> = out
+        .split(['\r', '\n'])
+        .filter(|l| l.contains("requests per second"))
+        .collect();
+    assert!(
+        finals.iter().any(|l| l.trim_start().starts_with("SET"))
+            && finals.iter().any(|l| l.trim_start().starts_with("GET")),
+        "{out}"
+    );
+    eprintln!("redis-benchmark -P 16 over rsocket: {}", finals.join(" | "));
+    if have_rspreload() {
+        let get = run(
+            theirs(&cli, &["-p", &port, "get", "k"]),
+            "redis-cli under librspreload",
+        );
+        assert_eq!(get.trim(), value, "redis-cli under librspreload");
+        let set = run(
+            theirs(&cli, &["-p", &port, "set", "k2", "theirs"]),
+            "redis-cli set under librspreload",
+        );
+        assert_eq!(set.trim(), "OK");
+        let get = run(ours(&cli, &["-p", &port, "get", "k2"]), "redis-cli get k2");
+        assert_eq!(get.trim(), "theirs");
+    }
+    // A graceful stop (SIGTERM) lets the server close its rsockets.
+    let _ = Command::new("kill")
+        .args(["-TERM", &srv.id().to_string()])
+        .status();
+    let out = finish(srv, Duration::from_secs(30), "redis-server");
+    assert!(out.status.success(), "redis-server: {}", out.status);
 }
