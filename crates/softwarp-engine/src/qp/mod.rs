@@ -72,7 +72,9 @@ pub use pump::{
 };
 pub(crate) use rx::RxTarget;
 pub use terminate::TerminateLayout;
-pub use tx::{TxGather, TxPiece, GATHER_PIECES, MIN_FPDU_LEN, TX_INTERLEAVE_QUANTUM};
+pub use tx::{
+    TxGather, TxPiece, GATHER_PIECES, MIN_FPDU_LEN, RUN_GATHER_PIECES, TX_INTERLEAVE_QUANTUM,
+};
 
 /// RDMAP stream / QP states (RFC 5040 section 6 and the verbs QP states).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

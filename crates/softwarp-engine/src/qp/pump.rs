@@ -47,10 +47,12 @@
 
 use std::io;
 
+use arrayvec::ArrayVec;
+
 use crate::memory::Region;
 use crate::mr::MrTable;
 use crate::qp::rx::EarlyRead;
-use crate::qp::tx::MAX_GATHER_FPDUS;
+use crate::qp::tx::{RunPiece, RunPlan, MAX_GATHER_FPDUS, RUN_GATHER_PIECES};
 use crate::qp::{Qp, QpState, RxTarget, TxGather, TxPiece};
 use crate::srq::Srq;
 
@@ -158,8 +160,10 @@ pub trait VectoredRead {
 
 /// A byte sink written like `sendmsg(2)`: a gather list, in order.
 pub trait VectoredWrite {
-    /// Writes a prefix of `pieces` (at most [`crate::qp::GATHER_PIECES`] are looked at);
-    /// returns its length.
+    /// Writes a prefix of `pieces` (at most [`crate::qp::GATHER_PIECES`] are looked at,
+    /// except in a gathered run of MSS-sized FPDUs, which offers up to
+    /// [`crate::qp::RUN_GATHER_PIECES`]: a writer that takes fewer pieces is correct but
+    /// has the rest copied); returns its length.
     /// Errors as for [`VectoredRead::read_to`] (`WouldBlock`: full now).
     fn write_from(&mut self, pieces: &[TxPiece<'_>]) -> io::Result<usize>;
 }
@@ -711,6 +715,16 @@ impl Qp {
                 let lone = self.sq.next_seq == self.sq.tx_seq.wrapping_add(1);
                 let max_each = if lone { LONE_COPY_MAX } else { COALESCE_MAX };
                 let used = self.tx_copy_fpdus(out, max_each);
+                if self.tx.run_waiting {
+                    // A message in MSS-sized FPDUs goes on from the WR's memory.
+                    self.tx.run_waiting = false;
+                    match self.send_gathered(dst, out, used, max_each, budget) {
+                        Gathered::End(end) => return end,
+                        Gathered::Sent => continue,
+                        // Nothing to write: the general path's turn (below).
+                        Gathered::Nothing => {}
+                    }
+                }
                 let batch = batch.get(..used).unwrap_or_default();
                 if !batch.is_empty() {
                     let r = dst.write_from(&[TxPiece::Bytes(batch)]);
@@ -755,6 +769,65 @@ impl Qp {
         }
     }
 
+    /// A gathered run ([`Qp::send_to`]): the `used` bytes the copy paths left in `batch`,
+    /// then the next FPDUs of the message in progress with their headers and trailers in
+    /// `batch` and their payloads in the WR's memory ([`Qp::tx_fill`] with a plan),
+    /// then whatever the copy paths add behind them, in one write. Everything is
+    /// committed, as a batch is: the bytes the writer did not take are copied into the
+    /// spill before this returns, so no WR completes (or has its memory released) with
+    /// bytes of it still to be read from its memory. Out of line: its lists are too
+    /// large for the stack frame of every small message's pass.
+    #[inline(never)]
+    fn send_gathered(
+        &mut self,
+        dst: &mut impl VectoredWrite,
+        batch: &mut [u8],
+        used: usize,
+        max_each: usize,
+        budget: &mut usize,
+    ) -> Gathered {
+        let mut plan = RunPlan::new();
+        if used > 0 {
+            plan.wire = used;
+            let _ = plan.pieces.try_push(RunPiece::Batch { at: 0, len: used });
+        }
+        let used = self.tx_fill(batch, used, max_each, Some(&mut plan));
+        if plan.pieces.is_empty() {
+            return Gathered::Nothing;
+        }
+        let batch = batch.get(..used).unwrap_or_default();
+        let r = {
+            let mut pieces = ArrayVec::<TxPiece<'_>, RUN_GATHER_PIECES>::new();
+            if !plan.resolve(&self.sq, batch, &mut pieces) {
+                return Gathered::End(SendEnd::Bug("a gathered run names memory it cannot reach"));
+            }
+            let r = dst.write_from(&pieces);
+            let mut skip = *r.as_ref().unwrap_or(&0);
+            *budget = budget.saturating_sub(skip);
+            // What the writer did not take waits in the spill.
+            let spill = &mut self.tx.spill;
+            for p in &pieces {
+                let l = p.len();
+                if skip >= l {
+                    skip -= l;
+                    continue;
+                }
+                let rest = p.sub(skip, l - skip);
+                skip = 0;
+                let start = spill.len();
+                spill.resize(start + rest.len(), 0);
+                if rest.copy_to(spill.get_mut(start..).unwrap_or_default()) != rest.len() {
+                    return Gathered::End(SendEnd::Bug("a gathered run could not be spilled"));
+                }
+            }
+            r
+        };
+        match self.tx_error(r) {
+            Some(end) => Gathered::End(end),
+            None => Gathered::Sent,
+        }
+    }
+
     /// What a failed write means for [`Qp::send_to`] (`None`: try again).
     fn tx_error(&mut self, r: io::Result<usize>) -> Option<SendEnd> {
         let e = r.err()?;
@@ -767,6 +840,16 @@ impl Qp {
             }
         }
     }
+}
+
+/// How a gathered run went ([`Qp::send_to`]).
+enum Gathered {
+    /// Written (all, or the rest spilled): go on.
+    Sent,
+    /// Nothing to write: the general gather path's turn.
+    Nothing,
+    /// How [`Qp::send_to`] ends.
+    End(SendEnd),
 }
 
 /// How a receive ends on a failed read; `None` to read again (interrupted).

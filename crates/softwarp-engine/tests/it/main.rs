@@ -12,6 +12,7 @@ mod gather;
 mod guard_props;
 mod lifecycle;
 mod markers;
+mod mss_runs;
 mod negative;
 mod operations;
 mod read_counts;

@@ -175,10 +175,30 @@ fn readv<const N: usize>(fd: BorrowedFd<'_>, iov: &[libc::iovec; N]) -> io::Resu
 ///
 /// Safe to call: byte pieces are borrowed slices; region pieces are bounds-checked ranges of
 /// regions the `TxPiece` borrows for the call. At most `GATHER_PIECES` (80) pieces are written
-/// per call.
+/// per call, or `RUN_GATHER_PIECES` (400) when more are given (a gathered run).
 pub(crate) fn write_pieces(fd: BorrowedFd<'_>, pieces: &[TxPiece<'_>]) -> io::Result<usize> {
+    if pieces.len() > MAX_IOV {
+        return write_pieces_long(fd, pieces);
+    }
+    write_pieces_in::<MAX_IOV>(fd, pieces)
+}
+
+/// [`write_pieces`] of a gathered run of MSS-sized FPDUs (up to
+/// `softwarp_engine::qp::RUN_GATHER_PIECES` pieces, two per FPDU): out of line, so that its
+/// 6 KiB of iovecs are on the stack only for such calls.
+#[inline(never)]
+fn write_pieces_long(fd: BorrowedFd<'_>, pieces: &[TxPiece<'_>]) -> io::Result<usize> {
+    write_pieces_in::<{ softwarp_engine::qp::RUN_GATHER_PIECES }>(fd, pieces)
+}
+
+/// [`write_pieces`] with room for `N` iovecs (the pieces past them are not written).
+#[inline(always)]
+fn write_pieces_in<const N: usize>(
+    fd: BorrowedFd<'_>,
+    pieces: &[TxPiece<'_>],
+) -> io::Result<usize> {
     // Only the slots used are written: no 1.3 KiB of iovecs zeroed per call.
-    let mut iov = ArrayVec::<libc::iovec, MAX_IOV>::new();
+    let mut iov = ArrayVec::<libc::iovec, N>::new();
     for piece in pieces.iter().filter(|p| !p.is_empty()) {
         let (ptr, len) = match piece {
             TxPiece::Bytes(b) => (b.as_ptr(), b.len()),
@@ -514,14 +534,16 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (mut b, _) = l.accept().unwrap();
-        let words: Vec<[u8; 2]> = (0..90u8).map(|i| [i, i]).collect();
+        // Lists longer than MAX_IOV are gathered runs: up to RUN_GATHER_PIECES go in one call.
+        let run = softwarp_engine::qp::RUN_GATHER_PIECES;
+        let words: Vec<[u8; 2]> = (0..run + 50).map(|i| [i as u8, (i >> 8) as u8]).collect();
         let pieces: Vec<TxPiece<'_>> = words.iter().map(|w| TxPiece::Bytes(w)).collect();
-        for n in [1, 2, 4, 5, MAX_IOV, 90] {
-            let want = 2 * n.min(MAX_IOV);
+        for n in [1, 2, 4, 5, MAX_IOV, 90, run, run + 50] {
+            let want = 2 * n.min(run);
             assert_eq!(write_pieces(a.as_fd(), &pieces[..n]).unwrap(), want);
             let mut got = vec![0u8; want];
             b.read_exact(&mut got).unwrap();
-            let expect: Vec<u8> = words[..n.min(MAX_IOV)].concat();
+            let expect: Vec<u8> = words[..n.min(run)].concat();
             assert_eq!(got, expect, "{n} pieces");
         }
     }

@@ -93,7 +93,7 @@ impl<'a> TxPiece<'a> {
         }
     }
     /// The `len` bytes starting `at` bytes into this piece (clamped to the piece).
-    fn sub(&self, at: usize, len: usize) -> TxPiece<'a> {
+    pub(crate) fn sub(&self, at: usize, len: usize) -> TxPiece<'a> {
         match *self {
             TxPiece::Bytes(b) => {
                 let from = at.min(b.len());
@@ -164,6 +164,119 @@ pub const GATHER_PIECES: usize = 80;
 /// [`Qp::poll_tx_gather`]). The caller keeps it on its stack; making an empty one costs
 /// nothing (the pieces are not initialised until pushed), and the engine fills it in place.
 pub type TxGather<'a> = ArrayVec<TxPiece<'a>, GATHER_PIECES>;
+
+/// Most pieces of one gathered run ([`Qp::send_to`] with a batch buffer, a message in
+/// MSS-sized FPDUs): two per FPDU (the trailer of one with the header of the next, then
+/// the payload) and more where an FPDU's payload spans scatter/gather elements. A writer
+/// passes them to one `sendmsg` (`IOV_MAX` is 1024); at 1460 bytes per FPDU a run of
+/// [`BATCH_CAP`](super::pump::BATCH_CAP) wire bytes takes about 360 of them.
+pub const RUN_GATHER_PIECES: usize = 400;
+
+/// One piece of a gathered run: bytes of the caller's batch buffer (headers, trailers, and
+/// FPDUs the copy paths wrote there), or a range of a send WR's validated scatter/gather
+/// element (a payload, never copied).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RunPiece {
+    /// `len` bytes at `at` of the batch.
+    Batch { at: usize, len: usize },
+    /// `len` bytes at `offset` of the region of element `sge` of SQ entry `seq`.
+    Sge {
+        seq: u64,
+        sge: usize,
+        offset: usize,
+        len: usize,
+    },
+}
+
+/// What one gathered run sends: its pieces in stream order and their wire bytes.
+#[derive(Debug)]
+pub(crate) struct RunPlan {
+    pub(crate) pieces: ArrayVec<RunPiece, RUN_GATHER_PIECES>,
+    /// Bytes on the wire, all pieces.
+    pub(crate) wire: usize,
+}
+
+impl RunPlan {
+    #[inline(always)]
+    pub(crate) fn new() -> Self {
+        RunPlan {
+            pieces: ArrayVec::new(),
+            wire: 0,
+        }
+    }
+
+    /// Appends `len` bytes at `at` of the batch (joined to the piece before when they
+    /// follow it there); false when there is no room (the caller checks before).
+    fn push_batch(&mut self, at: usize, len: usize) -> bool {
+        if len == 0 {
+            return true;
+        }
+        if let Some(RunPiece::Batch { at: a, len: l }) = self.pieces.last_mut() {
+            if *a + *l == at {
+                *l += len;
+                return true;
+            }
+        }
+        self.pieces.try_push(RunPiece::Batch { at, len }).is_ok()
+    }
+
+    /// Room for one more FPDU of a run (header, up to `MAX_SGE` payload pieces, trailer),
+    /// and for bytes copied after it.
+    fn has_room(&self) -> bool {
+        self.pieces.remaining_capacity() >= MAX_SGE + 3
+    }
+
+    /// The pieces as the writer takes them, into `out`: batch bytes from `batch`, payloads
+    /// from the SQ entries' validated elements. False when a piece names something that
+    /// is not there (an engine bug). Fills the caller's list in place: moving a list this
+    /// long by value is a 12 KiB copy.
+    pub(super) fn resolve<'a>(
+        &self,
+        sq: &'a super::sq::SendQueue,
+        batch: &'a [u8],
+        out: &mut ArrayVec<TxPiece<'a>, RUN_GATHER_PIECES>,
+    ) -> bool {
+        // The elements of the entry the last payload piece came from.
+        let mut last: Option<(u64, &'a [Option<crate::mr::Validated>])> = None;
+        for p in &self.pieces {
+            let piece = match *p {
+                RunPiece::Batch { at, len } => {
+                    match at.checked_add(len).and_then(|end| batch.get(at..end)) {
+                        Some(b) => TxPiece::Bytes(b),
+                        None => return false,
+                    }
+                }
+                RunPiece::Sge {
+                    seq,
+                    sge,
+                    offset,
+                    len,
+                } => {
+                    let mem = match last {
+                        Some((s, mem)) if s == seq => mem,
+                        _ => {
+                            let mem = sq.sges(seq).1;
+                            last = Some((seq, mem));
+                            mem
+                        }
+                    };
+                    let Some(v) = mem.get(sge).and_then(Option::as_ref) else {
+                        return false;
+                    };
+                    TxPiece::Region {
+                        region: v.memory.region(),
+                        offset,
+                        len,
+                    }
+                }
+            };
+            if out.try_push(piece).is_err() {
+                return false;
+            }
+        }
+        true
+    }
+}
 
 /// What the QP does when an FPDU has been completely handed to the runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -412,6 +525,19 @@ impl FpduBuild {
     }
 }
 
+/// Records `n` bytes copied at `used` of the batch in a gathered run's plan (nothing
+/// without one); false when the plan had no room (the caller checked, so never).
+#[inline(always)]
+fn plan_copied(plan: &mut Option<&mut RunPlan>, used: usize, n: usize) -> bool {
+    match plan.as_deref_mut() {
+        Some(p) => {
+            p.wire += n;
+            p.push_batch(used, n)
+        }
+        None => true,
+    }
+}
+
 /// The next FPDU of a copy run ([`Qp::tx_copy_run`]) in the caller's batch: its MPA length
 /// written, pad and CRC field zeroed, header and payload to fill.
 struct RunSlot<'a> {
@@ -543,6 +669,13 @@ pub(crate) struct TxState {
     /// copy with a few short FPDUs ([`alias::alias_lead`]; on by default,
     /// [`Qp::set_tx_alias_lead`]).
     alias_lead: bool,
+    /// Send the FPDUs of a message in MSS-sized FPDUs from the WR's memory, headers and
+    /// trailers gathered around the payloads ([`Qp::send_to`] with a batch buffer; on by
+    /// default, [`Qp::set_tx_gather_runs`]), rather than copied into the batch.
+    gather_runs: bool,
+    /// Set by [`Qp::tx_copy_fpdus`] when it stopped before such a run: [`Qp::send_to`]
+    /// then gathers it.
+    pub(crate) run_waiting: bool,
     /// Headers of a whole Send (without, with Solicited Event; MSN and MO 0), from the
     /// codec: what [`Qp::tx_copy_fpdus`] writes for small messages.
     send_headers: [[u8; codec::UNTAGGED_HEADER_LEN]; 2],
@@ -587,6 +720,8 @@ impl TxState {
             stream_offset: 0,
             defer_crc: false,
             alias_lead: true,
+            gather_runs: true,
+            run_waiting: false,
             send_headers: codec::send_headers(),
             segment_headers: codec::send_segment_headers(false),
             write_prefixes: codec::write_prefixes(),
@@ -837,6 +972,14 @@ impl Qp {
         self.tx.alias_lead = on;
     }
 
+    /// Whether [`Qp::send_to`] with a batch buffer sends the FPDUs of a message in
+    /// MSS-sized FPDUs from the WR's memory, gathering headers and trailers around the
+    /// payloads (on by default), or copies them into the batch (off; the bytes on the
+    /// wire are the same).
+    pub fn set_tx_gather_runs(&mut self, on: bool) {
+        self.tx.gather_runs = on;
+    }
+
     /// False when [`Qp::send_to`] would certainly send nothing: no FPDU in progress, built
     /// ahead or waiting in the spill, no message half sent, no Terminate, RTR, Read or
     /// Atomic Response, or send WR waiting. A cheap check for runtimes that would otherwise ask for nothing
@@ -909,28 +1052,300 @@ impl Qp {
     /// [`Qp::poll_tx_gather`] then offers it). Runs of small Sends and Writes take a loop
     /// that checks the QP's state once per run instead of once per FPDU.
     pub(crate) fn tx_copy_fpdus(&mut self, out: &mut [u8], max_each: usize) -> usize {
-        let mut used = 0;
+        self.tx_fill(out, 0, max_each, None)
+    }
+
+    /// [`Qp::tx_copy_fpdus`] from `used` bytes into `out`. Without `plan` (the copy paths
+    /// alone) it stops before the rest of a Send or Write in FPDUs of at most `max_each`
+    /// bytes when such runs are gathered (`TxState::run_waiting` then says so). With
+    /// `plan` (a gathered run, [`Qp::send_to`]) it writes only the headers and trailers of
+    /// such runs into `out` and the payloads go into the plan as ranges of the WR's
+    /// memory ([`Qp::tx_gather_run`]); everything it copies goes into the plan as batch
+    /// bytes; it stops at [`BATCH_CAP`](super::pump::BATCH_CAP) bytes on the wire or when
+    /// the plan is full. Returns the bytes of `out` used.
+    pub(crate) fn tx_fill(
+        &mut self,
+        out: &mut [u8],
+        mut used: usize,
+        max_each: usize,
+        mut plan: Option<&mut RunPlan>,
+    ) -> usize {
         loop {
-            let rest = out.get_mut(used..).unwrap_or_default();
-            used += self.tx_copy_small(rest, max_each, usize::MAX);
+            // With a plan, the copies stop at the wire bytes' cap as well as at `out`'s end.
+            let cap = match plan.as_deref() {
+                Some(p) if !p.has_room() => return used,
+                Some(p) => super::pump::BATCH_CAP.saturating_sub(p.wire),
+                None => usize::MAX,
+            };
+            let end = used.saturating_add(cap).min(out.len());
+            let rest = out.get_mut(used..end).unwrap_or_default();
+            let n = self.tx_copy_small(rest, max_each, usize::MAX);
+            if !plan_copied(&mut plan, used, n) {
+                return used;
+            }
+            used += n;
             if !self.wants_tx() {
                 return used;
             }
             // The rest of a message in progress, FPDU after FPDU.
-            let rest = out.get_mut(used..).unwrap_or_default();
+            if self.tx.gather_runs {
+                match plan.as_deref_mut() {
+                    None => {
+                        if self.sq_run_next(max_each).is_some() {
+                            self.tx.run_waiting = true;
+                            return used;
+                        }
+                    }
+                    Some(p) => match self.tx_gather_run(out, used, p, max_each) {
+                        // Room for none: the plan or the batch is full.
+                        Some(0) => return used,
+                        Some(n) => {
+                            used += n;
+                            continue;
+                        }
+                        None => {}
+                    },
+                }
+            }
+            let cap = plan.as_deref().map_or(usize::MAX, |p| {
+                super::pump::BATCH_CAP.saturating_sub(p.wire)
+            });
+            let end = used.saturating_add(cap).min(out.len());
+            let rest = out.get_mut(used..end).unwrap_or_default();
             let run = self.tx_copy_run(rest, max_each);
             if run > 0 {
+                if !plan_copied(&mut plan, used, run) {
+                    return used;
+                }
                 used += run;
                 continue;
             }
             // An FPDU the fast paths leave to the general one (or does not fit).
-            let rest = out.get_mut(used..).unwrap_or_default();
+            let rest = out.get_mut(used..end).unwrap_or_default();
             let window = rest.len().min(max_each);
             match rest.get_mut(..window).and_then(|w| self.tx_copy_built(w)) {
-                Some(n) => used += n,
+                Some(n) => {
+                    if !plan_copied(&mut plan, used, n) {
+                        return used;
+                    }
+                    used += n;
+                }
                 None => return used,
             }
         }
+    }
+
+    /// The Send or Write whose FPDUs a gathered run would send next ([`Qp::tx_gather_run`]):
+    /// the message in progress on the send queue, past its first [`ALIAS_LEAD_MAX_BYTES`]
+    /// (as [`Qp::tx_copy_run`] takes it), from registered memory (not inline), its next
+    /// FPDU at most `max_each` bytes, its queue's turn, nothing to go before it.
+    fn sq_run_next(&self, max_each: usize) -> Option<u64> {
+        let tx = &self.tx;
+        if !tx.gather_runs
+            || tx.build.is_some()
+            || !tx.ahead.is_empty()
+            || tx.rtr_pending
+            || tx.gate_until_rx
+            || tx.held
+            || tx.markers
+            || self.terminate.wants_tx()
+            || !matches!(self.state, QpState::Rts | QpState::Closing)
+        {
+            return None;
+        }
+        let TxMsg::Sq(seq) = tx.msg else {
+            return None;
+        };
+        let e = self.sq.entry(seq)?;
+        let SqStatus::Sending { sent } = e.status else {
+            return None;
+        };
+        if e.local_error || sent < ALIAS_LEAD_MAX_BYTES || sent >= e.len {
+            return None;
+        }
+        let (hdr_len, max_payload) = match e.op {
+            SendOp::Send { .. } | SendOp::SendWithImm { .. } => {
+                (codec::UNTAGGED_HEADER_LEN, self.tx.max_small.0)
+            }
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => {
+                (codec::TAGGED_HEADER_LEN, self.tx.max_small.1)
+            }
+            _ => return None,
+        };
+        let seg = usize::try_from(e.len - sent)
+            .unwrap_or(usize::MAX)
+            .min(max_payload);
+        let total = codec::fpdu_len(hdr_len + seg);
+        if total > max_each || self.sq.inline_bytes(seq).is_some() {
+            return None;
+        }
+        // Its turn, with room for the FPDU before the turn ends (else the general path
+        // builds the one that crosses it).
+        let pick = self.tx_pick();
+        (matches!(pick.side, TxSide::Sq) && total as u64 <= pick.budget).then_some(seq)
+    }
+
+    /// A gathered run: the next FPDUs of the Send or Write [`Qp::sq_run_next`] names, each
+    /// its MPA length and header (from the codec's templates, as [`Qp::tx_copy_run`]) in
+    /// `out` at `used`, its payload as ranges of the WR's validated elements in `plan`,
+    /// then its pad and CRC (over the header, the payload read from the WR's memory and
+    /// the pad) in `out` behind the header; committed as the copy run commits them (the
+    /// bytes on the wire are the same). `None` when no such run is next (or its first
+    /// payload cannot be named); else the bytes of `out` used (0: no room for an FPDU in
+    /// `out`, in the plan or under the wire cap).
+    fn tx_gather_run(
+        &mut self,
+        out: &mut [u8],
+        used: usize,
+        plan: &mut RunPlan,
+        max_each: usize,
+    ) -> Option<usize> {
+        let seq = self.sq_run_next(max_each)?;
+        // The turn's end: a run takes the whole FPDUs that fit before it.
+        let budget = usize::try_from(self.tx_pick().budget).unwrap_or(usize::MAX);
+        let e = self.sq.entry(seq)?;
+        let SqStatus::Sending { sent } = e.status else {
+            return None;
+        };
+        let (op, len) = (e.op, e.len);
+        let (hdr_len, max_payload) = match op {
+            SendOp::Send { .. } | SendOp::SendWithImm { .. } => {
+                (codec::UNTAGGED_HEADER_LEN, self.tx.max_small.0)
+            }
+            _ => (codec::TAGGED_HEADER_LEN, self.tx.max_small.1),
+        };
+        let mut at = used;
+        let mut wire = 0usize;
+        let mut sent = sent;
+        // A stop for want of room (not for a payload that cannot be named).
+        let mut full = !plan.has_room();
+        while sent < len && plan.has_room() {
+            let seg = usize::try_from(len - sent)
+                .unwrap_or(usize::MAX)
+                .min(max_payload);
+            let ulpdu_len = hdr_len + seg;
+            let total = codec::fpdu_len(ulpdu_len);
+            let head = 2 + hdr_len;
+            let trailer = total - head - seg;
+            if total > max_each
+                || wire + total > budget
+                || plan.wire + total > super::pump::BATCH_CAP
+            {
+                full = true;
+                break;
+            }
+            let Some(room) = out.get_mut(at..at + head + trailer) else {
+                full = true;
+                break;
+            };
+            // The payload's ranges first: a range that cannot be named leaves the general
+            // path to report it, with nothing changed.
+            let mut ranges = ArrayVec::<(usize, usize, usize), MAX_SGE>::new();
+            if !self.sq_ranges(seq, sent, seg, &mut ranges) {
+                break;
+            }
+            let (hdr, tail) = room.split_at_mut(head);
+            codec::emit_mpa_len(hdr, ulpdu_len);
+            let new_sent = sent + seg as u64;
+            let last = new_sent >= len;
+            let imm_follows = self.put_sq_segment(
+                hdr.get_mut(2..).unwrap_or_default(),
+                seq,
+                op,
+                sent,
+                new_sent,
+                last,
+            );
+            tail.fill(0);
+            if self.tx.crc {
+                let mut crc = crate::memory::crc32c_append(0, hdr);
+                let mem = self.sq.sges(seq).1;
+                for &(sge, offset, n) in &ranges {
+                    if let Some(v) = mem.get(sge).and_then(Option::as_ref) {
+                        crc = v
+                            .memory
+                            .region()
+                            .crc32c_append(crc, offset, n)
+                            .unwrap_or(crc);
+                    }
+                }
+                let (pad, field) = tail.split_at_mut(trailer - 4);
+                crc = crate::memory::crc32c_append(crc, pad);
+                field.copy_from_slice(&codec::crc_to_wire(crc));
+            }
+            plan.push_batch(at, head);
+            for &(sge, offset, n) in &ranges {
+                let _ = plan.pieces.try_push(RunPiece::Sge {
+                    seq,
+                    sge,
+                    offset,
+                    len: n,
+                });
+            }
+            plan.push_batch(at + head, trailer);
+            plan.wire += total;
+            at += head + trailer;
+            wire += total;
+            self.tx.stream_offset = self.tx.stream_offset.wrapping_add(total as u64);
+            self.stats.tx_stream_bytes += total as u64;
+            self.stats.tx_fpdus += 1;
+            self.on_fpdu_sent(TxDone::Sq {
+                seq,
+                bytes: seg,
+                last: last && !imm_follows,
+            });
+            sent = new_sent;
+            if last {
+                break;
+            }
+        }
+        if wire > 0 {
+            self.tx.gather_offered = 0;
+            self.tx_turn_account(TxSide::Sq, wire);
+        } else if !full {
+            // The copy paths and the general path take it (and report what is wrong).
+            return None;
+        }
+        Some(at - used)
+    }
+
+    /// The payload bytes `from..from + len` of SQ entry `seq` as (element, region offset,
+    /// length) ranges of its validated elements, into `out`; false when they cannot be
+    /// named (an element not validated, or the range runs past the payload).
+    fn sq_ranges(
+        &self,
+        seq: u64,
+        from: u64,
+        len: usize,
+        out: &mut ArrayVec<(usize, usize, usize), MAX_SGE>,
+    ) -> bool {
+        let (sges, mem) = self.sq.sges(seq);
+        let mut skip = from;
+        let mut at = 0usize;
+        for (i, (sge, m)) in sges.iter().zip(mem).enumerate() {
+            if at == len {
+                break;
+            }
+            let l = u64::from(sge.length);
+            if skip >= l {
+                skip -= l;
+                continue;
+            }
+            let Some(v) = m.as_ref() else {
+                return false;
+            };
+            // `l - skip` is below 2^32: an element's length.
+            let n = ((l - skip) as usize).min(len - at);
+            if out
+                .try_push((i, v.region_offset + skip as usize, n))
+                .is_err()
+            {
+                return false;
+            }
+            at += n;
+            skip = 0;
+        }
+        at == len
     }
 
     /// [`Qp::tx_copy_fpdus`]' path for the commonest FPDUs of small messages: Sends and RDMA
