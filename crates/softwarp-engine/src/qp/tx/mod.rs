@@ -1062,7 +1062,10 @@ impl Qp {
     /// such runs into `out` and the payloads go into the plan as ranges of the WR's
     /// memory ([`Qp::tx_gather_run`]); everything it copies goes into the plan as batch
     /// bytes; it stops at [`BATCH_CAP`](super::pump::BATCH_CAP) bytes on the wire or when
-    /// the plan is full. Returns the bytes of `out` used.
+    /// the plan is full. Returns the bytes of `out` used. Inlined into its two callers, so
+    /// that the copy paths' caller (no plan) carries none of the plan's checks (out of
+    /// line they cost 7 instructions per 64 B message).
+    #[inline(always)]
     pub(crate) fn tx_fill(
         &mut self,
         out: &mut [u8],
