@@ -534,6 +534,7 @@ pub unsafe extern "C" fn swv_ibv_query_gid_type(
     index: u32,
     ty: *mut c_int,
 ) -> c_int {
+    forward!(ctx ctx, ibv_query_gid_type(ctx, port, index, ty));
     // SAFETY: contexts come from `ibv_open_device`.
     if unsafe { Context::from_ibv(ctx) }.is_none() || ty.is_null() || port != 1 || index != 0 {
         errno::set(libc::EINVAL);

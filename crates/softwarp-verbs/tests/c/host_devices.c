@@ -19,6 +19,10 @@
 
 #include "check.h"
 
+/* rdma-core's private call (IBVERBS_PRIVATE_34), which ibv_devinfo uses: no header has it. */
+int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
+		       int *type);
+
 static void on_device(struct ibv_device *dev)
 {
 	const char *name = ibv_get_device_name(dev);
@@ -31,6 +35,9 @@ static void on_device(struct ibv_device *dev)
 	unsigned long long guid = be64toh(ibv_get_device_guid(dev));
 	int index = ibv_get_device_index(dev);
 	printf("%s: fw %s, guid %016llx, index %d\n", name, attr.fw_ver, guid, index);
+	int gid_type = -1;
+	CHECK(ibv_query_gid_type(ctx, 1, 0, &gid_type) == 0);
+	printf("%s: gid type %d\n", name, gid_type);
 
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	CHECK(pd && pd->context == ctx);

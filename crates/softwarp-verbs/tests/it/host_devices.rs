@@ -94,10 +94,15 @@ fn host_device_is_listed_beside_softwarp0_its_objects_and_data_path_on_the_host_
     );
     // softwarp0's objects are Softwarp's (its CQ is empty); fake0's are the stand-in's: its
     // firmware, GUID and index, and the completion its provider's poll made up.
-    assert!(r.stdout.contains("softwarp0: poll 0\n"), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("softwarp0: gid type 0\nsoftwarp0: poll 0\n"),
+        "{}",
+        r.stdout
+    );
     assert!(
         r.stdout.contains(
-            "fake0: fw fake-1.0, guid fa4e00000000fa4e, index 7\nfake0: poll 1 wr_id fa4e\n"
+            "fake0: fw fake-1.0, guid fa4e00000000fa4e, index 7\nfake0: gid type 1\nfake0: poll 1 wr_id fa4e\n"
         ),
         "{}",
         r.stdout
@@ -117,6 +122,7 @@ fn host_device_is_listed_beside_softwarp0_its_objects_and_data_path_on_the_host_
             "query_port",
             "get_device_guid",
             "get_device_index",
+            "query_gid_type",
             "alloc_pd",
             "reg_mr",
             "create_comp_channel",
