@@ -1064,18 +1064,23 @@ fn libfabric_fi_pingpong_msg_and_rdm_over_the_verbs_provider() {
     let Some(pingpong) = tool("fi_pingpong", "libfabric-bin") else {
         return;
     };
+    // Both ends in a network namespace of the test's own: the verbs provider takes an
+    // interface address (never `lo`'s), here `sw0`'s 10.77.0.1.
+    let Some((ns, _peer)) = namespaces() else {
+        return;
+    };
     for (ep, provider) in [("msg", "verbs"), ("rdm", "verbs;ofi_rxm")] {
         let port = free_port();
         let p = port.to_string();
         let args = ["-e", ep, "-p", provider, "-I", "20", "-c", "-B", &p];
         let mut server = Reaped::new(
-            command(&pingpong)
+            command_in(&ns, &pingpong)
                 .args(args)
                 .spawn()
                 .expect("start the server"),
         );
-        wait_listening(port, &mut server);
-        let client = command(&pingpong)
+        wait_listening_there(port, &mut server);
+        let client = command_in(&ns, &pingpong)
             .args([
                 "-e",
                 ep,
@@ -1086,7 +1091,7 @@ fn libfabric_fi_pingpong_msg_and_rdm_over_the_verbs_provider() {
                 "-c",
                 "-P",
                 &p,
-                "127.0.0.1",
+                "10.77.0.1",
             ])
             .spawn()
             .expect("start the client");
@@ -2900,11 +2905,21 @@ fn connected_qps(
 
 /// Open MPI 4.1 (Debian's openmpi-bin) runs an MPI program of two ranks on one host over
 /// Softwarp: the OFI MTL over libfabric's `verbs;ofi_rxm`, every message of 1 B to 1 MiB
-/// checked, and `softwarp resources` lists the two connected QPs while it runs.
+/// checked, and `softwarp resources` lists the two connected QPs while it runs. Both ranks
+/// run in one network namespace of the test's own ([`namespaces`]): libfabric's verbs
+/// provider takes an interface address (never `lo`'s), and the test's traffic stays on
+/// `sw0` (10.77.0.1) instead of the machine's own interface.
 #[test]
 fn open_mpi_ping_pong_over_verbs_ofi_rxm_on_one_host() {
     let _serial = serial();
-    mpi_ping_pong_over_softwarp(&[], &[], None);
+    let Some((a, _b)) = namespaces() else {
+        return;
+    };
+    mpi_ping_pong_over_softwarp(
+        &["ip", "netns", "exec", &a.0],
+        &["--host", "10.77.0.1:2"],
+        Some(["10.77.0.1", "10.77.0.1"]),
+    );
 }
 
 /// Open MPI 4.1 across two network namespaces joined by a veth pair ([`namespaces`]):
