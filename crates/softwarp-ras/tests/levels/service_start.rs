@@ -25,6 +25,10 @@ const T: Duration = Duration::from_secs(5);
 #[test]
 fn a_started_service_is_found_and_driven_over_its_control_socket() {
     let _turn = softwarp_testkit::serial();
+    // The levels are process-wide: a `trace_levels` test that ran before may have left the
+    // QP component (or QP 77) verbose, and "before" would then be recorded.
+    softwarp_ras::trace::control().set_all(Level::ERROR);
+    softwarp_ras::trace::control().clear_qp_levels();
     let dir = common::TempDir::new("svc");
 
     let config = ServiceConfig {
